@@ -1,0 +1,1 @@
+//! FUSE adapter for tandemfs.

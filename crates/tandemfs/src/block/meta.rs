@@ -1,0 +1,220 @@
+//! The interface between the block layer and the structures built from blocks (`dir`, `extent`).
+//!
+//! Every metadata block is 4 KiB and ends in a 16-byte trailer that the block layer owns:
+//!
+//! | offset | size | name         | meaning                                              |
+//! |--------|------|--------------|------------------------------------------------------|
+//! | 4080   | 4    | kind         | [`BlockKind`] of the block, checked on every read    |
+//! | 4084   | 4    | crc32c       | CRC32C of the whole block with this field zeroed     |
+//! | 4088   | 8    | block_number | the block's own address, catches misdirected writes  |
+//!
+//! Structures use bytes `0..META_PAYLOAD_BYTES` and never touch the trailer: `write_meta` fills
+//! it, `read_meta` checks it and turns any mismatch into `Error::Corruption`.
+
+use crate::error::{Error, Result};
+
+pub const BLOCK_SIZE: usize = 4096;
+pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
+pub const TRAILER_BYTES: usize = 16;
+/// Bytes of a metadata block a structure may use.
+pub const META_PAYLOAD_BYTES: usize = BLOCK_SIZE - TRAILER_BYTES;
+pub const TRAILER_KIND_OFFSET: usize = 4080;
+pub const TRAILER_CRC_OFFSET: usize = 4084;
+pub const TRAILER_BLOCK_OFFSET: usize = 4088;
+
+/// A whole 4 KiB block in memory.
+pub type BlockBuf = Box<[u8; BLOCK_SIZE]>;
+
+pub fn zeroed_block() -> BlockBuf {
+    Box::new([0u8; BLOCK_SIZE])
+}
+
+/// What a metadata block holds. The value is stored in the trailer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum BlockKind {
+    BlockBitmap = 0x424D_4150,  // "BMAP"
+    InodeBitmap = 0x494D_4150,  // "IMAP"
+    InodeTable = 0x494E_4F44,   // "INOD"
+    DirLeaf = 0x444C_4541,      // "DLEA"
+    DirIndex = 0x4449_4458,     // "DIDX"
+    ExtentLeaf = 0x454C_4541,   // "ELEA"
+    ExtentInternal = 0x4549_4E54, // "EINT"
+    Xattr = 0x5841_5454,        // "XATT"
+}
+
+impl BlockKind {
+    pub const ALL: [BlockKind; 8] = [
+        BlockKind::BlockBitmap,
+        BlockKind::InodeBitmap,
+        BlockKind::InodeTable,
+        BlockKind::DirLeaf,
+        BlockKind::DirIndex,
+        BlockKind::ExtentLeaf,
+        BlockKind::ExtentInternal,
+        BlockKind::Xattr,
+    ];
+    pub fn from_u32(value: u32) -> Option<BlockKind> {
+        BlockKind::ALL.iter().copied().find(|kind| *kind as u32 == value)
+    }
+}
+
+/// Fills the trailer of `block` for address `block_number`.
+pub fn seal_block(block: &mut [u8; BLOCK_SIZE], kind: BlockKind, block_number: u64) {
+    block[TRAILER_KIND_OFFSET..TRAILER_KIND_OFFSET + 4].copy_from_slice(&(kind as u32).to_le_bytes());
+    block[TRAILER_CRC_OFFSET..TRAILER_CRC_OFFSET + 4].copy_from_slice(&[0; 4]);
+    block[TRAILER_BLOCK_OFFSET..TRAILER_BLOCK_OFFSET + 8].copy_from_slice(&block_number.to_le_bytes());
+    let crc = tandem_accel::crc32c(0, &block[..]);
+    block[TRAILER_CRC_OFFSET..TRAILER_CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Checks the trailer of a block read from address `block_number`, expecting `kind`.
+pub fn verify_block(block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64) -> Result<()> {
+    let stored_crc = u32::from_le_bytes(block[TRAILER_CRC_OFFSET..TRAILER_CRC_OFFSET + 4].try_into().unwrap());
+    let mut crc = tandem_accel::crc32c(0, &block[..TRAILER_CRC_OFFSET]);
+    crc = tandem_accel::crc32c(crc, &[0; 4]);
+    crc = tandem_accel::crc32c(crc, &block[TRAILER_BLOCK_OFFSET..]);
+    if crc != stored_crc {
+        return Err(Error::corruption(format!(
+            "metadata block {block_number}: checksum {stored_crc:#010x} stored, {crc:#010x} computed"
+        )));
+    }
+    let stored_kind = u32::from_le_bytes(block[TRAILER_KIND_OFFSET..TRAILER_KIND_OFFSET + 4].try_into().unwrap());
+    if stored_kind != kind as u32 {
+        let found = BlockKind::from_u32(stored_kind).map(|k| format!("{k:?}")).unwrap_or(format!("{stored_kind:#x}"));
+        return Err(Error::corruption(format!("metadata block {block_number}: expected a {kind:?} block, found {found}")));
+    }
+    let stored_number = u64::from_le_bytes(block[TRAILER_BLOCK_OFFSET..TRAILER_BLOCK_OFFSET + 8].try_into().unwrap());
+    if stored_number != block_number {
+        return Err(Error::corruption(format!(
+            "metadata block {block_number}: trailer names block {stored_number} (misdirected write)"
+        )));
+    }
+    Ok(())
+}
+
+/// Metadata block access for the structures above the block layer. Implemented by the block
+/// cache for a volume, and by simple maps in unit tests.
+///
+/// `read_meta` returns a copy the caller may change and hand to `write_meta`; a write is visible
+/// to the next read at once and reaches the device at the next checkpoint.
+pub trait MetaStore {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf>;
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> Result<()>;
+    /// Allocates one block for metadata, preferably near `near` (0: no preference).
+    fn allocate_meta(&mut self, near: u64) -> Result<u64>;
+    /// Frees a metadata block. The block is not reused before the change is checkpointed.
+    fn free_meta(&mut self, block_number: u64) -> Result<()>;
+}
+
+/// File data block access for `extent`. Data blocks carry no trailer: whole 4 KiB of payload.
+pub trait DataStore {
+    /// Reads `buffer.len()` bytes starting at byte `offset_in_block` of data block `block_number`;
+    /// the range may run on into the following blocks.
+    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()>;
+    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()>;
+    /// Allocates up to `count` contiguous data blocks, preferably starting at `near`; returns
+    /// (first block, blocks given), at least one block, or `Error::NoSpace`.
+    fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)>;
+    /// Frees `count` data blocks from `first`. Not reused before the change is checkpointed.
+    fn free_data(&mut self, first: u64, count: u64) -> Result<()>;
+}
+
+/// A `MetaStore` + `DataStore` in memory for unit tests of the structures: every block is kept,
+/// trailers are sealed and verified as on a volume, and frees of unallocated blocks are caught.
+#[derive(Default)]
+pub struct MemoryStore {
+    pub meta: std::collections::HashMap<u64, BlockBuf>,
+    pub data: std::collections::HashMap<u64, BlockBuf>,
+    pub allocated: std::collections::BTreeSet<u64>,
+    next_block: u64,
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore { next_block: 1, ..Default::default() }
+    }
+    fn allocate_one(&mut self) -> u64 {
+        let block = self.next_block;
+        self.next_block += 1;
+        self.allocated.insert(block);
+        block
+    }
+    /// Blocks allocated and not freed.
+    pub fn allocated_count(&self) -> usize {
+        self.allocated.len()
+    }
+}
+
+impl MetaStore for MemoryStore {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf> {
+        let block = self.meta.get(&block_number).ok_or_else(|| Error::corruption(format!("block {block_number} never written")))?;
+        verify_block(block, kind, block_number)?;
+        Ok(block.clone())
+    }
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> Result<()> {
+        assert!(self.allocated.contains(&block_number), "write to unallocated metadata block {block_number}");
+        let mut copy = block.clone();
+        seal_block(&mut copy, kind, block_number);
+        self.meta.insert(block_number, copy);
+        Ok(())
+    }
+    fn allocate_meta(&mut self, _near: u64) -> Result<u64> {
+        Ok(self.allocate_one())
+    }
+    fn free_meta(&mut self, block_number: u64) -> Result<()> {
+        assert!(self.allocated.remove(&block_number), "double free of metadata block {block_number}");
+        self.meta.remove(&block_number);
+        Ok(())
+    }
+}
+
+impl DataStore for MemoryStore {
+    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()> {
+        let mut done = 0;
+        let mut block = block_number;
+        let mut offset = offset_in_block;
+        while done < buffer.len() {
+            let take = (BLOCK_SIZE - offset).min(buffer.len() - done);
+            assert!(self.allocated.contains(&block), "read of unallocated data block {block}");
+            match self.data.get(&block) {
+                Some(bytes) => buffer[done..done + take].copy_from_slice(&bytes[offset..offset + take]),
+                None => buffer[done..done + take].fill(0),
+            }
+            done += take;
+            block += 1;
+            offset = 0;
+        }
+        Ok(())
+    }
+    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()> {
+        let mut done = 0;
+        let mut block = block_number;
+        let mut offset = offset_in_block;
+        while done < data.len() {
+            let take = (BLOCK_SIZE - offset).min(data.len() - done);
+            assert!(self.allocated.contains(&block), "write to unallocated data block {block}");
+            let bytes = self.data.entry(block).or_insert_with(zeroed_block);
+            bytes[offset..offset + take].copy_from_slice(&data[done..done + take]);
+            done += take;
+            block += 1;
+            offset = 0;
+        }
+        Ok(())
+    }
+    fn allocate_data(&mut self, _near: u64, count: u64) -> Result<(u64, u64)> {
+        assert!(count > 0);
+        let first = self.next_block;
+        for _ in 0..count {
+            self.allocate_one();
+        }
+        Ok((first, count))
+    }
+    fn free_data(&mut self, first: u64, count: u64) -> Result<()> {
+        for block in first..first + count {
+            assert!(self.allocated.remove(&block), "double free of data block {block}");
+            self.data.remove(&block);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,2 @@
+//! Regular file or block device (to be implemented).
+pub struct FileDevice;

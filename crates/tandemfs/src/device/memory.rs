@@ -1,0 +1,3 @@
+//! Memory device (to be implemented).
+pub struct MemoryDevice;
+pub enum CrashMode {}

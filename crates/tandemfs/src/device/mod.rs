@@ -1,0 +1,109 @@
+//! `device`: where bytes live. A [`Device`] reads and writes at byte offsets, flushes, and accepts
+//! batches of asynchronous requests. Implementations: [`FileDevice`] (regular file or block
+//! device, pread/pwrite/fdatasync) and [`MemoryDevice`] (RAM, models crashes and injects errors).
+//! Nothing here knows about blocks, files or directories.
+
+mod file;
+mod memory;
+
+pub use file::FileDevice;
+pub use memory::{CrashMode, MemoryDevice};
+
+use crate::error::Result;
+
+/// One request of an asynchronous batch.
+#[derive(Debug)]
+pub enum IoRequest {
+    Read { offset: u64, buffer: Vec<u8> },
+    Write { offset: u64, data: Vec<u8> },
+    Flush,
+}
+
+/// The outcome of one request, in the order submitted. A read gives its filled buffer back; a
+/// write gives its data buffer back so callers can reuse allocations.
+#[derive(Debug)]
+pub enum IoCompletion {
+    Read(Vec<u8>),
+    Write(Vec<u8>),
+    Flush,
+}
+
+/// A batch in flight. `wait` blocks until every request of the batch completed and returns the
+/// results in submission order, or the first error.
+pub struct IoTicket {
+    inner: TicketInner,
+}
+
+enum TicketInner {
+    Ready(Result<Vec<IoCompletion>>),
+    Pending(std::sync::mpsc::Receiver<Result<Vec<IoCompletion>>>),
+}
+
+impl IoTicket {
+    pub fn ready(result: Result<Vec<IoCompletion>>) -> IoTicket {
+        IoTicket { inner: TicketInner::Ready(result) }
+    }
+    pub fn pending(receiver: std::sync::mpsc::Receiver<Result<Vec<IoCompletion>>>) -> IoTicket {
+        IoTicket { inner: TicketInner::Pending(receiver) }
+    }
+    pub fn wait(self) -> Result<Vec<IoCompletion>> {
+        match self.inner {
+            TicketInner::Ready(result) => result,
+            TicketInner::Pending(receiver) => receiver.recv().unwrap_or_else(|_| {
+                Err(crate::error::Error::Io {
+                    operation: "asynchronous batch",
+                    offset: 0,
+                    source: std::io::Error::other("device worker ended before completing the batch"),
+                })
+            }),
+        }
+    }
+}
+
+/// Byte-addressed storage. Writes are volatile until a `flush` returns: a crash may lose or tear
+/// any write not covered by a completed flush. Offsets and lengths are checked against
+/// `size_bytes`; an out-of-range request is an `InvalidArgument` error, never a panic.
+pub trait Device: Send + Sync {
+    fn size_bytes(&self) -> u64;
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<()>;
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<()>;
+    /// Submits a batch; requests run in order. The default runs them synchronously.
+    fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
+        IoTicket::ready(run_batch(self, batch))
+    }
+}
+
+/// Runs a batch synchronously on `device`; implementations use it for their default path.
+pub fn run_batch<D: Device + ?Sized>(device: &D, batch: Vec<IoRequest>) -> Result<Vec<IoCompletion>> {
+    let mut completions = Vec::with_capacity(batch.len());
+    for request in batch {
+        completions.push(match request {
+            IoRequest::Read { offset, mut buffer } => {
+                device.read_at(offset, &mut buffer)?;
+                IoCompletion::Read(buffer)
+            }
+            IoRequest::Write { offset, data } => {
+                device.write_at(offset, &data)?;
+                IoCompletion::Write(data)
+            }
+            IoRequest::Flush => {
+                device.flush()?;
+                IoCompletion::Flush
+            }
+        });
+    }
+    Ok(completions)
+}
+
+/// Checks that `[offset, offset + length)` lies inside a device of `size_bytes`.
+pub fn check_range(size_bytes: u64, offset: u64, length: usize, operation: &str) -> Result<()> {
+    let end = offset.checked_add(length as u64);
+    match end {
+        Some(end) if end <= size_bytes => Ok(()),
+        _ => Err(crate::error::Error::invalid(format!(
+            "{operation} of {length} bytes at offset {offset} lies outside the {size_bytes}-byte device"
+        ))),
+    }
+}

@@ -1,0 +1,1 @@
+//! `extent`: the FlexTree extent map of each file (FlexFile), with byte-granular insert and collapse.

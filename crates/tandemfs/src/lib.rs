@@ -1,0 +1,15 @@
+//! tandemfs engine: a log-structured front end over a back end that keeps H-tree directories
+//! and FlexTree files. No FUSE and no command line here: see `docs/ARCHITECTURE.md`.
+//!
+//! Layers, top to bottom: `fs` (namespace and POSIX semantics, the front end) → `log` (the
+//! operation log) → `backend` (applies the log) → `dir`, `extent` (structures built from
+//! blocks) → `block` (superblock, allocator, inode table, block cache) → `device` (bytes).
+
+pub mod block;
+pub mod device; // implemented by the device work
+pub mod dir;
+pub mod error;
+pub mod extent;
+pub mod log;
+
+pub use error::{Error, Result};

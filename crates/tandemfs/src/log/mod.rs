@@ -1,0 +1,1 @@
+//! `log`: the front-end operation log (NICFS): record headers kept apart from record data.
