@@ -6,10 +6,14 @@
 //! blocks) → `block` (superblock, allocator, inode table, block cache) → `device` (bytes).
 
 pub mod block;
-pub mod device; // implemented by the device work
+pub mod device;
 pub mod dir;
 pub mod error;
 pub mod extent;
 pub mod log;
 
 pub use error::{Error, Result};
+pub mod fs;
+pub mod fsck;
+
+pub use fs::FileSystem;

@@ -1,0 +1,220 @@
+//! Public types of the file system API: attributes, directory entries, options.
+
+/// Inode number. 64 bits; `ROOT_INODE` is the root directory; 0 is never an inode.
+pub type InodeNumber = u64;
+pub const ROOT_INODE: InodeNumber = 1;
+/// Longest name of a directory entry, in bytes.
+pub const NAME_MAX_BYTES: usize = 255;
+/// Longest symbolic link target, in bytes.
+pub const SYMLINK_MAX_BYTES: usize = 4095;
+/// Longest extended attribute name, in bytes.
+pub const XATTR_NAME_MAX_BYTES: usize = 255;
+/// Most hard links to one inode.
+pub const LINK_MAX: u32 = 65_000;
+
+/// The type of an inode, as stored in the `S_IFMT` bits of its mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileType {
+    Regular,
+    Directory,
+    Symlink,
+    CharDevice,
+    BlockDevice,
+    Fifo,
+    Socket,
+}
+
+impl FileType {
+    pub const MODE_MASK: u32 = 0o170000;
+    pub fn from_mode(mode: u32) -> Option<FileType> {
+        Some(match mode & FileType::MODE_MASK {
+            0o100000 => FileType::Regular,
+            0o040000 => FileType::Directory,
+            0o120000 => FileType::Symlink,
+            0o020000 => FileType::CharDevice,
+            0o060000 => FileType::BlockDevice,
+            0o010000 => FileType::Fifo,
+            0o140000 => FileType::Socket,
+            _ => return None,
+        })
+    }
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::Regular => 0o100000,
+            FileType::Directory => 0o040000,
+            FileType::Symlink => 0o120000,
+            FileType::CharDevice => 0o020000,
+            FileType::BlockDevice => 0o060000,
+            FileType::Fifo => 0o010000,
+            FileType::Socket => 0o140000,
+        }
+    }
+    /// The `d_type` value (`DT_REG` and so on) stored in directory entries.
+    pub fn dirent_type(self) -> u8 {
+        match self {
+            FileType::Fifo => 1,
+            FileType::CharDevice => 2,
+            FileType::Directory => 4,
+            FileType::BlockDevice => 6,
+            FileType::Regular => 8,
+            FileType::Symlink => 10,
+            FileType::Socket => 12,
+        }
+    }
+    pub fn from_dirent_type(value: u8) -> Option<FileType> {
+        Some(match value {
+            1 => FileType::Fifo,
+            2 => FileType::CharDevice,
+            4 => FileType::Directory,
+            6 => FileType::BlockDevice,
+            8 => FileType::Regular,
+            10 => FileType::Symlink,
+            12 => FileType::Socket,
+            _ => return None,
+        })
+    }
+}
+
+/// Attributes of an inode, as `stat` reports them. Times are nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attributes {
+    pub inode: InodeNumber,
+    pub generation: u64,
+    pub file_type: FileType,
+    /// Permission bits (`mode & 0o7777`).
+    pub permissions: u32,
+    pub link_count: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size_bytes: u64,
+    /// Space used, in 512-byte units as `st_blocks` counts it.
+    pub blocks_512: u64,
+    pub access_time_ns: i64,
+    pub modify_time_ns: i64,
+    pub change_time_ns: i64,
+    pub birth_time_ns: i64,
+    pub rdev: u64,
+}
+
+impl Attributes {
+    pub fn mode(&self) -> u32 {
+        self.file_type.mode_bits() | self.permissions
+    }
+}
+
+/// A time to set: the current time, or a given one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeToSet {
+    Now,
+    Nanoseconds(i64),
+}
+
+/// Fields of `setattr`; `None` leaves a field unchanged. A size change truncates or extends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetAttributes {
+    pub permissions: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size_bytes: Option<u64>,
+    pub access_time: Option<TimeToSet>,
+    pub modify_time: Option<TimeToSet>,
+}
+
+/// One directory entry returned by `read_directory`. `cookie` resumes the listing after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectoryEntry {
+    pub name: Vec<u8>,
+    pub inode: InodeNumber,
+    pub file_type: FileType,
+    pub cookie: u64,
+}
+
+/// How `rename` treats an existing destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenameMode {
+    /// Replace a file, or an empty directory, at the destination (POSIX rename).
+    Replace,
+    /// Fail with `Exists` if the destination exists (RENAME_NOREPLACE).
+    NoReplace,
+    /// Swap source and destination, both must exist (RENAME_EXCHANGE).
+    Exchange,
+}
+
+/// How `set_xattr` treats an existing attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XattrMode {
+    CreateOrReplace,
+    /// Fail with `Exists` if present (XATTR_CREATE).
+    Create,
+    /// Fail with `NoData` if absent (XATTR_REPLACE).
+    Replace,
+}
+
+/// Volume-wide counts, as `statfs` reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeStatistics {
+    pub block_size_bytes: u32,
+    pub blocks_total: u64,
+    pub blocks_free: u64,
+    pub inodes_total: u64,
+    pub inodes_free: u64,
+    pub name_max_bytes: u32,
+}
+
+/// Options of `FileSystem::format` (mkfs).
+#[derive(Debug, Clone, Default)]
+pub struct FormatOptions {
+    /// Number of inodes; default one per 16 KiB of volume.
+    pub inode_count: Option<u64>,
+    /// Bytes of operation log (headers and data together); default 1/16 of the volume,
+    /// between 4 MiB and 1 GiB.
+    pub log_bytes: Option<u64>,
+    /// Volume UUID; default random.
+    pub uuid: Option<[u8; 16]>,
+    /// Directory hash seed; default random.
+    pub hash_seed: Option<[u32; 4]>,
+}
+
+/// Options of `FileSystem::mount`.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Records appended but not yet flushed are flushed after at most this long.
+    pub flush_delay_us: u64,
+    /// Upper bound on cached clean metadata blocks, in bytes.
+    pub cache_bytes: u64,
+    /// Run the back end as a background thread (true) or only when called (tests).
+    pub background_backend: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> MountOptions {
+        MountOptions { flush_delay_us: 2_000, cache_bytes: 256 << 20, background_backend: true }
+    }
+}
+
+/// What mount found and did.
+#[derive(Debug, Clone, Default)]
+pub struct MountReport {
+    /// Log records after the checkpoint that were replayed.
+    pub records_replayed: u64,
+    /// A checkpoint found complete in the log but not yet recorded in the superblock.
+    pub checkpoint_completed: bool,
+    /// Orphan inodes (unlinked while open at the crash) reclaimed.
+    pub orphans_reclaimed: u64,
+    /// The volume was not unmounted cleanly.
+    pub was_dirty: bool,
+}
+
+/// The state of the operation log, for `tandem stat`.
+#[derive(Debug, Clone, Default)]
+pub struct LogStatistics {
+    pub header_slots: u64,
+    pub data_bytes: u64,
+    pub records_since_checkpoint: u64,
+    pub data_bytes_since_checkpoint: u64,
+    pub next_lsn: u64,
+    pub durable_lsn: u64,
+    pub applied_lsn: u64,
+    pub checkpoint_lsn: u64,
+    pub checkpoints: u64,
+}
