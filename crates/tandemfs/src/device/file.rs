@@ -604,6 +604,32 @@ mod tests {
         assert_eq!(create(&path.0, 16384).size_bytes(), 16384);
     }
 
+    /// Opt-in, because it needs a block device: set `TANDEMFS_TEST_BLOCK_DEVICE` to one. It is
+    /// only opened read-only, and its size must agree with where seeking to its end lands.
+    #[test]
+    fn file_block_device_size_from_ioctl() {
+        use std::io::{Seek, SeekFrom};
+        let Some(path) = std::env::var_os("TANDEMFS_TEST_BLOCK_DEVICE") else {
+            return;
+        };
+        let device = FileDevice::open(
+            &path,
+            FileDeviceOptions {
+                read_only: true,
+                ..Default::default()
+            },
+        )
+        .expect("open block device read-only");
+        let mut handle = File::open(&path).unwrap();
+        let end_bytes = handle.seek(SeekFrom::End(0)).unwrap();
+        assert!(device.size_bytes() > 0);
+        assert_eq!(device.size_bytes(), end_bytes);
+        let mut last_sector = [0u8; 512];
+        device
+            .read_at(device.size_bytes() - 512, &mut last_sector)
+            .unwrap();
+    }
+
     #[test]
     fn file_async_batches_complete_in_order() {
         let path = TemporaryPath::new("async");
