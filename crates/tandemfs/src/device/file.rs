@@ -52,8 +52,8 @@ impl Default for AsyncOptions {
 /// A regular file or block device. Dropping it stops its workers (after they finish the
 /// batches already queued), then closes the file, which also releases the lock.
 pub struct FileDevice {
-    // Declared before `shared` only for readability: the pool joins its threads in its own
-    // `drop`, and the file closes when the last `Arc` (held by the workers too) goes away.
+    // Field order does not matter for shutdown: the pool joins its threads in its own `drop`,
+    // and the file closes only when the last `Arc` (the workers hold clones) goes away.
     workers: OnceLock<Option<WorkerPool>>,
     shared: Arc<FileShared>,
     async_options: AsyncOptions,
