@@ -220,7 +220,8 @@ impl Bitmap {
             let old = self.persistent[word_index];
             self.persistent[word_index] = word;
             self.available[word_index] = word;
-            self.free_count = self.free_count + (old & !tail_mask).count_ones() as u64 - (word & !tail_mask).count_ones() as u64;
+            self.free_count =
+                self.free_count + (old & !tail_mask).count_ones() as u64 - (word & !tail_mask).count_ones() as u64;
         }
         Ok(())
     }

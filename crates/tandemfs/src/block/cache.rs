@@ -120,7 +120,8 @@ impl BlockCache {
         // Bound the recency queue too: rebuild it when stale elements dominate.
         if self.recency.len() > 4 * self.capacity_blocks.max(self.entries.len()) {
             let entries = &self.entries;
-            self.recency.retain(|(block_number, stamp)| entries.get(block_number).is_some_and(|entry| entry.stamp == *stamp));
+            self.recency
+                .retain(|(block_number, stamp)| entries.get(block_number).is_some_and(|entry| entry.stamp == *stamp));
         }
         let mut budget = self.recency.len();
         while self.entries.len() > self.capacity_blocks && budget > 0 {

@@ -105,7 +105,10 @@ impl<'a> Decoder<'a> {
     pub fn bytes(&mut self, limit: usize) -> Result<&'a [u8]> {
         let length = self.u32()? as usize;
         if length > limit {
-            return Err(Error::corruption(format!("{}: field of {length} bytes exceeds the limit of {limit}", self.what)));
+            return Err(Error::corruption(format!(
+                "{}: field of {length} bytes exceeds the limit of {limit}",
+                self.what
+            )));
         }
         self.take(length)
     }

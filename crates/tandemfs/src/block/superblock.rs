@@ -289,7 +289,10 @@ impl Superblock {
             return fail(format!("unknown incompatible features {:#x}", self.features_incompat));
         }
         if self.block_count > device_blocks {
-            return fail(format!("volume of {} blocks is larger than the {device_blocks}-block device", self.block_count));
+            return fail(format!(
+                "volume of {} blocks is larger than the {device_blocks}-block device",
+                self.block_count
+            ));
         }
         if self.block_count < MIN_VOLUME_BYTES / BLOCK_SIZE_U64 {
             return fail(format!("volume of {} blocks is below the minimum", self.block_count));
@@ -312,7 +315,10 @@ impl Superblock {
             return fail(format!("first data block {} is not {expected_start}", self.first_data_block));
         }
         if self.block_bitmap_blocks != self.block_count.div_ceil(BITS_PER_BITMAP_BLOCK) {
-            return fail(format!("block bitmap of {} blocks does not cover {} blocks", self.block_bitmap_blocks, self.block_count));
+            return fail(format!(
+                "block bitmap of {} blocks does not cover {} blocks",
+                self.block_bitmap_blocks, self.block_count
+            ));
         }
         if self.inode_count == 0
             || self.inode_count != self.inode_table_blocks * INODES_PER_BLOCK

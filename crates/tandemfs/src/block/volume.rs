@@ -56,7 +56,8 @@ impl Volume {
                 let mut buffer = vec![0u8; (blocks * BLOCK_SIZE_U64) as usize];
                 volume.device.read_at((start + index) * BLOCK_SIZE_U64, &mut buffer)?;
                 for offset in 0..blocks {
-                    let bytes: &[u8; BLOCK_SIZE] = buffer[(offset as usize) * BLOCK_SIZE..(offset as usize + 1) * BLOCK_SIZE].try_into().unwrap();
+                    let bytes: &[u8; BLOCK_SIZE] =
+                        buffer[(offset as usize) * BLOCK_SIZE..(offset as usize + 1) * BLOCK_SIZE].try_into().unwrap();
                     verify_block(bytes, kind, start + index + offset)?;
                     let bitmap = if kind == BlockKind::BlockBitmap { &mut volume.blocks } else { &mut volume.inodes };
                     bitmap.decode_block(index + offset, bytes)?;
@@ -81,9 +82,9 @@ impl Volume {
 
     fn check_metadata_address(&self, block_number: u64, kind: BlockKind) -> Result<()> {
         let allowed = match kind {
-            BlockKind::InodeTable => {
-                (self.superblock.inode_table_start..self.superblock.inode_table_start + self.superblock.inode_table_blocks).contains(&block_number)
-            }
+            BlockKind::InodeTable => (self.superblock.inode_table_start
+                ..self.superblock.inode_table_start + self.superblock.inode_table_blocks)
+                .contains(&block_number),
             BlockKind::BlockBitmap | BlockKind::InodeBitmap => false,
             _ => (self.superblock.first_data_block..self.superblock.block_count).contains(&block_number),
         };
@@ -114,7 +115,10 @@ impl Volume {
             return Err(Error::corruption(format!("inode number {inode_number} is out of range")));
         }
         let index = inode_number - 1;
-        Ok((self.superblock.inode_table_start + index / INODES_PER_BLOCK, (index % INODES_PER_BLOCK) as usize * INODE_BYTES))
+        Ok((
+            self.superblock.inode_table_start + index / INODES_PER_BLOCK,
+            (index % INODES_PER_BLOCK) as usize * INODE_BYTES,
+        ))
     }
 
     fn read_inode_block(&mut self, block_number: u64) -> Result<BlockBuf> {
@@ -256,7 +260,9 @@ impl Volume {
             images.push(Image { block_number, block });
         }
         let superblock = &self.superblock;
-        for (bitmap, start) in [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)] {
+        for (bitmap, start) in
+            [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)]
+        {
             for index in bitmap.take_dirty_blocks() {
                 let mut block = bitmap.encode_block(index);
                 seal_block(&mut block, bitmap.kind, start + index);
@@ -272,7 +278,10 @@ impl Volume {
         let mut index = 0;
         while index < images.len() {
             let mut end = index + 1;
-            while end < images.len() && images[end].block_number == images[end - 1].block_number + 1 && end - index < 256 {
+            while end < images.len()
+                && images[end].block_number == images[end - 1].block_number + 1
+                && end - index < 256
+            {
                 end += 1;
             }
             if end - index == 1 {
@@ -308,7 +317,9 @@ impl MetaStore for Volume {
             return Ok(block);
         }
         if !self.blocks.is_set(block_number) {
-            return Err(Error::corruption(format!("{kind:?} block {block_number} is referenced but free in the block bitmap")));
+            return Err(Error::corruption(format!(
+                "{kind:?} block {block_number} is referenced but free in the block bitmap"
+            )));
         }
         let mut block = zeroed_block();
         self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;

@@ -42,10 +42,7 @@ impl Default for AsyncOptions {
     fn default() -> AsyncOptions {
         // Two workers keep one request in flight while another completes, which is what a
         // single NVMe queue or a file on a fast SSD needs; more is a per-volume choice.
-        AsyncOptions {
-            worker_count: 2,
-            queue_depth_batches: 64,
-        }
+        AsyncOptions { worker_count: 2, queue_depth_batches: 64 }
     }
 }
 
@@ -117,9 +114,7 @@ impl FileDevice {
             lock_exclusive(&file, path)?;
         }
 
-        let metadata = file
-            .metadata()
-            .map_err(|error| path_error("stat", 0, path, error))?;
+        let metadata = file.metadata().map_err(|error| path_error("stat", 0, path, error))?;
         let file_type = metadata.file_type();
         let size_bytes = if file_type.is_block_device() {
             let size_bytes = block_device_size_bytes(&file, path)?;
@@ -136,27 +131,18 @@ impl FileDevice {
             let mut size_bytes = metadata.len();
             if let Some(wanted) = options.create_size_bytes {
                 if wanted > size_bytes {
-                    file.set_len(wanted)
-                        .map_err(|error| path_error("resize", wanted, path, error))?;
+                    file.set_len(wanted).map_err(|error| path_error("resize", wanted, path, error))?;
                     size_bytes = wanted;
                 }
             }
             size_bytes
         } else {
-            return Err(Error::invalid(format!(
-                "{}: neither a regular file nor a block device",
-                path.display()
-            )));
+            return Err(Error::invalid(format!("{}: neither a regular file nor a block device", path.display())));
         };
 
         Ok(FileDevice {
             workers: OnceLock::new(),
-            shared: Arc::new(FileShared {
-                file,
-                path: path.to_path_buf(),
-                size_bytes,
-                read_only: options.read_only,
-            }),
+            shared: Arc::new(FileShared { file, path: path.to_path_buf(), size_bytes, read_only: options.read_only }),
             async_options,
         })
     }
@@ -244,10 +230,7 @@ impl Device for FileShared {
                         "read",
                         position,
                         &self.path,
-                        std::io::Error::new(
-                            ErrorKind::UnexpectedEof,
-                            "image ends before the device size",
-                        ),
+                        std::io::Error::new(ErrorKind::UnexpectedEof, "image ends before the device size"),
                     ));
                 }
                 Ok(count) => done_bytes += count,
@@ -323,11 +306,7 @@ impl Device for FileShared {
 /// An I/O error whose message names the image, so a user with several volumes knows which
 /// one failed.
 fn path_error(operation: &'static str, offset: u64, path: &Path, error: std::io::Error) -> Error {
-    Error::Io {
-        operation,
-        offset,
-        source: std::io::Error::new(error.kind(), format!("{}: {error}", path.display())),
-    }
+    Error::Io { operation, offset, source: std::io::Error::new(error.kind(), format!("{}: {error}", path.display())) }
 }
 
 fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
@@ -386,20 +365,10 @@ const fn block_get_size_64_request() -> u64 {
 fn block_device_size_bytes(file: &File, path: &Path) -> Result<u64> {
     let mut size_bytes: u64 = 0;
     // The kernel writes a u64 through the pointer; `size_bytes` outlives the call.
-    let status = unsafe {
-        libc::ioctl(
-            file.as_raw_fd(),
-            block_get_size_64_request() as _,
-            &mut size_bytes as *mut u64,
-        )
-    };
+    let status =
+        unsafe { libc::ioctl(file.as_raw_fd(), block_get_size_64_request() as _, &mut size_bytes as *mut u64) };
     if status != 0 {
-        return Err(path_error(
-            "block device size",
-            0,
-            path,
-            std::io::Error::last_os_error(),
-        ));
+        return Err(path_error("block device size", 0, path, std::io::Error::last_os_error()));
     }
     Ok(size_bytes)
 }
@@ -409,9 +378,7 @@ fn block_device_size_bytes(file: &File, path: &Path) -> Result<u64> {
     use std::io::{Seek, SeekFrom};
     // Without BLKGETSIZE64, the end of a block device is where seeking to the end lands.
     let mut handle = file;
-    handle
-        .seek(SeekFrom::End(0))
-        .map_err(|error| path_error("block device size", 0, path, error))
+    handle.seek(SeekFrom::End(0)).map_err(|error| path_error("block device size", 0, path, error))
 }
 
 #[cfg(test)]
@@ -431,10 +398,10 @@ mod tests {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|duration| duration.subsec_nanos())
                 .unwrap_or(0);
-            TemporaryPath(std::env::temp_dir().join(format!(
-                "tandemfs-device-{label}-{}-{unique}-{nanoseconds}.img",
-                std::process::id()
-            )))
+            TemporaryPath(
+                std::env::temp_dir()
+                    .join(format!("tandemfs-device-{label}-{}-{unique}-{nanoseconds}.img", std::process::id())),
+            )
         }
     }
 
@@ -447,19 +414,13 @@ mod tests {
     fn create(path: &Path, size_bytes: u64) -> FileDevice {
         FileDevice::open(
             path,
-            FileDeviceOptions {
-                create_size_bytes: Some(size_bytes),
-                lock_exclusive: false,
-                read_only: false,
-            },
+            FileDeviceOptions { create_size_bytes: Some(size_bytes), lock_exclusive: false, read_only: false },
         )
         .expect("create image")
     }
 
     fn pattern(length: usize, seed: u8) -> Vec<u8> {
-        (0..length)
-            .map(|index| (index as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
+        (0..length).map(|index| (index as u8).wrapping_mul(31).wrapping_add(seed)).collect()
     }
 
     #[test]
@@ -475,14 +436,7 @@ mod tests {
             device.read_at(4093, &mut buffer).unwrap();
             assert_eq!(buffer, data);
         }
-        let device = FileDevice::open(
-            &path.0,
-            FileDeviceOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let device = FileDevice::open(&path.0, FileDeviceOptions { read_only: true, ..Default::default() }).unwrap();
         assert_eq!(device.size_bytes(), 1 << 20);
         let mut buffer = vec![0u8; data.len()];
         device.read_at(4093, &mut buffer).unwrap();
@@ -521,49 +475,25 @@ mod tests {
         let path = TemporaryPath::new("range");
         let device = create(&path.0, 4096);
         let mut buffer = [0u8; 16];
-        assert!(matches!(
-            device.read_at(4090, &mut buffer),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            device.read_at(u64::MAX - 3, &mut buffer),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            device.write_at(4096, &[1]),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            device.write_at(u64::MAX, &[1]),
-            Err(Error::InvalidArgument(_))
-        ));
-        let completions = device
-            .submit(vec![IoRequest::Read {
-                offset: 8000,
-                buffer: vec![0; 8],
-            }])
-            .wait();
+        assert!(matches!(device.read_at(4090, &mut buffer), Err(Error::InvalidArgument(_))));
+        assert!(matches!(device.read_at(u64::MAX - 3, &mut buffer), Err(Error::InvalidArgument(_))));
+        assert!(matches!(device.write_at(4096, &[1]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(device.write_at(u64::MAX, &[1]), Err(Error::InvalidArgument(_))));
+        let completions = device.submit(vec![IoRequest::Read { offset: 8000, buffer: vec![0; 8] }]).wait();
         assert!(matches!(completions, Err(Error::InvalidArgument(_))));
     }
 
     #[test]
     fn file_second_exclusive_open_is_refused() {
         let path = TemporaryPath::new("lock");
-        let options = FileDeviceOptions {
-            create_size_bytes: Some(4096),
-            lock_exclusive: true,
-            read_only: false,
-        };
+        let options = FileDeviceOptions { create_size_bytes: Some(4096), lock_exclusive: true, read_only: false };
         let first = FileDevice::open(&path.0, options.clone()).unwrap();
-        let refused = FileDevice::open(&path.0, options.clone())
-            .expect_err("second exclusive open must fail");
+        let refused = FileDevice::open(&path.0, options.clone()).expect_err("second exclusive open must fail");
         assert!(
             refused.to_string().contains("in use by another process"),
             "message should say the image is in use: {refused}"
         );
-        assert!(
-            matches!(&refused, Error::Io { source, .. } if source.kind() == ErrorKind::WouldBlock)
-        );
+        assert!(matches!(&refused, Error::Io { source, .. } if source.kind() == ErrorKind::WouldBlock));
         // The lock belongs to the open device: once it is gone the image can be taken again.
         drop(first);
         FileDevice::open(&path.0, options).expect("lock released with the device");
@@ -572,24 +502,11 @@ mod tests {
     #[test]
     fn file_missing_image_and_bad_options_are_errors() {
         let path = TemporaryPath::new("missing");
-        let missing =
-            FileDevice::open(&path.0, FileDeviceOptions::default()).expect_err("no such image");
-        assert!(
-            matches!(&missing, Error::Io { source, .. } if source.kind() == ErrorKind::NotFound)
-        );
-        let conflicting = FileDeviceOptions {
-            create_size_bytes: Some(4096),
-            lock_exclusive: false,
-            read_only: true,
-        };
-        assert!(matches!(
-            FileDevice::open(&path.0, conflicting),
-            Err(Error::InvalidArgument(_))
-        ));
-        let no_workers = AsyncOptions {
-            worker_count: 0,
-            queue_depth_batches: 1,
-        };
+        let missing = FileDevice::open(&path.0, FileDeviceOptions::default()).expect_err("no such image");
+        assert!(matches!(&missing, Error::Io { source, .. } if source.kind() == ErrorKind::NotFound));
+        let conflicting = FileDeviceOptions { create_size_bytes: Some(4096), lock_exclusive: false, read_only: true };
+        assert!(matches!(FileDevice::open(&path.0, conflicting), Err(Error::InvalidArgument(_))));
+        let no_workers = AsyncOptions { worker_count: 0, queue_depth_batches: 1 };
         assert!(matches!(
             FileDevice::open_with_async_options(&path.0, FileDeviceOptions::default(), no_workers),
             Err(Error::InvalidArgument(_))
@@ -612,22 +529,14 @@ mod tests {
         let Some(path) = std::env::var_os("TANDEMFS_TEST_BLOCK_DEVICE") else {
             return;
         };
-        let device = FileDevice::open(
-            &path,
-            FileDeviceOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .expect("open block device read-only");
+        let device = FileDevice::open(&path, FileDeviceOptions { read_only: true, ..Default::default() })
+            .expect("open block device read-only");
         let mut handle = File::open(&path).unwrap();
         let end_bytes = handle.seek(SeekFrom::End(0)).unwrap();
         assert!(device.size_bytes() > 0);
         assert_eq!(device.size_bytes(), end_bytes);
         let mut last_sector = [0u8; 512];
-        device
-            .read_at(device.size_bytes() - 512, &mut last_sector)
-            .unwrap();
+        device.read_at(device.size_bytes() - 512, &mut last_sector).unwrap();
     }
 
     #[test]
@@ -641,23 +550,11 @@ mod tests {
         for batch_index in 0..32u64 {
             let data = pattern(4096, batch_index as u8);
             tickets.push(device.submit(vec![
-                IoRequest::Write {
-                    offset: 0,
-                    data: data.clone(),
-                },
-                IoRequest::Write {
-                    offset: 4096 * (batch_index + 1),
-                    data: data.clone(),
-                },
+                IoRequest::Write { offset: 0, data: data.clone() },
+                IoRequest::Write { offset: 4096 * (batch_index + 1), data: data.clone() },
                 IoRequest::Flush,
-                IoRequest::Read {
-                    offset: 0,
-                    buffer: vec![0; 4096],
-                },
-                IoRequest::Read {
-                    offset: 4096 * (batch_index + 1),
-                    buffer: vec![0; 4096],
-                },
+                IoRequest::Read { offset: 0, buffer: vec![0; 4096] },
+                IoRequest::Read { offset: 4096 * (batch_index + 1), buffer: vec![0; 4096] },
             ]));
         }
         for (batch_index, ticket) in tickets.into_iter().enumerate() {
@@ -681,36 +578,20 @@ mod tests {
         let device = create(&path.0, 8192);
         let result = device
             .submit(vec![
-                IoRequest::Write {
-                    offset: 0,
-                    data: vec![5; 16],
-                },
-                IoRequest::Write {
-                    offset: 8190,
-                    data: vec![5; 16],
-                },
-                IoRequest::Write {
-                    offset: 16,
-                    data: vec![6; 16],
-                },
+                IoRequest::Write { offset: 0, data: vec![5; 16] },
+                IoRequest::Write { offset: 8190, data: vec![5; 16] },
+                IoRequest::Write { offset: 16, data: vec![6; 16] },
             ])
             .wait();
         assert!(matches!(result, Err(Error::InvalidArgument(_))));
         let mut buffer = [0u8; 32];
         device.read_at(0, &mut buffer).unwrap();
         assert_eq!(&buffer[..16], &[5; 16]);
-        assert_eq!(
-            &buffer[16..],
-            &[0; 16],
-            "requests after the failed one must not run"
-        );
+        assert_eq!(&buffer[16..], &[0; 16], "requests after the failed one must not run");
 
         // A ticket left unwaited must not keep the device from closing: drop joins the
         // workers after they drained their queues.
-        let pending = device.submit(vec![IoRequest::Write {
-            offset: 32,
-            data: vec![7; 8],
-        }]);
+        let pending = device.submit(vec![IoRequest::Write { offset: 32, data: vec![7; 8] }]);
         drop(device);
         assert!(pending.wait().is_ok());
         let reopened = create(&path.0, 8192);
@@ -732,20 +613,12 @@ mod tests {
                         let data = pattern(4096, (thread_index * 50 + round) as u8);
                         let completions = device
                             .submit(vec![
-                                IoRequest::Write {
-                                    offset,
-                                    data: data.clone(),
-                                },
-                                IoRequest::Read {
-                                    offset,
-                                    buffer: vec![0; 4096],
-                                },
+                                IoRequest::Write { offset, data: data.clone() },
+                                IoRequest::Read { offset, buffer: vec![0; 4096] },
                             ])
                             .wait()
                             .unwrap();
-                        assert!(
-                            matches!(&completions[1], IoCompletion::Read(read) if *read == data)
-                        );
+                        assert!(matches!(&completions[1], IoCompletion::Read(read) if *read == data));
                     }
                 })
             })

@@ -64,36 +64,22 @@ pub struct Fault {
 impl Fault {
     /// The matching operation after `after_operations` successful ones fails, once.
     pub fn once(operation: FaultOperation, after_operations: u64) -> Fault {
-        Fault {
-            operation,
-            after_operations,
-            repeat: false,
-            range: None,
-        }
+        Fault { operation, after_operations, repeat: false, range: None }
     }
 
     /// Every matching operation from the next one on fails.
     pub fn always(operation: FaultOperation) -> Fault {
-        Fault {
-            operation,
-            after_operations: 0,
-            repeat: true,
-            range: None,
-        }
+        Fault { operation, after_operations: 0, repeat: true, range: None }
     }
 
     /// Restricts the fault to reads and writes overlapping `[start, end)`.
     pub fn in_range(self, start: u64, end: u64) -> Fault {
         assert!(start < end, "empty fault range {start}..{end}");
-        Fault {
-            range: Some((start, end)),
-            ..self
-        }
+        Fault { range: Some((start, end)), ..self }
     }
 
     fn matches(&self, operation: FaultOperation, offset: u64, length: usize) -> bool {
-        let operation_matches =
-            self.operation == FaultOperation::Any || self.operation == operation;
+        let operation_matches = self.operation == FaultOperation::Any || self.operation == operation;
         if !operation_matches {
             return false;
         }
@@ -264,19 +250,11 @@ impl StripedImage {
 }
 
 fn power_lost_error(operation: &'static str, offset: u64) -> Error {
-    Error::Io {
-        operation,
-        offset,
-        source: std::io::Error::other("memory device lost power in a simulated crash"),
-    }
+    Error::Io { operation, offset, source: std::io::Error::other("memory device lost power in a simulated crash") }
 }
 
 fn injected_error(operation: &'static str, offset: u64) -> Error {
-    Error::Io {
-        operation,
-        offset,
-        source: std::io::Error::other("injected fault"),
-    }
+    Error::Io { operation, offset, source: std::io::Error::other("injected fault") }
 }
 
 impl MemoryDevice {
@@ -301,12 +279,7 @@ impl MemoryDevice {
     }
 
     fn build(bytes: Vec<u8>, crash_model: bool) -> MemoryDevice {
-        let crash_state = crash_model.then(|| {
-            Mutex::new(CrashState {
-                durable: bytes.clone(),
-                unflushed: Vec::new(),
-            })
-        });
+        let crash_state = crash_model.then(|| Mutex::new(CrashState { durable: bytes.clone(), unflushed: Vec::new() }));
         MemoryDevice {
             inner: Arc::new(MemoryInner {
                 image: StripedImage::new(bytes),
@@ -361,13 +334,8 @@ impl MemoryDevice {
             assert!(start < end, "empty fault range {start}..{end}");
         }
         let mut faults = self.inner.faults.lock();
-        faults.push(FaultState {
-            fault,
-            matched_operations: 0,
-        });
-        self.inner
-            .fault_count
-            .store(faults.len(), Ordering::Release);
+        faults.push(FaultState { fault, matched_operations: 0 });
+        self.inner.fault_count.store(faults.len(), Ordering::Release);
     }
 
     pub fn clear_faults(&self) {
@@ -377,10 +345,7 @@ impl MemoryDevice {
     }
 
     pub fn counters(&self) -> MemoryCounters {
-        let mut counters = MemoryCounters {
-            flushes: self.inner.flushes.load(Ordering::Relaxed),
-            ..Default::default()
-        };
+        let mut counters = MemoryCounters { flushes: self.inner.flushes.load(Ordering::Relaxed), ..Default::default() };
         for stripe in self.inner.image.stripes.iter() {
             counters.reads += stripe.reads.load(Ordering::Relaxed);
             counters.writes += stripe.writes.load(Ordering::Relaxed);
@@ -402,10 +367,7 @@ impl MemoryDevice {
 
     /// Writes completed since the last completed flush; always 0 on a plain device.
     pub fn unflushed_write_count(&self) -> usize {
-        self.inner
-            .crash_state
-            .as_ref()
-            .map_or(0, |state| state.lock().unflushed.len())
+        self.inner.crash_state.as_ref().map_or(0, |state| state.lock().unflushed.len())
     }
 
     /// The current image (what reads return). Works on a dead device too, for post-mortems.
@@ -461,9 +423,7 @@ impl MemoryDevice {
         self.inner.image.copy_in(position, data);
         if let Some(stripe) = self.first_stripe(position) {
             stripe.writes.fetch_add(1, Ordering::Relaxed);
-            stripe
-                .bytes_written
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            stripe.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -476,10 +436,7 @@ fn apply_unflushed(image: &mut [u8], writes: &[UnflushedWrite], seed: u64, mode:
     for write in writes {
         let start = write.offset as usize;
         let length = write.data.len();
-        assert!(
-            start + length <= image.len(),
-            "unflushed write outside the image"
-        );
+        assert!(start + length <= image.len(), "unflushed write outside the image");
         let keep_whole = match mode {
             CrashMode::KeepAll => true,
             CrashMode::DropAll => false,
@@ -501,9 +458,8 @@ fn apply_unflushed(image: &mut [u8], writes: &[UnflushedWrite], seed: u64, mode:
                         let sector = SECTOR_SIZE_BYTES as usize;
                         let piece_end = end.min((piece_start / sector + 1) * sector);
                         if random.below(2) == 1 {
-                            image[piece_start..piece_end].copy_from_slice(
-                                &write.data[piece_start - start..piece_end - start],
-                            );
+                            image[piece_start..piece_end]
+                                .copy_from_slice(&write.data[piece_start - start..piece_end - start]);
                         }
                         piece_start = piece_end;
                     }
@@ -518,10 +474,7 @@ fn apply_unflushed(image: &mut [u8], writes: &[UnflushedWrite], seed: u64, mode:
 }
 
 fn checked_length(size_bytes: u64) -> usize {
-    assert!(
-        size_bytes <= isize::MAX as u64,
-        "memory device of {size_bytes} bytes cannot be addressed"
-    );
+    assert!(size_bytes <= isize::MAX as u64, "memory device of {size_bytes} bytes cannot be addressed");
     size_bytes as usize
 }
 
@@ -580,9 +533,7 @@ impl Device for MemoryDevice {
         self.inner.image.copy_out(position, buffer);
         if let Some(stripe) = self.first_stripe(position) {
             stripe.reads.fetch_add(1, Ordering::Relaxed);
-            stripe
-                .bytes_read
-                .fetch_add(buffer.len() as u64, Ordering::Relaxed);
+            stripe.bytes_read.fetch_add(buffer.len() as u64, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -611,10 +562,7 @@ impl Device for MemoryDevice {
                 );
                 self.store(offset, data)?;
                 if !data.is_empty() {
-                    state.unflushed.push(UnflushedWrite {
-                        offset,
-                        data: data.into(),
-                    });
+                    state.unflushed.push(UnflushedWrite { offset, data: data.into() });
                 }
                 Ok(())
             }
@@ -684,35 +632,20 @@ mod tests {
         let counters = device.counters();
         assert_eq!(
             counters,
-            MemoryCounters {
-                reads: 1,
-                writes: 1,
-                flushes: 1,
-                bytes_read: 10_000,
-                bytes_written: 10_000
-            }
+            MemoryCounters { reads: 1, writes: 1, flushes: 1, bytes_read: 10_000, bytes_written: 10_000 }
         );
         assert_eq!(device.unflushed_write_count(), 0);
         device.reset_counters();
         assert_eq!(device.counters(), MemoryCounters::default());
-        assert_eq!(
-            &device.to_bytes()[offset as usize..offset as usize + data.len()],
-            &data[..]
-        );
+        assert_eq!(&device.to_bytes()[offset as usize..offset as usize + data.len()], &data[..]);
     }
 
     #[test]
     fn memory_out_of_range_is_invalid_argument() {
         let device = MemoryDevice::with_crash_model(4096);
         let mut buffer = [0u8; 8];
-        assert!(matches!(
-            device.read_at(4090, &mut buffer),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            device.write_at(u64::MAX, &[1]),
-            Err(Error::InvalidArgument(_))
-        ));
+        assert!(matches!(device.read_at(4090, &mut buffer), Err(Error::InvalidArgument(_))));
+        assert!(matches!(device.write_at(u64::MAX, &[1]), Err(Error::InvalidArgument(_))));
         device.read_at(4096, &mut []).unwrap();
         assert_eq!(device.unflushed_write_count(), 0);
     }
@@ -732,11 +665,7 @@ mod tests {
         assert_eq!(device.unflushed_write_count(), 4);
         let survivor = device.crash(1, CrashMode::KeepAll);
         assert_eq!(survivor.to_bytes(), current);
-        assert_eq!(
-            survivor.durable_bytes(),
-            current,
-            "everything on the medium after a crash is durable"
-        );
+        assert_eq!(survivor.durable_bytes(), current, "everything on the medium after a crash is durable");
         assert_eq!(survivor.unflushed_write_count(), 0);
     }
 
@@ -758,12 +687,7 @@ mod tests {
             device.flush().unwrap();
             for index in 0..200u64 {
                 // Odd lengths and offsets so tears fall inside sectors as well as on them.
-                device
-                    .write_at(
-                        index * 1200 + 7,
-                        &filled(1100 + (index % 90) as usize, index as u8),
-                    )
-                    .unwrap();
+                device.write_at(index * 1200 + 7, &filled(1100 + (index % 90) as usize, index as u8)).unwrap();
             }
             device
         };
@@ -774,11 +698,7 @@ mod tests {
             let old = first.durable_bytes();
             let new = first.to_bytes();
             let survivor = first.crash(seed, CrashMode::Random).to_bytes();
-            assert_eq!(
-                survivor,
-                second.crash(seed, CrashMode::Random).to_bytes(),
-                "seed {seed} not deterministic"
-            );
+            assert_eq!(survivor, second.crash(seed, CrashMode::Random).to_bytes(), "seed {seed} not deterministic");
             for (position, byte) in survivor.iter().enumerate() {
                 assert!(
                     *byte == old[position] || *byte == new[position],
@@ -790,35 +710,22 @@ mod tests {
             assert_ne!(survivor, new);
             distinct_outcomes.insert(survivor);
         }
-        assert!(
-            distinct_outcomes.len() > 15,
-            "different seeds should give different images"
-        );
+        assert!(distinct_outcomes.len() > 15, "different seeds should give different images");
     }
 
     #[test]
     fn memory_crash_random_overlapping_writes_give_some_written_value() {
         let device = device_with_history();
         let durable = device.durable_bytes();
-        let history = [
-            (100usize, 3000usize, 0x22u8),
-            (8192, 4096, 0x33),
-            (9000, 700, 0x44),
-            (60_000, 5536, 0x55),
-        ];
+        let history = [(100usize, 3000usize, 0x22u8), (8192, 4096, 0x33), (9000, 700, 0x44), (60_000, 5536, 0x55)];
         for seed in 0..50u64 {
-            let image = device_with_history()
-                .crash(seed, CrashMode::Random)
-                .to_bytes();
+            let image = device_with_history().crash(seed, CrashMode::Random).to_bytes();
             for (position, byte) in image.iter().enumerate() {
                 let allowed = *byte == durable[position]
-                    || history.iter().any(|&(start, length, value)| {
-                        (start..start + length).contains(&position) && *byte == value
-                    });
-                assert!(
-                    allowed,
-                    "seed {seed}: byte {position} = {byte:#x} was never written there"
-                );
+                    || history
+                        .iter()
+                        .any(|&(start, length, value)| (start..start + length).contains(&position) && *byte == value);
+                assert!(allowed, "seed {seed}: byte {position} = {byte:#x} was never written there");
             }
         }
         drop(device);
@@ -859,27 +766,9 @@ mod tests {
         let survivor = device.crash(0, CrashMode::KeepAll);
         assert!(other_handle.is_dead());
         let mut buffer = [0u8; 4];
-        assert!(matches!(
-            other_handle.read_at(0, &mut buffer),
-            Err(Error::Io {
-                operation: "read",
-                ..
-            })
-        ));
-        assert!(matches!(
-            other_handle.write_at(0, &[1]),
-            Err(Error::Io {
-                operation: "write",
-                ..
-            })
-        ));
-        assert!(matches!(
-            other_handle.flush(),
-            Err(Error::Io {
-                operation: "flush",
-                ..
-            })
-        ));
+        assert!(matches!(other_handle.read_at(0, &mut buffer), Err(Error::Io { operation: "read", .. })));
+        assert!(matches!(other_handle.write_at(0, &[1]), Err(Error::Io { operation: "write", .. })));
+        assert!(matches!(other_handle.flush(), Err(Error::Io { operation: "flush", .. })));
         assert!(other_handle.submit(vec![IoRequest::Flush]).wait().is_err());
         // The survivor is alive and unaffected by attempts on the old device.
         assert!(!survivor.is_dead());
@@ -890,11 +779,7 @@ mod tests {
         let plain = MemoryDevice::new(4096);
         plain.write_at(0, &[4]).unwrap();
         let plain_survivor = plain.crash(0, CrashMode::DropAll);
-        assert_eq!(
-            plain_survivor.to_bytes()[0],
-            4,
-            "plain devices have nothing unflushed"
-        );
+        assert_eq!(plain_survivor.to_bytes()[0], 4, "plain devices have nothing unflushed");
         assert!(plain.write_at(0, &[1]).is_err());
     }
 
@@ -906,20 +791,9 @@ mod tests {
         device.write_at(1, &[2]).unwrap();
         let before = device.to_bytes();
         let failure = device.write_at(2, &[3]).expect_err("third write must fail");
-        assert!(matches!(
-            failure,
-            Error::Io {
-                operation: "write",
-                offset: 2,
-                ..
-            }
-        ));
+        assert!(matches!(failure, Error::Io { operation: "write", offset: 2, .. }));
         assert_eq!(device.to_bytes(), before, "a failed write changes nothing");
-        assert_eq!(
-            device.unflushed_write_count(),
-            2,
-            "a failed write is not in the unflushed list"
-        );
+        assert_eq!(device.unflushed_write_count(), 2, "a failed write is not in the unflushed list");
         // Once, not repeated: the next write goes through.
         device.write_at(2, &[3]).unwrap();
         assert_eq!(device.counters().writes, 3);
@@ -948,13 +822,7 @@ mod tests {
         device.write_at(5000, &[6; 16]).unwrap();
 
         device.inject(Fault::always(FaultOperation::Flush));
-        assert!(matches!(
-            device.flush(),
-            Err(Error::Io {
-                operation: "flush",
-                ..
-            })
-        ));
+        assert!(matches!(device.flush(), Err(Error::Io { operation: "flush", .. })));
         device.read_at(0, &mut buffer).unwrap();
     }
 
@@ -975,14 +843,8 @@ mod tests {
         let device = MemoryDevice::new(8192);
         let completions = device
             .submit(vec![
-                IoRequest::Write {
-                    offset: 0,
-                    data: vec![3; 8],
-                },
-                IoRequest::Read {
-                    offset: 0,
-                    buffer: vec![0; 8],
-                },
+                IoRequest::Write { offset: 0, data: vec![3; 8] },
+                IoRequest::Read { offset: 0, buffer: vec![0; 8] },
             ])
             .wait()
             .unwrap();
@@ -992,11 +854,7 @@ mod tests {
     #[test]
     fn memory_concurrent_access_is_atomic_per_request() {
         for crash_model in [false, true] {
-            let device = if crash_model {
-                MemoryDevice::with_crash_model(1 << 20)
-            } else {
-                MemoryDevice::new(1 << 20)
-            };
+            let device = if crash_model { MemoryDevice::with_crash_model(1 << 20) } else { MemoryDevice::new(1 << 20) };
             // Each write fills a span crossing a stripe boundary with one value; a reader must
             // never see two values in one span.
             let span_offset = STRIPE_SIZE_BYTES as u64 - 2048;
@@ -1007,16 +865,13 @@ mod tests {
                         let mut buffer = vec![0u8; 4096];
                         for round in 0..300u32 {
                             if (round + u32::from(thread_index)) & 1 == 0 {
-                                device
-                                    .write_at(span_offset, &vec![thread_index + 1; 4096])
-                                    .unwrap();
+                                device.write_at(span_offset, &vec![thread_index + 1; 4096]).unwrap();
                             } else {
                                 device.read_at(span_offset, &mut buffer).unwrap();
                                 assert!(buffer.iter().all(|&byte| byte == buffer[0]), "torn read");
                             }
                             // Private region per thread: must always read back what it wrote.
-                            let private_offset =
-                                (thread_index as u64 + 2) * 131_072 + (round as u64 % 8) * 4096;
+                            let private_offset = (thread_index as u64 + 2) * 131_072 + (round as u64 % 8) * 4096;
                             let value = (round % 250) as u8 + 1;
                             device.write_at(private_offset, &[value; 4096]).unwrap();
                             device.read_at(private_offset, &mut buffer).unwrap();

@@ -56,10 +56,8 @@ impl WorkerPool {
             (1..=MAXIMUM_QUEUE_DEPTH_BATCHES).contains(&queue_depth_batches),
             "queue depth {queue_depth_batches} outside 1..={MAXIMUM_QUEUE_DEPTH_BATCHES}"
         );
-        let mut pool = WorkerPool {
-            queues: Vec::with_capacity(worker_count),
-            threads: Vec::with_capacity(worker_count),
-        };
+        let mut pool =
+            WorkerPool { queues: Vec::with_capacity(worker_count), threads: Vec::with_capacity(worker_count) };
         for worker_index in 0..worker_count {
             let (sender, receiver) = mpsc::sync_channel::<Job>(queue_depth_batches);
             let target = Arc::clone(&target);
