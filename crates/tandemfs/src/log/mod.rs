@@ -18,6 +18,9 @@
 pub mod format;
 mod recover;
 
+#[cfg(test)]
+mod tests;
+
 
 use std::collections::VecDeque;
 use std::sync::Arc;
