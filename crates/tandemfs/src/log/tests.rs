@@ -42,7 +42,11 @@ impl TestDevice {
 
     fn from_image(image: Vec<u8>) -> Arc<TestDevice> {
         Arc::new(TestDevice {
-            state: Mutex::new(TestState { current: image.clone(), durable: image, unflushed: Vec::new() }),
+            state: Mutex::new(TestState {
+                current: image.clone(),
+                durable: image,
+                unflushed: Vec::new(),
+            }),
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             fail: AtomicBool::new(false),
@@ -64,7 +68,9 @@ impl TestDevice {
             return true;
         }
         let mut plan = self.crash_plan.lock();
-        let Some((remaining, rng)) = plan.as_mut() else { return false };
+        let Some((remaining, rng)) = plan.as_mut() else {
+            return false;
+        };
         *remaining -= 1;
         if *remaining > 0 {
             return false;
@@ -80,7 +86,11 @@ impl TestDevice {
     }
 
     fn dead() -> Error {
-        Error::Io { operation: "crashed device", offset: 0, source: std::io::Error::other("power lost") }
+        Error::Io {
+            operation: "crashed device",
+            offset: 0,
+            source: std::io::Error::other("power lost"),
+        }
     }
 
     /// What the device holds after a crash: the durable image plus, for each unflushed write in
@@ -103,7 +113,8 @@ impl TestDevice {
                     let chunk = [8usize, 64, 512][rng.gen_range(0..3)];
                     for (i, piece) in data.chunks(chunk).enumerate() {
                         if rng.gen_bool(0.5) {
-                            image[at + i * chunk..at + i * chunk + piece.len()].copy_from_slice(piece);
+                            image[at + i * chunk..at + i * chunk + piece.len()]
+                                .copy_from_slice(piece);
                         }
                     }
                 }
@@ -136,7 +147,11 @@ impl Device for TestDevice {
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> crate::Result<()> {
         if self.fail.load(Ordering::SeqCst) {
-            return Err(Error::Io { operation: "write", offset, source: std::io::Error::other("injected") });
+            return Err(Error::Io {
+                operation: "write",
+                offset,
+                source: std::io::Error::other("injected"),
+            });
         }
         let mut state = self.state.lock();
         check_range(state.current.len() as u64, offset, data.len(), "write")?;
@@ -151,7 +166,11 @@ impl Device for TestDevice {
     }
     fn flush(&self) -> crate::Result<()> {
         if self.fail.load(Ordering::SeqCst) {
-            return Err(Error::Io { operation: "flush", offset: 0, source: std::io::Error::other("injected") });
+            return Err(Error::Io {
+                operation: "flush",
+                offset: 0,
+                source: std::io::Error::other("injected"),
+            });
         }
         if self.crash_due() {
             return Err(Self::dead());
@@ -160,7 +179,9 @@ impl Device for TestDevice {
             std::thread::sleep(self.flush_sleep);
         }
         let mut state = self.state.lock();
-        let TestState { durable, unflushed, .. } = &mut *state;
+        let TestState {
+            durable, unflushed, ..
+        } = &mut *state;
         for (offset, data) in unflushed.drain(..) {
             durable[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
         }
@@ -200,14 +221,30 @@ fn geometry(header_slots: u64, data_bytes: u64) -> (LogGeometry, usize) {
     let header_start_byte = 4096;
     let data_start_byte = header_start_byte + header_slots * 64;
     let size = data_start_byte + data_bytes + 4096;
-    (LogGeometry { header_start_byte, header_slots, data_start_byte, data_bytes }, size as usize)
+    (
+        LogGeometry {
+            header_start_byte,
+            header_slots,
+            data_start_byte,
+            data_bytes,
+        },
+        size as usize,
+    )
 }
 
 fn no_background(reserve_fraction: f64) -> LogOptions {
-    LogOptions { flush_delay_us: u64::MAX, reserve_fraction }
+    LogOptions {
+        flush_delay_us: u64::MAX,
+        reserve_fraction,
+    }
 }
 
-fn open(device: &Arc<TestDevice>, g: LogGeometry, tail: LogPosition, options: LogOptions) -> (Arc<Log>, Vec<Record>) {
+fn open(
+    device: &Arc<TestDevice>,
+    g: LogGeometry,
+    tail: LogPosition,
+    options: LogOptions,
+) -> (Arc<Log>, Vec<Record>) {
     Log::recover(device.clone(), g, tail, options).expect("recover")
 }
 
@@ -251,18 +288,69 @@ fn geometry_is_validated() {
     let (g, size) = geometry(64, 8192);
     assert!(g.validate(size as u64).is_ok());
     assert!(g.validate(size as u64 - 8192).is_err());
-    assert!(LogGeometry { header_slots: 0, ..g }.validate(size as u64).is_err());
-    assert!(LogGeometry { data_bytes: 0, ..g }.validate(size as u64).is_err());
-    assert!(LogGeometry { header_start_byte: 4097, ..g }.validate(size as u64).is_err());
-    assert!(LogGeometry { data_start_byte: 4096 + 64, ..g }.validate(size as u64).is_err());
-    assert!(LogGeometry { header_slots: u64::MAX / 8, ..g }.validate(size as u64).is_err());
-    assert!(LogGeometry { data_bytes: u64::MAX, ..g }.validate(u64::MAX).is_err());
+    assert!(LogGeometry {
+        header_slots: 0,
+        ..g
+    }
+    .validate(size as u64)
+    .is_err());
+    assert!(LogGeometry { data_bytes: 0, ..g }
+        .validate(size as u64)
+        .is_err());
+    assert!(LogGeometry {
+        header_start_byte: 4097,
+        ..g
+    }
+    .validate(size as u64)
+    .is_err());
+    assert!(LogGeometry {
+        data_start_byte: 4096 + 64,
+        ..g
+    }
+    .validate(size as u64)
+    .is_err());
+    assert!(LogGeometry {
+        header_slots: u64::MAX / 8,
+        ..g
+    }
+    .validate(size as u64)
+    .is_err());
+    assert!(LogGeometry {
+        data_bytes: u64::MAX,
+        ..g
+    }
+    .validate(u64::MAX)
+    .is_err());
     let device = TestDevice::new(size);
     Log::format(device.as_ref(), &g).unwrap();
-    assert!(Log::recover(device.clone(), g, LogPosition { lsn: 0, data_position: 0 }, no_background(0.1)).is_err());
+    assert!(Log::recover(
+        device.clone(),
+        g,
+        LogPosition {
+            lsn: 0,
+            data_position: 0
+        },
+        no_background(0.1)
+    )
+    .is_err());
     assert!(Log::recover(device.clone(), g, LogPosition::START, no_background(1.0)).is_err());
-    assert!(Log::recover(device.clone(), g, LogPosition::START, no_background(f64::NAN)).is_err());
-    assert!(Log::recover(device, g, LogPosition { lsn: u64::MAX - 10, data_position: 0 }, no_background(0.1)).is_err());
+    assert!(Log::recover(
+        device.clone(),
+        g,
+        LogPosition::START,
+        no_background(f64::NAN)
+    )
+    .is_err());
+    assert!(Log::recover(
+        device,
+        g,
+        LogPosition {
+            lsn: u64::MAX - 10,
+            data_position: 0
+        },
+        no_background(0.1)
+    )
+    .is_err());
 }
 
 #[test]
@@ -286,9 +374,16 @@ fn round_trip() {
         // Split the payload into up to three parts to exercise gathering.
         let a = rng.gen_range(0..=length);
         let b = rng.gen_range(a..=length);
-        let lsn = log.append(kind, &[&bytes[..a], &bytes[a..b], &bytes[b..]]).unwrap().expect("room");
+        let lsn = log
+            .append(kind, &[&bytes[..a], &bytes[a..b], &bytes[b..]])
+            .unwrap()
+            .expect("room");
         assert_eq!(lsn, i + 1);
-        expected.push(Record { lsn, kind, payload: bytes });
+        expected.push(Record {
+            lsn,
+            kind,
+            payload: bytes,
+        });
         if rng.gen_ratio(1, 50) {
             log.wait_durable(lsn).unwrap();
         }
@@ -316,13 +411,22 @@ fn oversized_records_are_rejected() {
     Log::format(device.as_ref(), &g).unwrap();
     let (log, _) = open(&device, g, LogPosition::START, no_background(0.1));
     assert_eq!(log.usage().data_bytes_normal, 900);
-    assert!(matches!(log.append(1, &[&[0u8; 901]]), Err(Error::InvalidArgument(_))));
-    assert!(matches!(log.append_reserved(1, &[&[0u8; 1001]]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        log.append(1, &[&[0u8; 901]]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        log.append_reserved(1, &[&[0u8; 1001]]),
+        Err(Error::InvalidArgument(_))
+    ));
     assert_eq!(log.append(1, &[&[0u8; 900]]).unwrap(), Some(1));
     assert_eq!(log.append(1, &[&[0u8; 1]]).unwrap(), None);
     assert_eq!(log.append_reserved(1, &[&[0u8; 100]]).unwrap(), Some(2));
     assert_eq!(log.append_reserved(1, &[&[0u8; 1]]).unwrap(), None);
-    assert!(matches!(log.wait_durable(3), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        log.wait_durable(3),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 /// Fills the log, checkpoints with a reserved record, releases, many times around both rings.
@@ -338,14 +442,27 @@ fn wrap_around_with_release_and_reserve() {
     let mut checkpoints = 0;
     let mut full_by_slots = 0;
     let mut full_by_data = 0;
-    while log.next_lsn() < 20 * g.header_slots || log.position(log.next_lsn()).data_position < 20 * g.data_bytes {
-        let length = if rng.gen_bool(0.3) { rng.gen_range(0..800) } else { rng.gen_range(0..40) };
+    while log.next_lsn() < 20 * g.header_slots
+        || log.position(log.next_lsn()).data_position < 20 * g.data_bytes
+    {
+        let length = if rng.gen_bool(0.3) {
+            rng.gen_range(0..800)
+        } else {
+            rng.gen_range(0..40)
+        };
         let bytes = payload(&mut rng, length);
         match log.append(3, &[&bytes]).unwrap() {
-            Some(lsn) => live.push(Record { lsn, kind: 3, payload: bytes }),
+            Some(lsn) => live.push(Record {
+                lsn,
+                kind: 3,
+                payload: bytes,
+            }),
             None => {
                 let usage = log.usage();
-                assert!(usage.header_slots_used + 1 > usage.header_slots_normal || usage.data_bytes_used + length as u64 > usage.data_bytes_normal);
+                assert!(
+                    usage.header_slots_used + 1 > usage.header_slots_normal
+                        || usage.data_bytes_used + length as u64 > usage.data_bytes_normal
+                );
                 if usage.header_slots_used + 1 > usage.header_slots_normal {
                     full_by_slots += 1;
                 } else {
@@ -353,8 +470,15 @@ fn wrap_around_with_release_and_reserve() {
                 }
                 // The checkpoint record goes into the reserve.
                 let marker = payload(&mut rng, 100);
-                let lsn = log.append_reserved(9, &[&marker]).unwrap().expect("reserve has room");
-                live.push(Record { lsn, kind: 9, payload: marker });
+                let lsn = log
+                    .append_reserved(9, &[&marker])
+                    .unwrap()
+                    .expect("reserve has room");
+                live.push(Record {
+                    lsn,
+                    kind: 9,
+                    payload: marker,
+                });
                 log.wait_durable(lsn).unwrap();
                 // Every now and then, crash-free reopen to check what is live.
                 if checkpoints % 7 == 0 {
@@ -365,7 +489,11 @@ fn wrap_around_with_release_and_reserve() {
                 }
                 // Checkpoint: keep the last few records, release the rest.
                 let keep = rng.gen_range(0..4).min(live.len());
-                let new_tail = log.position(live[live.len() - keep..].first().map_or(log.next_lsn(), |r| r.lsn));
+                let new_tail = log.position(
+                    live[live.len() - keep..]
+                        .first()
+                        .map_or(log.next_lsn(), |r| r.lsn),
+                );
                 tail = new_tail; // "superblock written and flushed"
                 log.release(new_tail);
                 live.drain(..live.len() - keep);
@@ -373,7 +501,10 @@ fn wrap_around_with_release_and_reserve() {
             }
         }
     }
-    assert!(full_by_slots > 0 && full_by_data > 0, "slots {full_by_slots} data {full_by_data}");
+    assert!(
+        full_by_slots > 0 && full_by_data > 0,
+        "slots {full_by_slots} data {full_by_data}"
+    );
     log.flush().unwrap();
     drop(log);
     let (_, records) = open(&device, g, tail, no_background(0.2));
@@ -396,7 +527,10 @@ fn run_crash_seed(seed: u64) -> CrashCounts {
     let mut device = TestDevice::new(size);
     Log::format(device.as_ref(), &g).unwrap();
     let mut tail = LogPosition::START; // as the superblock would keep it
-    let mut model = Model { appended: HashMap::new(), acknowledged: 0 };
+    let mut model = Model {
+        appended: HashMap::new(),
+        acknowledged: 0,
+    };
     let mut counts = CrashCounts::default();
     for crash in 0..6 {
         // Most sessions die at a random write or flush (inside a group commit, or inside the
@@ -407,7 +541,9 @@ fn run_crash_seed(seed: u64) -> CrashCounts {
         let (log, records) = match Log::recover(device.clone(), g, tail, no_background(0.25)) {
             Ok(opened) => opened,
             Err(Error::Io { .. }) => {
-                let image = device.take_crashed_image().unwrap_or_else(|| panic!("seed {seed}: recover failed without a crash"));
+                let image = device
+                    .take_crashed_image()
+                    .unwrap_or_else(|| panic!("seed {seed}: recover failed without a crash"));
                 device = TestDevice::from_image(image);
                 counts.during_recovery += 1;
                 continue;
@@ -416,15 +552,27 @@ fn run_crash_seed(seed: u64) -> CrashCounts {
         };
         // Gap-free from the tail, nothing invented, nothing acknowledged lost.
         for (i, record) in records.iter().enumerate() {
-            assert_eq!(record.lsn, tail.lsn + i as u64, "seed {seed} crash {crash}: gap");
-            let (kind, bytes) = model
-                .appended
-                .get(&record.lsn)
-                .unwrap_or_else(|| panic!("seed {seed} crash {crash}: record {} invented", record.lsn));
-            assert!(record.kind == *kind && record.payload == *bytes, "seed {seed} crash {crash}: record {} differs", record.lsn);
+            assert_eq!(
+                record.lsn,
+                tail.lsn + i as u64,
+                "seed {seed} crash {crash}: gap"
+            );
+            let (kind, bytes) = model.appended.get(&record.lsn).unwrap_or_else(|| {
+                panic!("seed {seed} crash {crash}: record {} invented", record.lsn)
+            });
+            assert!(
+                record.kind == *kind && record.payload == *bytes,
+                "seed {seed} crash {crash}: record {} differs",
+                record.lsn
+            );
         }
         let end = tail.lsn + records.len() as u64;
-        assert!(end > model.acknowledged, "seed {seed} crash {crash}: acknowledged {} lost, recovered up to {}", model.acknowledged, end - 1);
+        assert!(
+            end > model.acknowledged,
+            "seed {seed} crash {crash}: acknowledged {} lost, recovered up to {}",
+            model.acknowledged,
+            end - 1
+        );
         if end > model.acknowledged + 1 {
             counts.unacknowledged_survived += 1;
         }
@@ -454,14 +602,19 @@ fn run_crash_seed(seed: u64) -> CrashCounts {
                     appended.map(|lsn| {
                         if let Some(lsn) = lsn {
                             model.appended.insert(lsn, (kind, bytes.clone()));
-                            live.push(Record { lsn, kind, payload: bytes });
+                            live.push(Record {
+                                lsn,
+                                kind,
+                                payload: bytes,
+                            });
                         }
                     })
                 }
                 6 | 7 => match live.last() {
                     Some(last) => {
                         let lsn = rng.gen_range(live[0].lsn..=last.lsn);
-                        log.wait_durable(lsn).map(|()| model.acknowledged = model.acknowledged.max(lsn))
+                        log.wait_durable(lsn)
+                            .map(|()| model.acknowledged = model.acknowledged.max(lsn))
                     }
                     None => Ok(()),
                 },
@@ -479,13 +632,21 @@ fn run_crash_seed(seed: u64) -> CrashCounts {
                 }
             };
             if let Err(e) = outcome {
-                assert!(matches!(e, Error::Io { .. } | Error::Shutdown), "seed {seed}: unexpected {e}");
-                assert!(device.crashed.lock().is_some(), "seed {seed}: error {e} without a crash");
+                assert!(
+                    matches!(e, Error::Io { .. } | Error::Shutdown),
+                    "seed {seed}: unexpected {e}"
+                );
+                assert!(
+                    device.crashed.lock().is_some(),
+                    "seed {seed}: error {e} without a crash"
+                );
                 counts.during_flush += 1;
                 break;
             }
         }
-        let image = device.take_crashed_image().unwrap_or_else(|| device.crash_image(&mut rng));
+        let image = device
+            .take_crashed_image()
+            .unwrap_or_else(|| device.crash_image(&mut rng));
         drop(log);
         device = TestDevice::from_image(image);
     }
@@ -511,13 +672,21 @@ fn crash_recovery_keeps_every_acknowledged_record() {
                 total.unacknowledged_survived += counts.unacknowledged_survived;
                 total.unacknowledged_lost += counts.unacknowledged_lost;
             }
-            Err(_) => panic!("crash test failed for seed {seed} (rerun with run_crash_seed({seed}))"),
+            Err(_) => {
+                panic!("crash test failed for seed {seed} (rerun with run_crash_seed({seed}))")
+            }
         }
     }
     println!("crash points: {total:?}");
     // The model must really exercise torn group commits, not only clean stops.
-    assert!(total.during_flush > 1000 && total.during_recovery > 10, "{total:?}");
-    assert!(total.unacknowledged_survived > 100 && total.unacknowledged_lost > 100, "{total:?}");
+    assert!(
+        total.during_flush > 1000 && total.during_recovery > 10,
+        "{total:?}"
+    );
+    assert!(
+        total.unacknowledged_survived > 100 && total.unacknowledged_lost > 100,
+        "{total:?}"
+    );
 }
 
 #[test]
@@ -537,7 +706,11 @@ fn corruption_gives_a_prefix_or_a_typed_error() {
             let kind = rng.gen();
             let lsn = log.append(kind, &[&bytes]).unwrap();
             if let Some(lsn) = lsn {
-                expected.push(Record { lsn, kind, payload: bytes });
+                expected.push(Record {
+                    lsn,
+                    kind,
+                    payload: bytes,
+                });
             }
             lsn
         } {
@@ -560,14 +733,17 @@ fn corruption_gives_a_prefix_or_a_typed_error() {
         if seed % 4 == 0 {
             let slot = rng.gen_range(0..expected.len().max(1)) as u64 % g.header_slots;
             let at = (g.slot_offset(slot)) as usize;
-            let mut header = RecordHeader::decode(&image[at..at + 64]).ok().unwrap_or(RecordHeader {
-                kind: 0,
-                flags: 0,
-                lsn: slot + 1,
-                data_position: 0,
-                payload_length: 0,
-                payload_crc: 0,
-            });
+            let mut header =
+                RecordHeader::decode(&image[at..at + 64])
+                    .ok()
+                    .unwrap_or(RecordHeader {
+                        kind: 0,
+                        flags: 0,
+                        lsn: slot + 1,
+                        data_position: 0,
+                        payload_length: 0,
+                        payload_crc: 0,
+                    });
             match rng.gen_range(0..4) {
                 0 => header.payload_length = rng.gen(),
                 1 => header.data_position = rng.gen(),
@@ -579,15 +755,25 @@ fn corruption_gives_a_prefix_or_a_typed_error() {
         let device = TestDevice::from_image(image);
         match Log::recover(device, g, LogPosition::START, no_background(0.0)) {
             Ok((_, records)) => {
-                assert!(records.len() <= expected.len(), "seed {seed}: invented records");
-                assert_eq!(records[..], expected[..records.len()], "seed {seed}: not a prefix");
+                assert!(
+                    records.len() <= expected.len(),
+                    "seed {seed}: invented records"
+                );
+                assert_eq!(
+                    records[..],
+                    expected[..records.len()],
+                    "seed {seed}: not a prefix"
+                );
                 prefixes += 1;
             }
             Err(Error::Corruption { .. }) => errors += 1,
             Err(other) => panic!("seed {seed}: unexpected error {other}"),
         }
     }
-    assert!(prefixes > 0 && errors > 0, "prefixes {prefixes} errors {errors}");
+    assert!(
+        prefixes > 0 && errors > 0,
+        "prefixes {prefixes} errors {errors}"
+    );
 }
 
 /// After recovery stops at a torn record, headers of that session beyond the end must not be
@@ -634,7 +820,10 @@ fn io_error_stops_the_log() {
     assert!(matches!(log.append(1, &[b"three"]), Err(Error::Shutdown)));
     assert!(log.wait_durable(first).is_ok());
     assert_eq!(log.durable_lsn(), first);
-    assert!(matches!(log.wait_for_durable_above(first, Duration::from_secs(5)), Err(Error::Shutdown)));
+    assert!(matches!(
+        log.wait_for_durable_above(first, Duration::from_secs(5)),
+        Err(Error::Shutdown)
+    ));
 }
 
 #[test]
@@ -646,7 +835,8 @@ fn group_commit_shares_flushes() {
     });
     Log::format(device.as_ref(), &g).unwrap();
     let flushes_before = device.flushes.load(Ordering::SeqCst);
-    let (log, _) = Log::recover(device.clone(), g, LogPosition::START, LogOptions::default()).unwrap();
+    let (log, _) =
+        Log::recover(device.clone(), g, LogPosition::START, LogOptions::default()).unwrap();
     let threads = 8;
     let per_thread = 200;
     std::thread::scope(|scope| {
@@ -655,7 +845,10 @@ fn group_commit_shares_flushes() {
             scope.spawn(move || {
                 for i in 0..per_thread {
                     let bytes = [t as u8; 100];
-                    let lsn = log.append(t as u16, &[&bytes, &(i as u32).to_le_bytes()]).unwrap().unwrap();
+                    let lsn = log
+                        .append(t as u16, &[&bytes, &(i as u32).to_le_bytes()])
+                        .unwrap()
+                        .unwrap();
                     log.wait_durable(lsn).unwrap();
                     assert!(log.durable_lsn() >= lsn);
                 }
@@ -665,11 +858,18 @@ fn group_commit_shares_flushes() {
     let waits = threads * per_thread;
     let flushes = device.flushes.load(Ordering::SeqCst) - flushes_before;
     let stats = log.stats();
-    println!("group commit: {waits} waits, {flushes} device flushes, {} device writes", stats.device_writes);
-    assert!(flushes < waits as u64 / 2, "{flushes} flushes for {waits} waits");
+    println!(
+        "group commit: {waits} waits, {flushes} device flushes, {} device writes",
+        stats.device_writes
+    );
+    assert!(
+        flushes < waits as u64 / 2,
+        "{flushes} flushes for {waits} waits"
+    );
     assert_eq!(stats.flushes, flushes);
     log.shutdown().unwrap();
-    let (_, records) = Log::recover(device.clone(), g, LogPosition::START, LogOptions::default()).unwrap();
+    let (_, records) =
+        Log::recover(device.clone(), g, LogPosition::START, LogOptions::default()).unwrap();
     assert_eq!(records.len(), waits);
 }
 
@@ -678,12 +878,17 @@ fn background_flush_makes_records_durable_without_waiters() {
     let (g, size) = geometry(256, 1 << 16);
     let device = TestDevice::new(size);
     Log::format(device.as_ref(), &g).unwrap();
-    let options = LogOptions { flush_delay_us: 2000, reserve_fraction: 0.1 };
+    let options = LogOptions {
+        flush_delay_us: 2000,
+        reserve_fraction: 0.1,
+    };
     let (log, _) = open(&device, g, LogPosition::START, options);
     for round in 0..3 {
         let started = Instant::now();
         let lsn = log.append(1, &[b"nobody waits"]).unwrap().unwrap();
-        let durable = log.wait_for_durable_above(lsn - 1, Duration::from_secs(10)).unwrap();
+        let durable = log
+            .wait_for_durable_above(lsn - 1, Duration::from_secs(10))
+            .unwrap();
         assert!(durable >= lsn);
         let elapsed = started.elapsed();
         println!("background flush round {round}: durable after {elapsed:?}");
@@ -694,7 +899,9 @@ fn background_flush_makes_records_durable_without_waiters() {
     assert!(log.stats().background_flushes >= 3);
     let subscriber = {
         let log = log.clone();
-        std::thread::spawn(move || log.wait_for_durable_above(u64::MAX - 1, Duration::from_secs(30)))
+        std::thread::spawn(move || {
+            log.wait_for_durable_above(u64::MAX - 1, Duration::from_secs(30))
+        })
     };
     std::thread::sleep(Duration::from_millis(20));
     log.shutdown().unwrap();
@@ -724,9 +931,12 @@ fn pending_buffer_is_bounded() {
 #[test]
 fn durable_append_cost() {
     let (g, size) = geometry(1 << 12, 8 << 20);
-    let device = Arc::new(RamDevice { bytes: Mutex::new(vec![0u8; size]) });
+    let device = Arc::new(RamDevice {
+        bytes: Mutex::new(vec![0u8; size]),
+    });
     Log::format(device.as_ref(), &g).unwrap();
-    let (log, _) = Log::recover(device.clone(), g, LogPosition::START, LogOptions::default()).unwrap();
+    let (log, _) =
+        Log::recover(device.clone(), g, LogPosition::START, LogOptions::default()).unwrap();
     let bytes = [0x5Au8; 256];
     let operations = 50_000u64;
     let mut appended = 0;
