@@ -43,6 +43,22 @@ pub struct LogGeometry {
 }
 
 impl LogGeometry {
+    /// The geometry of rings given in 4 KiB blocks, as the superblock keeps them: the header
+    /// ring holds `HEADERS_PER_BLOCK` headers per block.
+    pub fn from_blocks(
+        header_block: u64,
+        header_blocks: u64,
+        data_block: u64,
+        data_blocks: u64,
+    ) -> Option<LogGeometry> {
+        Some(LogGeometry {
+            header_start_byte: header_block.checked_mul(4096)?,
+            header_slots: header_blocks.checked_mul(HEADERS_PER_BLOCK)?,
+            data_start_byte: data_block.checked_mul(4096)?,
+            data_bytes: data_blocks.checked_mul(4096)?,
+        })
+    }
+
     /// Bytes taken by the header ring, or `None` if that overflows.
     pub fn header_ring_bytes(&self) -> Option<u64> {
         self.header_slots.checked_mul(HEADER_SIZE as u64)

@@ -969,3 +969,103 @@ fn durable_append_cost() {
     assert_eq!(stats.flushes, appended);
     assert!(stats.device_writes <= appended * 2 + stats.flushes / 10 + 8);
 }
+
+/// Appenders with random sizes, waiters, the background flusher and a checkpointer that
+/// releases the tail, all at once over small rings that wrap many times.
+#[test]
+fn concurrent_appends_checkpoints_and_recovery() {
+    let (g, size) = geometry(128, 16 << 10);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let options = LogOptions {
+        flush_delay_us: 200,
+        reserve_fraction: 0.1,
+    };
+    let (log, _) = open(&device, g, LogPosition::START, options);
+    let appended: Mutex<HashMap<u64, (u16, Vec<u8>)>> = Mutex::new(HashMap::new());
+    let superblock_tail = Mutex::new(LogPosition::START);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let mut appenders = Vec::new();
+        for t in 0..4u64 {
+            let (log, appended) = (&log, &appended);
+            appenders.push(scope.spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(100 + t);
+                let mut count = 0;
+                while count < 3000 {
+                    let length = rng.gen_range(0..300);
+                    let bytes = payload(&mut rng, length);
+                    match log.append(t as u16, &[&bytes]).unwrap() {
+                        Some(lsn) => {
+                            appended.lock().insert(lsn, (t as u16, bytes));
+                            if rng.gen_ratio(1, 3) {
+                                log.wait_durable(lsn).unwrap();
+                                assert!(log.durable_lsn() >= lsn);
+                            }
+                            count += 1;
+                        }
+                        None => std::thread::yield_now(),
+                    }
+                }
+            }));
+        }
+        let (log, superblock_tail, done) = (&log, &superblock_tail, &done);
+        scope.spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(99);
+            while !done.load(Ordering::SeqCst) {
+                let usage = log.usage();
+                if usage.header_slots_used * 2 > usage.header_slots_normal
+                    || usage.data_bytes_used * 2 > usage.data_bytes_normal
+                {
+                    if let Some(lsn) = log.append_reserved(7, &[b"checkpoint"]).unwrap() {
+                        log.wait_durable(lsn).unwrap();
+                    }
+                    let tail = log.tail().lsn;
+                    let durable = log.durable_lsn();
+                    let new_tail = log.position(rng.gen_range(tail..=durable + 1));
+                    *superblock_tail.lock() = new_tail; // "written and flushed"
+                    log.release(new_tail);
+                }
+                std::thread::yield_now();
+            }
+        });
+        for appender in appenders {
+            appender.join().unwrap();
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    log.shutdown().unwrap();
+    let next = log.next_lsn();
+    assert!(next > 4 * g.header_slots, "the rings wrapped");
+    let tail = *superblock_tail.lock();
+    let (_, records) = open(&device, g, tail, no_background(0.1));
+    assert_eq!(records.len() as u64, next - tail.lsn);
+    let appended = appended.lock();
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record.lsn, tail.lsn + i as u64);
+        if record.kind != 7 {
+            let (kind, bytes) = &appended[&record.lsn];
+            assert!(
+                record.kind == *kind && record.payload == *bytes,
+                "record {} differs",
+                record.lsn
+            );
+        }
+    }
+}
+
+#[test]
+fn geometry_from_blocks() {
+    let g = LogGeometry::from_blocks(2, 4, 6, 100).unwrap();
+    assert_eq!(
+        g,
+        LogGeometry {
+            header_start_byte: 8192,
+            header_slots: 256,
+            data_start_byte: 6 * 4096,
+            data_bytes: 409_600
+        }
+    );
+    assert!(g.validate(106 * 4096).is_ok());
+    assert!(LogGeometry::from_blocks(u64::MAX, 1, 1, 1).is_none());
+}
