@@ -77,19 +77,14 @@ impl LogGeometry {
         if self.header_start_byte & (HEADER_SIZE as u64 - 1) != 0 {
             return bad("the header ring is not 64-byte aligned");
         }
-        let Some(header_end) = self
-            .header_ring_bytes()
-            .and_then(|b| b.checked_add(self.header_start_byte))
-        else {
+        let Some(header_end) = self.header_ring_bytes().and_then(|b| b.checked_add(self.header_start_byte)) else {
             return bad("the header ring overflows");
         };
         let Some(data_end) = self.data_start_byte.checked_add(self.data_bytes) else {
             return bad("the data ring overflows");
         };
         if header_end > device_size || data_end > device_size {
-            return bad(&format!(
-                "a ring extends past the end of the {device_size}-byte device"
-            ));
+            return bad(&format!("a ring extends past the end of the {device_size}-byte device"));
         }
         if self.header_start_byte < data_end && self.data_start_byte < header_end {
             return bad("the header ring and the data ring overlap");
@@ -131,12 +126,9 @@ impl RecordHeader {
         out[field::KIND..field::KIND + 2].copy_from_slice(&self.kind.to_le_bytes());
         out[field::FLAGS..field::FLAGS + 2].copy_from_slice(&self.flags.to_le_bytes());
         out[field::LSN..field::LSN + 8].copy_from_slice(&self.lsn.to_le_bytes());
-        out[field::DATA_POSITION..field::DATA_POSITION + 8]
-            .copy_from_slice(&self.data_position.to_le_bytes());
-        out[field::PAYLOAD_LENGTH..field::PAYLOAD_LENGTH + 4]
-            .copy_from_slice(&self.payload_length.to_le_bytes());
-        out[field::PAYLOAD_CRC..field::PAYLOAD_CRC + 4]
-            .copy_from_slice(&self.payload_crc.to_le_bytes());
+        out[field::DATA_POSITION..field::DATA_POSITION + 8].copy_from_slice(&self.data_position.to_le_bytes());
+        out[field::PAYLOAD_LENGTH..field::PAYLOAD_LENGTH + 4].copy_from_slice(&self.payload_length.to_le_bytes());
+        out[field::PAYLOAD_CRC..field::PAYLOAD_CRC + 4].copy_from_slice(&self.payload_crc.to_le_bytes());
     }
 
     /// Encodes a complete header, CRC included.
@@ -148,9 +140,7 @@ impl RecordHeader {
     /// Decodes and checks magic and header CRC. Field values are not judged here.
     pub fn decode(bytes: &[u8]) -> std::result::Result<RecordHeader, HeaderFault> {
         let bytes = &bytes[..HEADER_SIZE];
-        if read_u32(bytes, field::MAGIC) != HEADER_MAGIC
-            || read_u32(bytes, field::HEADER_CRC) != header_crc(bytes)
-        {
+        if read_u32(bytes, field::MAGIC) != HEADER_MAGIC || read_u32(bytes, field::HEADER_CRC) != header_crc(bytes) {
             return Err(HeaderFault::NotAHeader);
         }
         Ok(RecordHeader {
@@ -166,9 +156,7 @@ impl RecordHeader {
 
 /// Whether the reserved bytes 32..60 of a header are zero (format version 1 requires it).
 pub fn reserved_is_zero(bytes: &[u8]) -> bool {
-    bytes[field::RESERVED..field::HEADER_CRC]
-        .iter()
-        .all(|&b| b == 0)
+    bytes[field::RESERVED..field::HEADER_CRC].iter().all(|&b| b == 0)
 }
 
 /// CRC32C of the 64 header bytes with the CRC field taken as zero.

@@ -47,10 +47,7 @@ pub struct LogPosition {
 
 impl LogPosition {
     /// The tail of a freshly formatted log.
-    pub const START: LogPosition = LogPosition {
-        lsn: 1,
-        data_position: 0,
-    };
+    pub const START: LogPosition = LogPosition { lsn: 1, data_position: 0 };
 }
 
 /// One record as recovered.
@@ -74,10 +71,7 @@ pub struct LogOptions {
 
 impl Default for LogOptions {
     fn default() -> Self {
-        LogOptions {
-            flush_delay_us: 1000,
-            reserve_fraction: 0.05,
-        }
+        LogOptions { flush_delay_us: 1000, reserve_fraction: 0.05 }
     }
 }
 
@@ -187,27 +181,20 @@ impl Log {
             return Err(Error::invalid("log tail lsn 0: lsns start at 1"));
         }
         if tail.lsn.checked_add(geometry.header_slots).is_none()
-            || tail
-                .data_position
-                .checked_add(geometry.data_bytes)
-                .is_none()
+            || tail.data_position.checked_add(geometry.data_bytes).is_none()
         {
             return Err(Error::corruption(format!(
                 "log tail {tail:?} is too close to the end of the lsn or position space"
             )));
         }
         if !(0.0..1.0).contains(&options.reserve_fraction) {
-            return Err(Error::invalid(format!(
-                "log reserve fraction {} is not in [0, 1)",
-                options.reserve_fraction
-            )));
+            return Err(Error::invalid(format!("log reserve fraction {} is not in [0, 1)", options.reserve_fraction)));
         }
         let scan = recover::scan(device.as_ref(), &geometry, tail)?;
         recover::scrub(device.as_ref(), &geometry, tail, scan.end)?;
 
         let share = 1.0 - options.reserve_fraction;
-        let normal_slots =
-            ((geometry.header_slots as f64 * share) as u64).min(geometry.header_slots);
+        let normal_slots = ((geometry.header_slots as f64 * share) as u64).min(geometry.header_slots);
         let normal_data = ((geometry.data_bytes as f64 * share) as u64).min(geometry.data_bytes);
         let state = State {
             next_lsn: scan.end.lsn,
@@ -231,8 +218,7 @@ impl Log {
         let inner = Arc::new(Inner {
             device,
             geometry,
-            flush_delay: (options.flush_delay_us != u64::MAX)
-                .then(|| Duration::from_micros(options.flush_delay_us)),
+            flush_delay: (options.flush_delay_us != u64::MAX).then(|| Duration::from_micros(options.flush_delay_us)),
             normal_slots,
             normal_data,
             state: Mutex::new(state),
@@ -245,22 +231,12 @@ impl Log {
                 let handle = std::thread::Builder::new()
                     .name("tandemfs-log-flush".into())
                     .spawn(move || for_thread.background_flusher(delay))
-                    .map_err(|e| Error::Io {
-                        operation: "start log flusher thread",
-                        offset: 0,
-                        source: e,
-                    })?;
+                    .map_err(|e| Error::Io { operation: "start log flusher thread", offset: 0, source: e })?;
                 Some(handle)
             }
             None => None,
         };
-        Ok((
-            Arc::new(Log {
-                inner,
-                flusher: Mutex::new(flusher),
-            }),
-            scan.records,
-        ))
+        Ok((Arc::new(Log { inner, flusher: Mutex::new(flusher) }), scan.records))
     }
 
     /// Appends a record whose payload is the concatenation of `payload_parts`. Returns its lsn,
@@ -319,11 +295,8 @@ impl Log {
             state.tail.lsn,
             state.next_lsn
         );
-        let data_position = if lsn == state.next_lsn {
-            state.next_position
-        } else {
-            state.positions[(lsn - state.tail.lsn) as usize]
-        };
+        let data_position =
+            if lsn == state.next_lsn { state.next_position } else { state.positions[(lsn - state.tail.lsn) as usize] };
         LogPosition { lsn, data_position }
     }
 
@@ -393,12 +366,7 @@ impl Log {
             }
             match deadline {
                 Some(deadline) => {
-                    if self
-                        .inner
-                        .durable_changed
-                        .wait_until(&mut state, deadline)
-                        .timed_out()
-                    {
+                    if self.inner.durable_changed.wait_until(&mut state, deadline).timed_out() {
                         return Ok(state.durable_lsn);
                     }
                 }
@@ -442,11 +410,7 @@ impl Inner {
         for part in parts {
             length += part.len() as u64;
         }
-        let limit = if reserved {
-            self.geometry.data_bytes
-        } else {
-            self.normal_data
-        };
+        let limit = if reserved { self.geometry.data_bytes } else { self.normal_data };
         if length > limit.min(MAX_PAYLOAD_BYTES) || (!reserved && self.normal_slots == 0) {
             return Err(Error::invalid(format!(
                 "log record of {length} bytes can never fit the {} share of the log ({limit} data bytes)",
@@ -551,8 +515,7 @@ impl Inner {
             drop(state);
 
             let mut writes = 0;
-            let result =
-                self.write_batch(first_lsn, first_position, &mut headers, &data, &mut writes);
+            let result = self.write_batch(first_lsn, first_position, &mut headers, &data, &mut writes);
             headers.clear();
             data.clear();
 
@@ -596,19 +559,16 @@ impl Inner {
         let slot = first_lsn % g.header_slots;
         let count = (headers.len() / HEADER_SIZE) as u64;
         let first = count.min(g.header_slots - slot) as usize * HEADER_SIZE;
-        self.device
-            .write_at(g.slot_offset(slot), &headers[..first])?;
+        self.device.write_at(g.slot_offset(slot), &headers[..first])?;
         *writes += 1;
         if first < headers.len() {
-            self.device
-                .write_at(g.header_start_byte, &headers[first..])?;
+            self.device.write_at(g.header_start_byte, &headers[first..])?;
             *writes += 1;
         }
         if !data.is_empty() {
             let offset = first_position % g.data_bytes;
             let first = (data.len() as u64).min(g.data_bytes - offset) as usize;
-            self.device
-                .write_at(g.data_start_byte + offset, &data[..first])?;
+            self.device.write_at(g.data_start_byte + offset, &data[..first])?;
             *writes += 1;
             if first < data.len() {
                 self.device.write_at(g.data_start_byte, &data[first..])?;

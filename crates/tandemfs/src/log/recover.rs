@@ -30,21 +30,14 @@ struct HeaderReader<'a> {
 
 impl<'a> HeaderReader<'a> {
     fn new(device: &'a dyn Device, geometry: &'a LogGeometry) -> Self {
-        HeaderReader {
-            device,
-            geometry,
-            first_slot: 0,
-            slots: 0,
-            buffer: Vec::new(),
-        }
+        HeaderReader { device, geometry, first_slot: 0, slots: 0, buffer: Vec::new() }
     }
 
     fn slot(&mut self, slot: u64) -> Result<&[u8]> {
         if slot < self.first_slot || slot >= self.first_slot + self.slots {
             let count = SLOTS_PER_READ.min(self.geometry.header_slots - slot);
             self.buffer.resize(count as usize * HEADER_SIZE, 0);
-            self.device
-                .read_at(self.geometry.slot_offset(slot), &mut self.buffer)?;
+            self.device.read_at(self.geometry.slot_offset(slot), &mut self.buffer)?;
             self.first_slot = slot;
             self.slots = count;
         }
@@ -55,12 +48,7 @@ impl<'a> HeaderReader<'a> {
 
 /// Reads `buffer.len()` bytes of the data ring starting at ring position `position`, split at
 /// the wrap. The caller checked that the length is at most `data_bytes`.
-pub(crate) fn read_data(
-    device: &dyn Device,
-    geometry: &LogGeometry,
-    position: u64,
-    buffer: &mut [u8],
-) -> Result<()> {
+pub(crate) fn read_data(device: &dyn Device, geometry: &LogGeometry, position: u64, buffer: &mut [u8]) -> Result<()> {
     let offset = position % geometry.data_bytes;
     let first = (buffer.len() as u64).min(geometry.data_bytes - offset) as usize;
     let (a, b) = buffer.split_at_mut(first);
@@ -92,10 +80,7 @@ pub(crate) fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPositio
             break; // a stale header of an earlier lap, or a slot never written
         }
         let what = |why: String| {
-            Error::corruption(format!(
-                "log record {lsn} (header slot {}): {why}",
-                lsn % geometry.header_slots
-            ))
+            Error::corruption(format!("log record {lsn} (header slot {}): {why}", lsn % geometry.header_slots))
         };
         if header.data_position != expected.data_position {
             return Err(what(format!(
@@ -124,43 +109,25 @@ pub(crate) fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPositio
         if tandem_accel::crc32c(0, &payload) != header.payload_crc {
             break; // torn or lost payload: the record was never acknowledged
         }
-        records.push(Record {
-            lsn,
-            kind: header.kind,
-            payload,
-        });
+        records.push(Record { lsn, kind: header.kind, payload });
         positions.push(header.data_position);
         used_bytes += length;
-        expected = LogPosition {
-            lsn: lsn + 1,
-            data_position: next_position,
-        };
+        expected = LogPosition { lsn: lsn + 1, data_position: next_position };
     }
-    Ok(Scan {
-        records,
-        positions,
-        end: expected,
-    })
+    Ok(Scan { records, positions, end: expected })
 }
 
 /// Zeroes every header slot that does not hold a record of the scan (slots for lsns
 /// `end.lsn .. tail.lsn + header_slots`), then flushes if anything was written. Without this,
 /// a header written but not acknowledged before a crash could line up with the records a later
 /// session appends at the same lsns and be replayed after a second crash.
-pub(crate) fn scrub(
-    device: &dyn Device,
-    geometry: &LogGeometry,
-    tail: LogPosition,
-    end: LogPosition,
-) -> Result<bool> {
+pub(crate) fn scrub(device: &dyn Device, geometry: &LogGeometry, tail: LogPosition, end: LogPosition) -> Result<bool> {
     let mut remaining = geometry.header_slots - (end.lsn - tail.lsn);
     let mut slot = end.lsn % geometry.header_slots;
     let mut buffer = Vec::new();
     let mut wrote = false;
     while remaining > 0 {
-        let count = remaining
-            .min(SLOTS_PER_READ)
-            .min(geometry.header_slots - slot);
+        let count = remaining.min(SLOTS_PER_READ).min(geometry.header_slots - slot);
         buffer.resize(count as usize * HEADER_SIZE, 0);
         device.read_at(geometry.slot_offset(slot), &mut buffer)?;
         if buffer.iter().any(|&b| b != 0) {
