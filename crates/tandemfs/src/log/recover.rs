@@ -118,7 +118,7 @@ pub(crate) fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPositio
 }
 
 /// Zeroes every header slot that does not hold a record of the scan (slots for lsns
-/// `end.lsn .. tail.lsn + header_slots`), then flushes if anything was written. Without this,
+/// `end.lsn .. tail.lsn + header_slots`), then flushes. Without this,
 /// a header written but not acknowledged before a crash could line up with the records a later
 /// session appends at the same lsns and be replayed after a second crash.
 pub(crate) fn scrub(device: &dyn Device, geometry: &LogGeometry, tail: LogPosition, end: LogPosition) -> Result<bool> {
@@ -138,8 +138,9 @@ pub(crate) fn scrub(device: &dyn Device, geometry: &LogGeometry, tail: LogPositi
         remaining -= count;
         slot = (slot + count) % geometry.header_slots;
     }
-    if wrote {
-        device.flush()?;
-    }
+    // Flush even when nothing was written: the records just read may have been read back from
+    // a volatile cache (after a process crash rather than a power loss), and `recover` reports
+    // them as durable.
+    device.flush()?;
     Ok(wrote)
 }

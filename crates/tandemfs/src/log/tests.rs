@@ -663,8 +663,8 @@ fn group_commit_shares_flushes() {
         ..Arc::into_inner(TestDevice::new(size)).unwrap()
     });
     Log::format(device.as_ref(), &g).unwrap();
-    let flushes_before = device.flushes.load(Ordering::SeqCst);
     let (log, _) = Log::recover(device.clone(), g, LogPosition::START, LogOptions::default()).unwrap();
+    let flushes_before = device.flushes.load(Ordering::SeqCst);
     let threads = 8;
     let per_thread = 200;
     std::thread::scope(|scope| {
