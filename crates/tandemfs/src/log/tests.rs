@@ -605,6 +605,7 @@ fn corruption_gives_a_prefix_or_a_typed_error() {
             Err(other) => panic!("seed {seed}: unexpected error {other}"),
         }
     }
+    println!("corruption: {prefixes} recoveries gave a prefix, {errors} gave Error::Corruption");
     assert!(prefixes > 0 && errors > 0, "prefixes {prefixes} errors {errors}");
 }
 
