@@ -80,6 +80,12 @@ pub struct FileSystem {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for FileSystem {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("FileSystem").field("inode_count", &self.inner.inode_count).finish_non_exhaustive()
+    }
+}
+
 fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX_BYTES {
         return Err(Error::NameTooLong);
@@ -217,7 +223,7 @@ impl FileSystem {
         };
         let usage = log.usage();
         // A record must fit the log many times over; a write larger than this is split.
-        let max_record_data_bytes = ((usage.data_bytes / 16) as usize).clamp(4096, 1 << 20);
+        let max_record_data_bytes = ((usage.data_bytes_normal / 16) as usize).clamp(4096, 1 << 20);
         let inner = Arc::new(Inner {
             device,
             log,
@@ -316,7 +322,9 @@ impl FileSystem {
             match waiting {
                 // Records are waiting to become durable: the log's flusher makes them so.
                 Some(lsn) if lsn > durable => {
-                    inner.log.wait_for_durable_above(durable, Duration::from_millis(5));
+                    if inner.log.wait_for_durable_above(durable, Duration::from_millis(5)).is_err() {
+                        return;
+                    }
                 }
                 Some(_) => {}
                 None => {
@@ -410,10 +418,13 @@ impl FileSystem {
         let usage = inner.log.usage();
         let mut volume = inner.volume.lock();
         let dirty_bytes = volume.cache_dirty_count() as u64 * BLOCK_SIZE_U64;
+        // Checkpoint images go to the log's reserve: take one while they still fit in half of
+        // it, and before the normal share fills.
+        let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
         let due = force
-            || usage.data_bytes_used * 4 > usage.data_bytes
-            || usage.header_slots_used * 4 > usage.header_slots
-            || dirty_bytes * 8 > usage.data_bytes
+            || usage.data_bytes_used * 2 > usage.data_bytes_normal
+            || usage.header_slots_used * 2 > usage.header_slots_normal
+            || dirty_bytes * 2 > reserve_bytes
             || backend.last_checkpoint.elapsed() > CHECKPOINT_INTERVAL;
         if !due {
             return Ok(());
@@ -873,7 +884,7 @@ impl FileSystem {
             let mut front = self.inner.front.lock();
             let view = self.view(&mut front, inode)?;
             if view.file_type() == FileType::Directory {
-                return Err(Error::PermissionDenied);
+                return Err(Error::NotPermitted);
             }
             if view.attributes.link_count == 0 {
                 return Err(Error::NotFound);
@@ -1033,7 +1044,7 @@ impl FileSystem {
             let now = now_ns();
             // Working copies of every inode involved; several may be the same inode.
             let mut images: Vec<AttributeImage> = Vec::new();
-            let mut image_of = |front: &mut Front, number: u64, images: &mut Vec<AttributeImage>| -> Result<usize> {
+            let image_of = |front: &mut Front, number: u64, images: &mut Vec<AttributeImage>| -> Result<usize> {
                 if let Some(index) = images.iter().position(|image| image.inode_number == number) {
                     return Ok(index);
                 }
@@ -1215,10 +1226,12 @@ impl FileSystem {
                 .filter(|write| write.offset < offset + length as u64 && write.offset + write.data.len() as u64 > offset)
                 .map(|write| (write.offset, write.data.clone()))
                 .collect();
-            let guard = if hold { Some(front) } else { None };
-            if !hold {
+            let guard = if hold {
+                Some(front)
+            } else {
                 drop(front);
-            }
+                None
+            };
             let target = &mut buffer[..length];
             {
                 let mut volume = self.inner.volume.lock();
@@ -1446,8 +1459,8 @@ impl FileSystem {
         let usage = self.inner.log.usage();
         let checkpoint_lsn = self.inner.volume.lock().superblock.checkpoint_lsn;
         LogStatistics {
-            header_slots: usage.header_slots,
-            data_bytes: usage.data_bytes,
+            header_slots: usage.header_slots_capacity,
+            data_bytes: usage.data_bytes_capacity,
             records_since_checkpoint: usage.header_slots_used,
             data_bytes_since_checkpoint: usage.data_bytes_used,
             next_lsn: self.inner.log.next_lsn(),
