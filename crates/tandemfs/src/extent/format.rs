@@ -21,17 +21,17 @@ pub const MAX_BLOCK_NUMBER: u64 = MAX_PHYSICAL_BYTE_ADDRESS / BLOCK_SIZE_U64;
 pub const MAX_DEPTH: usize = 8;
 
 // Root area (in the inode).
-pub const ROOT_DEPTH_OFFSET: usize = 0;
-pub const ROOT_COUNT_OFFSET: usize = 1;
-pub const ROOT_RESERVED_OFFSET: usize = 2;
-pub const ROOT_RESERVED_BYTES: usize = 6;
-pub const ROOT_LENGTH_OFFSET: usize = 8;
-pub const ROOT_BLOCKS_OFFSET: usize = 16;
-pub const ROOT_ENTRIES_OFFSET: usize = 24;
-/// Entries the root area holds: extents when the depth is 0, child pointers otherwise.
-pub const ROOT_CAPACITY: usize = 2;
-pub const ROOT_TAIL_OFFSET: usize = ROOT_ENTRIES_OFFSET + ROOT_CAPACITY * ENTRY_BYTES;
-pub const ROOT_TAIL_BYTES: usize = EXTENT_ROOT_BYTES - ROOT_TAIL_OFFSET;
+/// Low 4 bits: depth (levels of tree blocks below the root, at most `MAX_DEPTH`); high 4 bits:
+/// entries in use (at most `ROOT_CAPACITY`).
+pub const ROOT_SHAPE_OFFSET: usize = 0;
+/// Blocks owned (data + tree), 56 bits: enough for `MAX_BLOCK_NUMBER`.
+pub const ROOT_BLOCKS_OFFSET: usize = 1;
+pub const ROOT_BLOCKS_BYTES: usize = 7;
+pub const ROOT_ENTRIES_OFFSET: usize = 8;
+/// Entries the root area holds: extents when the depth is 0, child pointers otherwise. Three
+/// inline extents cover the common small sparse file (data, hole, data) without a tree block.
+pub const ROOT_CAPACITY: usize = 3;
+pub const ROOT_LENGTH_OFFSET: usize = ROOT_ENTRIES_OFFSET + ROOT_CAPACITY * ENTRY_BYTES;
 
 // Node header (start of every tree block).
 pub const NODE_COUNT_OFFSET: usize = 0;
@@ -248,10 +248,11 @@ impl ExtentRoot {
 
     pub fn encode(&self) -> [u8; EXTENT_ROOT_BYTES] {
         let mut bytes = [0u8; EXTENT_ROOT_BYTES];
-        bytes[ROOT_DEPTH_OFFSET] = self.depth;
-        bytes[ROOT_COUNT_OFFSET] = self.count;
+        assert!(self.blocks_owned < MAX_BLOCK_NUMBER);
+        bytes[ROOT_SHAPE_OFFSET] = self.depth | (self.count << 4);
+        bytes[ROOT_BLOCKS_OFFSET..ROOT_BLOCKS_OFFSET + ROOT_BLOCKS_BYTES]
+            .copy_from_slice(&self.blocks_owned.to_le_bytes()[..ROOT_BLOCKS_BYTES]);
         bytes[ROOT_LENGTH_OFFSET..ROOT_LENGTH_OFFSET + 8].copy_from_slice(&self.length_bytes.to_le_bytes());
-        bytes[ROOT_BLOCKS_OFFSET..ROOT_BLOCKS_OFFSET + 8].copy_from_slice(&self.blocks_owned.to_le_bytes());
         for (index, entry) in self.root_entries().iter().enumerate() {
             let start = ROOT_ENTRIES_OFFSET + index * ENTRY_BYTES;
             entry.encode(self.depth == 0, &mut bytes[start..start + ENTRY_BYTES]);
@@ -261,21 +262,18 @@ impl ExtentRoot {
 
     /// Decodes and validates a root read from an inode.
     pub fn decode(bytes: &[u8; EXTENT_ROOT_BYTES]) -> Result<ExtentRoot> {
-        let depth = bytes[ROOT_DEPTH_OFFSET] as usize;
-        let count = bytes[ROOT_COUNT_OFFSET] as usize;
+        let depth = (bytes[ROOT_SHAPE_OFFSET] & 0x0f) as usize;
+        let count = (bytes[ROOT_SHAPE_OFFSET] >> 4) as usize;
         if depth > MAX_DEPTH {
             return Err(Error::corruption(format!("extent root field depth: {depth}, at most {MAX_DEPTH}")));
         }
         if count > ROOT_CAPACITY || (depth > 0 && count == 0) {
             return Err(Error::corruption(format!("extent root field entry_count: {count} at depth {depth}")));
         }
-        let reserved = &bytes[ROOT_RESERVED_OFFSET..ROOT_RESERVED_OFFSET + ROOT_RESERVED_BYTES];
-        let tail = &bytes[ROOT_TAIL_OFFSET..ROOT_TAIL_OFFSET + ROOT_TAIL_BYTES];
-        if reserved.iter().chain(tail.iter()).any(|byte| *byte != 0) {
-            return Err(Error::corruption("extent root field reserved: not zero"));
-        }
         let length_bytes = read_u64(bytes, ROOT_LENGTH_OFFSET);
-        let blocks_owned = read_u64(bytes, ROOT_BLOCKS_OFFSET);
+        let mut blocks_field = [0u8; 8];
+        blocks_field[..ROOT_BLOCKS_BYTES].copy_from_slice(&bytes[ROOT_BLOCKS_OFFSET..ROOT_BLOCKS_OFFSET + ROOT_BLOCKS_BYTES]);
+        let blocks_owned = u64::from_le_bytes(blocks_field);
         if length_bytes > MAX_FILE_BYTES {
             return Err(Error::corruption(format!("extent root field length_bytes: {length_bytes} over the limit")));
         }
