@@ -655,8 +655,12 @@ impl<'s> Tree<'s> {
         while position < end {
             let location = self.locate(position)?;
             let entry = self.entry_at(&location).ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
-            let entry_end = position + entry.length;
+            // A merge behind us may have made `position` fall inside an extent.
+            let entry_end = position - location.offset_in_entry + entry.length;
             if entry.is_hole() {
+                if location.offset_in_entry != 0 || entry_end > end {
+                    return Err(Error::corruption("extent tree changed shape while allocating"));
+                }
                 self.fill_hole(position, entry_end, None)?;
                 self.coalesce(entry_end)?;
             }
