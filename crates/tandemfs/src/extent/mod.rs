@@ -15,8 +15,8 @@ mod tree;
 mod tests;
 
 pub use format::{
-    ExtentRoot, ENTRY_BYTES, EXTENT_ROOT_BYTES, MAX_DEPTH, MAX_FILE_BYTES, NODE_CAPACITY, NODE_HEADER_BYTES,
-    NODE_MIN_ENTRIES, ROOT_CAPACITY,
+    ExtentRoot, ENTRY_BYTES, EXTENT_ROOT_BYTES, MAX_DEPTH, MAX_FILE_BYTES, NODE_CAPACITY,
+    NODE_HEADER_BYTES, NODE_MIN_ENTRIES, ROOT_CAPACITY,
 };
 
 use std::collections::HashSet;
@@ -31,7 +31,11 @@ pub trait Store: MetaStore + DataStore {}
 impl<T: MetaStore + DataStore + ?Sized> Store for T {}
 
 /// Runs `operation` on a private copy of the tree; the root changes only if it succeeds.
-fn change<T>(store: &mut dyn Store, root: &mut ExtentRoot, operation: impl FnOnce(&mut Tree) -> Result<T>) -> Result<T> {
+fn change<T>(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    operation: impl FnOnce(&mut Tree) -> Result<T>,
+) -> Result<T> {
     let mut tree = Tree::open(store, root);
     match operation(&mut tree) {
         Ok(value) => {
@@ -46,12 +50,20 @@ fn change<T>(store: &mut dyn Store, root: &mut ExtentRoot, operation: impl FnOnc
 }
 
 fn end_of(offset: u64, length_bytes: u64) -> Result<u64> {
-    offset.checked_add(length_bytes).filter(|end| *end <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)
+    offset
+        .checked_add(length_bytes)
+        .filter(|end| *end <= MAX_FILE_BYTES)
+        .ok_or(Error::FileTooLarge)
 }
 
 /// Reads up to `buffer.len()` bytes at `offset`; returns the bytes read, short at the end of the
 /// file. Holes and unwritten extents read as zeros.
-pub fn read(store: &mut dyn Store, root: &ExtentRoot, offset: u64, buffer: &mut [u8]) -> Result<usize> {
+pub fn read(
+    store: &mut dyn Store,
+    root: &ExtentRoot,
+    offset: u64,
+    buffer: &mut [u8],
+) -> Result<usize> {
     let length = root.length_bytes();
     if offset >= length || buffer.is_empty() {
         return Ok(0);
@@ -88,9 +100,17 @@ pub fn truncate(store: &mut dyn Store, root: &mut ExtentRoot, length_bytes: u64)
 }
 
 /// Inserts `length_bytes` of hole at `offset` (at most the file length), shifting later bytes up.
-pub fn insert_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
+pub fn insert_range(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+) -> Result<()> {
     if offset > root.length_bytes() {
-        return Err(Error::invalid(format!("insert at {offset} past the end {}", root.length_bytes())));
+        return Err(Error::invalid(format!(
+            "insert at {offset} past the end {}",
+            root.length_bytes()
+        )));
     }
     end_of(root.length_bytes(), length_bytes)?;
     if length_bytes == 0 {
@@ -101,9 +121,20 @@ pub fn insert_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, l
 
 /// Removes bytes `offset..offset + length_bytes` (inside the file), shifting later bytes down
 /// and freeing the blocks that held them.
-pub fn collapse_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
-    let end = offset.checked_add(length_bytes).filter(|end| *end <= root.length_bytes());
-    let end = end.ok_or_else(|| Error::invalid(format!("collapse of {length_bytes} bytes at {offset} past the end")))?;
+pub fn collapse_range(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+) -> Result<()> {
+    let end = offset
+        .checked_add(length_bytes)
+        .filter(|end| *end <= root.length_bytes());
+    let end = end.ok_or_else(|| {
+        Error::invalid(format!(
+            "collapse of {length_bytes} bytes at {offset} past the end"
+        ))
+    })?;
     if length_bytes == 0 {
         return Ok(());
     }
@@ -112,7 +143,12 @@ pub fn collapse_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64,
 
 /// Turns `offset..offset + length_bytes` (clipped to the file) into a hole and frees its blocks;
 /// the length stays.
-pub fn punch_hole(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
+pub fn punch_hole(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+) -> Result<()> {
     let end = offset.saturating_add(length_bytes).min(root.length_bytes());
     if offset >= end {
         return Ok(());
@@ -126,7 +162,13 @@ pub fn punch_hole(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, len
 /// Makes `offset..offset + length_bytes` read as zeros. Written blocks in the range are kept and
 /// marked unwritten, holes get unwritten blocks; without `keep_size` the file grows to cover the
 /// range.
-pub fn zero_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64, keep_size: bool) -> Result<()> {
+pub fn zero_range(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+    keep_size: bool,
+) -> Result<()> {
     let end = end_of(offset, length_bytes)?;
     if length_bytes == 0 {
         return Ok(());
@@ -147,7 +189,13 @@ pub fn zero_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, len
 /// Reserves blocks for the holes in `offset..offset + length_bytes` as unwritten extents (read as
 /// zeros). Without `keep_size` the file grows to cover the range; with it the range is clipped to
 /// the file (no blocks are kept past the end).
-pub fn allocate(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64, keep_size: bool) -> Result<()> {
+pub fn allocate(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+    keep_size: bool,
+) -> Result<()> {
     let end = end_of(offset, length_bytes)?;
     if length_bytes == 0 {
         return Ok(());
@@ -166,7 +214,9 @@ pub fn allocate(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, lengt
 pub fn destroy(store: &mut dyn Store, root: ExtentRoot) -> Result<()> {
     let report = check(store, &root);
     if let Some(problem) = report.problems.first() {
-        return Err(Error::corruption(format!("cannot free extent tree: {problem}")));
+        return Err(Error::corruption(format!(
+            "cannot free extent tree: {problem}"
+        )));
     }
     for (first, count) in report.data_blocks {
         store.free_data(first, count)?;
@@ -222,15 +272,26 @@ pub fn check(store: &mut dyn Store, root: &ExtentRoot) -> ExtentCheck {
     // the blocks the tree names; the level strictly falls, so a cycle cannot form.
     while let Some((block, level, expected_length)) = pending.pop() {
         if block == 0 || block >= MAX_BLOCK_NUMBER {
-            report.problems.push(format!("extent tree names block {block}, out of range"));
+            report
+                .problems
+                .push(format!("extent tree names block {block}, out of range"));
             continue;
         }
         if !visited.insert(block) {
-            report.problems.push(format!("extent node {block} is referenced from two places"));
+            report
+                .problems
+                .push(format!("extent node {block} is referenced from two places"));
             continue;
         }
-        let kind = if level == 0 { BlockKind::ExtentLeaf } else { BlockKind::ExtentInternal };
-        let entries = match store.read_meta(block, kind).and_then(|bytes| decode_node(&bytes[..], block, level, expected_length)) {
+        let kind = if level == 0 {
+            BlockKind::ExtentLeaf
+        } else {
+            BlockKind::ExtentInternal
+        };
+        let entries = match store
+            .read_meta(block, kind)
+            .and_then(|bytes| decode_node(&bytes[..], block, level, expected_length))
+        {
             Ok(entries) => entries,
             Err(error) => {
                 report.problems.push(error.to_string());
@@ -259,12 +320,20 @@ pub fn check(store: &mut dyn Store, root: &ExtentRoot) -> ExtentCheck {
     runs.sort_unstable();
     for pair in runs.windows(2) {
         if pair[0].0 + pair[0].1 > pair[1].0 {
-            report.problems.push(format!("blocks {}..{} and {}.. are owned twice", pair[0].0, pair[0].0 + pair[0].1, pair[1].0));
+            report.problems.push(format!(
+                "blocks {}..{} and {}.. are owned twice",
+                pair[0].0,
+                pair[0].0 + pair[0].1,
+                pair[1].0
+            ));
         }
     }
     let owned = runs.iter().fold(0u64, |sum, run| sum.saturating_add(run.1));
     if report.problems.is_empty() && owned != root.blocks_owned() {
-        report.problems.push(format!("extent root field blocks_owned: {} stored, {owned} found", root.blocks_owned()));
+        report.problems.push(format!(
+            "extent root field blocks_owned: {} stored, {owned} found",
+            root.blocks_owned()
+        ));
     }
     report
 }
