@@ -141,8 +141,9 @@ pub fn collapse_range(
     change(store, root, |tree| tree.remove_range(offset, end))
 }
 
-/// Turns `offset..offset + length_bytes` (clipped to the file) into a hole and frees its blocks;
-/// the length stays.
+/// Makes `offset..offset + length_bytes` (clipped to the file) read as zeros, keeping the length:
+/// the whole blocks inside become a hole and are freed; bytes that share a block with bytes
+/// outside the range are zeroed in place (no block is copied or allocated).
 pub fn punch_hole(
     store: &mut dyn Store,
     root: &mut ExtentRoot,
@@ -153,10 +154,7 @@ pub fn punch_hole(
     if offset >= end {
         return Ok(());
     }
-    change(store, root, |tree| {
-        tree.remove_range(offset, end)?;
-        tree.insert_hole(offset, end - offset)
-    })
+    change(store, root, |tree| tree.clear(offset, end, true))
 }
 
 /// Makes `offset..offset + length_bytes` read as zeros. Written blocks in the range are kept and
@@ -176,7 +174,7 @@ pub fn zero_range(
     change(store, root, |tree| {
         let inside_end = end.min(tree.length());
         if offset < inside_end {
-            tree.set_unwritten(offset, inside_end, true)?;
+            tree.clear(offset, inside_end, false)?;
         }
         if !keep_size && end > tree.length() {
             tree.grow(end)?;

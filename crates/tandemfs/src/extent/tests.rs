@@ -265,7 +265,7 @@ fn many_small_extents(seed: u64) {
         soft_limit_bytes: 600_000,
         grow: true,
     };
-    let (extents, depth) = run_model(seed, 110_000, 5000, shape);
+    let (extents, depth) = run_model(seed, 150_000, 5000, shape);
     println!("seed {seed}: at most {extents} extents, depth {depth}");
     assert!(
         extents >= 20_000 && depth >= 2,
@@ -338,6 +338,22 @@ fn sequential_append_is_one_extent_and_overwrite_is_in_place() {
     );
     assert_eq!(root.blocks_owned(), blocks);
     assert_eq!(extent_count(&mut store, &root), 1);
+    // A punch inside one block zeroes in place; a larger one frees exactly its whole blocks.
+    punch_hole(&mut store, &mut root, 5000, 100).unwrap();
+    assert_eq!(store.allocated_count(), allocated);
+    punch_hole(&mut store, &mut root, 8000, 3 * BLOCK_SIZE_U64 + 500).unwrap();
+    assert_eq!(store.allocated_count(), allocated - 3);
+    assert_eq!(root.blocks_owned(), blocks - 3);
+    let mut buffer = vec![1u8; 4 * BLOCK_SIZE];
+    read(&mut store, &root, 8000, &mut buffer).unwrap();
+    assert!(buffer[..3 * BLOCK_SIZE + 500].iter().all(|byte| *byte == 0));
+    zero_range(&mut store, &mut root, 40_000, 2 * BLOCK_SIZE_U64 + 10, true).unwrap();
+    // The range now has five extents, more than the root holds: one tree block, no data block.
+    let report = check(&mut store, &root);
+    let data_blocks: u64 = report.data_blocks.iter().map(|run| run.1).sum();
+    assert_eq!(data_blocks, blocks - 3, "zero_range keeps blocks");
+    assert_eq!(report.tree_blocks.len(), 1);
+    assert_eq!(store.allocated_count(), allocated - 2);
     // fallocate then sequential writes: one written extent grows, the unwritten rest shrinks.
     let mut preallocated = ExtentRoot::empty();
     allocate(&mut store, &mut preallocated, 0, 1 << 20, false).unwrap();

@@ -762,6 +762,92 @@ impl<'s> Tree<'s> {
         self.set_unwritten(start, end, false)
     }
 
+    /// Writes `count` zero bytes at physical byte `address` (inside blocks the file owns).
+    fn write_zeros(&mut self, address: u64, count: u64) -> Result<()> {
+        let zeros = [0u8; BLOCK_SIZE];
+        let mut done = 0;
+        while done < count {
+            let at = address + done;
+            let take = (count - done).min(BLOCK_SIZE_U64 - at % BLOCK_SIZE_U64);
+            self.store.write_data(
+                at / BLOCK_SIZE_U64,
+                (at % BLOCK_SIZE_U64) as usize,
+                &zeros[..take as usize],
+            )?;
+            done += take;
+        }
+        Ok(())
+    }
+
+    /// Makes `start..end` read as zeros without changing the length: `punch` turns the whole
+    /// blocks inside the range into a hole and frees them, otherwise they are kept and marked
+    /// unwritten. Bytes that share a block with bytes outside the range are zeroed in place, so
+    /// no cut falls inside a block and no block is copied.
+    pub fn clear(&mut self, start: u64, end: u64, punch: bool) -> Result<()> {
+        assert!(start <= end && end <= self.length);
+        let mut position = start;
+        while position < end {
+            let location = self.locate(position)?;
+            let entry = self
+                .entry_at(&location)
+                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            let entry_start = position - location.offset_in_entry;
+            let entry_end = entry_start + entry.length;
+            let piece_end = end.min(entry_end);
+            if entry.is_hole() || (entry.unwritten && !punch) {
+                position = piece_end;
+                continue;
+            }
+            let physical = |logical: u64| entry.address + (logical - entry_start);
+            let logical = |address: u64| entry_start + (address - entry.address);
+            // Cut only at block boundaries or at the extent's own ends.
+            let cut_start = if position == entry_start {
+                position
+            } else {
+                logical(round_up_to_block(physical(position)).min(physical(piece_end)))
+            };
+            let cut_end = if piece_end == entry_end {
+                piece_end
+            } else {
+                logical((physical(piece_end) / BLOCK_SIZE_U64 * BLOCK_SIZE_U64).max(physical(position)))
+            };
+            if cut_start >= cut_end {
+                if !entry.unwritten {
+                    self.write_zeros(physical(position), piece_end - position)?;
+                }
+                position = piece_end;
+                continue;
+            }
+            if !entry.unwritten {
+                self.write_zeros(physical(position), cut_start - position)?;
+                self.write_zeros(physical(cut_end), piece_end - cut_end)?;
+            }
+            self.split_at(cut_start)?;
+            self.split_at(cut_end)?;
+            let location = self.locate(cut_start)?;
+            let inner = self
+                .entry_at(&location)
+                .filter(|inner| {
+                    location.offset_in_entry == 0 && inner.length == cut_end - cut_start
+                })
+                .ok_or_else(|| {
+                    Error::corruption("extent tree changed shape while clearing a range")
+                })?;
+            let replacement = if punch {
+                self.release_extent(inner)?;
+                Entry::hole(inner.length)
+            } else {
+                Entry::data(inner.address, inner.length, true)
+            };
+            self.splice(&location.path, location.index(), 1, &[replacement])?;
+            self.coalesce(cut_end)?;
+            self.coalesce(cut_start)?;
+            position = piece_end;
+        }
+        self.coalesce(end)?;
+        self.coalesce(start)
+    }
+
     /// Marks the extents in `start..end` written or unwritten (holes stay holes).
     pub fn set_unwritten(&mut self, start: u64, end: u64, unwritten: bool) -> Result<()> {
         self.split_at(start)?;
@@ -790,11 +876,7 @@ impl<'s> Tree<'s> {
     /// Reserves blocks for the holes in `start..end` as unwritten extents.
     pub fn allocate(&mut self, start: u64, end: u64) -> Result<()> {
         assert!(end <= self.length);
-        if start >= end {
-            return Ok(());
-        }
-        self.split_at(start)?;
-        self.split_at(end)?;
+        // Only holes are cut (which copies nothing): extents with blocks are left whole.
         let mut position = start;
         while position < end {
             let location = self.locate(position)?;
@@ -802,17 +884,14 @@ impl<'s> Tree<'s> {
                 .entry_at(&location)
                 .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
             // A merge behind us may have made `position` fall inside an extent.
-            let entry_end = position - location.offset_in_entry + entry.length;
+            let piece_end = end.min(position - location.offset_in_entry + entry.length);
             if entry.is_hole() {
-                if location.offset_in_entry != 0 || entry_end > end {
-                    return Err(Error::corruption(
-                        "extent tree changed shape while allocating",
-                    ));
-                }
-                self.fill_hole(position, entry_end, None)?;
-                self.coalesce(entry_end)?;
+                self.split_at(position)?;
+                self.split_at(piece_end)?;
+                self.fill_hole(position, piece_end, None)?;
+                self.coalesce(piece_end)?;
             }
-            position = entry_end;
+            position = piece_end;
         }
         self.coalesce(end)?;
         self.coalesce(start)
