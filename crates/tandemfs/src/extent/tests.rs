@@ -771,3 +771,30 @@ fn no_space_leaves_the_tree_unchanged() {
     destroy(&mut store, root).unwrap();
     assert_eq!(store.inner.allocated_count(), 0);
 }
+
+#[test]
+fn collapse_and_truncate_trim_without_copying() {
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    let data: Vec<u8> = (0..64 * BLOCK_SIZE).map(|index| (index % 251) as u8).collect();
+    write(&mut store, &mut root, 0, &data).unwrap();
+    let mut model = data.clone();
+    // Across block boundaries: the cut extents are trimmed, whole blocks in between are freed.
+    collapse_range(&mut store, &mut root, 1000, 3 * BLOCK_SIZE_U64).unwrap();
+    model.drain(1000..1000 + 3 * BLOCK_SIZE);
+    assert_eq!(store.allocated_count(), 62, "two whole blocks freed, the partial ones kept");
+    truncate(&mut store, &mut root, 20 * BLOCK_SIZE_U64 + 7).unwrap();
+    model.truncate(20 * BLOCK_SIZE + 7);
+    assert_eq!(store.allocated_count() as u64, root.blocks_owned());
+    let report = check(&mut store, &root);
+    let data_blocks: u64 = report.data_blocks.iter().map(|run| run.1).sum();
+    assert_eq!(data_blocks, 22, "blocks of the trimmed extents");
+    // Inside one block with data on both sides: the one case that copies a block.
+    collapse_range(&mut store, &mut root, 10, 20).unwrap();
+    model.drain(10..30);
+    let report = check(&mut store, &root);
+    assert_eq!(report.data_blocks.iter().map(|run| run.1).sum::<u64>(), 23);
+    verify(&mut store, &root, &model, "after trims");
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
