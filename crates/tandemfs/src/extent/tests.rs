@@ -562,56 +562,77 @@ impl DataStore for GuardedStore {
     }
 }
 
-/// Runs a few operations of every kind on a possibly corrupt tree; each must return.
-fn exercise(store: &mut GuardedStore, root: &mut ExtentRoot, random: &mut SmallRng) {
+/// Runs a few operations of every kind on a possibly corrupt tree; each must return. Returns
+/// how many reported an error.
+fn exercise(store: &mut GuardedStore, root: &mut ExtentRoot, random: &mut SmallRng) -> usize {
     let length = root.length_bytes().min(1 << 24);
-    let _ = check(store, root);
-    let _ = extents(store, root, &mut |_, _, _, _| true);
+    let mut errors = usize::from(!check(store, root).problems.is_empty());
+    errors += usize::from(extents(store, root, &mut |_, _, _, _| true).is_err());
     let mut buffer = vec![0u8; 20_000];
-    let _ = read(store, root, random.gen_range(0..=length), &mut buffer);
-    let _ = read(store, root, 0, &mut buffer);
-    let _ = write(
-        store,
-        root,
-        random.gen_range(0..=length),
-        &buffer[..random.gen_range(1..9000)],
+    errors += usize::from(read(store, root, random.gen_range(0..=length), &mut buffer).is_err());
+    errors += usize::from(read(store, root, 0, &mut buffer).is_err());
+    errors += usize::from(
+        write(
+            store,
+            root,
+            random.gen_range(0..=length),
+            &buffer[..random.gen_range(1..9000)],
+        )
+        .is_err(),
     );
-    let _ = insert_range(
-        store,
-        root,
-        random.gen_range(0..=length),
-        random.gen_range(1..9000),
+    errors += usize::from(
+        insert_range(
+            store,
+            root,
+            random.gen_range(0..=length),
+            random.gen_range(1..9000),
+        )
+        .is_err(),
     );
     let length = root.length_bytes().min(1 << 24);
     let offset = random.gen_range(0..=length);
-    let _ = collapse_range(
-        store,
-        root,
-        offset,
-        random.gen_range(0..=(length - offset).min(9000)),
+    errors += usize::from(
+        collapse_range(
+            store,
+            root,
+            offset,
+            random.gen_range(0..=(length - offset).min(9000)),
+        )
+        .is_err(),
     );
-    let _ = punch_hole(
-        store,
-        root,
-        random.gen_range(0..=length),
-        random.gen_range(1..9000),
+    errors += usize::from(
+        punch_hole(
+            store,
+            root,
+            random.gen_range(0..=length),
+            random.gen_range(1..9000),
+        )
+        .is_err(),
     );
-    let _ = zero_range(
-        store,
-        root,
-        random.gen_range(0..=length),
-        random.gen_range(1..9000),
-        random.gen(),
+    errors += usize::from(
+        zero_range(
+            store,
+            root,
+            random.gen_range(0..=length),
+            random.gen_range(1..9000),
+            random.gen(),
+        )
+        .is_err(),
     );
-    let _ = allocate(
-        store,
-        root,
-        random.gen_range(0..=length),
-        random.gen_range(1..9000),
-        random.gen(),
+    errors += usize::from(
+        allocate(
+            store,
+            root,
+            random.gen_range(0..=length),
+            random.gen_range(1..9000),
+            random.gen(),
+        )
+        .is_err(),
     );
-    let _ = truncate(store, root, random.gen_range(0..=length));
-    let _ = destroy(store, *root);
+    errors += usize::from(truncate(store, root, random.gen_range(0..=length)).is_err());
+    let _ = root.encode();
+    errors += usize::from(destroy(store, *root).is_err());
+    errors
 }
 
 fn corruptible_file(seed: u64) -> (GuardedStore, ExtentRoot) {
@@ -628,9 +649,18 @@ fn corruptible_file(seed: u64) -> (GuardedStore, ExtentRoot) {
     (store, root)
 }
 
+/// Seeds for the corruption tests; `EXTENT_CORRUPTION_SEEDS=N` runs more for a longer soak.
+fn corruption_seeds(default: u64) -> std::ops::Range<u64> {
+    let count = std::env::var("EXTENT_CORRUPTION_SEEDS")
+        .ok()
+        .and_then(|text| text.parse().ok());
+    0..count.unwrap_or(default)
+}
+
 #[test]
 fn corrupt_tree_blocks_give_errors_not_panics() {
-    for seed in 0..150u64 {
+    let mut errors = 0;
+    for seed in corruption_seeds(150) {
         println!("corruption seed {seed}");
         let (mut store, mut root) = corruptible_file(seed);
         assert!(root.depth() >= 2);
@@ -656,13 +686,19 @@ fn corrupt_tree_blocks_give_errors_not_panics() {
             }
             seal_block(bytes, kind, block);
         }
-        exercise(&mut store, &mut root, &mut random);
+        errors += exercise(&mut store, &mut root, &mut random);
     }
+    println!("{errors} operations reported errors");
+    assert!(
+        errors > 100,
+        "corruption was hardly ever noticed ({errors} errors)"
+    );
 }
 
 #[test]
 fn corrupt_root_gives_errors_not_panics() {
-    for seed in 0..300u64 {
+    let mut errors = 0;
+    for seed in corruption_seeds(200) {
         println!("corruption seed {seed}");
         let (mut store, root) = corruptible_file(seed % 8);
         let mut random = SmallRng::seed_from_u64(seed);
@@ -675,9 +711,16 @@ fn corrupt_root_gives_errors_not_panics() {
             bytes[at] ^= 1 << random.gen_range(0..8);
         }
         if let Ok(mut decoded) = ExtentRoot::decode(&bytes) {
-            exercise(&mut store, &mut decoded, &mut random);
+            errors += exercise(&mut store, &mut decoded, &mut random);
+        } else {
+            errors += 1;
         }
     }
+    println!("{errors} decodes or operations reported errors");
+    assert!(
+        errors > 100,
+        "corruption was hardly ever noticed ({errors} errors)"
+    );
 }
 
 #[test]
@@ -776,13 +819,19 @@ fn no_space_leaves_the_tree_unchanged() {
 fn collapse_and_truncate_trim_without_copying() {
     let mut store = MemoryStore::new();
     let mut root = ExtentRoot::empty();
-    let data: Vec<u8> = (0..64 * BLOCK_SIZE).map(|index| (index % 251) as u8).collect();
+    let data: Vec<u8> = (0..64 * BLOCK_SIZE)
+        .map(|index| (index % 251) as u8)
+        .collect();
     write(&mut store, &mut root, 0, &data).unwrap();
     let mut model = data.clone();
     // Across block boundaries: the cut extents are trimmed, whole blocks in between are freed.
     collapse_range(&mut store, &mut root, 1000, 3 * BLOCK_SIZE_U64).unwrap();
     model.drain(1000..1000 + 3 * BLOCK_SIZE);
-    assert_eq!(store.allocated_count(), 62, "two whole blocks freed, the partial ones kept");
+    assert_eq!(
+        store.allocated_count(),
+        62,
+        "two whole blocks freed, the partial ones kept"
+    );
     truncate(&mut store, &mut root, 20 * BLOCK_SIZE_U64 + 7).unwrap();
     model.truncate(20 * BLOCK_SIZE + 7);
     assert_eq!(store.allocated_count() as u64, root.blocks_owned());

@@ -114,6 +114,13 @@ impl<'s> Tree<'s> {
 
     /// Writes every changed node once, then frees what the operation released.
     pub fn commit(mut self) -> Result<ExtentRoot> {
+        if self.blocks_owned >= MAX_BLOCK_NUMBER {
+            // Only a corrupt count read from the root can get here; refuse before writing.
+            self.abort();
+            return Err(Error::corruption(
+                "extent root field blocks_owned: out of range",
+            ));
+        }
         assert!(
             self.root.len() <= ROOT_CAPACITY,
             "root overflow survived rebalancing"
@@ -398,6 +405,12 @@ impl<'s> Tree<'s> {
                 let right_index = left_index + 1;
                 let left = self.entries(parent)[left_index];
                 let right = self.entries(parent)[right_index];
+                if left.address == right.address {
+                    return Err(Error::corruption(format!(
+                        "extent node {}: names child {} twice",
+                        parent, left.address
+                    )));
+                }
                 self.load(left.address, level, left.length)?;
                 self.load(right.address, level, right.length)?;
                 let left_count = self.entries(left.address).len();
