@@ -847,3 +847,86 @@ fn collapse_and_truncate_trim_without_copying() {
     destroy(&mut store, root).unwrap();
     assert_eq!(store.allocated_count(), 0);
 }
+
+#[test]
+fn model_large_ranges_over_many_extents() {
+    // Fragment a file into thousands of extents, then cut, punch, zero and fill ranges that span
+    // many leaves, so that removals, merges and redistributions between nodes are exercised.
+    let seed = 21u64;
+    println!("extent model test: seed {seed}");
+    let mut random = SmallRng::seed_from_u64(seed);
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    let mut model = Vec::new();
+    let fragment = Shape {
+        small_bytes: 24,
+        large_bytes: 200,
+        soft_limit_bytes: 300_000,
+        grow: true,
+    };
+    let sweep = Shape {
+        small_bytes: 24,
+        large_bytes: 150_000,
+        soft_limit_bytes: 300_000,
+        grow: true,
+    };
+    let mut most_extents = 0;
+    for round in 0..6 {
+        for step in 0..12_000 {
+            random_operation(&mut random, &mut store, &mut root, &mut model, fragment);
+            if step % 4000 == 3999 {
+                verify(
+                    &mut store,
+                    &root,
+                    &model,
+                    &format!("seed {seed} round {round} fragment {step}"),
+                );
+            }
+        }
+        most_extents = most_extents.max(extent_count(&mut store, &root));
+        for step in 0..300 {
+            let name = random_operation(&mut random, &mut store, &mut root, &mut model, sweep);
+            if step % 20 == 19 {
+                verify(
+                    &mut store,
+                    &root,
+                    &model,
+                    &format!("seed {seed} round {round} sweep {step} after {name}"),
+                );
+            }
+        }
+    }
+    println!("at most {most_extents} extents");
+    assert!(most_extents >= 3000, "{most_extents} extents");
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
+
+/// A longer randomized run over many seeds: `cargo test -p tandemfs --lib extent_soak --
+/// --ignored`, seeds from `EXTENT_SOAK_SEEDS` (default 20).
+#[test]
+#[ignore]
+fn extent_soak() {
+    let count = std::env::var("EXTENT_SOAK_SEEDS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(20u64);
+    for seed in 1000..1000 + count {
+        let shape = if seed % 2 == 0 {
+            Shape {
+                small_bytes: 3000,
+                large_bytes: 70_000,
+                soft_limit_bytes: 400_000,
+                grow: false,
+            }
+        } else {
+            Shape {
+                small_bytes: 24,
+                large_bytes: 2000,
+                soft_limit_bytes: 200_000,
+                grow: true,
+            }
+        };
+        run_model(seed, 20_000, 100, shape);
+    }
+}
