@@ -930,3 +930,63 @@ fn extent_soak() {
         run_model(seed, 20_000, 100, shape);
     }
 }
+
+#[test]
+fn bad_arguments_are_typed_errors() {
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    write(&mut store, &mut root, 0, &[7; 100]).unwrap();
+    let invalid =
+        |result: crate::Result<()>| matches!(result, Err(crate::Error::InvalidArgument(_)));
+    let too_large = |result: crate::Result<()>| matches!(result, Err(crate::Error::FileTooLarge));
+    assert!(invalid(insert_range(&mut store, &mut root, 101, 10)));
+    assert!(invalid(collapse_range(&mut store, &mut root, 50, 51)));
+    assert!(invalid(collapse_range(&mut store, &mut root, u64::MAX, 2)));
+    assert!(too_large(write(
+        &mut store,
+        &mut root,
+        MAX_FILE_BYTES,
+        &[1]
+    )));
+    assert!(too_large(write(&mut store, &mut root, u64::MAX, &[1])));
+    assert!(too_large(truncate(
+        &mut store,
+        &mut root,
+        MAX_FILE_BYTES + 1
+    )));
+    assert!(too_large(insert_range(
+        &mut store,
+        &mut root,
+        0,
+        MAX_FILE_BYTES
+    )));
+    assert!(too_large(allocate(
+        &mut store,
+        &mut root,
+        u64::MAX - 5,
+        10,
+        false
+    )));
+    assert!(too_large(zero_range(
+        &mut store,
+        &mut root,
+        MAX_FILE_BYTES,
+        1,
+        false
+    )));
+    // The largest file is fine as long as it is a hole; nothing was changed by the failures.
+    truncate(&mut store, &mut root, MAX_FILE_BYTES).unwrap();
+    write(&mut store, &mut root, MAX_FILE_BYTES - 3, &[1, 2, 3]).unwrap();
+    let mut buffer = [0u8; 8];
+    assert_eq!(
+        read(&mut store, &root, MAX_FILE_BYTES - 5, &mut buffer).unwrap(),
+        5
+    );
+    assert_eq!(buffer[..5], [0, 0, 1, 2, 3]);
+    assert_eq!(read(&mut store, &root, 0, &mut buffer).unwrap(), 8);
+    assert_eq!(buffer, [7; 8]);
+    punch_hole(&mut store, &mut root, u64::MAX - 1, 10).unwrap();
+    assert_eq!(root.blocks_owned(), 2);
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
