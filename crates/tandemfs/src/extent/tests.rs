@@ -990,3 +990,52 @@ fn bad_arguments_are_typed_errors() {
     destroy(&mut store, root).unwrap();
     assert_eq!(store.allocated_count(), 0);
 }
+
+#[test]
+fn extents_from_starts_at_the_extent_holding_the_offset() {
+    let mut store = CountingStore {
+        inner: MemoryStore::new(),
+        reads: 0,
+        writes: 0,
+    };
+    let root = striped_file(&mut store, 5000);
+    let mut seen = Vec::new();
+    store.reads = 0;
+    let offset = 3000 * (BLOCK_SIZE_U64 + 1) + 10;
+    extents_from(
+        &mut store,
+        &root,
+        offset,
+        &mut |logical, length, physical, unwritten| {
+            seen.push((logical, length, physical.is_some(), unwritten));
+            seen.len() < 3
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        seen[0],
+        (3000 * (BLOCK_SIZE_U64 + 1), BLOCK_SIZE_U64, true, true)
+    );
+    assert_eq!(
+        seen[1],
+        (
+            3000 * (BLOCK_SIZE_U64 + 1) + BLOCK_SIZE_U64,
+            1,
+            false,
+            false
+        )
+    );
+    assert_eq!(seen.len(), 3);
+    assert!(
+        store.reads <= 2 * root.depth() as u64,
+        "{} node reads",
+        store.reads
+    );
+    let mut none = true;
+    extents_from(&mut store, &root, root.length_bytes(), &mut |_, _, _, _| {
+        none = false;
+        true
+    })
+    .unwrap();
+    assert!(none);
+}

@@ -1038,9 +1038,14 @@ impl<'s> Tree<'s> {
         Ok(())
     }
 
-    /// Calls `visit` for every entry in order; stops when it returns false.
-    pub fn visit(&mut self, visit: &mut dyn FnMut(u64, Entry) -> bool) -> Result<()> {
-        let mut position = 0;
+    /// Calls `visit` for every entry in order from the one holding byte `from`; stops when it
+    /// returns false.
+    pub fn visit(&mut self, from: u64, visit: &mut dyn FnMut(u64, Entry) -> bool) -> Result<()> {
+        if from >= self.length {
+            return Ok(());
+        }
+        // Start at the entry holding `from`: one descent, then leaf by leaf.
+        let mut position = from - self.locate(from)?.offset_in_entry;
         while position < self.length {
             let location = self.locate(position)?;
             if location.offset_in_entry != 0 {
