@@ -188,6 +188,89 @@ mod x86 {
         state
     }
 
+    /// Folding constant pair for a 128-bit lane moved `distance_bits` forward: the low
+    /// qword of a lane holds the first 64 message bits (degrees 127..64 of the lane), the
+    /// high qword the next 64. A reflected carry-less product lands one degree low, so the
+    /// constants are x^(D+63) and x^(D−1) mod P, placed in the top half of each qword.
+    const fn fold_pair(distance_bits: u64) -> (i64, i64) {
+        (
+            ((super::x_power_mod(distance_bits + 63) as u64) << 32) as i64,
+            ((super::x_power_mod(distance_bits - 1) as u64) << 32) as i64,
+        )
+    }
+
+    const FOLD_2048: (i64, i64) = fold_pair(2048);
+    const FOLD_512: (i64, i64) = fold_pair(512);
+    const FOLD_384: (i64, i64) = fold_pair(384);
+    const FOLD_256: (i64, i64) = fold_pair(256);
+    const FOLD_128: (i64, i64) = fold_pair(128);
+
+    #[inline(always)]
+    unsafe fn fold(value: __m512i, constants: __m512i, next: __m512i) -> __m512i {
+        let low = _mm512_clmulepi64_epi128::<0x00>(value, constants);
+        let high = _mm512_clmulepi64_epi128::<0x11>(value, constants);
+        _mm512_ternarylogic_epi64::<0x96>(low, high, next)
+    }
+
+    /// Raw register update for at least 256 bytes: sixteen 128-bit lanes fold 256 bytes per
+    /// step with VPCLMULQDQ, then collapse to one lane whose CRC the crc32 instruction takes.
+    #[target_feature(enable = "avx512f,avx512bw,vpclmulqdq,sse4.2,pclmulqdq")]
+    pub unsafe fn raw_update_folding(state: u32, data: &[u8]) -> u32 {
+        assert!(data.len() >= 256);
+        let pointer = data.as_ptr();
+        let mut lanes: [__m512i; 4] =
+            core::array::from_fn(|index| _mm512_loadu_si512(pointer.add(64 * index) as *const _));
+        // The register XORs into the first four message bytes.
+        lanes[0] = _mm512_xor_si512(
+            lanes[0],
+            _mm512_zextsi128_si512(_mm_cvtsi32_si128(state as i32)),
+        );
+        let step = _mm512_set_epi64(
+            FOLD_2048.1,
+            FOLD_2048.0,
+            FOLD_2048.1,
+            FOLD_2048.0,
+            FOLD_2048.1,
+            FOLD_2048.0,
+            FOLD_2048.1,
+            FOLD_2048.0,
+        );
+        let mut offset = 256;
+        while offset + 256 <= data.len() {
+            for (index, lane) in lanes.iter_mut().enumerate() {
+                let next = _mm512_loadu_si512(pointer.add(offset + 64 * index) as *const _);
+                *lane = fold(*lane, step, next);
+            }
+            offset += 256;
+        }
+        let across = _mm512_set_epi64(
+            FOLD_512.1, FOLD_512.0, FOLD_512.1, FOLD_512.0, FOLD_512.1, FOLD_512.0, FOLD_512.1,
+            FOLD_512.0,
+        );
+        let mut value = lanes[0];
+        for lane in &lanes[1..] {
+            value = fold(value, across, *lane);
+        }
+        let last = _mm512_set_epi64(
+            0, 0, FOLD_128.1, FOLD_128.0, FOLD_256.1, FOLD_256.0, FOLD_384.1, FOLD_384.0,
+        );
+        let folded = fold(value, last, _mm512_setzero_si512());
+        let single = _mm_xor_si128(
+            _mm_xor_si128(
+                _mm512_extracti32x4_epi32::<0>(folded),
+                _mm512_extracti32x4_epi32::<1>(folded),
+            ),
+            _mm_xor_si128(
+                _mm512_extracti32x4_epi32::<2>(folded),
+                _mm512_extracti32x4_epi32::<3>(value),
+            ),
+        );
+        let low = _mm_cvtsi128_si64(single) as u64;
+        let high = _mm_extract_epi64::<1>(single) as u64;
+        let register = _mm_crc32_u64(_mm_crc32_u64(0, low), high) as u32;
+        raw_update(register, &data[offset..])
+    }
+
     /// Raw register update (no inversions) using three interleaved streams.
     #[target_feature(enable = "sse4.2,pclmulqdq")]
     pub unsafe fn raw_update(mut state: u32, mut data: &[u8]) -> u32 {
@@ -219,6 +302,25 @@ mod x86 {
     }
 }
 
+/// Whether the 512-bit folding path is usable (checked once).
+pub fn folding_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            hardware_available()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("vpclmulqdq")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether the hardware path is usable on this CPU (checked once).
 pub fn hardware_available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -239,6 +341,10 @@ pub fn hardware_available() -> bool {
 pub fn raw_update(state: u32, data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     {
+        if data.len() >= 256 && folding_available() {
+            // SAFETY: the features the function needs were detected at run time.
+            return unsafe { x86::raw_update_folding(state, data) };
+        }
         if hardware_available() {
             // SAFETY: the features the function needs were detected at run time.
             return unsafe { x86::raw_update(state, data) };

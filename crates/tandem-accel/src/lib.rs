@@ -4,9 +4,13 @@
 //! GF(2^8). Every service gives the same bytes on every engine. The engine crate uses
 //! [`crc32c`] for every metadata checksum. `docs/ACCEL.md` defines each service exactly.
 
+pub mod bench;
 pub mod crc;
+pub mod cuda;
+pub mod engine;
 pub mod error;
 pub mod galois;
+pub mod isal;
 pub mod reed_solomon;
 pub mod xts;
 
