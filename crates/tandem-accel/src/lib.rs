@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod galois;
 pub mod isal;
+pub mod pool;
 pub mod reed_solomon;
 pub mod xts;
 
