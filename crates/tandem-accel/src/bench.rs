@@ -530,9 +530,51 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
             }
         }
     }
+    if config.services.iter().any(|s| s == "xts") {
+        bench_runtime_small_requests(&config, gpu.is_some(), &mut report);
+    }
     report.note(format!(
         "bench took {:.1} s",
         started.elapsed().as_secs_f64()
     ));
     Ok(report.render())
+}
+
+/// 4 KiB XTS requests through the runtime's queue: merged into batches, run on the engine the
+/// hybrid threshold picks.
+fn bench_runtime_small_requests(config: &BenchConfig, gpu_allowed: bool, report: &mut Report) {
+    use crate::runtime::{Accelerator, Mode, Request, RuntimeConfig};
+    use std::sync::Arc;
+    let mode = if gpu_allowed { Mode::Hybrid } else { Mode::Cpu };
+    let accelerator = Accelerator::new(RuntimeConfig {
+        mode,
+        ..RuntimeConfig::default()
+    });
+    for line in accelerator.describe().lines() {
+        report.note(format!("runtime: {line}"));
+    }
+    let key = Arc::new(XtsKey::new(&random_bytes(64, 5).try_into().unwrap()));
+    let count = 4096;
+    let measurement = measure(count * SECTOR_SIZE_BYTES, config.minimum_seconds, || {
+        let completions: Vec<_> = (0..count)
+            .map(|index| {
+                accelerator.submit(Request::Xts {
+                    key: Arc::clone(&key),
+                    direction: Direction::Encrypt,
+                    first_sector: index as u64,
+                    data: accelerator.buffer(SECTOR_SIZE_BYTES),
+                })
+            })
+            .collect();
+        for completion in completions {
+            completion.wait().expect("queued XTS request failed");
+        }
+    });
+    let (batches, requests) = accelerator.statistics();
+    report.row(
+        "aes-256-xts encrypt",
+        "runtime queue, 4 KiB requests",
+        Some(measurement),
+        format!("{requests} requests merged into {batches} batches"),
+    );
 }

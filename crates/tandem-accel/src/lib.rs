@@ -13,10 +13,14 @@ pub mod galois;
 pub mod isal;
 pub mod pool;
 pub mod reed_solomon;
+pub mod runtime;
 pub mod xts;
 
+pub use engine::{CpuEngine, Engine, EngineKind, Sectors};
 pub use error::{AccelError, Result};
+pub use pool::{BufferPool, HostBuffer};
 pub use reed_solomon::ReedSolomon;
+pub use runtime::{Accelerator, Completion, Mode, Request, Response, RuntimeConfig, Service};
 pub use xts::{Direction, XtsKey, SECTOR_SIZE_BYTES};
 
 /// CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of `data`, continuing from `crc`
