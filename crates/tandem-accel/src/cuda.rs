@@ -201,6 +201,15 @@ pub fn compiled_kernels(major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBu
     Ok((image, false, path))
 }
 
+/// Chunk size for pipelining `total_bytes` over the streams: about eight chunks so copies in,
+/// kernels and copies out of neighbouring chunks overlap, but at least 2 MiB (smaller copies
+/// and launches cost more than they hide) and at most one staging slot; a multiple of `unit`.
+fn pipeline_chunk_bytes(total_bytes: usize, unit: usize) -> usize {
+    assert!(unit > 0 && unit <= SLOT_BYTES);
+    let wanted = (total_bytes / 8).clamp(2 << 20, SLOT_BYTES);
+    (wanted / unit).max(1) * unit
+}
+
 /// One stream of the scheduler with its staging memory on the device.
 struct StreamSlot {
     stream: sys::CUstream,
@@ -217,7 +226,8 @@ pub struct CudaDevice {
     pub kernel_path: PathBuf,
     context: sys::CUcontext,
     crc_function: sys::CUfunction,
-    xts_function: sys::CUfunction,
+    xts_encrypt_function: sys::CUfunction,
+    xts_decrypt_function: sys::CUfunction,
     reed_solomon_function: sys::CUfunction,
     tables: sys::CUdeviceptr,
     slots: Vec<Mutex<StreamSlot>>,
@@ -324,7 +334,8 @@ impl CudaDevice {
                 Ok(function)
             };
             let crc_function = function(c"crc32c_blocks_kernel")?;
-            let xts_function = function(c"xts_kernel")?;
+            let xts_encrypt_function = function(c"xts_encrypt_kernel")?;
+            let xts_decrypt_function = function(c"xts_decrypt_kernel")?;
             let reed_solomon_function = function(c"reed_solomon_kernel")?;
             let words = device_tables();
             let mut tables = 0;
@@ -362,7 +373,8 @@ impl CudaDevice {
                 kernel_path,
                 context,
                 crc_function,
-                xts_function,
+                xts_encrypt_function,
+                xts_decrypt_function,
                 reed_solomon_function,
                 tables,
                 slots,
@@ -433,23 +445,26 @@ impl CudaDevice {
     ) -> Result<()> {
         let mut tables = self.tables;
         let mut keys = *keys;
-        let mut decrypt = decrypt as i32;
         let mut first_sector = first_sector;
         let mut sector_list = sector_list;
         let mut data = data;
         let mut count = sector_count;
-        let mut parameters: [*mut c_void; 7] = [
+        let mut parameters: [*mut c_void; 6] = [
             &mut tables as *mut _ as *mut c_void,
             &mut keys as *mut _ as *mut c_void,
-            &mut decrypt as *mut _ as *mut c_void,
             &mut first_sector as *mut _ as *mut c_void,
             &mut sector_list as *mut _ as *mut c_void,
             &mut data as *mut _ as *mut c_void,
             &mut count as *mut _ as *mut c_void,
         ];
         let warps = sector_count.div_ceil(4);
+        let function = if decrypt {
+            self.xts_decrypt_function
+        } else {
+            self.xts_encrypt_function
+        };
         self.launch(
-            self.xts_function,
+            function,
             self.grid(warps.div_ceil(8)),
             stream,
             &mut parameters,
@@ -553,8 +568,9 @@ impl CudaDevice {
             tweak: key_words(&key.tweak_encrypt),
         };
         let mut markers = Vec::new();
-        for (index, chunk) in data.chunks_mut(SLOT_BYTES).enumerate() {
-            let first_index = index * (SLOT_BYTES / SECTOR_SIZE_BYTES);
+        let chunk_bytes = pipeline_chunk_bytes(data.len(), SECTOR_SIZE_BYTES);
+        for (index, chunk) in data.chunks_mut(chunk_bytes).enumerate() {
+            let first_index = index * (chunk_bytes / SECTOR_SIZE_BYTES);
             let count = chunk.len() / SECTOR_SIZE_BYTES;
             let slot = self.slot();
             unsafe {
@@ -617,7 +633,7 @@ impl CudaDevice {
         check_blocks(data.len(), block_bytes, checksums.len())?;
         assert!(block_bytes % 512 == 0 && block_bytes <= SLOT_BYTES);
         self.bind()?;
-        let chunk_bytes = SLOT_BYTES / block_bytes * block_bytes;
+        let chunk_bytes = pipeline_chunk_bytes(data.len(), block_bytes);
         let mut markers = Vec::new();
         for (chunk, sums) in data
             .chunks(chunk_bytes)
@@ -671,7 +687,11 @@ impl CudaDevice {
         assert!(columns <= RS_MAXIMUM_COLUMNS && shard_bytes % 16 == 0);
         self.bind()?;
         // Staging layout in a slot: the matrix, then columns input pieces, then rows outputs.
-        let piece_bytes = ((SLOT_BYTES - 4096) / (rows + columns)) / 4096 * 4096;
+        let largest_piece = ((SLOT_BYTES - 4096) / (rows + columns)) / 4096 * 4096;
+        let piece_bytes =
+            pipeline_chunk_bytes(shard_bytes * (rows + columns), 4096 * (rows + columns))
+                / (rows + columns);
+        let piece_bytes = piece_bytes.clamp(4096, largest_piece);
         let mut markers = Vec::new();
         let mut start = 0;
         while start < shard_bytes {

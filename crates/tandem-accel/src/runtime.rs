@@ -180,6 +180,9 @@ enum CompletionSlot {
 struct CompletionState {
     slot: Mutex<CompletionSlot>,
     ready: Condvar,
+    /// Set under the lock by a thread about to block in `wait`: only then does completion
+    /// pay for a wake-up system call.
+    waiter: std::sync::atomic::AtomicBool,
 }
 
 impl CompletionState {
@@ -210,7 +213,9 @@ impl CompletionState {
             } => {
                 *slot = CompletionSlot::Done(Some(result));
                 drop(slot);
-                self.ready.notify_all();
+                if self.waiter.load(std::sync::atomic::Ordering::Acquire) {
+                    self.ready.notify_all();
+                }
                 if let Some(waker) = waker {
                     waker.wake();
                 }
@@ -232,6 +237,9 @@ impl Completion {
             if let CompletionSlot::Done(result) = &mut *slot {
                 return result.take().expect("result taken twice");
             }
+            self.state
+                .waiter
+                .store(true, std::sync::atomic::Ordering::Release);
             slot = self.state.ready.wait(slot).expect("completion poisoned");
         }
     }
