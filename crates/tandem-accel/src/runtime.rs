@@ -193,6 +193,7 @@ impl CompletionState {
                 callback,
             }),
             ready: Condvar::new(),
+            waiter: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
