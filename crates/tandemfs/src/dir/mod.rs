@@ -17,7 +17,10 @@ mod session;
 mod tests;
 
 pub use check::{check, DirCheck};
-pub use format::{DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES, REGION_SPLIT_ENTRIES};
+pub use format::{
+    DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES,
+    REGION_SPLIT_ENTRIES,
+};
 pub use hash::{half_md4, hash_seed_from_uuid, HashSeed};
 
 use crate::block::meta::{BlockKind, MetaStore};
@@ -42,14 +45,20 @@ const READDIR_CACHED_BLOCKS: usize = 64;
 
 /// Runs `operation` on a session over `store` and the root copy; commits both on success,
 /// drops both on failure.
-fn run<T>(store: &mut dyn MetaStore, root: &mut DirRoot, operation: impl FnOnce(&mut Session, &mut DirRoot) -> Result<T>) -> Result<T> {
+fn run<T>(
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    operation: impl FnOnce(&mut Session, &mut DirRoot) -> Result<T>,
+) -> Result<T> {
     root.validate()?;
     let mut session = Session::new(store);
     let mut working = *root;
     match operation(&mut session, &mut working) {
         Ok(value) => {
             session.commit()?;
-            working.validate().map_err(|error| Error::corruption(format!("directory root after an update: {error}")))?;
+            working.validate().map_err(|error| {
+                Error::corruption(format!("directory root after an update: {error}"))
+            })?;
             *root = working;
             Ok(value)
         }
@@ -79,12 +88,27 @@ pub fn create(store: &mut dyn MetaStore) -> Result<DirRoot> {
     let mut session = Session::new(store);
     let result = (|| {
         let first_leaf = session.allocate(BlockKind::DirLeaf, 0)?;
-        let head = Record { key: make_key(0, 0), next: 0, inode_or_count: 0, file_type: 0, is_dummy: true, name: Vec::new() };
+        let head = Record {
+            key: make_key(0, 0),
+            next: 0,
+            inode_or_count: 0,
+            file_type: 0,
+            is_dummy: true,
+            name: Vec::new(),
+        };
         let block = session.leaf_mut(first_leaf)?;
         set_leaf_bits(block, FIRST_ENTRY_SLOT, head.slots(), true);
         write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, head.slots() as u16);
         encode_record(block, FIRST_ENTRY_SLOT, &head);
-        Ok(DirRoot { first_leaf, index_root: 0, index_depth: 0, entry_count: 0, region_count: 1, leaf_count: 1, index_block_count: 0 })
+        Ok(DirRoot {
+            first_leaf,
+            index_root: 0,
+            index_depth: 0,
+            entry_count: 0,
+            region_count: 1,
+            leaf_count: 1,
+            index_block_count: 0,
+        })
     })();
     match result {
         Ok(root) => {
@@ -154,12 +178,18 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
         note_leaf(&mut found.visited_leaves, position);
         if record.is_dummy {
             if record.region_hash() <= region_hash {
-                return Err(Error::corruption(format!("directory list: dummy {:#x} out of order", record.region_hash())));
+                return Err(Error::corruption(format!(
+                    "directory list: dummy {:#x} out of order",
+                    record.region_hash()
+                )));
             }
             break;
         }
         if record.key <= previous_key && previous != dummy_position || record.key < previous_key {
-            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
+            return Err(Error::corruption(format!(
+                "directory list: key {:#x} after {previous_key:#x}",
+                record.key
+            )));
         }
         let record_hash = key_hash(record.key);
         if record_hash > hash {
@@ -183,18 +213,30 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
     Ok(found)
 }
 
-pub fn lookup(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed, name: &[u8]) -> Result<Option<(u64, u8)>> {
+pub fn lookup(
+    store: &mut dyn MetaStore,
+    root: &DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+) -> Result<Option<(u64, u8)>> {
     check_name(name)?;
     let mut copy = *root;
     run(store, &mut copy, |session, root| {
         let found = find(session, root, name_order_hash(seed, name), name)?;
-        Ok(found.entry.map(|(_, record)| (record.inode_or_count, record.file_type)))
+        Ok(found
+            .entry
+            .map(|(_, record)| (record.inode_or_count, record.file_type)))
     })
 }
 
 /// Finds room for `slots` in the first of `candidates` (leaf blocks) that has it, else in a
 /// new leaf linked after the first candidate. Marks the slots and returns the position.
-fn place(session: &mut Session, root: &mut DirRoot, candidates: &[u64], slots: usize) -> Result<u64> {
+fn place(
+    session: &mut Session,
+    root: &mut DirRoot,
+    candidates: &[u64],
+    slots: usize,
+) -> Result<u64> {
     assert!(!candidates.is_empty());
     if let Some(position) = try_place(session, candidates, slots)? {
         return Ok(position);
@@ -202,9 +244,17 @@ fn place(session: &mut Session, root: &mut DirRoot, candidates: &[u64], slots: u
     let near = candidates[0];
     let new_block = session.allocate(BlockKind::DirLeaf, near)?;
     let old_next = read_u64(&session.leaf(near)?[..], LEAF_NEXT_OFFSET);
-    write_u64(&mut session.leaf_mut(near)?[..], LEAF_NEXT_OFFSET, new_block);
+    write_u64(
+        &mut session.leaf_mut(near)?[..],
+        LEAF_NEXT_OFFSET,
+        new_block,
+    );
     if old_next != 0 {
-        write_u64(&mut session.leaf_mut(old_next)?[..], LEAF_PREVIOUS_OFFSET, new_block);
+        write_u64(
+            &mut session.leaf_mut(old_next)?[..],
+            LEAF_PREVIOUS_OFFSET,
+            new_block,
+        );
     }
     let block = session.leaf_mut(new_block)?;
     write_u64(&mut block[..], LEAF_PREVIOUS_OFFSET, near);
@@ -249,7 +299,13 @@ fn free_run(block: &crate::block::meta::BlockBuf, slots: usize) -> Option<usize>
 fn mark(block: &mut crate::block::meta::BlockBuf, slot: usize, slots: usize, used: bool) {
     set_leaf_bits(block, slot, slots, used);
     let count = read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) as usize;
-    let count = if used { count + slots } else { count.checked_sub(slots).expect("leaf used-slot count below the slots freed") };
+    let count = if used {
+        count + slots
+    } else {
+        count
+            .checked_sub(slots)
+            .expect("leaf used-slot count below the slots freed")
+    };
     assert!(count <= ENTRY_SLOTS_PER_LEAF);
     write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, count as u16);
 }
@@ -259,7 +315,9 @@ fn release(session: &mut Session, root: &mut DirRoot, position: u64, slots: usiz
     let (block_number, slot) = split_position(position, &|| "record to free".into())?;
     let block = session.leaf_mut(block_number)?;
     if let Some(free) = (slot..slot + slots).find(|each| !leaf_bit(block, *each)) {
-        return Err(Error::corruption(format!("directory leaf {block_number}: slot {free} of a live record is free")));
+        return Err(Error::corruption(format!(
+            "directory leaf {block_number}: slot {free} of a live record is free"
+        )));
     }
     mark(block, slot, slots, false);
     if read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) != 0 || block_number == root.first_leaf {
@@ -268,11 +326,17 @@ fn release(session: &mut Session, root: &mut DirRoot, position: u64, slots: usiz
     let previous = read_u64(&block[..], LEAF_PREVIOUS_OFFSET);
     let next = read_u64(&block[..], LEAF_NEXT_OFFSET);
     if previous == 0 {
-        return Err(Error::corruption(format!("directory leaf {block_number} has no previous leaf but is not the first")));
+        return Err(Error::corruption(format!(
+            "directory leaf {block_number} has no previous leaf but is not the first"
+        )));
     }
     write_u64(&mut session.leaf_mut(previous)?[..], LEAF_NEXT_OFFSET, next);
     if next != 0 {
-        write_u64(&mut session.leaf_mut(next)?[..], LEAF_PREVIOUS_OFFSET, previous);
+        write_u64(
+            &mut session.leaf_mut(next)?[..],
+            LEAF_PREVIOUS_OFFSET,
+            previous,
+        );
     }
     session.free(block_number);
     index::decrement(&mut root.leaf_count, "leaf count")?;
@@ -291,15 +355,29 @@ fn set_next(session: &mut Session, position: u64, next: u64) -> Result<()> {
 
 fn add_to_count(session: &mut Session, dummy_position: u64, change: i64) -> Result<u64> {
     let mut dummy = session.record(dummy_position, &|| "region dummy".into())?;
-    let count = dummy.inode_or_count.checked_add_signed(change).ok_or_else(|| {
-        Error::corruption(format!("directory region {:#x}: member count {} cannot change by {change}", dummy.region_hash(), dummy.inode_or_count))
-    })?;
+    let count = dummy
+        .inode_or_count
+        .checked_add_signed(change)
+        .ok_or_else(|| {
+            Error::corruption(format!(
+                "directory region {:#x}: member count {} cannot change by {change}",
+                dummy.region_hash(),
+                dummy.inode_or_count
+            ))
+        })?;
     dummy.inode_or_count = count;
     session.put_record(dummy_position, &dummy)?;
     Ok(count)
 }
 
-pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8], inode: u64, file_type: u8) -> Result<()> {
+pub fn insert(
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+    inode: u64,
+    file_type: u8,
+) -> Result<()> {
     check_name(name)?;
     if name == b"." || name == b".." {
         return Err(Error::Exists);
@@ -312,7 +390,11 @@ pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
         }
         // The smallest tiebreak not taken by an entry of the same hash; the new entry goes
         // after the same-hash entries with smaller tiebreaks.
-        let mut tiebreak: u32 = if hash == 0 { FIRST_FREE_COOKIE as u32 } else { 0 };
+        let mut tiebreak: u32 = if hash == 0 {
+            FIRST_FREE_COOKIE as u32
+        } else {
+            0
+        };
         let mut predecessor = found.before_same_hash;
         for (position, taken) in &found.same_hash {
             if *taken == tiebreak {
@@ -327,8 +409,17 @@ pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
         if found.same_hash.is_empty() {
             predecessor = found.predecessor;
         }
-        let successor = session.record(predecessor, &|| "insert predecessor".into())?.next;
-        let record = Record { key: make_key(hash, tiebreak), next: successor, inode_or_count: inode, file_type, is_dummy: false, name: name.to_vec() };
+        let successor = session
+            .record(predecessor, &|| "insert predecessor".into())?
+            .next;
+        let record = Record {
+            key: make_key(hash, tiebreak),
+            next: successor,
+            inode_or_count: inode,
+            file_type,
+            is_dummy: false,
+            name: name.to_vec(),
+        };
         let mut candidates = vec![block_of(predecessor)];
         if successor != 0 {
             note_leaf(&mut candidates, successor);
@@ -369,10 +460,15 @@ pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
 
 /// Members of the region opened by the dummy at `dummy_position`: (position, key) in order,
 /// and the position of the next dummy (0 at the end of the list).
-fn region_members(session: &mut Session, dummy_position: u64) -> Result<(Record, Vec<(u64, u64)>, u64)> {
+/// A region as walked: its dummy, its members (position, key) in order, the next dummy's position.
+type Region = (Record, Vec<(u64, u64)>, u64);
+
+fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> {
     let dummy = session.record(dummy_position, &|| "region dummy".into())?;
     if !dummy.is_dummy {
-        return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
+        return Err(Error::corruption(format!(
+            "directory: position {dummy_position:#x} should hold a dummy"
+        )));
     }
     let mut members = Vec::new();
     let mut position = dummy.next;
@@ -381,12 +477,18 @@ fn region_members(session: &mut Session, dummy_position: u64) -> Result<(Record,
         let record = session.record(position, &|| "region member".into())?;
         if record.is_dummy {
             if record.key <= dummy.key {
-                return Err(Error::corruption(format!("directory list: dummy {:#x} out of order", record.region_hash())));
+                return Err(Error::corruption(format!(
+                    "directory list: dummy {:#x} out of order",
+                    record.region_hash()
+                )));
             }
             break;
         }
         if record.key < previous_key || (!members.is_empty() && record.key == previous_key) {
-            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
+            return Err(Error::corruption(format!(
+                "directory list: key {:#x} after {previous_key:#x}",
+                record.key
+            )));
         }
         if members.len() as u64 >= dummy.inode_or_count {
             return Err(Error::corruption(format!(
@@ -426,7 +528,10 @@ fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64
     for (position, _) in &members {
         let record = session.record(*position, &|| "region member".into())?;
         total_slots += record.slots();
-        match slots_by_leaf.iter_mut().find(|(leaf, _)| *leaf == block_of(*position)) {
+        match slots_by_leaf
+            .iter_mut()
+            .find(|(leaf, _)| *leaf == block_of(*position))
+        {
             Some(entry) => entry.1 += record.slots(),
             None => slots_by_leaf.push((block_of(*position), record.slots())),
         }
@@ -438,7 +543,11 @@ fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64
     }
     // Keep the leaves with most of the region, as many as it needs plus one for fragmentation.
     slots_by_leaf.sort_by(|left, right| right.1.cmp(&left.1).then(left.0.cmp(&right.0)));
-    let mut kept: Vec<u64> = slots_by_leaf.iter().take(needed_leaves + 1).map(|(leaf, _)| *leaf).collect();
+    let mut kept: Vec<u64> = slots_by_leaf
+        .iter()
+        .take(needed_leaves + 1)
+        .map(|(leaf, _)| *leaf)
+        .collect();
     let mut predecessor = dummy_position;
     for (index, (position, _)) in members.iter().enumerate() {
         let record = &records[index];
@@ -467,7 +576,9 @@ fn split_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) 
     let boundary = (1..members.len())
         .filter(|index| key_hash(members[*index].1) != key_hash(members[*index - 1].1))
         .min_by_key(|index| index.abs_diff(middle));
-    let Some(boundary) = boundary else { return Ok(()) };
+    let Some(boundary) = boundary else {
+        return Ok(());
+    };
     let pivot = key_hash(members[boundary].1);
     let last_of_first_half = members[boundary - 1].0;
     let first_of_second_half = members[boundary].0;
@@ -487,14 +598,24 @@ fn split_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) 
     let position = place(session, root, &candidates, dummy.slots())?;
     session.put_record(position, &dummy)?;
     set_next(session, last_of_first_half, position)?;
-    add_to_count(session, dummy_position, -((members.len() - boundary) as i64))?;
+    add_to_count(
+        session,
+        dummy_position,
+        -((members.len() - boundary) as i64),
+    )?;
     root.region_count += 1;
     index::insert(session, root, pivot, position)
 }
 
 /// Unlinks the dummy at `victim_position` (whose list predecessor is `predecessor`), handing its
 /// members to the region of `survivor_position`.
-fn merge_into(session: &mut Session, root: &mut DirRoot, survivor_position: u64, predecessor: u64, victim_position: u64) -> Result<()> {
+fn merge_into(
+    session: &mut Session,
+    root: &mut DirRoot,
+    survivor_position: u64,
+    predecessor: u64,
+    victim_position: u64,
+) -> Result<()> {
     let victim = session.record(victim_position, &|| "merged dummy".into())?;
     add_to_count(session, survivor_position, victim.inode_or_count as i64)?;
     set_next(session, predecessor, victim.next)?;
@@ -503,12 +624,19 @@ fn merge_into(session: &mut Session, root: &mut DirRoot, survivor_position: u64,
     index::remove(session, root, victim.region_hash())
 }
 
-pub fn remove(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8]) -> Result<(u64, u8)> {
+pub fn remove(
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+) -> Result<(u64, u8)> {
     check_name(name)?;
     let hash = name_order_hash(seed, name);
     run(store, root, |session, root| {
         let found = find(session, root, hash, name)?;
-        let Some((position, record)) = found.entry else { return Err(Error::NotFound) };
+        let Some((position, record)) = found.entry else {
+            return Err(Error::NotFound);
+        };
         set_next(session, found.predecessor, record.next)?;
         release(session, root, position, record.slots())?;
         let count = add_to_count(session, found.dummy_position, -1)?;
@@ -523,12 +651,19 @@ pub fn remove(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
 
 /// Merges the region that just lost an entry with a small neighbour: the next region folds
 /// into it, or it folds into the previous one.
-fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
+fn merge_after_remove(
+    session: &mut Session,
+    root: &mut DirRoot,
+    dummy_position: u64,
+) -> Result<()> {
     let (dummy, members, next_dummy) = region_members(session, dummy_position)?;
     if next_dummy != 0 {
         let next = session.record(next_dummy, &|| "next region dummy".into())?;
         if dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES {
-            let predecessor = members.last().map(|member| member.0).unwrap_or(dummy_position);
+            let predecessor = members
+                .last()
+                .map(|member| member.0)
+                .unwrap_or(dummy_position);
             merge_into(session, root, dummy_position, predecessor, next_dummy)?;
             return compact_region(session, root, dummy_position);
         }
@@ -539,25 +674,41 @@ fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position:
     }
     let (_, previous_dummy) = index::find_region(session, root, region_hash - 1)?;
     // Read the count first: the walk to the end of the previous region is needed only to merge.
-    let previous_count = session.record(previous_dummy, &|| "previous region dummy".into())?.inode_or_count;
+    let previous_count = session
+        .record(previous_dummy, &|| "previous region dummy".into())?
+        .inode_or_count;
     if previous_count.saturating_add(dummy.inode_or_count) <= REGION_MERGE_ENTRIES {
         let (_, previous_members, after_previous) = region_members(session, previous_dummy)?;
         if after_previous != dummy_position {
-            return Err(Error::corruption(format!("directory list: region before {region_hash:#x} does not lead to it")));
+            return Err(Error::corruption(format!(
+                "directory list: region before {region_hash:#x} does not lead to it"
+            )));
         }
-        let predecessor = previous_members.last().map(|member| member.0).unwrap_or(previous_dummy);
+        let predecessor = previous_members
+            .last()
+            .map(|member| member.0)
+            .unwrap_or(previous_dummy);
         merge_into(session, root, previous_dummy, predecessor, dummy_position)?;
         return compact_region(session, root, previous_dummy);
     }
     Ok(())
 }
 
-pub fn replace(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8], inode: u64, file_type: u8) -> Result<(u64, u8)> {
+pub fn replace(
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+    inode: u64,
+    file_type: u8,
+) -> Result<(u64, u8)> {
     check_name(name)?;
     let hash = name_order_hash(seed, name);
     run(store, root, |session, root| {
         let found = find(session, root, hash, name)?;
-        let Some((position, mut record)) = found.entry else { return Err(Error::NotFound) };
+        let Some((position, mut record)) = found.entry else {
+            return Err(Error::NotFound);
+        };
         let old = (record.inode_or_count, record.file_type);
         record.inode_or_count = inode;
         record.file_type = file_type;
@@ -566,7 +717,12 @@ pub fn replace(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, n
     })
 }
 
-pub fn readdir(store: &mut dyn MetaStore, root: &DirRoot, after_cookie: u64, visit: &mut dyn FnMut(&DirEntry) -> bool) -> Result<()> {
+pub fn readdir(
+    store: &mut dyn MetaStore,
+    root: &DirRoot,
+    after_cookie: u64,
+    visit: &mut dyn FnMut(&DirEntry) -> bool,
+) -> Result<()> {
     root.validate()?;
     let mut session = Session::with_clean_limit(store, READDIR_CACHED_BLOCKS);
     let start = if after_cookie < FIRST_FREE_COOKIE {
@@ -582,18 +738,28 @@ pub fn readdir(store: &mut dyn MetaStore, root: &DirRoot, after_cookie: u64, vis
     while position != 0 {
         steps += 1;
         if steps > root.list_length_bound() {
-            return Err(Error::corruption("directory list longer than its entry and region counts (a cycle?)"));
+            return Err(Error::corruption(
+                "directory list longer than its entry and region counts (a cycle?)",
+            ));
         }
         let record = session.record(position, &|| "readdir".into())?;
         if !record.is_dummy {
             if let Some(last) = last_key {
                 if record.key <= last {
-                    return Err(Error::corruption(format!("directory list: key {:#x} after {last:#x}", record.key)));
+                    return Err(Error::corruption(format!(
+                        "directory list: key {:#x} after {last:#x}",
+                        record.key
+                    )));
                 }
             }
             last_key = Some(record.key);
             if record.key > after_cookie {
-                let entry = DirEntry { name: record.name, inode: record.inode_or_count, file_type: record.file_type, cookie: record.key };
+                let entry = DirEntry {
+                    name: record.name,
+                    inode: record.inode_or_count,
+                    file_type: record.file_type,
+                    cookie: record.key,
+                };
                 if !visit(&entry) {
                     break;
                 }
@@ -615,7 +781,9 @@ pub fn destroy(store: &mut dyn MetaStore, root: DirRoot) -> Result<()> {
         let mut block_number = root.first_leaf;
         while block_number != 0 {
             if blocks.len() as u64 >= root.leaf_count || !blocks.insert(block_number) {
-                first_error = Some(Error::corruption("directory leaf chain longer than its leaf count (a cycle?)"));
+                first_error = Some(Error::corruption(
+                    "directory leaf chain longer than its leaf count (a cycle?)",
+                ));
                 break;
             }
             match session.leaf(block_number) {
