@@ -166,7 +166,7 @@ mod tests {
     use super::*;
 
     fn decode_hex(text: &str) -> Vec<u8> {
-        assert!(text.len().is_multiple_of(2));
+        assert_eq!(text.len() & 1, 0, "odd number of hex digits");
         (0..text.len() / 2)
             .map(|index| u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).unwrap())
             .collect()

@@ -38,7 +38,7 @@ pub struct DirEntry {
 }
 
 /// Leaves a region may spread over beyond the number its records need before it is compacted.
-const REGION_LEAF_SLACK: usize = 3;
+const REGION_LEAF_SLACK: usize = 2;
 
 /// Blocks a readdir keeps in memory at once; a listing of a huge directory stays small.
 const READDIR_CACHED_BLOCKS: usize = 64;
@@ -55,10 +55,13 @@ fn run<T>(
     let mut working = *root;
     match operation(&mut session, &mut working) {
         Ok(value) => {
+            // A root that would not pass its own checks means the walk met damage it could not
+            // see; better to change nothing.
+            if let Err(error) = working.validate() {
+                session.abandon();
+                return Err(Error::corruption(format!("directory root after an update: {error}")));
+            }
             session.commit()?;
-            working.validate().map_err(|error| {
-                Error::corruption(format!("directory root after an update: {error}"))
-            })?;
             *root = working;
             Ok(value)
         }
