@@ -59,7 +59,9 @@ fn run<T>(
             // see; better to change nothing.
             if let Err(error) = working.validate() {
                 session.abandon();
-                return Err(Error::corruption(format!("directory root after an update: {error}")));
+                return Err(Error::corruption(format!(
+                    "directory root after an update: {error}"
+                )));
             }
             session.commit()?;
             *root = working;

@@ -264,6 +264,82 @@ fn model_test_grow_to_50000_and_back() {
     );
 }
 
+/// An operation that fails half way changes nothing: no block written, none leaked.
+#[test]
+fn failed_operation_changes_nothing() {
+    let mut store = MemoryStore::new();
+    let mut root = create(&mut store).unwrap();
+    for index in 0..2000u64 {
+        insert(
+            &mut store,
+            &mut root,
+            &SEED,
+            format!("name-{index}").as_bytes(),
+            index + 1,
+            1,
+        )
+        .unwrap();
+    }
+    // Damage one leaf that is not the first: operations reaching it fail.
+    let report = assert_clean(&mut store, &root);
+    let victim = *report
+        .blocks
+        .iter()
+        .rev()
+        .find(|block| {
+            **block != root.first_leaf && store.meta[*block][..4] == LEAF_MAGIC.to_le_bytes()
+        })
+        .unwrap();
+    let mut block = store.meta[&victim].clone();
+    block[LEAF_USED_SLOTS_OFFSET] ^= 0x01; // used count no longer matches the bitmap
+    seal_block(&mut block, BlockKind::DirLeaf, victim);
+    store.meta.insert(victim, block);
+    let mut failures = 0;
+    for index in 0..4000u64 {
+        let before: BTreeMap<u64, Vec<u8>> = store
+            .meta
+            .iter()
+            .map(|(number, block)| (*number, block.to_vec()))
+            .collect();
+        let allocated_before = store.allocated.clone();
+        let root_before = root;
+        let outcome = if index % 2 == 0 {
+            remove(
+                &mut store,
+                &mut root,
+                &SEED,
+                format!("name-{}", index / 2).as_bytes(),
+            )
+            .map(|_| ())
+        } else {
+            insert(
+                &mut store,
+                &mut root,
+                &SEED,
+                format!("other-{index}").as_bytes(),
+                5,
+                1,
+            )
+        };
+        if let Err(error) = outcome {
+            assert!(error.is_corruption(), "{error:?}");
+            failures += 1;
+            let after: BTreeMap<u64, Vec<u8>> = store
+                .meta
+                .iter()
+                .map(|(number, block)| (*number, block.to_vec()))
+                .collect();
+            assert!(after == before, "a failed operation wrote blocks");
+            assert_eq!(
+                store.allocated, allocated_before,
+                "a failed operation leaked or freed blocks"
+            );
+            assert_eq!(root, root_before, "a failed operation changed the root");
+        }
+    }
+    assert!(failures > 0, "no operation reached the damaged leaf");
+}
+
 /// Pages of a listing interleaved with inserts and removes of other names: every name present
 /// for the whole listing is returned exactly once.
 #[test]
@@ -529,6 +605,33 @@ fn corrupt_blocks_give_errors_not_panics() {
                 Err(other) => panic!("unexpected error {other:?}"),
             }
         }
+        let _ = destroy(&mut store, root);
+    }
+    // Roots whose counts disagree with the blocks (the inode is damaged, not the directory).
+    for trial in 0..40u64 {
+        let mut store = snapshot(&pristine);
+        let mut root = pristine_root;
+        match trial % 5 {
+            0 => root.entry_count = rng.gen_range(0..3),
+            1 => root.region_count = 1,
+            2 => root.leaf_count = rng.gen_range(root.leaf_count / 2..root.leaf_count + 2),
+            3 => root.index_block_count = 0,
+            _ => root.first_leaf = blocks[rng.gen_range(0..blocks.len())],
+        }
+        let mut bytes = root.encode();
+        if trial % 7 == 0 {
+            bytes[rng.gen_range(0..DIR_ROOT_BYTES)] ^= 0xff;
+        }
+        let Ok(mut root) = DirRoot::decode(&bytes) else {
+            continue;
+        };
+        let _ = lookup(&mut store, &root, &SEED, &names[trial as usize]);
+        let _ = readdir(&mut store, &root, 0, &mut |_| true);
+        let _ = insert(&mut store, &mut root, &SEED, b"fresh", 1, 1);
+        for name in names.iter().take(200) {
+            let _ = remove(&mut store, &mut root, &SEED, name);
+        }
+        let _ = check(&mut store, &root, &SEED);
         let _ = destroy(&mut store, root);
     }
     eprintln!(
