@@ -513,6 +513,58 @@ fn lookup_cost_is_bounded() {
     );
 }
 
+/// The same measurement at millions of entries, for the 10-million target; too slow for every
+/// run (about 0.1 ms of CPU per insert, most of it the test store's bitwise CRC32C). Run with
+/// `cargo test -p tandemfs --lib dir::tests::lookup_cost_at_millions -- --ignored --nocapture`;
+/// `DIR_SCALE_SECONDS` bounds the time spent growing (default 400).
+#[test]
+#[ignore]
+fn lookup_cost_at_millions() {
+    let budget = std::time::Duration::from_secs(
+        std::env::var("DIR_SCALE_SECONDS")
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(400),
+    );
+    let started = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(2);
+    let mut store = CountingStore {
+        inner: MemoryStore::new(),
+        reads: 0,
+    };
+    let mut root = create(&mut store).unwrap();
+    let mut count = 0u64;
+    let mut checkpoint = 250_000u64;
+    while started.elapsed() < budget {
+        let name = format!("file-{count}-{}", rng.gen::<u32>()).into_bytes();
+        insert(&mut store, &mut root, &SEED, &name, count + 10, 1).unwrap();
+        count += 1;
+        if count == checkpoint {
+            checkpoint *= 2;
+            let probes = 2000;
+            let mut total = 0;
+            let mut most = 0;
+            for probe in 0..probes {
+                let before = store.reads;
+                let name = format!("absent-{probe}-{}", rng.gen::<u32>()).into_bytes();
+                assert_eq!(lookup(&mut store, &root, &SEED, &name).unwrap(), None);
+                total += store.reads - before;
+                most = most.max(store.reads - before);
+            }
+            eprintln!(
+                "lookup cost at {count} entries: index depth {}, {} regions, {} leaves, {} index blocks; {:.2} blocks per lookup (max {most}); {:?} so far",
+                root.index_depth,
+                root.region_count,
+                root.leaf_count,
+                root.index_block_count,
+                total as f64 / probes as f64,
+                started.elapsed()
+            );
+            assert!(most <= root.index_depth as u64 + 8);
+        }
+    }
+}
+
 /// A snapshot of a MemoryStore that allocates past every block of the original.
 fn snapshot(original: &MemoryStore) -> MemoryStore {
     let mut copy = MemoryStore::new();
