@@ -38,10 +38,7 @@ impl Checker<'_> {
                 return;
             }
             if self.leaves.len() as u64 >= root.leaf_count {
-                self.problem(format!(
-                    "leaf chain longer than the leaf count {}",
-                    root.leaf_count
-                ));
+                self.problem(format!("leaf chain longer than the leaf count {}", root.leaf_count));
                 return;
             }
             let block = match self.store.read_meta(block_number, BlockKind::DirLeaf) {
@@ -57,23 +54,14 @@ impl Checker<'_> {
             }
             let stored_previous = read_u64(&block[..], LEAF_PREVIOUS_OFFSET);
             if stored_previous != previous {
-                self.problem(format!(
-                    "leaf {block_number}: previous leaf {stored_previous}, expected {previous}"
-                ));
+                self.problem(format!("leaf {block_number}: previous leaf {stored_previous}, expected {previous}"));
             }
             let index_root = read_u64(&block[..], LEAF_INDEX_ROOT_OFFSET);
-            let expected_index_root = if block_number == root.first_leaf {
-                root.index_root
-            } else {
-                0
-            };
+            let expected_index_root = if block_number == root.first_leaf { root.index_root } else { 0 };
             if index_root != expected_index_root {
-                self.problem(format!(
-                    "leaf {block_number}: index root {index_root}, expected {expected_index_root}"
-                ));
+                self.problem(format!("leaf {block_number}: index root {index_root}, expected {expected_index_root}"));
             }
-            if block_number != root.first_leaf && read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) == 0
-            {
+            if block_number != root.first_leaf && read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) == 0 {
                 self.problem(format!("leaf {block_number} is empty but was not freed"));
             }
             let next = read_u64(&block[..], LEAF_NEXT_OFFSET);
@@ -82,11 +70,7 @@ impl Checker<'_> {
             block_number = next;
         }
         if self.leaves.len() as u64 != root.leaf_count {
-            self.problem(format!(
-                "leaf chain has {} leaves, the root counts {}",
-                self.leaves.len(),
-                root.leaf_count
-            ));
+            self.problem(format!("leaf chain has {} leaves, the root counts {}", self.leaves.len(), root.leaf_count));
         }
     }
 
@@ -99,9 +83,7 @@ impl Checker<'_> {
         // (block, level, lowest hash the parent promises, upper bound from the parent)
         let mut pending = vec![(root.index_root, root.index_depth - 1, 0u32, u64::MAX)];
         while let Some((block_number, level, lowest, upper)) = pending.pop() {
-            if !index_blocks.insert(block_number)
-                || index_blocks.len() as u64 > root.index_block_count
-            {
+            if !index_blocks.insert(block_number) || index_blocks.len() as u64 > root.index_block_count {
                 self.problem(format!(
                     "index reaches block {block_number} twice or more blocks than its count {}",
                     root.index_block_count
@@ -126,20 +108,14 @@ impl Checker<'_> {
                 ));
             }
             if node.entries.last().unwrap().0 as u64 >= upper {
-                self.problem(format!(
-                    "index block {block_number}: hashes reach past the next sibling's {upper:#x}"
-                ));
+                self.problem(format!("index block {block_number}: hashes reach past the next sibling's {upper:#x}"));
             }
             if level == 0 {
                 regions.extend(node.entries.iter().copied());
             } else {
                 // Pushed in reverse so that children pop in ascending order.
                 for (index, (hash, child)) in node.entries.iter().enumerate().rev() {
-                    let child_upper = node
-                        .entries
-                        .get(index + 1)
-                        .map(|entry| entry.0 as u64)
-                        .unwrap_or(upper);
+                    let child_upper = node.entries.get(index + 1).map(|entry| entry.0 as u64).unwrap_or(upper);
                     pending.push((*child, level - 1, *hash, child_upper));
                 }
             }
@@ -178,9 +154,7 @@ impl Checker<'_> {
                 }
             };
             let Some(block) = self.leaves.get(&block_number) else {
-                self.problem(format!(
-                    "list reaches block {block_number}, not in the leaf chain"
-                ));
+                self.problem(format!("list reaches block {block_number}, not in the leaf chain"));
                 break;
             };
             let record = match decode_record(block, block_number, slot) {
@@ -190,28 +164,21 @@ impl Checker<'_> {
                     break;
                 }
             };
-            let slots_used = used
-                .entry(block_number)
-                .or_insert_with(|| vec![false; SLOTS_PER_BLOCK]);
+            let slots_used = used.entry(block_number).or_insert_with(|| vec![false; SLOTS_PER_BLOCK]);
             let mut overlap = false;
             for in_use in &mut slots_used[slot..slot + record.slots()] {
                 overlap |= *in_use;
                 *in_use = true;
             }
             if overlap {
-                self.problem(format!(
-                    "leaf {block_number} slot {slot}: record overlaps another"
-                ));
+                self.problem(format!("leaf {block_number} slot {slot}: record overlaps another"));
                 break;
             }
             // Order: by key, a dummy before the entries of its own hash.
             let order = (record.key, !record.is_dummy);
             if let Some(previous) = previous_key {
                 if order <= previous {
-                    self.problem(format!(
-                        "leaf {block_number} slot {slot}: key {:#x} out of order",
-                        record.key
-                    ));
+                    self.problem(format!("leaf {block_number} slot {slot}: key {:#x} out of order", record.key));
                 }
             }
             previous_key = Some(order);
@@ -227,7 +194,9 @@ impl Checker<'_> {
                         "dummy {:#x} at {position:#x}, the index has region {hash:#x} at {indexed:#x}",
                         record.region_hash()
                     )),
-                    None => self.problem(format!("dummy {:#x} at {position:#x} is not in the index", record.region_hash())),
+                    None => {
+                        self.problem(format!("dummy {:#x} at {position:#x} is not in the index", record.region_hash()))
+                    }
                 }
                 region_index += 1;
                 region_total += 1;
@@ -245,17 +214,12 @@ impl Checker<'_> {
                     ));
                 }
                 if record.key < FIRST_FREE_COOKIE {
-                    self.problem(format!(
-                        "entry {name_text:?}: key {} is a reserved cookie",
-                        record.key
-                    ));
+                    self.problem(format!("entry {name_text:?}: key {} is a reserved cookie", record.key));
                 }
                 if !names.insert(record.name.clone()) {
                     self.problem(format!("entry {name_text:?} appears twice"));
                 }
-                self.result
-                    .entries
-                    .push((record.name, record.inode_or_count, record.file_type));
+                self.result.entries.push((record.name, record.inode_or_count, record.file_type));
             }
             position = record.next;
         }
@@ -265,16 +229,10 @@ impl Checker<'_> {
             }
         }
         if region_index < regions.len() {
-            self.problem(format!(
-                "index names {} regions, the list has {region_index}",
-                regions.len()
-            ));
+            self.problem(format!("index names {} regions, the list has {region_index}", regions.len()));
         }
         if region_total != root.region_count {
-            self.problem(format!(
-                "list has {region_total} regions, the root counts {}",
-                root.region_count
-            ));
+            self.problem(format!("list has {region_total} regions, the root counts {}", root.region_count));
         }
         if self.result.entries.len() as u64 != root.entry_count {
             self.problem(format!(
@@ -291,11 +249,7 @@ impl Checker<'_> {
                 if leaf_bit(block, slot) != in_use {
                     bitmap_problems.push(format!(
                         "leaf {block_number} slot {slot}: bitmap says {}, the list says {}",
-                        if leaf_bit(block, slot) {
-                            "used"
-                        } else {
-                            "free"
-                        },
+                        if leaf_bit(block, slot) { "used" } else { "free" },
                         if in_use { "used" } else { "free" }
                     ));
                     break;
@@ -308,11 +262,7 @@ impl Checker<'_> {
 
 /// Checks the directory rooted at `root`: every block it owns, every entry, every problem.
 pub fn check(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed) -> DirCheck {
-    let mut checker = Checker {
-        store,
-        leaves: BTreeMap::new(),
-        result: DirCheck::default(),
-    };
+    let mut checker = Checker { store, leaves: BTreeMap::new(), result: DirCheck::default() };
     if let Err(error) = root.validate() {
         checker.problem(error.to_string());
         return checker.result;
@@ -324,9 +274,7 @@ pub fn check(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed) -> DirC
     let mut blocks: BTreeSet<u64> = checker.leaves.keys().copied().collect();
     for block_number in index_blocks {
         if !blocks.insert(block_number) {
-            checker.problem(format!(
-                "block {block_number} is both a leaf and an index block"
-            ));
+            checker.problem(format!("block {block_number} is both a leaf and an index block"));
         }
     }
     checker.result.blocks = blocks.into_iter().collect();

@@ -120,10 +120,7 @@ pub fn split_position(position: u64, what: &dyn Fn() -> String) -> Result<(u64, 
     let block_number = position >> POSITION_SLOT_BITS;
     let slot = (position & ((1 << POSITION_SLOT_BITS) - 1)) as usize;
     if block_number == 0 || !(FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK).contains(&slot) {
-        return Err(Error::corruption(format!(
-            "{}: position {position:#x} is not a valid entry position",
-            what()
-        )));
+        return Err(Error::corruption(format!("{}: position {position:#x} is not a valid entry position", what())));
     }
     Ok((block_number, slot))
 }
@@ -174,34 +171,21 @@ impl DirRoot {
         write_u64(&mut bytes, ROOT_ENTRY_COUNT_OFFSET, self.entry_count);
         write_u64(&mut bytes, ROOT_REGION_COUNT_OFFSET, self.region_count);
         write_u64(&mut bytes, ROOT_LEAF_COUNT_OFFSET, self.leaf_count);
-        write_u64(
-            &mut bytes,
-            ROOT_INDEX_BLOCK_COUNT_OFFSET,
-            self.index_block_count,
-        );
+        write_u64(&mut bytes, ROOT_INDEX_BLOCK_COUNT_OFFSET, self.index_block_count);
         bytes
     }
 
     pub fn decode(bytes: &[u8; DIR_ROOT_BYTES]) -> Result<DirRoot> {
         let magic = read_u32(bytes, ROOT_MAGIC_OFFSET);
         if magic != ROOT_MAGIC {
-            return Err(Error::corruption(format!(
-                "directory root: magic {magic:#010x}, expected {ROOT_MAGIC:#010x}"
-            )));
+            return Err(Error::corruption(format!("directory root: magic {magic:#010x}, expected {ROOT_MAGIC:#010x}")));
         }
         let version = read_u16(bytes, ROOT_VERSION_OFFSET);
         if version != ROOT_VERSION {
-            return Err(Error::corruption(format!(
-                "directory root: version {version}, expected {ROOT_VERSION}"
-            )));
+            return Err(Error::corruption(format!("directory root: version {version}, expected {ROOT_VERSION}")));
         }
-        if bytes[ROOT_RESERVED_OFFSET..ROOT_RESERVED_OFFSET + ROOT_RESERVED_BYTES]
-            .iter()
-            .any(|byte| *byte != 0)
-        {
-            return Err(Error::corruption(
-                "directory root: reserved bytes are not zero",
-            ));
+        if bytes[ROOT_RESERVED_OFFSET..ROOT_RESERVED_OFFSET + ROOT_RESERVED_BYTES].iter().any(|byte| *byte != 0) {
+            return Err(Error::corruption("directory root: reserved bytes are not zero"));
         }
         let root = DirRoot {
             first_leaf: read_u64(bytes, ROOT_FIRST_LEAF_OFFSET),
@@ -223,36 +207,22 @@ impl DirRoot {
             return fail(format!("first leaf {} out of range", self.first_leaf));
         }
         if self.index_depth > MAX_INDEX_DEPTH {
-            return fail(format!(
-                "index depth {} above the limit {MAX_INDEX_DEPTH}",
-                self.index_depth
-            ));
+            return fail(format!("index depth {} above the limit {MAX_INDEX_DEPTH}", self.index_depth));
         }
         if (self.index_depth == 0) != (self.index_root == 0) {
-            return fail(format!(
-                "index depth {} with index root {}",
-                self.index_depth, self.index_root
-            ));
+            return fail(format!("index depth {} with index root {}", self.index_depth, self.index_root));
         }
         if self.index_block_count < self.index_depth as u64 {
-            return fail(format!(
-                "{} index blocks cannot make {} levels",
-                self.index_block_count, self.index_depth
-            ));
+            return fail(format!("{} index blocks cannot make {} levels", self.index_block_count, self.index_depth));
         }
         if self.index_root > MAX_POSITION_BLOCK {
             return fail(format!("index root {} out of range", self.index_root));
         }
         if self.region_count == 0 || self.leaf_count == 0 {
-            return fail(format!(
-                "{} regions in {} leaves",
-                self.region_count, self.leaf_count
-            ));
+            return fail(format!("{} regions in {} leaves", self.region_count, self.leaf_count));
         }
         // Each leaf holds at most ENTRY_SLOTS_PER_LEAF / 2 records (an entry or dummy is >= 2 slots).
-        let capacity = self
-            .leaf_count
-            .saturating_mul((ENTRY_SLOTS_PER_LEAF / 2) as u64);
+        let capacity = self.leaf_count.saturating_mul((ENTRY_SLOTS_PER_LEAF / 2) as u64);
         if self.entry_count.saturating_add(self.region_count) > capacity {
             return fail(format!(
                 "{} entries and {} regions cannot fit {} leaves",
@@ -268,9 +238,7 @@ impl DirRoot {
 
     /// Upper bound on the steps of any walk along the list: every entry and dummy once.
     pub fn list_length_bound(&self) -> u64 {
-        self.entry_count
-            .saturating_add(self.region_count)
-            .saturating_add(1)
+        self.entry_count.saturating_add(self.region_count).saturating_add(1)
     }
 
     pub fn head_position(&self) -> u64 {
@@ -322,15 +290,11 @@ pub fn set_leaf_bits(block: &mut BlockBuf, first_slot: usize, slots: usize, valu
 pub fn validate_leaf(block: &BlockBuf, block_number: u64) -> Result<()> {
     let magic = read_u32(&block[..], LEAF_MAGIC_OFFSET);
     if magic != LEAF_MAGIC {
-        return Err(Error::corruption(format!(
-            "directory leaf {block_number}: magic {magic:#010x}"
-        )));
+        return Err(Error::corruption(format!("directory leaf {block_number}: magic {magic:#010x}")));
     }
     for slot in 0..FIRST_ENTRY_SLOT {
         if leaf_bit(block, slot) {
-            return Err(Error::corruption(format!(
-                "directory leaf {block_number}: bitmap marks header slot {slot}"
-            )));
+            return Err(Error::corruption(format!("directory leaf {block_number}: bitmap marks header slot {slot}")));
         }
     }
     for slot in SLOTS_PER_BLOCK..LEAF_BITMAP_BYTES * 8 {
@@ -341,28 +305,19 @@ pub fn validate_leaf(block: &BlockBuf, block_number: u64) -> Result<()> {
         }
     }
     if read_u16(&block[..], LEAF_RESERVED_OFFSET) != 0 {
-        return Err(Error::corruption(format!(
-            "directory leaf {block_number}: reserved header field is not zero"
-        )));
+        return Err(Error::corruption(format!("directory leaf {block_number}: reserved header field is not zero")));
     }
     let used = read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) as usize;
-    let counted = (FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK)
-        .filter(|slot| leaf_bit(block, *slot))
-        .count();
+    let counted = (FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK).filter(|slot| leaf_bit(block, *slot)).count();
     if used != counted {
         return Err(Error::corruption(format!(
             "directory leaf {block_number}: used-slot count {used} but bitmap marks {counted}"
         )));
     }
-    for (name, offset) in [
-        ("next leaf", LEAF_NEXT_OFFSET),
-        ("previous leaf", LEAF_PREVIOUS_OFFSET),
-    ] {
+    for (name, offset) in [("next leaf", LEAF_NEXT_OFFSET), ("previous leaf", LEAF_PREVIOUS_OFFSET)] {
         let value = read_u64(&block[..], offset);
         if value > MAX_POSITION_BLOCK {
-            return Err(Error::corruption(format!(
-                "directory leaf {block_number}: {name} {value} out of range"
-            )));
+            return Err(Error::corruption(format!("directory leaf {block_number}: {name} {value} out of range")));
         }
     }
     Ok(())
@@ -376,11 +331,7 @@ pub fn new_leaf() -> BlockBuf {
 
 /// Decodes the record at `slot` of a validated leaf, checking everything about it.
 pub fn decode_record(block: &BlockBuf, block_number: u64, slot: usize) -> Result<Record> {
-    let fail = |what: String| {
-        Err(Error::corruption(format!(
-            "directory leaf {block_number} slot {slot}: {what}"
-        )))
-    };
+    let fail = |what: String| Err(Error::corruption(format!("directory leaf {block_number} slot {slot}: {what}")));
     if !(FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK).contains(&slot) {
         return fail("slot out of range".into());
     }
@@ -402,11 +353,7 @@ pub fn decode_record(block: &BlockBuf, block_number: u64, slot: usize) -> Result
     if !is_dummy && name_length == 0 {
         return fail("entry with empty name".into());
     }
-    let slots = if is_dummy {
-        DUMMY_BYTES / SLOT_BYTES
-    } else {
-        entry_slots(name_length)
-    };
+    let slots = if is_dummy { DUMMY_BYTES / SLOT_BYTES } else { entry_slots(name_length) };
     if slot + slots > SLOTS_PER_BLOCK {
         return fail(format!("record of {slots} slots runs past the payload"));
     }
@@ -419,9 +366,7 @@ pub fn decode_record(block: &BlockBuf, block_number: u64, slot: usize) -> Result
     }
     let next = read_u64(&block[..], base + ENTRY_NEXT_OFFSET);
     if next != 0 {
-        split_position(next, &|| {
-            format!("directory leaf {block_number} slot {slot} next")
-        })?;
+        split_position(next, &|| format!("directory leaf {block_number} slot {slot} next"))?;
     }
     let name = block[base + ENTRY_NAME_OFFSET..base + ENTRY_NAME_OFFSET + name_length].to_vec();
     Ok(Record {
@@ -443,20 +388,11 @@ pub fn encode_record(block: &mut BlockBuf, slot: usize, record: &Record) {
     block[base..base + slots * SLOT_BYTES].fill(0);
     write_u64(&mut block[..], base + ENTRY_KEY_OFFSET, record.key);
     write_u64(&mut block[..], base + ENTRY_NEXT_OFFSET, record.next);
-    write_u64(
-        &mut block[..],
-        base + ENTRY_INODE_OFFSET,
-        record.inode_or_count,
-    );
+    write_u64(&mut block[..], base + ENTRY_INODE_OFFSET, record.inode_or_count);
     block[base + ENTRY_NAME_LENGTH_OFFSET] = record.name.len() as u8;
     block[base + ENTRY_FILE_TYPE_OFFSET] = record.file_type;
-    block[base + ENTRY_KIND_OFFSET] = if record.is_dummy {
-        ENTRY_KIND_DUMMY
-    } else {
-        ENTRY_KIND_NAME
-    };
-    block[base + ENTRY_NAME_OFFSET..base + ENTRY_NAME_OFFSET + record.name.len()]
-        .copy_from_slice(&record.name);
+    block[base + ENTRY_KIND_OFFSET] = if record.is_dummy { ENTRY_KIND_DUMMY } else { ENTRY_KIND_NAME };
+    block[base + ENTRY_NAME_OFFSET..base + ENTRY_NAME_OFFSET + record.name.len()].copy_from_slice(&record.name);
 }
 
 /// An index block in memory.
@@ -469,11 +405,7 @@ pub struct IndexNode {
 }
 
 pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) -> Result<IndexNode> {
-    let fail = |what: String| {
-        Err(Error::corruption(format!(
-            "directory index block {block_number}: {what}"
-        )))
-    };
+    let fail = |what: String| Err(Error::corruption(format!("directory index block {block_number}: {what}")));
     let magic = read_u32(&block[..], INDEX_MAGIC_OFFSET);
     if magic != INDEX_MAGIC {
         return fail(format!("magic {magic:#010x}"));
@@ -502,15 +434,11 @@ pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) ->
         }
         if let Some((previous, _)) = entries.last() {
             if hash <= *previous {
-                return fail(format!(
-                    "entry {index} hash {hash:#x} not above {previous:#x}"
-                ));
+                return fail(format!("entry {index} hash {hash:#x} not above {previous:#x}"));
             }
         }
         if level == 0 {
-            split_position(target, &|| {
-                format!("directory index block {block_number} entry {index}")
-            })?;
+            split_position(target, &|| format!("directory index block {block_number} entry {index}"))?;
         } else if target == 0 || target > MAX_POSITION_BLOCK {
             return fail(format!("entry {index} child block {target} out of range"));
         }
@@ -524,11 +452,7 @@ pub fn encode_index(node: &IndexNode) -> BlockBuf {
     let mut block = crate::block::meta::zeroed_block();
     write_u32(&mut block[..], INDEX_MAGIC_OFFSET, INDEX_MAGIC);
     write_u16(&mut block[..], INDEX_LEVEL_OFFSET, node.level);
-    write_u16(
-        &mut block[..],
-        INDEX_COUNT_OFFSET,
-        node.entries.len() as u16,
-    );
+    write_u16(&mut block[..], INDEX_COUNT_OFFSET, node.entries.len() as u16);
     for (index, (hash, target)) in node.entries.iter().enumerate() {
         let base = INDEX_HEADER_BYTES + index * INDEX_ENTRY_BYTES;
         write_u32(&mut block[..], base + INDEX_ENTRY_HASH_OFFSET, *hash);
@@ -553,10 +477,7 @@ mod tests {
         assert_eq!(entry_slots(5), 2);
         assert_eq!(entry_slots(6), 3);
         assert_eq!(INDEX_CAPACITY, 254);
-        assert_eq!(
-            INDEX_HEADER_BYTES + INDEX_CAPACITY * INDEX_ENTRY_BYTES,
-            META_PAYLOAD_BYTES
-        );
+        assert_eq!(INDEX_HEADER_BYTES + INDEX_CAPACITY * INDEX_ENTRY_BYTES, META_PAYLOAD_BYTES);
         assert_eq!(INDEX_ENTRY_TARGET_OFFSET + 8, INDEX_ENTRY_BYTES);
         assert_eq!(ENTRY_NAME_OFFSET, ENTRY_KIND_OFFSET + 1);
     }

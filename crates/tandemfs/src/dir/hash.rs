@@ -32,10 +32,9 @@ pub fn hash_seed_from_uuid(uuid: &str) -> Result<HashSeed> {
     }
     let mut bytes = [0u8; 16];
     for (index, byte) in bytes.iter_mut().enumerate() {
-        let text = std::str::from_utf8(&digits[index * 2..index * 2 + 2])
-            .map_err(|_| Error::invalid("UUID is not ASCII"))?;
-        *byte = u8::from_str_radix(text, 16)
-            .map_err(|_| Error::invalid(format!("{uuid:?} is not a UUID")))?;
+        let text =
+            std::str::from_utf8(&digits[index * 2..index * 2 + 2]).map_err(|_| Error::invalid("UUID is not ASCII"))?;
+        *byte = u8::from_str_radix(text, 16).map_err(|_| Error::invalid(format!("{uuid:?} is not a UUID")))?;
     }
     let mut seed = [0u32; 4];
     for (index, word) in seed.iter_mut().enumerate() {
@@ -87,48 +86,18 @@ fn transform(state: &mut [u32; 4], input: &[u32; PIECE_WORDS]) {
     type Mix = fn(u32, u32, u32) -> u32;
     let rounds: [(Mix, u32, [usize; 8], [u32; 4]); 3] = [
         (round_1, 0, [0, 1, 2, 3, 4, 5, 6, 7], [3, 7, 11, 19]),
-        (
-            round_2,
-            ROUND_2_CONSTANT,
-            [1, 3, 5, 7, 0, 2, 4, 6],
-            [3, 5, 9, 13],
-        ),
-        (
-            round_3,
-            ROUND_3_CONSTANT,
-            [3, 7, 2, 6, 1, 5, 0, 4],
-            [3, 9, 11, 15],
-        ),
+        (round_2, ROUND_2_CONSTANT, [1, 3, 5, 7, 0, 2, 4, 6], [3, 5, 9, 13]),
+        (round_3, ROUND_3_CONSTANT, [3, 7, 2, 6, 1, 5, 0, 4], [3, 9, 11, 15]),
     ];
     for (mix, constant, order, shifts) in rounds.iter() {
         for step in 0..8 {
             let word = input[order[step]].wrapping_add(*constant);
             // The four state words take turns: a, d, c, b.
             match step % 4 {
-                0 => {
-                    a = a
-                        .wrapping_add(mix(b, c, d))
-                        .wrapping_add(word)
-                        .rotate_left(shifts[0])
-                }
-                1 => {
-                    d = d
-                        .wrapping_add(mix(a, b, c))
-                        .wrapping_add(word)
-                        .rotate_left(shifts[1])
-                }
-                2 => {
-                    c = c
-                        .wrapping_add(mix(d, a, b))
-                        .wrapping_add(word)
-                        .rotate_left(shifts[2])
-                }
-                _ => {
-                    b = b
-                        .wrapping_add(mix(c, d, a))
-                        .wrapping_add(word)
-                        .rotate_left(shifts[3])
-                }
+                0 => a = a.wrapping_add(mix(b, c, d)).wrapping_add(word).rotate_left(shifts[0]),
+                1 => d = d.wrapping_add(mix(a, b, c)).wrapping_add(word).rotate_left(shifts[1]),
+                2 => c = c.wrapping_add(mix(d, a, b)).wrapping_add(word).rotate_left(shifts[2]),
+                _ => b = b.wrapping_add(mix(c, d, a)).wrapping_add(word).rotate_left(shifts[3]),
             }
         }
     }
@@ -141,11 +110,7 @@ fn transform(state: &mut [u32; 4], input: &[u32; PIECE_WORDS]) {
 /// ext4's half-MD4 hash of `name` with unsigned chars (`dx_hash -h 4` in debugfs).
 /// Returns (major, minor); the major hash has its lowest bit clear, as in ext4.
 pub fn half_md4(seed: &HashSeed, name: &[u8]) -> (u32, u32) {
-    let mut state = if seed.iter().any(|word| *word != 0) {
-        *seed
-    } else {
-        DEFAULT_STATE
-    };
+    let mut state = if seed.iter().any(|word| *word != 0) { *seed } else { DEFAULT_STATE };
     // An empty name still runs no transform, as in ext4; callers never hash one.
     let mut offset = 0;
     while offset < name.len() {
@@ -167,9 +132,7 @@ mod tests {
 
     fn decode_hex(text: &str) -> Vec<u8> {
         assert_eq!(text.len() & 1, 0, "odd number of hex digits");
-        (0..text.len() / 2)
-            .map(|index| u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).unwrap())
-            .collect()
+        (0..text.len() / 2).map(|index| u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).unwrap()).collect()
     }
 
     /// Every vector from `scripts/gen-half-md4-vectors.sh` (debugfs `dx_hash -h 4 -s SEED`).

@@ -18,8 +18,7 @@ mod tests;
 
 pub use check::{check, DirCheck};
 pub use format::{
-    DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES,
-    REGION_SPLIT_ENTRIES,
+    DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES, REGION_SPLIT_ENTRIES,
 };
 pub use hash::{half_md4, hash_seed_from_uuid, HashSeed};
 
@@ -59,9 +58,7 @@ fn run<T>(
             // see; better to change nothing.
             if let Err(error) = working.validate() {
                 session.abandon();
-                return Err(Error::corruption(format!(
-                    "directory root after an update: {error}"
-                )));
+                return Err(Error::corruption(format!("directory root after an update: {error}")));
             }
             session.commit()?;
             *root = working;
@@ -93,14 +90,8 @@ pub fn create(store: &mut dyn MetaStore) -> Result<DirRoot> {
     let mut session = Session::new(store);
     let result = (|| {
         let first_leaf = session.allocate(BlockKind::DirLeaf, 0)?;
-        let head = Record {
-            key: make_key(0, 0),
-            next: 0,
-            inode_or_count: 0,
-            file_type: 0,
-            is_dummy: true,
-            name: Vec::new(),
-        };
+        let head =
+            Record { key: make_key(0, 0), next: 0, inode_or_count: 0, file_type: 0, is_dummy: true, name: Vec::new() };
         let block = session.leaf_mut(first_leaf)?;
         set_leaf_bits(block, FIRST_ENTRY_SLOT, head.slots(), true);
         write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, head.slots() as u16);
@@ -191,10 +182,7 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
             break;
         }
         if record.key <= previous_key && previous != dummy_position || record.key < previous_key {
-            return Err(Error::corruption(format!(
-                "directory list: key {:#x} after {previous_key:#x}",
-                record.key
-            )));
+            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
         }
         let record_hash = key_hash(record.key);
         if record_hash > hash {
@@ -218,30 +206,18 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
     Ok(found)
 }
 
-pub fn lookup(
-    store: &mut dyn MetaStore,
-    root: &DirRoot,
-    seed: &HashSeed,
-    name: &[u8],
-) -> Result<Option<(u64, u8)>> {
+pub fn lookup(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed, name: &[u8]) -> Result<Option<(u64, u8)>> {
     check_name(name)?;
     let mut copy = *root;
     run(store, &mut copy, |session, root| {
         let found = find(session, root, name_order_hash(seed, name), name)?;
-        Ok(found
-            .entry
-            .map(|(_, record)| (record.inode_or_count, record.file_type)))
+        Ok(found.entry.map(|(_, record)| (record.inode_or_count, record.file_type)))
     })
 }
 
 /// Finds room for `slots` in the first of `candidates` (leaf blocks) that has it, else in a
 /// new leaf linked after the first candidate. Marks the slots and returns the position.
-fn place(
-    session: &mut Session,
-    root: &mut DirRoot,
-    candidates: &[u64],
-    slots: usize,
-) -> Result<u64> {
+fn place(session: &mut Session, root: &mut DirRoot, candidates: &[u64], slots: usize) -> Result<u64> {
     assert!(!candidates.is_empty());
     if let Some(position) = try_place(session, candidates, slots)? {
         return Ok(position);
@@ -249,17 +225,9 @@ fn place(
     let near = candidates[0];
     let new_block = session.allocate(BlockKind::DirLeaf, near)?;
     let old_next = read_u64(&session.leaf(near)?[..], LEAF_NEXT_OFFSET);
-    write_u64(
-        &mut session.leaf_mut(near)?[..],
-        LEAF_NEXT_OFFSET,
-        new_block,
-    );
+    write_u64(&mut session.leaf_mut(near)?[..], LEAF_NEXT_OFFSET, new_block);
     if old_next != 0 {
-        write_u64(
-            &mut session.leaf_mut(old_next)?[..],
-            LEAF_PREVIOUS_OFFSET,
-            new_block,
-        );
+        write_u64(&mut session.leaf_mut(old_next)?[..], LEAF_PREVIOUS_OFFSET, new_block);
     }
     let block = session.leaf_mut(new_block)?;
     write_u64(&mut block[..], LEAF_PREVIOUS_OFFSET, near);
@@ -307,9 +275,7 @@ fn mark(block: &mut crate::block::meta::BlockBuf, slot: usize, slots: usize, use
     let count = if used {
         count + slots
     } else {
-        count
-            .checked_sub(slots)
-            .expect("leaf used-slot count below the slots freed")
+        count.checked_sub(slots).expect("leaf used-slot count below the slots freed")
     };
     assert!(count <= ENTRY_SLOTS_PER_LEAF);
     write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, count as u16);
@@ -320,9 +286,7 @@ fn release(session: &mut Session, root: &mut DirRoot, position: u64, slots: usiz
     let (block_number, slot) = split_position(position, &|| "record to free".into())?;
     let block = session.leaf_mut(block_number)?;
     if let Some(free) = (slot..slot + slots).find(|each| !leaf_bit(block, *each)) {
-        return Err(Error::corruption(format!(
-            "directory leaf {block_number}: slot {free} of a live record is free"
-        )));
+        return Err(Error::corruption(format!("directory leaf {block_number}: slot {free} of a live record is free")));
     }
     mark(block, slot, slots, false);
     if read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) != 0 || block_number == root.first_leaf {
@@ -337,11 +301,7 @@ fn release(session: &mut Session, root: &mut DirRoot, position: u64, slots: usiz
     }
     write_u64(&mut session.leaf_mut(previous)?[..], LEAF_NEXT_OFFSET, next);
     if next != 0 {
-        write_u64(
-            &mut session.leaf_mut(next)?[..],
-            LEAF_PREVIOUS_OFFSET,
-            previous,
-        );
+        write_u64(&mut session.leaf_mut(next)?[..], LEAF_PREVIOUS_OFFSET, previous);
     }
     session.free(block_number);
     index::decrement(&mut root.leaf_count, "leaf count")?;
@@ -360,16 +320,13 @@ fn set_next(session: &mut Session, position: u64, next: u64) -> Result<()> {
 
 fn add_to_count(session: &mut Session, dummy_position: u64, change: i64) -> Result<u64> {
     let mut dummy = session.record(dummy_position, &|| "region dummy".into())?;
-    let count = dummy
-        .inode_or_count
-        .checked_add_signed(change)
-        .ok_or_else(|| {
-            Error::corruption(format!(
-                "directory region {:#x}: member count {} cannot change by {change}",
-                dummy.region_hash(),
-                dummy.inode_or_count
-            ))
-        })?;
+    let count = dummy.inode_or_count.checked_add_signed(change).ok_or_else(|| {
+        Error::corruption(format!(
+            "directory region {:#x}: member count {} cannot change by {change}",
+            dummy.region_hash(),
+            dummy.inode_or_count
+        ))
+    })?;
     dummy.inode_or_count = count;
     session.put_record(dummy_position, &dummy)?;
     Ok(count)
@@ -395,11 +352,7 @@ pub fn insert(
         }
         // The smallest tiebreak not taken by an entry of the same hash; the new entry goes
         // after the same-hash entries with smaller tiebreaks.
-        let mut tiebreak: u32 = if hash == 0 {
-            FIRST_FREE_COOKIE as u32
-        } else {
-            0
-        };
+        let mut tiebreak: u32 = if hash == 0 { FIRST_FREE_COOKIE as u32 } else { 0 };
         let mut predecessor = found.before_same_hash;
         for (position, taken) in &found.same_hash {
             if *taken == tiebreak {
@@ -414,9 +367,7 @@ pub fn insert(
         if found.same_hash.is_empty() {
             predecessor = found.predecessor;
         }
-        let successor = session
-            .record(predecessor, &|| "insert predecessor".into())?
-            .next;
+        let successor = session.record(predecessor, &|| "insert predecessor".into())?.next;
         let record = Record {
             key: make_key(hash, tiebreak),
             next: successor,
@@ -471,9 +422,7 @@ type Region = (Record, Vec<(u64, u64)>, u64);
 fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> {
     let dummy = session.record(dummy_position, &|| "region dummy".into())?;
     if !dummy.is_dummy {
-        return Err(Error::corruption(format!(
-            "directory: position {dummy_position:#x} should hold a dummy"
-        )));
+        return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
     }
     let mut members = Vec::new();
     let mut position = dummy.next;
@@ -490,10 +439,7 @@ fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> 
             break;
         }
         if record.key < previous_key || (!members.is_empty() && record.key == previous_key) {
-            return Err(Error::corruption(format!(
-                "directory list: key {:#x} after {previous_key:#x}",
-                record.key
-            )));
+            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
         }
         if members.len() as u64 >= dummy.inode_or_count {
             return Err(Error::corruption(format!(
@@ -533,10 +479,7 @@ fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64
     for (position, _) in &members {
         let record = session.record(*position, &|| "region member".into())?;
         total_slots += record.slots();
-        match slots_by_leaf
-            .iter_mut()
-            .find(|(leaf, _)| *leaf == block_of(*position))
-        {
+        match slots_by_leaf.iter_mut().find(|(leaf, _)| *leaf == block_of(*position)) {
             Some(entry) => entry.1 += record.slots(),
             None => slots_by_leaf.push((block_of(*position), record.slots())),
         }
@@ -548,11 +491,7 @@ fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64
     }
     // Keep the leaves with most of the region, as many as it needs plus one for fragmentation.
     slots_by_leaf.sort_by(|left, right| right.1.cmp(&left.1).then(left.0.cmp(&right.0)));
-    let mut kept: Vec<u64> = slots_by_leaf
-        .iter()
-        .take(needed_leaves + 1)
-        .map(|(leaf, _)| *leaf)
-        .collect();
+    let mut kept: Vec<u64> = slots_by_leaf.iter().take(needed_leaves + 1).map(|(leaf, _)| *leaf).collect();
     let mut predecessor = dummy_position;
     for (index, (position, _)) in members.iter().enumerate() {
         let record = &records[index];
@@ -603,11 +542,7 @@ fn split_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) 
     let position = place(session, root, &candidates, dummy.slots())?;
     session.put_record(position, &dummy)?;
     set_next(session, last_of_first_half, position)?;
-    add_to_count(
-        session,
-        dummy_position,
-        -((members.len() - boundary) as i64),
-    )?;
+    add_to_count(session, dummy_position, -((members.len() - boundary) as i64))?;
     root.region_count += 1;
     index::insert(session, root, pivot, position)
 }
@@ -629,12 +564,7 @@ fn merge_into(
     index::remove(session, root, victim.region_hash())
 }
 
-pub fn remove(
-    store: &mut dyn MetaStore,
-    root: &mut DirRoot,
-    seed: &HashSeed,
-    name: &[u8],
-) -> Result<(u64, u8)> {
+pub fn remove(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8]) -> Result<(u64, u8)> {
     check_name(name)?;
     let hash = name_order_hash(seed, name);
     run(store, root, |session, root| {
@@ -656,19 +586,12 @@ pub fn remove(
 
 /// Merges the region that just lost an entry with a small neighbour: the next region folds
 /// into it, or it folds into the previous one.
-fn merge_after_remove(
-    session: &mut Session,
-    root: &mut DirRoot,
-    dummy_position: u64,
-) -> Result<()> {
+fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
     let (dummy, members, next_dummy) = region_members(session, dummy_position)?;
     if next_dummy != 0 {
         let next = session.record(next_dummy, &|| "next region dummy".into())?;
         if dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES {
-            let predecessor = members
-                .last()
-                .map(|member| member.0)
-                .unwrap_or(dummy_position);
+            let predecessor = members.last().map(|member| member.0).unwrap_or(dummy_position);
             merge_into(session, root, dummy_position, predecessor, next_dummy)?;
             return compact_region(session, root, dummy_position);
         }
@@ -679,9 +602,7 @@ fn merge_after_remove(
     }
     let (_, previous_dummy) = index::find_region(session, root, region_hash - 1)?;
     // Read the count first: the walk to the end of the previous region is needed only to merge.
-    let previous_count = session
-        .record(previous_dummy, &|| "previous region dummy".into())?
-        .inode_or_count;
+    let previous_count = session.record(previous_dummy, &|| "previous region dummy".into())?.inode_or_count;
     if previous_count.saturating_add(dummy.inode_or_count) <= REGION_MERGE_ENTRIES {
         let (_, previous_members, after_previous) = region_members(session, previous_dummy)?;
         if after_previous != dummy_position {
@@ -689,10 +610,7 @@ fn merge_after_remove(
                 "directory list: region before {region_hash:#x} does not lead to it"
             )));
         }
-        let predecessor = previous_members
-            .last()
-            .map(|member| member.0)
-            .unwrap_or(previous_dummy);
+        let predecessor = previous_members.last().map(|member| member.0).unwrap_or(previous_dummy);
         merge_into(session, root, previous_dummy, predecessor, dummy_position)?;
         return compact_region(session, root, previous_dummy);
     }
@@ -743,18 +661,13 @@ pub fn readdir(
     while position != 0 {
         steps += 1;
         if steps > root.list_length_bound() {
-            return Err(Error::corruption(
-                "directory list longer than its entry and region counts (a cycle?)",
-            ));
+            return Err(Error::corruption("directory list longer than its entry and region counts (a cycle?)"));
         }
         let record = session.record(position, &|| "readdir".into())?;
         if !record.is_dummy {
             if let Some(last) = last_key {
                 if record.key <= last {
-                    return Err(Error::corruption(format!(
-                        "directory list: key {:#x} after {last:#x}",
-                        record.key
-                    )));
+                    return Err(Error::corruption(format!("directory list: key {:#x} after {last:#x}", record.key)));
                 }
             }
             last_key = Some(record.key);
@@ -786,9 +699,7 @@ pub fn destroy(store: &mut dyn MetaStore, root: DirRoot) -> Result<()> {
         let mut block_number = root.first_leaf;
         while block_number != 0 {
             if blocks.len() as u64 >= root.leaf_count || !blocks.insert(block_number) {
-                first_error = Some(Error::corruption(
-                    "directory leaf chain longer than its leaf count (a cycle?)",
-                ));
+                first_error = Some(Error::corruption("directory leaf chain longer than its leaf count (a cycle?)"));
                 break;
             }
             match session.leaf(block_number) {

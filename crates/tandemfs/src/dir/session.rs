@@ -26,13 +26,7 @@ pub struct Session<'a> {
 
 impl<'a> Session<'a> {
     pub fn new(store: &'a mut dyn MetaStore) -> Session<'a> {
-        Session {
-            store,
-            blocks: HashMap::new(),
-            allocated: Vec::new(),
-            freed: HashSet::new(),
-            clean_limit: usize::MAX,
-        }
+        Session { store, blocks: HashMap::new(), allocated: Vec::new(), freed: HashSet::new(), clean_limit: usize::MAX }
     }
 
     pub fn with_clean_limit(store: &'a mut dyn MetaStore, clean_limit: usize) -> Session<'a> {
@@ -58,14 +52,7 @@ impl<'a> Session<'a> {
                 BlockKind::DirIndex => {} // checked by decode_index, which needs the expected level
                 _ => unreachable!("directories use only leaf and index blocks"),
             }
-            self.blocks.insert(
-                block_number,
-                Cached {
-                    block,
-                    kind,
-                    dirty: false,
-                },
-            );
+            self.blocks.insert(block_number, Cached { block, kind, dirty: false });
         }
         let cached = self.blocks.get_mut(&block_number).unwrap();
         if cached.kind != kind {
@@ -104,35 +91,18 @@ impl<'a> Session<'a> {
     pub fn allocate(&mut self, kind: BlockKind, near: u64) -> Result<u64> {
         let block_number = self.store.allocate_meta(near)?;
         self.allocated.push(block_number);
-        if block_number == 0
-            || block_number > MAX_POSITION_BLOCK
-            || self.blocks.contains_key(&block_number)
-        {
+        if block_number == 0 || block_number > MAX_POSITION_BLOCK || self.blocks.contains_key(&block_number) {
             return Err(Error::corruption(format!(
                 "allocator returned block {block_number}, unusable for a directory"
             )));
         }
-        let block = if kind == BlockKind::DirLeaf {
-            new_leaf()
-        } else {
-            zeroed_block()
-        };
-        self.blocks.insert(
-            block_number,
-            Cached {
-                block,
-                kind,
-                dirty: true,
-            },
-        );
+        let block = if kind == BlockKind::DirLeaf { new_leaf() } else { zeroed_block() };
+        self.blocks.insert(block_number, Cached { block, kind, dirty: true });
         Ok(block_number)
     }
 
     pub fn free(&mut self, block_number: u64) {
-        assert!(
-            self.freed.insert(block_number),
-            "directory block {block_number} freed twice in one operation"
-        );
+        assert!(self.freed.insert(block_number), "directory block {block_number} freed twice in one operation");
         self.blocks.remove(&block_number);
     }
 
@@ -152,16 +122,8 @@ impl<'a> Session<'a> {
 
     /// Writes the changes and frees the blocks that became unused.
     pub fn commit(self) -> Result<()> {
-        let Session {
-            store,
-            blocks,
-            freed,
-            ..
-        } = self;
-        let mut dirty: Vec<(u64, Cached)> = blocks
-            .into_iter()
-            .filter(|(_, cached)| cached.dirty)
-            .collect();
+        let Session { store, blocks, freed, .. } = self;
+        let mut dirty: Vec<(u64, Cached)> = blocks.into_iter().filter(|(_, cached)| cached.dirty).collect();
         dirty.sort_by_key(|(block_number, _)| *block_number);
         for (block_number, cached) in dirty {
             store.write_meta(block_number, cached.kind, &cached.block)?;

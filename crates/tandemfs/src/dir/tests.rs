@@ -15,14 +15,8 @@ const SEED: HashSeed = [0x1234_5678, 0x9abc_def0, 0x0fed_cba9, 0x8765_4321];
 
 /// A name of 1..=255 bytes: mostly short, some long, with spaces and UTF-8.
 fn random_name(rng: &mut SmallRng) -> Vec<u8> {
-    const PIECES: [&str; 12] = [
-        "a", "b", "x", "Z", "0", "7", " ", "-", "_", ".", "é", "日本",
-    ];
-    let target = if rng.gen_ratio(1, 20) {
-        rng.gen_range(1..=255)
-    } else {
-        rng.gen_range(1..=24)
-    };
+    const PIECES: [&str; 12] = ["a", "b", "x", "Z", "0", "7", " ", "-", "_", ".", "é", "日本"];
+    let target = if rng.gen_ratio(1, 20) { rng.gen_range(1..=255) } else { rng.gen_range(1..=24) };
     let mut name = Vec::new();
     while name.len() < target {
         let piece = PIECES[rng.gen_range(0..PIECES.len())].as_bytes();
@@ -50,11 +44,7 @@ fn list_all(store: &mut MemoryStore, root: &DirRoot) -> Vec<DirEntry> {
 
 fn assert_clean(store: &mut MemoryStore, root: &DirRoot) -> DirCheck {
     let report = check(store, root, &SEED);
-    assert!(
-        report.problems.is_empty(),
-        "check found: {:?}",
-        &report.problems[..report.problems.len().min(10)]
-    );
+    assert!(report.problems.is_empty(), "check found: {:?}", &report.problems[..report.problems.len().min(10)]);
     report
 }
 
@@ -64,46 +54,18 @@ fn empty_directory_basics() {
     let mut root = create(&mut store).unwrap();
     assert_eq!(DirRoot::decode(&root.encode()).unwrap(), root);
     assert_eq!(lookup(&mut store, &root, &SEED, b"missing").unwrap(), None);
-    assert!(matches!(
-        remove(&mut store, &mut root, &SEED, b"missing"),
-        Err(Error::NotFound)
-    ));
-    assert!(matches!(
-        insert(&mut store, &mut root, &SEED, &[b'a'; 256], 5, 1),
-        Err(Error::NameTooLong)
-    ));
-    assert!(matches!(
-        insert(&mut store, &mut root, &SEED, b"", 5, 1),
-        Err(Error::InvalidArgument(_))
-    ));
+    assert!(matches!(remove(&mut store, &mut root, &SEED, b"missing"), Err(Error::NotFound)));
+    assert!(matches!(insert(&mut store, &mut root, &SEED, &[b'a'; 256], 5, 1), Err(Error::NameTooLong)));
+    assert!(matches!(insert(&mut store, &mut root, &SEED, b"", 5, 1), Err(Error::InvalidArgument(_))));
     insert(&mut store, &mut root, &SEED, b"hello", 42, 1).unwrap();
-    assert!(matches!(
-        insert(&mut store, &mut root, &SEED, b"hello", 43, 1),
-        Err(Error::Exists)
-    ));
-    assert_eq!(
-        lookup(&mut store, &root, &SEED, b"hello").unwrap(),
-        Some((42, 1))
-    );
-    assert_eq!(
-        replace(&mut store, &mut root, &SEED, b"hello", 44, 2).unwrap(),
-        (42, 1)
-    );
+    assert!(matches!(insert(&mut store, &mut root, &SEED, b"hello", 43, 1), Err(Error::Exists)));
+    assert_eq!(lookup(&mut store, &root, &SEED, b"hello").unwrap(), Some((42, 1)));
+    assert_eq!(replace(&mut store, &mut root, &SEED, b"hello", 44, 2).unwrap(), (42, 1));
     let listed = list_all(&mut store, &root);
     assert_eq!(listed.len(), 1);
-    assert_eq!(
-        (
-            listed[0].name.as_slice(),
-            listed[0].inode,
-            listed[0].file_type
-        ),
-        (&b"hello"[..], 44, 2)
-    );
+    assert_eq!((listed[0].name.as_slice(), listed[0].inode, listed[0].file_type), (&b"hello"[..], 44, 2));
     assert!(listed[0].cookie >= FIRST_FREE_COOKIE);
-    assert_eq!(
-        remove(&mut store, &mut root, &SEED, b"hello").unwrap(),
-        (44, 2)
-    );
+    assert_eq!(remove(&mut store, &mut root, &SEED, b"hello").unwrap(), (44, 2));
     assert_eq!(root.entry_count(), 0);
     assert_clean(&mut store, &root);
     destroy(&mut store, root).unwrap();
@@ -195,14 +157,8 @@ fn model_test_grow_to_50000_and_back() {
             let index = rng.gen_range(0..names.len());
             let name = names.swap_remove(index);
             let expected = model.remove(&name).unwrap();
-            assert_eq!(
-                remove(&mut store, &mut root, &SEED, &name).unwrap(),
-                expected
-            );
-            assert!(matches!(
-                remove(&mut store, &mut root, &SEED, &name),
-                Err(Error::NotFound)
-            ));
+            assert_eq!(remove(&mut store, &mut root, &SEED, &name).unwrap(), expected);
+            assert!(matches!(remove(&mut store, &mut root, &SEED, &name), Err(Error::NotFound)));
         } else if choice < 94 {
             if names.is_empty() {
                 continue;
@@ -210,28 +166,14 @@ fn model_test_grow_to_50000_and_back() {
             let name = names[rng.gen_range(0..names.len())].clone();
             let new_value = (rng.gen::<u64>() >> 1, rng.gen_range(1..8));
             let old = model.insert(name.clone(), new_value).unwrap();
-            assert_eq!(
-                replace(
-                    &mut store,
-                    &mut root,
-                    &SEED,
-                    &name,
-                    new_value.0,
-                    new_value.1
-                )
-                .unwrap(),
-                old
-            );
+            assert_eq!(replace(&mut store, &mut root, &SEED, &name, new_value.0, new_value.1).unwrap(), old);
         } else {
             let name = if rng.gen_bool(0.5) && !names.is_empty() {
                 names[rng.gen_range(0..names.len())].clone()
             } else {
                 random_name(&mut rng)
             };
-            assert_eq!(
-                lookup(&mut store, &root, &SEED, &name).unwrap(),
-                model.get(&name).copied()
-            );
+            assert_eq!(lookup(&mut store, &root, &SEED, &name).unwrap(), model.get(&name).copied());
         }
         assert_eq!(root.entry_count(), model.len() as u64);
         peak_depth = peak_depth.max(root.index_depth);
@@ -240,15 +182,11 @@ fn model_test_grow_to_50000_and_back() {
             let report = assert_clean(&mut store, &root);
             assert_eq!(report.entries.len(), model.len());
             let listed = list_all(&mut store, &root);
-            let listed_map: BTreeMap<Vec<u8>, (u64, u8)> = listed
-                .iter()
-                .map(|entry| (entry.name.clone(), (entry.inode, entry.file_type)))
-                .collect();
+            let listed_map: BTreeMap<Vec<u8>, (u64, u8)> =
+                listed.iter().map(|entry| (entry.name.clone(), (entry.inode, entry.file_type))).collect();
             assert_eq!(listed_map, model);
             assert_eq!(listed.len(), model.len());
-            assert!(listed
-                .windows(2)
-                .all(|pair| pair[0].cookie < pair[1].cookie));
+            assert!(listed.windows(2).all(|pair| pair[0].cookie < pair[1].cookie));
         }
     }
     assert_eq!(root.entry_count(), 0);
@@ -258,10 +196,7 @@ fn model_test_grow_to_50000_and_back() {
     assert_clean(&mut store, &root);
     destroy(&mut store, root).unwrap();
     assert_eq!(store.allocated_count(), 0);
-    eprintln!(
-        "model test: {operations} operations, peak index depth {peak_depth}, {:?}",
-        started.elapsed()
-    );
+    eprintln!("model test: {operations} operations, peak index depth {peak_depth}, {:?}", started.elapsed());
 }
 
 /// An operation that fails half way changes nothing: no block written, none leaked.
@@ -270,15 +205,7 @@ fn failed_operation_changes_nothing() {
     let mut store = MemoryStore::new();
     let mut root = create(&mut store).unwrap();
     for index in 0..2000u64 {
-        insert(
-            &mut store,
-            &mut root,
-            &SEED,
-            format!("name-{index}").as_bytes(),
-            index + 1,
-            1,
-        )
-        .unwrap();
+        insert(&mut store, &mut root, &SEED, format!("name-{index}").as_bytes(), index + 1, 1).unwrap();
     }
     // Damage one leaf that is not the first: operations reaching it fail.
     let report = assert_clean(&mut store, &root);
@@ -286,9 +213,7 @@ fn failed_operation_changes_nothing() {
         .blocks
         .iter()
         .rev()
-        .find(|block| {
-            **block != root.first_leaf && store.meta[*block][..4] == LEAF_MAGIC.to_le_bytes()
-        })
+        .find(|block| **block != root.first_leaf && store.meta[*block][..4] == LEAF_MAGIC.to_le_bytes())
         .unwrap();
     let mut block = store.meta[&victim].clone();
     block[LEAF_USED_SLOTS_OFFSET] ^= 0x01; // used count no longer matches the bitmap
@@ -296,44 +221,22 @@ fn failed_operation_changes_nothing() {
     store.meta.insert(victim, block);
     let mut failures = 0;
     for index in 0..4000u64 {
-        let before: BTreeMap<u64, Vec<u8>> = store
-            .meta
-            .iter()
-            .map(|(number, block)| (*number, block.to_vec()))
-            .collect();
+        let before: BTreeMap<u64, Vec<u8>> =
+            store.meta.iter().map(|(number, block)| (*number, block.to_vec())).collect();
         let allocated_before = store.allocated.clone();
         let root_before = root;
         let outcome = if index % 2 == 0 {
-            remove(
-                &mut store,
-                &mut root,
-                &SEED,
-                format!("name-{}", index / 2).as_bytes(),
-            )
-            .map(|_| ())
+            remove(&mut store, &mut root, &SEED, format!("name-{}", index / 2).as_bytes()).map(|_| ())
         } else {
-            insert(
-                &mut store,
-                &mut root,
-                &SEED,
-                format!("other-{index}").as_bytes(),
-                5,
-                1,
-            )
+            insert(&mut store, &mut root, &SEED, format!("other-{index}").as_bytes(), 5, 1)
         };
         if let Err(error) = outcome {
             assert!(error.is_corruption(), "{error:?}");
             failures += 1;
-            let after: BTreeMap<u64, Vec<u8>> = store
-                .meta
-                .iter()
-                .map(|(number, block)| (*number, block.to_vec()))
-                .collect();
+            let after: BTreeMap<u64, Vec<u8>> =
+                store.meta.iter().map(|(number, block)| (*number, block.to_vec())).collect();
             assert!(after == before, "a failed operation wrote blocks");
-            assert_eq!(
-                store.allocated, allocated_before,
-                "a failed operation leaked or freed blocks"
-            );
+            assert_eq!(store.allocated, allocated_before, "a failed operation leaked or freed blocks");
             assert_eq!(root, root_before, "a failed operation changed the root");
         }
     }
@@ -347,9 +250,7 @@ fn readdir_cookies_survive_splits_and_merges() {
     let mut rng = SmallRng::seed_from_u64(99);
     let mut store = MemoryStore::new();
     let mut root = create(&mut store).unwrap();
-    let stable: Vec<Vec<u8>> = (0..3000)
-        .map(|index| format!("stable-{index}").into_bytes())
-        .collect();
+    let stable: Vec<Vec<u8>> = (0..3000).map(|index| format!("stable-{index}").into_bytes()).collect();
     for (index, name) in stable.iter().enumerate() {
         insert(&mut store, &mut root, &SEED, name, index as u64 + 100, 1).unwrap();
     }
@@ -389,17 +290,9 @@ fn readdir_cookies_survive_splits_and_merges() {
         peak_regions = peak_regions.max(root.region_count);
     }
     for name in &stable {
-        assert_eq!(
-            seen.get(name).copied(),
-            Some(1),
-            "{}",
-            String::from_utf8_lossy(name)
-        );
+        assert_eq!(seen.get(name).copied(), Some(1), "{}", String::from_utf8_lossy(name));
     }
-    assert!(
-        seen.values().all(|count| *count == 1),
-        "a name came back twice"
-    );
+    assert!(seen.values().all(|count| *count == 1), "a name came back twice");
     assert_clean(&mut store, &root);
     eprintln!("cookie test: {pages} pages, {volatile_counter} volatile inserts, peak {peak_regions} regions");
 }
@@ -431,10 +324,7 @@ impl MetaStore for CountingStore {
 #[test]
 fn lookup_cost_is_bounded() {
     let mut rng = SmallRng::seed_from_u64(1);
-    let mut store = CountingStore {
-        inner: MemoryStore::new(),
-        reads: 0,
-    };
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0 };
     let mut root = create(&mut store).unwrap();
     let mut count = 0u64;
     let mut results = Vec::new();
@@ -490,27 +380,14 @@ fn lookup_cost_is_bounded() {
             root.leaf_count,
             sample.len()
         );
-        results.push((
-            size,
-            root.index_depth,
-            miss_average,
-            most,
-            hit_average,
-            present_most,
-        ));
+        results.push((size, root.index_depth, miss_average, most, hit_average, present_most));
         let bound = root.index_depth as u64 + 8;
-        assert!(
-            most <= bound && present_most <= bound,
-            "lookup read more than {bound} blocks"
-        );
+        assert!(most <= bound && present_most <= bound, "lookup read more than {bound} blocks");
     }
     // No growth with size beyond the index depth.
     let (_, first_depth, first_miss, ..) = results[0];
     let (_, last_depth, last_miss, ..) = results[2];
-    assert!(
-        last_miss - last_depth as f64 <= first_miss - first_depth as f64 + 3.0,
-        "{results:?}"
-    );
+    assert!(last_miss - last_depth as f64 <= first_miss - first_depth as f64 + 3.0, "{results:?}");
 }
 
 /// The same measurement at millions of entries, for the 10-million target; too slow for every
@@ -521,17 +398,11 @@ fn lookup_cost_is_bounded() {
 #[ignore]
 fn lookup_cost_at_millions() {
     let budget = std::time::Duration::from_secs(
-        std::env::var("DIR_SCALE_SECONDS")
-            .ok()
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(400),
+        std::env::var("DIR_SCALE_SECONDS").ok().and_then(|text| text.parse().ok()).unwrap_or(400),
     );
     let started = Instant::now();
     let mut rng = SmallRng::seed_from_u64(2);
-    let mut store = CountingStore {
-        inner: MemoryStore::new(),
-        reads: 0,
-    };
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0 };
     let mut root = create(&mut store).unwrap();
     let mut count = 0u64;
     let mut checkpoint = 250_000u64;
@@ -568,13 +439,7 @@ fn lookup_cost_at_millions() {
 /// A snapshot of a MemoryStore that allocates past every block of the original.
 fn snapshot(original: &MemoryStore) -> MemoryStore {
     let mut copy = MemoryStore::new();
-    let highest = original
-        .meta
-        .keys()
-        .chain(original.allocated.iter())
-        .copied()
-        .max()
-        .unwrap_or(0);
+    let highest = original.meta.keys().chain(original.allocated.iter()).copied().max().unwrap_or(0);
     for _ in 0..highest {
         copy.allocate_meta(0).unwrap();
     }
@@ -594,15 +459,7 @@ fn corrupt_blocks_give_errors_not_panics() {
     let mut names = Vec::new();
     for index in 0..1500 {
         let name = format!("entry-{index}").into_bytes();
-        insert(
-            &mut pristine,
-            &mut pristine_root,
-            &SEED,
-            &name,
-            index + 1,
-            1,
-        )
-        .unwrap();
+        insert(&mut pristine, &mut pristine_root, &SEED, &name, index + 1, 1).unwrap();
         names.push(name);
     }
     assert!(pristine_root.index_depth >= 1);
@@ -615,18 +472,10 @@ fn corrupt_blocks_give_errors_not_panics() {
         let mut root = pristine_root;
         let block_number = blocks[rng.gen_range(0..blocks.len())];
         let mut block = store.meta[&block_number].clone();
-        let kind = if block[..4] == LEAF_MAGIC.to_le_bytes() {
-            BlockKind::DirLeaf
-        } else {
-            BlockKind::DirIndex
-        };
+        let kind = if block[..4] == LEAF_MAGIC.to_le_bytes() { BlockKind::DirLeaf } else { BlockKind::DirIndex };
         for _ in 0..rng.gen_range(1..=4) {
             // Half the flips hit the headers, where the pointers and counts are.
-            let offset = if rng.gen_bool(0.5) {
-                rng.gen_range(0..64)
-            } else {
-                rng.gen_range(0..META_PAYLOAD_BYTES)
-            };
+            let offset = if rng.gen_bool(0.5) { rng.gen_range(0..64) } else { rng.gen_range(0..META_PAYLOAD_BYTES) };
             block[offset] ^= 1 << rng.gen_range(0..8);
         }
         seal_block(&mut block, kind, block_number);
@@ -636,12 +485,7 @@ fn corrupt_blocks_give_errors_not_panics() {
             outcomes.push(lookup(&mut store, &root, &SEED, name).map(|_| ()));
         }
         outcomes.push(readdir(&mut store, &root, 0, &mut |_| true));
-        outcomes.push(readdir(
-            &mut store,
-            &root,
-            (trial as u64) << 40,
-            &mut |_| true,
-        ));
+        outcomes.push(readdir(&mut store, &root, (trial as u64) << 40, &mut |_| true));
         for index in 0..20 {
             let name = format!("new-{trial}-{index}").into_bytes();
             outcomes.push(insert(&mut store, &mut root, &SEED, &name, 1, 1));
