@@ -4,9 +4,10 @@
 //! a 64-bit key (the name's half-MD4 hash, then a tiebreak that makes the key unique). Dummy
 //! records cut the list into hash regions and count their members; an index of 16-byte
 //! (hash, position) entries finds the dummy of the region a hash falls in, so a lookup reads
-//! the index path and walks one region. Regions split at a pivot hash by relinking, and merge
-//! again when they shrink; no entry ever moves, so a readdir cookie (the key) stays valid.
-//! `docs/DIRECTORIES.md` describes the structure and its bytes.
+//! the index path and walks one region. Regions split at a pivot hash by relinking (no entry
+//! moves) and merge again when they shrink. Entries move only when a region whose records have
+//! spread over too many leaves is compacted; a readdir cookie is the key, not a position, so it
+//! stays valid through all of it. `docs/DIRECTORIES.md` describes the structure and its bytes.
 
 mod check;
 mod format;
