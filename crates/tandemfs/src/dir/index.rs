@@ -28,10 +28,12 @@ fn descend(session: &mut Session, root: &DirRoot, hash: u32) -> Result<Vec<Step>
         let level = root.index_depth - 1 - depth;
         let node = session.index(block_number, level)?;
         let chosen = match node.entries.partition_point(|(entry_hash, _)| *entry_hash <= hash) {
-            0 => return Err(Error::corruption(format!(
+            0 => {
+                return Err(Error::corruption(format!(
                 "directory index block {block_number}: lowest hash {:#x} above {hash:#x} reached through its parent",
                 node.entries[0].0
-            ))),
+            )))
+            }
             after => after - 1,
         };
         if let Some(parent) = path.last() {

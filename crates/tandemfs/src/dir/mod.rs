@@ -133,6 +133,9 @@ struct Found {
     /// Leaves the walk passed through, in order: where a new entry of this region should go,
     /// so that a region's records stay in few blocks and a lookup reads few leaves.
     visited_leaves: Vec<u64>,
+    /// The leaves of the dummy and of the region's entries among them (the walk may end on the
+    /// next region's dummy, whose leaf need not hold anything of this region).
+    member_leaves: Vec<u64>,
 }
 
 fn note_leaf(leaves: &mut Vec<u64>, position: u64) {
@@ -158,6 +161,7 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
         same_hash: Vec::new(),
         before_same_hash: dummy_position,
         visited_leaves: vec![block_of(dummy_position)],
+        member_leaves: vec![block_of(dummy_position)],
     };
     let mut previous = dummy_position;
     let mut previous_key = dummy.key;
@@ -182,6 +186,7 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
             }
             break;
         }
+        note_leaf(&mut found.member_leaves, position);
         if record.key <= previous_key && previous != dummy_position || record.key < previous_key {
             return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
         }
@@ -397,6 +402,8 @@ pub fn insert(
             position = try_place(session, &candidates[known..], record.slots())?;
         }
         let took_new_leaf = position.is_none();
+        let widened =
+            took_new_leaf || position.is_some_and(|position| !found.member_leaves.contains(&block_of(position)));
         let position = match position {
             Some(position) => position,
             None => place(session, root, &candidates, record.slots())?,
@@ -407,8 +414,9 @@ pub fn insert(
         root.entry_count += 1;
         if count >= REGION_SPLIT_ENTRIES {
             split_region(session, root, found.dummy_position)?;
-        } else if took_new_leaf {
-            // The only way an insert widens a region's set of leaves.
+        } else if widened {
+            // The entry may have widened the region's set of leaves (a new leaf, or the leaf of
+            // the next region's dummy): gather the region again if it spread too far.
             compact_region(session, root, found.dummy_position)?;
         }
         Ok(())
