@@ -122,6 +122,14 @@ __device__ __forceinline__ void tweak_times_x32(u32& w0, u32& w1, u32& w2, u32& 
 }
 
 #define XTS_SECTORS_PER_WARP 4
+// Blocks of one lane processed together (independent AES chains for the scheduler to overlap);
+// set by the host through -DXTS_BLOCK_UNROLL so variants can be timed without editing this file.
+#ifndef XTS_BLOCK_UNROLL
+#define XTS_BLOCK_UNROLL 2
+#endif
+#define TANDEM_PRAGMA(text) _Pragma(#text)
+#define TANDEM_UNROLL_(count) TANDEM_PRAGMA(unroll count)
+#define TANDEM_UNROLL(count) TANDEM_UNROLL_(count)
 #define XTS_BLOCKS_PER_SECTOR 256
 
 // The bulk rounds read one round table replicated 32 times, entry e of lane L at word
@@ -210,7 +218,7 @@ __device__ void xts_body(const u32* __restrict__ tables, const XtsKeys& keys, u6
             u32 w3 = __shfl_sync(0xFFFFFFFFu, t3, slot);
             for (u32 step = 0; step < lane; ++step) tweak_double(w0, w1, w2, w3);
             uint4* sector_data = data + (base + slot) * XTS_BLOCKS_PER_SECTOR;
-#pragma unroll 2
+            TANDEM_UNROLL(XTS_BLOCK_UNROLL)
             for (int block = lane; block < XTS_BLOCKS_PER_SECTOR; block += 32) {
                 uint4 value = sector_data[block];
                 u32 s0 = value.x ^ w0, s1 = value.y ^ w1, s2 = value.z ^ w2, s3 = value.w ^ w3;

@@ -24,6 +24,7 @@ Options:
   --threads N           threads for the all-threads rows (default every core)
   --seconds S           minimum measuring time per row (default 0.5)
   --gpu / --no-gpu      require / skip the GPU engine (default: use it when found)
+  --gpus N              use only the first N GPUs for the host in/out rows (default all)
   --no-openssl          skip the OpenSSL comparison
   --no-isal             skip the ISA-L comparison
   --help                this text
@@ -38,6 +39,7 @@ pub struct BenchConfig {
     pub threads: usize,
     pub minimum_seconds: f64,
     pub gpu: Option<bool>,
+    pub gpu_count: Option<usize>,
     pub openssl: bool,
     pub isal: bool,
 }
@@ -83,6 +85,7 @@ impl BenchConfig {
                 .unwrap_or(1),
             minimum_seconds: 0.5,
             gpu: None,
+            gpu_count: None,
             openssl: true,
             isal: true,
         };
@@ -116,6 +119,9 @@ impl BenchConfig {
                 }
                 "--gpu" => config.gpu = Some(true),
                 "--no-gpu" => config.gpu = Some(false),
+                "--gpus" => {
+                    config.gpu_count = Some(value()?.parse().map_err(|_| "bad --gpus".to_string())?)
+                }
                 "--no-openssl" => config.openssl = false,
                 "--no-isal" => config.isal = false,
                 other => return Err(format!("unknown option '{other}'\n\n{HELP}")),
@@ -329,7 +335,12 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
         None
     } else {
         match crate::cuda::CudaSystem::open() {
-            Ok(system) => Some(system),
+            Ok(mut system) => {
+                if let Some(count) = config.gpu_count {
+                    system.devices.truncate(count.max(1));
+                }
+                Some(system)
+            }
             Err(reason) => {
                 if config.gpu == Some(true) {
                     return Err(format!("--gpu given but no GPU engine: {reason}"));

@@ -145,7 +145,19 @@ pub fn kernel_cache_directory() -> Option<PathBuf> {
 /// Returns the image and whether it came from the cache.
 pub fn compiled_kernels(major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBuf)> {
     let architecture = format!("--gpu-architecture=sm_{major}{minor}");
-    let options = [architecture.as_str(), "--std=c++17", "-default-device"];
+    // TANDEM_XTS_UNROLL picks how many XTS blocks a lane keeps in flight (default 2).
+    let unroll = std::env::var("TANDEM_XTS_UNROLL")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(2)
+        .clamp(1, 8);
+    let unroll_option = format!("-DXTS_BLOCK_UNROLL={unroll}");
+    let options = [
+        architecture.as_str(),
+        "--std=c++17",
+        "-default-device",
+        unroll_option.as_str(),
+    ];
     let mut nvrtc_major = 0;
     let mut nvrtc_minor = 0;
     // SAFETY: plain out-parameters.
@@ -403,9 +415,25 @@ impl CudaDevice {
         self.slots[index].lock().expect("stream slot poisoned")
     }
 
-    fn grid(&self, work_blocks: u64) -> u32 {
-        // Grid-stride kernels: enough blocks to fill the device several times over, no more.
-        work_blocks.clamp(1, self.multiprocessors as u64 * 8) as u32
+    /// Grid-stride kernels get exactly one wave: as many blocks as can be resident at once
+    /// (a second, partial wave left up to a third of the device idle in the first H200 runs).
+    fn grid(&self, function: sys::CUfunction, work_blocks: u64) -> u32 {
+        let mut per_multiprocessor = 0;
+        // SAFETY: out-parameter; the function handle belongs to the loaded module.
+        let status = unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_multiprocessor,
+                function,
+                THREADS_PER_BLOCK as i32,
+                0,
+            )
+        };
+        let per_multiprocessor = if status == sys::CUresult::CUDA_SUCCESS {
+            per_multiprocessor.max(1)
+        } else {
+            4
+        };
+        work_blocks.clamp(1, self.multiprocessors as u64 * per_multiprocessor as u64) as u32
     }
 
     unsafe fn launch(
@@ -465,7 +493,7 @@ impl CudaDevice {
         };
         self.launch(
             function,
-            self.grid(warps.div_ceil(8)),
+            self.grid(function, warps.div_ceil(8)),
             stream,
             &mut parameters,
         )
@@ -493,7 +521,7 @@ impl CudaDevice {
         ];
         self.launch(
             self.crc_function,
-            self.grid(blocks.div_ceil(8)),
+            self.grid(self.crc_function, blocks.div_ceil(8)),
             stream,
             &mut parameters,
         )
@@ -541,7 +569,10 @@ impl CudaDevice {
             ];
             self.launch(
                 self.reed_solomon_function,
-                self.grid((shard_bytes / 16).div_ceil(THREADS_PER_BLOCK as u64)),
+                self.grid(
+                    self.reed_solomon_function,
+                    (shard_bytes / 16).div_ceil(THREADS_PER_BLOCK as u64),
+                ),
                 stream,
                 &mut parameters,
             )?;
