@@ -235,8 +235,8 @@ impl Report {
         let mut text = String::new();
         let _ = writeln!(
             text,
-            "{:<28} {:<34} {:>10} {:>12}  {}",
-            "service", "engine", "GB/s", "CPU s/GB", "note"
+            "{:<28} {:<34} {:>10} {:>12}  note",
+            "service", "engine", "GB/s", "CPU s/GB"
         );
         for (service, engine, measurement, note) in &self.rows {
             match measurement {

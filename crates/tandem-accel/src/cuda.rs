@@ -461,6 +461,7 @@ impl CudaDevice {
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn enqueue_xts(
         &self,
         keys: &XtsKeyParameters,
@@ -543,7 +544,9 @@ impl CudaDevice {
         stream: sys::CUstream,
     ) -> Result<()> {
         assert!(
-            shard_bytes % 16 == 0 && input_stride_bytes % 16 == 0 && output_stride_bytes % 16 == 0
+            shard_bytes.is_multiple_of(16)
+                && input_stride_bytes.is_multiple_of(16)
+                && output_stride_bytes.is_multiple_of(16)
         );
         assert!(columns <= RS_MAXIMUM_COLUMNS);
         let mut row = 0;
@@ -662,7 +665,7 @@ impl CudaDevice {
         checksums: &mut [u32],
     ) -> Result<()> {
         check_blocks(data.len(), block_bytes, checksums.len())?;
-        assert!(block_bytes % 512 == 0 && block_bytes <= SLOT_BYTES);
+        assert!(block_bytes.is_multiple_of(512) && block_bytes <= SLOT_BYTES);
         self.bind()?;
         let chunk_bytes = pipeline_chunk_bytes(data.len(), block_bytes);
         let mut markers = Vec::new();
@@ -715,7 +718,7 @@ impl CudaDevice {
     ) -> Result<()> {
         let rows = outputs.len();
         let columns = inputs.len();
-        assert!(columns <= RS_MAXIMUM_COLUMNS && shard_bytes % 16 == 0);
+        assert!(columns <= RS_MAXIMUM_COLUMNS && shard_bytes.is_multiple_of(16));
         self.bind()?;
         // Staging layout in a slot: the matrix, then columns input pieces, then rows outputs.
         let largest_piece = ((SLOT_BYTES - 4096) / (rows + columns)) / 4096 * 4096;
@@ -836,7 +839,7 @@ impl CudaDevice {
         memory: &DeviceMemory,
         bytes: usize,
     ) -> Result<()> {
-        assert!(bytes <= memory.bytes && bytes % SECTOR_SIZE_BYTES == 0);
+        assert!(bytes <= memory.bytes && bytes.is_multiple_of(SECTOR_SIZE_BYTES));
         self.bind()?;
         let keys = XtsKeyParameters {
             data: key_words(match direction {
@@ -868,7 +871,11 @@ impl CudaDevice {
         block_bytes: usize,
         checksums: &DeviceMemory,
     ) -> Result<()> {
-        assert!(bytes <= data.bytes && bytes % block_bytes == 0 && block_bytes % 512 == 0);
+        assert!(
+            bytes <= data.bytes
+                && bytes.is_multiple_of(block_bytes)
+                && block_bytes.is_multiple_of(512)
+        );
         assert!(checksums.bytes >= bytes / block_bytes * 4);
         self.bind()?;
         let slot = self.slot();
@@ -898,7 +905,7 @@ impl CudaDevice {
         assert!(
             matrix.len() == rows * columns
                 && columns <= RS_MAXIMUM_COLUMNS
-                && shard_bytes % 16 == 0
+                && shard_bytes.is_multiple_of(16)
         );
         assert!(inputs.bytes >= columns * shard_bytes && outputs.bytes >= rows * shard_bytes);
         self.bind()?;
@@ -1054,7 +1061,7 @@ impl Engine for CudaEngine {
 
     fn crc32c_blocks(&self, data: &[u8], block_bytes: usize, checksums: &mut [u32]) -> Result<()> {
         check_blocks(data.len(), block_bytes, checksums.len())?;
-        if block_bytes % 512 != 0 || block_bytes > SLOT_BYTES {
+        if !block_bytes.is_multiple_of(512) || block_bytes > SLOT_BYTES {
             return self.cpu.crc32c_blocks(data, block_bytes, checksums);
         }
         let shares = self.shares(checksums.len());
