@@ -54,6 +54,13 @@ fn library_present(names: &[&CStr]) -> Option<String> {
     None
 }
 
+/// Looks for libnvrtc alone (compiling kernels needs no GPU).
+pub fn probe_nvrtc() -> std::result::Result<(), String> {
+    library_present(&[c"libnvrtc.so", c"libnvrtc.so.13", c"libnvrtc.so.12"])
+        .map(|_| ())
+        .ok_or_else(|| "libnvrtc.so not found (add CUDA's lib64 to LD_LIBRARY_PATH)".to_string())
+}
+
 /// Looks for libcuda and libnvrtc without touching cudarc.
 pub fn probe() -> std::result::Result<(), String> {
     static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
