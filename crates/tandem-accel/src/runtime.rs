@@ -696,6 +696,35 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
         pending.state.complete(result);
         return;
     }
+    let batch_bytes: usize = members.iter().map(|member| member.request.bytes()).sum();
+    if shared
+        .engine_for(members[0].request.service(), batch_bytes)
+        .kind()
+        == crate::engine::EngineKind::Cpu
+    {
+        // The CPU needs no contiguous copy: run the members where they lie, spread over the
+        // engine's threads (each member is small, so each runs single-threaded).
+        let threads = (batch_bytes / (256 << 10)).clamp(1, shared.cpu.threads());
+        let per_thread = members.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            for group in members.chunks_mut(per_thread) {
+                scope.spawn(move || {
+                    for member in group.iter_mut() {
+                        let request = std::mem::replace(
+                            &mut member.request,
+                            Request::Crc32cBlocks {
+                                data: HostBuffer::from_vec(Vec::new()),
+                                block_bytes: 1,
+                            },
+                        );
+                        let result = execute_single(shared, request);
+                        member.state.complete(result);
+                    }
+                });
+            }
+        });
+        return;
+    }
     let bytes: usize = members.iter().map(|member| member.request.bytes()).sum();
     let engine = shared.engine_for(members[0].request.service(), bytes);
     let results: Vec<Result<Response>> = match &members[0].request {
