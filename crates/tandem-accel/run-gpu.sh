@@ -26,3 +26,9 @@ if [ "$gpus" -gt 1 ]; then
   "$here/bench_services" --size 64M --gpu-size 2G --services xts,rs --rs-shapes 8+2 --seconds 1 --no-openssl --no-isal 2>&1 | tee "$OUT/bench-all-gpus.log"
 fi
 ls -la /tmp/accel-cache/tandemfs/ptx 2>&1 | tee -a "$OUT/bench.log"
+if [ -n "${XTS_UNROLL_VARIANTS:-}" ]; then
+  for unroll in $XTS_UNROLL_VARIANTS; do
+    echo "== XTS kernel with TANDEM_XTS_UNROLL=$unroll"
+    TANDEM_XTS_UNROLL=$unroll "$here/bench_services" --size 16M --gpu-size 1G --services xts --seconds 1 --gpus 1 --no-openssl --no-isal 2>&1 | grep -E "gpu|GPU" | tee -a "$OUT/xts-variants.log"
+  done
+fi

@@ -152,11 +152,12 @@ pub fn kernel_cache_directory() -> Option<PathBuf> {
 /// Returns the image and whether it came from the cache.
 pub fn compiled_kernels(major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBuf)> {
     let architecture = format!("--gpu-architecture=sm_{major}{minor}");
-    // TANDEM_XTS_UNROLL picks how many XTS blocks a lane keeps in flight (default 2).
+    // TANDEM_XTS_UNROLL picks how many XTS blocks a lane keeps in flight (default 1, the
+    // fastest measured; see kernels/services.cu).
     let unroll = std::env::var("TANDEM_XTS_UNROLL")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(2)
+        .unwrap_or(1)
         .clamp(1, 8);
     let unroll_option = format!("-DXTS_BLOCK_UNROLL={unroll}");
     let options = [

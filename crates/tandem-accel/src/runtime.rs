@@ -383,7 +383,13 @@ impl Accelerator {
                     .thresholds
                     .bytes
                     .iter()
-                    .map(|(service, bytes)| format!("{service:?} ≥ {bytes} B"))
+                    .map(|(service, &bytes)| {
+                        if bytes == usize::MAX {
+                            format!("{service:?}: CPU at every size (it was faster up to 16 MiB, the largest tried)")
+                        } else {
+                            format!("{service:?}: GPU from {bytes} B")
+                        }
+                    })
                     .collect();
                 entries.sort();
                 text += &format!(
