@@ -704,7 +704,8 @@ impl FileSystem {
             if let Some(permissions) = changes.permissions {
                 image.mode = file_type.mode_bits() | permissions;
             }
-            let owner_changed = changes.uid.is_some_and(|uid| uid != image.uid) || changes.gid.is_some_and(|gid| gid != image.gid);
+            let owner_changed =
+                changes.uid.is_some_and(|uid| uid != image.uid) || changes.gid.is_some_and(|gid| gid != image.gid);
             if let Some(uid) = changes.uid {
                 image.uid = uid;
             }
@@ -769,7 +770,14 @@ impl FileSystem {
         self.create_node(parent, name, file_type, permissions, uid, gid, rdev, &[])
     }
 
-    pub fn make_directory(&self, parent: InodeNumber, name: &[u8], permissions: u32, uid: u32, gid: u32) -> Result<Attributes> {
+    pub fn make_directory(
+        &self,
+        parent: InodeNumber,
+        name: &[u8],
+        permissions: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attributes> {
         self.create_node(parent, name, FileType::Directory, permissions, uid, gid, 0, &[])
     }
 
@@ -1023,7 +1031,8 @@ impl FileSystem {
             if directory {
                 parent_image.link_count -= 1;
             }
-            let op = Op::Unlink { parent: parent_image.clone(), name: name.to_vec(), inode: image.clone(), disposition };
+            let op =
+                Op::Unlink { parent: parent_image.clone(), name: name.to_vec(), inode: image.clone(), disposition };
             let Some((lsn, _)) = self.append(op, 0)? else {
                 return Ok(None);
             };
@@ -1051,7 +1060,14 @@ impl FileSystem {
         Err(Error::corruption("directory parent chain does not reach the root"))
     }
 
-    pub fn rename(&self, parent: InodeNumber, name: &[u8], new_parent: InodeNumber, new_name: &[u8], mode: RenameMode) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: InodeNumber,
+        name: &[u8],
+        new_parent: InodeNumber,
+        new_name: &[u8],
+        mode: RenameMode,
+    ) -> Result<()> {
         check_name(name)?;
         check_name(new_name)?;
         self.with_space(|| {
@@ -1063,7 +1079,11 @@ impl FileSystem {
             let (source, source_type) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
             let target = self.find_name(&mut front, new_parent, new_name)?;
             if parent == new_parent && name == new_name {
-                return if mode == RenameMode::Exchange || mode == RenameMode::Replace { Ok(Some(())) } else { Err(Error::Exists) };
+                return if mode == RenameMode::Exchange || mode == RenameMode::Replace {
+                    Ok(Some(()))
+                } else {
+                    Err(Error::Exists)
+                };
             }
             match (mode, target) {
                 (RenameMode::Exchange, None) => return Err(Error::NotFound),
@@ -1184,7 +1204,9 @@ impl FileSystem {
                 FileSystem::settle(&mut front, other, disposition);
             }
             match (kind, target) {
-                (RenameKind::Exchange, Some(other)) => FileSystem::overlay_name(&mut front, parent, name, Some(other), lsn),
+                (RenameKind::Exchange, Some(other)) => {
+                    FileSystem::overlay_name(&mut front, parent, name, Some(other), lsn)
+                }
                 _ => FileSystem::overlay_name(&mut front, parent, name, None, lsn),
             }
             FileSystem::overlay_name(&mut front, new_parent, new_name, Some((source, source_type)), lsn);
@@ -1258,7 +1280,9 @@ impl FileSystem {
                 .pending_writes
                 .iter()
                 .filter(|write| write.lsn > structural)
-                .filter(|write| write.offset < offset + length as u64 && write.offset + write.data.len() as u64 > offset)
+                .filter(|write| {
+                    write.offset < offset + length as u64 && write.offset + write.data.len() as u64 > offset
+                })
                 .map(|write| (write.offset, write.data.clone()))
                 .collect();
             let guard = if hold {
@@ -1297,7 +1321,8 @@ impl FileSystem {
         if data.is_empty() {
             return Ok(0);
         }
-        let end = offset.checked_add(data.len() as u64).filter(|end| *end <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
+        let end =
+            offset.checked_add(data.len() as u64).filter(|end| *end <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
         let _ = end;
         let mut done = 0usize;
         for chunk in data.chunks(self.inner.max_record_data_bytes) {
@@ -1332,12 +1357,23 @@ impl FileSystem {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, false);
-            front.views.get_mut(&inode).unwrap().pending_writes.push(PendingWrite { lsn, offset, data: shared.clone() });
+            front.views.get_mut(&inode).unwrap().pending_writes.push(PendingWrite {
+                lsn,
+                offset,
+                data: shared.clone(),
+            });
             Ok(Some(()))
         })
     }
 
-    fn range_operation(&self, inode: InodeNumber, kind: RangeKind, offset: u64, length: u64, keep_size: bool) -> Result<()> {
+    fn range_operation(
+        &self,
+        inode: InodeNumber,
+        kind: RangeKind,
+        offset: u64,
+        length: u64,
+        keep_size: bool,
+    ) -> Result<()> {
         if length == 0 {
             return Err(Error::invalid("range length must not be zero"));
         }
@@ -1355,7 +1391,9 @@ impl FileSystem {
             let new_size = match kind {
                 RangeKind::Insert => {
                     if offset > size {
-                        return Err(Error::invalid(format!("insert at {offset} lies beyond the end of the file ({size})")));
+                        return Err(Error::invalid(format!(
+                            "insert at {offset} lies beyond the end of the file ({size})"
+                        )));
                     }
                     size.checked_add(length).filter(|size| *size <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?
                 }
@@ -1453,11 +1491,18 @@ impl FileSystem {
             (view.structural_lsn, view.attributes.parent)
         };
         self.wait_applied(structural)?;
-        if after_cookie < 1 && !visit(&DirectoryEntry { name: b".".to_vec(), inode, file_type: FileType::Directory, cookie: 1 }) {
+        if after_cookie < 1
+            && !visit(&DirectoryEntry { name: b".".to_vec(), inode, file_type: FileType::Directory, cookie: 1 })
+        {
             return Ok(());
         }
         if after_cookie < 2
-            && !visit(&DirectoryEntry { name: b"..".to_vec(), inode: parent, file_type: FileType::Directory, cookie: 2 })
+            && !visit(&DirectoryEntry {
+                name: b"..".to_vec(),
+                inode: parent,
+                file_type: FileType::Directory,
+                cookie: 2,
+            })
         {
             return Ok(());
         }
@@ -1467,7 +1512,8 @@ impl FileSystem {
         let mut failure = None;
         dir::readdir(&mut *volume, &root, after_cookie.max(2), &mut |entry| {
             let Some(file_type) = FileType::from_dirent_type(entry.file_type) else {
-                failure = Some(Error::corruption(format!("directory {inode}: entry type {} is unknown", entry.file_type)));
+                failure =
+                    Some(Error::corruption(format!("directory {inode}: entry type {} is unknown", entry.file_type)));
                 return false;
             };
             visit(&DirectoryEntry { name: entry.name.clone(), inode: entry.inode, file_type, cookie: entry.cookie })

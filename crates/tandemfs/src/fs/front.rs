@@ -74,7 +74,8 @@ impl InodeView {
         let image = &self.attributes;
         // Pending data is not placed yet; count it so that `du` and sparse-file heuristics see
         // written bytes at once.
-        let pending_blocks: u64 = self.pending_writes.iter().map(|write| (write.data.len() as u64).div_ceil(4096)).sum();
+        let pending_blocks: u64 =
+            self.pending_writes.iter().map(|write| (write.data.len() as u64).div_ceil(4096)).sum();
         Attributes {
             inode: image.inode_number,
             generation: image.generation,
