@@ -40,6 +40,12 @@ const FALLOCATE_COLLAPSE_RANGE: i32 = 0x08;
 const FALLOCATE_ZERO_RANGE: i32 = 0x10;
 const FALLOCATE_INSERT_RANGE: i32 = 0x20;
 
+/// Size of one readdirplus record without its name (entry, attributes, padding), and how many
+/// bytes of records to gather per request: enough to fill the kernel's usual one-page buffer
+/// several times over without fetching attributes for many entries that will not fit.
+const DIRECTORY_PLUS_ENTRY_BYTES: usize = 152;
+const DIRECTORY_PLUS_BATCH_BYTES: usize = 32 << 10;
+
 const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
 
@@ -303,23 +309,23 @@ impl fuser::Filesystem for Adapter {
             // A negative entry (inode 0) lets the kernel remember that the name does not
             // exist; creating it later goes through the kernel, which drops that memory.
             Err(Error::NotFound) => {
-                let mut absent = file_attr(&Attributes {
-                    inode: 0,
-                    generation: 0,
-                    file_type: FileType::Regular,
-                    permissions: 0,
-                    link_count: 0,
+                let absent = FileAttr {
+                    ino: INodeNo(0),
+                    size: 0,
+                    blocks: 0,
+                    atime: UNIX_EPOCH,
+                    mtime: UNIX_EPOCH,
+                    ctime: UNIX_EPOCH,
+                    crtime: UNIX_EPOCH,
+                    kind: fuser::FileType::RegularFile,
+                    perm: 0,
+                    nlink: 0,
                     uid: 0,
                     gid: 0,
-                    size_bytes: 0,
-                    blocks_512: 0,
-                    access_time_ns: 0,
-                    modify_time_ns: 0,
-                    change_time_ns: 0,
-                    birth_time_ns: 0,
                     rdev: 0,
-                });
-                absent.ino = INodeNo(0);
+                    blksize: PREFERRED_IO_BYTES,
+                    flags: 0,
+                };
                 reply.entry(&CACHE_TIMEOUT, &absent, Generation(0))
             }
             Err(error) => reply.error(fuse_errno(&error)),
@@ -689,16 +695,26 @@ impl fuser::Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let mut failure = None;
-        let result = self.fs.read_directory(inode.0, offset, &mut |entry| {
+        // Gather a batch of entries first and fetch their attributes after the listing call
+        // has returned, so the engine is never re-entered from inside its own directory walk.
+        // Entries that do not fit the reply are listed again by the next request, which
+        // resumes after the last cookie the kernel received.
+        let mut entries = Vec::new();
+        let mut estimated_bytes = 0usize;
+        let listed = self.fs.read_directory(inode.0, offset, &mut |entry| {
+            estimated_bytes += DIRECTORY_PLUS_ENTRY_BYTES + entry.name.len();
+            entries.push(entry.clone());
+            estimated_bytes < DIRECTORY_PLUS_BATCH_BYTES
+        });
+        if let Err(error) = listed {
+            return reply.error(fuse_errno(&error));
+        }
+        for entry in entries {
             let attributes = match self.fs.get_attributes(entry.inode) {
                 Ok(attributes) => attributes,
-                // Removed since the listing started: leave it out.
-                Err(Error::NotFound) => return true,
-                Err(error) => {
-                    failure = Some(error);
-                    return false;
-                }
+                // Removed since the listing: leave it out.
+                Err(Error::NotFound) => continue,
+                Err(error) => return reply.error(fuse_errno(&error)),
             };
             let full = reply.add(
                 INodeNo(entry.inode),
@@ -708,12 +724,11 @@ impl fuser::Filesystem for Adapter {
                 &file_attr(&attributes),
                 Generation(attributes.generation),
             );
-            !full
-        });
-        match result.and_then(|()| failure.map_or(Ok(()), Err)) {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(fuse_errno(&error)),
+            if full {
+                break;
+            }
         }
+        reply.ok();
     }
 
     fn releasedir(
