@@ -46,6 +46,15 @@ const FALLOCATE_INSERT_RANGE: i32 = 0x20;
 const DIRECTORY_PLUS_ENTRY_BYTES: usize = 152;
 const DIRECTORY_PLUS_BATCH_BYTES: usize = 32 << 10;
 
+/// Extended attributes that carry POSIX ACLs. The engine has no ACLs and FUSE_POSIX_ACL is
+/// not negotiated, so the kernel would pass these through as plain attributes, and storing one
+/// would make `cp -a`, tar and rsync believe they had set the mode through it and skip their
+/// chmod. Refusing them all with EOPNOTSUPP, as ext4 mounted without ACLs does, makes those
+/// programs fall back to chmod.
+fn is_acl_attribute(name: &[u8]) -> bool {
+    name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
+}
+
 const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
 
@@ -785,6 +794,9 @@ impl fuser::Filesystem for Adapter {
             XATTR_REPLACE => XattrMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
+        if is_acl_attribute(name_bytes(name)) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         if let Err(errno) = self.check_access(&Caller::of(request), inode.0, WRITE) {
             return reply.error(errno);
         }
@@ -802,6 +814,9 @@ impl fuser::Filesystem for Adapter {
         size: u32,
         reply: ReplyXattr,
     ) {
+        if is_acl_attribute(name_bytes(name)) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         if let Err(errno) = self.check_access(&Caller::of(request), inode.0, READ) {
             return reply.error(errno);
         }
@@ -839,6 +854,9 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn removexattr(&self, request: &Request, inode: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_acl_attribute(name_bytes(name)) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         if let Err(errno) = self.check_access(&Caller::of(request), inode.0, WRITE) {
             return reply.error(errno);
         }
@@ -1003,3 +1021,4 @@ impl fuser::Filesystem for Adapter {
         }
     }
 }
+
