@@ -144,7 +144,7 @@ export -f is_mounted mount_volume unmount_volume as_nobody expect_failure tree_l
 test_mkfs_and_mount() {
     "$TANDEM" mkfs "$IMG" --size 2G
     mount_volume
-    stat -f -c '%l' "$MNT" | grep -qx 255
+    test "$(stat -f -c '%l' "$MNT")" = 255
     df -P "$MNT" | tail -1
     test "$(stat -c %i "$MNT")" = 1
 }
@@ -389,7 +389,7 @@ test_xattrs() {
     big=$(head -c 3000 /dev/zero | tr '\0' 'v')
     setfattr -n user.big -v "$big" "$MNT/xattr"
     test "$(getfattr --only-values -n user.big "$MNT/xattr")" = "$big"
-    getfattr -d "$MNT/xattr" | grep -q 'user.colour="blue"'
+    getfattr -d "$MNT/xattr" | grep 'user.colour="blue"' >/dev/null
     setfattr -x user.colour "$MNT/xattr"
     expect_failure "No such attribute" getfattr -n user.colour "$MNT/xattr"
     mkdir "$MNT/xattr-dir"
@@ -682,12 +682,12 @@ test_c_example() {
 
 record_state() {
     (cd "$MNT" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 md5sum) >"$WORK/sums"
-    tree_listing "$MNT" | grep -v -e '^d \. ' >"$WORK/listing"
+    tree_listing "$MNT" >"$WORK/listing"
 }
 
 check_state() {
     diff <(cd "$MNT" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 md5sum) "$WORK/sums"
-    diff <(tree_listing "$MNT" | grep -v -e '^d \. ') "$WORK/listing"
+    diff <(tree_listing "$MNT") "$WORK/listing"
 }
 export -f record_state check_state
 
