@@ -1,1 +1,4 @@
-fn main() { eprintln!("tandem: not yet built"); std::process::exit(2); }
+fn main() {
+    eprintln!("tandem: not yet built");
+    std::process::exit(2);
+}
