@@ -8,15 +8,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig,
+    LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use tandemfs::error::Error;
-use tandemfs::fs::{
-    Attributes, FileSystem, FileType, InodeNumber, RenameMode, SetAttributes, TimeToSet, XattrMode,
-};
+use tandemfs::fs::{Attributes, FileSystem, FileType, InodeNumber, RenameMode, SetAttributes, TimeToSet, XattrMode};
 
 use crate::errno::fuse_errno;
 use crate::ioctl::{self, RangeRequest};
@@ -67,16 +65,8 @@ pub(crate) struct Adapter {
 }
 
 impl Adapter {
-    pub(crate) fn new(
-        fs: FileSystem,
-        kernel_checks_permissions: bool,
-        notifier: Arc<OnceLock<Notifier>>,
-    ) -> Adapter {
-        Adapter {
-            fs,
-            kernel_checks_permissions,
-            notifier,
-        }
+    pub(crate) fn new(fs: FileSystem, kernel_checks_permissions: bool, notifier: Arc<OnceLock<Notifier>>) -> Adapter {
+        Adapter { fs, kernel_checks_permissions, notifier }
     }
 
     /// Access check for mounts without `default_permissions`; with it, the kernel has already
@@ -85,10 +75,7 @@ impl Adapter {
         if self.kernel_checks_permissions {
             return Ok(());
         }
-        let attributes = self
-            .fs
-            .get_attributes(inode)
-            .map_err(|error| fuse_errno(&error))?;
+        let attributes = self.fs.get_attributes(inode).map_err(|error| fuse_errno(&error))?;
         if permissions::allows(caller, &attributes, mask) {
             Ok(())
         } else {
@@ -98,27 +85,17 @@ impl Adapter {
 
     /// Write and search access to `parent`, and the sticky-directory rule for `name` when it
     /// is being removed or replaced.
-    fn check_directory_change(
-        &self,
-        caller: &Caller,
-        parent: InodeNumber,
-        name: Option<&[u8]>,
-    ) -> Result<(), Errno> {
+    fn check_directory_change(&self, caller: &Caller, parent: InodeNumber, name: Option<&[u8]>) -> Result<(), Errno> {
         if self.kernel_checks_permissions {
             return Ok(());
         }
-        let directory = self
-            .fs
-            .get_attributes(parent)
-            .map_err(|error| fuse_errno(&error))?;
+        let directory = self.fs.get_attributes(parent).map_err(|error| fuse_errno(&error))?;
         if !permissions::allows(caller, &directory, WRITE | EXECUTE) {
             return Err(Errno::EACCES);
         }
         if let Some(name) = name {
             match self.fs.lookup(parent, name) {
-                Ok(victim) if !permissions::sticky_allows(caller, &directory, &victim) => {
-                    return Err(Errno::EPERM)
-                }
+                Ok(victim) if !permissions::sticky_allows(caller, &directory, &victim) => return Err(Errno::EPERM),
                 _ => {}
             }
         }
@@ -141,11 +118,7 @@ impl Adapter {
 
     fn reply_entry(&self, reply: ReplyEntry, result: Result<Attributes, Error>) {
         match result {
-            Ok(attributes) => reply.entry(
-                &CACHE_TIMEOUT,
-                &file_attr(&attributes),
-                Generation(attributes.generation),
-            ),
+            Ok(attributes) => reply.entry(&CACHE_TIMEOUT, &file_attr(&attributes), Generation(attributes.generation)),
             Err(error) => reply.error(fuse_errno(&error)),
         }
     }
@@ -180,22 +153,22 @@ impl Adapter {
                     return Err(Errno::from_i32(libc::EOPNOTSUPP));
                 }
                 let data =
-                    ioctl::read_caller_memory(caller.thread_id, request.data, request.length)
-                        .map_err(|error| match error.raw_os_error() {
+                    ioctl::read_caller_memory(caller.thread_id, request.data, request.length).map_err(|error| {
+                        match error.raw_os_error() {
                             Some(libc::EFAULT) => Errno::EFAULT,
                             Some(libc::ENOMEM) => Errno::ENOMEM,
                             // Not allowed to read the caller (another user without ptrace
                             // rights, another PID namespace): let the caller fall back.
                             _ => Errno::from_i32(libc::EOPNOTSUPP),
-                        })?;
+                        }
+                    })?;
                 self.fs.insert(inode, request.offset, &data)
             }
         } else {
             if request.data != 0 {
                 return Err(Errno::EINVAL);
             }
-            self.fs
-                .collapse_range(inode, request.offset, request.length)
+            self.fs.collapse_range(inode, request.offset, request.length)
         };
         // Invalidate even after a failure: the engine may have changed part of the range.
         self.invalidate_from(inode, request.offset);
@@ -211,10 +184,7 @@ fn handle_for(flags: OpenFlags) -> FileHandle {
 
 fn opened_for_writing(handle: FileHandle) -> bool {
     let flags = OpenFlags(handle.0 as u32 as i32);
-    matches!(
-        flags.acc_mode(),
-        OpenAccMode::O_WRONLY | OpenAccMode::O_RDWR
-    )
+    matches!(flags.acc_mode(), OpenAccMode::O_WRONLY | OpenAccMode::O_RDWR)
 }
 
 fn name_bytes(name: &OsStr) -> &[u8] {
@@ -310,11 +280,7 @@ impl fuser::Filesystem for Adapter {
             return reply.error(errno);
         }
         match self.fs.lookup(parent.0, name_bytes(name)) {
-            Ok(attributes) => reply.entry(
-                &CACHE_TIMEOUT,
-                &file_attr(&attributes),
-                Generation(attributes.generation),
-            ),
+            Ok(attributes) => reply.entry(&CACHE_TIMEOUT, &file_attr(&attributes), Generation(attributes.generation)),
             // A negative entry (inode 0) lets the kernel remember that the name does not
             // exist; creating it later goes through the kernel, which drops that memory.
             Err(Error::NotFound) => {
@@ -341,13 +307,7 @@ impl fuser::Filesystem for Adapter {
         }
     }
 
-    fn getattr(
-        &self,
-        _request: &Request,
-        inode: INodeNo,
-        _handle: Option<FileHandle>,
-        reply: ReplyAttr,
-    ) {
+    fn getattr(&self, _request: &Request, inode: INodeNo, _handle: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.get_attributes(inode.0) {
             Ok(attributes) => reply.attr(&CACHE_TIMEOUT, &file_attr(&attributes)),
             Err(error) => reply.error(fuse_errno(&error)),
@@ -441,66 +401,36 @@ impl fuser::Filesystem for Adapter {
         self.reply_entry(reply, result);
     }
 
-    fn mkdir(
-        &self,
-        request: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
+    fn mkdir(&self, request: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
         let caller = Caller::of(request);
         if let Err(errno) = self.check_directory_change(&caller, parent.0, None) {
             return reply.error(errno);
         }
-        let result = self.fs.make_directory(
-            parent.0,
-            name_bytes(name),
-            mode & 0o7777,
-            caller.uid,
-            caller.gid,
-        );
+        let result = self.fs.make_directory(parent.0, name_bytes(name), mode & 0o7777, caller.uid, caller.gid);
         self.reply_entry(reply, result);
     }
 
     fn unlink(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if let Err(errno) =
-            self.check_directory_change(&Caller::of(request), parent.0, Some(name_bytes(name)))
-        {
+        if let Err(errno) = self.check_directory_change(&Caller::of(request), parent.0, Some(name_bytes(name))) {
             return reply.error(errno);
         }
         Self::reply_empty(reply, self.fs.unlink(parent.0, name_bytes(name)));
     }
 
     fn rmdir(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if let Err(errno) =
-            self.check_directory_change(&Caller::of(request), parent.0, Some(name_bytes(name)))
-        {
+        if let Err(errno) = self.check_directory_change(&Caller::of(request), parent.0, Some(name_bytes(name))) {
             return reply.error(errno);
         }
         Self::reply_empty(reply, self.fs.remove_directory(parent.0, name_bytes(name)));
     }
 
-    fn symlink(
-        &self,
-        request: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
+    fn symlink(&self, request: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let caller = Caller::of(request);
         if let Err(errno) = self.check_directory_change(&caller, parent.0, None) {
             return reply.error(errno);
         }
-        let result = self.fs.symlink(
-            parent.0,
-            name_bytes(link_name),
-            target.as_os_str().as_bytes(),
-            caller.uid,
-            caller.gid,
-        );
+        let result =
+            self.fs.symlink(parent.0, name_bytes(link_name), target.as_os_str().as_bytes(), caller.uid, caller.gid);
         self.reply_entry(reply, result);
     }
 
@@ -527,32 +457,14 @@ impl fuser::Filesystem for Adapter {
         let caller = Caller::of(request);
         if let Err(errno) = self
             .check_directory_change(&caller, parent.0, Some(name_bytes(name)))
-            .and_then(|()| {
-                self.check_directory_change(&caller, new_parent.0, Some(name_bytes(new_name)))
-            })
+            .and_then(|()| self.check_directory_change(&caller, new_parent.0, Some(name_bytes(new_name))))
         {
             return reply.error(errno);
         }
-        Self::reply_empty(
-            reply,
-            self.fs.rename(
-                parent.0,
-                name_bytes(name),
-                new_parent.0,
-                name_bytes(new_name),
-                mode,
-            ),
-        );
+        Self::reply_empty(reply, self.fs.rename(parent.0, name_bytes(name), new_parent.0, name_bytes(new_name), mode));
     }
 
-    fn link(
-        &self,
-        request: &Request,
-        inode: INodeNo,
-        new_parent: INodeNo,
-        new_name: &OsStr,
-        reply: ReplyEntry,
-    ) {
+    fn link(&self, request: &Request, inode: INodeNo, new_parent: INodeNo, new_name: &OsStr, reply: ReplyEntry) {
         if let Err(errno) = self.check_directory_change(&Caller::of(request), new_parent.0, None) {
             return reply.error(errno);
         }
@@ -650,14 +562,7 @@ impl fuser::Filesystem for Adapter {
         Self::reply_empty(reply, self.fs.release_inode(inode.0));
     }
 
-    fn fsync(
-        &self,
-        _request: &Request,
-        inode: INodeNo,
-        _handle: FileHandle,
-        data_only: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn fsync(&self, _request: &Request, inode: INodeNo, _handle: FileHandle, data_only: bool, reply: ReplyEmpty) {
         Self::reply_empty(reply, self.fs.fsync(inode.0, data_only));
     }
 
@@ -671,14 +576,7 @@ impl fuser::Filesystem for Adapter {
         }
     }
 
-    fn readdir(
-        &self,
-        _request: &Request,
-        inode: INodeNo,
-        _handle: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+    fn readdir(&self, _request: &Request, inode: INodeNo, _handle: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         // The kernel's offset is the cookie of the last entry it received; engine cookies stay
         // valid across directory splits, so a listing resumes exactly where it stopped.
         let result = self.fs.read_directory(inode.0, offset, &mut |entry| {
@@ -751,14 +649,7 @@ impl fuser::Filesystem for Adapter {
         Self::reply_empty(reply, self.fs.release_inode(inode.0));
     }
 
-    fn fsyncdir(
-        &self,
-        _request: &Request,
-        inode: INodeNo,
-        _handle: FileHandle,
-        data_only: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn fsyncdir(&self, _request: &Request, inode: INodeNo, _handle: FileHandle, data_only: bool, reply: ReplyEmpty) {
         Self::reply_empty(reply, self.fs.fsync(inode.0, data_only));
     }
 
@@ -800,20 +691,10 @@ impl fuser::Filesystem for Adapter {
         if let Err(errno) = self.check_access(&Caller::of(request), inode.0, WRITE) {
             return reply.error(errno);
         }
-        Self::reply_empty(
-            reply,
-            self.fs.set_xattr(inode.0, name_bytes(name), value, mode),
-        );
+        Self::reply_empty(reply, self.fs.set_xattr(inode.0, name_bytes(name), value, mode));
     }
 
-    fn getxattr(
-        &self,
-        request: &Request,
-        inode: INodeNo,
-        name: &OsStr,
-        size: u32,
-        reply: ReplyXattr,
-    ) {
+    fn getxattr(&self, request: &Request, inode: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         if is_acl_attribute(name_bytes(name)) {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
         }
@@ -867,9 +748,7 @@ impl fuser::Filesystem for Adapter {
         // Only called without `default_permissions`. F_OK (mask 0) asks for existence only.
         let wanted = mask.bits() as u32 & (READ | WRITE | EXECUTE);
         match self.fs.get_attributes(inode.0) {
-            Ok(attributes) if permissions::allows(&Caller::of(request), &attributes, wanted) => {
-                reply.ok()
-            }
+            Ok(attributes) if permissions::allows(&Caller::of(request), &attributes, wanted) => reply.ok(),
             Ok(_) => reply.error(Errno::EACCES),
             Err(error) => reply.error(fuse_errno(&error)),
         }
@@ -890,15 +769,7 @@ impl fuser::Filesystem for Adapter {
             return reply.error(errno);
         }
         let name = name_bytes(name);
-        let created = self.fs.create(
-            parent.0,
-            name,
-            FileType::Regular,
-            mode & 0o7777,
-            caller.uid,
-            caller.gid,
-            0,
-        );
+        let created = self.fs.create(parent.0, name, FileType::Regular, mode & 0o7777, caller.uid, caller.gid, 0);
         let attributes = match created {
             Ok(attributes) => attributes,
             // The kernel believed the name was free but another request created it in the
@@ -912,10 +783,7 @@ impl fuser::Filesystem for Adapter {
                     return reply.error(Errno::EISDIR);
                 }
                 if flags & libc::O_TRUNC != 0 && existing.size_bytes != 0 {
-                    let truncate = SetAttributes {
-                        size_bytes: Some(0),
-                        ..Default::default()
-                    };
+                    let truncate = SetAttributes { size_bytes: Some(0), ..Default::default() };
                     match self.fs.set_attributes(existing.inode, &truncate) {
                         Ok(attributes) => attributes,
                         Err(error) => return reply.error(fuse_errno(&error)),
@@ -1021,4 +889,3 @@ impl fuser::Filesystem for Adapter {
         }
     }
 }
-

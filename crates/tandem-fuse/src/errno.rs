@@ -49,14 +49,7 @@ mod tests {
     fn every_error_maps_to_its_errno() {
         let cases: Vec<(Error, i32)> = vec![
             (Error::corruption("bad leaf"), libc::EIO),
-            (
-                Error::Io {
-                    operation: "read",
-                    offset: 0,
-                    source: std::io::Error::other("x"),
-                },
-                libc::EIO,
-            ),
+            (Error::Io { operation: "read", offset: 0, source: std::io::Error::other("x") }, libc::EIO),
             (Error::NotFound, libc::ENOENT),
             (Error::Exists, libc::EEXIST),
             (Error::NotDirectory, libc::ENOTDIR),

@@ -77,27 +77,15 @@ impl RangeRequest {
         if bytes.len() < RANGE_REQUEST_BYTES {
             return None;
         }
-        let word = |index: usize| {
-            u64::from_ne_bytes(bytes[index * 8..index * 8 + 8].try_into().expect("8 bytes"))
-        };
-        Some(RangeRequest {
-            offset: word(0),
-            length: word(1),
-            data: word(2),
-        })
+        let word = |index: usize| u64::from_ne_bytes(bytes[index * 8..index * 8 + 8].try_into().expect("8 bytes"));
+        Some(RangeRequest { offset: word(0), length: word(1), data: word(2) })
     }
 }
 
 fn issue(file: &File, command: u32, request: &RangeRequest) -> io::Result<()> {
     // SAFETY: the command's encoded size matches `RangeRequest`, which lives for the call;
     // the kernel only reads it.
-    let result = unsafe {
-        libc::ioctl(
-            file.as_raw_fd(),
-            command as _,
-            request as *const RangeRequest,
-        )
-    };
+    let result = unsafe { libc::ioctl(file.as_raw_fd(), command as _, request as *const RangeRequest) };
     if result < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -113,15 +101,7 @@ pub fn insert_zeros(file: &File, offset: u64, length: u64) -> io::Result<()> {
     if length == 0 {
         return Ok(());
     }
-    issue(
-        file,
-        INSERT,
-        &RangeRequest {
-            offset,
-            length,
-            data: 0,
-        },
-    )
+    issue(file, INSERT, &RangeRequest { offset, length, data: 0 })
 }
 
 /// Inserts `data` at `offset` of `file`, shifting later bytes up. One atomic engine operation
@@ -133,11 +113,7 @@ pub fn insert_data(file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
     }
     let length = data.len() as u64;
     if length <= INLINE_INSERT_MAX_BYTES {
-        let request = RangeRequest {
-            offset,
-            length,
-            data: data.as_ptr() as u64,
-        };
+        let request = RangeRequest { offset, length, data: data.as_ptr() as u64 };
         match issue(file, INSERT, &request) {
             Err(error) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {}
             other => return other,
@@ -152,15 +128,7 @@ pub fn collapse(file: &File, offset: u64, length: u64) -> io::Result<()> {
     if length == 0 {
         return Ok(());
     }
-    issue(
-        file,
-        COLLAPSE,
-        &RangeRequest {
-            offset,
-            length,
-            data: 0,
-        },
-    )
+    issue(file, COLLAPSE, &RangeRequest { offset, length, data: 0 })
 }
 
 /// Copies `length` bytes at `address` out of the thread `thread_id` (the caller of the ioctl,
@@ -173,18 +141,12 @@ pub(crate) fn read_caller_memory(thread_id: u32, address: u64, length: u64) -> i
     let mut buffer = vec![0u8; length as usize];
     let mut copied = 0usize;
     while copied < buffer.len() {
-        let local = libc::iovec {
-            iov_base: buffer[copied..].as_mut_ptr().cast(),
-            iov_len: buffer.len() - copied,
-        };
-        let remote = libc::iovec {
-            iov_base: (address as usize + copied) as *mut libc::c_void,
-            iov_len: buffer.len() - copied,
-        };
+        let local = libc::iovec { iov_base: buffer[copied..].as_mut_ptr().cast(), iov_len: buffer.len() - copied };
+        let remote =
+            libc::iovec { iov_base: (address as usize + copied) as *mut libc::c_void, iov_len: buffer.len() - copied };
         // SAFETY: `local` points into `buffer`, which is large enough; the kernel checks
         // `remote` against the other process's address space.
-        let result =
-            unsafe { libc::process_vm_readv(thread_id as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let result = unsafe { libc::process_vm_readv(thread_id as libc::pid_t, &local, 1, &remote, 1, 0) };
         if result < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -209,11 +171,7 @@ mod tests {
 
     #[test]
     fn request_decodes_from_native_bytes() {
-        let request = RangeRequest {
-            offset: 7,
-            length: 1 << 40,
-            data: 0xdead_beef,
-        };
+        let request = RangeRequest { offset: 7, length: 1 << 40, data: 0xdead_beef };
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&request.offset.to_ne_bytes());
         bytes.extend_from_slice(&request.length.to_ne_bytes());
@@ -226,8 +184,8 @@ mod tests {
     fn caller_memory_reads_back_from_this_process() {
         let data = b"bytes the server copies out of the caller".to_vec();
         let thread_id = unsafe { libc::gettid() } as u32;
-        let copied = read_caller_memory(thread_id, data.as_ptr() as u64, data.len() as u64)
-            .expect("reading our own memory");
+        let copied =
+            read_caller_memory(thread_id, data.as_ptr() as u64, data.len() as u64).expect("reading our own memory");
         assert_eq!(copied, data);
     }
 }

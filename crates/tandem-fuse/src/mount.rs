@@ -65,18 +65,10 @@ fn session_config(config: &MountConfig) -> fuser::Config {
     if config.default_permissions {
         options.push(MountOption::DefaultPermissions);
     }
-    options.push(if config.read_only {
-        MountOption::RO
-    } else {
-        MountOption::RW
-    });
+    options.push(if config.read_only { MountOption::RO } else { MountOption::RW });
     let mut session = fuser::Config::default();
     session.mount_options = options;
-    session.acl = if config.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
+    session.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
     // A request that invalidates cached pages (insert, collapse) may make the kernel write
     // dirty mmap pages back first, which another worker must serve: never fewer than two.
     session.n_threads = Some(config.threads.max(2));
@@ -84,19 +76,11 @@ fn session_config(config: &MountConfig) -> fuser::Config {
     session
 }
 
-fn start_session(
-    fs: FileSystem,
-    mountpoint: &Path,
-    config: &MountConfig,
-) -> io::Result<Session<Adapter>> {
+fn start_session(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<Session<Adapter>> {
     let notifier = Arc::new(OnceLock::<Notifier>::new());
     let adapter = Adapter::new(fs, config.default_permissions, notifier.clone());
-    let session = Session::new(adapter, mountpoint, &session_config(config)).map_err(|error| {
-        io::Error::new(
-            error.kind(),
-            format!("mounting {}: {error}", mountpoint.display()),
-        )
-    })?;
+    let session = Session::new(adapter, mountpoint, &session_config(config))
+        .map_err(|error| io::Error::new(error.kind(), format!("mounting {}: {error}", mountpoint.display())))?;
     // Requests are served only once `run` starts, so the notifier is in place before the
     // first one.
     let _ = notifier.set(session.notifier());
@@ -140,22 +124,11 @@ pub struct BackgroundMount {
 
 /// Mounts `fs` at `mountpoint` and serves it on background threads. Unmount with
 /// [`BackgroundMount::unmount`]; dropping the value unmounts too (lazily if busy).
-pub fn mount_background(
-    fs: FileSystem,
-    mountpoint: &Path,
-    config: &MountConfig,
-) -> io::Result<BackgroundMount> {
+pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<BackgroundMount> {
     let marker = ServingMarker::claim(mountpoint)?;
     let session = start_session(fs.clone(), mountpoint, config)?;
-    let server = std::thread::Builder::new()
-        .name("tandemfs-fuse".to_string())
-        .spawn(move || session.run())?;
-    Ok(BackgroundMount {
-        mountpoint: canonical_or_absolute(mountpoint),
-        server: Some(server),
-        fs,
-        _marker: marker,
-    })
+    let server = std::thread::Builder::new().name("tandemfs-fuse".to_string()).spawn(move || session.run())?;
+    Ok(BackgroundMount { mountpoint: canonical_or_absolute(mountpoint), server: Some(server), fs, _marker: marker })
 }
 
 impl BackgroundMount {
@@ -177,9 +150,7 @@ impl BackgroundMount {
             self.server = Some(server);
             return Err(error);
         }
-        let served = server
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("FUSE server thread panicked")));
+        let served = server.join().unwrap_or_else(|_| Err(io::Error::other("FUSE server thread panicked")));
         let synced = self.fs.sync();
         served?;
         synced.map_err(|error| io::Error::other(format!("final sync: {error}")))
@@ -189,10 +160,7 @@ impl BackgroundMount {
 impl Drop for BackgroundMount {
     fn drop(&mut self) {
         if let Err(error) = self.finish(true) {
-            log::error!(
-                "tandemfs: unmounting {}: {error}",
-                self.mountpoint.display()
-            );
+            log::error!("tandemfs: unmounting {}: {error}", self.mountpoint.display());
         }
     }
 }
@@ -204,18 +172,12 @@ impl Drop for BackgroundMount {
 pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     let path = canonical_or_absolute(mountpoint);
     let Some(file_system_type) = mounted_type(&path)? else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} is not a mount point", path.display()),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a mount point", path.display())));
     };
     if file_system_type != format!("fuse.{SUBTYPE}") {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!(
-                "{} is a {file_system_type} mount, not tandemfs",
-                path.display()
-            ),
+            format!("{} is a {file_system_type} mount, not tandemfs", path.display()),
         ));
     }
     kernel_unmount(&path, false)?;
@@ -239,8 +201,7 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
 /// `realpath` of the mount point, or the path made absolute when it cannot be resolved (a
 /// mount whose server died answers ENOTCONN to every lookup).
 fn canonical_or_absolute(path: &Path) -> PathBuf {
-    path.canonicalize()
-        .unwrap_or_else(|_| std::path::absolute(path).unwrap_or(path.to_path_buf()))
+    path.canonicalize().unwrap_or_else(|_| std::path::absolute(path).unwrap_or(path.to_path_buf()))
 }
 
 /// The type (`fuse.tandemfs`, `ext4`, ...) of the file system mounted exactly at `path`.
@@ -306,10 +267,7 @@ fn kernel_unmount(path: &Path, lazily_if_busy: bool) -> io::Result<()> {
         }
         Some(libc::EBUSY) => Err(io::Error::new(
             io::ErrorKind::ResourceBusy,
-            format!(
-                "{} is busy: files or directories on it are still in use",
-                path.display()
-            ),
+            format!("{} is busy: files or directories on it are still in use", path.display()),
         )),
         // EINVAL: not (or no longer) a mount point, for example after an external umount.
         Some(libc::EINVAL) => Ok(()),
@@ -376,22 +334,13 @@ impl ServingMarker {
     fn claim(mountpoint: &Path) -> io::Result<ServingMarker> {
         let name = Self::name_for(&canonical_or_absolute(mountpoint));
         if let Some(socket) = kept_markers().lock().expect("marker table").remove(&name) {
-            return Ok(ServingMarker {
-                name,
-                socket: Some(socket),
-            });
+            return Ok(ServingMarker { name, socket: Some(socket) });
         }
         match Self::bind(&name) {
-            Ok(socket) => Ok(ServingMarker {
-                name,
-                socket: Some(socket),
-            }),
+            Ok(socket) => Ok(ServingMarker { name, socket: Some(socket) }),
             Err(error) if error.kind() == io::ErrorKind::AddrInUse => Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
-                format!(
-                    "{} is already served by another tandemfs process",
-                    mountpoint.display()
-                ),
+                format!("{} is already served by another tandemfs process", mountpoint.display()),
             )),
             Err(error) => Err(error),
         }
@@ -399,11 +348,7 @@ impl ServingMarker {
 
     fn is_claimed(mountpoint: &Path) -> bool {
         let name = Self::name_for(mountpoint);
-        if kept_markers()
-            .lock()
-            .expect("marker table")
-            .contains_key(&name)
-        {
+        if kept_markers().lock().expect("marker table").contains_key(&name) {
             // Served by this very process, which has finished serving it.
             return false;
         }
@@ -412,10 +357,7 @@ impl ServingMarker {
 
     fn keep_until_exit(mut self) {
         if let Some(socket) = self.socket.take() {
-            kept_markers()
-                .lock()
-                .expect("marker table")
-                .insert(self.name.clone(), socket);
+            kept_markers().lock().expect("marker table").insert(self.name.clone(), socket);
         }
     }
 }
@@ -471,31 +413,22 @@ impl SignalWatcher {
     fn start(mountpoint: PathBuf) -> io::Result<SignalWatcher> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_seen = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("tandemfs-signals".to_string())
-            .spawn(move || {
-                let set = termination_signals();
-                let timeout = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 200_000_000,
-                };
-                while !stop_seen.load(Ordering::Acquire) {
-                    // SAFETY: `set` and `timeout` are valid; no siginfo is requested.
-                    let signal =
-                        unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout) };
-                    if signal > 0 {
-                        log::info!(
-                            "tandemfs: signal {signal}, unmounting {}",
-                            mountpoint.display()
-                        );
-                        // Lazily if busy: a signal means "stop now", and the kernel finishes
-                        // the unmount when the last open file is closed.
-                        if let Err(error) = kernel_unmount(&mountpoint, true) {
-                            log::error!("tandemfs: unmount after signal failed: {error}");
-                        }
+        let thread = std::thread::Builder::new().name("tandemfs-signals".to_string()).spawn(move || {
+            let set = termination_signals();
+            let timeout = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+            while !stop_seen.load(Ordering::Acquire) {
+                // SAFETY: `set` and `timeout` are valid; no siginfo is requested.
+                let signal = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout) };
+                if signal > 0 {
+                    log::info!("tandemfs: signal {signal}, unmounting {}", mountpoint.display());
+                    // Lazily if busy: a signal means "stop now", and the kernel finishes
+                    // the unmount when the last open file is closed.
+                    if let Err(error) = kernel_unmount(&mountpoint, true) {
+                        log::error!("tandemfs: unmount after signal failed: {error}");
                     }
                 }
-            })?;
+            }
+        })?;
         Ok(SignalWatcher { stop, thread })
     }
 
@@ -519,9 +452,7 @@ mod tests {
     #[test]
     fn root_is_a_mount_point_and_a_file_is_not() {
         assert!(mounted_type(Path::new("/")).unwrap().is_some());
-        assert!(mounted_type(Path::new("/proc/self/status"))
-            .unwrap()
-            .is_none());
+        assert!(mounted_type(Path::new("/proc/self/status")).unwrap().is_none());
     }
 
     #[test]

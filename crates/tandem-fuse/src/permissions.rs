@@ -25,11 +25,7 @@ pub(crate) struct Caller {
 
 impl Caller {
     pub(crate) fn of(request: &fuser::Request) -> Caller {
-        Caller {
-            uid: request.uid(),
-            gid: request.gid(),
-            thread_id: request.pid(),
-        }
+        Caller { uid: request.uid(), gid: request.gid(), thread_id: request.pid() }
     }
 
     pub(crate) fn is_root(&self) -> bool {
@@ -56,12 +52,7 @@ fn supplementary_groups(thread_id: u32) -> Vec<u32> {
     status
         .lines()
         .find_map(|line| line.strip_prefix("Groups:"))
-        .map(|groups| {
-            groups
-                .split_whitespace()
-                .filter_map(|group| group.parse().ok())
-                .collect()
-        })
+        .map(|groups| groups.split_whitespace().filter_map(|group| group.parse().ok()).collect())
         .unwrap_or_default()
 }
 
@@ -88,10 +79,7 @@ pub(crate) fn allows(caller: &Caller, attributes: &Attributes, mask: u32) -> boo
 /// search access to the directory: in a sticky directory only the owner of the entry, the
 /// owner of the directory, or root may.
 pub(crate) fn sticky_allows(caller: &Caller, directory: &Attributes, victim: &Attributes) -> bool {
-    directory.permissions & 0o1000 == 0
-        || caller.is_root()
-        || caller.uid == victim.uid
-        || caller.uid == directory.uid
+    directory.permissions & 0o1000 == 0 || caller.is_root() || caller.uid == victim.uid || caller.uid == directory.uid
 }
 
 /// Checks a `setattr` against the rules Linux applies in the VFS, and adjusts it where Linux
@@ -134,10 +122,7 @@ pub(crate) fn check_attribute_change(
             return Err(libc::EPERM);
         }
         let group_after = changes.gid.unwrap_or(current.gid);
-        let adjusted = if !privileged
-            && permissions & SET_GROUP_ID != 0
-            && !caller.is_member_of(group_after)
-        {
+        let adjusted = if !privileged && permissions & SET_GROUP_ID != 0 && !caller.is_member_of(group_after) {
             permissions & !SET_GROUP_ID
         } else {
             permissions
@@ -146,21 +131,14 @@ pub(crate) fn check_attribute_change(
     }
 
     if check_access_bits {
-        if changes.size_bytes.is_some() && !holds_writable_handle && !allows(caller, current, WRITE)
-        {
+        if changes.size_bytes.is_some() && !holds_writable_handle && !allows(caller, current, WRITE) {
             return Err(libc::EACCES);
         }
-        for time in [changes.access_time, changes.modify_time]
-            .into_iter()
-            .flatten()
-        {
+        for time in [changes.access_time, changes.modify_time].into_iter().flatten() {
             match time {
                 TimeToSet::Nanoseconds(_) if !privileged && !is_owner => return Err(libc::EPERM),
                 TimeToSet::Now
-                    if !privileged
-                        && !is_owner
-                        && !holds_writable_handle
-                        && !allows(caller, current, WRITE) =>
+                    if !privileged && !is_owner && !holds_writable_handle && !allows(caller, current, WRITE) =>
                 {
                     return Err(libc::EACCES)
                 }
@@ -195,20 +173,13 @@ mod tests {
     }
 
     fn caller(uid: u32, gid: u32) -> Caller {
-        Caller {
-            uid,
-            gid,
-            thread_id: 0,
-        }
+        Caller { uid, gid, thread_id: 0 }
     }
 
     #[test]
     fn chown_to_another_user_needs_root() {
         let current = file(1000, 1000, 0o644);
-        let change = SetAttributes {
-            uid: Some(0),
-            ..Default::default()
-        };
+        let change = SetAttributes { uid: Some(0), ..Default::default() };
         assert_eq!(
             check_attribute_change(&caller(1000, 1000), &current, change.clone(), false, false),
             Err(libc::EPERM)
@@ -219,48 +190,26 @@ mod tests {
     #[test]
     fn owner_may_change_group_to_own_group_only() {
         let current = file(1000, 1000, 0o644);
-        let own = SetAttributes {
-            gid: Some(1000),
-            ..Default::default()
-        };
-        let foreign = SetAttributes {
-            gid: Some(5),
-            ..Default::default()
-        };
+        let own = SetAttributes { gid: Some(1000), ..Default::default() };
+        let foreign = SetAttributes { gid: Some(5), ..Default::default() };
         assert!(check_attribute_change(&caller(1000, 1000), &current, own, false, false).is_ok());
-        assert_eq!(
-            check_attribute_change(&caller(1000, 1000), &current, foreign, false, false),
-            Err(libc::EPERM)
-        );
+        assert_eq!(check_attribute_change(&caller(1000, 1000), &current, foreign, false, false), Err(libc::EPERM));
     }
 
     #[test]
     fn chmod_needs_owner_but_privilege_drop_is_allowed() {
         let current = file(1000, 1000, 0o6755);
-        let chmod = SetAttributes {
-            permissions: Some(0o777),
-            ..Default::default()
-        };
-        assert_eq!(
-            check_attribute_change(&caller(2000, 2000), &current, chmod, false, false),
-            Err(libc::EPERM)
-        );
-        let drop = SetAttributes {
-            permissions: Some(0o755),
-            ..Default::default()
-        };
+        let chmod = SetAttributes { permissions: Some(0o777), ..Default::default() };
+        assert_eq!(check_attribute_change(&caller(2000, 2000), &current, chmod, false, false), Err(libc::EPERM));
+        let drop = SetAttributes { permissions: Some(0o755), ..Default::default() };
         assert!(check_attribute_change(&caller(2000, 2000), &current, drop, false, false).is_ok());
     }
 
     #[test]
     fn set_group_id_is_cleared_for_non_members() {
         let current = file(1000, 50, 0o755);
-        let change = SetAttributes {
-            permissions: Some(0o2755),
-            ..Default::default()
-        };
-        let adjusted =
-            check_attribute_change(&caller(1000, 1000), &current, change, false, false).unwrap();
+        let change = SetAttributes { permissions: Some(0o2755), ..Default::default() };
+        let adjusted = check_attribute_change(&caller(1000, 1000), &current, change, false, false).unwrap();
         assert_eq!(adjusted.permissions, Some(0o755));
     }
 
