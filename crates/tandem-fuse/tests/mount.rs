@@ -97,7 +97,7 @@ fn engine_errors_arrive_as_errno() {
 #[test]
 fn large_offsets_and_unlinked_open_files() {
     let Some(volume) = mounted() else { return };
-    let file = OpenOptions::new().read(true).write(true).create(true).open(volume.path("sparse")).unwrap();
+    let file = OpenOptions::new().read(true).write(true).create_new(true).open(volume.path("sparse")).unwrap();
     let far = (5u64 << 30) + 123;
     file.write_all_at(b"far away", far).unwrap();
     assert_eq!(file.metadata().unwrap().len(), far + 8);
