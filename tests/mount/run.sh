@@ -680,16 +680,27 @@ test_c_example() {
 
 # ---------------------------------------------------------------- remount and lifecycle
 
+# Checksums of every file, except that files over 64 MiB (the sparse ones) are represented by
+# their size and the checksum of their last MiB: reading 5 GiB of hole twice would dominate the
+# suite's time.
+file_checksums() {
+    (cd "$MNT" && find . -type f -size -64M -print0 | LC_ALL=C sort -z | xargs -0 -r md5sum)
+    (cd "$MNT" && find . -type f -size +64M -print0 | LC_ALL=C sort -z |
+        while IFS= read -r -d '' file; do
+            echo "$file $(stat -c %s "$file") $(tail -c 1048576 "$file" | md5sum)"
+        done)
+}
+
 record_state() {
-    (cd "$MNT" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 md5sum) >"$WORK/sums"
+    file_checksums >"$WORK/sums"
     tree_listing "$MNT" >"$WORK/listing"
 }
 
 check_state() {
-    diff <(cd "$MNT" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 md5sum) "$WORK/sums"
+    diff <(file_checksums) "$WORK/sums"
     diff <(tree_listing "$MNT") "$WORK/listing"
 }
-export -f record_state check_state
+export -f file_checksums record_state check_state
 
 test_unmount_fsck_remount() {
     record_state
