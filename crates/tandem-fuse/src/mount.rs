@@ -76,7 +76,38 @@ fn session_config(config: &MountConfig) -> fuser::Config {
     session
 }
 
+/// Writes log records at warning level and above (or the level in `TANDEM_LOG`: error, warn,
+/// info, debug, trace) to standard error, which a background mount sends to its log file.
+/// Without it the adapter's error lines (corruption, I/O errors) and fuser's warnings would be
+/// lost, since the `log` crate drops records when no logger is installed. An application that
+/// installed its own logger keeps it.
+struct StandardErrorLogger;
+
+impl log::Log for StandardErrorLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            eprintln!("[{}] {}", record.level(), record.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn install_logger() {
+    static LOGGER: StandardErrorLogger = StandardErrorLogger;
+    if log::set_logger(&LOGGER).is_ok() {
+        let level = std::env::var("TANDEM_LOG")
+            .ok()
+            .and_then(|value| value.parse::<log::LevelFilter>().ok())
+            .unwrap_or(log::LevelFilter::Warn);
+        log::set_max_level(level);
+    }
+}
+
 fn start_session(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<Session<Adapter>> {
+    install_logger();
     let notifier = Arc::new(OnceLock::<Notifier>::new());
     let adapter = Adapter::new(fs, config.default_permissions, notifier.clone());
     let session = Session::new(adapter, mountpoint, &session_config(config))
