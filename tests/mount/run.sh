@@ -746,6 +746,28 @@ test_sigterm_unmounts_cleanly() {
     check_state
 }
 
+test_read_only_mount() {
+    unmount_volume
+    "$TANDEM" mount "$IMG" "$MNT" -d -o ro,allow_other,default_permissions
+    is_mounted
+    cmp "$REPO/crates/tandem-fuse/Cargo.toml" "$MNT/crates/tandem-fuse/Cargo.toml"
+    expect_failure "Read-only" touch "$MNT/new-file"
+    expect_failure "Read-only" mkdir "$MNT/new-directory"
+    expect_failure "Read-only" sh -c "echo x >>'$MNT/crates/tandem-fuse/Cargo.toml'"
+    unmount_volume
+    "$TANDEM" fsck "$IMG"
+    mount_volume
+    check_state
+}
+
+test_rm_rf_large_tree() {
+    rm -rf "$MNT/include"
+    test ! -e "$MNT/include"
+    # Names are free again at once.
+    mkdir "$MNT/include"
+    rmdir "$MNT/include"
+}
+
 test_final_unmount_and_fsck() {
     unmount_volume
     "$TANDEM" fsck "$IMG"
@@ -803,6 +825,8 @@ run_test umount-refuses-while-busy test_unmount_refuses_while_busy
 run_test umount-refuses-other-file-systems test_unmount_refuses_other_file_systems
 run_test umount-fsck-remount-compare test_unmount_fsck_remount
 run_test sigterm-unmounts-cleanly test_sigterm_unmounts_cleanly
+run_test read-only-mount test_read_only_mount
+run_test rm-rf-usr-include-copy test_rm_rf_large_tree
 run_test final-umount-and-fsck test_final_unmount_and_fsck
 
 echo "suite took $(( $(date +%s) - suite_start ))s"
