@@ -43,7 +43,7 @@ mkdir -p "$MNT" "$LOCAL" "$LOGS"
 # /usr/include (thousands of files) for cp -a, a smaller part of it for the other programs.
 SYSTEM_HEADERS=/usr/include
 INCLUDE_TREE=/usr/include/linux
-export TANDEM REPO TESTS WORK IMG MNT LOCAL SYSTEM_HEADERS INCLUDE_TREE
+export TANDEM REPO TESTS WORK IMG MNT LOCAL LOGS SYSTEM_HEADERS INCLUDE_TREE
 
 passed=0
 failed=0
@@ -88,6 +88,12 @@ run_test() {
             echo "FAIL $name (exit $status, ${seconds}s)"
         fi
         tail -n 25 "$log" | sed 's/^/    | /'
+        # Later tests need the volume mounted: bring it back after a failure that left it
+        # unmounted (the failure is already counted).
+        if ! is_mounted && [ "$function" != test_final_unmount_and_fsck ]; then
+            echo "    (mounting the volume again for the remaining tests)"
+            bash -c mount_volume >>"$log" 2>&1 || true
+        fi
     fi
 }
 
@@ -97,8 +103,18 @@ skip_test() {
 
 # ---------------------------------------------------------------- helpers (run inside tests)
 
+# Each background mount writes its own log; a panic in the mount process, or a mount that finds
+# the volume not cleanly unmounted after a clean `tandem umount`, fails the test at hand.
 mount_volume() {
-    "$TANDEM" mount "$IMG" "$MNT" -d -o allow_other,default_permissions
+    local log output
+    log="$LOGS/mount-$(date +%s%N).log"
+    echo "$log" >"$WORK/current-mount-log"
+    output=$("$TANDEM" mount "$IMG" "$MNT" -d --log-file "$log" -o "${1:-allow_other,default_permissions}")
+    echo "$output"
+    if grep -q "not unmounted cleanly" <<<"$output"; then
+        echo "the volume was not clean although the previous unmount succeeded"
+        return 1
+    fi
     awk -v point="$MNT" '$5 == point && / - fuse\.tandemfs / { found = 1 } END { exit !found }' \
         /proc/self/mountinfo
 }
@@ -106,6 +122,18 @@ mount_volume() {
 unmount_volume() {
     "$TANDEM" umount "$MNT"
     if is_mounted; then echo "still mounted after umount"; return 1; fi
+    check_mount_log
+}
+
+# Fails when the log of the current (or just ended) mount process shows a panic.
+check_mount_log() {
+    local log
+    log=$(cat "$WORK/current-mount-log")
+    if grep -q "panicked" "$log"; then
+        echo "the mount process panicked; its log ($log):"
+        grep -v '^  ' "$log"
+        return 1
+    fi
 }
 
 as_nobody() {
@@ -139,7 +167,7 @@ same_tree() {
     diff <(tree_listing "$1") <(tree_listing "$2")
 }
 
-export -f is_mounted mount_volume unmount_volume as_nobody expect_failure tree_listing same_tree
+export -f is_mounted mount_volume unmount_volume check_mount_log as_nobody expect_failure tree_listing same_tree
 
 # ---------------------------------------------------------------- group 1: real programs
 
@@ -741,6 +769,7 @@ test_sigterm_unmounts_cleanly() {
     done
     if is_mounted; then echo "still mounted after SIGTERM"; exit 1; fi
     if kill -0 "$pid" 2>/dev/null; then echo "process $pid still running"; exit 1; fi
+    check_mount_log
     "$TANDEM" fsck "$IMG"
     mount_volume
     check_state
@@ -748,8 +777,7 @@ test_sigterm_unmounts_cleanly() {
 
 test_read_only_mount() {
     unmount_volume
-    "$TANDEM" mount "$IMG" "$MNT" -d -o ro,allow_other,default_permissions
-    is_mounted
+    mount_volume ro,allow_other,default_permissions
     cmp "$REPO/crates/tandem-fuse/Cargo.toml" "$MNT/crates/tandem-fuse/Cargo.toml"
     expect_failure "Read-only" touch "$MNT/new-file"
     expect_failure "Read-only" mkdir "$MNT/new-directory"
