@@ -1,6 +1,6 @@
 //! Mounting and unmounting: the API the `tandem` command calls.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -168,6 +168,7 @@ pub struct BackgroundMount {
 /// [`BackgroundMount::unmount`]; dropping the value unmounts too (lazily if busy).
 pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<BackgroundMount> {
     let marker = ServingMarker::claim(mountpoint)?;
+    marker.mark_background();
     let session = start_session(fs.clone(), mountpoint, config)?;
     let server = std::thread::Builder::new().name("tandemfs-fuse".to_string()).spawn(move || session.run())?;
     Ok(BackgroundMount { mountpoint: canonical_or_absolute(mountpoint), server: Some(server), fs, _marker: marker })
@@ -356,6 +357,14 @@ fn kept_markers() -> &'static Mutex<HashMap<Vec<u8>, UnixDatagram>> {
     KEPT.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Names held by background mounts of this process. [`unmount`] called in this process for one
+/// of them must not wait for the name: the owner (`BackgroundMount`) releases it only after
+/// its own unmount, which may be the very call waiting.
+fn background_markers() -> &'static Mutex<HashSet<Vec<u8>>> {
+    static HELD: OnceLock<Mutex<HashSet<Vec<u8>>>> = OnceLock::new();
+    HELD.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
 impl ServingMarker {
     fn name_for(mountpoint: &Path) -> Vec<u8> {
         // FNV-1a of the path keeps the name short whatever the path's length.
@@ -394,13 +403,26 @@ impl ServingMarker {
             // Served by this very process, which has finished serving it.
             return false;
         }
+        if background_markers().lock().expect("marker table").contains(&name) {
+            return false;
+        }
         matches!(Self::bind(&name), Err(error) if error.kind() == io::ErrorKind::AddrInUse)
+    }
+
+    fn mark_background(&self) {
+        background_markers().lock().expect("marker table").insert(self.name.clone());
     }
 
     fn keep_until_exit(mut self) {
         if let Some(socket) = self.socket.take() {
             kept_markers().lock().expect("marker table").insert(self.name.clone(), socket);
         }
+    }
+}
+
+impl Drop for ServingMarker {
+    fn drop(&mut self) {
+        background_markers().lock().expect("marker table").remove(&self.name);
     }
 }
 

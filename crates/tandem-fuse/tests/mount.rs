@@ -163,3 +163,18 @@ fn extended_attributes() {
         assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENODATA));
     }
 }
+
+#[test]
+fn unmount_by_path_returns_for_a_background_mount_of_this_process() {
+    let Some(mut volume) = mounted() else { return };
+    fs::write(volume.path("kept"), b"kept").unwrap();
+    let started = std::time::Instant::now();
+    tandem_fuse::unmount(&volume.directory).unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "unmount waited for itself");
+    // The background mount sees the mount gone; finishing it is then only a join and a sync.
+    volume.mount.take().unwrap().unmount().unwrap();
+    let mut buffer = vec![0u8; 4];
+    let found = volume.fs.lookup(tandemfs::fs::ROOT_INODE, b"kept").unwrap();
+    assert_eq!(volume.fs.read(found.inode, 0, &mut buffer).unwrap(), 4);
+    assert_eq!(buffer, b"kept");
+}
