@@ -55,13 +55,14 @@ is_mounted() {
 }
 
 cleanup() {
-    if is_mounted; then
-        "$TANDEM" umount "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null
-    fi
+    local point
+    for point in $(awk -v work="$WORK/" 'index($5, work) == 1 { print $5 }' /proc/self/mountinfo); do
+        "$TANDEM" umount "$point" >/dev/null 2>&1 || umount -l "$point" 2>/dev/null
+    done
     if [ "${KEEP_WORK:-0}" = 1 ]; then
         echo "work directory kept: $WORK"
     else
-        rm -rf "$WORK"
+        rm -rf --one-file-system "$WORK"
     fi
 }
 trap cleanup EXIT
@@ -796,6 +797,26 @@ test_rm_rf_large_tree() {
     rmdir "$MNT/include"
 }
 
+test_no_space() {
+    local image="$WORK/small.img" mountpoint="$WORK/small-mnt" log="$LOGS/small-mount.log"
+    mkdir -p "$mountpoint"
+    "$TANDEM" mkfs "$image" --size 64M
+    "$TANDEM" mount "$image" "$mountpoint" -d --log-file "$log" -o allow_other,default_permissions
+    echo survivor >"$mountpoint/survivor"
+    if dd if=/dev/zero of="$mountpoint/fill" bs=1M count=200 2>"$WORK/dd.err"; then
+        echo "200 MiB fitted into a 64 MiB volume"
+        exit 1
+    fi
+    grep "No space left" "$WORK/dd.err"
+    test "$(cat "$mountpoint/survivor")" = survivor
+    rm "$mountpoint/fill"
+    # The space is usable again.
+    dd if=/dev/zero of="$mountpoint/again" bs=1M count=16 status=none
+    "$TANDEM" umount "$mountpoint"
+    if grep -q panicked "$log"; then grep -v '^  ' "$log"; exit 1; fi
+    "$TANDEM" fsck "$image"
+}
+
 test_final_unmount_and_fsck() {
     unmount_volume
     "$TANDEM" fsck "$IMG"
@@ -855,6 +876,7 @@ run_test umount-fsck-remount-compare test_unmount_fsck_remount
 run_test sigterm-unmounts-cleanly test_sigterm_unmounts_cleanly
 run_test read-only-mount test_read_only_mount
 run_test rm-rf-usr-include-copy test_rm_rf_large_tree
+run_test enospc-small-volume test_no_space
 run_test final-umount-and-fsck test_final_unmount_and_fsck
 
 echo "suite took $(( $(date +%s) - suite_start ))s"
