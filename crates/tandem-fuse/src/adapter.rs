@@ -889,3 +889,57 @@ impl fuser::Filesystem for Adapter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_through_system_time_including_before_1970() {
+        for value in [0i64, 1, 1_234_567_891_123_456_789, -1, -1_500_000_000_123] {
+            assert_eq!(nanoseconds(system_time(value)), value, "{value}");
+        }
+    }
+
+    #[test]
+    fn handles_remember_whether_the_file_was_opened_for_writing() {
+        assert!(!opened_for_writing(handle_for(OpenFlags(libc::O_RDONLY))));
+        assert!(opened_for_writing(handle_for(OpenFlags(libc::O_WRONLY | libc::O_APPEND))));
+        assert!(opened_for_writing(handle_for(OpenFlags(libc::O_RDWR | libc::O_CREAT))));
+    }
+
+    #[test]
+    fn only_the_two_acl_names_are_refused() {
+        assert!(is_acl_attribute(b"system.posix_acl_access"));
+        assert!(is_acl_attribute(b"system.posix_acl_default"));
+        assert!(!is_acl_attribute(b"user.posix_acl_access"));
+        assert!(!is_acl_attribute(b"security.capability"));
+    }
+
+    #[test]
+    fn attributes_convert_to_fuse_attributes() {
+        let attributes = Attributes {
+            inode: 42,
+            generation: 3,
+            file_type: FileType::CharDevice,
+            permissions: 0o4755,
+            link_count: 2,
+            uid: 1000,
+            gid: 100,
+            size_bytes: 5 << 30,
+            blocks_512: 8,
+            access_time_ns: 1,
+            modify_time_ns: 2,
+            change_time_ns: 3,
+            birth_time_ns: 4,
+            rdev: 0x0103,
+        };
+        let converted = file_attr(&attributes);
+        assert_eq!(converted.ino, INodeNo(42));
+        assert_eq!(converted.kind, fuser::FileType::CharDevice);
+        assert_eq!(converted.perm, 0o4755);
+        assert_eq!(converted.size, 5 << 30);
+        assert_eq!(converted.rdev, 0x0103);
+        assert_eq!(nanoseconds(converted.mtime), 2);
+    }
+}
