@@ -694,6 +694,17 @@ try:
     raise SystemExit("INSERT through a read-only descriptor accepted")
 except OSError as error:
     assert error.errno == errno.EBADF, error
+# An O_APPEND writer whose kernel still has the size from before an insert (nobody asked for
+# attributes in between) still appends at the real end.
+descriptor = os.open(path, os.O_RDWR | os.O_TRUNC)
+os.write(descriptor, b"0123456789")
+fcntl.ioctl(descriptor, INSERT, struct.pack("QQQ", 0, 5, 0))
+appender = os.open(path, os.O_WRONLY | os.O_APPEND)
+os.write(appender, b"END")
+os.close(appender)
+assert os.pread(descriptor, 100, 0) == bytes(5) + b"0123456789END", os.pread(descriptor, 100, 0)
+os.close(descriptor)
+descriptor = os.open(path, os.O_RDONLY)
 # Unknown commands are not ours.
 try:
     fcntl.ioctl(descriptor, 0x4018D4FF, struct.pack("QQQ", 0, 0, 0))

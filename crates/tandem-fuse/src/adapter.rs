@@ -515,15 +515,17 @@ impl fuser::Filesystem for Adapter {
         _handle: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         // O_APPEND writes go to the end of the file as the engine knows it. The kernel has
-        // usually computed the same offset from its cached size; the engine's size is the
-        // authority if the two ever disagree.
-        let offset = if flags.0 & libc::O_APPEND != 0 {
+        // computed the offset from its cached size, which is the same unless an insert or
+        // collapse changed the size and nobody has asked for attributes since. Write-back of
+        // cached pages (FUSE_WRITE_CACHE, from mmap) always has its exact offset.
+        let appending = flags.0 & libc::O_APPEND != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let target = if appending {
             match self.fs.get_attributes(inode.0) {
                 Ok(attributes) => attributes.size_bytes,
                 Err(error) => return reply.error(fuse_errno(&error)),
@@ -531,8 +533,16 @@ impl fuser::Filesystem for Adapter {
         } else {
             offset
         };
-        match self.fs.write(inode.0, offset, data) {
-            Ok(count) => reply.written(count as u32),
+        match self.fs.write(inode.0, target, data) {
+            Ok(count) => {
+                reply.written(count as u32);
+                if target != offset {
+                    // The kernel put these bytes in its page cache at `offset`: drop those
+                    // pages and the cached size. Only after the reply, because the kernel
+                    // keeps the pages of a write locked until it is answered.
+                    self.invalidate_from(inode.0, offset.min(target));
+                }
+            }
             Err(error) => reply.error(fuse_errno(&error)),
         }
     }
