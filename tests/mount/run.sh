@@ -5,7 +5,8 @@
 #
 # Needs root, /dev/fuse and these packages (.ci/run installs them):
 #   fuse3 (fusermount3), rsync, git, python3, attr (setfattr/getfattr),
-#   util-linux (setpriv, fallocate), coreutils, tar, diffutils, findutils, and a C compiler
+#   util-linux (setpriv, fallocate), procps (pgrep), coreutils, tar, diffutils, findutils,
+#   gawk or mawk, and a C compiler
 #   (cc) for the C example (that one test is skipped without it).
 #
 # Prints one line per test and ends with exactly "N passed, N failed"; exits nonzero when any
