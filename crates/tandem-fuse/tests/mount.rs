@@ -37,6 +37,10 @@ impl Drop for MountedVolume {
 }
 
 fn mounted() -> Option<MountedVolume> {
+    mounted_with(&MountConfig::default())
+}
+
+fn mounted_with(config: &MountConfig) -> Option<MountedVolume> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
         eprintln!("skipped: mounting needs root and /dev/fuse");
@@ -52,7 +56,7 @@ fn mounted() -> Option<MountedVolume> {
     let device = Arc::new(MemoryDevice::new(256 << 20));
     FileSystem::format(device.clone(), &FormatOptions::default()).expect("format");
     let (fs, _) = FileSystem::mount(device, &MountOptions::default()).expect("engine mount");
-    let mount = mount_background(fs.clone(), &directory, &MountConfig::default()).expect("FUSE mount");
+    let mount = mount_background(fs.clone(), &directory, config).expect("FUSE mount");
     Some(MountedVolume { mount: Some(mount), fs, directory })
 }
 
@@ -177,4 +181,47 @@ fn unmount_by_path_returns_for_a_background_mount_of_this_process() {
     let found = volume.fs.lookup(tandemfs::fs::ROOT_INODE, b"kept").unwrap();
     assert_eq!(volume.fs.read(found.inode, 0, &mut buffer).unwrap(), 4);
     assert_eq!(buffer, b"kept");
+}
+
+/// Runs `command` as nobody:nogroup with no supplementary groups; true when it succeeded.
+fn as_nobody(command: &[&str]) -> bool {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .args(command)
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("setpriv (util-linux) is needed")
+        .success()
+}
+
+#[test]
+fn the_adapter_checks_permissions_when_the_kernel_does_not() {
+    let config = MountConfig { allow_other: true, default_permissions: false, ..MountConfig::default() };
+    let Some(volume) = mounted_with(&config) else { return };
+    let path = |name: &str| volume.path(name).to_str().unwrap().to_string();
+    fs::write(volume.path("secret"), b"secret").unwrap();
+    fs::set_permissions(volume.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(volume.path("public"), b"public").unwrap();
+    fs::set_permissions(volume.path("public"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::create_dir(volume.path("private")).unwrap();
+    fs::set_permissions(volume.path("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir(volume.path("sticky")).unwrap();
+    fs::set_permissions(volume.path("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::write(volume.path("sticky/root-owned"), b"").unwrap();
+    fs::set_permissions(volume.path("sticky/root-owned"), fs::Permissions::from_mode(0o666)).unwrap();
+
+    assert!(as_nobody(&["cat", &path("public")]));
+    assert!(!as_nobody(&["cat", &path("secret")]));
+    assert!(!as_nobody(&["sh", "-c", &format!("echo x >> '{}'", path("public"))]));
+    assert!(!as_nobody(&["ls", &path("private")]));
+    assert!(!as_nobody(&["touch", &path("new")]));
+    assert!(!as_nobody(&["chmod", "777", &path("public")]));
+    assert!(!as_nobody(&["chown", "nobody", &path("public")]));
+    assert!(as_nobody(&["touch", &path("sticky/mine")]));
+    assert!(as_nobody(&["sh", "-c", &format!("echo x >> '{}'", path("sticky/root-owned"))]));
+    assert!(!as_nobody(&["rm", "-f", &path("sticky/root-owned")]));
+    assert!(!as_nobody(&["touch", "-d", "2001-01-01", &path("sticky/root-owned")]));
+    assert!(as_nobody(&["rm", &path("sticky/mine")]));
+    assert!(volume.path("sticky/root-owned").exists());
 }
