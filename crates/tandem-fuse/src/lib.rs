@@ -1,1 +1,16 @@
 //! FUSE adapter for tandemfs.
+//!
+//! The adapter is deliberately thin: it decodes kernel requests, calls the engine
+//! ([`tandemfs::FileSystem`]), and maps engine errors to errno values. The only logic of its
+//! own is what FUSE leaves to the server: the permission rules the kernel does not apply
+//! (chown and chmod ownership rules, see [`permissions`]), and the byte-granular insert and
+//! collapse ioctls (see [`ioctl`]). `docs/FUSE.md` describes the whole mapping.
+
+mod adapter;
+mod errno;
+pub mod ioctl;
+mod mount;
+mod permissions;
+
+pub use errno::errno_of;
+pub use mount::{mount_background, mount_foreground, unmount, BackgroundMount, MountConfig};

@@ -1,0 +1,539 @@
+//! Mounting and unmounting: the API the `tandem` command calls.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use fuser::{MountOption, Notifier, Session, SessionACL};
+use tandemfs::fs::FileSystem;
+
+use crate::adapter::Adapter;
+
+/// The file system type shown in /proc/mounts is `fuse.` followed by this.
+const SUBTYPE: &str = "tandemfs";
+
+/// How long [`unmount`] waits for the serving process to finish writing after the kernel
+/// let go of the mount.
+const SERVER_EXIT_WAIT: Duration = Duration::from_secs(120);
+
+/// How a volume is mounted.
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Let users other than the one who mounted use the mount (needs `user_allow_other` in
+    /// /etc/fuse.conf when the mounting user is not root).
+    pub allow_other: bool,
+    /// Let the kernel check permission bits (recommended; see docs/FUSE.md).
+    pub default_permissions: bool,
+    /// FUSE worker threads; at least 2 are used (see docs/FUSE.md).
+    pub threads: usize,
+    pub read_only: bool,
+    /// The "source" column of /proc/mounts.
+    pub volume_name: String,
+}
+
+impl Default for MountConfig {
+    fn default() -> MountConfig {
+        let cores = std::thread::available_parallelism().map_or(2, |count| count.get());
+        MountConfig {
+            allow_other: false,
+            default_permissions: true,
+            threads: cores.clamp(2, 8),
+            read_only: false,
+            volume_name: "tandemfs".to_string(),
+        }
+    }
+}
+
+fn session_config(config: &MountConfig) -> fuser::Config {
+    let mut options = vec![
+        MountOption::FSName(if config.volume_name.is_empty() {
+            SUBTYPE.to_string()
+        } else {
+            config.volume_name.clone()
+        }),
+        // Passed as a kernel option so that a direct mount by root records the type
+        // `fuse.tandemfs` too (fuser's own Subtype option only reaches fusermount).
+        MountOption::CUSTOM(format!("subtype={SUBTYPE}")),
+    ];
+    if config.default_permissions {
+        options.push(MountOption::DefaultPermissions);
+    }
+    options.push(if config.read_only { MountOption::RO } else { MountOption::RW });
+    let mut session = fuser::Config::default();
+    session.mount_options = options;
+    session.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
+    // A request that invalidates cached pages (insert, collapse) may make the kernel write
+    // dirty mmap pages back first, which another worker must serve: never fewer than two.
+    session.n_threads = Some(config.threads.max(2));
+    session.clone_fd = true;
+    session
+}
+
+/// Writes log records at warning level and above (or the level in `TANDEM_LOG`: error, warn,
+/// info, debug, trace) to standard error, which a background mount sends to its log file.
+/// Without it the adapter's error lines (corruption, I/O errors) and fuser's warnings would be
+/// lost, since the `log` crate drops records when no logger is installed. An application that
+/// installed its own logger keeps it.
+struct StandardErrorLogger;
+
+impl log::Log for StandardErrorLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+    fn log(&self, record: &log::Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let message = record.args().to_string();
+        // When the session ends because the mount went away (umount, `tandem umount`), fuser
+        // still tries to unmount on its way out and reports the kernel's EINVAL: the normal
+        // end of every mount, not worth a warning in the log.
+        if record.target().starts_with("fuser")
+            && message.starts_with("Failed to umount filesystem")
+            && message.contains("os error 22")
+        {
+            return;
+        }
+        eprintln!("[{}] {message}", record.level());
+    }
+    fn flush(&self) {}
+}
+
+fn install_logger() {
+    static LOGGER: StandardErrorLogger = StandardErrorLogger;
+    if log::set_logger(&LOGGER).is_ok() {
+        let level = std::env::var("TANDEM_LOG")
+            .ok()
+            .and_then(|value| value.parse::<log::LevelFilter>().ok())
+            .unwrap_or(log::LevelFilter::Warn);
+        log::set_max_level(level);
+    }
+}
+
+fn start_session(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<Session<Adapter>> {
+    install_logger();
+    let notifier = Arc::new(OnceLock::<Notifier>::new());
+    let adapter = Adapter::new(fs, config.default_permissions, notifier.clone());
+    let session = Session::new(adapter, mountpoint, &session_config(config))
+        .map_err(|error| io::Error::new(error.kind(), format!("mounting {}: {error}", mountpoint.display())))?;
+    // Requests are served only once `run` starts, so the notifier is in place before the
+    // first one.
+    let _ = notifier.set(session.notifier());
+    Ok(session)
+}
+
+/// Mounts `fs` at `mountpoint` and serves it on this thread until it is unmounted, by
+/// `umount`, [`unmount`] or `tandem umount`, or until the process receives SIGINT, SIGTERM or
+/// SIGHUP (then it unmounts itself). Makes every change durable (`fs.sync`) before returning;
+/// the caller then calls `fs.unmount()`.
+pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<()> {
+    let marker = ServingMarker::claim(mountpoint)?;
+    let blocked = BlockedSignals::block()?;
+    let session = match start_session(fs.clone(), mountpoint, config) {
+        Ok(session) => session,
+        Err(error) => {
+            drop(blocked);
+            return Err(error);
+        }
+    };
+    let watcher = SignalWatcher::start(canonical_or_absolute(mountpoint))?;
+    let served = session.run();
+    watcher.stop();
+    let synced = fs.sync();
+    drop(blocked);
+    // The marker stays claimed until this process exits, which is after the caller's
+    // `fs.unmount()`: `unmount` waits for that, so a command run after `tandem umount`
+    // (fsck, a new mount) finds the volume complete.
+    marker.keep_until_exit();
+    served?;
+    synced.map_err(|error| io::Error::other(format!("final sync: {error}")))
+}
+
+/// A volume served by a background thread of this process.
+pub struct BackgroundMount {
+    mountpoint: PathBuf,
+    server: Option<JoinHandle<io::Result<()>>>,
+    fs: FileSystem,
+    _marker: ServingMarker,
+}
+
+/// Mounts `fs` at `mountpoint` and serves it on background threads. Unmount with
+/// [`BackgroundMount::unmount`]; dropping the value unmounts too (lazily if busy).
+pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<BackgroundMount> {
+    let marker = ServingMarker::claim(mountpoint)?;
+    marker.mark_background();
+    let session = start_session(fs.clone(), mountpoint, config)?;
+    let server = std::thread::Builder::new().name("tandemfs-fuse".to_string()).spawn(move || session.run())?;
+    Ok(BackgroundMount { mountpoint: canonical_or_absolute(mountpoint), server: Some(server), fs, _marker: marker })
+}
+
+impl BackgroundMount {
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Unmounts (fails with EBUSY while files are open), waits for the server threads, and
+    /// makes every change durable.
+    pub fn unmount(mut self) -> io::Result<()> {
+        self.finish(false)
+    }
+
+    fn finish(&mut self, lazily_if_busy: bool) -> io::Result<()> {
+        let Some(server) = self.server.take() else {
+            return Ok(());
+        };
+        if let Err(error) = kernel_unmount(&self.mountpoint, lazily_if_busy) {
+            self.server = Some(server);
+            return Err(error);
+        }
+        let served = server.join().unwrap_or_else(|_| Err(io::Error::other("FUSE server thread panicked")));
+        let synced = self.fs.sync();
+        served?;
+        synced.map_err(|error| io::Error::other(format!("final sync: {error}")))
+    }
+}
+
+impl Drop for BackgroundMount {
+    fn drop(&mut self) {
+        if let Err(error) = self.finish(true) {
+            log::error!("tandemfs: unmounting {}: {error}", self.mountpoint.display());
+        }
+    }
+}
+
+/// Unmounts the tandemfs mounted at `mountpoint` and waits until the process serving it has
+/// finished (so the volume is complete on its device when this returns). Fails with a clear
+/// message when nothing, or something other than tandemfs, is mounted there, and with EBUSY
+/// while files on it are open.
+pub fn unmount(mountpoint: &Path) -> io::Result<()> {
+    let path = canonical_or_absolute(mountpoint);
+    let Some(file_system_type) = mounted_type(&path)? else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a mount point", path.display())));
+    };
+    if file_system_type != format!("fuse.{SUBTYPE}") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is a {file_system_type} mount, not tandemfs", path.display()),
+        ));
+    }
+    kernel_unmount(&path, false)?;
+    let deadline = Instant::now() + SERVER_EXIT_WAIT;
+    while ServingMarker::is_claimed(&path) {
+        if Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{} was unmounted, but its server is still writing after {} s",
+                    path.display(),
+                    SERVER_EXIT_WAIT.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// `realpath` of the mount point, or the path made absolute when it cannot be resolved (a
+/// mount whose server died answers ENOTCONN to every lookup).
+fn canonical_or_absolute(path: &Path) -> PathBuf {
+    path.canonicalize().unwrap_or_else(|_| std::path::absolute(path).unwrap_or(path.to_path_buf()))
+}
+
+/// The type (`fuse.tandemfs`, `ext4`, ...) of the file system mounted exactly at `path`.
+fn mounted_type(path: &Path) -> io::Result<Option<String>> {
+    let mount_table = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let wanted = path.as_os_str().as_bytes();
+    // The last mount at a path hides the earlier ones.
+    let mut found = None;
+    for line in mount_table.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(separator) = fields.iter().position(|field| *field == "-") else {
+            continue;
+        };
+        if fields.len() < 5 || separator + 1 >= fields.len() {
+            continue;
+        }
+        if unescape_mount_field(fields[4]) == wanted {
+            found = Some(fields[separator + 1].to_string());
+        }
+    }
+    Ok(found)
+}
+
+/// Mount tables write space, tab, newline and backslash as `\` and three octal digits.
+fn unescape_mount_field(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'\\' && index + 3 < bytes.len() {
+            let digits = &field[index + 1..index + 4];
+            if let Ok(value) = u8::from_str_radix(digits, 8) {
+                out.push(value);
+                index += 4;
+                continue;
+            }
+        }
+        out.push(bytes[index]);
+        index += 1;
+    }
+    out
+}
+
+/// Asks the kernel to unmount. Root calls umount2 directly; other users go through the
+/// set-user-ID fusermount3. With `lazily_if_busy`, a busy mount is detached instead (the
+/// kernel finishes the unmount when the last file is closed).
+fn kernel_unmount(path: &Path, lazily_if_busy: bool) -> io::Result<()> {
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mount point contains NUL"))?;
+    // SAFETY: `c_path` is a valid NUL-terminated string for the duration of the call.
+    if unsafe { libc::umount2(c_path.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EBUSY) if lazily_if_busy => {
+            // SAFETY: as above.
+            if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        }
+        Some(libc::EBUSY) => Err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!("{} is busy: files or directories on it are still in use", path.display()),
+        )),
+        // EINVAL: not (or no longer) a mount point, for example after an external umount.
+        Some(libc::EINVAL) => Ok(()),
+        Some(libc::EPERM) => fusermount_unmount(path, lazily_if_busy),
+        _ => Err(error),
+    }
+}
+
+fn fusermount_unmount(path: &Path, lazily: bool) -> io::Result<()> {
+    let mut last_error = None;
+    for program in ["fusermount3", "fusermount"] {
+        let mut command = std::process::Command::new(program);
+        command.arg("-u");
+        if lazily {
+            command.arg("-z");
+        }
+        match command.arg("--").arg(path).output() {
+            Ok(output) if output.status.success() => return Ok(()),
+            Ok(output) => {
+                return Err(io::Error::other(format!(
+                    "{program} -u {}: {}",
+                    path.display(),
+                    String::from_utf8_lossy(&output.stderr).trim()
+                )))
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| io::Error::other("fusermount3 not found")))
+}
+
+/// A name in the abstract Unix socket namespace, held by the process that serves a mount
+/// point for as long as it may still write to the volume. [`unmount`] waits for it to be
+/// released; the kernel releases it when the holder exits, even if killed.
+struct ServingMarker {
+    name: Vec<u8>,
+    socket: Option<UnixDatagram>,
+}
+
+/// Markers kept by `mount_foreground` until process exit, by name, so that serving the same
+/// mount point again in this process reuses the claim instead of failing on it.
+fn kept_markers() -> &'static Mutex<HashMap<Vec<u8>, UnixDatagram>> {
+    static KEPT: OnceLock<Mutex<HashMap<Vec<u8>, UnixDatagram>>> = OnceLock::new();
+    KEPT.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Names held by background mounts of this process. [`unmount`] called in this process for one
+/// of them must not wait for the name: the owner (`BackgroundMount`) releases it only after
+/// its own unmount, which may be the very call waiting.
+fn background_markers() -> &'static Mutex<HashSet<Vec<u8>>> {
+    static HELD: OnceLock<Mutex<HashSet<Vec<u8>>>> = OnceLock::new();
+    HELD.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+impl ServingMarker {
+    fn name_for(mountpoint: &Path) -> Vec<u8> {
+        // FNV-1a of the path keeps the name short whatever the path's length.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in mountpoint.as_os_str().as_bytes() {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("tandemfs-serving-{hash:016x}").into_bytes()
+    }
+
+    fn bind(name: &[u8]) -> io::Result<UnixDatagram> {
+        use std::os::linux::net::SocketAddrExt;
+        let address = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+        UnixDatagram::bind_addr(&address)
+    }
+
+    fn claim(mountpoint: &Path) -> io::Result<ServingMarker> {
+        let name = Self::name_for(&canonical_or_absolute(mountpoint));
+        if let Some(socket) = kept_markers().lock().expect("marker table").remove(&name) {
+            return Ok(ServingMarker { name, socket: Some(socket) });
+        }
+        match Self::bind(&name) {
+            Ok(socket) => Ok(ServingMarker { name, socket: Some(socket) }),
+            Err(error) if error.kind() == io::ErrorKind::AddrInUse => Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is already served by another tandemfs process", mountpoint.display()),
+            )),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn is_claimed(mountpoint: &Path) -> bool {
+        let name = Self::name_for(mountpoint);
+        if kept_markers().lock().expect("marker table").contains_key(&name) {
+            // Served by this very process, which has finished serving it.
+            return false;
+        }
+        if background_markers().lock().expect("marker table").contains(&name) {
+            return false;
+        }
+        matches!(Self::bind(&name), Err(error) if error.kind() == io::ErrorKind::AddrInUse)
+    }
+
+    fn mark_background(&self) {
+        background_markers().lock().expect("marker table").insert(self.name.clone());
+    }
+
+    fn keep_until_exit(mut self) {
+        if let Some(socket) = self.socket.take() {
+            kept_markers().lock().expect("marker table").insert(self.name.clone(), socket);
+        }
+    }
+}
+
+impl Drop for ServingMarker {
+    fn drop(&mut self) {
+        background_markers().lock().expect("marker table").remove(&self.name);
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP blocked in the calling thread (and so in the FUSE worker
+/// threads it starts), so that only the watcher thread receives them. Restores the previous
+/// mask when dropped.
+struct BlockedSignals {
+    previous: libc::sigset_t,
+}
+
+fn termination_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a local sigset_t.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}
+
+impl BlockedSignals {
+    fn block() -> io::Result<BlockedSignals> {
+        let set = termination_signals();
+        // SAFETY: both pointers refer to valid sigset_t values.
+        let mut previous = unsafe { std::mem::zeroed::<libc::sigset_t>() };
+        let result = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut previous) };
+        if result != 0 {
+            return Err(io::Error::from_raw_os_error(result));
+        }
+        Ok(BlockedSignals { previous })
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `block`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.previous, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Waits for a termination signal and then unmounts, which ends the session loop.
+struct SignalWatcher {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl SignalWatcher {
+    fn start(mountpoint: PathBuf) -> io::Result<SignalWatcher> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_seen = stop.clone();
+        let thread = std::thread::Builder::new().name("tandemfs-signals".to_string()).spawn(move || {
+            let set = termination_signals();
+            let timeout = libc::timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+            while !stop_seen.load(Ordering::Acquire) {
+                // SAFETY: `set` and `timeout` are valid; no siginfo is requested.
+                let signal = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout) };
+                if signal > 0 {
+                    log::info!("tandemfs: signal {signal}, unmounting {}", mountpoint.display());
+                    // Lazily if busy: a signal means "stop now", and the kernel finishes
+                    // the unmount when the last open file is closed.
+                    if let Err(error) = kernel_unmount(&mountpoint, true) {
+                        log::error!("tandemfs: unmount after signal failed: {error}");
+                    }
+                }
+            }
+        })?;
+        Ok(SignalWatcher { stop, thread })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_table_escapes_are_decoded() {
+        assert_eq!(unescape_mount_field("/mnt/a\\040b"), b"/mnt/a b".to_vec());
+        assert_eq!(unescape_mount_field("/plain"), b"/plain".to_vec());
+        assert_eq!(unescape_mount_field("/end\\"), b"/end\\".to_vec());
+    }
+
+    #[test]
+    fn root_is_a_mount_point_and_a_file_is_not() {
+        assert!(mounted_type(Path::new("/")).unwrap().is_some());
+        assert!(mounted_type(Path::new("/proc/self/status")).unwrap().is_none());
+    }
+
+    #[test]
+    fn unmount_refuses_what_is_not_tandemfs() {
+        let error = unmount(Path::new("/proc")).unwrap_err();
+        assert!(error.to_string().contains("not tandemfs"), "{error}");
+        let error = unmount(Path::new("/proc/self")).unwrap_err();
+        assert!(error.to_string().contains("not a mount point"), "{error}");
+    }
+
+    #[test]
+    fn serving_marker_is_seen_while_held() {
+        let path = Path::new("/nonexistent/tandemfs/marker/test");
+        let marker = ServingMarker::claim(path).unwrap();
+        assert!(ServingMarker::is_claimed(path));
+        assert!(ServingMarker::claim(path).is_err());
+        drop(marker);
+        assert!(!ServingMarker::is_claimed(path));
+    }
+}

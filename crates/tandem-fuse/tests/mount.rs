@@ -1,0 +1,227 @@
+//! Mounts a memory-backed volume through the kernel and drives the adapter with ordinary file
+//! system calls. Needs root and /dev/fuse; elsewhere each test says so and passes without
+//! running (CI runs as root; the real-programs suite is tests/mount/run.sh).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tandem_fuse::{ioctl, mount_background, BackgroundMount, MountConfig};
+use tandemfs::device::MemoryDevice;
+use tandemfs::fs::{FormatOptions, MountOptions};
+use tandemfs::FileSystem;
+
+struct MountedVolume {
+    mount: Option<BackgroundMount>,
+    fs: FileSystem,
+    directory: PathBuf,
+}
+
+impl MountedVolume {
+    fn path(&self, name: &str) -> PathBuf {
+        self.directory.join(name)
+    }
+}
+
+impl Drop for MountedVolume {
+    fn drop(&mut self) {
+        if let Some(mount) = self.mount.take() {
+            mount.unmount().expect("unmount");
+        }
+        self.fs.unmount().expect("engine unmount");
+        let _ = fs::remove_dir(&self.directory);
+    }
+}
+
+fn mounted() -> Option<MountedVolume> {
+    mounted_with(&MountConfig::default())
+}
+
+fn mounted_with(config: &MountConfig) -> Option<MountedVolume> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: mounting needs root and /dev/fuse");
+        return None;
+    }
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let directory = std::env::temp_dir().join(format!(
+        "tandem-fuse-test-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    fs::create_dir_all(&directory).unwrap();
+    let device = Arc::new(MemoryDevice::new(256 << 20));
+    FileSystem::format(device.clone(), &FormatOptions::default()).expect("format");
+    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).expect("engine mount");
+    let mount = mount_background(fs.clone(), &directory, config).expect("FUSE mount");
+    Some(MountedVolume { mount: Some(mount), fs, directory })
+}
+
+#[test]
+fn files_directories_and_links_round_trip() {
+    let Some(volume) = mounted() else { return };
+    fs::create_dir(volume.path("directory")).unwrap();
+    fs::write(volume.path("directory/file"), b"contents").unwrap();
+    assert_eq!(fs::read(volume.path("directory/file")).unwrap(), b"contents");
+    fs::rename(volume.path("directory/file"), volume.path("renamed")).unwrap();
+    fs::hard_link(volume.path("renamed"), volume.path("second-name")).unwrap();
+    assert_eq!(fs::metadata(volume.path("renamed")).unwrap().nlink(), 2);
+    std::os::unix::fs::symlink("renamed", volume.path("symbolic")).unwrap();
+    assert_eq!(fs::read_link(volume.path("symbolic")).unwrap(), Path::new("renamed"));
+    assert_eq!(fs::read(volume.path("symbolic")).unwrap(), b"contents");
+    let mut names: Vec<String> = fs::read_dir(&volume.directory)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["directory", "renamed", "second-name", "symbolic"]);
+    fs::set_permissions(volume.path("renamed"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(volume.path("second-name")).unwrap().mode() & 0o7777, 0o640);
+    fs::remove_file(volume.path("renamed")).unwrap();
+    assert_eq!(fs::read(volume.path("second-name")).unwrap(), b"contents");
+    fs::remove_dir(volume.path("directory")).unwrap();
+}
+
+#[test]
+fn engine_errors_arrive_as_errno() {
+    let Some(volume) = mounted() else { return };
+    assert_eq!(File::open(volume.path("missing")).unwrap_err().kind(), ErrorKind::NotFound);
+    fs::create_dir(volume.path("full")).unwrap();
+    fs::write(volume.path("full/file"), b"x").unwrap();
+    assert_eq!(fs::create_dir(volume.path("full")).unwrap_err().kind(), ErrorKind::AlreadyExists);
+    assert_eq!(fs::remove_dir(volume.path("full")).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    let long_name = "n".repeat(256);
+    assert_eq!(File::create(volume.path(&long_name)).unwrap_err().raw_os_error(), Some(libc::ENAMETOOLONG));
+    assert_eq!(File::open(volume.path("full/file/below")).unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
+}
+
+#[test]
+fn large_offsets_and_unlinked_open_files() {
+    let Some(volume) = mounted() else { return };
+    let file = OpenOptions::new().read(true).write(true).create_new(true).open(volume.path("sparse")).unwrap();
+    let far = (5u64 << 30) + 123;
+    file.write_all_at(b"far away", far).unwrap();
+    assert_eq!(file.metadata().unwrap().len(), far + 8);
+    let mut buffer = [1u8; 8];
+    file.read_exact_at(&mut buffer, far).unwrap();
+    assert_eq!(&buffer, b"far away");
+    file.read_exact_at(&mut buffer, 4 << 30).unwrap();
+    assert_eq!(buffer, [0u8; 8]);
+    fs::remove_file(volume.path("sparse")).unwrap();
+    file.write_all_at(b"still alive", 0).unwrap();
+    let mut start = [0u8; 11];
+    file.read_exact_at(&mut start, 0).unwrap();
+    assert_eq!(&start, b"still alive");
+}
+
+#[test]
+fn insert_and_collapse_through_ioctl() {
+    let Some(volume) = mounted() else { return };
+    let path = volume.path("edited");
+    fs::write(&path, b"hello world").unwrap();
+    let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    ioctl::insert_data(&file, 5, b", dear").unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"hello, dear world");
+    ioctl::insert_zeros(&file, 0, 2).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"\0\0hello, dear world");
+    ioctl::collapse(&file, 0, 9).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"dear world");
+    let mut through_descriptor = String::new();
+    (&file).read_to_string(&mut through_descriptor).unwrap();
+    assert_eq!(through_descriptor, "dear world");
+    // Beyond the end, and through a read-only descriptor: refused, file unchanged.
+    assert_eq!(ioctl::collapse(&file, 5, 100).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    let read_only = File::open(&path).unwrap();
+    assert_eq!(ioctl::insert_zeros(&read_only, 0, 1).unwrap_err().raw_os_error(), Some(libc::EBADF));
+    assert_eq!(fs::read(&path).unwrap(), b"dear world");
+    // Appending after an insert lands at the new end.
+    let mut appender = OpenOptions::new().append(true).open(&path).unwrap();
+    ioctl::insert_zeros(&file, 0, 1).unwrap();
+    appender.write_all(b"!").unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"\0dear world!");
+}
+
+#[test]
+fn extended_attributes() {
+    let Some(volume) = mounted() else { return };
+    let path = volume.path("attributed");
+    fs::write(&path, b"").unwrap();
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let name = c"user.test";
+    let value = b"value";
+    // SAFETY: all pointers are valid for the lengths given.
+    unsafe {
+        assert_eq!(libc::setxattr(c_path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0), 0);
+        assert_eq!(libc::getxattr(c_path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0), 5);
+        let mut small = [0u8; 2];
+        assert_eq!(libc::getxattr(c_path.as_ptr(), name.as_ptr(), small.as_mut_ptr().cast(), 2), -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ERANGE));
+        let mut list = [0u8; 64];
+        let length = libc::listxattr(c_path.as_ptr(), list.as_mut_ptr().cast(), list.len());
+        assert_eq!(&list[..length as usize], b"user.test\0");
+        assert_eq!(libc::removexattr(c_path.as_ptr(), name.as_ptr()), 0);
+        assert_eq!(libc::getxattr(c_path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0), -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENODATA));
+    }
+}
+
+#[test]
+fn unmount_by_path_returns_for_a_background_mount_of_this_process() {
+    let Some(mut volume) = mounted() else { return };
+    fs::write(volume.path("kept"), b"kept").unwrap();
+    let started = std::time::Instant::now();
+    tandem_fuse::unmount(&volume.directory).unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "unmount waited for itself");
+    // The background mount sees the mount gone; finishing it is then only a join and a sync.
+    volume.mount.take().unwrap().unmount().unwrap();
+    let mut buffer = vec![0u8; 4];
+    let found = volume.fs.lookup(tandemfs::fs::ROOT_INODE, b"kept").unwrap();
+    assert_eq!(volume.fs.read(found.inode, 0, &mut buffer).unwrap(), 4);
+    assert_eq!(buffer, b"kept");
+}
+
+/// Runs `command` as nobody:nogroup with no supplementary groups; true when it succeeded.
+fn as_nobody(command: &[&str]) -> bool {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .args(command)
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("setpriv (util-linux) is needed")
+        .success()
+}
+
+#[test]
+fn the_adapter_checks_permissions_when_the_kernel_does_not() {
+    let config = MountConfig { allow_other: true, default_permissions: false, ..MountConfig::default() };
+    let Some(volume) = mounted_with(&config) else { return };
+    let path = |name: &str| volume.path(name).to_str().unwrap().to_string();
+    fs::write(volume.path("secret"), b"secret").unwrap();
+    fs::set_permissions(volume.path("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(volume.path("public"), b"public").unwrap();
+    fs::set_permissions(volume.path("public"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::create_dir(volume.path("private")).unwrap();
+    fs::set_permissions(volume.path("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir(volume.path("sticky")).unwrap();
+    fs::set_permissions(volume.path("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::write(volume.path("sticky/root-owned"), b"").unwrap();
+    fs::set_permissions(volume.path("sticky/root-owned"), fs::Permissions::from_mode(0o666)).unwrap();
+
+    assert!(as_nobody(&["cat", &path("public")]));
+    assert!(!as_nobody(&["cat", &path("secret")]));
+    assert!(!as_nobody(&["sh", "-c", &format!("echo x >> '{}'", path("public"))]));
+    assert!(!as_nobody(&["ls", &path("private")]));
+    assert!(!as_nobody(&["touch", &path("new")]));
+    assert!(!as_nobody(&["chmod", "777", &path("public")]));
+    assert!(!as_nobody(&["chown", "nobody", &path("public")]));
+    assert!(as_nobody(&["touch", &path("sticky/mine")]));
+    assert!(as_nobody(&["sh", "-c", &format!("echo x >> '{}'", path("sticky/root-owned"))]));
+    assert!(!as_nobody(&["rm", "-f", &path("sticky/root-owned")]));
+    assert!(!as_nobody(&["touch", "-d", "2001-01-01", &path("sticky/root-owned")]));
+    assert!(as_nobody(&["rm", &path("sticky/mine")]));
+    assert!(volume.path("sticky/root-owned").exists());
+}

@@ -1,0 +1,896 @@
+#!/usr/bin/env bash
+# The mount test suite: real programs against a tandemfs mounted through FUSE.
+#
+# usage: tests/mount/run.sh PATH/TO/tandem
+#
+# Needs root, /dev/fuse and these packages (.ci/run installs them):
+#   fuse3 (fusermount3), rsync, git, python3, attr (setfattr/getfattr),
+#   util-linux (setpriv, fallocate), procps (pgrep), coreutils, tar, diffutils, findutils,
+#   gawk or mawk, and a C compiler
+#   (cc) for the C example (that one test is skipped without it).
+#
+# Prints one line per test and ends with exactly "N passed, N failed"; exits nonzero when any
+# test failed. Each test runs in its own bash with `set -e -o pipefail` and a time limit; its
+# output goes to a log whose tail is printed when it fails. After each group of tests the
+# volume is unmounted, checked with `tandem fsck` and mounted again.
+
+set -u
+
+if [ $# -ne 1 ] || [ ! -x "$1" ]; then
+    echo "usage: $0 PATH/TO/tandem" >&2
+    exit 2
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "$0: must run as root (it mounts, chowns and switches users)" >&2
+    exit 2
+fi
+if [ ! -e /dev/fuse ]; then
+    echo "$0: /dev/fuse is missing" >&2
+    exit 2
+fi
+
+TANDEM=$(realpath "$1")
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+TESTS="$REPO/tests/mount"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tandem-mount-test.XXXXXX")
+# The unprivileged tests walk through this directory as nobody.
+chmod 755 "$WORK"
+IMG="$WORK/volume.img"
+MNT="$WORK/mnt"
+LOCAL="$WORK/local"
+LOGS="$WORK/logs"
+mkdir -p "$MNT" "$LOCAL" "$LOGS"
+# Trees from the system to copy around, present on any machine with a C toolchain: all of
+# /usr/include (thousands of files) for cp -a, a smaller part of it for the other programs.
+SYSTEM_HEADERS=/usr/include
+INCLUDE_TREE=/usr/include/linux
+export TANDEM REPO TESTS WORK IMG MNT LOCAL LOGS SYSTEM_HEADERS INCLUDE_TREE
+
+passed=0
+failed=0
+suite_start=$(date +%s)
+
+# Field 5 of mountinfo is the mount point; the type follows the " - " separator.
+is_mounted() {
+    awk -v point="$MNT" '$5 == point && / - fuse/ { found = 1 } END { exit !found }' /proc/self/mountinfo
+}
+
+cleanup() {
+    local point
+    for point in $(awk -v work="$WORK/" 'index($5, work) == 1 { print $5 }' /proc/self/mountinfo); do
+        "$TANDEM" umount "$point" >/dev/null 2>&1 || umount -l "$point" 2>/dev/null
+    done
+    if [ "${KEEP_WORK:-0}" = 1 ]; then
+        echo "work directory kept: $WORK"
+    else
+        rm -rf --one-file-system "$WORK"
+    fi
+}
+trap cleanup EXIT
+
+# run_test NAME FUNCTION [LIMIT_SECONDS]
+run_test() {
+    local name=$1 function=$2 limit=${3:-120}
+    local log="$LOGS/$name.log" start end status
+    start=$(date +%s%N)
+    timeout --kill-after=10 "$limit" bash -c 'set -e -o pipefail; "$@"' run_test "$function" \
+        >"$log" 2>&1
+    status=$?
+    end=$(date +%s%N)
+    local tenths=$(( (end - start) / 100000000 ))
+    local seconds="$(( tenths / 10 )).$(( tenths % 10 ))"
+    if [ $status -eq 0 ]; then
+        passed=$((passed + 1))
+        echo "PASS $name (${seconds}s)"
+    else
+        failed=$((failed + 1))
+        if [ $status -eq 124 ] || [ $status -eq 137 ]; then
+            echo "FAIL $name (timed out after ${limit}s)"
+        else
+            echo "FAIL $name (exit $status, ${seconds}s)"
+        fi
+        tail -n 25 "$log" | sed 's/^/    | /'
+        # Later tests need the volume mounted: bring it back after a failure that left it
+        # unmounted (the failure is already counted).
+        if ! is_mounted && [ "$function" != test_final_unmount_and_fsck ]; then
+            echo "    (mounting the volume again for the remaining tests)"
+            bash -c mount_volume >>"$log" 2>&1 || true
+        fi
+    fi
+}
+
+skip_test() {
+    echo "SKIP $1 ($2)"
+}
+
+# ---------------------------------------------------------------- helpers (run inside tests)
+
+# Each background mount writes its own log; a panic in the mount process, or a mount that finds
+# the volume not cleanly unmounted after a clean `tandem umount`, fails the test at hand.
+mount_volume() {
+    local log output
+    log="$LOGS/mount-$(date +%s%N).log"
+    echo "$log" >"$WORK/current-mount-log"
+    output=$("$TANDEM" mount "$IMG" "$MNT" -d --log-file "$log" -o "${1:-allow_other,default_permissions}")
+    echo "$output"
+    if grep -q "not unmounted cleanly" <<<"$output"; then
+        echo "the volume was not clean although the previous unmount succeeded"
+        return 1
+    fi
+    awk -v point="$MNT" '$5 == point && / - fuse\.tandemfs / { found = 1 } END { exit !found }' \
+        /proc/self/mountinfo
+}
+
+unmount_volume() {
+    "$TANDEM" umount "$MNT"
+    if is_mounted; then echo "still mounted after umount"; return 1; fi
+    check_mount_log
+}
+
+# Fails when the log of the current (or just ended) mount process shows a panic.
+check_mount_log() {
+    local log
+    log=$(cat "$WORK/current-mount-log")
+    if grep -q "panicked" "$log"; then
+        echo "the mount process panicked; its log ($log):"
+        grep -v '^  ' "$log"
+        return 1
+    fi
+}
+
+as_nobody() {
+    setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"
+}
+
+# expect_failure "MESSAGE PART" COMMAND...: the command must fail and say MESSAGE PART.
+expect_failure() {
+    local expected=$1 output
+    shift
+    if output=$("$@" 2>&1); then
+        echo "expected failure ($expected) but succeeded: $*"
+        return 1
+    fi
+    if ! grep -qi -- "$expected" <<<"$output"; then
+        echo "expected '$expected' from: $*"
+        echo "got: $output"
+        return 1
+    fi
+}
+
+# A listing of a tree that covers names, types, modes, owners, sizes of files, link targets
+# and modification times, for comparing copies.
+tree_listing() {
+    (cd "$1" && find . -mindepth 1 \( -type d -printf '%y %P %m %U %G %T@\n' \) -o \
+        -printf '%y %P %m %U %G %s %T@ %l\n' | LC_ALL=C sort)
+}
+
+same_tree() {
+    diff -r --no-dereference "$1" "$2"
+    diff <(tree_listing "$1") <(tree_listing "$2")
+}
+
+export -f is_mounted mount_volume unmount_volume check_mount_log as_nobody expect_failure tree_listing same_tree
+
+# ---------------------------------------------------------------- group 1: real programs
+
+test_mkfs_and_mount() {
+    "$TANDEM" mkfs "$IMG" --size 2G
+    mount_volume
+    test "$(stat -f -c '%l' "$MNT")" = 255
+    df -P "$MNT" | tail -1
+    test "$(stat -c %i "$MNT")" = 1
+}
+
+test_cp_source_tree() {
+    cp -a "$REPO/crates" "$MNT/crates"
+    same_tree "$REPO/crates" "$MNT/crates"
+}
+
+test_cp_include_tree() {
+    cp -a "$SYSTEM_HEADERS" "$MNT/include"
+    same_tree "$SYSTEM_HEADERS" "$MNT/include"
+}
+
+test_tar_roundtrip() {
+    # POSIX (pax) archives keep nanosecond times, so the listings can be compared exactly.
+    tar --format=posix -C "$MNT/crates" -cf "$LOCAL/crates.tar" .
+    mkdir "$MNT/untar"
+    tar -C "$MNT/untar" -xpf "$LOCAL/crates.tar"
+    same_tree "$REPO/crates" "$MNT/untar"
+    # And an archive written on the mount, extracted to local disk.
+    tar --format=posix -C "$(dirname "$INCLUDE_TREE")" -cf "$MNT/include.tar" "$(basename "$INCLUDE_TREE")"
+    mkdir "$LOCAL/untar"
+    tar -C "$LOCAL/untar" -xpf "$MNT/include.tar"
+    same_tree "$INCLUDE_TREE" "$LOCAL/untar/$(basename "$INCLUDE_TREE")"
+}
+
+test_git_repository() {
+    cd "$MNT"
+    git init -q project
+    cp -a "$REPO/crates/tandem-fuse" project/
+    cd project
+    git add -A
+    git -c user.name=Test -c user.email=test@example.invalid commit -q -m "first"
+    echo "// changed" >>tandem-fuse/src/lib.rs
+    git -c user.name=Test -c user.email=test@example.invalid commit -q -am "second"
+    test "$(git log --oneline | wc -l)" -eq 2
+    test "$(git log -1 --format=%s)" = second
+    test -z "$(git status --porcelain)"
+    git gc -q
+    git fsck --strict
+    git checkout -q HEAD~1
+    cmp tandem-fuse/src/lib.rs "$REPO/crates/tandem-fuse/src/lib.rs"
+}
+
+test_rsync() {
+    rsync -a "$INCLUDE_TREE/" "$MNT/rsync/"
+    same_tree "$INCLUDE_TREE" "$MNT/rsync"
+    # A second run finds nothing to do: sizes and times were kept exactly.
+    changes=$(rsync -ai "$INCLUDE_TREE/" "$MNT/rsync/")
+    test -z "$changes" || { echo "second rsync changed: $changes"; exit 1; }
+    # Deletions propagate.
+    rsync -a "$MNT/rsync/" "$LOCAL/rsync/"
+    rm -f "$LOCAL/rsync/"*.h
+    rsync -a --delete "$LOCAL/rsync/" "$MNT/rsync/"
+    same_tree "$LOCAL/rsync" "$MNT/rsync"
+}
+
+test_find() {
+    diff <(cd "$REPO/crates" && find . | LC_ALL=C sort) <(cd "$MNT/crates" && find . | LC_ALL=C sort)
+    test "$(find "$MNT/include" -type f | wc -l)" -eq "$(find "$SYSTEM_HEADERS" -type f | wc -l)"
+    test "$(find "$MNT/include" -type l | wc -l)" -eq "$(find "$SYSTEM_HEADERS" -type l | wc -l)"
+    test "$(find "$MNT/crates" -name '*.rs' | wc -l)" -eq "$(find "$REPO/crates" -name '*.rs' | wc -l)"
+}
+
+test_links() {
+    mkdir "$MNT/links"
+    cd "$MNT/links"
+    echo "linked data" >a
+    ln a b
+    test "$(stat -c %h a)" -eq 2
+    test "$(stat -c %i a)" = "$(stat -c %i b)"
+    rm a
+    test "$(cat b)" = "linked data"
+    test "$(stat -c %h b)" -eq 1
+    ln -s b symbolic
+    test "$(readlink symbolic)" = b
+    test "$(cat symbolic)" = "linked data"
+    ln -s ../nowhere dangling
+    test -L dangling
+    test ! -e dangling
+    mkdir directory
+    ln -s directory directory-link
+    touch directory-link/through
+    test -f directory/through
+    expect_failure "not \(allowed\|permitted\)" ln directory directory-hard
+    long_target=$(printf 'x%.0s' $(seq 1 4000))
+    ln -s "$long_target" long-link
+    test "$(readlink long-link)" = "$long_target"
+}
+
+test_chmod_chown() {
+    mkdir "$MNT/modes"
+    cd "$MNT/modes"
+    touch f
+    chmod 0751 f
+    test "$(stat -c %a f)" = 751
+    chmod u+s,g+s f
+    test "$(stat -c %a f)" = 6751
+    # Like every Linux file system, chown of a regular file drops set-user-ID, and
+    # set-group-ID when the group may execute.
+    chown 65534:65534 f
+    test "$(stat -c %u:%g f)" = 65534:65534
+    test "$(stat -c %a f)" = 751
+    chown root:root f
+    test "$(stat -c %U f)" = root
+    # Set-group-ID directories hand their group (and, to subdirectories, the bit) down.
+    mkdir g
+    chown 0:65534 g
+    chmod 2775 g
+    touch g/file
+    mkdir g/sub
+    test "$(stat -c %g g/file)" = 65534
+    test "$(stat -c %g g/sub)" = 65534
+    test "$(( 0$(stat -c %a g/sub) & 02000 ))" -ne 0
+    # Timestamps: explicit and now.
+    TZ=UTC touch -d '2001-02-03 04:05:06.123456789' f
+    test "$(TZ=UTC stat -c %y f)" = "2001-02-03 04:05:06.123456789 +0000"
+    touch f
+    test "$(stat -c %Y f)" -ge "$(( $(date +%s) - 60 ))"
+}
+
+# ---------------------------------------------------------------- group 2: file contents
+
+test_truncate() {
+    head -c 300000 /dev/urandom >"$LOCAL/truncate"
+    cp "$LOCAL/truncate" "$MNT/truncate"
+    for size in 100000 2M +12345 0 7 4097; do
+        truncate -s "$size" "$LOCAL/truncate"
+        truncate -s "$size" "$MNT/truncate"
+        cmp "$LOCAL/truncate" "$MNT/truncate"
+        test "$(stat -c %s "$LOCAL/truncate")" = "$(stat -c %s "$MNT/truncate")"
+    done
+}
+
+test_dd() {
+    dd if=/dev/urandom of="$LOCAL/random" bs=1M count=16 status=none
+    dd if="$LOCAL/random" of="$MNT/random" bs=64k conv=fsync status=none
+    cmp "$LOCAL/random" "$MNT/random"
+    # Odd block sizes and in-place overwrites.
+    dd if=/dev/urandom of="$LOCAL/patch" bs=1000 count=37 status=none
+    for target in "$LOCAL/random" "$MNT/random"; do
+        dd if="$LOCAL/patch" of="$target" bs=1000 seek=777 conv=notrunc status=none
+        dd if="$LOCAL/patch" of="$target" bs=7 seek=2396714 conv=notrunc status=none
+    done
+    cmp "$LOCAL/random" "$MNT/random"
+    dd if="$MNT/random" bs=333 skip=1001 count=50 status=none | cmp - \
+        <(dd if="$LOCAL/random" bs=333 skip=1001 count=50 status=none)
+}
+
+test_large_sparse_file() {
+    head -c 1048576 /dev/urandom >"$LOCAL/chunk"
+    # 1 MiB of data at 5 GiB: the file is larger than 4 GiB but almost all hole.
+    dd if="$LOCAL/chunk" of="$MNT/big" bs=1M seek=5120 conv=notrunc status=none
+    test "$(stat -c %s "$MNT/big")" -eq $(( 5 * 1024 * 1024 * 1024 + 1048576 ))
+    dd if="$MNT/big" bs=1M skip=5120 count=1 status=none | cmp - "$LOCAL/chunk"
+    dd if="$MNT/big" bs=1M skip=4096 count=1 status=none | cmp - <(head -c 1048576 /dev/zero)
+    test "$(( $(stat -c %b "$MNT/big") * 512 ))" -lt $(( 64 * 1024 * 1024 ))
+    # A write across the 4 GiB boundary, read back exactly.
+    python3 - "$MNT/big" <<'EOF'
+import os, sys
+descriptor = os.open(sys.argv[1], os.O_RDWR)
+boundary = 1 << 32
+data = bytes(range(256)) * 8
+os.pwrite(descriptor, data, boundary - 1000)
+assert os.pread(descriptor, len(data), boundary - 1000) == data
+assert os.pread(descriptor, 10, boundary - 1010) == bytes(10)
+os.close(descriptor)
+EOF
+    truncate -s 6G "$MNT/sparse6g"
+    test "$(stat -c %s "$MNT/sparse6g")" -eq $(( 6 * 1024 * 1024 * 1024 ))
+    dd if="$MNT/sparse6g" bs=1M skip=6000 count=2 status=none | cmp - <(head -c 2097152 /dev/zero)
+    rm "$MNT/sparse6g"
+}
+
+test_fallocate() {
+    head -c 1048576 /dev/urandom >"$LOCAL/falloc"
+    cp "$LOCAL/falloc" "$MNT/falloc"
+    for target in "$LOCAL/falloc" "$MNT/falloc"; do
+        fallocate -l 2M "$target"                       # mode 0: extends
+        fallocate -n -o 2M -l 1M "$target"              # KEEP_SIZE: size unchanged
+        fallocate -p -o 4096 -l 10000 "$target"         # PUNCH_HOLE | KEEP_SIZE
+        fallocate -z -o 300001 -l 5000 "$target"        # ZERO_RANGE inside
+        fallocate -z -o 2097152 -l 100000 "$target"     # ZERO_RANGE past the end: extends
+    done
+    test "$(stat -c %s "$MNT/falloc")" -eq $(( 2097152 + 100000 ))
+    test "$(stat -c %s "$LOCAL/falloc")" = "$(stat -c %s "$MNT/falloc")"
+    cmp "$LOCAL/falloc" "$MNT/falloc"
+    # Byte-granular insert and collapse do not travel through fallocate (see docs/FUSE.md).
+    python3 - "$MNT/falloc" <<'EOF'
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+descriptor = os.open(sys.argv[1], os.O_RDWR)
+for mode in (0x20, 0x08):  # INSERT_RANGE, COLLAPSE_RANGE
+    result = libc.fallocate(descriptor, mode, ctypes.c_long(0), ctypes.c_long(4096))
+    assert result == -1 and ctypes.get_errno() == errno.EOPNOTSUPP, (mode, ctypes.get_errno())
+EOF
+}
+
+test_random_io() {
+    python3 "$TESTS/random_io.py" "$MNT/random-a.bin" 42 1500 &
+    first=$!
+    python3 "$TESTS/random_io.py" "$MNT/random-b.bin" 7 1500 8388608 &
+    second=$!
+    wait $first
+    wait $second
+}
+
+test_parallel_writers() {
+    mkdir "$MNT/shared"
+    writer() {
+        local job=$1 index directory
+        for index in $(seq 1 120); do
+            directory="$MNT/shared/d$(( index % 6 ))/sub$(( index % 2 ))"
+            mkdir -p "$directory"
+            printf 'job %s file %s\n%s\n' "$job" "$index" "$(seq "$index")" >"$directory/w${job}_$index.tmp"
+            mv "$directory/w${job}_$index.tmp" "$directory/w${job}_$index"
+            if (( index % 10 == 0 )); then
+                rm "$MNT/shared/d$(( (index - 5) % 6 ))/sub$(( (index - 5) % 2 ))/w${job}_$(( index - 5 ))"
+            fi
+        done
+    }
+    for job in 1 2 3 4; do writer "$job" & done
+    wait
+    for job in 1 2 3 4; do
+        for index in $(seq 1 120); do
+            file="$MNT/shared/d$(( index % 6 ))/sub$(( index % 2 ))/w${job}_$index"
+            if (( (index + 5) % 10 == 0 )); then
+                test ! -e "$file"
+            else
+                diff "$file" <(printf 'job %s file %s\n%s\n' "$job" "$index" "$(seq "$index")")
+            fi
+        done
+    done
+    test "$(find "$MNT/shared" -type f | wc -l)" -eq $(( 4 * 108 ))
+    test -z "$(find "$MNT/shared" -name '*.tmp')"
+}
+
+test_xattrs() {
+    touch "$MNT/xattr"
+    setfattr -n user.colour -v blue "$MNT/xattr"
+    test "$(getfattr --only-values -n user.colour "$MNT/xattr")" = blue
+    big=$(head -c 3000 /dev/zero | tr '\0' 'v')
+    setfattr -n user.big -v "$big" "$MNT/xattr"
+    test "$(getfattr --only-values -n user.big "$MNT/xattr")" = "$big"
+    getfattr -d "$MNT/xattr" | grep 'user.colour="blue"' >/dev/null
+    setfattr -x user.colour "$MNT/xattr"
+    expect_failure "No such attribute" getfattr -n user.colour "$MNT/xattr"
+    mkdir "$MNT/xattr-dir"
+    setfattr -n user.on-directory -v yes "$MNT/xattr-dir"
+    test "$(getfattr --only-values -n user.on-directory "$MNT/xattr-dir")" = yes
+    python3 - "$MNT/xattr" <<'EOF'
+import ctypes, errno, os, sys
+path = sys.argv[1].encode()
+libc = ctypes.CDLL(None, use_errno=True)
+# A size-0 probe returns the size; a buffer one byte short gets ERANGE.
+size = libc.getxattr(path, b"user.big", None, ctypes.c_size_t(0))
+assert size == 3000, size
+buffer = ctypes.create_string_buffer(2999)
+assert libc.getxattr(path, b"user.big", buffer, ctypes.c_size_t(2999)) == -1
+assert ctypes.get_errno() == errno.ERANGE
+list_size = libc.listxattr(path, None, ctypes.c_size_t(0))
+assert list_size == len(b"user.big\0"), list_size
+small = ctypes.create_string_buffer(3)
+assert libc.listxattr(path, small, ctypes.c_size_t(3)) == -1 and ctypes.get_errno() == errno.ERANGE
+try:
+    os.setxattr(sys.argv[1], "user.big", b"x", os.XATTR_CREATE)
+    raise SystemExit("XATTR_CREATE on an existing attribute succeeded")
+except OSError as error:
+    assert error.errno == errno.EEXIST, error
+try:
+    os.setxattr(sys.argv[1], "user.missing", b"x", os.XATTR_REPLACE)
+    raise SystemExit("XATTR_REPLACE on a missing attribute succeeded")
+except OSError as error:
+    assert error.errno == errno.ENODATA, error
+EOF
+}
+
+test_mmap() {
+    python3 - "$MNT/mapped" <<'EOF'
+import mmap, os, sys
+path = sys.argv[1]
+size = 3 * 4096 + 100
+descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.ftruncate(descriptor, size)
+with mmap.mmap(descriptor, size) as mapping:
+    for offset in (0, 4095, 8192, size - 7):
+        mapping[offset:offset + 7] = b"MAPPED!"
+    mapping.flush()
+expected = bytearray(size)
+for offset in (0, 4095, 8192, size - 7):
+    expected[offset:offset + 7] = b"MAPPED!"
+os.close(descriptor)
+with open(path, "rb") as handle:
+    assert handle.read() == bytes(expected)
+# Writes through write(2) are visible in an existing mapping.
+descriptor = os.open(path, os.O_RDWR)
+with mmap.mmap(descriptor, size, prot=mmap.PROT_READ) as mapping:
+    os.pwrite(descriptor, b"written", 5000)
+    assert mapping[5000:5007] == b"written"
+os.close(descriptor)
+EOF
+}
+
+test_rename() {
+    mkdir -p "$MNT/rename/a" "$MNT/rename/b" "$MNT/rename/empty" "$MNT/rename/full/x"
+    cd "$MNT/rename"
+    echo one >a/one
+    echo two >b/two
+    mv a/one b/two
+    test "$(cat b/two)" = one
+    test ! -e a/one
+    mv b/two a/moved
+    mv empty a/empty-moved
+    mkdir target-empty
+    mv -T full target-empty
+    test -d target-empty/x
+    mkdir nonempty-source; touch nonempty-source/f
+    mkdir -p nonempty-target/g
+    expect_failure "not empty" mv -T nonempty-source nonempty-target
+    python3 - <<'EOF'
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, NOREPLACE, EXCHANGE = -100, 1, 2
+open("left", "w").write("left")
+open("right", "w").write("right")
+assert libc.renameat2(AT_FDCWD, b"left", AT_FDCWD, b"right", NOREPLACE) == -1
+assert ctypes.get_errno() == errno.EEXIST
+assert libc.renameat2(AT_FDCWD, b"left", AT_FDCWD, b"right", EXCHANGE) == 0
+assert open("left").read() == "right" and open("right").read() == "left"
+os.mkdir("directory-side")
+assert libc.renameat2(AT_FDCWD, b"left", AT_FDCWD, b"directory-side", EXCHANGE) == 0
+assert os.path.isdir("left") and open("directory-side").read() == "right"
+assert libc.renameat2(AT_FDCWD, b"right", AT_FDCWD, b"new-name", NOREPLACE) == 0
+EOF
+}
+
+test_open_semantics() {
+    python3 - "$MNT" <<'EOF'
+import errno, os, sys
+root = sys.argv[1]
+path = os.path.join(root, "open-semantics")
+descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+os.write(descriptor, b"0123456789")
+os.close(descriptor)
+try:
+    os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    raise SystemExit("O_EXCL on an existing file succeeded")
+except FileExistsError:
+    pass
+# O_APPEND from two descriptors interleaves at the end.
+first = os.open(path, os.O_WRONLY | os.O_APPEND)
+second = os.open(path, os.O_WRONLY | os.O_APPEND)
+os.write(first, b"A")
+os.write(second, b"B")
+os.write(first, b"C")
+os.close(first)
+os.close(second)
+assert open(path, "rb").read() == b"0123456789ABC"
+# O_TRUNC empties.
+os.close(os.open(path, os.O_WRONLY | os.O_TRUNC))
+assert os.stat(path).st_size == 0
+# An unlinked file stays usable while open.
+descriptor = os.open(path, os.O_RDWR)
+os.write(descriptor, b"still here")
+os.unlink(path)
+assert not os.path.exists(path)
+assert os.pread(descriptor, 100, 0) == b"still here"
+os.pwrite(descriptor, b"and writable", 20)
+assert os.fstat(descriptor).st_size == 32
+os.close(descriptor)
+# Errors the kernel gets from the engine.
+for name, expected in ((b"n" * 256, errno.ENAMETOOLONG),):
+    try:
+        os.open(os.path.join(root.encode(), name), os.O_CREAT | os.O_WRONLY)
+        raise SystemExit("a 256-byte name was accepted")
+    except OSError as error:
+        assert error.errno == expected, error
+os.mkdir(os.path.join(root, "not-empty"))
+open(os.path.join(root, "not-empty", "f"), "w").close()
+try:
+    os.rmdir(os.path.join(root, "not-empty"))
+    raise SystemExit("rmdir of a non-empty directory succeeded")
+except OSError as error:
+    assert error.errno == errno.ENOTEMPTY, error
+try:
+    os.open(os.path.join(root, "not-empty", "f", "below-a-file"), os.O_RDONLY)
+    raise SystemExit("a path through a file resolved")
+except OSError as error:
+    assert error.errno == errno.ENOTDIR, error
+# SEEK_DATA / SEEK_HOLE see the whole file as data.
+descriptor = os.open(os.path.join(root, "not-empty", "f"), os.O_RDWR)
+os.write(descriptor, b"x" * 5000)
+assert os.lseek(descriptor, 10, os.SEEK_DATA) == 10
+assert os.lseek(descriptor, 10, os.SEEK_HOLE) == 5000
+os.close(descriptor)
+EOF
+}
+
+test_special_files() {
+    mkdir "$MNT/special"
+    cd "$MNT/special"
+    mkfifo fifo
+    test -p fifo
+    mknod character c 1 3
+    test -c character
+    test "$(stat -c '%t:%T' character)" = 1:3
+    mknod block b 7 0
+    test -b block
+    python3 -c "import socket; s = socket.socket(socket.AF_UNIX); s.bind('socket')"
+    test -S socket
+    # A FIFO on the mount passes data between processes.
+    (echo through-the-fifo >fifo &)
+    test "$(cat fifo)" = through-the-fifo
+}
+
+# ---------------------------------------------------------------- group 3: users and editing
+
+test_permissions_unprivileged() {
+    mkdir "$MNT/perm"
+    chmod 755 "$MNT/perm"
+    echo secret >"$MNT/perm/secret"; chmod 600 "$MNT/perm/secret"
+    echo public >"$MNT/perm/public"; chmod 644 "$MNT/perm/public"
+    mkdir "$MNT/perm/private"; chmod 700 "$MNT/perm/private"
+    test "$(as_nobody cat "$MNT/perm/public")" = public
+    expect_failure "Permission denied" as_nobody cat "$MNT/perm/secret"
+    expect_failure "Permission denied" as_nobody sh -c "echo x >>'$MNT/perm/public'"
+    expect_failure "Permission denied" as_nobody touch "$MNT/perm/new"
+    expect_failure "Permission denied" as_nobody ls "$MNT/perm/private"
+    expect_failure "Permission denied" as_nobody rm -f "$MNT/perm/public"
+    expect_failure "not permitted" as_nobody chmod 777 "$MNT/perm/public"
+    expect_failure "not permitted" as_nobody chown nobody "$MNT/perm/public"
+    # Sticky, world-writable directory: everyone creates, only owners remove.
+    mkdir "$MNT/sticky"; chmod 1777 "$MNT/sticky"
+    echo root >"$MNT/sticky/rootfile"; chmod 666 "$MNT/sticky/rootfile"
+    as_nobody sh -c "echo mine >'$MNT/sticky/nobodyfile'"
+    test "$(stat -c %U:%G "$MNT/sticky/nobodyfile")" = nobody:nogroup
+    as_nobody sh -c "echo appended >>'$MNT/sticky/rootfile'"
+    as_nobody touch "$MNT/sticky/rootfile"
+    expect_failure "not permitted" as_nobody touch -d 2000-01-01 "$MNT/sticky/rootfile"
+    expect_failure "not permitted" as_nobody rm -f "$MNT/sticky/rootfile"
+    expect_failure "not permitted" as_nobody mv "$MNT/sticky/rootfile" "$MNT/sticky/renamed"
+    as_nobody chmod 640 "$MNT/sticky/nobodyfile"
+    test "$(stat -c %a "$MNT/sticky/nobodyfile")" = 640
+    expect_failure "not permitted" as_nobody chgrp root "$MNT/sticky/nobodyfile"
+    as_nobody mkdir "$MNT/sticky/nobody-dir"
+    as_nobody rm "$MNT/sticky/nobodyfile"
+    rm "$MNT/sticky/rootfile"
+    # A write by someone other than the owner clears set-user-ID and set-group-ID.
+    echo privileged >"$MNT/sticky/setid"; chmod 6777 "$MNT/sticky/setid"
+    as_nobody sh -c "echo change >>'$MNT/sticky/setid'"
+    test "$(stat -c %a "$MNT/sticky/setid")" = 777
+    # Set-group-ID on a file of a group the caller is not in is dropped.
+    touch "$MNT/sticky/g"
+    chown nobody:root "$MNT/sticky/g"
+    as_nobody chmod 2755 "$MNT/sticky/g"
+    test "$(stat -c %a "$MNT/sticky/g")" = 755
+}
+
+test_insert_collapse_commands() {
+    python3 "$TESTS/insert_collapse_check.py" "$TANDEM" "$MNT/edit.bin" 7 60
+    # Edges: at the end, everything, and errors.
+    printf 'abcdef' >"$MNT/edge"
+    "$TANDEM" insert "$MNT/edge" 6 --zeros 2
+    test "$(od -An -c "$MNT/edge" | tr -d ' ')" = 'abcdef\0\0'
+    "$TANDEM" collapse "$MNT/edge" 0 8
+    test "$(stat -c %s "$MNT/edge")" -eq 0
+    printf 'abc' >"$MNT/edge"
+    if "$TANDEM" collapse "$MNT/edge" 2 5 2>/dev/null; then echo "collapse past the end succeeded"; exit 1; fi
+    if "$TANDEM" insert "$MNT/edge" 10 --zeros 1 2>/dev/null; then echo "insert past the end succeeded"; exit 1; fi
+    test "$(cat "$MNT/edge")" = abc
+}
+
+test_insert_large_data() {
+    head -c 20000000 /dev/urandom >"$LOCAL/large"
+    head -c 3000000 /dev/urandom >"$LOCAL/insertion"
+    cp "$LOCAL/large" "$MNT/large"
+    "$TANDEM" insert "$MNT/large" 12345 --from "$LOCAL/insertion"
+    { head -c 12345 "$LOCAL/large"; cat "$LOCAL/insertion"; tail -c +12346 "$LOCAL/large"; } \
+        | cmp - "$MNT/large"
+    "$TANDEM" collapse "$MNT/large" 12345 3000000
+    cmp "$LOCAL/large" "$MNT/large"
+}
+
+test_insert_ioctl_semantics() {
+    python3 - "$MNT/ioctl" <<'EOF'
+import errno, fcntl, mmap, os, struct, sys, ctypes
+path = sys.argv[1]
+INSERT, COLLAPSE = 0x4018D401, 0x4018D402
+with open(path, "wb") as handle:
+    handle.write(b"A" * 4096 + b"B" * 4096)
+descriptor = os.open(path, os.O_RDWR)
+mapping = mmap.mmap(descriptor, 8192, prot=mmap.PROT_READ)
+assert mapping[4095:4097] == b"AB"
+data = ctypes.create_string_buffer(b"xyz", 3)
+fcntl.ioctl(descriptor, INSERT, struct.pack("QQQ", 4096, 3, ctypes.addressof(data)))
+# The kernel's cached pages were dropped: the mapping and read(2) see the shifted bytes.
+assert mapping[4095:4100] == b"AxyzB", mapping[4095:4100]
+assert os.pread(descriptor, 5, 4095) == b"AxyzB"
+assert os.fstat(descriptor).st_size == 8195
+fcntl.ioctl(descriptor, COLLAPSE, struct.pack("QQQ", 0, 4096, 0))
+assert os.pread(descriptor, 4, 0) == b"xyzB"
+assert mapping[0:4] == b"xyzB"
+mapping.close()
+# COLLAPSE with a data pointer is refused.
+try:
+    fcntl.ioctl(descriptor, COLLAPSE, struct.pack("QQQ", 0, 1, 1))
+    raise SystemExit("COLLAPSE with data accepted")
+except OSError as error:
+    assert error.errno == errno.EINVAL, error
+os.close(descriptor)
+# A read-only descriptor may not change the file.
+descriptor = os.open(path, os.O_RDONLY)
+try:
+    fcntl.ioctl(descriptor, INSERT, struct.pack("QQQ", 0, 1, 0))
+    raise SystemExit("INSERT through a read-only descriptor accepted")
+except OSError as error:
+    assert error.errno == errno.EBADF, error
+# An O_APPEND writer whose kernel still has the size from before an insert (nobody asked for
+# attributes in between) still appends at the real end.
+descriptor = os.open(path, os.O_RDWR | os.O_TRUNC)
+os.write(descriptor, b"0123456789")
+fcntl.ioctl(descriptor, INSERT, struct.pack("QQQ", 0, 5, 0))
+appender = os.open(path, os.O_WRONLY | os.O_APPEND)
+os.write(appender, b"END")
+os.close(appender)
+assert os.pread(descriptor, 100, 0) == bytes(5) + b"0123456789END", os.pread(descriptor, 100, 0)
+os.close(descriptor)
+descriptor = os.open(path, os.O_RDONLY)
+# Unknown commands are not ours.
+try:
+    fcntl.ioctl(descriptor, 0x4018D4FF, struct.pack("QQQ", 0, 0, 0))
+    raise SystemExit("unknown ioctl accepted")
+except OSError as error:
+    assert error.errno == errno.ENOTTY, error
+os.close(descriptor)
+EOF
+}
+
+test_c_example() {
+    cc -Wall -Wextra -Werror -I "$REPO/include" -o "$WORK/insert_collapse" \
+        "$REPO/examples/insert_collapse.c"
+    "$WORK/insert_collapse" "$MNT/c-example.txt"
+}
+
+# ---------------------------------------------------------------- remount and lifecycle
+
+# Checksums of every file, except that files over 64 MiB (the sparse ones) are represented by
+# their size and the checksum of their last MiB: reading 5 GiB of hole twice would dominate the
+# suite's time.
+file_checksums() {
+    (cd "$MNT" && find . -type f -size -64M -print0 | LC_ALL=C sort -z | xargs -0 -r md5sum)
+    (cd "$MNT" && find . -type f -size +64M -print0 | LC_ALL=C sort -z |
+        while IFS= read -r -d '' file; do
+            echo "$file $(stat -c %s "$file") $(tail -c 1048576 "$file" | md5sum)"
+        done)
+}
+
+record_state() {
+    file_checksums >"$WORK/sums"
+    tree_listing "$MNT" >"$WORK/listing"
+}
+
+check_state() {
+    diff <(file_checksums) "$WORK/sums"
+    diff <(tree_listing "$MNT") "$WORK/listing"
+}
+export -f file_checksums record_state check_state
+
+test_unmount_fsck_remount() {
+    record_state
+    unmount_volume
+    "$TANDEM" fsck "$IMG"
+    mount_volume
+    check_state
+    same_tree "$REPO/crates" "$MNT/crates"
+}
+
+test_unmount_refuses_while_busy() {
+    exec 9<"$MNT/crates/tandem-fuse/Cargo.toml"
+    if "$TANDEM" umount "$MNT" 2>"$WORK/busy.err"; then
+        echo "umount succeeded while a file was open"
+        exit 1
+    fi
+    cat "$WORK/busy.err"
+    exec 9<&-
+    is_mounted
+}
+
+test_unmount_refuses_other_file_systems() {
+    expect_failure "not" "$TANDEM" umount /proc
+    expect_failure "not" "$TANDEM" umount "$LOCAL"
+}
+
+test_sigterm_unmounts_cleanly() {
+    record_state
+    pid=$(pgrep -f "mount $IMG $MNT" | head -1)
+    test -n "$pid"
+    kill -TERM "$pid"
+    for _ in $(seq 1 600); do
+        if ! is_mounted && ! kill -0 "$pid" 2>/dev/null; then break; fi
+        sleep 0.1
+    done
+    if is_mounted; then echo "still mounted after SIGTERM"; exit 1; fi
+    if kill -0 "$pid" 2>/dev/null; then echo "process $pid still running"; exit 1; fi
+    check_mount_log
+    "$TANDEM" fsck "$IMG"
+    mount_volume
+    check_state
+}
+
+test_read_only_mount() {
+    unmount_volume
+    mount_volume ro,allow_other,default_permissions
+    cmp "$REPO/crates/tandem-fuse/Cargo.toml" "$MNT/crates/tandem-fuse/Cargo.toml"
+    expect_failure "Read-only" touch "$MNT/new-file"
+    expect_failure "Read-only" mkdir "$MNT/new-directory"
+    expect_failure "Read-only" sh -c "echo x >>'$MNT/crates/tandem-fuse/Cargo.toml'"
+    unmount_volume
+    "$TANDEM" fsck "$IMG"
+    mount_volume
+    check_state
+}
+
+test_rm_rf_large_tree() {
+    rm -rf "$MNT/include"
+    test ! -e "$MNT/include"
+    # Names are free again at once.
+    mkdir "$MNT/include"
+    rmdir "$MNT/include"
+}
+
+test_no_space() {
+    local image="$WORK/small.img" mountpoint="$WORK/small-mnt" log="$LOGS/small-mount.log"
+    mkdir -p "$mountpoint"
+    "$TANDEM" mkfs "$image" --size 64M
+    "$TANDEM" mount "$image" "$mountpoint" -d --log-file "$log" -o allow_other,default_permissions
+    echo survivor >"$mountpoint/survivor"
+    if dd if=/dev/zero of="$mountpoint/fill" bs=1M count=200 2>"$WORK/dd.err"; then
+        echo "200 MiB fitted into a 64 MiB volume"
+        exit 1
+    fi
+    grep "No space left" "$WORK/dd.err"
+    test "$(cat "$mountpoint/survivor")" = survivor
+    rm "$mountpoint/fill"
+    # The space is usable again.
+    dd if=/dev/zero of="$mountpoint/again" bs=1M count=16 status=none
+    "$TANDEM" umount "$mountpoint"
+    if grep -q panicked "$log"; then grep -v '^  ' "$log"; exit 1; fi
+    "$TANDEM" fsck "$image"
+}
+
+test_final_unmount_and_fsck() {
+    unmount_volume
+    "$TANDEM" fsck "$IMG"
+}
+
+fsck_between_groups() {
+    unmount_volume
+    "$TANDEM" fsck "$IMG"
+    mount_volume
+}
+
+export -f $(declare -F | awk '{print $3}' | grep -e '^test_' -e '^fsck_between_groups$')
+
+# ---------------------------------------------------------------- the run
+
+run_test mkfs-and-mount test_mkfs_and_mount 60
+if ! is_mounted; then
+    echo "the volume did not mount; stopping"
+    echo "$passed passed, $((failed + 1)) failed"
+    exit 1
+fi
+run_test cp-a-source-tree test_cp_source_tree
+run_test cp-a-usr-include test_cp_include_tree 180
+run_test tar-roundtrip test_tar_roundtrip
+run_test git-init-add-commit-log test_git_repository
+run_test rsync test_rsync
+run_test find test_find
+run_test ln-and-ln-s test_links
+run_test chmod-chown-setgid-times test_chmod_chown
+run_test fsck-after-programs fsck_between_groups
+
+run_test truncate test_truncate
+run_test dd test_dd
+run_test dd-sparse-over-4GiB test_large_sparse_file
+run_test fallocate-modes test_fallocate
+run_test random-io-vs-shadow test_random_io 180
+run_test parallel-writers-shared-dirs test_parallel_writers
+run_test xattr-set-get-list-remove test_xattrs
+run_test mmap-write-read test_mmap
+run_test rename-noreplace-exchange test_rename
+run_test open-excl-append-trunc-unlinked test_open_semantics
+run_test fifo-device-socket-nodes test_special_files
+run_test fsck-after-contents fsck_between_groups
+
+run_test permissions-as-nobody test_permissions_unprivileged
+run_test insert-collapse-cli-vs-model test_insert_collapse_commands
+run_test insert-collapse-large-data test_insert_large_data
+run_test insert-collapse-ioctl-semantics test_insert_ioctl_semantics
+if command -v cc >/dev/null; then
+    run_test insert-collapse-c-example test_c_example
+else
+    skip_test insert-collapse-c-example "no C compiler"
+fi
+run_test umount-refuses-while-busy test_unmount_refuses_while_busy
+run_test umount-refuses-other-file-systems test_unmount_refuses_other_file_systems
+run_test umount-fsck-remount-compare test_unmount_fsck_remount
+run_test sigterm-unmounts-cleanly test_sigterm_unmounts_cleanly
+run_test read-only-mount test_read_only_mount
+run_test rm-rf-usr-include-copy test_rm_rf_large_tree
+run_test enospc-small-volume test_no_space
+run_test final-umount-and-fsck test_final_unmount_and_fsck
+
+echo "suite took $(( $(date +%s) - suite_start ))s"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
