@@ -7,9 +7,15 @@ use std::fmt;
 #[derive(Debug)]
 pub enum Error {
     /// The device failed an operation.
-    Io { operation: &'static str, offset: u64, source: std::io::Error },
+    Io {
+        operation: &'static str,
+        offset: u64,
+        source: std::io::Error,
+    },
     /// Something read from the device failed validation.
-    Corruption { what: String },
+    Corruption {
+        what: String,
+    },
     NotFound,
     Exists,
     NotDirectory,

@@ -33,14 +33,14 @@ pub fn zeroed_block() -> BlockBuf {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum BlockKind {
-    BlockBitmap = 0x424D_4150,  // "BMAP"
-    InodeBitmap = 0x494D_4150,  // "IMAP"
-    InodeTable = 0x494E_4F44,   // "INOD"
-    DirLeaf = 0x444C_4541,      // "DLEA"
-    DirIndex = 0x4449_4458,     // "DIDX"
-    ExtentLeaf = 0x454C_4541,   // "ELEA"
+    BlockBitmap = 0x424D_4150,    // "BMAP"
+    InodeBitmap = 0x494D_4150,    // "IMAP"
+    InodeTable = 0x494E_4F44,     // "INOD"
+    DirLeaf = 0x444C_4541,        // "DLEA"
+    DirIndex = 0x4449_4458,       // "DIDX"
+    ExtentLeaf = 0x454C_4541,     // "ELEA"
     ExtentInternal = 0x4549_4E54, // "EINT"
-    Xattr = 0x5841_5454,        // "XATT"
+    Xattr = 0x5841_5454,          // "XATT"
 }
 
 impl BlockKind {
@@ -82,7 +82,9 @@ pub fn verify_block(block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64
     let stored_kind = u32::from_le_bytes(block[TRAILER_KIND_OFFSET..TRAILER_KIND_OFFSET + 4].try_into().unwrap());
     if stored_kind != kind as u32 {
         let found = BlockKind::from_u32(stored_kind).map(|k| format!("{k:?}")).unwrap_or(format!("{stored_kind:#x}"));
-        return Err(Error::corruption(format!("metadata block {block_number}: expected a {kind:?} block, found {found}")));
+        return Err(Error::corruption(format!(
+            "metadata block {block_number}: expected a {kind:?} block, found {found}"
+        )));
     }
     let stored_number = u64::from_le_bytes(block[TRAILER_BLOCK_OFFSET..TRAILER_BLOCK_OFFSET + 8].try_into().unwrap());
     if stored_number != block_number {
@@ -148,7 +150,10 @@ impl MemoryStore {
 
 impl MetaStore for MemoryStore {
     fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf> {
-        let block = self.meta.get(&block_number).ok_or_else(|| Error::corruption(format!("block {block_number} never written")))?;
+        let block = self
+            .meta
+            .get(&block_number)
+            .ok_or_else(|| Error::corruption(format!("block {block_number} never written")))?;
         verify_block(block, kind, block_number)?;
         Ok(block.clone())
     }

@@ -1,2 +1,630 @@
-//! Regular file or block device (to be implemented).
-pub struct FileDevice;
+//! A device backed by a regular file (an image) or a block device.
+//!
+//! The synchronous path is plain pread/pwrite/fdatasync on the calling thread. `submit` hands
+//! batches to a pool of worker threads (see `worker.rs`), started on first use so that tools
+//! which never submit (mkfs, fsck) never start threads.
+
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use super::worker::{WorkerPool, MAXIMUM_QUEUE_DEPTH_BATCHES, MAXIMUM_WORKER_COUNT};
+use super::{check_range, run_batch, Device, IoRequest, IoTicket};
+use crate::error::{Error, Result};
+
+/// How to open a [`FileDevice`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileDeviceOptions {
+    /// Create the image if it does not exist and make a regular file at least this long
+    /// (zero-filled, sparse where the file system allows). An existing longer image is never
+    /// shrunk. For a block device it is the smallest acceptable size.
+    pub create_size_bytes: Option<u64>,
+    /// Take an exclusive `flock` on the image; a second opener that asks for it is refused
+    /// with an error that says the image is in use.
+    pub lock_exclusive: bool,
+    /// Open without write permission; writes fail with `Error::ReadOnly`.
+    pub read_only: bool,
+}
+
+/// Shape of the asynchronous path of a [`FileDevice`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncOptions {
+    /// Worker threads; each owns one queue.
+    pub worker_count: usize,
+    /// Batches each worker's queue holds before `submit` blocks.
+    pub queue_depth_batches: usize,
+}
+
+impl Default for AsyncOptions {
+    fn default() -> AsyncOptions {
+        // Two workers keep one request in flight while another completes, which is what a
+        // single NVMe queue or a file on a fast SSD needs; more is a per-volume choice.
+        AsyncOptions { worker_count: 2, queue_depth_batches: 64 }
+    }
+}
+
+/// A regular file or block device. Dropping it stops its workers (after they finish the
+/// batches already queued), then closes the file, which also releases the lock.
+pub struct FileDevice {
+    // Field order does not matter for shutdown: the pool joins its threads in its own `drop`,
+    // and the file closes only when the last `Arc` (the workers hold clones) goes away.
+    workers: OnceLock<Option<WorkerPool>>,
+    shared: Arc<FileShared>,
+    async_options: AsyncOptions,
+}
+
+/// What both the calling threads and the workers use: the open file and its fixed size.
+struct FileShared {
+    file: File,
+    path: PathBuf,
+    size_bytes: u64,
+    read_only: bool,
+}
+
+/// Upper bound on retries of one system call interrupted by signals. A signal storm that
+/// outlasts it is reported instead of looping forever.
+const MAXIMUM_INTERRUPTED_RETRIES: u32 = 1000;
+
+impl FileDevice {
+    /// Opens `path` as a device with the default asynchronous shape.
+    pub fn open(path: impl AsRef<Path>, options: FileDeviceOptions) -> Result<FileDevice> {
+        FileDevice::open_with_async_options(path, options, AsyncOptions::default())
+    }
+
+    /// Opens `path` as a device; `async_options` shapes the worker pool behind `submit`.
+    pub fn open_with_async_options(
+        path: impl AsRef<Path>,
+        options: FileDeviceOptions,
+        async_options: AsyncOptions,
+    ) -> Result<FileDevice> {
+        let path = path.as_ref();
+        if !(1..=MAXIMUM_WORKER_COUNT).contains(&async_options.worker_count) {
+            return Err(Error::invalid(format!(
+                "worker count {} outside 1..={MAXIMUM_WORKER_COUNT}",
+                async_options.worker_count
+            )));
+        }
+        if !(1..=MAXIMUM_QUEUE_DEPTH_BATCHES).contains(&async_options.queue_depth_batches) {
+            return Err(Error::invalid(format!(
+                "queue depth {} outside 1..={MAXIMUM_QUEUE_DEPTH_BATCHES}",
+                async_options.queue_depth_batches
+            )));
+        }
+        if options.read_only && options.create_size_bytes.is_some() {
+            return Err(Error::invalid(format!(
+                "{}: cannot create an image while opening it read-only",
+                path.display()
+            )));
+        }
+
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!options.read_only)
+            .create(options.create_size_bytes.is_some())
+            .truncate(false)
+            .open(path)
+            .map_err(|error| path_error("open", 0, path, error))?;
+
+        // Lock before anything that could change the image: resizing someone else's live
+        // image is exactly what the lock exists to prevent.
+        if options.lock_exclusive {
+            lock_exclusive(&file, path)?;
+        }
+
+        let metadata = file.metadata().map_err(|error| path_error("stat", 0, path, error))?;
+        let file_type = metadata.file_type();
+        let size_bytes = if file_type.is_block_device() {
+            let size_bytes = block_device_size_bytes(&file, path)?;
+            if let Some(wanted) = options.create_size_bytes {
+                if wanted > size_bytes {
+                    return Err(Error::invalid(format!(
+                        "{}: block device holds {size_bytes} bytes, {wanted} were asked for",
+                        path.display()
+                    )));
+                }
+            }
+            size_bytes
+        } else if file_type.is_file() {
+            let mut size_bytes = metadata.len();
+            if let Some(wanted) = options.create_size_bytes {
+                if wanted > size_bytes {
+                    file.set_len(wanted).map_err(|error| path_error("resize", wanted, path, error))?;
+                    size_bytes = wanted;
+                }
+            }
+            size_bytes
+        } else {
+            return Err(Error::invalid(format!("{}: neither a regular file nor a block device", path.display())));
+        };
+
+        Ok(FileDevice {
+            workers: OnceLock::new(),
+            shared: Arc::new(FileShared { file, path: path.to_path_buf(), size_bytes, read_only: options.read_only }),
+            async_options,
+        })
+    }
+
+    /// The path the device was opened with.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.shared.read_only
+    }
+
+    fn worker_pool(&self) -> Option<&WorkerPool> {
+        self.workers
+            .get_or_init(|| {
+                let target: Arc<dyn Device> = self.shared.clone();
+                // Failing to start threads (resource limits) is not a reason to fail I/O: the
+                // batch then runs on the caller's thread, which gives the same results.
+                WorkerPool::start(
+                    target,
+                    self.async_options.worker_count,
+                    self.async_options.queue_depth_batches,
+                    "tandemfs-io",
+                )
+                .ok()
+            })
+            .as_ref()
+    }
+}
+
+impl std::fmt::Debug for FileDevice {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("FileDevice")
+            .field("path", &self.shared.path)
+            .field("size_bytes", &self.shared.size_bytes)
+            .field("read_only", &self.shared.read_only)
+            .finish()
+    }
+}
+
+impl Device for FileDevice {
+    fn size_bytes(&self) -> u64 {
+        self.shared.size_bytes
+    }
+
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.shared.read_at(offset, buffer)
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.shared.write_at(offset, data)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.shared.flush()
+    }
+
+    fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
+        match self.worker_pool() {
+            Some(pool) => pool.submit(batch),
+            None => IoTicket::ready(run_batch(self.shared.as_ref(), batch)),
+        }
+    }
+}
+
+impl Device for FileShared {
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        check_range(self.size_bytes, offset, buffer.len(), "read")?;
+        let mut done_bytes = 0usize;
+        let mut interrupted_retries = 0u32;
+        // Each pass moves at least one byte or ends with an error, so the loop is bounded by
+        // the buffer length plus the retry bound.
+        while done_bytes < buffer.len() {
+            let position = offset + done_bytes as u64;
+            match self.file.read_at(&mut buffer[done_bytes..], position) {
+                Ok(0) => {
+                    // The image was shortened behind our back: the size checked at open is stale.
+                    return Err(path_error(
+                        "read",
+                        position,
+                        &self.path,
+                        std::io::Error::new(ErrorKind::UnexpectedEof, "image ends before the device size"),
+                    ));
+                }
+                Ok(count) => done_bytes += count,
+                Err(error) if error.kind() == ErrorKind::Interrupted => {
+                    interrupted_retries += 1;
+                    if interrupted_retries > MAXIMUM_INTERRUPTED_RETRIES {
+                        return Err(path_error("read", position, &self.path, error));
+                    }
+                }
+                Err(error) => return Err(path_error("read", position, &self.path, error)),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        check_range(self.size_bytes, offset, data.len(), "write")?;
+        let mut done_bytes = 0usize;
+        let mut interrupted_retries = 0u32;
+        while done_bytes < data.len() {
+            let position = offset + done_bytes as u64;
+            match self.file.write_at(&data[done_bytes..], position) {
+                Ok(0) => {
+                    // pwrite returning 0 for a non-empty buffer would loop forever if retried.
+                    return Err(path_error(
+                        "write",
+                        position,
+                        &self.path,
+                        std::io::Error::new(ErrorKind::WriteZero, "device accepted no bytes"),
+                    ));
+                }
+                Ok(count) => done_bytes += count,
+                Err(error) if error.kind() == ErrorKind::Interrupted => {
+                    interrupted_retries += 1;
+                    if interrupted_retries > MAXIMUM_INTERRUPTED_RETRIES {
+                        return Err(path_error("write", position, &self.path, error));
+                    }
+                }
+                Err(error) => return Err(path_error("write", position, &self.path, error)),
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        if self.read_only {
+            // Nothing was written through this handle, so nothing of ours can be volatile.
+            return Ok(());
+        }
+        let mut interrupted_retries = 0u32;
+        loop {
+            // fdatasync: the data and the metadata needed to read it back (the file length),
+            // not timestamps.
+            match self.file.sync_data() {
+                Ok(()) => return Ok(()),
+                Err(error) if error.kind() == ErrorKind::Interrupted => {
+                    interrupted_retries += 1;
+                    if interrupted_retries > MAXIMUM_INTERRUPTED_RETRIES {
+                        return Err(path_error("flush", 0, &self.path, error));
+                    }
+                }
+                // Not retried otherwise: after a failed fdatasync the kernel may have dropped
+                // the dirty pages, so a second success would not mean the data is durable.
+                Err(error) => return Err(path_error("flush", 0, &self.path, error)),
+            }
+        }
+    }
+}
+
+/// An I/O error whose message names the image, so a user with several volumes knows which
+/// one failed.
+fn path_error(operation: &'static str, offset: u64, path: &Path, error: std::io::Error) -> Error {
+    Error::Io { operation, offset, source: std::io::Error::new(error.kind(), format!("{}: {error}", path.display())) }
+}
+
+fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
+    let mut interrupted_retries = 0u32;
+    loop {
+        // flock (not fcntl) locks belong to the open file description, so a second open in
+        // this same process is refused too, which is what tests and a double mount need.
+        let status = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if status == 0 {
+            return Ok(());
+        }
+        let error = std::io::Error::last_os_error();
+        match error.kind() {
+            ErrorKind::Interrupted if interrupted_retries < MAXIMUM_INTERRUPTED_RETRIES => {
+                interrupted_retries += 1;
+            }
+            ErrorKind::WouldBlock => {
+                return Err(Error::Io {
+                    operation: "exclusive lock",
+                    offset: 0,
+                    source: std::io::Error::new(
+                        ErrorKind::WouldBlock,
+                        format!(
+                            "{}: the image is in use by another process (it holds the exclusive lock)",
+                            path.display()
+                        ),
+                    ),
+                });
+            }
+            _ => return Err(path_error("exclusive lock", 0, path, error)),
+        }
+    }
+}
+
+/// `BLKGETSIZE64` is `_IOR(0x12, 114, size_t)`; the encoding of the read direction differs on
+/// the architectures that inherited it from older Unix ABIs.
+#[cfg(target_os = "linux")]
+const fn block_get_size_64_request() -> u64 {
+    let read_direction: u64 = if cfg!(any(
+        target_arch = "powerpc",
+        target_arch = "powerpc64",
+        target_arch = "mips",
+        target_arch = "mips64",
+        target_arch = "sparc",
+        target_arch = "sparc64"
+    )) {
+        2 << 29
+    } else {
+        2 << 30
+    };
+    let argument_size_bytes = std::mem::size_of::<libc::size_t>() as u64;
+    read_direction | (argument_size_bytes << 16) | (0x12 << 8) | 114
+}
+
+#[cfg(target_os = "linux")]
+fn block_device_size_bytes(file: &File, path: &Path) -> Result<u64> {
+    let mut size_bytes: u64 = 0;
+    // The kernel writes a u64 through the pointer; `size_bytes` outlives the call.
+    let status =
+        unsafe { libc::ioctl(file.as_raw_fd(), block_get_size_64_request() as _, &mut size_bytes as *mut u64) };
+    if status != 0 {
+        return Err(path_error("block device size", 0, path, std::io::Error::last_os_error()));
+    }
+    Ok(size_bytes)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn block_device_size_bytes(file: &File, path: &Path) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    // Without BLKGETSIZE64, the end of a block device is where seeking to the end lands.
+    let mut handle = file;
+    handle.seek(SeekFrom::End(0)).map_err(|error| path_error("block device size", 0, path, error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::IoCompletion;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A fresh path in the temporary directory, removed when dropped.
+    struct TemporaryPath(PathBuf);
+
+    impl TemporaryPath {
+        fn new(label: &str) -> TemporaryPath {
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            let unique = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let nanoseconds = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|duration| duration.subsec_nanos())
+                .unwrap_or(0);
+            TemporaryPath(
+                std::env::temp_dir()
+                    .join(format!("tandemfs-device-{label}-{}-{unique}-{nanoseconds}.img", std::process::id())),
+            )
+        }
+    }
+
+    impl Drop for TemporaryPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn create(path: &Path, size_bytes: u64) -> FileDevice {
+        FileDevice::open(
+            path,
+            FileDeviceOptions { create_size_bytes: Some(size_bytes), lock_exclusive: false, read_only: false },
+        )
+        .expect("create image")
+    }
+
+    fn pattern(length: usize, seed: u8) -> Vec<u8> {
+        (0..length).map(|index| (index as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    #[test]
+    fn file_round_trip_survives_reopen() {
+        let path = TemporaryPath::new("round-trip");
+        let data = pattern(10_000, 7);
+        {
+            let device = create(&path.0, 1 << 20);
+            assert_eq!(device.size_bytes(), 1 << 20);
+            device.write_at(4093, &data).unwrap();
+            device.flush().unwrap();
+            let mut buffer = vec![0u8; data.len()];
+            device.read_at(4093, &mut buffer).unwrap();
+            assert_eq!(buffer, data);
+        }
+        let device = FileDevice::open(&path.0, FileDeviceOptions { read_only: true, ..Default::default() }).unwrap();
+        assert_eq!(device.size_bytes(), 1 << 20);
+        let mut buffer = vec![0u8; data.len()];
+        device.read_at(4093, &mut buffer).unwrap();
+        assert_eq!(buffer, data);
+        // Bytes never written read back as zero: the image is created zero-filled.
+        let mut untouched = vec![0xffu8; 512];
+        device.read_at(0, &mut untouched).unwrap();
+        assert!(untouched.iter().all(|&byte| byte == 0));
+        assert!(matches!(device.write_at(0, &[1]), Err(Error::ReadOnly)));
+    }
+
+    #[test]
+    fn file_short_and_long_transfers() {
+        let path = TemporaryPath::new("lengths");
+        let size_bytes = 8 << 20;
+        let device = create(&path.0, size_bytes);
+        // Empty, one byte, and a transfer bigger than one pread usually moves at once on
+        // some systems; the last one ends exactly at the device end.
+        device.write_at(0, &[]).unwrap();
+        device.write_at(17, &[0xab]).unwrap();
+        let long = pattern(6 << 20, 3);
+        let long_offset = size_bytes - long.len() as u64;
+        device.write_at(long_offset, &long).unwrap();
+        let mut one = [0u8; 1];
+        device.read_at(17, &mut one).unwrap();
+        assert_eq!(one, [0xab]);
+        let mut empty = [0u8; 0];
+        device.read_at(size_bytes, &mut empty).unwrap();
+        let mut buffer = vec![0u8; long.len()];
+        device.read_at(long_offset, &mut buffer).unwrap();
+        assert_eq!(buffer, long);
+    }
+
+    #[test]
+    fn file_out_of_range_is_invalid_argument() {
+        let path = TemporaryPath::new("range");
+        let device = create(&path.0, 4096);
+        let mut buffer = [0u8; 16];
+        assert!(matches!(device.read_at(4090, &mut buffer), Err(Error::InvalidArgument(_))));
+        assert!(matches!(device.read_at(u64::MAX - 3, &mut buffer), Err(Error::InvalidArgument(_))));
+        assert!(matches!(device.write_at(4096, &[1]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(device.write_at(u64::MAX, &[1]), Err(Error::InvalidArgument(_))));
+        let completions = device.submit(vec![IoRequest::Read { offset: 8000, buffer: vec![0; 8] }]).wait();
+        assert!(matches!(completions, Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn file_second_exclusive_open_is_refused() {
+        let path = TemporaryPath::new("lock");
+        let options = FileDeviceOptions { create_size_bytes: Some(4096), lock_exclusive: true, read_only: false };
+        let first = FileDevice::open(&path.0, options.clone()).unwrap();
+        let refused = FileDevice::open(&path.0, options.clone()).expect_err("second exclusive open must fail");
+        assert!(
+            refused.to_string().contains("in use by another process"),
+            "message should say the image is in use: {refused}"
+        );
+        assert!(matches!(&refused, Error::Io { source, .. } if source.kind() == ErrorKind::WouldBlock));
+        // The lock belongs to the open device: once it is gone the image can be taken again.
+        drop(first);
+        FileDevice::open(&path.0, options).expect("lock released with the device");
+    }
+
+    #[test]
+    fn file_missing_image_and_bad_options_are_errors() {
+        let path = TemporaryPath::new("missing");
+        let missing = FileDevice::open(&path.0, FileDeviceOptions::default()).expect_err("no such image");
+        assert!(matches!(&missing, Error::Io { source, .. } if source.kind() == ErrorKind::NotFound));
+        let conflicting = FileDeviceOptions { create_size_bytes: Some(4096), lock_exclusive: false, read_only: true };
+        assert!(matches!(FileDevice::open(&path.0, conflicting), Err(Error::InvalidArgument(_))));
+        let no_workers = AsyncOptions { worker_count: 0, queue_depth_batches: 1 };
+        assert!(matches!(
+            FileDevice::open_with_async_options(&path.0, FileDeviceOptions::default(), no_workers),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn file_existing_image_grows_but_never_shrinks() {
+        let path = TemporaryPath::new("resize");
+        drop(create(&path.0, 8192));
+        assert_eq!(create(&path.0, 4096).size_bytes(), 8192);
+        assert_eq!(create(&path.0, 16384).size_bytes(), 16384);
+    }
+
+    /// Opt-in, because it needs a block device: set `TANDEMFS_TEST_BLOCK_DEVICE` to one. It is
+    /// only opened read-only, and its size must agree with where seeking to its end lands.
+    #[test]
+    fn file_block_device_size_from_ioctl() {
+        use std::io::{Seek, SeekFrom};
+        let Some(path) = std::env::var_os("TANDEMFS_TEST_BLOCK_DEVICE") else {
+            return;
+        };
+        let device = FileDevice::open(&path, FileDeviceOptions { read_only: true, ..Default::default() })
+            .expect("open block device read-only");
+        let mut handle = File::open(&path).unwrap();
+        let end_bytes = handle.seek(SeekFrom::End(0)).unwrap();
+        assert!(device.size_bytes() > 0);
+        assert_eq!(device.size_bytes(), end_bytes);
+        let mut last_sector = [0u8; 512];
+        device.read_at(device.size_bytes() - 512, &mut last_sector).unwrap();
+    }
+
+    #[test]
+    fn file_async_batches_complete_in_order() {
+        let path = TemporaryPath::new("async");
+        let device = create(&path.0, 1 << 20);
+        let mut tickets = Vec::new();
+        // Each batch writes, flushes, then reads back the same place; the per-thread queue
+        // must keep batches of this thread in submission order, so later batches see earlier
+        // writes of the overlapping first block.
+        for batch_index in 0..32u64 {
+            let data = pattern(4096, batch_index as u8);
+            tickets.push(device.submit(vec![
+                IoRequest::Write { offset: 0, data: data.clone() },
+                IoRequest::Write { offset: 4096 * (batch_index + 1), data: data.clone() },
+                IoRequest::Flush,
+                IoRequest::Read { offset: 0, buffer: vec![0; 4096] },
+                IoRequest::Read { offset: 4096 * (batch_index + 1), buffer: vec![0; 4096] },
+            ]));
+        }
+        for (batch_index, ticket) in tickets.into_iter().enumerate() {
+            let expected = pattern(4096, batch_index as u8);
+            let completions = ticket.wait().unwrap();
+            assert_eq!(completions.len(), 5);
+            assert!(matches!(&completions[0], IoCompletion::Write(data) if *data == expected));
+            assert!(matches!(&completions[1], IoCompletion::Write(data) if *data == expected));
+            assert!(matches!(&completions[2], IoCompletion::Flush));
+            assert!(matches!(&completions[3], IoCompletion::Read(data) if *data == expected));
+            assert!(matches!(&completions[4], IoCompletion::Read(data) if *data == expected));
+        }
+        let mut last = vec![0u8; 4096];
+        device.read_at(0, &mut last).unwrap();
+        assert_eq!(last, pattern(4096, 31));
+    }
+
+    #[test]
+    fn file_async_stops_at_first_error_and_workers_stop_on_drop() {
+        let path = TemporaryPath::new("async-error");
+        let device = create(&path.0, 8192);
+        let result = device
+            .submit(vec![
+                IoRequest::Write { offset: 0, data: vec![5; 16] },
+                IoRequest::Write { offset: 8190, data: vec![5; 16] },
+                IoRequest::Write { offset: 16, data: vec![6; 16] },
+            ])
+            .wait();
+        assert!(matches!(result, Err(Error::InvalidArgument(_))));
+        let mut buffer = [0u8; 32];
+        device.read_at(0, &mut buffer).unwrap();
+        assert_eq!(&buffer[..16], &[5; 16]);
+        assert_eq!(&buffer[16..], &[0; 16], "requests after the failed one must not run");
+
+        // A ticket left unwaited must not keep the device from closing: drop joins the
+        // workers after they drained their queues.
+        let pending = device.submit(vec![IoRequest::Write { offset: 32, data: vec![7; 8] }]);
+        drop(device);
+        assert!(pending.wait().is_ok());
+        let reopened = create(&path.0, 8192);
+        let mut written = [0u8; 8];
+        reopened.read_at(32, &mut written).unwrap();
+        assert_eq!(written, [7; 8]);
+    }
+
+    #[test]
+    fn file_async_from_many_threads() {
+        let path = TemporaryPath::new("async-threads");
+        let device = Arc::new(create(&path.0, 1 << 20));
+        let threads: Vec<_> = (0..4u64)
+            .map(|thread_index| {
+                let device = Arc::clone(&device);
+                std::thread::spawn(move || {
+                    for round in 0..50u64 {
+                        let offset = thread_index * 65536 + (round % 16) * 4096;
+                        let data = pattern(4096, (thread_index * 50 + round) as u8);
+                        let completions = device
+                            .submit(vec![
+                                IoRequest::Write { offset, data: data.clone() },
+                                IoRequest::Read { offset, buffer: vec![0; 4096] },
+                            ])
+                            .wait()
+                            .unwrap();
+                        assert!(matches!(&completions[1], IoCompletion::Read(read) if *read == data));
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    }
+}

@@ -5,9 +5,10 @@
 
 mod file;
 mod memory;
+mod worker;
 
-pub use file::FileDevice;
-pub use memory::{CrashMode, MemoryDevice};
+pub use file::{AsyncOptions, FileDevice, FileDeviceOptions};
+pub use memory::{CrashMode, Fault, FaultOperation, MemoryCounters, MemoryDevice, SECTOR_SIZE_BYTES};
 
 use crate::error::Result;
 

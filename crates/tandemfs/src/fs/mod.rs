@@ -40,10 +40,26 @@ impl FileSystem {
         unimplemented!("engine in progress")
     }
     /// Creates a regular file, FIFO, socket or device node. `Exists` if the name is taken.
-    pub fn create(&self, parent: InodeNumber, name: &[u8], file_type: FileType, permissions: u32, uid: u32, gid: u32, rdev: u64) -> Result<Attributes> {
+    pub fn create(
+        &self,
+        parent: InodeNumber,
+        name: &[u8],
+        file_type: FileType,
+        permissions: u32,
+        uid: u32,
+        gid: u32,
+        rdev: u64,
+    ) -> Result<Attributes> {
         unimplemented!("engine in progress")
     }
-    pub fn make_directory(&self, parent: InodeNumber, name: &[u8], permissions: u32, uid: u32, gid: u32) -> Result<Attributes> {
+    pub fn make_directory(
+        &self,
+        parent: InodeNumber,
+        name: &[u8],
+        permissions: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attributes> {
         unimplemented!("engine in progress")
     }
     /// `mkdir -p` in one call: `path` is relative to the root, components separated by '/'.
@@ -65,7 +81,14 @@ impl FileSystem {
     pub fn remove_directory(&self, parent: InodeNumber, name: &[u8]) -> Result<()> {
         unimplemented!("engine in progress")
     }
-    pub fn rename(&self, parent: InodeNumber, name: &[u8], new_parent: InodeNumber, new_name: &[u8], mode: RenameMode) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: InodeNumber,
+        name: &[u8],
+        new_parent: InodeNumber,
+        new_name: &[u8],
+        mode: RenameMode,
+    ) -> Result<()> {
         unimplemented!("engine in progress")
     }
     /// Reads up to `buffer.len()` bytes at `offset`; returns bytes read (short at end of file).
@@ -99,7 +122,12 @@ impl FileSystem {
     }
     /// Lists entries after `after_cookie` (0 starts; "." has cookie 1, ".." cookie 2) until
     /// `visit` returns false.
-    pub fn read_directory(&self, inode: InodeNumber, after_cookie: u64, visit: &mut dyn FnMut(&DirectoryEntry) -> bool) -> Result<()> {
+    pub fn read_directory(
+        &self,
+        inode: InodeNumber,
+        after_cookie: u64,
+        visit: &mut dyn FnMut(&DirectoryEntry) -> bool,
+    ) -> Result<()> {
         unimplemented!("engine in progress")
     }
     pub fn statistics(&self) -> Result<VolumeStatistics> {

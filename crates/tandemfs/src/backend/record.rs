@@ -1,0 +1,431 @@
+//! Log record payloads. A record carries the structural change (a name added, bytes written,
+//! a range collapsed) and the complete new attributes of every inode it touches, computed by
+//! the front end. The back end applies the structure and copies the attributes, so the two can
+//! never disagree about POSIX semantics, and replay needs no clock.
+
+use crate::block::codec::{Decoder, Encoder};
+use crate::block::inode::Inode;
+use crate::error::{Error, Result};
+use crate::fs::types::{FileType, NAME_MAX_BYTES, SYMLINK_MAX_BYTES, XATTR_NAME_MAX_BYTES};
+use std::sync::Arc;
+
+/// Record kinds (the log header's `kind` field).
+pub const KIND_CREATE: u16 = 1;
+pub const KIND_LINK: u16 = 2;
+pub const KIND_UNLINK: u16 = 3;
+pub const KIND_RENAME: u16 = 4;
+pub const KIND_SET_ATTRIBUTES: u16 = 5;
+pub const KIND_WRITE: u16 = 6;
+pub const KIND_RANGE: u16 = 7;
+pub const KIND_SET_XATTR: u16 = 8;
+pub const KIND_REMOVE_XATTR: u16 = 9;
+pub const KIND_RECLAIM: u16 = 10;
+/// Checkpoint records (written by the back end, see `backend::checkpoint`).
+pub const KIND_CHECKPOINT_IMAGES: u16 = 100;
+pub const KIND_CHECKPOINT_COMMIT: u16 = 101;
+
+/// Largest xattr value accepted.
+pub const XATTR_VALUE_MAX_BYTES: usize = 4000;
+
+/// The attributes of an inode that the front end owns. The back end owns the rest (the root
+/// area, blocks owned, the xattr block and the orphan link).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttributeImage {
+    pub inode_number: u64,
+    pub generation: u64,
+    pub mode: u32,
+    pub link_count: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size_bytes: u64,
+    pub access_time_ns: i64,
+    pub modify_time_ns: i64,
+    pub change_time_ns: i64,
+    pub birth_time_ns: i64,
+    pub rdev: u64,
+    pub parent: u64,
+    pub flags: u32,
+}
+
+impl AttributeImage {
+    pub fn from_inode(inode: &Inode) -> AttributeImage {
+        AttributeImage {
+            inode_number: inode.inode_number,
+            generation: inode.generation,
+            mode: inode.mode,
+            link_count: inode.link_count,
+            uid: inode.uid,
+            gid: inode.gid,
+            size_bytes: inode.size_bytes,
+            access_time_ns: inode.access_time_ns,
+            modify_time_ns: inode.modify_time_ns,
+            change_time_ns: inode.change_time_ns,
+            birth_time_ns: inode.birth_time_ns,
+            rdev: inode.rdev,
+            parent: inode.parent,
+            flags: inode.flags,
+        }
+    }
+    /// Copies these attributes into `inode`, leaving the back end's fields alone.
+    pub fn apply_to(&self, inode: &mut Inode) {
+        assert_eq!(self.inode_number, inode.inode_number);
+        inode.generation = self.generation;
+        inode.mode = self.mode;
+        inode.link_count = self.link_count;
+        inode.uid = self.uid;
+        inode.gid = self.gid;
+        inode.size_bytes = self.size_bytes;
+        inode.access_time_ns = self.access_time_ns;
+        inode.modify_time_ns = self.modify_time_ns;
+        inode.change_time_ns = self.change_time_ns;
+        inode.birth_time_ns = self.birth_time_ns;
+        inode.rdev = self.rdev;
+        inode.parent = self.parent;
+        inode.flags = self.flags;
+    }
+    pub fn file_type(&self) -> FileType {
+        FileType::from_mode(self.mode).expect("validated")
+    }
+    fn encode(&self, encoder: &mut Encoder) {
+        encoder
+            .u64(self.inode_number)
+            .u64(self.generation)
+            .u32(self.mode)
+            .u32(self.link_count)
+            .u32(self.uid)
+            .u32(self.gid)
+            .u64(self.size_bytes)
+            .i64(self.access_time_ns)
+            .i64(self.modify_time_ns)
+            .i64(self.change_time_ns)
+            .i64(self.birth_time_ns)
+            .u64(self.rdev)
+            .u64(self.parent)
+            .u32(self.flags);
+    }
+    fn decode(decoder: &mut Decoder) -> Result<AttributeImage> {
+        let image = AttributeImage {
+            inode_number: decoder.u64()?,
+            generation: decoder.u64()?,
+            mode: decoder.u32()?,
+            link_count: decoder.u32()?,
+            uid: decoder.u32()?,
+            gid: decoder.u32()?,
+            size_bytes: decoder.u64()?,
+            access_time_ns: decoder.i64()?,
+            modify_time_ns: decoder.i64()?,
+            change_time_ns: decoder.i64()?,
+            birth_time_ns: decoder.i64()?,
+            rdev: decoder.u64()?,
+            parent: decoder.u64()?,
+            flags: decoder.u32()?,
+        };
+        if image.inode_number == 0 || FileType::from_mode(image.mode).is_none() {
+            return Err(Error::corruption(format!(
+                "log record: attribute image of inode {} with mode {:#o}",
+                image.inode_number, image.mode
+            )));
+        }
+        if image.size_bytes > crate::extent::MAX_FILE_BYTES {
+            return Err(Error::corruption(format!("log record: size {} of inode {}", image.size_bytes, image.inode_number)));
+        }
+        Ok(image)
+    }
+}
+
+/// What happens to an inode that lost a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Still linked elsewhere.
+    Keep = 0,
+    /// No names left but still open: goes on the orphan list until a `Reclaim`.
+    Orphan = 1,
+    /// No names left and not open: freed now.
+    Reclaim = 2,
+}
+
+impl Disposition {
+    fn from_u8(value: u8) -> Result<Disposition> {
+        Ok(match value {
+            0 => Disposition::Keep,
+            1 => Disposition::Orphan,
+            2 => Disposition::Reclaim,
+            _ => return Err(Error::corruption(format!("log record: disposition {value}"))),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeKind {
+    Insert = 0,
+    Collapse = 1,
+    PunchHole = 2,
+    ZeroRange = 3,
+    Allocate = 4,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenameKind {
+    Move = 0,
+    Exchange = 1,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// A new inode named `name` in `parent`; `symlink_target` is empty unless a symlink.
+    Create { parent: AttributeImage, name: Vec<u8>, inode: AttributeImage, symlink_target: Vec<u8> },
+    Link { parent: AttributeImage, name: Vec<u8>, inode: AttributeImage },
+    Unlink { parent: AttributeImage, name: Vec<u8>, inode: AttributeImage, disposition: Disposition },
+    /// Moves `name` in `parent` to `new_name` in `new_parent`, replacing what was there
+    /// (`replaced`), or exchanges the two. `images` holds every inode whose attributes change.
+    Rename {
+        parent: u64,
+        name: Vec<u8>,
+        new_parent: u64,
+        new_name: Vec<u8>,
+        kind: RenameKind,
+        replaced: Option<(u64, Disposition)>,
+        images: Vec<AttributeImage>,
+    },
+    /// Attribute change; `truncate` set when the size changed.
+    SetAttributes { inode: AttributeImage, truncate: bool },
+    Write { inode: AttributeImage, offset: u64, data: Arc<[u8]> },
+    Range { inode: AttributeImage, kind: RangeKind, offset: u64, length: u64, keep_size: bool },
+    SetXattr { inode: AttributeImage, name: Vec<u8>, value: Vec<u8> },
+    RemoveXattr { inode: AttributeImage, name: Vec<u8> },
+    /// The last open handle of an orphan closed: free it.
+    Reclaim { inode_number: u64 },
+}
+
+impl Op {
+    pub fn kind(&self) -> u16 {
+        match self {
+            Op::Create { .. } => KIND_CREATE,
+            Op::Link { .. } => KIND_LINK,
+            Op::Unlink { .. } => KIND_UNLINK,
+            Op::Rename { .. } => KIND_RENAME,
+            Op::SetAttributes { .. } => KIND_SET_ATTRIBUTES,
+            Op::Write { .. } => KIND_WRITE,
+            Op::Range { .. } => KIND_RANGE,
+            Op::SetXattr { .. } => KIND_SET_XATTR,
+            Op::RemoveXattr { .. } => KIND_REMOVE_XATTR,
+            Op::Reclaim { .. } => KIND_RECLAIM,
+        }
+    }
+
+    /// Encodes everything but a write's data, which the log takes as a second part without a
+    /// copy. Returns the fixed part.
+    pub fn encode_head(&self) -> Vec<u8> {
+        let mut encoder = Encoder::with_capacity(256);
+        match self {
+            Op::Create { parent, name, inode, symlink_target } => {
+                parent.encode(&mut encoder);
+                encoder.bytes(name);
+                inode.encode(&mut encoder);
+                encoder.bytes(symlink_target);
+            }
+            Op::Link { parent, name, inode } => {
+                parent.encode(&mut encoder);
+                encoder.bytes(name);
+                inode.encode(&mut encoder);
+            }
+            Op::Unlink { parent, name, inode, disposition } => {
+                parent.encode(&mut encoder);
+                encoder.bytes(name);
+                inode.encode(&mut encoder);
+                encoder.u8(*disposition as u8);
+            }
+            Op::Rename { parent, name, new_parent, new_name, kind, replaced, images } => {
+                encoder.u64(*parent).bytes(name).u64(*new_parent).bytes(new_name).u8(*kind as u8);
+                match replaced {
+                    Some((inode_number, disposition)) => encoder.u8(1).u64(*inode_number).u8(*disposition as u8),
+                    None => encoder.u8(0),
+                };
+                encoder.u32(images.len() as u32);
+                for image in images {
+                    image.encode(&mut encoder);
+                }
+            }
+            Op::SetAttributes { inode, truncate } => {
+                inode.encode(&mut encoder);
+                encoder.u8(*truncate as u8);
+            }
+            Op::Write { inode, offset, data } => {
+                inode.encode(&mut encoder);
+                encoder.u64(*offset).u32(data.len() as u32);
+            }
+            Op::Range { inode, kind, offset, length, keep_size } => {
+                inode.encode(&mut encoder);
+                encoder.u8(*kind as u8).u64(*offset).u64(*length).u8(*keep_size as u8);
+            }
+            Op::SetXattr { inode, name, value } => {
+                inode.encode(&mut encoder);
+                encoder.bytes(name).bytes(value);
+            }
+            Op::RemoveXattr { inode, name } => {
+                inode.encode(&mut encoder);
+                encoder.bytes(name);
+            }
+            Op::Reclaim { inode_number } => {
+                encoder.u64(*inode_number);
+            }
+        }
+        encoder.bytes
+    }
+
+    /// The bytes that follow the head in the record (a write's data).
+    pub fn tail(&self) -> &[u8] {
+        match self {
+            Op::Write { data, .. } => data,
+            _ => &[],
+        }
+    }
+
+    pub fn decode(kind: u16, payload: &[u8]) -> Result<Op> {
+        let mut decoder = Decoder::new(payload, "log record");
+        let name = |decoder: &mut Decoder| -> Result<Vec<u8>> {
+            let name = decoder.bytes(NAME_MAX_BYTES)?;
+            if name.is_empty() || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
+                return Err(Error::corruption("log record: invalid entry name"));
+            }
+            Ok(name.to_vec())
+        };
+        let disposition = |decoder: &mut Decoder| Disposition::from_u8(decoder.u8()?);
+        let op = match kind {
+            KIND_CREATE => Op::Create {
+                parent: AttributeImage::decode(&mut decoder)?,
+                name: name(&mut decoder)?,
+                inode: AttributeImage::decode(&mut decoder)?,
+                symlink_target: decoder.bytes(SYMLINK_MAX_BYTES)?.to_vec(),
+            },
+            KIND_LINK => Op::Link {
+                parent: AttributeImage::decode(&mut decoder)?,
+                name: name(&mut decoder)?,
+                inode: AttributeImage::decode(&mut decoder)?,
+            },
+            KIND_UNLINK => Op::Unlink {
+                parent: AttributeImage::decode(&mut decoder)?,
+                name: name(&mut decoder)?,
+                inode: AttributeImage::decode(&mut decoder)?,
+                disposition: disposition(&mut decoder)?,
+            },
+            KIND_RENAME => {
+                let parent = decoder.u64()?;
+                let old_name = name(&mut decoder)?;
+                let new_parent = decoder.u64()?;
+                let new_name = name(&mut decoder)?;
+                let kind = match decoder.u8()? {
+                    0 => RenameKind::Move,
+                    1 => RenameKind::Exchange,
+                    other => return Err(Error::corruption(format!("log record: rename kind {other}"))),
+                };
+                let replaced = match decoder.u8()? {
+                    0 => None,
+                    1 => Some((decoder.u64()?, disposition(&mut decoder)?)),
+                    other => return Err(Error::corruption(format!("log record: replaced flag {other}"))),
+                };
+                let count = decoder.u32()?;
+                if count > 6 {
+                    return Err(Error::corruption(format!("log record: rename with {count} images")));
+                }
+                let mut images = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    images.push(AttributeImage::decode(&mut decoder)?);
+                }
+                Op::Rename { parent, name: old_name, new_parent, new_name, kind, replaced, images }
+            }
+            KIND_SET_ATTRIBUTES => Op::SetAttributes { inode: AttributeImage::decode(&mut decoder)?, truncate: decoder.u8()? != 0 },
+            KIND_WRITE => {
+                let inode = AttributeImage::decode(&mut decoder)?;
+                let offset = decoder.u64()?;
+                let length = decoder.u32()? as usize;
+                let data = decoder.rest();
+                if data.len() != length || offset.checked_add(length as u64).is_none_or(|end| end > crate::extent::MAX_FILE_BYTES) {
+                    return Err(Error::corruption(format!("log record: write of {length} bytes at {offset} carries {} bytes", data.len())));
+                }
+                Op::Write { inode, offset, data: Arc::from(data) }
+            }
+            KIND_RANGE => {
+                let inode = AttributeImage::decode(&mut decoder)?;
+                let kind = match decoder.u8()? {
+                    0 => RangeKind::Insert,
+                    1 => RangeKind::Collapse,
+                    2 => RangeKind::PunchHole,
+                    3 => RangeKind::ZeroRange,
+                    4 => RangeKind::Allocate,
+                    other => return Err(Error::corruption(format!("log record: range kind {other}"))),
+                };
+                Op::Range { inode, kind, offset: decoder.u64()?, length: decoder.u64()?, keep_size: decoder.u8()? != 0 }
+            }
+            KIND_SET_XATTR => Op::SetXattr {
+                inode: AttributeImage::decode(&mut decoder)?,
+                name: decoder.bytes(XATTR_NAME_MAX_BYTES)?.to_vec(),
+                value: decoder.bytes(XATTR_VALUE_MAX_BYTES)?.to_vec(),
+            },
+            KIND_REMOVE_XATTR => Op::RemoveXattr {
+                inode: AttributeImage::decode(&mut decoder)?,
+                name: decoder.bytes(XATTR_NAME_MAX_BYTES)?.to_vec(),
+            },
+            KIND_RECLAIM => Op::Reclaim { inode_number: decoder.u64()? },
+            other => return Err(Error::corruption(format!("log record kind {other} is unknown"))),
+        };
+        decoder.finish()?;
+        Ok(op)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(number: u64) -> AttributeImage {
+        AttributeImage {
+            inode_number: number,
+            generation: 3,
+            mode: 0o100644,
+            link_count: 1,
+            uid: 1,
+            gid: 2,
+            size_bytes: 10,
+            access_time_ns: 4,
+            modify_time_ns: 5,
+            change_time_ns: 6,
+            birth_time_ns: 7,
+            rdev: 0,
+            parent: 0,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips_and_truncation_is_corruption() {
+        let ops = vec![
+            Op::Create { parent: image(1), name: b"a".to_vec(), inode: image(2), symlink_target: vec![] },
+            Op::Link { parent: image(1), name: b"b".to_vec(), inode: image(2) },
+            Op::Unlink { parent: image(1), name: b"b".to_vec(), inode: image(2), disposition: Disposition::Orphan },
+            Op::Rename {
+                parent: 1,
+                name: b"a".to_vec(),
+                new_parent: 3,
+                new_name: b"c".to_vec(),
+                kind: RenameKind::Move,
+                replaced: Some((9, Disposition::Reclaim)),
+                images: vec![image(1), image(3)],
+            },
+            Op::SetAttributes { inode: image(2), truncate: true },
+            Op::Write { inode: image(2), offset: 77, data: Arc::from(&b"hello"[..]) },
+            Op::Range { inode: image(2), kind: RangeKind::Collapse, offset: 1, length: 2, keep_size: false },
+            Op::SetXattr { inode: image(2), name: b"user.x".to_vec(), value: b"v".to_vec() },
+            Op::RemoveXattr { inode: image(2), name: b"user.x".to_vec() },
+            Op::Reclaim { inode_number: 2 },
+        ];
+        for op in ops {
+            let mut payload = op.encode_head();
+            payload.extend_from_slice(op.tail());
+            assert_eq!(Op::decode(op.kind(), &payload).unwrap(), op);
+            for cut in 0..payload.len() {
+                assert!(Op::decode(op.kind(), &payload[..cut]).is_err());
+            }
+        }
+    }
+}

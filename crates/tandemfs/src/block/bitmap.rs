@@ -1,0 +1,285 @@
+//! Bitmaps of allocated blocks and inodes, held whole in memory and written through to their
+//! metadata blocks at checkpoints. A block bitmap keeps two views: `persistent` (what the next
+//! checkpoint records: every applied allocation and free) and `available` (what may be handed
+//! out now). A freed block leaves `available` only once the checkpoint that records the free is
+//! durable: until then a crash could bring back the state in which the block is still in use,
+//! and its old contents must still be there.
+
+use super::meta::{BlockKind, BLOCK_SIZE, META_PAYLOAD_BYTES};
+use super::superblock::BITS_PER_BITMAP_BLOCK;
+use crate::error::{Error, Result};
+use std::collections::BTreeSet;
+
+const WORDS_PER_BITMAP_BLOCK: usize = META_PAYLOAD_BYTES / 8;
+
+pub struct Bitmap {
+    /// Bits that the next checkpoint writes.
+    persistent: Vec<u64>,
+    /// Bits that allocation must not hand out (persistent plus frees not yet checkpointed).
+    available: Vec<u64>,
+    bit_count: u64,
+    /// Bitmap blocks (by index within the bitmap region) changed since the last checkpoint.
+    dirty_blocks: BTreeSet<u64>,
+    /// Freed but not yet reusable: (lsn of the freeing record, first bit, count).
+    pending_frees: Vec<(u64, u64, u64)>,
+    free_count: u64,
+    cursor: u64,
+    pub kind: BlockKind,
+}
+
+impl Bitmap {
+    pub fn new(bit_count: u64, kind: BlockKind) -> Bitmap {
+        let words = bit_count.div_ceil(64) as usize;
+        let mut bitmap = Bitmap {
+            persistent: vec![0; words],
+            available: vec![0; words],
+            bit_count,
+            dirty_blocks: BTreeSet::new(),
+            pending_frees: Vec::new(),
+            free_count: bit_count,
+            cursor: 0,
+            kind,
+        };
+        // Bits past the end of the last word are never free.
+        let tail_bits = bit_count % 64;
+        if tail_bits != 0 {
+            let mask = !0u64 << tail_bits;
+            *bitmap.persistent.last_mut().unwrap() |= mask;
+            *bitmap.available.last_mut().unwrap() |= mask;
+        }
+        bitmap
+    }
+
+    pub fn bit_count(&self) -> u64 {
+        self.bit_count
+    }
+    pub fn free_count(&self) -> u64 {
+        self.free_count
+    }
+    pub fn is_set(&self, bit: u64) -> bool {
+        assert!(bit < self.bit_count);
+        self.persistent[(bit / 64) as usize] & (1 << (bit % 64)) != 0
+    }
+    pub fn is_available(&self, bit: u64) -> bool {
+        bit < self.bit_count && self.available[(bit / 64) as usize] & (1 << (bit % 64)) == 0
+    }
+
+    fn mark_dirty(&mut self, first: u64, count: u64) {
+        let first_block = first / BITS_PER_BITMAP_BLOCK;
+        let last_block = (first + count - 1) / BITS_PER_BITMAP_BLOCK;
+        for block in first_block..=last_block {
+            self.dirty_blocks.insert(block);
+        }
+    }
+
+    /// Marks `[first, first + count)` allocated in both views. Every bit must be available.
+    pub fn set_range(&mut self, first: u64, count: u64) {
+        assert!(count > 0 && first + count <= self.bit_count);
+        for bit in first..first + count {
+            let (word, mask) = ((bit / 64) as usize, 1u64 << (bit % 64));
+            assert!(self.available[word] & mask == 0, "bit {bit} allocated twice");
+            self.available[word] |= mask;
+            self.persistent[word] |= mask;
+        }
+        self.free_count -= count;
+        self.mark_dirty(first, count);
+    }
+
+    /// Records the free of `[first, first + count)` by the record `lsn`. The bits become
+    /// available after `release_checkpointed(lsn)`. Freeing a free bit is corruption (a block
+    /// referenced twice), reported rather than asserted because the reference came from disk.
+    pub fn free_range(&mut self, first: u64, count: u64, lsn: u64) -> Result<()> {
+        if count == 0 || first.checked_add(count).is_none_or(|end| end > self.bit_count) {
+            return Err(Error::corruption(format!("{:?}: free of {count} at {first} is out of range", self.kind)));
+        }
+        for bit in first..first + count {
+            if !self.is_set(bit) {
+                return Err(Error::corruption(format!("{:?}: bit {bit} freed while not allocated", self.kind)));
+            }
+        }
+        for bit in first..first + count {
+            self.persistent[(bit / 64) as usize] &= !(1u64 << (bit % 64));
+        }
+        self.mark_dirty(first, count);
+        self.pending_frees.push((lsn, first, count));
+        Ok(())
+    }
+
+    /// Frees immediately in both views: for state that never reached a checkpoint (the front
+    /// end's inode numbers, which are reused only in log order).
+    pub fn free_now(&mut self, first: u64, count: u64) {
+        for bit in first..first + count {
+            let (word, mask) = ((bit / 64) as usize, 1u64 << (bit % 64));
+            assert!(self.available[word] & mask != 0);
+            self.available[word] &= !mask;
+            self.persistent[word] &= !mask;
+        }
+        self.free_count += count;
+        self.mark_dirty(first, count);
+    }
+
+    /// The checkpoint covering every record up to `lsn` is durable: frees up to it are reusable.
+    pub fn release_checkpointed(&mut self, lsn: u64) {
+        let mut released = 0;
+        let mut index = 0;
+        while index < self.pending_frees.len() {
+            let (free_lsn, first, count) = self.pending_frees[index];
+            if free_lsn <= lsn {
+                for bit in first..first + count {
+                    let (word, mask) = ((bit / 64) as usize, 1u64 << (bit % 64));
+                    // A bit may have been freed, then allocated again is impossible (not
+                    // available), so it is still marked unavailable here.
+                    debug_assert!(self.available[word] & mask != 0);
+                    if self.persistent[word] & mask == 0 {
+                        self.available[word] &= !mask;
+                        released += 1;
+                    }
+                }
+                self.pending_frees.swap_remove(index);
+            } else {
+                index += 1;
+            }
+        }
+        self.free_count += released;
+    }
+
+    /// Frees not yet reusable, in bits.
+    pub fn pending_free_count(&self) -> u64 {
+        self.pending_frees.iter().map(|(_, _, count)| count).sum()
+    }
+
+    /// Finds up to `count` contiguous available bits, preferring `near`, and allocates them.
+    /// Returns (first, count given) or `NoSpace`.
+    pub fn allocate(&mut self, near: u64, count: u64, floor: u64) -> Result<(u64, u64)> {
+        assert!(count > 0);
+        let start = if near >= floor && near < self.bit_count { near } else { self.cursor.max(floor) };
+        let first = self.find_available(start, floor).ok_or(Error::NoSpace)?;
+        let mut length = 1;
+        while length < count && self.is_available(first + length) {
+            length += 1;
+        }
+        self.set_range(first, length);
+        self.cursor = first + length;
+        Ok((first, length))
+    }
+
+    /// The first available bit at or after `start`, wrapping around to `floor`.
+    fn find_available(&self, start: u64, floor: u64) -> Option<u64> {
+        let search = |from: u64, to: u64| -> Option<u64> {
+            let mut bit = from;
+            while bit < to {
+                let word_index = (bit / 64) as usize;
+                let word = self.available[word_index] | ((1u64 << (bit % 64)) - 1);
+                if word != u64::MAX {
+                    let found = word_index as u64 * 64 + (!word).trailing_zeros() as u64;
+                    return (found < to).then_some(found);
+                }
+                bit = (word_index as u64 + 1) * 64;
+            }
+            None
+        };
+        search(start, self.bit_count).or_else(|| search(floor, start.min(self.bit_count)))
+    }
+
+    pub fn bitmap_blocks(&self) -> u64 {
+        self.bit_count.div_ceil(BITS_PER_BITMAP_BLOCK)
+    }
+
+    /// The payload of bitmap block `index` from the persistent view.
+    pub fn encode_block(&self, index: u64) -> Box<[u8; BLOCK_SIZE]> {
+        let mut block = Box::new([0u8; BLOCK_SIZE]);
+        let first_word = index as usize * WORDS_PER_BITMAP_BLOCK;
+        for slot in 0..WORDS_PER_BITMAP_BLOCK {
+            if let Some(word) = self.persistent.get(first_word + slot) {
+                block[slot * 8..slot * 8 + 8].copy_from_slice(&word.to_le_bytes());
+            }
+        }
+        block
+    }
+
+    /// Loads bitmap block `index` (already checksum-verified) into both views.
+    pub fn decode_block(&mut self, index: u64, block: &[u8; BLOCK_SIZE]) -> Result<()> {
+        let first_word = index as usize * WORDS_PER_BITMAP_BLOCK;
+        for slot in 0..WORDS_PER_BITMAP_BLOCK {
+            let word_index = first_word + slot;
+            let word = u64::from_le_bytes(block[slot * 8..slot * 8 + 8].try_into().unwrap());
+            if word_index >= self.persistent.len() {
+                if word != 0 {
+                    return Err(Error::corruption(format!("{:?} block {index}: bits set past the end", self.kind)));
+                }
+                continue;
+            }
+            let tail_mask = if word_index == self.persistent.len() - 1 && self.bit_count % 64 != 0 {
+                !0u64 << (self.bit_count % 64)
+            } else {
+                0
+            };
+            if word & tail_mask != tail_mask {
+                return Err(Error::corruption(format!("{:?} block {index}: bits past the end are clear", self.kind)));
+            }
+            let old = self.persistent[word_index];
+            self.persistent[word_index] = word;
+            self.available[word_index] = word;
+            self.free_count =
+                self.free_count + (old & !tail_mask).count_ones() as u64 - (word & !tail_mask).count_ones() as u64;
+        }
+        Ok(())
+    }
+
+    pub fn take_dirty_blocks(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.dirty_blocks).into_iter().collect()
+    }
+    pub fn mark_all_dirty(&mut self) {
+        for index in 0..self.bitmap_blocks() {
+            self.dirty_blocks.insert(index);
+        }
+    }
+
+    /// Allocated bits of the persistent view, for fsck.
+    pub fn iter_set(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.bit_count).filter(move |bit| self.is_set(*bit))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_free_release() {
+        let mut bitmap = Bitmap::new(1000, BlockKind::BlockBitmap);
+        bitmap.set_range(0, 10);
+        assert_eq!(bitmap.free_count(), 990);
+        let (first, count) = bitmap.allocate(0, 20, 10).unwrap();
+        assert_eq!((first, count), (10, 20));
+        bitmap.free_range(10, 20, 5).unwrap();
+        assert!(!bitmap.is_set(10));
+        assert!(!bitmap.is_available(10), "freed bits wait for the checkpoint");
+        assert_eq!(bitmap.free_count(), 970);
+        bitmap.release_checkpointed(4);
+        assert!(!bitmap.is_available(10));
+        bitmap.release_checkpointed(5);
+        assert!(bitmap.is_available(10));
+        assert_eq!(bitmap.free_count(), 990);
+        assert!(bitmap.free_range(10, 1, 6).unwrap_err().is_corruption());
+    }
+
+    #[test]
+    fn encode_decode_round_trip() {
+        let mut bitmap = Bitmap::new(70_000, BlockKind::BlockBitmap);
+        bitmap.set_range(5, 40_000);
+        let mut copy = Bitmap::new(70_000, BlockKind::BlockBitmap);
+        for index in 0..bitmap.bitmap_blocks() {
+            copy.decode_block(index, &bitmap.encode_block(index)).unwrap();
+        }
+        assert_eq!(copy.free_count(), bitmap.free_count());
+        assert!(copy.is_set(5) && copy.is_set(40_004) && !copy.is_set(40_005));
+    }
+
+    #[test]
+    fn exhaustion_is_no_space() {
+        let mut bitmap = Bitmap::new(64, BlockKind::BlockBitmap);
+        bitmap.allocate(0, 64, 0).unwrap();
+        assert!(matches!(bitmap.allocate(0, 1, 0), Err(Error::NoSpace)));
+    }
+}

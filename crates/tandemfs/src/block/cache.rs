@@ -1,0 +1,167 @@
+//! The metadata block cache. Blocks are kept unsealed in memory; the trailer is written when a
+//! checkpoint takes an image. Dirty blocks stay until a checkpoint takes them; clean blocks are
+//! evicted in least-recently-used order once the cache holds more than its bound.
+
+use super::meta::{BlockBuf, BlockKind};
+use std::collections::{HashMap, VecDeque};
+
+struct Entry {
+    block: BlockBuf,
+    kind: BlockKind,
+    dirty: bool,
+    stamp: u64,
+}
+
+pub struct BlockCache {
+    entries: HashMap<u64, Entry>,
+    /// (block, stamp) in use order; an element is stale when the entry's stamp moved on.
+    recency: VecDeque<(u64, u64)>,
+    dirty_count: usize,
+    clock: u64,
+    capacity_blocks: usize,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl BlockCache {
+    pub fn new(capacity_blocks: usize) -> BlockCache {
+        assert!(capacity_blocks >= 16);
+        BlockCache {
+            entries: HashMap::new(),
+            recency: VecDeque::new(),
+            dirty_count: 0,
+            clock: 0,
+            capacity_blocks,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    fn touch(&mut self, block_number: u64) -> u64 {
+        self.clock += 1;
+        self.recency.push_back((block_number, self.clock));
+        self.clock
+    }
+
+    /// A copy of a cached block, if present with the expected kind.
+    pub fn get(&mut self, block_number: u64, kind: BlockKind) -> Option<BlockBuf> {
+        let stamp = self.clock + 1;
+        let entry = self.entries.get_mut(&block_number)?;
+        if entry.kind != kind {
+            return None;
+        }
+        entry.stamp = stamp;
+        let copy = entry.block.clone();
+        self.touch(block_number);
+        self.hits += 1;
+        Some(copy)
+    }
+
+    /// Inserts a block read from the device (clean).
+    pub fn insert_clean(&mut self, block_number: u64, kind: BlockKind, block: BlockBuf) {
+        self.misses += 1;
+        let stamp = self.touch(block_number);
+        if let Some(old) = self.entries.insert(block_number, Entry { block, kind, dirty: false, stamp }) {
+            assert!(!old.dirty, "clean insert over dirty block {block_number}");
+        }
+        self.evict();
+    }
+
+    /// Stores a changed block; it stays until the next checkpoint takes it.
+    pub fn put_dirty(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) {
+        let stamp = self.touch(block_number);
+        match self.entries.get_mut(&block_number) {
+            Some(entry) => {
+                entry.block.copy_from_slice(&block[..]);
+                entry.kind = kind;
+                entry.stamp = stamp;
+                if !entry.dirty {
+                    entry.dirty = true;
+                    self.dirty_count += 1;
+                }
+            }
+            None => {
+                self.entries.insert(block_number, Entry { block: block.clone(), kind, dirty: true, stamp });
+                self.dirty_count += 1;
+            }
+        }
+        self.evict();
+    }
+
+    /// Forgets a freed block, dirty or not: its image must never be written again.
+    pub fn remove(&mut self, block_number: u64) {
+        if let Some(entry) = self.entries.remove(&block_number) {
+            if entry.dirty {
+                self.dirty_count -= 1;
+            }
+        }
+    }
+
+    pub fn dirty_count(&self) -> usize {
+        self.dirty_count
+    }
+
+    /// Takes copies of every dirty block (block, kind, payload) and marks them clean.
+    pub fn take_dirty(&mut self) -> Vec<(u64, BlockKind, BlockBuf)> {
+        let mut images = Vec::with_capacity(self.dirty_count);
+        for (block_number, entry) in self.entries.iter_mut() {
+            if entry.dirty {
+                entry.dirty = false;
+                images.push((*block_number, entry.kind, entry.block.clone()));
+            }
+        }
+        self.dirty_count = 0;
+        images.sort_by_key(|(block_number, _, _)| *block_number);
+        self.evict();
+        images
+    }
+
+    fn evict(&mut self) {
+        // Bound the recency queue too: rebuild it when stale elements dominate.
+        if self.recency.len() > 4 * self.capacity_blocks.max(self.entries.len()) {
+            let entries = &self.entries;
+            self.recency
+                .retain(|(block_number, stamp)| entries.get(block_number).is_some_and(|entry| entry.stamp == *stamp));
+        }
+        let mut budget = self.recency.len();
+        while self.entries.len() > self.capacity_blocks && budget > 0 {
+            budget -= 1;
+            let Some((block_number, stamp)) = self.recency.pop_front() else { break };
+            let evictable = self.entries.get(&block_number).is_some_and(|entry| entry.stamp == stamp && !entry.dirty);
+            if evictable {
+                self.entries.remove(&block_number);
+            } else if self.entries.get(&block_number).is_some_and(|entry| entry.stamp == stamp) {
+                // Dirty and recent: keep it in the queue for a later pass.
+                self.recency.push_back((block_number, stamp));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::meta::zeroed_block;
+
+    #[test]
+    fn dirty_blocks_survive_eviction() {
+        let mut cache = BlockCache::new(16);
+        for block in 0..40u64 {
+            let mut buffer = zeroed_block();
+            buffer[0] = block as u8;
+            if block % 2 == 0 {
+                cache.put_dirty(block, BlockKind::DirLeaf, &buffer);
+            } else {
+                cache.insert_clean(block, BlockKind::DirLeaf, buffer);
+            }
+        }
+        assert_eq!(cache.dirty_count(), 20);
+        for block in (0..40u64).step_by(2) {
+            assert_eq!(cache.get(block, BlockKind::DirLeaf).unwrap()[0], block as u8);
+        }
+        let images = cache.take_dirty();
+        assert_eq!(images.len(), 20);
+        assert_eq!(cache.dirty_count(), 0);
+        assert!(cache.entries.len() <= 16);
+    }
+}

@@ -1,0 +1,413 @@
+//! The superblock: geometry, feature flags, identity, log tail and checkpoint state, kept in two
+//! copies (blocks 0 and 1). Each write goes to the copy the sequence number selects, so a torn
+//! superblock write always leaves the other, older copy intact.
+
+use super::codec::*;
+use super::meta::{BLOCK_SIZE, BLOCK_SIZE_U64, META_PAYLOAD_BYTES};
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+pub const MAGIC: [u8; 8] = *b"TANDEMFS";
+pub const FORMAT_VERSION: u32 = 1;
+/// Inode records per inode-table block (256-byte records in the 4080-byte payload).
+pub const INODES_PER_BLOCK: u64 = 15;
+/// Bits per bitmap block (the 4080-byte payload).
+pub const BITS_PER_BITMAP_BLOCK: u64 = (META_PAYLOAD_BYTES * 8) as u64;
+/// Smallest volume mkfs accepts.
+pub const MIN_VOLUME_BYTES: u64 = 16 << 20;
+pub const MIN_LOG_BYTES: u64 = 4 << 20;
+pub const MAX_LOG_BYTES: u64 = 1 << 30;
+pub const STATE_CLEAN: u32 = 1;
+pub const STATE_MOUNTED: u32 = 2;
+
+// Field offsets, defined once (see docs/FORMAT.md, "Superblock").
+pub const OFFSET_MAGIC: usize = 0;
+pub const OFFSET_VERSION: usize = 8;
+pub const OFFSET_BLOCK_SIZE: usize = 12;
+pub const OFFSET_SEQUENCE: usize = 16;
+pub const OFFSET_BLOCK_COUNT: usize = 24;
+pub const OFFSET_UUID: usize = 32;
+pub const OFFSET_HASH_SEED: usize = 48;
+pub const OFFSET_FEATURES_COMPAT: usize = 64;
+pub const OFFSET_FEATURES_INCOMPAT: usize = 72;
+pub const OFFSET_FEATURES_RO_COMPAT: usize = 80;
+pub const OFFSET_LOG_HEADER_START: usize = 88;
+pub const OFFSET_LOG_HEADER_BLOCKS: usize = 96;
+pub const OFFSET_LOG_DATA_START: usize = 104;
+pub const OFFSET_LOG_DATA_BLOCKS: usize = 112;
+pub const OFFSET_BLOCK_BITMAP_START: usize = 120;
+pub const OFFSET_BLOCK_BITMAP_BLOCKS: usize = 128;
+pub const OFFSET_INODE_BITMAP_START: usize = 136;
+pub const OFFSET_INODE_BITMAP_BLOCKS: usize = 144;
+pub const OFFSET_INODE_TABLE_START: usize = 152;
+pub const OFFSET_INODE_TABLE_BLOCKS: usize = 160;
+pub const OFFSET_INODE_COUNT: usize = 168;
+pub const OFFSET_FIRST_DATA_BLOCK: usize = 176;
+pub const OFFSET_LOG_TAIL_LSN: usize = 184;
+pub const OFFSET_LOG_TAIL_DATA_POSITION: usize = 192;
+pub const OFFSET_CHECKPOINT_LSN: usize = 200;
+pub const OFFSET_ORPHAN_HEAD: usize = 208;
+pub const OFFSET_NEXT_GENERATION: usize = 216;
+pub const OFFSET_STATE: usize = 224;
+pub const OFFSET_FORMAT_TIME: usize = 232;
+pub const OFFSET_MOUNT_TIME: usize = 240;
+pub const OFFSET_CHECKPOINT_TIME: usize = 248;
+pub const OFFSET_MOUNT_COUNT: usize = 256;
+pub const OFFSET_CHECKPOINT_COUNT: usize = 264;
+pub const OFFSET_FREE_BLOCKS: usize = 272;
+pub const OFFSET_FREE_INODES: usize = 280;
+/// Bytes 288..4092 are zero in version 1.
+pub const USED_BYTES: usize = 288;
+pub const OFFSET_CRC: usize = 4092;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub sequence: u64,
+    pub block_count: u64,
+    pub uuid: [u8; 16],
+    pub hash_seed: [u32; 4],
+    pub features_compat: u64,
+    pub features_incompat: u64,
+    pub features_ro_compat: u64,
+    pub log_header_start: u64,
+    pub log_header_blocks: u64,
+    pub log_data_start: u64,
+    pub log_data_blocks: u64,
+    pub block_bitmap_start: u64,
+    pub block_bitmap_blocks: u64,
+    pub inode_bitmap_start: u64,
+    pub inode_bitmap_blocks: u64,
+    pub inode_table_start: u64,
+    pub inode_table_blocks: u64,
+    pub inode_count: u64,
+    pub first_data_block: u64,
+    pub log_tail_lsn: u64,
+    pub log_tail_data_position: u64,
+    pub checkpoint_lsn: u64,
+    pub orphan_head: u64,
+    pub next_generation: u64,
+    pub state: u32,
+    pub format_time_ns: i64,
+    pub mount_time_ns: i64,
+    pub checkpoint_time_ns: i64,
+    pub mount_count: u64,
+    pub checkpoint_count: u64,
+    pub free_blocks: u64,
+    pub free_inodes: u64,
+}
+
+impl Superblock {
+    /// Computes the layout of a new volume of `block_count` blocks.
+    pub fn layout(block_count: u64, inode_count: Option<u64>, log_bytes: Option<u64>) -> Result<Superblock> {
+        let volume_bytes = block_count.saturating_mul(BLOCK_SIZE_U64);
+        if volume_bytes < MIN_VOLUME_BYTES {
+            return Err(Error::invalid(format!(
+                "a volume needs at least {} MiB; this one has {} bytes",
+                MIN_VOLUME_BYTES >> 20,
+                volume_bytes
+            )));
+        }
+        let log_bytes = log_bytes.unwrap_or((volume_bytes / 16).clamp(MIN_LOG_BYTES, MAX_LOG_BYTES));
+        if !(MIN_LOG_BYTES..=MAX_LOG_BYTES).contains(&log_bytes) || log_bytes > volume_bytes / 2 {
+            return Err(Error::invalid(format!(
+                "log size {log_bytes} bytes must be between {} MiB, {} MiB and half the volume",
+                MIN_LOG_BYTES >> 20,
+                MAX_LOG_BYTES >> 20
+            )));
+        }
+        let log_blocks = log_bytes / BLOCK_SIZE_U64;
+        // One 64-byte header per record; metadata records are small, so an eighth of the log
+        // for headers leaves room for about as many records as the data ring can hold.
+        let log_header_blocks = (log_blocks / 8).max(16);
+        let log_data_blocks = log_blocks - log_header_blocks;
+        let inode_count = inode_count.unwrap_or(volume_bytes / (16 << 10));
+        let inode_count = inode_count.max(INODES_PER_BLOCK).div_ceil(INODES_PER_BLOCK) * INODES_PER_BLOCK;
+        let inode_table_blocks = inode_count / INODES_PER_BLOCK;
+        let block_bitmap_blocks = block_count.div_ceil(BITS_PER_BITMAP_BLOCK);
+        let inode_bitmap_blocks = inode_count.div_ceil(BITS_PER_BITMAP_BLOCK);
+        let log_header_start = 2;
+        let log_data_start = log_header_start + log_header_blocks;
+        let block_bitmap_start = log_data_start + log_data_blocks;
+        let inode_bitmap_start = block_bitmap_start + block_bitmap_blocks;
+        let inode_table_start = inode_bitmap_start + inode_bitmap_blocks;
+        let first_data_block = inode_table_start + inode_table_blocks;
+        // Leave at least 1/8 of the volume for data and directories.
+        if first_data_block.saturating_add(block_count / 8) > block_count {
+            return Err(Error::invalid(format!(
+                "{inode_count} inodes and a {log_bytes}-byte log leave too little room for data on a {volume_bytes}-byte volume"
+            )));
+        }
+        Ok(Superblock {
+            sequence: 1,
+            block_count,
+            uuid: [0; 16],
+            hash_seed: [0; 4],
+            features_compat: 0,
+            features_incompat: 0,
+            features_ro_compat: 0,
+            log_header_start,
+            log_header_blocks,
+            log_data_start,
+            log_data_blocks,
+            block_bitmap_start,
+            block_bitmap_blocks,
+            inode_bitmap_start,
+            inode_bitmap_blocks,
+            inode_table_start,
+            inode_table_blocks,
+            inode_count,
+            first_data_block,
+            log_tail_lsn: 1,
+            log_tail_data_position: 0,
+            checkpoint_lsn: 0,
+            orphan_head: 0,
+            next_generation: 1,
+            state: STATE_CLEAN,
+            format_time_ns: 0,
+            mount_time_ns: 0,
+            checkpoint_time_ns: 0,
+            mount_count: 0,
+            checkpoint_count: 0,
+            free_blocks: block_count - first_data_block,
+            free_inodes: inode_count,
+        })
+    }
+
+    pub fn encode(&self) -> Box<[u8; BLOCK_SIZE]> {
+        let mut block = Box::new([0u8; BLOCK_SIZE]);
+        let bytes = &mut block[..];
+        bytes[OFFSET_MAGIC..OFFSET_MAGIC + 8].copy_from_slice(&MAGIC);
+        put_u32(bytes, OFFSET_VERSION, FORMAT_VERSION);
+        put_u32(bytes, OFFSET_BLOCK_SIZE, BLOCK_SIZE as u32);
+        put_u64(bytes, OFFSET_SEQUENCE, self.sequence);
+        put_u64(bytes, OFFSET_BLOCK_COUNT, self.block_count);
+        bytes[OFFSET_UUID..OFFSET_UUID + 16].copy_from_slice(&self.uuid);
+        for (index, word) in self.hash_seed.iter().enumerate() {
+            put_u32(bytes, OFFSET_HASH_SEED + 4 * index, *word);
+        }
+        put_u64(bytes, OFFSET_FEATURES_COMPAT, self.features_compat);
+        put_u64(bytes, OFFSET_FEATURES_INCOMPAT, self.features_incompat);
+        put_u64(bytes, OFFSET_FEATURES_RO_COMPAT, self.features_ro_compat);
+        put_u64(bytes, OFFSET_LOG_HEADER_START, self.log_header_start);
+        put_u64(bytes, OFFSET_LOG_HEADER_BLOCKS, self.log_header_blocks);
+        put_u64(bytes, OFFSET_LOG_DATA_START, self.log_data_start);
+        put_u64(bytes, OFFSET_LOG_DATA_BLOCKS, self.log_data_blocks);
+        put_u64(bytes, OFFSET_BLOCK_BITMAP_START, self.block_bitmap_start);
+        put_u64(bytes, OFFSET_BLOCK_BITMAP_BLOCKS, self.block_bitmap_blocks);
+        put_u64(bytes, OFFSET_INODE_BITMAP_START, self.inode_bitmap_start);
+        put_u64(bytes, OFFSET_INODE_BITMAP_BLOCKS, self.inode_bitmap_blocks);
+        put_u64(bytes, OFFSET_INODE_TABLE_START, self.inode_table_start);
+        put_u64(bytes, OFFSET_INODE_TABLE_BLOCKS, self.inode_table_blocks);
+        put_u64(bytes, OFFSET_INODE_COUNT, self.inode_count);
+        put_u64(bytes, OFFSET_FIRST_DATA_BLOCK, self.first_data_block);
+        put_u64(bytes, OFFSET_LOG_TAIL_LSN, self.log_tail_lsn);
+        put_u64(bytes, OFFSET_LOG_TAIL_DATA_POSITION, self.log_tail_data_position);
+        put_u64(bytes, OFFSET_CHECKPOINT_LSN, self.checkpoint_lsn);
+        put_u64(bytes, OFFSET_ORPHAN_HEAD, self.orphan_head);
+        put_u64(bytes, OFFSET_NEXT_GENERATION, self.next_generation);
+        put_u32(bytes, OFFSET_STATE, self.state);
+        put_i64(bytes, OFFSET_FORMAT_TIME, self.format_time_ns);
+        put_i64(bytes, OFFSET_MOUNT_TIME, self.mount_time_ns);
+        put_i64(bytes, OFFSET_CHECKPOINT_TIME, self.checkpoint_time_ns);
+        put_u64(bytes, OFFSET_MOUNT_COUNT, self.mount_count);
+        put_u64(bytes, OFFSET_CHECKPOINT_COUNT, self.checkpoint_count);
+        put_u64(bytes, OFFSET_FREE_BLOCKS, self.free_blocks);
+        put_u64(bytes, OFFSET_FREE_INODES, self.free_inodes);
+        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+        put_u32(bytes, OFFSET_CRC, crc);
+        block
+    }
+
+    /// Decodes and validates one copy. `device_blocks` is the device size in blocks.
+    pub fn decode(bytes: &[u8; BLOCK_SIZE], copy: u64, device_blocks: u64) -> Result<Superblock> {
+        let bytes = &bytes[..];
+        let fail = |what: String| Err(Error::corruption(format!("superblock copy {copy}: {what}")));
+        if bytes[OFFSET_MAGIC..OFFSET_MAGIC + 8] != MAGIC {
+            return fail("no tandemfs magic number".into());
+        }
+        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+        if crc != get_u32(bytes, OFFSET_CRC) {
+            return fail(format!("checksum {:#010x} stored, {crc:#010x} computed", get_u32(bytes, OFFSET_CRC)));
+        }
+        let version = get_u32(bytes, OFFSET_VERSION);
+        if version != FORMAT_VERSION {
+            return fail(format!("format version {version}; this build reads version {FORMAT_VERSION}"));
+        }
+        if get_u32(bytes, OFFSET_BLOCK_SIZE) != BLOCK_SIZE as u32 {
+            return fail(format!("block size {} is not {BLOCK_SIZE}", get_u32(bytes, OFFSET_BLOCK_SIZE)));
+        }
+        let mut hash_seed = [0u32; 4];
+        for (index, word) in hash_seed.iter_mut().enumerate() {
+            *word = get_u32(bytes, OFFSET_HASH_SEED + 4 * index);
+        }
+        let superblock = Superblock {
+            sequence: get_u64(bytes, OFFSET_SEQUENCE),
+            block_count: get_u64(bytes, OFFSET_BLOCK_COUNT),
+            uuid: bytes[OFFSET_UUID..OFFSET_UUID + 16].try_into().unwrap(),
+            hash_seed,
+            features_compat: get_u64(bytes, OFFSET_FEATURES_COMPAT),
+            features_incompat: get_u64(bytes, OFFSET_FEATURES_INCOMPAT),
+            features_ro_compat: get_u64(bytes, OFFSET_FEATURES_RO_COMPAT),
+            log_header_start: get_u64(bytes, OFFSET_LOG_HEADER_START),
+            log_header_blocks: get_u64(bytes, OFFSET_LOG_HEADER_BLOCKS),
+            log_data_start: get_u64(bytes, OFFSET_LOG_DATA_START),
+            log_data_blocks: get_u64(bytes, OFFSET_LOG_DATA_BLOCKS),
+            block_bitmap_start: get_u64(bytes, OFFSET_BLOCK_BITMAP_START),
+            block_bitmap_blocks: get_u64(bytes, OFFSET_BLOCK_BITMAP_BLOCKS),
+            inode_bitmap_start: get_u64(bytes, OFFSET_INODE_BITMAP_START),
+            inode_bitmap_blocks: get_u64(bytes, OFFSET_INODE_BITMAP_BLOCKS),
+            inode_table_start: get_u64(bytes, OFFSET_INODE_TABLE_START),
+            inode_table_blocks: get_u64(bytes, OFFSET_INODE_TABLE_BLOCKS),
+            inode_count: get_u64(bytes, OFFSET_INODE_COUNT),
+            first_data_block: get_u64(bytes, OFFSET_FIRST_DATA_BLOCK),
+            log_tail_lsn: get_u64(bytes, OFFSET_LOG_TAIL_LSN),
+            log_tail_data_position: get_u64(bytes, OFFSET_LOG_TAIL_DATA_POSITION),
+            checkpoint_lsn: get_u64(bytes, OFFSET_CHECKPOINT_LSN),
+            orphan_head: get_u64(bytes, OFFSET_ORPHAN_HEAD),
+            next_generation: get_u64(bytes, OFFSET_NEXT_GENERATION),
+            state: get_u32(bytes, OFFSET_STATE),
+            format_time_ns: get_i64(bytes, OFFSET_FORMAT_TIME),
+            mount_time_ns: get_i64(bytes, OFFSET_MOUNT_TIME),
+            checkpoint_time_ns: get_i64(bytes, OFFSET_CHECKPOINT_TIME),
+            mount_count: get_u64(bytes, OFFSET_MOUNT_COUNT),
+            checkpoint_count: get_u64(bytes, OFFSET_CHECKPOINT_COUNT),
+            free_blocks: get_u64(bytes, OFFSET_FREE_BLOCKS),
+            free_inodes: get_u64(bytes, OFFSET_FREE_INODES),
+        };
+        match superblock.validate(device_blocks) {
+            Ok(()) => Ok(superblock),
+            Err(Error::Corruption { what }) => fail(what),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Checks that the geometry is self-consistent and fits the device, so that every later
+    /// computation from these fields stays in range.
+    pub fn validate(&self, device_blocks: u64) -> Result<()> {
+        let fail = |what: String| Err(Error::corruption(what));
+        if self.features_incompat != 0 {
+            return fail(format!("unknown incompatible features {:#x}", self.features_incompat));
+        }
+        if self.block_count > device_blocks {
+            return fail(format!(
+                "volume of {} blocks is larger than the {device_blocks}-block device",
+                self.block_count
+            ));
+        }
+        if self.block_count < MIN_VOLUME_BYTES / BLOCK_SIZE_U64 {
+            return fail(format!("volume of {} blocks is below the minimum", self.block_count));
+        }
+        let regions = [
+            ("log header ring", self.log_header_start, self.log_header_blocks),
+            ("log data ring", self.log_data_start, self.log_data_blocks),
+            ("block bitmap", self.block_bitmap_start, self.block_bitmap_blocks),
+            ("inode bitmap", self.inode_bitmap_start, self.inode_bitmap_blocks),
+            ("inode table", self.inode_table_start, self.inode_table_blocks),
+        ];
+        let mut expected_start = 2u64;
+        for (name, start, blocks) in regions {
+            if start != expected_start || blocks == 0 || blocks > self.block_count {
+                return fail(format!("{name} at block {start} with {blocks} blocks does not follow the previous region at {expected_start}"));
+            }
+            expected_start = start + blocks;
+        }
+        if self.first_data_block != expected_start || self.first_data_block >= self.block_count {
+            return fail(format!("first data block {} is not {expected_start}", self.first_data_block));
+        }
+        if self.block_bitmap_blocks != self.block_count.div_ceil(BITS_PER_BITMAP_BLOCK) {
+            return fail(format!(
+                "block bitmap of {} blocks does not cover {} blocks",
+                self.block_bitmap_blocks, self.block_count
+            ));
+        }
+        if self.inode_count == 0
+            || self.inode_count != self.inode_table_blocks * INODES_PER_BLOCK
+            || self.inode_bitmap_blocks != self.inode_count.div_ceil(BITS_PER_BITMAP_BLOCK)
+        {
+            return fail(format!("inode count {} does not match its table and bitmap", self.inode_count));
+        }
+        if self.log_tail_lsn == 0 || self.checkpoint_lsn + 1 != self.log_tail_lsn {
+            return fail(format!("log tail {} does not follow checkpoint {}", self.log_tail_lsn, self.checkpoint_lsn));
+        }
+        if self.orphan_head > self.inode_count {
+            return fail(format!("orphan list head {} is not an inode", self.orphan_head));
+        }
+        if self.state != STATE_CLEAN && self.state != STATE_MOUNTED {
+            return fail(format!("unknown state {}", self.state));
+        }
+        Ok(())
+    }
+
+    pub fn log_geometry(&self) -> crate::log::LogGeometry {
+        crate::log::LogGeometry {
+            header_start_byte: self.log_header_start * BLOCK_SIZE_U64,
+            header_slots: self.log_header_blocks * (BLOCK_SIZE_U64 / 64),
+            data_start_byte: self.log_data_start * BLOCK_SIZE_U64,
+            data_bytes: self.log_data_blocks * BLOCK_SIZE_U64,
+        }
+    }
+
+    /// Reads both copies and returns the valid one with the higher sequence number.
+    pub fn read_best(device: &dyn Device) -> Result<Superblock> {
+        let device_blocks = device.size_bytes() / BLOCK_SIZE_U64;
+        let mut best: Option<Superblock> = None;
+        let mut errors = Vec::new();
+        for copy in 0..2u64 {
+            let mut bytes = Box::new([0u8; BLOCK_SIZE]);
+            if device.size_bytes() < (copy + 1) * BLOCK_SIZE_U64 {
+                errors.push(format!("copy {copy}: device too small"));
+                continue;
+            }
+            device.read_at(copy * BLOCK_SIZE_U64, &mut bytes[..])?;
+            match Superblock::decode(&bytes, copy, device_blocks) {
+                Ok(superblock) => {
+                    if best.as_ref().is_none_or(|b| superblock.sequence > b.sequence) {
+                        best = Some(superblock);
+                    }
+                }
+                Err(error) => errors.push(error.to_string()),
+            }
+        }
+        best.ok_or_else(|| Error::corruption(format!("no valid superblock: {}", errors.join("; "))))
+    }
+
+    /// Writes this superblock into the copy its sequence number selects. The caller flushes.
+    pub fn write(&self, device: &dyn Device) -> Result<()> {
+        let copy = self.sequence % 2;
+        device.write_at(copy * BLOCK_SIZE_U64, &self.encode()[..])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_offsets_fit_and_do_not_overlap() {
+        assert!(USED_BYTES <= OFFSET_CRC);
+        assert_eq!(OFFSET_FREE_INODES + 8, USED_BYTES);
+        assert_eq!(BITS_PER_BITMAP_BLOCK, 32_640);
+        assert_eq!(INODES_PER_BLOCK * 256, 3840);
+    }
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
+        let mut superblock = Superblock::layout(blocks, None, None).unwrap();
+        superblock.uuid = [7; 16];
+        superblock.hash_seed = [1, 2, 3, 4];
+        let bytes = superblock.encode();
+        assert_eq!(Superblock::decode(&bytes, 0, blocks).unwrap(), superblock);
+        for bit in 0..(USED_BYTES * 8) {
+            let mut damaged = bytes.clone();
+            damaged[bit / 8] ^= 1 << (bit % 8);
+            assert!(Superblock::decode(&damaged, 0, blocks).unwrap_err().is_corruption());
+        }
+    }
+
+    #[test]
+    fn layout_rejects_tiny_volumes() {
+        assert!(Superblock::layout(100, None, None).is_err());
+        assert!(Superblock::layout(4096, Some(1 << 30), None).is_err());
+    }
+}

@@ -1,0 +1,374 @@
+//! `Volume`: the back end's view of the device. It owns the superblock, both bitmaps, the
+//! metadata cache and the inode table, and implements `MetaStore` and `DataStore` for the
+//! directory and extent structures. Changes stay in memory until a checkpoint takes their images.
+
+use super::bitmap::Bitmap;
+use super::cache::BlockCache;
+use super::inode::{Inode, INODE_BYTES};
+use super::meta::*;
+use super::superblock::{Superblock, INODES_PER_BLOCK};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Largest total size of one inode's extended attributes (names, values and their lengths).
+pub const XATTR_BLOCK_PAYLOAD_BYTES: usize = META_PAYLOAD_BYTES;
+
+pub struct Volume {
+    pub device: Arc<dyn Device>,
+    pub superblock: Superblock,
+    pub blocks: Bitmap,
+    /// Applied inode allocation: bit `n - 1` is inode `n`.
+    pub inodes: Bitmap,
+    cache: BlockCache,
+    /// The record being applied; frees are tagged with it.
+    pub current_lsn: u64,
+}
+
+/// One block image of a checkpoint, sealed and ready to write.
+pub struct Image {
+    pub block_number: u64,
+    pub block: BlockBuf,
+}
+
+impl Volume {
+    /// A volume whose bitmaps have not been read: for mkfs, which then marks the fixed regions.
+    pub fn new_empty(device: Arc<dyn Device>, superblock: Superblock, cache_blocks: usize) -> Volume {
+        let blocks = Bitmap::new(superblock.block_count, BlockKind::BlockBitmap);
+        let inodes = Bitmap::new(superblock.inode_count, BlockKind::InodeBitmap);
+        Volume { device, superblock, blocks, inodes, cache: BlockCache::new(cache_blocks), current_lsn: 0 }
+    }
+
+    /// Loads the bitmaps of a formatted volume.
+    pub fn load(device: Arc<dyn Device>, superblock: Superblock, cache_blocks: usize) -> Result<Volume> {
+        let mut volume = Volume::new_empty(device, superblock, cache_blocks);
+        let superblock = volume.superblock.clone();
+        for (start, count, kind) in [
+            (superblock.block_bitmap_start, superblock.block_bitmap_blocks, BlockKind::BlockBitmap),
+            (superblock.inode_bitmap_start, superblock.inode_bitmap_blocks, BlockKind::InodeBitmap),
+        ] {
+            // Read the region in large pieces: bitmaps of big volumes span thousands of blocks.
+            let chunk_blocks = 256u64;
+            let mut index = 0;
+            while index < count {
+                let blocks = chunk_blocks.min(count - index);
+                let mut buffer = vec![0u8; (blocks * BLOCK_SIZE_U64) as usize];
+                volume.device.read_at((start + index) * BLOCK_SIZE_U64, &mut buffer)?;
+                for offset in 0..blocks {
+                    let bytes: &[u8; BLOCK_SIZE] =
+                        buffer[(offset as usize) * BLOCK_SIZE..(offset as usize + 1) * BLOCK_SIZE].try_into().unwrap();
+                    verify_block(bytes, kind, start + index + offset)?;
+                    let bitmap = if kind == BlockKind::BlockBitmap { &mut volume.blocks } else { &mut volume.inodes };
+                    bitmap.decode_block(index + offset, bytes)?;
+                }
+                index += blocks;
+            }
+        }
+        for block in 0..superblock.first_data_block {
+            if !volume.blocks.is_set(block) {
+                return Err(Error::corruption(format!("block bitmap: fixed-region block {block} is marked free")));
+            }
+        }
+        Ok(volume)
+    }
+
+    pub fn cache_dirty_count(&self) -> usize {
+        self.cache.dirty_count()
+    }
+    pub fn cache_hit_counts(&self) -> (u64, u64) {
+        (self.cache.hits, self.cache.misses)
+    }
+
+    fn check_metadata_address(&self, block_number: u64, kind: BlockKind) -> Result<()> {
+        let allowed = match kind {
+            BlockKind::InodeTable => (self.superblock.inode_table_start
+                ..self.superblock.inode_table_start + self.superblock.inode_table_blocks)
+                .contains(&block_number),
+            BlockKind::BlockBitmap | BlockKind::InodeBitmap => false,
+            _ => (self.superblock.first_data_block..self.superblock.block_count).contains(&block_number),
+        };
+        if !allowed {
+            return Err(Error::corruption(format!("{kind:?} block address {block_number} lies outside its region")));
+        }
+        Ok(())
+    }
+
+    fn check_data_range(&self, block_number: u64, offset_in_block: usize, length: usize) -> Result<u64> {
+        let start = block_number
+            .checked_mul(BLOCK_SIZE_U64)
+            .and_then(|byte| byte.checked_add(offset_in_block as u64))
+            .filter(|_| offset_in_block < BLOCK_SIZE && block_number >= self.superblock.first_data_block);
+        let end = start.and_then(|start| start.checked_add(length as u64));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= self.superblock.block_count * BLOCK_SIZE_U64 => Ok(start),
+            _ => Err(Error::corruption(format!(
+                "data range of {length} bytes at block {block_number} + {offset_in_block} lies outside the data region"
+            ))),
+        }
+    }
+
+    // ---- inode table ----
+
+    fn inode_location(&self, inode_number: u64) -> Result<(u64, usize)> {
+        if inode_number == 0 || inode_number > self.superblock.inode_count {
+            return Err(Error::corruption(format!("inode number {inode_number} is out of range")));
+        }
+        let index = inode_number - 1;
+        Ok((
+            self.superblock.inode_table_start + index / INODES_PER_BLOCK,
+            (index % INODES_PER_BLOCK) as usize * INODE_BYTES,
+        ))
+    }
+
+    fn read_inode_block(&mut self, block_number: u64) -> Result<BlockBuf> {
+        if let Some(block) = self.cache.get(block_number, BlockKind::InodeTable) {
+            return Ok(block);
+        }
+        let mut block = zeroed_block();
+        self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
+        // Inode-table blocks are written lazily: an all-zero block holds only free inodes.
+        if block.iter().any(|byte| *byte != 0) {
+            verify_block(&block, BlockKind::InodeTable, block_number)?;
+        }
+        self.cache.insert_clean(block_number, BlockKind::InodeTable, block.clone());
+        Ok(block)
+    }
+
+    /// Reads an allocated inode. A free inode is `NotFound`; an allocated inode whose record is
+    /// missing or wrong is corruption.
+    pub fn read_inode(&mut self, inode_number: u64) -> Result<Inode> {
+        let (block_number, offset) = self.inode_location(inode_number)?;
+        if !self.inodes.is_set(inode_number - 1) {
+            return Err(Error::NotFound);
+        }
+        let block = self.read_inode_block(block_number)?;
+        match Inode::decode(&block[offset..offset + INODE_BYTES], inode_number, self.superblock.inode_count)? {
+            Some(inode) => Ok(inode),
+            None => Err(Error::corruption(format!("inode {inode_number} is allocated but its record is empty"))),
+        }
+    }
+
+    pub fn write_inode(&mut self, inode: &Inode) -> Result<()> {
+        let (block_number, offset) = self.inode_location(inode.inode_number)?;
+        let mut block = self.read_inode_block(block_number)?;
+        inode.encode(&mut block[offset..offset + INODE_BYTES]);
+        self.cache.put_dirty(block_number, BlockKind::InodeTable, &block);
+        Ok(())
+    }
+
+    /// Marks an inode allocated (applying a create) and writes its record.
+    pub fn create_inode(&mut self, inode: &Inode) -> Result<()> {
+        let number = inode.inode_number;
+        self.inode_location(number)?;
+        if self.inodes.is_set(number - 1) {
+            return Err(Error::corruption(format!("inode {number} created while allocated")));
+        }
+        self.inodes.set_range(number - 1, 1);
+        self.write_inode(inode)
+    }
+
+    /// Frees an inode's record and number (its blocks are freed by the caller first).
+    pub fn delete_inode(&mut self, inode_number: u64) -> Result<()> {
+        let (block_number, offset) = self.inode_location(inode_number)?;
+        if !self.inodes.is_set(inode_number - 1) {
+            return Err(Error::corruption(format!("inode {inode_number} deleted while free")));
+        }
+        // Inode numbers may be reused at once: records apply in log order and the inode table
+        // reaches home only through checkpoint images, so no reuse can overwrite durable state.
+        self.inodes.free_now(inode_number - 1, 1);
+        let mut block = self.read_inode_block(block_number)?;
+        block[offset..offset + INODE_BYTES].fill(0);
+        self.cache.put_dirty(block_number, BlockKind::InodeTable, &block);
+        Ok(())
+    }
+
+    // ---- extended attributes ----
+
+    pub fn read_xattrs(&mut self, block_number: u64) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+        let mut attributes = BTreeMap::new();
+        if block_number == 0 {
+            return Ok(attributes);
+        }
+        let block = self.read_meta(block_number, BlockKind::Xattr)?;
+        let fail = |what: &str| Err(Error::corruption(format!("xattr block {block_number}: {what}")));
+        let count = u16::from_le_bytes([block[0], block[1]]) as usize;
+        let mut position = 2usize;
+        for _ in 0..count {
+            if position + 3 > META_PAYLOAD_BYTES {
+                return fail("entry header runs past the block");
+            }
+            let name_length = block[position] as usize;
+            let value_length = u16::from_le_bytes([block[position + 1], block[position + 2]]) as usize;
+            position += 3;
+            if name_length == 0 || position + name_length + value_length > META_PAYLOAD_BYTES {
+                return fail("entry runs past the block");
+            }
+            let name = block[position..position + name_length].to_vec();
+            position += name_length;
+            let value = block[position..position + value_length].to_vec();
+            position += value_length;
+            if attributes.insert(name, value).is_some() {
+                return fail("duplicate name");
+            }
+        }
+        Ok(attributes)
+    }
+
+    pub fn xattr_encoded_bytes(attributes: &BTreeMap<Vec<u8>, Vec<u8>>) -> usize {
+        2 + attributes.iter().map(|(name, value)| 3 + name.len() + value.len()).sum::<usize>()
+    }
+
+    /// Writes `attributes` for `inode`, allocating or freeing its xattr block as needed.
+    pub fn write_xattrs(&mut self, inode: &mut Inode, attributes: &BTreeMap<Vec<u8>, Vec<u8>>) -> Result<()> {
+        if attributes.is_empty() {
+            if inode.xattr_block != 0 {
+                self.free_meta(inode.xattr_block)?;
+                inode.xattr_block = 0;
+                inode.blocks_owned = inode.blocks_owned.saturating_sub(1);
+            }
+            return Ok(());
+        }
+        let encoded_bytes = Volume::xattr_encoded_bytes(attributes);
+        assert!(encoded_bytes <= XATTR_BLOCK_PAYLOAD_BYTES, "front end admits only attributes that fit");
+        if inode.xattr_block == 0 {
+            inode.xattr_block = self.allocate_meta(0)?;
+            inode.blocks_owned += 1;
+        }
+        let mut block = zeroed_block();
+        block[0..2].copy_from_slice(&(attributes.len() as u16).to_le_bytes());
+        let mut position = 2;
+        for (name, value) in attributes {
+            block[position] = name.len() as u8;
+            block[position + 1..position + 3].copy_from_slice(&(value.len() as u16).to_le_bytes());
+            position += 3;
+            block[position..position + name.len()].copy_from_slice(name);
+            position += name.len();
+            block[position..position + value.len()].copy_from_slice(value);
+            position += value.len();
+        }
+        self.write_meta(inode.xattr_block, BlockKind::Xattr, &block)
+    }
+
+    // ---- checkpoints ----
+
+    /// Takes sealed images of every changed metadata block: cache blocks and bitmap blocks.
+    pub fn take_images(&mut self) -> Vec<Image> {
+        let mut images = Vec::new();
+        for (block_number, kind, mut block) in self.cache.take_dirty() {
+            seal_block(&mut block, kind, block_number);
+            images.push(Image { block_number, block });
+        }
+        let superblock = &self.superblock;
+        for (bitmap, start) in
+            [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)]
+        {
+            for index in bitmap.take_dirty_blocks() {
+                let mut block = bitmap.encode_block(index);
+                seal_block(&mut block, bitmap.kind, start + index);
+                images.push(Image { block_number: start + index, block });
+            }
+        }
+        images.sort_by_key(|image| image.block_number);
+        images
+    }
+
+    /// Writes images to their home blocks, joining neighbours into one write.
+    pub fn write_images_home(device: &dyn Device, images: &[Image]) -> Result<()> {
+        let mut index = 0;
+        while index < images.len() {
+            let mut end = index + 1;
+            while end < images.len()
+                && images[end].block_number == images[end - 1].block_number + 1
+                && end - index < 256
+            {
+                end += 1;
+            }
+            if end - index == 1 {
+                device.write_at(images[index].block_number * BLOCK_SIZE_U64, &images[index].block[..])?;
+            } else {
+                let mut buffer = Vec::with_capacity((end - index) * BLOCK_SIZE);
+                for image in &images[index..end] {
+                    buffer.extend_from_slice(&image.block[..]);
+                }
+                device.write_at(images[index].block_number * BLOCK_SIZE_U64, &buffer)?;
+            }
+            index = end;
+        }
+        Ok(())
+    }
+
+    /// The checkpoint covering records up to `lsn` is durable: frees up to it become reusable.
+    pub fn checkpoint_done(&mut self, lsn: u64) {
+        self.blocks.release_checkpointed(lsn);
+        self.inodes.release_checkpointed(lsn);
+    }
+
+    /// Blocks free for allocation now (frees awaiting a checkpoint excluded).
+    pub fn free_blocks(&self) -> u64 {
+        self.blocks.free_count()
+    }
+}
+
+impl MetaStore for Volume {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf> {
+        self.check_metadata_address(block_number, kind)?;
+        if let Some(block) = self.cache.get(block_number, kind) {
+            return Ok(block);
+        }
+        if !self.blocks.is_set(block_number) {
+            return Err(Error::corruption(format!(
+                "{kind:?} block {block_number} is referenced but free in the block bitmap"
+            )));
+        }
+        let mut block = zeroed_block();
+        self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
+        verify_block(&block, kind, block_number)?;
+        self.cache.insert_clean(block_number, kind, block.clone());
+        Ok(block)
+    }
+
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> Result<()> {
+        self.check_metadata_address(block_number, kind)?;
+        assert!(self.blocks.is_set(block_number), "write to free metadata block {block_number}");
+        self.cache.put_dirty(block_number, kind, block);
+        Ok(())
+    }
+
+    fn allocate_meta(&mut self, near: u64) -> Result<u64> {
+        let (block, _) = self.blocks.allocate(near, 1, self.superblock.first_data_block)?;
+        Ok(block)
+    }
+
+    fn free_meta(&mut self, block_number: u64) -> Result<()> {
+        if block_number < self.superblock.first_data_block || block_number >= self.superblock.block_count {
+            return Err(Error::corruption(format!("free of metadata block {block_number} outside the data region")));
+        }
+        self.blocks.free_range(block_number, 1, self.current_lsn)?;
+        self.cache.remove(block_number);
+        Ok(())
+    }
+}
+
+impl DataStore for Volume {
+    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()> {
+        let start = self.check_data_range(block_number, offset_in_block, buffer.len())?;
+        self.device.read_at(start, buffer)
+    }
+
+    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()> {
+        let start = self.check_data_range(block_number, offset_in_block, data.len())?;
+        self.device.write_at(start, data)
+    }
+
+    fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
+        self.blocks.allocate(near, count, self.superblock.first_data_block)
+    }
+
+    fn free_data(&mut self, first: u64, count: u64) -> Result<()> {
+        if first < self.superblock.first_data_block {
+            return Err(Error::corruption(format!("free of data block {first} inside the fixed regions")));
+        }
+        self.blocks.free_range(first, count, self.current_lsn)
+    }
+}
