@@ -36,14 +36,3 @@ impl fmt::Display for CliError {
 }
 
 pub type CliResult<T> = Result<T, CliError>;
-
-/// Adds "what we were doing" to a lower-level error so the user's one line says both.
-pub trait Context<T> {
-    fn context(self, what: impl FnOnce() -> String) -> CliResult<T>;
-}
-
-impl<T, E: fmt::Display> Context<T> for Result<T, E> {
-    fn context(self, what: impl FnOnce() -> String) -> CliResult<T> {
-        self.map_err(|error| CliError::new(format!("{}: {error}", what())))
-    }
-}

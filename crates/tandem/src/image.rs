@@ -54,8 +54,11 @@ fn is_lock_conflict(error: &tandemfs::Error) -> bool {
 /// Opens an existing image.
 pub fn open(path: &Path, access: Access) -> CliResult<Arc<FileDevice>> {
     check_image_path(path)?;
-    let options =
-        FileDeviceOptions { create_size_bytes: None, lock_exclusive: access.lock_exclusive, read_only: access.read_only };
+    let options = FileDeviceOptions {
+        create_size_bytes: None,
+        lock_exclusive: access.lock_exclusive,
+        read_only: access.read_only,
+    };
     FileDevice::open(path, options).map(Arc::new).map_err(|error| {
         if is_lock_conflict(&error) {
             CliError::new(format!(

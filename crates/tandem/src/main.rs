@@ -101,12 +101,23 @@ fn parse_arguments() -> Cli {
                 let _ = error.print();
                 std::process::exit(EXIT_FAILURE);
             }
+            // clap puts the message in the first paragraph, sometimes over several lines (the
+            // list of missing arguments); join that paragraph and drop usage and tips.
             let rendered = error.to_string();
-            let first_line = rendered.lines().find(|line| !line.trim().is_empty()).unwrap_or("invalid arguments");
-            let message = first_line.trim_start_matches("error: ");
-            let subcommand = std::env::args().nth(1).filter(|word| !word.starts_with('-'));
-            let help = match subcommand {
-                Some(word) if Cli::command_names().contains(&word.as_str()) => format!("tandem {word} --help"),
+            let paragraph: Vec<&str> = rendered
+                .lines()
+                .map(str::trim)
+                .skip_while(|line| line.is_empty())
+                .take_while(|line| !line.is_empty())
+                .collect();
+            let joined = paragraph.join(" ");
+            let message = joined.trim_start_matches("error: ");
+            let words: Vec<String> = std::env::args().skip(1).take(2).collect();
+            let help = match words.first().map(String::as_str) {
+                Some("bench") if words.len() == 2 && ["meta", "mount", "services"].contains(&words[1].as_str()) => {
+                    format!("tandem bench {} --help", words[1])
+                }
+                Some(word) if Cli::command_names().contains(&word) => format!("tandem {word} --help"),
                 _ => "tandem --help".to_string(),
             };
             eprintln!("tandem: {message} (see '{help}')");
@@ -132,4 +143,3 @@ fn main() {
     };
     std::process::exit(exit_code);
 }
-

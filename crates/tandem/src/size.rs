@@ -25,9 +25,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "P" | "PB" | "PIB" => 50,
         _ => return Err(format!("unknown unit '{unit_text}' in '{text}' (use K, M, G, T or P; all binary)")),
     };
-    number
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("'{text}' is larger than 2^64 bytes"))
+    number.checked_mul(1u64 << shift).ok_or_else(|| format!("'{text}' is larger than 2^64 bytes"))
 }
 
 /// Parses a size and refuses zero, for lengths where zero would do nothing.

@@ -13,10 +13,8 @@ pub struct Ext4Volume {
 
 /// Runs a tool and returns its standard output, or one line saying what failed.
 fn run_tool(program: &str, arguments: &[&str]) -> Result<String, String> {
-    let output = Command::new(program)
-        .args(arguments)
-        .output()
-        .map_err(|error| format!("cannot run {program}: {error}"))?;
+    let output =
+        Command::new(program).args(arguments).output().map_err(|error| format!("cannot run {program}: {error}"))?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
     } else {
@@ -53,7 +51,8 @@ impl Ext4Volume {
     /// mounts it on a fresh directory.
     pub fn create(image: &Path, size_bytes: u64, inode_count: u64) -> Result<Ext4Volume, String> {
         let _ = std::fs::remove_file(image);
-        let file = std::fs::File::create(image).map_err(|error| format!("cannot create {}: {error}", image.display()))?;
+        let file =
+            std::fs::File::create(image).map_err(|error| format!("cannot create {}: {error}", image.display()))?;
         let mut volume = Ext4Volume { image: image.to_path_buf(), loop_device: None, mountpoint: None };
         file.set_len(size_bytes).map_err(|error| format!("cannot size {}: {error}", image.display()))?;
         drop(file);

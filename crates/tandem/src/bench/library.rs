@@ -25,8 +25,10 @@ fn engine(what: &str, error: tandemfs::Error) -> String {
 
 impl MetadataTarget for LibraryTarget {
     fn set_up_directories(&mut self, tree_directory_count: usize) -> Result<(), String> {
-        let flat = self.fs.make_directory(ROOT_INODE, b"flat", 0o755, 0, 0).map_err(|error| engine("mkdir flat", error))?;
-        let tree = self.fs.make_directory(ROOT_INODE, b"tree", 0o755, 0, 0).map_err(|error| engine("mkdir tree", error))?;
+        let flat =
+            self.fs.make_directory(ROOT_INODE, b"flat", 0o755, 0, 0).map_err(|error| engine("mkdir flat", error))?;
+        let tree =
+            self.fs.make_directory(ROOT_INODE, b"tree", 0o755, 0, 0).map_err(|error| engine("mkdir tree", error))?;
         self.directories = vec![flat.inode];
         self.tree = Some(tree.inode);
         for index in 0..tree_directory_count {
@@ -44,7 +46,9 @@ impl MetadataTarget for LibraryTarget {
         if let Some(tree) = self.tree.take() {
             for index in 0..self.directories.len().saturating_sub(1) {
                 let name = format!("d{index:03}");
-                self.fs.remove_directory(tree, name.as_bytes()).map_err(|error| engine(&format!("rmdir tree/{name}"), error))?;
+                self.fs
+                    .remove_directory(tree, name.as_bytes())
+                    .map_err(|error| engine(&format!("rmdir tree/{name}"), error))?;
             }
             self.fs.remove_directory(ROOT_INODE, b"tree").map_err(|error| engine("rmdir tree", error))?;
         }
@@ -61,7 +65,10 @@ impl MetadataTarget for LibraryTarget {
     }
 
     fn stat(&mut self, directory: usize, name: &CStr) -> Result<(), String> {
-        self.fs.lookup(self.directories[directory], name.to_bytes()).map(|_| ()).map_err(|error| engine("lookup", error))
+        self.fs
+            .lookup(self.directories[directory], name.to_bytes())
+            .map(|_| ())
+            .map_err(|error| engine("lookup", error))
     }
 
     fn unlink(&mut self, directory: usize, name: &CStr) -> Result<(), String> {

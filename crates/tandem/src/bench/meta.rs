@@ -117,15 +117,14 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
 
     let mut columns = Vec::new();
     let mut failures = Vec::new();
-    let mut record = |label: &str, result: Result<Vec<(Operation, f64)>, String>, columns: &mut Vec<Column>| {
-        match result {
+    let mut record =
+        |label: &str, result: Result<Vec<(Operation, f64)>, String>, columns: &mut Vec<Column>| match result {
             Ok(medians) => columns.push(Column { label: label.to_string(), medians: Some(medians) }),
             Err(error) => {
                 failures.push(format!("{label}: {error}"));
                 columns.push(Column { label: label.to_string(), medians: None });
             }
-        }
-    };
+        };
 
     if matches!(arguments.device, DeviceChoice::Memory | DeviceChoice::All) {
         let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(volume_bytes));
@@ -133,7 +132,8 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
     }
     if matches!(arguments.device, DeviceChoice::File | DeviceChoice::All) {
         let path = scratch.join(format!("tandem-bench-meta-{}.img", std::process::id()));
-        let options = FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
+        let options =
+            FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
         let result = FileDevice::open(&path, options)
             .map_err(|error| format!("cannot create {}: {error}", path.display()))
             .and_then(|device| measure_library(Arc::new(device), size, rounds, "tandemfs file"));

@@ -101,7 +101,12 @@ fn sequential(root: &Path, bytes: u64, rounds: usize) -> Result<(f64, f64, bool)
 
 type Measured = (Vec<(Operation, f64)>, (f64, f64, bool));
 
-fn run_workload(root: &Path, size: WorkloadSize, arguments: &MountBenchArguments, label: &str) -> Result<Measured, String> {
+fn run_workload(
+    root: &Path,
+    size: WorkloadSize,
+    arguments: &MountBenchArguments,
+    label: &str,
+) -> Result<Measured, String> {
     let rounds = arguments.rounds as usize;
     let mut target = SystemTarget::new(root)?;
     let metadata = measure(&mut target, size, rounds, label)?;
@@ -111,9 +116,15 @@ fn run_workload(root: &Path, size: WorkloadSize, arguments: &MountBenchArguments
     Ok((metadata, sequential))
 }
 
-fn measure_tandemfs(image: &Path, volume_bytes: u64, size: WorkloadSize, arguments: &MountBenchArguments) -> Result<Measured, String> {
+fn measure_tandemfs(
+    image: &Path,
+    volume_bytes: u64,
+    size: WorkloadSize,
+    arguments: &MountBenchArguments,
+) -> Result<Measured, String> {
     let options = FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
-    let device = FileDevice::open(image, options).map_err(|error| format!("cannot create {}: {error}", image.display()))?;
+    let device =
+        FileDevice::open(image, options).map_err(|error| format!("cannot create {}: {error}", image.display()))?;
     let fs = fresh_volume(Arc::new(device), inode_count(size))?;
     let mountpoint = std::env::temp_dir().join(format!("tandem-bench-fuse-{}", std::process::id()));
     std::fs::create_dir_all(&mountpoint).map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
@@ -161,7 +172,12 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
         format_count(size.appends as u64),
         format_bytes(arguments.sequential_size)
     );
-    println!("volumes of {} on {}; warm-up then median of {} rounds", format_bytes(volume_bytes), scratch.display(), arguments.rounds);
+    println!(
+        "volumes of {} on {}; warm-up then median of {} rounds",
+        format_bytes(volume_bytes),
+        scratch.display(),
+        arguments.rounds
+    );
 
     let mut failures = Vec::new();
     let mut columns = Vec::new();

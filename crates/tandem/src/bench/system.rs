@@ -48,7 +48,8 @@ fn c_name(text: &str) -> CString {
 
 impl SystemTarget {
     pub fn new(root: &Path) -> Result<SystemTarget, String> {
-        let path = CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| "path holds a zero byte".to_string())?;
+        let path =
+            CString::new(root.as_os_str().as_encoded_bytes()).map_err(|_| "path holds a zero byte".to_string())?;
         // SAFETY: as above.
         let descriptor = unsafe { libc::open(path.as_ptr(), libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC) };
         if descriptor < 0 {

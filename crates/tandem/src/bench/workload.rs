@@ -129,16 +129,24 @@ fn for_each_tree_file(
 }
 
 /// Runs one full round and leaves the target as empty as it found it.
-pub fn run_round(target: &mut dyn MetadataTarget, size: WorkloadSize, names: &[CString]) -> Result<RoundResult, String> {
+pub fn run_round(
+    target: &mut dyn MetadataTarget,
+    size: WorkloadSize,
+    names: &[CString],
+) -> Result<RoundResult, String> {
     let mut results = RoundResult::new();
     let files = &names[..size.files];
     let per_directory = (size.files / size.tree_directories).max(1);
     let tree_count = per_directory * size.tree_directories;
     target.set_up_directories(size.tree_directories)?;
 
-    timed(&mut results, Operation::CreateFlat, files.len(), || files.iter().try_for_each(|name| target.create(0, name)))?;
+    timed(&mut results, Operation::CreateFlat, files.len(), || {
+        files.iter().try_for_each(|name| target.create(0, name))
+    })?;
     timed(&mut results, Operation::StatFlat, files.len(), || files.iter().try_for_each(|name| target.stat(0, name)))?;
-    timed(&mut results, Operation::UnlinkFlat, files.len(), || files.iter().try_for_each(|name| target.unlink(0, name)))?;
+    timed(&mut results, Operation::UnlinkFlat, files.len(), || {
+        files.iter().try_for_each(|name| target.unlink(0, name))
+    })?;
 
     let tree_names = &names[..per_directory];
     let directories = size.tree_directories;
@@ -157,7 +165,9 @@ pub fn run_round(target: &mut dyn MetadataTarget, size: WorkloadSize, names: &[C
         let name = CString::new(format!("append-{length}")).expect("no interior zero byte");
         let data = vec![0xa5u8; length];
         target.open_append(&name)?;
-        timed(&mut results, operation, size.appends, || (0..size.appends).try_for_each(|_| target.append_durably(&data)))?;
+        timed(&mut results, operation, size.appends, || {
+            (0..size.appends).try_for_each(|_| target.append_durably(&data))
+        })?;
         target.close_append(&name)?;
     }
     Ok(results)

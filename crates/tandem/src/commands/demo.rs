@@ -140,7 +140,8 @@ pub fn run(arguments: DemoArguments) -> CliResult<i32> {
     prepare_image(&arguments)?;
 
     let mountpoint = std::env::temp_dir().join(format!("tandem-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&mountpoint).map_err(|error| io_error(format!("create {}", mountpoint.display()), error))?;
+    std::fs::create_dir_all(&mountpoint)
+        .map_err(|error| io_error(format!("create {}", mountpoint.display()), error))?;
     let (fs, report) = crate::commands::mount::open_volume(&arguments.image)?;
     crate::commands::mount::describe_report(&report);
     let options = crate::commands::mount::ParsedOptions::default();
@@ -165,7 +166,10 @@ pub fn run(arguments: DemoArguments) -> CliResult<i32> {
     println!();
     if verdict.clean {
         println!("demo finished: every step read back what it wrote, and fsck found the volume clean.");
-        println!("mount it yourself: mkdir -p /mnt/tandem && tandem mount -d {} /mnt/tandem", arguments.image.display());
+        println!(
+            "mount it yourself: mkdir -p /mnt/tandem && tandem mount -d {} /mnt/tandem",
+            arguments.image.display()
+        );
         Ok(EXIT_SUCCESS)
     } else {
         println!("demo finished, but fsck reported problems (above)");
@@ -259,7 +263,12 @@ fn large_file(path: &Path, size_bytes: u64) -> CliResult<()> {
     drop(file);
     let write_seconds = started.elapsed().as_secs_f64();
     let rate = |seconds: f64| format!("{:.0} MiB/s", size_bytes as f64 / seconds.max(1e-9) / (1u64 << 20) as f64);
-    println!("   wrote  {} in 1 MiB writes + fsync: {:.2} s, {}", format_bytes(size_bytes), write_seconds, rate(write_seconds));
+    println!(
+        "   wrote  {} in 1 MiB writes + fsync: {:.2} s, {}",
+        format_bytes(size_bytes),
+        write_seconds,
+        rate(write_seconds)
+    );
 
     let cache_note = if drop_caches() { "page cache dropped first" } else { "page cache not dropped (needs root)" };
     let started = Instant::now();
@@ -271,13 +280,21 @@ fn large_file(path: &Path, size_bytes: u64) -> CliResult<()> {
             break;
         }
         if let Some(index) = (0..count).find(|&index| buffer[index] != pattern_byte(offset + index as u64)) {
-            return Err(CliError::new(format!("demo check failed: byte {} of the large file differs", offset + index as u64)));
+            return Err(CliError::new(format!(
+                "demo check failed: byte {} of the large file differs",
+                offset + index as u64
+            )));
         }
         offset += count as u64;
     }
     let read_seconds = started.elapsed().as_secs_f64();
     expect(offset == size_bytes, format!("read back {offset} of {size_bytes} bytes"))?;
-    println!("   read   {} and compared every byte:  {:.2} s, {} ({cache_note})", format_bytes(size_bytes), read_seconds, rate(read_seconds));
+    println!(
+        "   read   {} and compared every byte:  {:.2} s, {} ({cache_note})",
+        format_bytes(size_bytes),
+        read_seconds,
+        rate(read_seconds)
+    );
     Ok(())
 }
 
@@ -296,11 +313,18 @@ fn statistics(mountpoint: &Path, fs: &FileSystem) -> CliResult<()> {
     let lines = vec![
         ("block size".to_string(), format!("{block} bytes")),
         ("size".to_string(), format_bytes(total)),
-        ("used".to_string(), format!("{} ({:.1}%)", format_bytes(total - free), (total - free) as f64 * 100.0 / total.max(1) as f64)),
+        (
+            "used".to_string(),
+            format!("{} ({:.1}%)", format_bytes(total - free), (total - free) as f64 * 100.0 / total.max(1) as f64),
+        ),
         ("free".to_string(), format_bytes(free)),
         (
             "inodes".to_string(),
-            format!("{} used of {}", format_count(volume.f_files as u64 - volume.f_ffree as u64), format_count(volume.f_files as u64)),
+            format!(
+                "{} used of {}",
+                format_count(volume.f_files as u64 - volume.f_ffree as u64),
+                format_count(volume.f_files as u64)
+            ),
         ),
         ("longest name".to_string(), format!("{} bytes", volume.f_namemax)),
     ];

@@ -53,7 +53,8 @@ fn open_target(path: &Path) -> CliResult<(File, u64)> {
             CliError::new(format!("cannot open {} for writing: {error}", path.display()))
         }
     })?;
-    let metadata = file.metadata().map_err(|error| CliError::new(format!("cannot stat {}: {error}", path.display())))?;
+    let metadata =
+        file.metadata().map_err(|error| CliError::new(format!("cannot stat {}: {error}", path.display())))?;
     if !metadata.is_file() {
         return Err(CliError::new(format!("{} is not a regular file", path.display())));
     }
@@ -116,9 +117,10 @@ fn insert_from(file: &File, path: &Path, offset: u64, source_path: &Path) -> Cli
     let mut source: Box<dyn Read> = if source_path == Path::new("-") {
         Box::new(std::io::stdin().lock())
     } else {
-        Box::new(File::open(source_path).map_err(|error| {
-            CliError::new(format!("cannot read --from {}: {error}", source_path.display()))
-        })?)
+        Box::new(
+            File::open(source_path)
+                .map_err(|error| CliError::new(format!("cannot read --from {}: {error}", source_path.display())))?,
+        )
     };
     let mut buffer = vec![0u8; INSERT_CHUNK_BYTES];
     let mut inserted: u64 = 0;

@@ -64,7 +64,8 @@ fn classify(path: &Path) -> CliResult<Target> {
 
 /// True when the first MiB is all zeros: a fresh `truncate`d file or a wiped disk, safe to use.
 fn starts_with_zeros(path: &Path) -> CliResult<bool> {
-    let mut file = File::open(path).map_err(|error| CliError::new(format!("cannot read {}: {error}", path.display())))?;
+    let mut file =
+        File::open(path).map_err(|error| CliError::new(format!("cannot read {}: {error}", path.display())))?;
     let mut buffer = vec![0u8; 1 << 20];
     let mut filled = 0;
     while filled < buffer.len() {

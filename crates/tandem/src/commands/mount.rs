@@ -67,9 +67,10 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
             "rw" => parsed.read_only = false,
             _ => match item.split_once('=') {
                 Some(("threads", count)) => {
-                    parsed.threads = count.parse().ok().filter(|&value: &usize| (1..=1024).contains(&value)).ok_or_else(
-                        || CliError::new(format!("-o threads={count}: expected a whole number from 1 to 1024")),
-                    )?;
+                    parsed.threads =
+                        count.parse().ok().filter(|&value: &usize| (1..=1024).contains(&value)).ok_or_else(|| {
+                            CliError::new(format!("-o threads={count}: expected a whole number from 1 to 1024"))
+                        })?;
                 }
                 _ => {
                     return Err(CliError::new(format!(
@@ -232,7 +233,12 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
     let (fs, report) = open_volume(image_path)?;
     describe_report(&report);
     write_state(mountpoint, image_path);
-    println!("mounted {} on {}{}", image_path.display(), mountpoint.display(), if options.read_only { " read-only" } else { "" });
+    println!(
+        "mounted {} on {}{}",
+        image_path.display(),
+        mountpoint.display(),
+        if options.read_only { " read-only" } else { "" }
+    );
     let _ = std::io::stdout().flush();
     let served = fuse_api::mount_foreground(fs.clone(), mountpoint, &mount_config(options, image_path));
     // Whatever ended the mount (umount, a signal, an error), flush and close the volume so it is
@@ -242,7 +248,9 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
     if let Err(error) = served {
         return Err(CliError::new(format!("cannot mount on {}: {error}", mountpoint.display())));
     }
-    closed.map_err(|error| CliError::new(format!("cannot close the volume on {} cleanly: {error}", image_path.display())))?;
+    closed.map_err(|error| {
+        CliError::new(format!("cannot close the volume on {} cleanly: {error}", image_path.display()))
+    })?;
     println!("unmounted {}; volume flushed and clean", mountpoint.display());
     Ok(EXIT_SUCCESS)
 }
@@ -251,10 +259,12 @@ fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult
     let log_path = arguments.log_file.clone().unwrap_or_else(|| default_log_path(mountpoint));
     let log = std::fs::File::create(&log_path)
         .map_err(|error| CliError::new(format!("cannot create log file {}: {error}", log_path.display())))?;
-    let log_for_errors =
-        log.try_clone().map_err(|error| CliError::new(format!("cannot use log file {}: {error}", log_path.display())))?;
-    let executable = std::env::current_exe()
-        .map_err(|error| CliError::new(format!("cannot find the tandem executable to run in the background: {error}")))?;
+    let log_for_errors = log
+        .try_clone()
+        .map_err(|error| CliError::new(format!("cannot use log file {}: {error}", log_path.display())))?;
+    let executable = std::env::current_exe().map_err(|error| {
+        CliError::new(format!("cannot find the tandem executable to run in the background: {error}"))
+    })?;
     let mounts_before = mountinfo::fuse_mounts_at(mountpoint);
 
     let mut command = Command::new(executable);
@@ -363,7 +373,10 @@ mod tests {
     #[test]
     fn options_parse_and_reject() {
         let parsed = parse_options(&["allow_other,ro".into(), "threads=4".into()]).unwrap();
-        assert_eq!(parsed, ParsedOptions { allow_other: true, default_permissions: false, read_only: true, threads: 4 });
+        assert_eq!(
+            parsed,
+            ParsedOptions { allow_other: true, default_permissions: false, read_only: true, threads: 4 }
+        );
         assert!(parse_options(&["nosuch".into()]).is_err());
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert!(parse_options(&["threads=x".into()]).is_err());
