@@ -64,7 +64,9 @@ enum BenchCommand {
     Meta(bench::meta::MetaArguments),
     /// The same workload and large sequential I/O through a FUSE mount, beside ext4
     Mount(bench::mount::MountBenchArguments),
-    /// The accelerator's storage services (CRC32C, AES-XTS, Reed-Solomon), CPU and GPU engines
+    /// The accelerator's storage services (CRC32C, AES-XTS, Reed-Solomon), CPU and GPU engines;
+    /// every argument, --help included, goes to the accelerator's benchmark
+    #[command(disable_help_flag = true)]
     Services(bench::ServicesArguments),
 }
 
