@@ -52,7 +52,15 @@ test:
 	echo "make test: PASSED"
 
 ## bench: library-path and mount-path benchmarks against ext4 (ext4 needs root)
+# The mount benchmark also measures libfuse's passthrough_ll example over ext4; Debian ships its
+# source in libfuse3-dev, so as root we install that (with gcc and pkg-config) when missing.
 bench: build
+	@if [ "$$(id -u)" = 0 ] && [ ! -f /usr/share/doc/libfuse3-dev/examples/passthrough_ll.c ] \
+	    && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing libfuse3-dev, gcc and pkg-config for the passthrough comparison"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse3-dev gcc pkg-config \
+	      || echo "note: could not install them; bench mount will skip the passthrough column"; \
+	fi
 	./$(TANDEM) bench meta
 	@if [ -e /dev/fuse ] && [ "$$(id -u)" = 0 ]; then ./$(TANDEM) bench mount; \
 	else echo "SKIPPED bench mount: needs root and /dev/fuse"; fi

@@ -158,7 +158,7 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
     }
 
     println!();
-    print_comparison(&columns, "tandemfs file", "ext4");
+    print_comparison(&columns, &[("tandemfs file", "ext4"), ("tandemfs memory", "ext4")]);
     if let Some(note) = ext4_note {
         println!("{note}");
     }
@@ -172,16 +172,24 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
     }
 }
 
-/// Prints every column, then "ours ÷ theirs" as a speed-up with the project's target beside it.
-pub fn print_comparison(columns: &[Column], ours: &str, theirs: &str) {
-    let ours_column = columns.iter().find(|column| column.label == ours && column.medians.is_some());
-    let theirs_column = columns.iter().find(|column| column.label == theirs && column.medians.is_some());
-    let compare = ours_column.is_some() && theirs_column.is_some();
+/// Prints every column, then each "ours vs theirs" pair as a speed-up; the first pair also gets
+/// the project's target beside it.
+pub fn print_comparison(columns: &[Column], comparisons: &[(&str, &str)]) {
+    let measured = |label: &str| columns.iter().find(|column| column.label == label && column.medians.is_some());
+    let pairs: Vec<(&Column, &Column)> =
+        comparisons.iter().filter_map(|(ours, theirs)| Some((measured(ours)?, measured(theirs)?))).collect();
+    let with_target = comparisons.first().is_some_and(|(ours, theirs)| {
+        pairs
+            .first()
+            .is_some_and(|(first_ours, first_theirs)| first_ours.label == *ours && first_theirs.label == *theirs)
+    });
     let mut headers: Vec<String> = vec!["operation".into()];
     headers.extend(columns.iter().map(|column| column.label.clone()));
-    if compare {
-        headers.push(format!("{ours} vs {theirs}"));
-        headers.push("target".into());
+    for (index, (ours, theirs)) in pairs.iter().enumerate() {
+        headers.push(format!("{} vs {}", ours.label, theirs.label));
+        if index == 0 && with_target {
+            headers.push("target".into());
+        }
     }
     let mut rows = Vec::new();
     for operation in Operation::ALL {
@@ -193,18 +201,20 @@ pub fn print_comparison(columns: &[Column], ours: &str, theirs: &str) {
                 (Some(_), None) => "-".into(),
             });
         }
-        if let (Some(ours_column), Some(theirs_column)) = (ours_column, theirs_column) {
+        for (index, (ours, theirs)) in pairs.iter().enumerate() {
             let (ours_seconds, theirs_seconds) =
-                (ours_column.seconds(operation).unwrap_or(0.0), theirs_column.seconds(operation).unwrap_or(0.0));
+                (ours.seconds(operation).unwrap_or(0.0), theirs.seconds(operation).unwrap_or(0.0));
             row.push(format_ratio(ours_seconds, theirs_seconds));
-            row.push(match operation.target_ratio() {
-                Some(target) if ours_seconds > 0.0 && theirs_seconds > 0.0 => {
-                    let met = theirs_seconds / ours_seconds >= target;
-                    format!("≥{target}× {}", if met { "met" } else { "missed" })
-                }
-                Some(target) => format!("≥{target}×"),
-                None => String::new(),
-            });
+            if index == 0 && with_target {
+                row.push(match operation.target_ratio() {
+                    Some(target) if ours_seconds > 0.0 && theirs_seconds > 0.0 => {
+                        let met = theirs_seconds / ours_seconds >= target;
+                        format!("≥{target}× {}", if met { "met" } else { "missed" })
+                    }
+                    Some(target) => format!("≥{target}×"),
+                    None => String::new(),
+                });
+            }
         }
         rows.push(row);
     }

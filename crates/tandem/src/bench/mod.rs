@@ -5,6 +5,7 @@ pub mod ext4;
 pub mod library;
 pub mod meta;
 pub mod mount;
+pub mod passthrough;
 pub mod system;
 pub mod table;
 pub mod workload;

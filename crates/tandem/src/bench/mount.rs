@@ -3,6 +3,7 @@
 
 use super::ext4::Ext4Volume;
 use super::meta::{fresh_volume, inode_count, print_comparison, Column};
+use super::passthrough::Passthrough;
 use super::system::SystemTarget;
 use super::table::print_table;
 use super::workload::{measure, Operation, WorkloadSize};
@@ -16,6 +17,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use tandemfs::device::{FileDevice, FileDeviceOptions};
+
+/// Column label of libfuse's passthrough example over ext4.
+const PASSTHROUGH: &str = "passthrough_ll over ext4";
 
 /// Size of every read and write of the sequential test.
 const SEQUENTIAL_IO_BYTES: usize = 1 << 20;
@@ -31,9 +35,12 @@ pub struct MountBenchArguments {
     /// Bytes written and then read back sequentially in 1 MiB requests
     #[arg(long, value_parser = parse_nonzero_size, default_value = "2G")]
     pub sequential_size: u64,
-    /// Skip ext4 (it needs root, loop devices and e2fsprogs)
+    /// Skip ext4 (it needs root, loop devices and e2fsprogs); skips the passthrough too
     #[arg(long)]
     pub no_ext4: bool,
+    /// Skip libfuse's passthrough_ll example over ext4 (built from libfuse3-dev's examples)
+    #[arg(long)]
+    pub no_passthrough: bool,
     /// Measured rounds after the warm-up; the median is reported
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=15))]
     pub rounds: u64,
@@ -196,18 +203,46 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
         }
     }
     let mut ext4_note = None;
+    let mut passthrough_note = None;
     if arguments.no_ext4 {
         ext4_note = Some("ext4 skipped (--no-ext4)".to_string());
     } else if let Some(reason) = Ext4Volume::unavailable_reason() {
         ext4_note = Some(format!("ext4 skipped: {reason}"));
     } else {
         let path = scratch.join(format!("tandem-bench-ext4-{}.img", std::process::id()));
-        let result = Ext4Volume::create(&path, volume_bytes, inode_count(size))
-            .and_then(|volume| run_workload(volume.mountpoint(), size, &arguments, "ext4"));
-        match result {
-            Ok((metadata, sequential)) => {
-                columns.push(Column { label: "ext4".into(), medians: Some(metadata) });
-                sequential_results.push(("ext4", sequential));
+        match Ext4Volume::create(&path, volume_bytes, inode_count(size)) {
+            Ok(volume) => {
+                match run_workload(volume.mountpoint(), size, &arguments, "ext4") {
+                    Ok((metadata, sequential)) => {
+                        columns.push(Column { label: "ext4".into(), medians: Some(metadata) });
+                        sequential_results.push(("ext4", sequential));
+                    }
+                    Err(error) => {
+                        failures.push(format!("ext4: {error}"));
+                        columns.push(Column { label: "ext4".into(), medians: None });
+                    }
+                }
+                if arguments.no_passthrough {
+                    passthrough_note = Some("passthrough_ll skipped (--no-passthrough)".to_string());
+                } else if let Some(reason) = Passthrough::unavailable_reason() {
+                    passthrough_note = Some(format!("passthrough_ll skipped: {reason}"));
+                } else {
+                    let source = volume.mountpoint().join("passthrough-source");
+                    let result = std::fs::create_dir(&source)
+                        .map_err(|error| format!("cannot create {}: {error}", source.display()))
+                        .and_then(|_| Passthrough::start(&source))
+                        .and_then(|passthrough| run_workload(passthrough.mountpoint(), size, &arguments, PASSTHROUGH));
+                    match result {
+                        Ok((metadata, sequential)) => {
+                            columns.push(Column { label: PASSTHROUGH.into(), medians: Some(metadata) });
+                            sequential_results.push((PASSTHROUGH, sequential));
+                        }
+                        Err(error) => {
+                            failures.push(format!("{PASSTHROUGH}: {error}"));
+                            columns.push(Column { label: PASSTHROUGH.into(), medians: None });
+                        }
+                    }
+                }
             }
             Err(error) => {
                 failures.push(format!("ext4: {error}"));
@@ -217,7 +252,7 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
     }
 
     println!();
-    print_comparison(&columns, "tandemfs FUSE", "ext4");
+    print_comparison(&columns, &[("tandemfs FUSE", "ext4"), ("tandemfs FUSE", PASSTHROUGH)]);
     println!();
     let bytes = arguments.sequential_size;
     let mut rows = Vec::new();
@@ -229,19 +264,23 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
             if *dropped { "dropped".into() } else { "not dropped (not allowed)".into() },
         ]);
     }
-    if let [(_, ours), (_, theirs)] = sequential_results.as_slice() {
-        rows.push(vec![
-            "tandemfs FUSE vs ext4".into(),
-            format!("{:.2}×", theirs.0 / ours.0),
-            format!("{:.2}×", theirs.1 / ours.1),
-            String::new(),
-        ]);
+    if let Some((_, ours)) = sequential_results.iter().find(|(label, _)| *label == "tandemfs FUSE") {
+        for (label, theirs) in sequential_results.iter().filter(|(label, _)| *label != "tandemfs FUSE") {
+            rows.push(vec![
+                format!("tandemfs FUSE vs {label}"),
+                format!("{:.2}×", theirs.0 / ours.0),
+                format!("{:.2}×", theirs.1 / ours.1),
+                String::new(),
+            ]);
+        }
     }
     print_table(&["sequential", "write + fsync", "read", "page cache before read"], &rows);
     if let Some(note) = ext4_note {
         println!("{note}");
     }
-    println!("libfuse passthrough: not measured (see docs/BENCHMARKS.md)");
+    if let Some(note) = passthrough_note {
+        println!("{note}");
+    }
     if failures.is_empty() {
         Ok(EXIT_SUCCESS)
     } else {

@@ -4,9 +4,8 @@
 //! would leave locks and threads in a state nobody can reason about. Instead the parent re-runs
 //! this same executable without `-d` in a new session with its output going to a log file, and
 //! waits until the mount shows up in /proc/self/mountinfo (success) or the child exits (failure,
-//! whose log it prints). Every mount records its process id in a small state file so that
-//! `tandem umount` can wait until the volume is flushed and its lock released; without that wait
-//! an `fsck` right after `umount` would find the image still in use.
+//! whose log it prints). `tandem umount` returns only once the serving process has flushed the
+//! volume and exited (the adapter waits for it), so an `fsck` right after it finds the image free.
 
 use crate::error::{CliError, CliResult, EXIT_FAILURE, EXIT_SUCCESS};
 use crate::fuse_api::{self, MountConfig};
@@ -43,9 +42,6 @@ pub struct MountArguments {
 pub struct UmountArguments {
     /// Directory where a tandemfs volume is mounted
     pub mountpoint: PathBuf,
-    /// Longest wait, in seconds, for the mount's process to flush the volume and exit
-    #[arg(long, default_value_t = 120)]
-    pub wait_seconds: u64,
 }
 
 /// Mount options from `-o`, checked before anything is opened.
@@ -135,49 +131,9 @@ fn mountpoint_key(mountpoint: &Path) -> String {
     format!("{hash:016x}")
 }
 
-fn state_path(mountpoint: &Path) -> PathBuf {
-    runtime_directory().join(format!("mount-{}.state", mountpoint_key(mountpoint)))
-}
-
+/// Where a background mount writes its messages unless `--log-file` says otherwise.
 fn default_log_path(mountpoint: &Path) -> PathBuf {
     runtime_directory().join(format!("mount-{}.log", mountpoint_key(mountpoint)))
-}
-
-/// What a running mount records about itself: "pid\nimage\nmountpoint\n".
-struct MountState {
-    process_id: i32,
-}
-
-fn write_state(mountpoint: &Path, image: &Path) {
-    let text = format!("{}\n{}\n{}\n", std::process::id(), image.display(), mountpoint.display());
-    // Best effort: without the file, umount still works but cannot wait for the flush.
-    let _ = std::fs::write(state_path(mountpoint), text);
-}
-
-fn read_state(mountpoint: &Path) -> Option<MountState> {
-    let text = std::fs::read_to_string(state_path(mountpoint)).ok()?;
-    let process_id = text.lines().next()?.trim().parse().ok()?;
-    Some(MountState { process_id })
-}
-
-fn remove_state(mountpoint: &Path) {
-    let _ = std::fs::remove_file(state_path(mountpoint));
-}
-
-/// Whether `process_id` still runs this executable (a recycled id running something else does
-/// not count, so umount never waits on a stranger).
-fn is_tandem_process(process_id: i32) -> bool {
-    let Ok(command_line) = std::fs::read(format!("/proc/{process_id}/cmdline")) else { return false };
-    if let Ok(status) = std::fs::read_to_string(format!("/proc/{process_id}/stat")) {
-        // A zombie has finished its work; only its parent's wait is missing.
-        if let Some(after_name) = status.rsplit_once(')') {
-            if after_name.1.trim_start().starts_with('Z') {
-                return false;
-            }
-        }
-    }
-    let first = command_line.split(|&byte| byte == 0).next().unwrap_or_default();
-    String::from_utf8_lossy(first).contains("tandem")
 }
 
 /// Prints what mount found, in the words the README promises.
@@ -203,18 +159,17 @@ pub fn open_volume(image_path: &Path) -> CliResult<(FileSystem, MountReport)> {
         .map_err(|error| CliError::new(format!("cannot mount the volume on {}: {error}", image_path.display())))
 }
 
+/// The adapter's configuration: its defaults (kernel permission checks on, a thread per core up
+/// to its limit) with what `-o` asked for on top.
 pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
+    let defaults = MountConfig::default();
     MountConfig {
         allow_other: options.allow_other,
-        default_permissions: options.default_permissions,
-        threads: if options.threads == 0 { default_threads() } else { options.threads },
+        default_permissions: options.default_permissions || defaults.default_permissions,
+        threads: if options.threads == 0 { defaults.threads } else { options.threads },
         read_only: options.read_only,
-        volume_name: image.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default(),
+        volume_name: image.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or(defaults.volume_name),
     }
-}
-
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|count| count.get()).unwrap_or(2).clamp(2, 16)
 }
 
 pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
@@ -232,7 +187,6 @@ pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
 fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions) -> CliResult<i32> {
     let (fs, report) = open_volume(image_path)?;
     describe_report(&report);
-    write_state(mountpoint, image_path);
     println!(
         "mounted {} on {}{}",
         image_path.display(),
@@ -244,7 +198,6 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
     // Whatever ended the mount (umount, a signal, an error), flush and close the volume so it is
     // clean on disk before this process lets go of its lock.
     let closed = fs.unmount();
-    remove_state(mountpoint);
     if let Err(error) = served {
         return Err(CliError::new(format!("cannot mount on {}: {error}", mountpoint.display())));
     }
@@ -345,23 +298,10 @@ pub fn run_umount(arguments: UmountArguments) -> CliResult<i32> {
         }
         Some(_) => {}
     }
-    let state = read_state(&mountpoint);
+    // The adapter's unmount also waits until the serving process has flushed the volume and
+    // exited, so fsck or a new mount can follow this command at once.
     fuse_api::unmount(&mountpoint)
         .map_err(|error| CliError::new(format!("cannot unmount {}: {error}", mountpoint.display())))?;
-    if let Some(state) = state {
-        let started = Instant::now();
-        while is_tandem_process(state.process_id) {
-            if started.elapsed() > Duration::from_secs(arguments.wait_seconds) {
-                return Err(CliError::new(format!(
-                    "unmounted {}, but process {} has not finished flushing the volume after {} s",
-                    mountpoint.display(),
-                    state.process_id,
-                    arguments.wait_seconds
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
     println!("unmounted {}", mountpoint.display());
     Ok(EXIT_SUCCESS)
 }
