@@ -13,6 +13,9 @@ pub const EXIT_PROBLEMS_FOUND: i32 = 1;
 /// refusal to overwrite, mount failure).
 pub const EXIT_FAILURE: i32 = 2;
 
+/// Exit code after SIGINT or SIGTERM stopped the demo or a benchmark (128 + SIGINT, as shells do).
+pub const EXIT_INTERRUPTED: i32 = 130;
+
 /// A failure to report on one line, with its exit code.
 #[derive(Debug)]
 pub struct CliError {

@@ -9,11 +9,12 @@ mod commands;
 mod error;
 mod fuse_api;
 mod image;
+mod interrupt;
 mod mountinfo;
 mod size;
 
 use clap::{Args, Parser, Subcommand};
-use error::{CliResult, EXIT_FAILURE, EXIT_SUCCESS};
+use error::{CliResult, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_SUCCESS};
 
 #[derive(Parser)]
 #[command(
@@ -136,8 +137,17 @@ impl Cli {
 
 fn main() {
     let cli = parse_arguments();
+    // The demo and the benchmarks mount and set up things they must take down again; a signal
+    // makes them stop after the current step and clean up (see interrupt.rs).
+    if matches!(cli.command, Command::Demo(_) | Command::Bench(_)) {
+        interrupt::install();
+    }
     let exit_code = match run(cli) {
         Ok(code) => code,
+        Err(error) if interrupt::interrupted() => {
+            eprintln!("tandem: interrupted ({error})");
+            EXIT_INTERRUPTED
+        }
         Err(error) => {
             eprintln!("tandem: {error}");
             error.exit_code

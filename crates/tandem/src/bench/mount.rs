@@ -74,6 +74,7 @@ fn sequential(root: &Path, bytes: u64, rounds: usize) -> Result<(f64, f64, bool)
         let mut file = std::fs::File::create(&path).map_err(|error| format!("create {}: {error}", path.display()))?;
         let mut written = 0u64;
         while written < bytes {
+            crate::interrupt::check()?;
             let length = (bytes - written).min(SEQUENTIAL_IO_BYTES as u64) as usize;
             file.write_all(&buffer[..length]).map_err(|error| format!("write at {written}: {error}"))?;
             written += length as u64;

@@ -107,6 +107,7 @@ fn timed(
     count: usize,
     mut body: impl FnMut() -> Result<(), String>,
 ) -> Result<(), String> {
+    crate::interrupt::check()?;
     let started = Instant::now();
     body().map_err(|error| format!("{}: {error}", operation.label()))?;
     results.push((operation, count as u64, started.elapsed().as_secs_f64()));

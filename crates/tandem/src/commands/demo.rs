@@ -57,9 +57,11 @@ impl Drop for DemoMount {
     }
 }
 
-fn step(number: usize, title: &str) {
+fn step(number: usize, title: &str) -> CliResult<()> {
+    crate::interrupt::check().map_err(CliError::new)?;
     println!();
     println!("{number}. {title}");
+    Ok(())
 }
 
 fn io_error(what: impl std::fmt::Display, error: std::io::Error) -> CliError {
@@ -156,7 +158,7 @@ pub fn run(arguments: DemoArguments) -> CliResult<i32> {
     workload(&mountpoint, &arguments)?;
     statistics(&mountpoint, &fs)?;
 
-    step(7, "unmount and check");
+    step(7, "unmount and check")?;
     demo.finish()?;
     println!("   unmounted; the volume is flushed and marked clean");
     let verdict = crate::commands::fsck::check(&arguments.image)?;
@@ -184,7 +186,7 @@ fn workload(mountpoint: &Path, arguments: &DemoArguments) -> CliResult<()> {
         std::fs::remove_dir_all(&root).map_err(|error| io_error("remove the earlier demo directory", error))?;
     }
 
-    step(1, "a tree of files and directories");
+    step(1, "a tree of files and directories")?;
     for directory in ["src/engine", "src/fuse", "docs", "data/2026/11"] {
         std::fs::create_dir_all(root.join(directory))
             .map_err(|error| io_error(format!("mkdir -p demo/{directory}"), error))?;
@@ -206,7 +208,7 @@ fn workload(mountpoint: &Path, arguments: &DemoArguments) -> CliResult<()> {
     print_tree(&root, "", &mut counts)?;
     println!("   {} directories and {} files, each read back and compared", counts.0, counts.1);
 
-    step(2, "byte-granular insert and collapse (no copying of the rest of the file)");
+    step(2, "byte-granular insert and collapse (no copying of the rest of the file)")?;
     let notes = root.join("docs/notes.txt");
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -229,13 +231,13 @@ fn workload(mountpoint: &Path, arguments: &DemoArguments) -> CliResult<()> {
     println!("   collapse both:      {:?}", String::from_utf8_lossy(&collapsed));
     expect(collapsed == b"Hello world!\n", "the collapses restored the original bytes")?;
 
-    step(3, "rename");
+    step(3, "rename")?;
     let renamed = root.join("src/notes.txt");
     std::fs::rename(&notes, &renamed).map_err(|error| io_error("rename docs/notes.txt to src/notes.txt", error))?;
     expect(!notes.exists() && read_file(&renamed)? == b"Hello world!\n", "the file moved with its contents")?;
     println!("   demo/docs/notes.txt -> demo/src/notes.txt (old name gone, contents intact)");
 
-    step(4, &format!("a {} file, written and read back", format_bytes(arguments.large_file_size)));
+    step(4, &format!("a {} file, written and read back", format_bytes(arguments.large_file_size)))?;
     large_file(&root.join("data/large.bin"), arguments.large_file_size)?;
     Ok(())
 }
@@ -252,6 +254,7 @@ fn large_file(path: &Path, size_bytes: u64) -> CliResult<()> {
     let mut file = std::fs::File::create(path).map_err(|error| io_error("create demo/data/large.bin", error))?;
     let mut offset = 0u64;
     while offset < size_bytes {
+        crate::interrupt::check().map_err(CliError::new)?;
         let length = (size_bytes - offset).min(CHUNK_BYTES) as usize;
         for (index, byte) in buffer[..length].iter_mut().enumerate() {
             *byte = pattern_byte(offset + index as u64);
@@ -299,7 +302,7 @@ fn large_file(path: &Path, size_bytes: u64) -> CliResult<()> {
 }
 
 fn statistics(mountpoint: &Path, fs: &FileSystem) -> CliResult<()> {
-    step(5, "volume statistics (statfs through the mount)");
+    step(5, "volume statistics (statfs through the mount)")?;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes())
         .map_err(|_| CliError::new("mount point path holds a zero byte"))?;
     let mut volume: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -330,7 +333,7 @@ fn statistics(mountpoint: &Path, fs: &FileSystem) -> CliResult<()> {
     ];
     crate::commands::stat::print_aligned(&lines, "   ");
 
-    step(6, "operation log (every change is a log record first; the back end applies them)");
+    step(6, "operation log (every change is a log record first; the back end applies them)")?;
     let log = fs.log_statistics();
     let lines = vec![
         ("header slots".to_string(), format_count(log.header_slots)),

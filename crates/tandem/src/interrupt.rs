@@ -1,0 +1,58 @@
+//! Ctrl-C and SIGTERM for commands that mount or set up things they must take down again (the
+//! demo, the benchmarks). The default action would kill the process on the spot and leave a dead
+//! FUSE mount, a mounted loop device or an image behind. Instead the signals are blocked in every
+//! thread and one watcher thread takes them and sets a flag that the long loops check between
+//! steps; they then fail with "interrupted" and the normal error path with its clean-up runs.
+//!
+//! `tandem mount` does not use this: the FUSE adapter watches the signals itself there.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether SIGINT, SIGTERM or SIGHUP arrived.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// An error for work stopped by a signal; callers return it as they would any failure.
+pub fn check() -> Result<(), String> {
+    if interrupted() {
+        Err("interrupted".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Blocks the signals in this thread, and so in every thread started after, and starts the
+/// watcher. Call first thing, before any other thread exists. Child processes are unaffected:
+/// the standard library clears the signal mask when it starts one.
+pub fn install() {
+    // SAFETY: sigset operations on a local set, and pthread_sigmask on the calling thread.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return;
+        }
+        set
+    };
+    let set = Arc::new(set);
+    let _ = std::thread::Builder::new().name("tandem-signals".into()).spawn(move || loop {
+        let mut signal = 0;
+        // SAFETY: sigwait reads the set and writes the signal number into a local.
+        if unsafe { libc::sigwait(&*set, &mut signal) } != 0 {
+            continue;
+        }
+        if !INTERRUPTED.swap(true, Ordering::Relaxed) {
+            eprintln!("tandem: interrupted; cleaning up after the current step (Ctrl-C again stops at once)");
+        } else {
+            // A second signal means the user will not wait: leave the way the default would.
+            std::process::exit(130);
+        }
+    });
+}
