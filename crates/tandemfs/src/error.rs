@@ -34,6 +34,8 @@ pub enum Error {
     /// Too many levels of symbolic links while resolving a path.
     Loop,
     ReadOnly,
+    /// The operation is not permitted on this object (a hard link to a directory).
+    NotPermitted,
     Busy,
     /// The operation is not supported on this kind of inode.
     NotSupported,
@@ -76,6 +78,7 @@ impl fmt::Display for Error {
             Error::Range => write!(f, "result too large for the buffer"),
             Error::Loop => write!(f, "too many levels of symbolic links"),
             Error::ReadOnly => write!(f, "read-only volume"),
+            Error::NotPermitted => write!(f, "operation not permitted"),
             Error::Busy => write!(f, "resource busy"),
             Error::NotSupported => write!(f, "operation not supported"),
             Error::Shutdown => write!(f, "volume shut down after an earlier I/O error"),

@@ -5,6 +5,7 @@
 //! operation log) → `backend` (applies the log) → `dir`, `extent` (structures built from
 //! blocks) → `block` (superblock, allocator, inode table, block cache) → `device` (bytes).
 
+pub mod backend;
 pub mod block;
 pub mod device;
 pub mod dir;

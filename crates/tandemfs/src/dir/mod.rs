@@ -1,74 +1,641 @@
 //! `dir`: GPU4FS H-tree directories (Kittner 2023) over a split-ordered list of entries.
-//! (Interface placeholder until the directory work lands.)
-#![allow(unused_variables)]
-use crate::block::meta::MetaStore;
-use crate::error::Result;
-pub const DIR_ROOT_BYTES: usize = 64;
-pub type HashSeed = [u32; 4];
-#[derive(Clone, Debug)]
-pub struct DirRoot;
-impl DirRoot {
-    pub fn encode(&self) -> [u8; 64] {
-        unimplemented!()
-    }
-    pub fn decode(bytes: &[u8; 64]) -> Result<DirRoot> {
-        unimplemented!()
-    }
-    pub fn entry_count(&self) -> u64 {
-        unimplemented!()
-    }
-}
+//!
+//! Every entry of a directory is a record in ONE singly linked list kept in ascending order of
+//! a 64-bit key (the name's half-MD4 hash, then a tiebreak that makes the key unique). Dummy
+//! records cut the list into hash regions and count their members; an index of 16-byte
+//! (hash, position) entries finds the dummy of the region a hash falls in, so a lookup reads
+//! the index path and walks one region. Regions split at a pivot hash by relinking, and merge
+//! again when they shrink; no entry ever moves, so a readdir cookie (the key) stays valid.
+//! `docs/DIRECTORIES.md` describes the structure and its bytes.
+
+mod check;
+mod format;
+mod hash;
+mod index;
+mod session;
+#[cfg(test)]
+mod tests;
+
+pub use check::{check, DirCheck};
+pub use format::{DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES, REGION_SPLIT_ENTRIES};
+pub use hash::{half_md4, hash_seed_from_uuid, HashSeed};
+
+use crate::block::meta::{BlockKind, MetaStore};
+use crate::error::{Error, Result};
+use format::*;
+use session::Session;
+
+/// One entry as readdir reports it. `cookie` resumes a listing right after this entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
     pub name: Vec<u8>,
     pub inode: u64,
     pub file_type: u8,
     pub cookie: u64,
 }
+
+/// Leaves a region may spread over beyond the number its records need before it is compacted.
+const REGION_LEAF_SLACK: usize = 3;
+
+/// Blocks a readdir keeps in memory at once; a listing of a huge directory stays small.
+const READDIR_CACHED_BLOCKS: usize = 64;
+
+/// Runs `operation` on a session over `store` and the root copy; commits both on success,
+/// drops both on failure.
+fn run<T>(store: &mut dyn MetaStore, root: &mut DirRoot, operation: impl FnOnce(&mut Session, &mut DirRoot) -> Result<T>) -> Result<T> {
+    root.validate()?;
+    let mut session = Session::new(store);
+    let mut working = *root;
+    match operation(&mut session, &mut working) {
+        Ok(value) => {
+            session.commit()?;
+            working.validate().map_err(|error| Error::corruption(format!("directory root after an update: {error}")))?;
+            *root = working;
+            Ok(value)
+        }
+        Err(error) => {
+            session.abandon();
+            Err(error)
+        }
+    }
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid("empty file name"));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::NameTooLong);
+    }
+    Ok(())
+}
+
+fn name_order_hash(seed: &HashSeed, name: &[u8]) -> u32 {
+    order_hash(half_md4(seed, name).0)
+}
+
+/// Creates an empty directory: one leaf holding the head dummy (the region of hash 0).
 pub fn create(store: &mut dyn MetaStore) -> Result<DirRoot> {
-    unimplemented!()
+    let mut session = Session::new(store);
+    let result = (|| {
+        let first_leaf = session.allocate(BlockKind::DirLeaf, 0)?;
+        let head = Record { key: make_key(0, 0), next: 0, inode_or_count: 0, file_type: 0, is_dummy: true, name: Vec::new() };
+        let block = session.leaf_mut(first_leaf)?;
+        set_leaf_bits(block, FIRST_ENTRY_SLOT, head.slots(), true);
+        write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, head.slots() as u16);
+        encode_record(block, FIRST_ENTRY_SLOT, &head);
+        Ok(DirRoot { first_leaf, index_root: 0, index_depth: 0, entry_count: 0, region_count: 1, leaf_count: 1, index_block_count: 0 })
+    })();
+    match result {
+        Ok(root) => {
+            session.commit()?;
+            Ok(root)
+        }
+        Err(error) => {
+            session.abandon();
+            Err(error)
+        }
+    }
 }
+
+/// Where a name is or would go, found by walking its region.
+struct Found {
+    dummy_position: u64,
+    /// The record before the place (the entry itself if found: its predecessor).
+    predecessor: u64,
+    /// The entry with the name, if present.
+    entry: Option<(u64, Record)>,
+    /// Tiebreaks of entries with the same hash, and the record before each.
+    same_hash: Vec<(u64, u32)>,
+    /// The last record with a smaller key than every same-hash entry.
+    before_same_hash: u64,
+    /// Leaves the walk passed through, in order: where a new entry of this region should go,
+    /// so that a region's records stay in few blocks and a lookup reads few leaves.
+    visited_leaves: Vec<u64>,
+}
+
+fn note_leaf(leaves: &mut Vec<u64>, position: u64) {
+    let block_number = block_of(position);
+    if !leaves.contains(&block_number) {
+        leaves.push(block_number);
+    }
+}
+
+/// Walks the region of `hash` looking for `name`; checks the list order on the way.
+fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result<Found> {
+    let (region_hash, dummy_position) = index::find_region(session, root, hash)?;
+    let dummy = session.record(dummy_position, &|| format!("region {region_hash:#x} dummy"))?;
+    if !dummy.is_dummy || dummy.region_hash() != region_hash || region_hash > hash {
+        return Err(Error::corruption(format!(
+            "directory index points region {region_hash:#x} at position {dummy_position:#x}, which is not its dummy"
+        )));
+    }
+    let mut found = Found {
+        dummy_position,
+        predecessor: dummy_position,
+        entry: None,
+        same_hash: Vec::new(),
+        before_same_hash: dummy_position,
+        visited_leaves: vec![block_of(dummy_position)],
+    };
+    let mut previous = dummy_position;
+    let mut previous_key = dummy.key;
+    let mut position = dummy.next;
+    let mut steps = 0u64;
+    while position != 0 {
+        steps += 1;
+        if steps > dummy.inode_or_count.saturating_add(1) {
+            return Err(Error::corruption(format!(
+                "directory region {region_hash:#x} holds more entries than its count {}",
+                dummy.inode_or_count
+            )));
+        }
+        let record = session.record(position, &|| format!("entry after {previous:#x}"))?;
+        note_leaf(&mut found.visited_leaves, position);
+        if record.is_dummy {
+            if record.region_hash() <= region_hash {
+                return Err(Error::corruption(format!("directory list: dummy {:#x} out of order", record.region_hash())));
+            }
+            break;
+        }
+        if record.key <= previous_key && previous != dummy_position || record.key < previous_key {
+            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
+        }
+        let record_hash = key_hash(record.key);
+        if record_hash > hash {
+            break;
+        }
+        if record_hash < hash {
+            found.before_same_hash = position;
+        } else {
+            if record.name == name {
+                found.predecessor = previous;
+                found.entry = Some((position, record));
+                return Ok(found);
+            }
+            found.same_hash.push((position, record.key as u32));
+        }
+        previous = position;
+        previous_key = record.key;
+        position = record.next;
+    }
+    found.predecessor = previous;
+    Ok(found)
+}
+
 pub fn lookup(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed, name: &[u8]) -> Result<Option<(u64, u8)>> {
-    unimplemented!()
+    check_name(name)?;
+    let mut copy = *root;
+    run(store, &mut copy, |session, root| {
+        let found = find(session, root, name_order_hash(seed, name), name)?;
+        Ok(found.entry.map(|(_, record)| (record.inode_or_count, record.file_type)))
+    })
 }
-pub fn insert(
-    store: &mut dyn MetaStore,
-    root: &mut DirRoot,
-    seed: &HashSeed,
-    name: &[u8],
-    inode: u64,
-    file_type: u8,
-) -> Result<()> {
-    unimplemented!()
+
+/// Finds room for `slots` in the first of `candidates` (leaf blocks) that has it, else in a
+/// new leaf linked after the first candidate. Marks the slots and returns the position.
+fn place(session: &mut Session, root: &mut DirRoot, candidates: &[u64], slots: usize) -> Result<u64> {
+    assert!(!candidates.is_empty());
+    if let Some(position) = try_place(session, candidates, slots)? {
+        return Ok(position);
+    }
+    let near = candidates[0];
+    let new_block = session.allocate(BlockKind::DirLeaf, near)?;
+    let old_next = read_u64(&session.leaf(near)?[..], LEAF_NEXT_OFFSET);
+    write_u64(&mut session.leaf_mut(near)?[..], LEAF_NEXT_OFFSET, new_block);
+    if old_next != 0 {
+        write_u64(&mut session.leaf_mut(old_next)?[..], LEAF_PREVIOUS_OFFSET, new_block);
+    }
+    let block = session.leaf_mut(new_block)?;
+    write_u64(&mut block[..], LEAF_PREVIOUS_OFFSET, near);
+    write_u64(&mut block[..], LEAF_NEXT_OFFSET, old_next);
+    mark(block, FIRST_ENTRY_SLOT, slots, true);
+    root.leaf_count += 1;
+    Ok(make_position(new_block, FIRST_ENTRY_SLOT))
 }
+
+/// Room for `slots` in the first of `candidates` that has it; marks the slots.
+fn try_place(session: &mut Session, candidates: &[u64], slots: usize) -> Result<Option<u64>> {
+    assert!((2..=ENTRY_SLOTS_PER_LEAF).contains(&slots));
+    for block_number in candidates {
+        let block = session.leaf(*block_number)?;
+        if let Some(slot) = free_run(block, slots) {
+            mark(session.leaf_mut(*block_number)?, slot, slots, true);
+            return Ok(Some(make_position(*block_number, slot)));
+        }
+    }
+    Ok(None)
+}
+
+/// First run of `slots` free slots in a leaf.
+fn free_run(block: &crate::block::meta::BlockBuf, slots: usize) -> Option<usize> {
+    let mut run_start = FIRST_ENTRY_SLOT;
+    let mut run_length = 0;
+    for slot in FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK {
+        if leaf_bit(block, slot) {
+            run_length = 0;
+            run_start = slot + 1;
+        } else {
+            run_length += 1;
+            if run_length == slots {
+                return Some(run_start);
+            }
+        }
+    }
+    None
+}
+
+/// Marks or clears slots and keeps the used-slot count in step.
+fn mark(block: &mut crate::block::meta::BlockBuf, slot: usize, slots: usize, used: bool) {
+    set_leaf_bits(block, slot, slots, used);
+    let count = read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) as usize;
+    let count = if used { count + slots } else { count.checked_sub(slots).expect("leaf used-slot count below the slots freed") };
+    assert!(count <= ENTRY_SLOTS_PER_LEAF);
+    write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, count as u16);
+}
+
+/// Frees a record's slots; frees its leaf too once nothing is left in it.
+fn release(session: &mut Session, root: &mut DirRoot, position: u64, slots: usize) -> Result<()> {
+    let (block_number, slot) = split_position(position, &|| "record to free".into())?;
+    let block = session.leaf_mut(block_number)?;
+    if let Some(free) = (slot..slot + slots).find(|each| !leaf_bit(block, *each)) {
+        return Err(Error::corruption(format!("directory leaf {block_number}: slot {free} of a live record is free")));
+    }
+    mark(block, slot, slots, false);
+    if read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) != 0 || block_number == root.first_leaf {
+        return Ok(());
+    }
+    let previous = read_u64(&block[..], LEAF_PREVIOUS_OFFSET);
+    let next = read_u64(&block[..], LEAF_NEXT_OFFSET);
+    if previous == 0 {
+        return Err(Error::corruption(format!("directory leaf {block_number} has no previous leaf but is not the first")));
+    }
+    write_u64(&mut session.leaf_mut(previous)?[..], LEAF_NEXT_OFFSET, next);
+    if next != 0 {
+        write_u64(&mut session.leaf_mut(next)?[..], LEAF_PREVIOUS_OFFSET, previous);
+    }
+    session.free(block_number);
+    index::decrement(&mut root.leaf_count, "leaf count")?;
+    Ok(())
+}
+
+fn block_of(position: u64) -> u64 {
+    position >> POSITION_SLOT_BITS
+}
+
+fn set_next(session: &mut Session, position: u64, next: u64) -> Result<()> {
+    let mut record = session.record(position, &|| "record to relink".into())?;
+    record.next = next;
+    session.put_record(position, &record)
+}
+
+fn add_to_count(session: &mut Session, dummy_position: u64, change: i64) -> Result<u64> {
+    let mut dummy = session.record(dummy_position, &|| "region dummy".into())?;
+    let count = dummy.inode_or_count.checked_add_signed(change).ok_or_else(|| {
+        Error::corruption(format!("directory region {:#x}: member count {} cannot change by {change}", dummy.region_hash(), dummy.inode_or_count))
+    })?;
+    dummy.inode_or_count = count;
+    session.put_record(dummy_position, &dummy)?;
+    Ok(count)
+}
+
+pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8], inode: u64, file_type: u8) -> Result<()> {
+    check_name(name)?;
+    if name == b"." || name == b".." {
+        return Err(Error::Exists);
+    }
+    let hash = name_order_hash(seed, name);
+    run(store, root, |session, root| {
+        let found = find(session, root, hash, name)?;
+        if found.entry.is_some() {
+            return Err(Error::Exists);
+        }
+        // The smallest tiebreak not taken by an entry of the same hash; the new entry goes
+        // after the same-hash entries with smaller tiebreaks.
+        let mut tiebreak: u32 = if hash == 0 { FIRST_FREE_COOKIE as u32 } else { 0 };
+        let mut predecessor = found.before_same_hash;
+        for (position, taken) in &found.same_hash {
+            if *taken == tiebreak {
+                tiebreak = tiebreak.checked_add(1).ok_or(Error::NoSpace)?;
+                predecessor = *position;
+            } else if *taken > tiebreak {
+                break;
+            } else {
+                predecessor = *position;
+            }
+        }
+        if found.same_hash.is_empty() {
+            predecessor = found.predecessor;
+        }
+        let successor = session.record(predecessor, &|| "insert predecessor".into())?.next;
+        let record = Record { key: make_key(hash, tiebreak), next: successor, inode_or_count: inode, file_type, is_dummy: false, name: name.to_vec() };
+        let mut candidates = vec![block_of(predecessor)];
+        if successor != 0 {
+            note_leaf(&mut candidates, successor);
+        }
+        for leaf in &found.visited_leaves {
+            note_leaf(&mut candidates, *leaf << POSITION_SLOT_BITS);
+        }
+        // Then every leaf of the region, so that a region fills its own leaves before it takes
+        // a new one: its records then sit in few blocks and a lookup reads few leaves. The rest
+        // of the region is walked only when the leaves seen so far are full.
+        let mut position = try_place(session, &candidates, record.slots())?;
+        if position.is_none() {
+            let (_, members, _) = region_members(session, found.dummy_position)?;
+            let known = candidates.len();
+            for (member, _) in &members {
+                note_leaf(&mut candidates, *member);
+            }
+            position = try_place(session, &candidates[known..], record.slots())?;
+        }
+        let took_new_leaf = position.is_none();
+        let position = match position {
+            Some(position) => position,
+            None => place(session, root, &candidates, record.slots())?,
+        };
+        session.put_record(position, &record)?;
+        set_next(session, predecessor, position)?;
+        let count = add_to_count(session, found.dummy_position, 1)?;
+        root.entry_count += 1;
+        if count >= REGION_SPLIT_ENTRIES {
+            split_region(session, root, found.dummy_position)?;
+        } else if took_new_leaf {
+            // The only way an insert widens a region's set of leaves.
+            compact_region(session, root, found.dummy_position)?;
+        }
+        Ok(())
+    })
+}
+
+/// Members of the region opened by the dummy at `dummy_position`: (position, key) in order,
+/// and the position of the next dummy (0 at the end of the list).
+fn region_members(session: &mut Session, dummy_position: u64) -> Result<(Record, Vec<(u64, u64)>, u64)> {
+    let dummy = session.record(dummy_position, &|| "region dummy".into())?;
+    if !dummy.is_dummy {
+        return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
+    }
+    let mut members = Vec::new();
+    let mut position = dummy.next;
+    let mut previous_key = dummy.key;
+    while position != 0 {
+        let record = session.record(position, &|| "region member".into())?;
+        if record.is_dummy {
+            if record.key <= dummy.key {
+                return Err(Error::corruption(format!("directory list: dummy {:#x} out of order", record.region_hash())));
+            }
+            break;
+        }
+        if record.key < previous_key || (!members.is_empty() && record.key == previous_key) {
+            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
+        }
+        if members.len() as u64 >= dummy.inode_or_count {
+            return Err(Error::corruption(format!(
+                "directory region {:#x} holds more entries than its count {}",
+                dummy.region_hash(),
+                dummy.inode_or_count
+            )));
+        }
+        members.push((position, record.key));
+        previous_key = record.key;
+        position = record.next;
+    }
+    if members.len() as u64 != dummy.inode_or_count {
+        return Err(Error::corruption(format!(
+            "directory region {:#x}: count {} but {} entries",
+            dummy.region_hash(),
+            dummy.inode_or_count,
+            members.len()
+        )));
+    }
+    Ok((dummy, members, position))
+}
+
+/// Gathers a region's records back into few leaves once they have spread over more than
+/// `REGION_LEAF_SLACK` leaves beyond what they need.
+///
+/// Splits never move entries, so without this the records of a region would sit in one more
+/// shared leaf for every generation of splits it descends from, and a lookup walking the region
+/// would read them all. Here the leaves holding most of the region's slots are kept and the
+/// records elsewhere move into their free space (or into new leaves). Only positions change;
+/// keys, and so readdir cookies, do not. The dummy stays where the index points.
+fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
+    let (_, members, _) = region_members(session, dummy_position)?;
+    let mut records = Vec::with_capacity(members.len());
+    let mut slots_by_leaf: Vec<(u64, usize)> = Vec::new();
+    let mut total_slots = 0;
+    for (position, _) in &members {
+        let record = session.record(*position, &|| "region member".into())?;
+        total_slots += record.slots();
+        match slots_by_leaf.iter_mut().find(|(leaf, _)| *leaf == block_of(*position)) {
+            Some(entry) => entry.1 += record.slots(),
+            None => slots_by_leaf.push((block_of(*position), record.slots())),
+        }
+        records.push(record);
+    }
+    let needed_leaves = total_slots.div_ceil(ENTRY_SLOTS_PER_LEAF);
+    if slots_by_leaf.len() <= needed_leaves + REGION_LEAF_SLACK {
+        return Ok(());
+    }
+    // Keep the leaves with most of the region, as many as it needs plus one for fragmentation.
+    slots_by_leaf.sort_by(|left, right| right.1.cmp(&left.1).then(left.0.cmp(&right.0)));
+    let mut kept: Vec<u64> = slots_by_leaf.iter().take(needed_leaves + 1).map(|(leaf, _)| *leaf).collect();
+    let mut predecessor = dummy_position;
+    for (index, (position, _)) in members.iter().enumerate() {
+        let record = &records[index];
+        if kept.contains(&block_of(*position)) {
+            predecessor = *position;
+            continue;
+        }
+        let new_position = place(session, root, &kept, record.slots())?;
+        if !kept.contains(&block_of(new_position)) {
+            kept.push(block_of(new_position));
+        }
+        session.put_record(new_position, record)?;
+        set_next(session, predecessor, new_position)?;
+        release(session, root, *position, record.slots())?;
+        predecessor = new_position;
+    }
+    Ok(())
+}
+
+/// Splits a full region at the hash boundary nearest its middle by linking a new dummy in
+/// front of the second half. Entries stay where they are. A region whose members all share one
+/// hash cannot split and simply grows.
+fn split_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
+    let (_, members, _) = region_members(session, dummy_position)?;
+    let middle = members.len() / 2;
+    let boundary = (1..members.len())
+        .filter(|index| key_hash(members[*index].1) != key_hash(members[*index - 1].1))
+        .min_by_key(|index| index.abs_diff(middle));
+    let Some(boundary) = boundary else { return Ok(()) };
+    let pivot = key_hash(members[boundary].1);
+    let last_of_first_half = members[boundary - 1].0;
+    let first_of_second_half = members[boundary].0;
+    let dummy = Record {
+        key: make_key(pivot, 0),
+        next: first_of_second_half,
+        inode_or_count: (members.len() - boundary) as u64,
+        file_type: 0,
+        is_dummy: true,
+        name: Vec::new(),
+    };
+    let mut candidates = vec![block_of(last_of_first_half)];
+    note_leaf(&mut candidates, first_of_second_half);
+    for (member, _) in &members {
+        note_leaf(&mut candidates, *member);
+    }
+    let position = place(session, root, &candidates, dummy.slots())?;
+    session.put_record(position, &dummy)?;
+    set_next(session, last_of_first_half, position)?;
+    add_to_count(session, dummy_position, -((members.len() - boundary) as i64))?;
+    root.region_count += 1;
+    index::insert(session, root, pivot, position)
+}
+
+/// Unlinks the dummy at `victim_position` (whose list predecessor is `predecessor`), handing its
+/// members to the region of `survivor_position`.
+fn merge_into(session: &mut Session, root: &mut DirRoot, survivor_position: u64, predecessor: u64, victim_position: u64) -> Result<()> {
+    let victim = session.record(victim_position, &|| "merged dummy".into())?;
+    add_to_count(session, survivor_position, victim.inode_or_count as i64)?;
+    set_next(session, predecessor, victim.next)?;
+    release(session, root, victim_position, victim.slots())?;
+    index::decrement(&mut root.region_count, "region count")?;
+    index::remove(session, root, victim.region_hash())
+}
+
 pub fn remove(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8]) -> Result<(u64, u8)> {
-    unimplemented!()
+    check_name(name)?;
+    let hash = name_order_hash(seed, name);
+    run(store, root, |session, root| {
+        let found = find(session, root, hash, name)?;
+        let Some((position, record)) = found.entry else { return Err(Error::NotFound) };
+        set_next(session, found.predecessor, record.next)?;
+        release(session, root, position, record.slots())?;
+        let count = add_to_count(session, found.dummy_position, -1)?;
+        index::decrement(&mut root.entry_count, "entry count")?;
+        // A region above the merge size cannot merge with anything: skip the walk.
+        if count < REGION_MERGE_ENTRIES {
+            merge_after_remove(session, root, found.dummy_position)?;
+        }
+        Ok((record.inode_or_count, record.file_type))
+    })
 }
-pub fn replace(
-    store: &mut dyn MetaStore,
-    root: &mut DirRoot,
-    seed: &HashSeed,
-    name: &[u8],
-    inode: u64,
-    file_type: u8,
-) -> Result<(u64, u8)> {
-    unimplemented!()
+
+/// Merges the region that just lost an entry with a small neighbour: the next region folds
+/// into it, or it folds into the previous one.
+fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
+    let (dummy, members, next_dummy) = region_members(session, dummy_position)?;
+    if next_dummy != 0 {
+        let next = session.record(next_dummy, &|| "next region dummy".into())?;
+        if dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES {
+            let predecessor = members.last().map(|member| member.0).unwrap_or(dummy_position);
+            merge_into(session, root, dummy_position, predecessor, next_dummy)?;
+            return compact_region(session, root, dummy_position);
+        }
+    }
+    let region_hash = dummy.region_hash();
+    if region_hash == 0 {
+        return Ok(()); // the head region has no predecessor and is never removed
+    }
+    let (_, previous_dummy) = index::find_region(session, root, region_hash - 1)?;
+    // Read the count first: the walk to the end of the previous region is needed only to merge.
+    let previous_count = session.record(previous_dummy, &|| "previous region dummy".into())?.inode_or_count;
+    if previous_count.saturating_add(dummy.inode_or_count) <= REGION_MERGE_ENTRIES {
+        let (_, previous_members, after_previous) = region_members(session, previous_dummy)?;
+        if after_previous != dummy_position {
+            return Err(Error::corruption(format!("directory list: region before {region_hash:#x} does not lead to it")));
+        }
+        let predecessor = previous_members.last().map(|member| member.0).unwrap_or(previous_dummy);
+        merge_into(session, root, previous_dummy, predecessor, dummy_position)?;
+        return compact_region(session, root, previous_dummy);
+    }
+    Ok(())
 }
-pub fn readdir(
-    store: &mut dyn MetaStore,
-    root: &DirRoot,
-    after_cookie: u64,
-    visit: &mut dyn FnMut(&DirEntry) -> bool,
-) -> Result<()> {
-    unimplemented!()
+
+pub fn replace(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8], inode: u64, file_type: u8) -> Result<(u64, u8)> {
+    check_name(name)?;
+    let hash = name_order_hash(seed, name);
+    run(store, root, |session, root| {
+        let found = find(session, root, hash, name)?;
+        let Some((position, mut record)) = found.entry else { return Err(Error::NotFound) };
+        let old = (record.inode_or_count, record.file_type);
+        record.inode_or_count = inode;
+        record.file_type = file_type;
+        session.put_record(position, &record)?;
+        Ok(old)
+    })
 }
+
+pub fn readdir(store: &mut dyn MetaStore, root: &DirRoot, after_cookie: u64, visit: &mut dyn FnMut(&DirEntry) -> bool) -> Result<()> {
+    root.validate()?;
+    let mut session = Session::with_clean_limit(store, READDIR_CACHED_BLOCKS);
+    let start = if after_cookie < FIRST_FREE_COOKIE {
+        root.head_position()
+    } else if after_cookie >= 1 << 63 {
+        return Ok(()); // beyond every key
+    } else {
+        index::find_region(&mut session, root, key_hash(after_cookie))?.1
+    };
+    let mut position = start;
+    let mut last_key: Option<u64> = None;
+    let mut steps = 0u64;
+    while position != 0 {
+        steps += 1;
+        if steps > root.list_length_bound() {
+            return Err(Error::corruption("directory list longer than its entry and region counts (a cycle?)"));
+        }
+        let record = session.record(position, &|| "readdir".into())?;
+        if !record.is_dummy {
+            if let Some(last) = last_key {
+                if record.key <= last {
+                    return Err(Error::corruption(format!("directory list: key {:#x} after {last:#x}", record.key)));
+                }
+            }
+            last_key = Some(record.key);
+            if record.key > after_cookie {
+                let entry = DirEntry { name: record.name, inode: record.inode_or_count, file_type: record.file_type, cookie: record.key };
+                if !visit(&entry) {
+                    break;
+                }
+            }
+        }
+        position = record.next;
+    }
+    Ok(())
+}
+
+/// Frees every block of the directory. Walks the leaf chain and the index tree; frees what it
+/// can reach even when some of it is damaged, and then reports the damage.
 pub fn destroy(store: &mut dyn MetaStore, root: DirRoot) -> Result<()> {
-    unimplemented!()
-}
-pub struct DirCheck {
-    pub blocks: Vec<u64>,
-    pub entries: Vec<(Vec<u8>, u64, u8)>,
-    pub problems: Vec<String>,
-}
-pub fn check(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed) -> DirCheck {
-    unimplemented!()
+    root.validate()?;
+    let mut blocks = std::collections::BTreeSet::new();
+    let mut first_error = None;
+    {
+        let mut session = Session::with_clean_limit(store, READDIR_CACHED_BLOCKS);
+        let mut block_number = root.first_leaf;
+        while block_number != 0 {
+            if blocks.len() as u64 >= root.leaf_count || !blocks.insert(block_number) {
+                first_error = Some(Error::corruption("directory leaf chain longer than its leaf count (a cycle?)"));
+                break;
+            }
+            match session.leaf(block_number) {
+                Ok(block) => block_number = read_u64(&block[..], LEAF_NEXT_OFFSET),
+                Err(error) => {
+                    blocks.remove(&block_number);
+                    first_error = Some(error);
+                    break;
+                }
+            }
+        }
+        if let Err(error) = index::collect_blocks(&mut session, &root, &mut blocks) {
+            first_error.get_or_insert(error);
+        }
+    }
+    for block_number in blocks {
+        store.free_meta(block_number)?;
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
 }

@@ -1,48 +1,165 @@
-//! `extent`: the FlexTree extent map of each file. (Interface placeholder until it lands.)
-#![allow(unused_variables)]
-use crate::block::meta::{DataStore, MetaStore};
-use crate::error::Result;
-pub const EXTENT_ROOT_BYTES: usize = 64;
-pub const MAX_FILE_BYTES: u64 = 1 << 60;
-#[derive(Clone, Debug)]
-pub struct ExtentRoot;
-impl ExtentRoot {
-    pub fn empty() -> ExtentRoot {
-        unimplemented!()
-    }
-    pub fn encode(&self) -> [u8; 64] {
-        unimplemented!()
-    }
-    pub fn decode(bytes: &[u8; 64]) -> Result<ExtentRoot> {
-        unimplemented!()
-    }
-    pub fn length_bytes(&self) -> u64 {
-        unimplemented!()
-    }
-    pub fn blocks_owned(&self) -> u64 {
-        unimplemented!()
-    }
-}
+//! `extent`: the FlexTree extent map of each file (FlexFile: Chen, Zhong, Wu; Planinsek 2021),
+//! with byte-granular insert and collapse.
+//!
+//! A file's bytes are a sequence of extents (written data, unwritten reservations, holes) kept in
+//! a B+-tree whose entries store lengths instead of absolute offsets: a leaf entry's logical
+//! start is the sum of the lengths before it, and an internal entry stores the length of its
+//! child's subtree. Inserting or removing bytes therefore changes one leaf and one length per
+//! level on the way up, O(log n) nodes, while every later offset shifts for free. See
+//! `docs/EXTENTS.md` for the format and the rules.
+
+mod format;
+mod tree;
+
+#[cfg(test)]
+mod tests;
+
+pub use format::{
+    ExtentRoot, ENTRY_BYTES, EXTENT_ROOT_BYTES, MAX_DEPTH, MAX_FILE_BYTES, NODE_CAPACITY,
+    NODE_HEADER_BYTES, NODE_MIN_ENTRIES, ROOT_CAPACITY,
+};
+
+use std::collections::HashSet;
+
+use crate::block::meta::{BlockKind, DataStore, MetaStore};
+use crate::error::{Error, Result};
+use format::{decode_node, Entry, MAX_BLOCK_NUMBER};
+use tree::Tree;
+
+/// What the extent code needs from the block layer: tree nodes and file data.
 pub trait Store: MetaStore + DataStore {}
 impl<T: MetaStore + DataStore + ?Sized> Store for T {}
-pub fn read(store: &mut dyn Store, root: &ExtentRoot, offset: u64, buffer: &mut [u8]) -> Result<usize> {
-    unimplemented!()
+
+/// Runs `operation` on a private copy of the tree; the root changes only if it succeeds.
+fn change<T>(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    operation: impl FnOnce(&mut Tree) -> Result<T>,
+) -> Result<T> {
+    let mut tree = Tree::open(store, root);
+    match operation(&mut tree) {
+        Ok(value) => {
+            *root = tree.commit()?;
+            Ok(value)
+        }
+        Err(error) => {
+            tree.abort();
+            Err(error)
+        }
+    }
 }
+
+fn end_of(offset: u64, length_bytes: u64) -> Result<u64> {
+    offset
+        .checked_add(length_bytes)
+        .filter(|end| *end <= MAX_FILE_BYTES)
+        .ok_or(Error::FileTooLarge)
+}
+
+/// Reads up to `buffer.len()` bytes at `offset`; returns the bytes read, short at the end of the
+/// file. Holes and unwritten extents read as zeros.
+pub fn read(
+    store: &mut dyn Store,
+    root: &ExtentRoot,
+    offset: u64,
+    buffer: &mut [u8],
+) -> Result<usize> {
+    let length = root.length_bytes();
+    if offset >= length || buffer.is_empty() {
+        return Ok(0);
+    }
+    let count = (buffer.len() as u64).min(length - offset) as usize;
+    let mut tree = Tree::open(store, root);
+    tree.read(offset, &mut buffer[..count])?;
+    Ok(count)
+}
+
+/// Writes `data` at `offset`, growing the file (past the old end leaves a hole). Bytes already
+/// backed by written blocks are overwritten in place.
 pub fn write(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, data: &[u8]) -> Result<()> {
-    unimplemented!()
+    end_of(offset, data.len() as u64)?;
+    if data.is_empty() {
+        return Ok(());
+    }
+    change(store, root, |tree| tree.write(offset, data))
 }
+
+/// Sets the length: shrinking frees what lies past the new end, growing adds a hole.
 pub fn truncate(store: &mut dyn Store, root: &mut ExtentRoot, length_bytes: u64) -> Result<()> {
-    unimplemented!()
+    if length_bytes > MAX_FILE_BYTES {
+        return Err(Error::FileTooLarge);
+    }
+    change(store, root, |tree| {
+        let length = tree.length();
+        if length_bytes < length {
+            tree.remove_range(length_bytes, length)
+        } else {
+            tree.grow(length_bytes)
+        }
+    })
 }
-pub fn insert_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
-    unimplemented!()
+
+/// Inserts `length_bytes` of hole at `offset` (at most the file length), shifting later bytes up.
+pub fn insert_range(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+) -> Result<()> {
+    if offset > root.length_bytes() {
+        return Err(Error::invalid(format!(
+            "insert at {offset} past the end {}",
+            root.length_bytes()
+        )));
+    }
+    end_of(root.length_bytes(), length_bytes)?;
+    if length_bytes == 0 {
+        return Ok(());
+    }
+    change(store, root, |tree| tree.insert_hole(offset, length_bytes))
 }
-pub fn collapse_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
-    unimplemented!()
+
+/// Removes bytes `offset..offset + length_bytes` (inside the file), shifting later bytes down
+/// and freeing the blocks that held them.
+pub fn collapse_range(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+) -> Result<()> {
+    let end = offset
+        .checked_add(length_bytes)
+        .filter(|end| *end <= root.length_bytes());
+    let end = end.ok_or_else(|| {
+        Error::invalid(format!(
+            "collapse of {length_bytes} bytes at {offset} past the end"
+        ))
+    })?;
+    if length_bytes == 0 {
+        return Ok(());
+    }
+    change(store, root, |tree| tree.remove_range(offset, end))
 }
-pub fn punch_hole(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
-    unimplemented!()
+
+/// Makes `offset..offset + length_bytes` (clipped to the file) read as zeros, keeping the length:
+/// the whole blocks inside become a hole and are freed; bytes that share a block with bytes
+/// outside the range are zeroed in place (no block is copied or allocated).
+pub fn punch_hole(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+) -> Result<()> {
+    let end = offset.saturating_add(length_bytes).min(root.length_bytes());
+    if offset >= end {
+        return Ok(());
+    }
+    change(store, root, |tree| tree.clear(offset, end, true))
 }
+
+/// Makes `offset..offset + length_bytes` read as zeros. Written blocks in the range are kept and
+/// marked unwritten, holes get unwritten blocks; without `keep_size` the file grows to cover the
+/// range.
 pub fn zero_range(
     store: &mut dyn Store,
     root: &mut ExtentRoot,
@@ -50,8 +167,26 @@ pub fn zero_range(
     length_bytes: u64,
     keep_size: bool,
 ) -> Result<()> {
-    unimplemented!()
+    let end = end_of(offset, length_bytes)?;
+    if length_bytes == 0 {
+        return Ok(());
+    }
+    change(store, root, |tree| {
+        let inside_end = end.min(tree.length());
+        if offset < inside_end {
+            tree.clear(offset, inside_end, false)?;
+        }
+        if !keep_size && end > tree.length() {
+            tree.grow(end)?;
+        }
+        let allocate_end = end.min(tree.length());
+        tree.allocate(offset, allocate_end)
+    })
 }
+
+/// Reserves blocks for the holes in `offset..offset + length_bytes` as unwritten extents (read as
+/// zeros). Without `keep_size` the file grows to cover the range; with it the range is clipped to
+/// the file (no blocks are kept past the end).
 pub fn allocate(
     store: &mut dyn Store,
     root: &mut ExtentRoot,
@@ -59,16 +194,144 @@ pub fn allocate(
     length_bytes: u64,
     keep_size: bool,
 ) -> Result<()> {
-    unimplemented!()
+    let end = end_of(offset, length_bytes)?;
+    if length_bytes == 0 {
+        return Ok(());
+    }
+    change(store, root, |tree| {
+        if !keep_size && end > tree.length() {
+            tree.grow(end)?;
+        }
+        let allocate_end = end.min(tree.length());
+        tree.allocate(offset, allocate_end)
+    })
 }
+
+/// Frees every data and tree block of the file. A tree that fails `check` is left alone and
+/// reported, since freeing blocks a corrupt tree names could free someone else's.
 pub fn destroy(store: &mut dyn Store, root: ExtentRoot) -> Result<()> {
-    unimplemented!()
+    let report = check(store, &root);
+    if let Some(problem) = report.problems.first() {
+        return Err(Error::corruption(format!(
+            "cannot free extent tree: {problem}"
+        )));
+    }
+    for (first, count) in report.data_blocks {
+        store.free_data(first, count)?;
+    }
+    for block in report.tree_blocks {
+        store.free_meta(block)?;
+    }
+    Ok(())
 }
+
+/// Calls `visit(logical, length, physical byte address or None for a hole, unwritten)` for each
+/// extent in order, until it returns false.
+pub fn extents(
+    store: &mut dyn Store,
+    root: &ExtentRoot,
+    visit: &mut dyn FnMut(u64, u64, Option<u64>, bool) -> bool,
+) -> Result<()> {
+    let mut tree = Tree::open(store, root);
+    tree.visit(&mut |logical, entry| {
+        let physical = (!entry.is_hole()).then_some(entry.address);
+        visit(logical, entry.length, physical, entry.unwritten)
+    })
+}
+
+/// What `check` found: every block the file owns and every inconsistency.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ExtentCheck {
+    /// Data block runs owned by extents: (first, count).
     pub data_blocks: Vec<(u64, u64)>,
     pub tree_blocks: Vec<u64>,
     pub problems: Vec<String>,
 }
+
+/// Walks the whole tree and validates it: node headers and entries, lengths against parents,
+/// no block owned twice, the root's block count. Never panics; reports instead.
 pub fn check(store: &mut dyn Store, root: &ExtentRoot) -> ExtentCheck {
-    unimplemented!()
+    let mut report = ExtentCheck::default();
+    let depth = root.depth();
+    // (node block, level, expected length); the root's own entries are checked by `decode`.
+    let mut pending: Vec<(u64, usize, u64)> = Vec::new();
+    let mut leaf_entries: Vec<(String, Entry)> = Vec::new();
+    if depth == 0 {
+        for (index, entry) in root.root_entries().iter().enumerate() {
+            leaf_entries.push((format!("extent root entry {index}"), *entry));
+        }
+    } else {
+        for entry in root.root_entries().iter().rev() {
+            pending.push((entry.address, depth - 1, entry.length));
+        }
+    }
+    let mut visited = HashSet::new();
+    // Each block is visited once (repeats are reported and skipped), so the walk is bounded by
+    // the blocks the tree names; the level strictly falls, so a cycle cannot form.
+    while let Some((block, level, expected_length)) = pending.pop() {
+        if block == 0 || block >= MAX_BLOCK_NUMBER {
+            report
+                .problems
+                .push(format!("extent tree names block {block}, out of range"));
+            continue;
+        }
+        if !visited.insert(block) {
+            report
+                .problems
+                .push(format!("extent node {block} is referenced from two places"));
+            continue;
+        }
+        let kind = if level == 0 {
+            BlockKind::ExtentLeaf
+        } else {
+            BlockKind::ExtentInternal
+        };
+        let entries = match store
+            .read_meta(block, kind)
+            .and_then(|bytes| decode_node(&bytes[..], block, level, expected_length))
+        {
+            Ok(entries) => entries,
+            Err(error) => {
+                report.problems.push(error.to_string());
+                continue;
+            }
+        };
+        report.tree_blocks.push(block);
+        if level == 0 {
+            for (index, entry) in entries.into_iter().enumerate() {
+                leaf_entries.push((format!("extent node {block} entry {index}"), entry));
+            }
+        } else {
+            for entry in entries.iter().rev() {
+                pending.push((entry.address, level - 1, entry.length));
+            }
+        }
+    }
+    for (_, entry) in &leaf_entries {
+        if let Some(run) = entry.blocks() {
+            report.data_blocks.push(run);
+        }
+    }
+    // No block may belong to two extents, or to an extent and a node.
+    let mut runs: Vec<(u64, u64)> = report.data_blocks.clone();
+    runs.extend(report.tree_blocks.iter().map(|block| (*block, 1)));
+    runs.sort_unstable();
+    for pair in runs.windows(2) {
+        if pair[0].0 + pair[0].1 > pair[1].0 {
+            report.problems.push(format!(
+                "blocks {}..{} and {}.. are owned twice",
+                pair[0].0,
+                pair[0].0 + pair[0].1,
+                pair[1].0
+            ));
+        }
+    }
+    let owned = runs.iter().fold(0u64, |sum, run| sum.saturating_add(run.1));
+    if report.problems.is_empty() && owned != root.blocks_owned() {
+        report.problems.push(format!(
+            "extent root field blocks_owned: {} stored, {owned} found",
+            root.blocks_owned()
+        ));
+    }
+    report
 }

@@ -1,17 +1,36 @@
-//! `fsck`: offline consistency check of a volume. Reports every problem in words; never panics.
+//! `fsck`: offline consistency check of a volume. It replays pending log records into a
+//! copy-on-write overlay (nothing reaches the device), then checks allocation against
+//! references, link counts, directory structure and hash order, extent trees, sizes and
+//! checksums. Every problem is reported in words; a corrupt image never makes it panic.
 
+use crate::backend::{self, Overlay};
+use crate::block::meta::BLOCK_SIZE_U64;
+use crate::block::superblock::{Superblock, STATE_CLEAN};
+use crate::block::volume::Volume;
 use crate::device::Device;
-use crate::error::Result;
+use crate::dir::{self, DirRoot};
+use crate::error::{Error, Result};
+use crate::extent::{self, ExtentRoot};
+use crate::fs::types::{FileType, ROOT_INODE};
+use crate::log::{Log, LogOptions, LogPosition};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Problems listed before the rest are only counted: a badly damaged volume would otherwise
+/// print millions of lines.
+const PROBLEMS_LISTED_MAX: usize = 1000;
 
 /// What fsck found.
 #[derive(Debug, Clone, Default)]
 pub struct FsckReport {
     /// One line per problem; empty when the volume is consistent.
     pub problems: Vec<String>,
+    /// Problems found beyond those listed.
+    pub problems_not_listed: u64,
     pub inodes_checked: u64,
     pub directories_checked: u64,
     pub blocks_in_use: u64,
-    /// Log records after the checkpoint: they are replayed (not checked as problems) by mount.
+    /// Log records after the checkpoint: mount replays them (fsck checks the result).
     pub log_records_pending: u64,
 }
 
@@ -19,13 +38,219 @@ impl FsckReport {
     pub fn is_clean(&self) -> bool {
         self.problems.is_empty()
     }
+    fn problem(&mut self, what: String) {
+        if self.problems.len() < PROBLEMS_LISTED_MAX {
+            self.problems.push(what);
+        } else {
+            self.problems_not_listed += 1;
+        }
+    }
 }
 
 /// Checks the volume on `device`. The volume must not be mounted. Pending log records are
 /// replayed in memory first (nothing is written), so a crashed volume checks as it will mount.
-#[allow(unused_variables)]
-pub fn check(device: &dyn Device) -> Result<FsckReport> {
-    unimplemented!("engine in progress")
+/// Corruption is reported in the result; only a failing device is an error.
+pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
+    let mut report = FsckReport::default();
+    let options = LogOptions { flush_delay_us: u64::MAX, reserve_fraction: 0.5 };
+    let (mut volume, _log, applier, mount) = match backend::open_volume(device, options, 1 << 16, false) {
+        Ok(opened) => opened,
+        Err(error @ Error::Io { .. }) => return Err(error),
+        Err(error) => {
+            report.problem(format!("the volume cannot be opened: {error}"));
+            return Ok(report);
+        }
+    };
+    report.log_records_pending = mount.records_replayed;
+    let seed = applier.hash_seed;
+    let superblock = volume.superblock.clone();
+    let block_count = superblock.block_count;
+    // Who references each block: 0 nobody, otherwise the owning inode (u64::MAX: fixed regions).
+    let mut owner: HashMap<u64, u64> = HashMap::new();
+    let mut claim = |report: &mut FsckReport, block: u64, inode: u64, what: &str| {
+        if block >= block_count {
+            report.problem(format!("inode {inode}: {what} block {block} lies beyond the volume"));
+            return;
+        }
+        if let Some(previous) = owner.insert(block, inode) {
+            report.problem(format!("block {block} is used by inode {inode} ({what}) and by inode {previous}"));
+        }
+    };
+    for block in 0..superblock.first_data_block {
+        claim(&mut report, block, u64::MAX, "fixed region");
+    }
+
+    // Walk the tree from the root: entries, types, parents and link counts.
+    let mut references: HashMap<u64, u32> = HashMap::new();
+    let mut subdirectories: HashMap<u64, u32> = HashMap::new();
+    let mut parent_of: HashMap<u64, u64> = HashMap::new();
+    let mut queue = VecDeque::from([ROOT_INODE]);
+    parent_of.insert(ROOT_INODE, ROOT_INODE);
+    while let Some(directory) = queue.pop_front() {
+        let inode = match volume.read_inode(directory) {
+            Ok(inode) => inode,
+            Err(error) => {
+                report.problem(format!("directory {directory}: {error}"));
+                continue;
+            }
+        };
+        if inode.file_type() != FileType::Directory {
+            report.problem(format!("inode {directory} is reached as a directory but has mode {:#o}", inode.mode));
+            continue;
+        }
+        report.directories_checked += 1;
+        let root = match DirRoot::decode(&inode.root_area) {
+            Ok(root) => root,
+            Err(error) => {
+                report.problem(format!("directory {directory}: {error}"));
+                continue;
+            }
+        };
+        let checked = dir::check(&mut volume, &root, &seed);
+        for problem in checked.problems {
+            report.problem(format!("directory {directory}: {problem}"));
+        }
+        for block in checked.blocks {
+            claim(&mut report, block, directory, "directory");
+        }
+        if checked.entries.len() as u64 != root.entry_count() {
+            report.problem(format!(
+                "directory {directory}: root counts {} entries, {} found",
+                root.entry_count(),
+                checked.entries.len()
+            ));
+        }
+        for (name, child, dirent_type) in checked.entries {
+            let shown = String::from_utf8_lossy(&name).into_owned();
+            let child_inode = match volume.read_inode(child) {
+                Ok(child_inode) => child_inode,
+                Err(Error::NotFound) => {
+                    report.problem(format!("directory {directory}: entry {shown:?} points to free inode {child}"));
+                    continue;
+                }
+                Err(error) => {
+                    report.problem(format!("directory {directory}: entry {shown:?}: {error}"));
+                    continue;
+                }
+            };
+            if child_inode.file_type().dirent_type() != dirent_type {
+                report.problem(format!("directory {directory}: entry {shown:?} has type {dirent_type}, inode {child} disagrees"));
+            }
+            if child_inode.file_type() == FileType::Directory {
+                if parent_of.insert(child, directory).is_some() {
+                    report.problem(format!("directory {child} has more than one name (second: {shown:?} in {directory})"));
+                    continue;
+                }
+                *subdirectories.entry(directory).or_default() += 1;
+                if child_inode.parent != directory {
+                    report.problem(format!("directory {child} names parent {} but is in {directory}", child_inode.parent));
+                }
+                queue.push_back(child);
+            } else {
+                *references.entry(child).or_default() += 1;
+            }
+        }
+    }
+
+    // Orphans: allocated, unnamed, waiting for reclaim at the next mount (mount reclaimed them in
+    // the overlay already, so any left are a problem only if the list is broken).
+    let mut orphans: BTreeMap<u64, ()> = BTreeMap::new();
+    let mut orphan = superblock.orphan_head;
+    while orphan != 0 && (orphans.len() as u64) <= superblock.inode_count {
+        if orphans.insert(orphan, ()).is_some() {
+            report.problem("the orphan list has a cycle".into());
+            break;
+        }
+        orphan = match volume.read_inode(orphan) {
+            Ok(inode) => inode.orphan_next,
+            Err(error) => {
+                report.problem(format!("orphan {orphan}: {error}"));
+                break;
+            }
+        };
+    }
+
+    // Every allocated inode: reachable, link count, contents.
+    let allocated: Vec<u64> = volume.inodes.iter_set().map(|bit| bit + 1).collect();
+    for number in allocated {
+        report.inodes_checked += 1;
+        let inode = match volume.read_inode(number) {
+            Ok(inode) => inode,
+            Err(error) => {
+                report.problem(format!("inode {number}: {error}"));
+                continue;
+            }
+        };
+        let file_type = inode.file_type();
+        let reachable = parent_of.contains_key(&number) || references.contains_key(&number);
+        if !reachable && !orphans.contains_key(&number) {
+            report.problem(format!("inode {number} is allocated but has no name"));
+        }
+        let expected_links = match file_type {
+            FileType::Directory => 2 + subdirectories.get(&number).copied().unwrap_or(0),
+            _ => references.get(&number).copied().unwrap_or(0),
+        };
+        if reachable && inode.link_count != expected_links {
+            report.problem(format!("inode {number}: link count {} but {expected_links} names", inode.link_count));
+        }
+        let mut owned = 0u64;
+        match file_type {
+            FileType::Regular | FileType::Symlink => match ExtentRoot::decode(&inode.root_area) {
+                Ok(root) => {
+                    if root.length_bytes() != inode.size_bytes {
+                        report.problem(format!(
+                            "inode {number}: size {} but its extent tree maps {} bytes",
+                            inode.size_bytes,
+                            root.length_bytes()
+                        ));
+                    }
+                    let checked = extent::check(&mut volume, &root);
+                    for problem in checked.problems {
+                        report.problem(format!("inode {number}: {problem}"));
+                    }
+                    for block in checked.tree_blocks {
+                        claim(&mut report, block, number, "extent tree");
+                        owned += 1;
+                    }
+                    for (first, count) in checked.data_blocks {
+                        for block in first..first.saturating_add(count).min(block_count + 1) {
+                            claim(&mut report, block, number, "data");
+                        }
+                        owned += count;
+                    }
+                }
+                Err(error) => report.problem(format!("inode {number}: {error}")),
+            },
+            _ => {}
+        }
+        if inode.xattr_block != 0 {
+            owned += 1;
+            claim(&mut report, inode.xattr_block, number, "xattr");
+            if let Err(error) = volume.read_xattrs(inode.xattr_block) {
+                report.problem(format!("inode {number}: {error}"));
+            }
+        }
+        if file_type != FileType::Directory && inode.blocks_owned != owned {
+            report.problem(format!("inode {number}: counts {} blocks owned, {owned} found", inode.blocks_owned));
+        }
+    }
+
+    // Allocation against references.
+    let mut in_use = 0u64;
+    for block in 0..block_count {
+        let referenced = owner.contains_key(&block);
+        let allocated = volume.blocks.is_set(block);
+        if allocated {
+            in_use += 1;
+        }
+        match (allocated, referenced) {
+            (true, false) => report.problem(format!("block {block} is allocated but nothing uses it (leaked)")),
+            (false, true) => report.problem(format!("block {block} is used by inode {} but marked free", owner[&block])),
+            _ => {}
+        }
+    }
+    report.blocks_in_use = in_use;
+    Ok(report)
 }
 
 /// Geometry, usage and log state of an unmounted volume, for `tandem stat`.
@@ -35,14 +260,69 @@ pub struct VolumeReport {
 }
 
 /// Reads the superblock and scans the log without changing anything.
-#[allow(unused_variables)]
-pub fn inspect(device: &dyn Device) -> Result<VolumeReport> {
-    unimplemented!("engine in progress")
+pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
+    let overlay: Arc<dyn Device> = Arc::new(Overlay::new(device, BTreeMap::new()));
+    let superblock = Superblock::read_best(overlay.as_ref())?;
+    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
+    let options = LogOptions { flush_delay_us: u64::MAX, reserve_fraction: 0.5 };
+    let (log, records) = Log::recover(overlay.clone(), superblock.log_geometry(), tail, options)?;
+    let volume = Volume::load(overlay, superblock.clone(), 64)?;
+    let usage = log.usage();
+    let mebibytes = |blocks: u64| format!("{:.1} MiB", (blocks * BLOCK_SIZE_U64) as f64 / (1 << 20) as f64);
+    let uuid = superblock.uuid.iter().map(|byte| format!("{byte:02x}")).collect::<String>();
+    let used_blocks = superblock.block_count - volume.blocks.free_count();
+    let lines = vec![
+        ("uuid", uuid),
+        ("format version", crate::block::superblock::FORMAT_VERSION.to_string()),
+        ("state", if superblock.state == STATE_CLEAN { "clean".into() } else { "not cleanly unmounted (replay at mount)".into() }),
+        ("size", format!("{} blocks of 4096 bytes ({})", superblock.block_count, mebibytes(superblock.block_count))),
+        ("blocks used", format!("{used_blocks} ({:.1}%)", 100.0 * used_blocks as f64 / superblock.block_count as f64)),
+        ("blocks free", format!("{} ({})", volume.blocks.free_count(), mebibytes(volume.blocks.free_count()))),
+        ("inodes", format!("{} total, {} used", superblock.inode_count, superblock.inode_count - volume.inodes.free_count())),
+        ("log", format!("{} header slots, {} data", usage.header_slots_capacity, mebibytes(usage.data_bytes_capacity / BLOCK_SIZE_U64))),
+        ("log records pending", format!("{} ({} bytes)", records.len(), usage.data_bytes_used)),
+        ("checkpoint", format!("lsn {}, {} checkpoints", superblock.checkpoint_lsn, superblock.checkpoint_count)),
+        ("mounts", superblock.mount_count.to_string()),
+        ("regions", format!(
+            "log headers {}+{}, log data {}+{}, block bitmap {}+{}, inode bitmap {}+{}, inode table {}+{}, data from {}",
+            superblock.log_header_start, superblock.log_header_blocks, superblock.log_data_start, superblock.log_data_blocks,
+            superblock.block_bitmap_start, superblock.block_bitmap_blocks, superblock.inode_bitmap_start,
+            superblock.inode_bitmap_blocks, superblock.inode_table_start, superblock.inode_table_blocks,
+            superblock.first_data_block
+        )),
+    ];
+    Ok(VolumeReport { lines: lines.into_iter().map(|(name, value)| (name.to_string(), value)).collect() })
 }
 
 /// Names the file system found on `device`, if any recognisable one ("tandemfs", "ext4", ...),
 /// so that mkfs can refuse to overwrite it without --force.
-#[allow(unused_variables)]
 pub fn probe(device: &dyn Device) -> Result<Option<String>> {
-    unimplemented!("engine in progress")
+    let length = device.size_bytes().min(72 * 1024) as usize;
+    let mut bytes = vec![0u8; length];
+    device.read_at(0, &mut bytes)?;
+    let at = |offset: usize, magic: &[u8]| bytes.get(offset..offset + magic.len()) == Some(magic);
+    let found = if at(0, b"TANDEMFS") || at(4096, b"TANDEMFS") {
+        "tandemfs"
+    } else if at(1080, &[0x53, 0xEF]) {
+        "ext2/ext3/ext4"
+    } else if at(0, b"XFSB") {
+        "XFS"
+    } else if at(0x10040, b"_BHRfS_M") {
+        "btrfs"
+    } else if at(0, b"LUKS\xba\xbe") {
+        "LUKS encrypted volume"
+    } else if at(4086, b"SWAPSPACE2") {
+        "Linux swap"
+    } else if at(512, b"EFI PART") {
+        "GPT partition table"
+    } else if at(54, b"FAT") || at(82, b"FAT32") {
+        "FAT"
+    } else if at(0, b"hsqs") {
+        "squashfs"
+    } else if at(510, &[0x55, 0xAA]) {
+        "MBR partition table or boot sector"
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(found.to_string()))
 }

@@ -1,79 +1,626 @@
-//! `log`: the front-end operation log. (Interface placeholder until it lands.)
-#![allow(unused_variables)]
-use crate::device::Device;
-use crate::error::Result;
+//! `log`: the front-end operation log (NICFS): record headers kept apart from record data.
+//!
+//! Every change is a record appended here. A record is durable once its header and payload
+//! bytes are flushed; the back end applies records later, a checkpoint moves the tail forward
+//! ([`Log::release`]) and mount replays the records after the tail ([`Log::recover`]). The
+//! payload is opaque: a `kind` and bytes. The format, group commit and space accounting are
+//! described in `docs/LOG.md`.
+//!
+//! Group commit is leader/follower: `append` copies the record into an in-memory buffer (headers
+//! and payload bytes apart, as on disk) under a short lock. The first caller of `wait_durable`
+//! that finds no flush in progress becomes the leader: it takes the whole buffer, writes the
+//! header bytes and the payload bytes (one `write_at` each, two where a ring wraps) and flushes
+//! the device once. Callers that arrive while a flush is in progress sleep and then either find
+//! their record durable or lead the next flush, which carries everything appended meanwhile.
+//! A background thread plays leader for records nobody waits for, `flush_delay_us` after the
+//! oldest of them was appended.
+
+pub mod format;
+mod recover;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
 use std::sync::Arc;
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LogGeometry {
-    pub header_start_byte: u64,
-    pub header_slots: u64,
-    pub data_start_byte: u64,
-    pub data_bytes: u64,
-}
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+pub use format::{LogGeometry, RecordHeader, HEADERS_PER_BLOCK, HEADER_SIZE, MAX_PAYLOAD_BYTES};
+
+/// Appended-but-unflushed payload bytes above which `append` first flushes what is pending.
+pub const MAX_PENDING_DATA_BYTES: usize = 8 << 20;
+/// Appended-but-unflushed records above which `append` first flushes what is pending.
+pub const MAX_PENDING_RECORDS: usize = 16 << 10;
+
+/// Where a record starts: its lsn and the data position of its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogPosition {
     pub lsn: u64,
     pub data_position: u64,
 }
+
+impl LogPosition {
+    /// The tail of a freshly formatted log.
+    pub const START: LogPosition = LogPosition { lsn: 1, data_position: 0 };
+}
+
+/// One record as recovered.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub lsn: u64,
     pub kind: u16,
     pub payload: Vec<u8>,
 }
+
+/// Tunables of a running log.
+#[derive(Clone, Copy, Debug)]
 pub struct LogOptions {
+    /// Records nobody waits for are made durable by a background flush at most this long after
+    /// they were appended. `u64::MAX` disables the background flush.
     pub flush_delay_us: u64,
+    /// Share of each ring (header slots and data bytes) that only `append_reserved` may use,
+    /// in `[0, 1)`.
     pub reserve_fraction: f64,
 }
-pub struct LogUsage {
-    pub header_slots_used: u64,
-    pub data_bytes_used: u64,
-    pub header_slots: u64,
-    pub data_bytes: u64,
-}
-pub struct Log;
-impl Log {
-    pub fn format(device: &dyn Device, geometry: &LogGeometry) -> Result<()> {
-        unimplemented!()
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions { flush_delay_us: 1000, reserve_fraction: 0.05 }
     }
+}
+
+/// Space accounting of the log, from the tail to the next record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogUsage {
+    /// Header slots held by records after the tail (equals `records_since_tail`).
+    pub header_slots_used: u64,
+    pub header_slots_capacity: u64,
+    /// Slots `append` may use; the rest is the reserve.
+    pub header_slots_normal: u64,
+    pub data_bytes_used: u64,
+    pub data_bytes_capacity: u64,
+    /// Data bytes `append` may use; the rest is the reserve.
+    pub data_bytes_normal: u64,
+    pub records_since_tail: u64,
+    /// Records appended but not yet durable.
+    pub records_not_durable: u64,
+}
+
+/// Counters, for tests and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Group-commit rounds (each is one device flush).
+    pub flushes: u64,
+    /// `write_at` calls issued by flushes.
+    pub device_writes: u64,
+    /// Flushes started by the background flusher.
+    pub background_flushes: u64,
+}
+
+struct State {
+    next_lsn: u64,
+    next_position: u64,
+    tail: LogPosition,
+    durable_lsn: u64,
+    /// Data positions of the records `tail.lsn .. next_lsn`.
+    positions: VecDeque<u64>,
+    /// Encoded (unsealed) headers of records not yet taken by a leader.
+    headers: Vec<u8>,
+    /// Payload bytes of those records.
+    data: Vec<u8>,
+    /// Empty buffers with capacity, swapped in when a leader takes the pending ones.
+    spare_headers: Vec<u8>,
+    spare_data: Vec<u8>,
+    /// A leader is writing a batch.
+    flushing: bool,
+    /// When the oldest record in `headers` was appended.
+    pending_since: Option<Instant>,
+    appended_since_check: bool,
+    flusher_idle: bool,
+    stop_flusher: bool,
+    /// `shutdown` ran: no more appends.
+    closed: bool,
+    /// A flush failed: no more appends, no more acknowledgements.
+    failed: bool,
+    stats: LogStats,
+}
+
+struct Inner {
+    device: Arc<dyn Device>,
+    geometry: LogGeometry,
+    flush_delay: Option<Duration>,
+    normal_slots: u64,
+    normal_data: u64,
+    state: Mutex<State>,
+    /// Signalled when `durable_lsn` advances, a flush ends, or the log stops.
+    durable_changed: Condvar,
+    /// Wakes the background flusher.
+    flusher_wake: Condvar,
+}
+
+/// The operation log. `Send + Sync`; share it through the `Arc` that `recover` returns.
+pub struct Log {
+    inner: Arc<Inner>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Log {
+    /// Makes an empty log: zeroes the header ring (so no stale bytes can parse as a header) and
+    /// flushes. The data ring is left as it is. The new log's tail is [`LogPosition::START`].
+    pub fn format(device: &dyn Device, geometry: &LogGeometry) -> Result<()> {
+        geometry.validate(device.size_bytes())?;
+        let total = geometry.header_ring_bytes().expect("validated");
+        let chunk_len = total.min(1 << 20) as usize;
+        let zeros = vec![0u8; chunk_len];
+        let mut done = 0u64;
+        while done < total {
+            let len = (total - done).min(chunk_len as u64) as usize;
+            device.write_at(geometry.header_start_byte + done, &zeros[..len])?;
+            done += len as u64;
+        }
+        device.flush()
+    }
+
+    /// Scans the log from `tail` (kept by the superblock) and returns the valid records in lsn
+    /// order; the log continues after them. Header slots past the last valid record are zeroed
+    /// and flushed before this returns (see `docs/LOG.md`, *Recovery*).
     pub fn recover(
         device: Arc<dyn Device>,
         geometry: LogGeometry,
         tail: LogPosition,
         options: LogOptions,
     ) -> Result<(Arc<Log>, Vec<Record>)> {
-        unimplemented!()
+        geometry.validate(device.size_bytes())?;
+        if tail.lsn == 0 {
+            return Err(Error::invalid("log tail lsn 0: lsns start at 1"));
+        }
+        if tail.lsn.checked_add(geometry.header_slots).is_none()
+            || tail.data_position.checked_add(geometry.data_bytes).is_none()
+        {
+            return Err(Error::corruption(format!(
+                "log tail {tail:?} is too close to the end of the lsn or position space"
+            )));
+        }
+        if !(0.0..1.0).contains(&options.reserve_fraction) {
+            return Err(Error::invalid(format!("log reserve fraction {} is not in [0, 1)", options.reserve_fraction)));
+        }
+        let scan = recover::scan(device.as_ref(), &geometry, tail)?;
+        recover::scrub(device.as_ref(), &geometry, tail, scan.end)?;
+
+        let share = 1.0 - options.reserve_fraction;
+        let normal_slots = ((geometry.header_slots as f64 * share) as u64).min(geometry.header_slots);
+        let normal_data = ((geometry.data_bytes as f64 * share) as u64).min(geometry.data_bytes);
+        let state = State {
+            next_lsn: scan.end.lsn,
+            next_position: scan.end.data_position,
+            tail,
+            durable_lsn: scan.end.lsn - 1,
+            positions: scan.positions.into(),
+            headers: Vec::new(),
+            data: Vec::new(),
+            spare_headers: Vec::new(),
+            spare_data: Vec::new(),
+            flushing: false,
+            pending_since: None,
+            appended_since_check: false,
+            flusher_idle: false,
+            stop_flusher: false,
+            closed: false,
+            failed: false,
+            stats: LogStats::default(),
+        };
+        let inner = Arc::new(Inner {
+            device,
+            geometry,
+            flush_delay: (options.flush_delay_us != u64::MAX).then(|| Duration::from_micros(options.flush_delay_us)),
+            normal_slots,
+            normal_data,
+            state: Mutex::new(state),
+            durable_changed: Condvar::new(),
+            flusher_wake: Condvar::new(),
+        });
+        let flusher = match inner.flush_delay {
+            Some(delay) => {
+                let for_thread = Arc::clone(&inner);
+                let handle = std::thread::Builder::new()
+                    .name("tandemfs-log-flush".into())
+                    .spawn(move || for_thread.background_flusher(delay))
+                    .map_err(|e| Error::Io { operation: "start log flusher thread", offset: 0, source: e })?;
+                Some(handle)
+            }
+            None => None,
+        };
+        Ok((Arc::new(Log { inner, flusher: Mutex::new(flusher) }), scan.records))
     }
+
+    /// Appends a record whose payload is the concatenation of `payload_parts`. Returns its lsn,
+    /// or `None` when the normal share of the log is full (checkpoint, `release`, retry).
+    /// `InvalidArgument` if the payload could never fit the normal share. The record is not
+    /// durable until `wait_durable` or `flush` returns for it (or the background flush ran).
     pub fn append(&self, kind: u16, payload_parts: &[&[u8]]) -> Result<Option<u64>> {
-        unimplemented!()
+        self.inner.append(kind, payload_parts, false)
     }
+
+    /// Like `append`, but may use the reserve share (for checkpoint records). `None` only when
+    /// the log is truly full.
     pub fn append_reserved(&self, kind: u16, payload_parts: &[&[u8]]) -> Result<Option<u64>> {
-        unimplemented!()
+        self.inner.append(kind, payload_parts, true)
     }
+
+    /// Returns once record `lsn` (and every record before it) is durable. Concurrent callers
+    /// share one device write and flush. `Error::Shutdown` or the I/O error if the log failed
+    /// before the record was durable; `InvalidArgument` for an lsn never appended.
     pub fn wait_durable(&self, lsn: u64) -> Result<()> {
-        unimplemented!()
+        self.inner.flush_to(lsn).map(|_| ())
     }
+
+    /// Makes everything appended so far durable; returns the durable lsn.
     pub fn flush(&self) -> Result<u64> {
-        unimplemented!()
+        let target = self.inner.state.lock().next_lsn - 1;
+        self.inner.flush_to(target)
     }
+
+    /// The highest lsn known durable (the tail's lsn - 1 when nothing is).
     pub fn durable_lsn(&self) -> u64 {
-        unimplemented!()
+        self.inner.state.lock().durable_lsn
     }
+
+    /// The lsn the next record will get.
     pub fn next_lsn(&self) -> u64 {
-        unimplemented!()
+        self.inner.state.lock().next_lsn
     }
+
+    /// The current tail (as last given to `release`, or to `recover`).
+    pub fn tail(&self) -> LogPosition {
+        self.inner.state.lock().tail
+    }
+
+    pub fn geometry(&self) -> LogGeometry {
+        self.inner.geometry
+    }
+
+    /// Where record `lsn` starts, for `lsn` in `[tail.lsn, next_lsn]` (`next_lsn` gives where the
+    /// next record will start). Panics for an lsn outside that range (a caller bug).
     pub fn position(&self, lsn: u64) -> LogPosition {
-        unimplemented!()
+        let state = self.inner.state.lock();
+        assert!(
+            lsn >= state.tail.lsn && lsn <= state.next_lsn,
+            "log position of lsn {lsn} asked, outside [tail {}, next {}]",
+            state.tail.lsn,
+            state.next_lsn
+        );
+        let data_position =
+            if lsn == state.next_lsn { state.next_position } else { state.positions[(lsn - state.tail.lsn) as usize] };
+        LogPosition { lsn, data_position }
     }
+
+    /// A checkpoint made every record before `new_tail` unnecessary: their space may be reused.
+    /// The caller must have made `new_tail` durable (superblock written and flushed) first,
+    /// because recovery starts from the tail the superblock keeps. A tail older than the current
+    /// one is ignored. Panics if `new_tail` is not the start of a durable record or the
+    /// position after the last durable record (a caller bug).
     pub fn release(&self, new_tail: LogPosition) {
-        unimplemented!()
+        let mut state = self.inner.state.lock();
+        if new_tail.lsn <= state.tail.lsn {
+            return;
+        }
+        assert!(
+            new_tail.lsn <= state.durable_lsn + 1,
+            "log release to lsn {} past the durable lsn {}",
+            new_tail.lsn,
+            state.durable_lsn
+        );
+        let expected = if new_tail.lsn == state.next_lsn {
+            state.next_position
+        } else {
+            state.positions[(new_tail.lsn - state.tail.lsn) as usize]
+        };
+        assert_eq!(
+            new_tail.data_position, expected,
+            "log release to {new_tail:?}: that lsn starts at data position {expected}"
+        );
+        let drop_count = (new_tail.lsn - state.tail.lsn) as usize;
+        state.positions.drain(..drop_count);
+        state.tail = new_tail;
     }
+
+    /// Header slots and data bytes in use and their capacity.
     pub fn usage(&self) -> LogUsage {
-        unimplemented!()
+        let state = self.inner.state.lock();
+        let g = &self.inner.geometry;
+        let records = state.next_lsn - state.tail.lsn;
+        LogUsage {
+            header_slots_used: records,
+            header_slots_capacity: g.header_slots,
+            header_slots_normal: self.inner.normal_slots,
+            data_bytes_used: state.next_position - state.tail.data_position,
+            data_bytes_capacity: g.data_bytes,
+            data_bytes_normal: self.inner.normal_data,
+            records_since_tail: records,
+            records_not_durable: state.next_lsn - 1 - state.durable_lsn,
+        }
     }
-    pub fn wait_for_durable_above(&self, lsn: u64, timeout: std::time::Duration) -> u64 {
-        unimplemented!()
+
+    pub fn stats(&self) -> LogStats {
+        self.inner.state.lock().stats
     }
+
+    /// Sleeps until the durable lsn exceeds `lsn` or `timeout` passes; returns the durable lsn
+    /// (which may still be `<= lsn` after a timeout). `Error::Shutdown` once the log has stopped
+    /// or failed and the durable lsn will not pass `lsn` any more. For back-end threads.
+    pub fn wait_for_durable_above(&self, lsn: u64, timeout: Duration) -> Result<u64> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut state = self.inner.state.lock();
+        loop {
+            if state.durable_lsn > lsn {
+                return Ok(state.durable_lsn);
+            }
+            if state.failed || state.closed {
+                return Err(Error::Shutdown);
+            }
+            match deadline {
+                Some(deadline) => {
+                    if self.inner.durable_changed.wait_until(&mut state, deadline).timed_out() {
+                        return Ok(state.durable_lsn);
+                    }
+                }
+                None => self.inner.durable_changed.wait(&mut state),
+            }
+        }
+    }
+
+    /// Flushes everything appended, refuses further appends and stops the background flusher.
     pub fn shutdown(&self) -> Result<()> {
-        unimplemented!()
+        let flushed = self.flush();
+        {
+            let mut state = self.inner.state.lock();
+            state.closed = true;
+            state.stop_flusher = true;
+        }
+        self.inner.flusher_wake.notify_all();
+        self.inner.durable_changed.notify_all();
+        if let Some(handle) = self.flusher.lock().take() {
+            let _ = handle.join();
+        }
+        flushed.map(|_| ())
+    }
+}
+
+impl Drop for Log {
+    /// Stops the background flusher without flushing: records not yet durable are treated as
+    /// after a crash (never acknowledged). Call `shutdown` for a clean stop.
+    fn drop(&mut self) {
+        self.inner.state.lock().stop_flusher = true;
+        self.inner.flusher_wake.notify_all();
+        if let Some(handle) = self.flusher.get_mut().take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Inner {
+    fn append(&self, kind: u16, parts: &[&[u8]], reserved: bool) -> Result<Option<u64>> {
+        let mut length: u64 = 0;
+        for part in parts {
+            length += part.len() as u64;
+        }
+        let limit = if reserved { self.geometry.data_bytes } else { self.normal_data };
+        if length > limit.min(MAX_PAYLOAD_BYTES) || (!reserved && self.normal_slots == 0) {
+            return Err(Error::invalid(format!(
+                "log record of {length} bytes can never fit the {} share of the log ({limit} data bytes)",
+                if reserved { "whole" } else { "normal" }
+            )));
+        }
+        let mut payload_crc = 0;
+        for part in parts {
+            payload_crc = tandem_accel::crc32c(payload_crc, part);
+        }
+        let (slot_limit, data_limit) = if reserved {
+            (self.geometry.header_slots, self.geometry.data_bytes)
+        } else {
+            (self.normal_slots, self.normal_data)
+        };
+        loop {
+            let mut state = self.state.lock();
+            if state.failed || state.closed {
+                return Err(Error::Shutdown);
+            }
+            if state.next_lsn - state.tail.lsn >= slot_limit
+                || state.next_position - state.tail.data_position + length > data_limit
+            {
+                return Ok(None);
+            }
+            if !state.headers.is_empty()
+                && (state.data.len() + length as usize > MAX_PENDING_DATA_BYTES
+                    || state.headers.len() >= MAX_PENDING_RECORDS * HEADER_SIZE)
+            {
+                let target = state.next_lsn - 1;
+                drop(state);
+                self.flush_to(target)?;
+                continue;
+            }
+            let lsn = state.next_lsn;
+            let position = state.next_position;
+            let Some(next_position) = position.checked_add(length) else {
+                return Err(Error::NoSpace);
+            };
+            let header = RecordHeader {
+                kind,
+                flags: if reserved { format::FLAG_RESERVE } else { 0 },
+                lsn,
+                data_position: position,
+                payload_length: length as u32,
+                payload_crc,
+            };
+            let at = state.headers.len();
+            state.headers.resize(at + HEADER_SIZE, 0);
+            header.encode_unsealed(&mut state.headers[at..]);
+            for part in parts {
+                state.data.extend_from_slice(part);
+            }
+            state.positions.push_back(position);
+            state.next_lsn = lsn + 1;
+            state.next_position = next_position;
+            state.appended_since_check = true;
+            let wake = state.pending_since.is_none() && state.flusher_idle;
+            if state.pending_since.is_none() && self.flush_delay.is_some() {
+                state.pending_since = Some(Instant::now());
+            }
+            drop(state);
+            if wake {
+                self.flusher_wake.notify_one();
+            }
+            return Ok(Some(lsn));
+        }
+    }
+
+    /// Makes every record up to `target` durable, leading a flush or following one.
+    fn flush_to(&self, target: u64) -> Result<u64> {
+        let mut state = self.state.lock();
+        loop {
+            if state.durable_lsn >= target {
+                return Ok(state.durable_lsn);
+            }
+            if state.failed {
+                return Err(Error::Shutdown);
+            }
+            if target >= state.next_lsn {
+                return Err(Error::invalid(format!(
+                    "wait for log record {target}, but the next record will be {}",
+                    state.next_lsn
+                )));
+            }
+            if state.flushing {
+                self.durable_changed.wait(&mut state);
+                continue;
+            }
+            // Lead: take everything pending. Not flushing and not durable means it is pending.
+            debug_assert!(!state.headers.is_empty());
+            let count = (state.headers.len() / HEADER_SIZE) as u64;
+            let first_lsn = state.next_lsn - count;
+            let first_position = state.next_position - state.data.len() as u64;
+            let last_lsn = state.next_lsn - 1;
+            let mut headers = std::mem::take(&mut state.spare_headers);
+            let mut data = std::mem::take(&mut state.spare_data);
+            std::mem::swap(&mut headers, &mut state.headers);
+            std::mem::swap(&mut data, &mut state.data);
+            state.pending_since = None;
+            state.flushing = true;
+            drop(state);
+
+            let mut writes = 0;
+            let result = self.write_batch(first_lsn, first_position, &mut headers, &data, &mut writes);
+            headers.clear();
+            data.clear();
+
+            state = self.state.lock();
+            state.flushing = false;
+            state.spare_headers = headers;
+            state.spare_data = data;
+            state.stats.flushes += 1;
+            state.stats.device_writes += writes;
+            let outcome = match result {
+                Ok(()) => {
+                    state.durable_lsn = last_lsn;
+                    Ok(())
+                }
+                Err(error) => {
+                    state.failed = true;
+                    state.headers.clear();
+                    state.data.clear();
+                    state.pending_since = None;
+                    Err(error)
+                }
+            };
+            self.durable_changed.notify_all();
+            outcome?;
+        }
+    }
+
+    /// Seals the headers, writes both buffers (split only at a ring wrap) and flushes once.
+    fn write_batch(
+        &self,
+        first_lsn: u64,
+        first_position: u64,
+        headers: &mut [u8],
+        data: &[u8],
+        writes: &mut u64,
+    ) -> Result<()> {
+        let g = &self.geometry;
+        for header in headers.chunks_exact_mut(HEADER_SIZE) {
+            format::seal(header);
+        }
+        let slot = first_lsn % g.header_slots;
+        let count = (headers.len() / HEADER_SIZE) as u64;
+        let first = count.min(g.header_slots - slot) as usize * HEADER_SIZE;
+        self.device.write_at(g.slot_offset(slot), &headers[..first])?;
+        *writes += 1;
+        if first < headers.len() {
+            self.device.write_at(g.header_start_byte, &headers[first..])?;
+            *writes += 1;
+        }
+        if !data.is_empty() {
+            let offset = first_position % g.data_bytes;
+            let first = (data.len() as u64).min(g.data_bytes - offset) as usize;
+            self.device.write_at(g.data_start_byte + offset, &data[..first])?;
+            *writes += 1;
+            if first < data.len() {
+                self.device.write_at(g.data_start_byte, &data[first..])?;
+                *writes += 1;
+            }
+        }
+        self.device.flush()
+    }
+
+    /// The background flusher: flushes pending records `delay` after the oldest was appended.
+    /// While appends keep coming it re-checks every `delay` (so appends need not wake it); after
+    /// a quiet period it sleeps until an append wakes it.
+    fn background_flusher(&self, delay: Duration) {
+        let mut state = self.state.lock();
+        loop {
+            if state.stop_flusher {
+                return;
+            }
+            if state.failed || state.closed {
+                state.flusher_idle = true;
+                self.flusher_wake.wait(&mut state);
+                state.flusher_idle = false;
+                continue;
+            }
+            if let Some(since) = state.pending_since {
+                let deadline = since.checked_add(delay);
+                match deadline {
+                    None => {
+                        // The delay is too long to express as an instant: never flush early.
+                        state.flusher_idle = true;
+                        self.flusher_wake.wait(&mut state);
+                        state.flusher_idle = false;
+                    }
+                    Some(deadline) if Instant::now() < deadline => {
+                        self.flusher_wake.wait_until(&mut state, deadline);
+                    }
+                    Some(_) => {
+                        let target = state.next_lsn - 1;
+                        state.stats.background_flushes += 1;
+                        drop(state);
+                        let _ = self.flush_to(target); // a failure is recorded in the state
+                        state = self.state.lock();
+                    }
+                }
+            } else if state.appended_since_check {
+                state.appended_since_check = false;
+                self.flusher_wake.wait_for(&mut state, delay);
+            } else {
+                state.flusher_idle = true;
+                self.flusher_wake.wait(&mut state);
+                state.flusher_idle = false;
+            }
+        }
     }
 }

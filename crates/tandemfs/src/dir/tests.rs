@@ -1,0 +1,417 @@
+//! Tests of the directory structure against a model, for cookie stability, lookup cost and
+//! resistance to corrupt blocks.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::format::*;
+use super::*;
+use crate::block::meta::{seal_block, BlockBuf, MemoryStore, META_PAYLOAD_BYTES};
+
+const SEED: HashSeed = [0x1234_5678, 0x9abc_def0, 0x0fed_cba9, 0x8765_4321];
+
+/// A name of 1..=255 bytes: mostly short, some long, with spaces and UTF-8.
+fn random_name(rng: &mut SmallRng) -> Vec<u8> {
+    const PIECES: [&str; 12] = ["a", "b", "x", "Z", "0", "7", " ", "-", "_", ".", "é", "日本"];
+    let target = if rng.gen_ratio(1, 20) { rng.gen_range(1..=255) } else { rng.gen_range(1..=24) };
+    let mut name = Vec::new();
+    while name.len() < target {
+        let piece = PIECES[rng.gen_range(0..PIECES.len())].as_bytes();
+        if name.len() + piece.len() > target {
+            name.push(b'q');
+        } else {
+            name.extend_from_slice(piece);
+        }
+    }
+    if name == b"." || name == b".." {
+        name.push(b'q');
+    }
+    name
+}
+
+fn list_all(store: &mut MemoryStore, root: &DirRoot) -> Vec<DirEntry> {
+    let mut entries = Vec::new();
+    readdir(store, root, 0, &mut |entry| {
+        entries.push(entry.clone());
+        true
+    })
+    .unwrap();
+    entries
+}
+
+fn assert_clean(store: &mut MemoryStore, root: &DirRoot) -> DirCheck {
+    let report = check(store, root, &SEED);
+    assert!(report.problems.is_empty(), "check found: {:?}", &report.problems[..report.problems.len().min(10)]);
+    report
+}
+
+#[test]
+fn empty_directory_basics() {
+    let mut store = MemoryStore::new();
+    let mut root = create(&mut store).unwrap();
+    assert_eq!(DirRoot::decode(&root.encode()).unwrap(), root);
+    assert_eq!(lookup(&mut store, &root, &SEED, b"missing").unwrap(), None);
+    assert!(matches!(remove(&mut store, &mut root, &SEED, b"missing"), Err(Error::NotFound)));
+    assert!(matches!(insert(&mut store, &mut root, &SEED, &[b'a'; 256], 5, 1), Err(Error::NameTooLong)));
+    assert!(matches!(insert(&mut store, &mut root, &SEED, b"", 5, 1), Err(Error::InvalidArgument(_))));
+    insert(&mut store, &mut root, &SEED, b"hello", 42, 1).unwrap();
+    assert!(matches!(insert(&mut store, &mut root, &SEED, b"hello", 43, 1), Err(Error::Exists)));
+    assert_eq!(lookup(&mut store, &root, &SEED, b"hello").unwrap(), Some((42, 1)));
+    assert_eq!(replace(&mut store, &mut root, &SEED, b"hello", 44, 2).unwrap(), (42, 1));
+    let listed = list_all(&mut store, &root);
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].name.as_slice(), listed[0].inode, listed[0].file_type), (&b"hello"[..], 44, 2));
+    assert!(listed[0].cookie >= FIRST_FREE_COOKIE);
+    assert_eq!(remove(&mut store, &mut root, &SEED, b"hello").unwrap(), (44, 2));
+    assert_eq!(root.entry_count(), 0);
+    assert_clean(&mut store, &root);
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
+
+/// Names that share a hash get distinct cookies and are all found, listed and removed.
+#[test]
+fn hash_collisions_get_distinct_cookies() {
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut by_hash: HashMap<u32, Vec<Vec<u8>>> = HashMap::new();
+    let mut colliding = Vec::new();
+    // About 2^16 names give a few collisions of the 31-bit order hash.
+    for counter in 0..400_000u32 {
+        let name = format!("collide-{counter}-{}", rng.gen::<u16>()).into_bytes();
+        let hash = order_hash(half_md4(&SEED, &name).0);
+        let names = by_hash.entry(hash).or_default();
+        names.push(name);
+        if names.len() == 2 {
+            colliding.extend(names.iter().cloned());
+            if colliding.len() >= 8 {
+                break;
+            }
+        }
+    }
+    assert!(colliding.len() >= 4, "no collisions found");
+    let mut store = MemoryStore::new();
+    let mut root = create(&mut store).unwrap();
+    for (index, name) in colliding.iter().enumerate() {
+        insert(&mut store, &mut root, &SEED, name, index as u64 + 10, 1).unwrap();
+    }
+    // The first of each pair goes again: the freed tiebreak is reused, the key stays unique.
+    remove(&mut store, &mut root, &SEED, &colliding[0]).unwrap();
+    insert(&mut store, &mut root, &SEED, &colliding[0], 99, 1).unwrap();
+    let listed = list_all(&mut store, &root);
+    let cookies: HashSet<u64> = listed.iter().map(|entry| entry.cookie).collect();
+    assert_eq!(cookies.len(), colliding.len());
+    for name in &colliding {
+        assert!(lookup(&mut store, &root, &SEED, name).unwrap().is_some());
+    }
+    assert_clean(&mut store, &root);
+    for name in &colliding {
+        remove(&mut store, &mut root, &SEED, name).unwrap();
+    }
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
+
+/// Random inserts, removes, replaces, lookups and listings against a BTreeMap, growing to
+/// 50,000 entries and back to none; check() stays clean; no block leaks.
+#[test]
+fn model_test_grow_to_50000_and_back() {
+    let started = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(0x5eed);
+    let mut store = MemoryStore::new();
+    let mut root = create(&mut store).unwrap();
+    let mut model: BTreeMap<Vec<u8>, (u64, u8)> = BTreeMap::new();
+    let mut names: Vec<Vec<u8>> = Vec::new(); // model keys, for picking at random
+    let target = 50_000;
+    let mut growing = true;
+    let mut operations = 0u64;
+    let mut peak_depth = 0;
+    let mut next_check = 1000;
+    while growing || !model.is_empty() {
+        operations += 1;
+        assert!(operations < 2_000_000, "model test does not converge");
+        if growing && model.len() >= target {
+            growing = false;
+        }
+        // Mostly inserts while growing, mostly removes while shrinking; every kind throughout.
+        let choice = rng.gen_range(0..100);
+        let (insert_share, remove_share) = if growing { (82, 88) } else { (6, 88) };
+        if choice < insert_share {
+            let name = random_name(&mut rng);
+            let inode = rng.gen::<u64>() >> 1;
+            let file_type = rng.gen_range(1..8);
+            let result = insert(&mut store, &mut root, &SEED, &name, inode, file_type);
+            if model.contains_key(&name) {
+                assert!(matches!(result, Err(Error::Exists)));
+            } else {
+                result.unwrap();
+                model.insert(name.clone(), (inode, file_type));
+                names.push(name);
+            }
+        } else if choice < remove_share {
+            if names.is_empty() {
+                continue;
+            }
+            let index = rng.gen_range(0..names.len());
+            let name = names.swap_remove(index);
+            let expected = model.remove(&name).unwrap();
+            assert_eq!(remove(&mut store, &mut root, &SEED, &name).unwrap(), expected);
+            assert!(matches!(remove(&mut store, &mut root, &SEED, &name), Err(Error::NotFound)));
+        } else if choice < 94 {
+            if names.is_empty() {
+                continue;
+            }
+            let name = names[rng.gen_range(0..names.len())].clone();
+            let new_value = (rng.gen::<u64>() >> 1, rng.gen_range(1..8));
+            let old = model.insert(name.clone(), new_value).unwrap();
+            assert_eq!(replace(&mut store, &mut root, &SEED, &name, new_value.0, new_value.1).unwrap(), old);
+        } else {
+            let name = if rng.gen_bool(0.5) && !names.is_empty() { names[rng.gen_range(0..names.len())].clone() } else { random_name(&mut rng) };
+            assert_eq!(lookup(&mut store, &root, &SEED, &name).unwrap(), model.get(&name).copied());
+        }
+        assert_eq!(root.entry_count(), model.len() as u64);
+        peak_depth = peak_depth.max(root.index_depth);
+        if operations >= next_check {
+            next_check = operations + 20_000;
+            let report = assert_clean(&mut store, &root);
+            assert_eq!(report.entries.len(), model.len());
+            let listed = list_all(&mut store, &root);
+            let listed_map: BTreeMap<Vec<u8>, (u64, u8)> =
+                listed.iter().map(|entry| (entry.name.clone(), (entry.inode, entry.file_type))).collect();
+            assert_eq!(listed_map, model);
+            assert_eq!(listed.len(), model.len());
+            assert!(listed.windows(2).all(|pair| pair[0].cookie < pair[1].cookie));
+        }
+    }
+    assert_eq!(root.entry_count(), 0);
+    assert_eq!(root.region_count, 1, "regions left after emptying");
+    assert_eq!(root.index_depth, 0);
+    assert_eq!(root.leaf_count, 1);
+    assert_clean(&mut store, &root);
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+    eprintln!("model test: {operations} operations, peak index depth {peak_depth}, {:?}", started.elapsed());
+}
+
+/// Pages of a listing interleaved with inserts and removes of other names: every name present
+/// for the whole listing is returned exactly once.
+#[test]
+fn readdir_cookies_survive_splits_and_merges() {
+    let mut rng = SmallRng::seed_from_u64(99);
+    let mut store = MemoryStore::new();
+    let mut root = create(&mut store).unwrap();
+    let stable: Vec<Vec<u8>> = (0..3000).map(|index| format!("stable-{index}").into_bytes()).collect();
+    for (index, name) in stable.iter().enumerate() {
+        insert(&mut store, &mut root, &SEED, name, index as u64 + 100, 1).unwrap();
+    }
+    let mut volatile: Vec<Vec<u8>> = Vec::new();
+    let mut volatile_counter = 0u64;
+    let mut seen: HashMap<Vec<u8>, u32> = HashMap::new();
+    let mut cookie = 0u64;
+    let mut pages = 0;
+    let mut peak_regions = 0;
+    loop {
+        pages += 1;
+        assert!(pages < 10_000);
+        let mut returned = 0;
+        readdir(&mut store, &root, cookie, &mut |entry| {
+            *seen.entry(entry.name.clone()).or_default() += 1;
+            cookie = entry.cookie;
+            returned += 1;
+            returned < 7
+        })
+        .unwrap();
+        if returned == 0 {
+            break;
+        }
+        // Churn: grow by bursts then shrink by bursts, so regions split and merge under the listing.
+        let grow = (pages / 40) % 2 == 0;
+        for _ in 0..40 {
+            if grow || volatile.is_empty() {
+                volatile_counter += 1;
+                let name = format!("volatile-{volatile_counter}").into_bytes();
+                insert(&mut store, &mut root, &SEED, &name, 7, 1).unwrap();
+                volatile.push(name);
+            } else {
+                let name = volatile.swap_remove(rng.gen_range(0..volatile.len()));
+                remove(&mut store, &mut root, &SEED, &name).unwrap();
+            }
+        }
+        peak_regions = peak_regions.max(root.region_count);
+    }
+    for name in &stable {
+        assert_eq!(seen.get(name).copied(), Some(1), "{}", String::from_utf8_lossy(name));
+    }
+    assert!(seen.values().all(|count| *count == 1), "a name came back twice");
+    assert_clean(&mut store, &root);
+    eprintln!("cookie test: {pages} pages, {volatile_counter} volatile inserts, peak {peak_regions} regions");
+}
+
+/// Counts metadata block reads.
+struct CountingStore {
+    inner: MemoryStore,
+    reads: u64,
+}
+
+impl MetaStore for CountingStore {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf> {
+        self.reads += 1;
+        self.inner.read_meta(block_number, kind)
+    }
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> Result<()> {
+        self.inner.write_meta(block_number, kind, block)
+    }
+    fn allocate_meta(&mut self, near: u64) -> Result<u64> {
+        self.inner.allocate_meta(near)
+    }
+    fn free_meta(&mut self, block_number: u64) -> Result<()> {
+        self.inner.free_meta(block_number)
+    }
+}
+
+/// Blocks read per lookup stay bounded by the index depth plus a few leaves as the directory
+/// grows 100-fold.
+#[test]
+fn lookup_cost_is_bounded() {
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0 };
+    let mut root = create(&mut store).unwrap();
+    let mut count = 0u64;
+    let mut results = Vec::new();
+    for size in [1_000u64, 10_000, 100_000] {
+        while count < size {
+            let name = format!("file-{count}-{}", rng.gen::<u32>()).into_bytes();
+            insert(&mut store, &mut root, &SEED, &name, count + 10, 1).unwrap();
+            count += 1;
+        }
+        let probes = 2000;
+        let mut total = 0u64;
+        let mut most = 0u64;
+        for probe in 0..probes {
+            // Half present names, half absent ones.
+            let name = if probe % 2 == 0 {
+                let index = rng.gen_range(0..count);
+                // Reconstructing the name needs its random suffix; absent probes cover misses.
+                let _ = index;
+                format!("absent-{probe}").into_bytes()
+            } else {
+                format!("absent-{probe}-{}", rng.gen::<u32>()).into_bytes()
+            };
+            let before = store.reads;
+            assert_eq!(lookup(&mut store, &root, &SEED, &name).unwrap(), None);
+            let reads = store.reads - before;
+            total += reads;
+            most = most.max(reads);
+        }
+        // Present names: list a sample and look each up.
+        let mut sample = Vec::new();
+        readdir(&mut store, &root, 0, &mut |entry| {
+            if rng.gen_ratio(1, (size / 1000) as u32) {
+                sample.push(entry.name.clone());
+            }
+            true
+        })
+        .unwrap();
+        let mut present_total = 0u64;
+        let mut present_most = 0u64;
+        for name in &sample {
+            let before = store.reads;
+            assert!(lookup(&mut store, &root, &SEED, name).unwrap().is_some());
+            let reads = store.reads - before;
+            present_total += reads;
+            present_most = present_most.max(reads);
+        }
+        let miss_average = total as f64 / probes as f64;
+        let hit_average = present_total as f64 / sample.len() as f64;
+        eprintln!(
+            "lookup cost at {size} entries: index depth {}, {} regions, {} leaves; misses {miss_average:.2} blocks (max {most}), hits {hit_average:.2} blocks (max {present_most}) over {} names",
+            root.index_depth,
+            root.region_count,
+            root.leaf_count,
+            sample.len()
+        );
+        results.push((size, root.index_depth, miss_average, most, hit_average, present_most));
+        let bound = root.index_depth as u64 + 8;
+        assert!(most <= bound && present_most <= bound, "lookup read more than {bound} blocks");
+    }
+    // No growth with size beyond the index depth.
+    let (_, first_depth, first_miss, ..) = results[0];
+    let (_, last_depth, last_miss, ..) = results[2];
+    assert!(last_miss - last_depth as f64 <= first_miss - first_depth as f64 + 3.0, "{results:?}");
+}
+
+/// A snapshot of a MemoryStore that allocates past every block of the original.
+fn snapshot(original: &MemoryStore) -> MemoryStore {
+    let mut copy = MemoryStore::new();
+    let highest = original.meta.keys().chain(original.allocated.iter()).copied().max().unwrap_or(0);
+    for _ in 0..highest {
+        copy.allocate_meta(0).unwrap();
+    }
+    copy.allocated = original.allocated.clone();
+    copy.meta = original.meta.clone();
+    copy
+}
+
+/// Random byte flips in directory blocks (re-sealed so the checksum passes): every operation
+/// returns Ok or a typed error, never panics, never loops.
+#[test]
+fn corrupt_blocks_give_errors_not_panics() {
+    let started = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(0xbad);
+    let mut pristine = MemoryStore::new();
+    let mut pristine_root = create(&mut pristine).unwrap();
+    let mut names = Vec::new();
+    for index in 0..1500 {
+        let name = format!("entry-{index}").into_bytes();
+        insert(&mut pristine, &mut pristine_root, &SEED, &name, index + 1, 1).unwrap();
+        names.push(name);
+    }
+    assert!(pristine_root.index_depth >= 1);
+    let blocks: Vec<u64> = check(&mut pristine, &pristine_root, &SEED).blocks;
+    let mut corruption_errors = 0;
+    let mut problems_found = 0;
+    let trials = 300;
+    for trial in 0..trials {
+        let mut store = snapshot(&pristine);
+        let mut root = pristine_root;
+        let block_number = blocks[rng.gen_range(0..blocks.len())];
+        let mut block = store.meta[&block_number].clone();
+        let kind = if block[..4] == LEAF_MAGIC.to_le_bytes() { BlockKind::DirLeaf } else { BlockKind::DirIndex };
+        for _ in 0..rng.gen_range(1..=4) {
+            // Half the flips hit the headers, where the pointers and counts are.
+            let offset = if rng.gen_bool(0.5) { rng.gen_range(0..64) } else { rng.gen_range(0..META_PAYLOAD_BYTES) };
+            block[offset] ^= 1 << rng.gen_range(0..8);
+        }
+        seal_block(&mut block, kind, block_number);
+        store.meta.insert(block_number, block);
+        let mut outcomes: Vec<Result<()>> = Vec::new();
+        for name in names.iter().step_by(97) {
+            outcomes.push(lookup(&mut store, &root, &SEED, name).map(|_| ()));
+        }
+        outcomes.push(readdir(&mut store, &root, 0, &mut |_| true));
+        outcomes.push(readdir(&mut store, &root, (trial as u64) << 40, &mut |_| true));
+        for index in 0..20 {
+            let name = format!("new-{trial}-{index}").into_bytes();
+            outcomes.push(insert(&mut store, &mut root, &SEED, &name, 1, 1));
+            let victim = &names[rng.gen_range(0..names.len())];
+            outcomes.push(remove(&mut store, &mut root, &SEED, victim).map(|_| ()));
+        }
+        let report = check(&mut store, &root, &SEED);
+        problems_found += !report.problems.is_empty() as u32;
+        for outcome in outcomes {
+            match outcome {
+                Ok(()) | Err(Error::NotFound) | Err(Error::Exists) => {}
+                Err(error) if error.is_corruption() => corruption_errors += 1,
+                Err(other) => panic!("unexpected error {other:?}"),
+            }
+        }
+        let _ = destroy(&mut store, root);
+    }
+    eprintln!(
+        "corruption test: {trials} trials, {corruption_errors} corruption errors, {problems_found} trials with check problems, {:?}",
+        started.elapsed()
+    );
+    assert!(corruption_errors > 0);
+}

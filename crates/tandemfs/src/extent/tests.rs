@@ -1,0 +1,773 @@
+//! Tests of the FlexTree against a plain `Vec<u8>` model, plus format, cost, space and
+//! corruption tests. Every randomized test prints its seed so that a failure can be replayed.
+
+use super::format::*;
+use super::*;
+use crate::block::meta::{
+    seal_block, BlockBuf, BlockKind, MemoryStore, BLOCK_SIZE, BLOCK_SIZE_U64,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+fn extent_count(store: &mut dyn Store, root: &ExtentRoot) -> usize {
+    let mut count = 0;
+    extents(store, root, &mut |_, _, _, _| {
+        count += 1;
+        true
+    })
+    .unwrap();
+    count
+}
+
+fn read_all(store: &mut dyn Store, root: &ExtentRoot) -> Vec<u8> {
+    let mut bytes = vec![0u8; root.length_bytes() as usize];
+    let count = read(store, root, 0, &mut bytes).unwrap();
+    assert_eq!(count, bytes.len());
+    bytes
+}
+
+/// Full consistency: the tree checks clean, the store holds exactly the blocks the tree
+/// accounts for, and the contents equal the model.
+fn verify(store: &mut MemoryStore, root: &ExtentRoot, model: &[u8], context: &str) {
+    let report = check(store, root);
+    assert!(
+        report.problems.is_empty(),
+        "{context}: check found {:?}",
+        report.problems
+    );
+    assert_eq!(
+        store.allocated_count() as u64,
+        root.blocks_owned(),
+        "{context}: store and tree disagree on blocks"
+    );
+    let owned: u64 =
+        report.data_blocks.iter().map(|run| run.1).sum::<u64>() + report.tree_blocks.len() as u64;
+    assert_eq!(owned, root.blocks_owned(), "{context}: blocks_owned");
+    assert_eq!(root.length_bytes(), model.len() as u64, "{context}: length");
+    let contents = read_all(store, root);
+    if let Some(first) = contents.iter().zip(model).position(|(a, b)| a != b) {
+        panic!("{context}: contents differ first at byte {first}");
+    }
+    assert_eq!(
+        ExtentRoot::decode(&root.encode()).unwrap(),
+        *root,
+        "{context}: root round trip"
+    );
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    /// Typical operation size in bytes.
+    small_bytes: u64,
+    /// Largest operation size in bytes.
+    large_bytes: u64,
+    /// The model file is pushed back below this length.
+    soft_limit_bytes: u64,
+    /// Truncate only trims the tail (instead of cutting anywhere), so the file and its tree grow.
+    grow: bool,
+}
+
+/// Applies one random operation to both the tree and the model; returns its name.
+fn random_operation(
+    random: &mut SmallRng,
+    store: &mut MemoryStore,
+    root: &mut ExtentRoot,
+    model: &mut Vec<u8>,
+    shape: Shape,
+) -> &'static str {
+    let length = model.len() as u64;
+    let size = |random: &mut SmallRng| -> u64 {
+        match random.gen_range(0..10) {
+            0 => random.gen_range(1..=shape.large_bytes),
+            1 if !shape.grow => BLOCK_SIZE_U64 * random.gen_range(1..=4),
+            _ => random.gen_range(1..=shape.small_bytes),
+        }
+    };
+    let position = |random: &mut SmallRng, limit: u64| -> u64 {
+        if random.gen_bool(0.2) {
+            random.gen_range(0..=limit / BLOCK_SIZE_U64) * BLOCK_SIZE_U64
+        } else {
+            random.gen_range(0..=limit)
+        }
+    };
+    let too_long = length > shape.soft_limit_bytes;
+    let choice = if too_long {
+        random.gen_range(0..3) * 3
+    } else {
+        random.gen_range(0..12)
+    };
+    match choice {
+        0 => {
+            let offset = position(random, length);
+            let count = size(random).min(length - offset);
+            collapse_range(store, root, offset, count).unwrap();
+            model.drain(offset as usize..(offset + count) as usize);
+            "collapse_range"
+        }
+        1 | 2 => {
+            let offset = position(random, length + shape.small_bytes);
+            let count = size(random);
+            let data: Vec<u8> = (0..count).map(|_| random.gen_range(1..=255)).collect();
+            write(store, root, offset, &data).unwrap();
+            let end = (offset + count) as usize;
+            if model.len() < end {
+                model.resize(end, 0);
+            }
+            model[offset as usize..end].copy_from_slice(&data);
+            "write"
+        }
+        3 => {
+            let new_length = if too_long {
+                random.gen_range(0..=length)
+            } else if shape.grow {
+                random.gen_range(
+                    length.saturating_sub(shape.small_bytes)..=length + shape.small_bytes,
+                )
+            } else {
+                random.gen_range(0..=length + shape.small_bytes)
+            };
+            truncate(store, root, new_length).unwrap();
+            model.resize(new_length as usize, 0);
+            "truncate"
+        }
+        4 | 5 => {
+            let offset = position(random, length);
+            let count = size(random);
+            insert_range(store, root, offset, count).unwrap();
+            model.splice(offset as usize..offset as usize, vec![0u8; count as usize]);
+            "insert_range"
+        }
+        6 => {
+            let offset = position(random, length + 100);
+            let count = size(random);
+            punch_hole(store, root, offset, count).unwrap();
+            let end = (offset + count).min(length);
+            if offset < end {
+                model[offset as usize..end as usize].fill(0);
+            }
+            "punch_hole"
+        }
+        7 => {
+            let offset = position(random, length + 100);
+            let count = size(random);
+            let keep_size = random.gen_bool(0.5);
+            zero_range(store, root, offset, count, keep_size).unwrap();
+            let end = offset + count;
+            if !keep_size && end > length {
+                model.resize(end as usize, 0);
+            }
+            let clipped = end.min(model.len() as u64);
+            if offset < clipped {
+                model[offset as usize..clipped as usize].fill(0);
+            }
+            "zero_range"
+        }
+        8 => {
+            let offset = position(random, length + 100);
+            let count = size(random);
+            let keep_size = random.gen_bool(0.5);
+            allocate(store, root, offset, count, keep_size).unwrap();
+            if !keep_size && offset + count > length {
+                model.resize((offset + count) as usize, 0);
+            }
+            "allocate"
+        }
+        _ => {
+            let offset = random.gen_range(0..=length + 10);
+            let mut buffer = vec![0u8; size(random) as usize];
+            let count = read(store, root, offset, &mut buffer).unwrap();
+            let expected = model
+                .len()
+                .saturating_sub(offset as usize)
+                .min(buffer.len());
+            assert_eq!(count, expected);
+            if count > 0 {
+                assert!(
+                    buffer[..count] == model[offset as usize..offset as usize + count],
+                    "read at {offset} differs"
+                );
+            }
+            "read"
+        }
+    }
+}
+
+fn run_model(seed: u64, operations: usize, check_every: usize, shape: Shape) -> (usize, usize) {
+    println!("extent model test: seed {seed}");
+    let mut random = SmallRng::seed_from_u64(seed);
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    let mut model = Vec::new();
+    let mut most_extents = 0;
+    let mut deepest = 0;
+    for step in 0..operations {
+        let name = random_operation(&mut random, &mut store, &mut root, &mut model, shape);
+        if step % check_every == check_every - 1 || step + 1 == operations {
+            verify(
+                &mut store,
+                &root,
+                &model,
+                &format!("seed {seed} step {step} after {name}"),
+            );
+            most_extents = most_extents.max(extent_count(&mut store, &root));
+            deepest = deepest.max(root.depth());
+        }
+    }
+    destroy(&mut store, root).unwrap();
+    assert_eq!(
+        store.allocated_count(),
+        0,
+        "seed {seed}: blocks left after destroy"
+    );
+    (most_extents, deepest)
+}
+
+#[test]
+fn on_disk_sizes() {
+    assert_eq!(EXTENT_ROOT_BYTES, 64);
+    assert_eq!(ROOT_SHAPE_OFFSET + 1, ROOT_BLOCKS_OFFSET);
+    assert_eq!(ROOT_BLOCKS_OFFSET + ROOT_BLOCKS_BYTES, ROOT_ENTRIES_OFFSET);
+    assert_eq!(
+        ROOT_ENTRIES_OFFSET + ROOT_CAPACITY * ENTRY_BYTES,
+        ROOT_LENGTH_OFFSET
+    );
+    assert_eq!(ROOT_LENGTH_OFFSET + 8, EXTENT_ROOT_BYTES);
+    assert_eq!(ROOT_CAPACITY, 3);
+    assert_eq!(NODE_HEADER_BYTES, NODE_LENGTH_OFFSET + 8);
+    assert_eq!(ENTRY_BYTES, ENTRY_LENGTH_OFFSET + 8);
+    assert_eq!(NODE_CAPACITY, 254);
+    assert_eq!(ExtentRoot::empty().encode(), [0u8; EXTENT_ROOT_BYTES]);
+    assert_eq!(
+        ExtentRoot::decode(&[0u8; EXTENT_ROOT_BYTES]).unwrap(),
+        ExtentRoot::empty()
+    );
+}
+
+#[test]
+fn model_random_operations() {
+    let shape = Shape {
+        small_bytes: 3000,
+        large_bytes: 70_000,
+        soft_limit_bytes: 400_000,
+        grow: false,
+    };
+    for seed in [1u64, 2, 3, 4] {
+        let (extents, depth) = run_model(seed, 40_000, 400, shape);
+        println!("seed {seed}: at most {extents} extents, depth {depth}");
+    }
+}
+
+/// Small operations on a file of a few hundred KiB: tens of thousands of extents, depth >= 2.
+fn many_small_extents(seed: u64) {
+    let shape = Shape {
+        small_bytes: 24,
+        large_bytes: 200,
+        soft_limit_bytes: 600_000,
+        grow: true,
+    };
+    let (extents, depth) = run_model(seed, 150_000, 5000, shape);
+    println!("seed {seed}: at most {extents} extents, depth {depth}");
+    assert!(
+        extents >= 20_000 && depth >= 2,
+        "the test never built a large tree ({extents} extents)"
+    );
+}
+
+#[test]
+fn model_many_small_extents_seed_11() {
+    many_small_extents(11);
+}
+
+#[test]
+fn model_many_small_extents_seed_12() {
+    many_small_extents(12);
+}
+
+#[test]
+fn small_file_stays_inline() {
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    write(&mut store, &mut root, 0, b"hello").unwrap();
+    write(&mut store, &mut root, 100, b"world").unwrap();
+    assert_eq!(root.depth(), 0);
+    assert_eq!(store.meta.len(), 0, "no tree block for a small file");
+    assert_eq!(root.blocks_owned(), 2);
+    let mut buffer = [0u8; 105];
+    assert_eq!(read(&mut store, &root, 0, &mut buffer).unwrap(), 105);
+    assert_eq!(&buffer[..5], b"hello");
+    assert!(buffer[5..100].iter().all(|byte| *byte == 0));
+    assert_eq!(&buffer[100..], b"world");
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
+
+#[test]
+fn sequential_append_is_one_extent_and_overwrite_is_in_place() {
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    let chunk: Vec<u8> = (0..BLOCK_SIZE).map(|index| index as u8).collect();
+    for index in 0..256u64 {
+        write(&mut store, &mut root, index * BLOCK_SIZE_U64, &chunk).unwrap();
+    }
+    assert_eq!(root.length_bytes(), 1 << 20);
+    assert_eq!(extent_count(&mut store, &root), 1);
+    assert_eq!(root.blocks_owned(), 256);
+    // Unaligned appends fill the last block first, then continue contiguously.
+    for _ in 0..100 {
+        let end = root.length_bytes();
+        write(&mut store, &mut root, end, &chunk[..1000]).unwrap();
+    }
+    assert_eq!(extent_count(&mut store, &root), 1);
+    let allocated = store.allocated_count();
+    let blocks = root.blocks_owned();
+    let mut random = SmallRng::seed_from_u64(7);
+    for _ in 0..200 {
+        let offset = random.gen_range(0..root.length_bytes() - 5000);
+        write(
+            &mut store,
+            &mut root,
+            offset,
+            &chunk[..random.gen_range(1..BLOCK_SIZE)],
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        store.allocated_count(),
+        allocated,
+        "overwrite allocated blocks"
+    );
+    assert_eq!(root.blocks_owned(), blocks);
+    assert_eq!(extent_count(&mut store, &root), 1);
+    // A punch inside one block zeroes in place; a larger one frees exactly its whole blocks.
+    punch_hole(&mut store, &mut root, 5000, 100).unwrap();
+    assert_eq!(store.allocated_count(), allocated);
+    punch_hole(&mut store, &mut root, 8000, 3 * BLOCK_SIZE_U64 + 500).unwrap();
+    assert_eq!(store.allocated_count(), allocated - 3);
+    assert_eq!(root.blocks_owned(), blocks - 3);
+    let mut buffer = vec![1u8; 4 * BLOCK_SIZE];
+    read(&mut store, &root, 8000, &mut buffer).unwrap();
+    assert!(buffer[..3 * BLOCK_SIZE + 500].iter().all(|byte| *byte == 0));
+    zero_range(&mut store, &mut root, 40_000, 2 * BLOCK_SIZE_U64 + 10, true).unwrap();
+    // The range now has five extents, more than the root holds: one tree block, no data block.
+    let report = check(&mut store, &root);
+    let data_blocks: u64 = report.data_blocks.iter().map(|run| run.1).sum();
+    assert_eq!(data_blocks, blocks - 3, "zero_range keeps blocks");
+    assert_eq!(report.tree_blocks.len(), 1);
+    assert_eq!(store.allocated_count(), allocated - 2);
+    // fallocate then sequential writes: one written extent grows, the unwritten rest shrinks.
+    let mut preallocated = ExtentRoot::empty();
+    allocate(&mut store, &mut preallocated, 0, 1 << 20, false).unwrap();
+    for index in 0..128u64 {
+        write(
+            &mut store,
+            &mut preallocated,
+            index * BLOCK_SIZE_U64,
+            &chunk,
+        )
+        .unwrap();
+    }
+    assert_eq!(extent_count(&mut store, &preallocated), 2);
+    destroy(&mut store, root).unwrap();
+    destroy(&mut store, preallocated).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
+
+/// Counts metadata block accesses.
+struct CountingStore {
+    inner: MemoryStore,
+    reads: u64,
+    writes: u64,
+}
+
+impl MetaStore for CountingStore {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<BlockBuf> {
+        self.reads += 1;
+        self.inner.read_meta(block_number, kind)
+    }
+    fn write_meta(
+        &mut self,
+        block_number: u64,
+        kind: BlockKind,
+        block: &BlockBuf,
+    ) -> crate::Result<()> {
+        self.writes += 1;
+        self.inner.write_meta(block_number, kind, block)
+    }
+    fn allocate_meta(&mut self, near: u64) -> crate::Result<u64> {
+        self.inner.allocate_meta(near)
+    }
+    fn free_meta(&mut self, block_number: u64) -> crate::Result<()> {
+        self.inner.free_meta(block_number)
+    }
+}
+
+impl DataStore for CountingStore {
+    fn read_data(
+        &mut self,
+        block_number: u64,
+        offset_in_block: usize,
+        buffer: &mut [u8],
+    ) -> crate::Result<()> {
+        self.inner.read_data(block_number, offset_in_block, buffer)
+    }
+    fn write_data(
+        &mut self,
+        block_number: u64,
+        offset_in_block: usize,
+        data: &[u8],
+    ) -> crate::Result<()> {
+        self.inner.write_data(block_number, offset_in_block, data)
+    }
+    fn allocate_data(&mut self, near: u64, count: u64) -> crate::Result<(u64, u64)> {
+        self.inner.allocate_data(near, count)
+    }
+    fn free_data(&mut self, first: u64, count: u64) -> crate::Result<()> {
+        self.inner.free_data(first, count)
+    }
+}
+
+/// Builds a file of `blocks` unwritten blocks separated by one-byte holes: 2 * blocks extents,
+/// without storing any data.
+fn striped_file(store: &mut dyn Store, blocks: u64) -> ExtentRoot {
+    let mut root = ExtentRoot::empty();
+    allocate(store, &mut root, 0, blocks * BLOCK_SIZE_U64, false).unwrap();
+    for index in (1..=blocks).rev() {
+        insert_range(store, &mut root, index * BLOCK_SIZE_U64, 1).unwrap();
+    }
+    root
+}
+
+#[test]
+fn insert_and_collapse_touch_logarithmic_nodes() {
+    let mut store = CountingStore {
+        inner: MemoryStore::new(),
+        reads: 0,
+        writes: 0,
+    };
+    let mut root = striped_file(&mut store, 50_000);
+    let extent_total = extent_count(&mut store, &root);
+    assert!(extent_total >= 100_000, "{extent_total} extents");
+    let depth = root.depth() as u64;
+    println!("{extent_total} extents, depth {depth}");
+    let mut worst = 0;
+    for (name, offset) in [
+        ("insert_range", 100u64),
+        ("collapse_range", 100),
+        ("insert_range", 8192),
+        ("collapse_range", 8192),
+    ] {
+        store.reads = 0;
+        store.writes = 0;
+        if name == "insert_range" {
+            insert_range(&mut store, &mut root, offset, 10).unwrap();
+        } else {
+            collapse_range(&mut store, &mut root, offset, 10).unwrap();
+        }
+        println!(
+            "{name} at {offset}: {} node reads, {} node writes",
+            store.reads, store.writes
+        );
+        worst = worst.max(store.reads + store.writes);
+    }
+    assert!(
+        worst <= 4 * (depth + 1),
+        "{worst} node accesses at depth {depth}"
+    );
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(store.inner.allocated_count() as u64, root.blocks_owned());
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.inner.allocated_count(), 0);
+}
+
+/// A store that reports bad block numbers and failed allocations as errors instead of the
+/// assertions `MemoryStore` makes, as a volume's block layer would.
+struct GuardedStore {
+    inner: MemoryStore,
+    /// Allocations left before `NoSpace`.
+    allocations_left: u64,
+}
+
+impl GuardedStore {
+    fn owned(&self, first: u64, count: u64) -> crate::Result<()> {
+        if count > 1 << 20
+            || (first..first + count).any(|block| !self.inner.allocated.contains(&block))
+        {
+            return Err(crate::Error::corruption(format!(
+                "blocks {first}+{count} not allocated"
+            )));
+        }
+        Ok(())
+    }
+    fn span(offset_in_block: usize, bytes: usize) -> u64 {
+        (offset_in_block + bytes).div_ceil(BLOCK_SIZE) as u64
+    }
+}
+
+impl MetaStore for GuardedStore {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<BlockBuf> {
+        self.inner.read_meta(block_number, kind)
+    }
+    fn write_meta(
+        &mut self,
+        block_number: u64,
+        kind: BlockKind,
+        block: &BlockBuf,
+    ) -> crate::Result<()> {
+        self.owned(block_number, 1)?;
+        self.inner.write_meta(block_number, kind, block)
+    }
+    fn allocate_meta(&mut self, near: u64) -> crate::Result<u64> {
+        if self.allocations_left == 0 {
+            return Err(crate::Error::NoSpace);
+        }
+        self.allocations_left -= 1;
+        self.inner.allocate_meta(near)
+    }
+    fn free_meta(&mut self, block_number: u64) -> crate::Result<()> {
+        self.owned(block_number, 1)?;
+        self.inner.free_meta(block_number)
+    }
+}
+
+impl DataStore for GuardedStore {
+    fn read_data(
+        &mut self,
+        block_number: u64,
+        offset_in_block: usize,
+        buffer: &mut [u8],
+    ) -> crate::Result<()> {
+        self.owned(block_number, Self::span(offset_in_block, buffer.len()))?;
+        self.inner.read_data(block_number, offset_in_block, buffer)
+    }
+    fn write_data(
+        &mut self,
+        block_number: u64,
+        offset_in_block: usize,
+        data: &[u8],
+    ) -> crate::Result<()> {
+        self.owned(block_number, Self::span(offset_in_block, data.len()))?;
+        self.inner.write_data(block_number, offset_in_block, data)
+    }
+    fn allocate_data(&mut self, near: u64, count: u64) -> crate::Result<(u64, u64)> {
+        if self.allocations_left == 0 {
+            return Err(crate::Error::NoSpace);
+        }
+        self.allocations_left -= 1;
+        self.inner.allocate_data(near, count.min(3))
+    }
+    fn free_data(&mut self, first: u64, count: u64) -> crate::Result<()> {
+        self.owned(first, count)?;
+        self.inner.free_data(first, count)
+    }
+}
+
+/// Runs a few operations of every kind on a possibly corrupt tree; each must return.
+fn exercise(store: &mut GuardedStore, root: &mut ExtentRoot, random: &mut SmallRng) {
+    let length = root.length_bytes().min(1 << 24);
+    let _ = check(store, root);
+    let _ = extents(store, root, &mut |_, _, _, _| true);
+    let mut buffer = vec![0u8; 20_000];
+    let _ = read(store, root, random.gen_range(0..=length), &mut buffer);
+    let _ = read(store, root, 0, &mut buffer);
+    let _ = write(
+        store,
+        root,
+        random.gen_range(0..=length),
+        &buffer[..random.gen_range(1..9000)],
+    );
+    let _ = insert_range(
+        store,
+        root,
+        random.gen_range(0..=length),
+        random.gen_range(1..9000),
+    );
+    let length = root.length_bytes().min(1 << 24);
+    let offset = random.gen_range(0..=length);
+    let _ = collapse_range(
+        store,
+        root,
+        offset,
+        random.gen_range(0..=(length - offset).min(9000)),
+    );
+    let _ = punch_hole(
+        store,
+        root,
+        random.gen_range(0..=length),
+        random.gen_range(1..9000),
+    );
+    let _ = zero_range(
+        store,
+        root,
+        random.gen_range(0..=length),
+        random.gen_range(1..9000),
+        random.gen(),
+    );
+    let _ = allocate(
+        store,
+        root,
+        random.gen_range(0..=length),
+        random.gen_range(1..9000),
+        random.gen(),
+    );
+    let _ = truncate(store, root, random.gen_range(0..=length));
+    let _ = destroy(store, *root);
+}
+
+fn corruptible_file(seed: u64) -> (GuardedStore, ExtentRoot) {
+    let mut store = GuardedStore {
+        inner: MemoryStore::new(),
+        allocations_left: u64::MAX,
+    };
+    let mut root = striped_file(&mut store, 400);
+    let mut random = SmallRng::seed_from_u64(seed);
+    for _ in 0..40 {
+        let offset = random.gen_range(0..root.length_bytes());
+        write(&mut store, &mut root, offset, &[0x5a; 300]).unwrap();
+    }
+    (store, root)
+}
+
+#[test]
+fn corrupt_tree_blocks_give_errors_not_panics() {
+    for seed in 0..150u64 {
+        println!("corruption seed {seed}");
+        let (mut store, mut root) = corruptible_file(seed);
+        assert!(root.depth() >= 2);
+        let mut random = SmallRng::seed_from_u64(seed);
+        let mut blocks: Vec<u64> = store.inner.meta.keys().copied().collect();
+        blocks.sort_unstable();
+        for _ in 0..random.gen_range(1..4) {
+            let block = blocks[random.gen_range(0..blocks.len())];
+            let kind = BlockKind::from_u32(u32::from_le_bytes(
+                store.inner.meta[&block][4080..4084].try_into().unwrap(),
+            ))
+            .unwrap();
+            let bytes = store.inner.meta.get_mut(&block).unwrap();
+            for _ in 0..random.gen_range(1..4) {
+                // Mostly the header and the first entries, where one flip matters most.
+                let limit = if random.gen_bool(0.7) {
+                    256
+                } else {
+                    crate::block::meta::META_PAYLOAD_BYTES
+                };
+                let at = random.gen_range(0..limit);
+                bytes[at] ^= 1 << random.gen_range(0..8);
+            }
+            seal_block(bytes, kind, block);
+        }
+        exercise(&mut store, &mut root, &mut random);
+    }
+}
+
+#[test]
+fn corrupt_root_gives_errors_not_panics() {
+    for seed in 0..300u64 {
+        println!("corruption seed {seed}");
+        let (mut store, root) = corruptible_file(seed % 8);
+        let mut random = SmallRng::seed_from_u64(seed);
+        let mut small = ExtentRoot::empty();
+        write(&mut store, &mut small, 10, &[1; 5000]).unwrap();
+        let chosen = if seed % 2 == 0 { root } else { small };
+        let mut bytes = chosen.encode();
+        for _ in 0..random.gen_range(1..3) {
+            let at = random.gen_range(0..EXTENT_ROOT_BYTES);
+            bytes[at] ^= 1 << random.gen_range(0..8);
+        }
+        if let Ok(mut decoded) = ExtentRoot::decode(&bytes) {
+            exercise(&mut store, &mut decoded, &mut random);
+        }
+    }
+}
+
+#[test]
+fn no_space_leaves_the_tree_unchanged() {
+    let seed = 99u64;
+    println!("no-space seed {seed}");
+    let mut random = SmallRng::seed_from_u64(seed);
+    let mut store = GuardedStore {
+        inner: MemoryStore::new(),
+        allocations_left: u64::MAX,
+    };
+    let mut root = ExtentRoot::empty();
+    let mut model: Vec<u8> = Vec::new();
+    let mut failures = 0;
+    for step in 0..3000 {
+        store.allocations_left = random.gen_range(0..6);
+        let before = root;
+        let length = model.len() as u64;
+        let offset = random.gen_range(0..=length);
+        let count = random.gen_range(1..20_000u64);
+        let result = match random.gen_range(0..5) {
+            0 | 1 => {
+                let data: Vec<u8> = (0..count).map(|_| random.gen()).collect();
+                let result = write(&mut store, &mut root, offset, &data);
+                if result.is_ok() {
+                    let end = (offset + count) as usize;
+                    model.resize(model.len().max(end), 0);
+                    model[offset as usize..end].copy_from_slice(&data);
+                }
+                result
+            }
+            2 => {
+                let result = insert_range(&mut store, &mut root, offset, count);
+                if result.is_ok() {
+                    model.splice(offset as usize..offset as usize, vec![0u8; count as usize]);
+                }
+                result
+            }
+            3 => {
+                let count = count.min(length - offset);
+                let result = collapse_range(&mut store, &mut root, offset, count);
+                if result.is_ok() {
+                    model.drain(offset as usize..(offset + count) as usize);
+                }
+                result
+            }
+            _ => {
+                let result = punch_hole(&mut store, &mut root, offset, count);
+                if result.is_ok() {
+                    let end = (offset + count).min(length);
+                    model[offset as usize..end as usize].fill(0);
+                }
+                result
+            }
+        };
+        store.allocations_left = u64::MAX;
+        match result {
+            Ok(()) => {}
+            Err(crate::Error::NoSpace) => {
+                failures += 1;
+                assert_eq!(
+                    root, before,
+                    "step {step}: a failed operation changed the root"
+                );
+                // A failed write may have overwritten bytes in place before it ran out of space;
+                // everything else must be as before.
+                let contents = read_all(&mut store, &root);
+                model.copy_from_slice(&contents);
+            }
+            Err(error) => panic!("step {step}: unexpected {error}"),
+        }
+        if step % 100 == 99 {
+            let report = check(&mut store, &root);
+            assert!(
+                report.problems.is_empty(),
+                "step {step}: {:?}",
+                report.problems
+            );
+            assert_eq!(
+                store.inner.allocated_count() as u64,
+                root.blocks_owned(),
+                "step {step}"
+            );
+            assert_eq!(read_all(&mut store, &root), model, "step {step}");
+        }
+    }
+    assert!(
+        failures > 100,
+        "only {failures} operations ran out of space"
+    );
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.inner.allocated_count(), 0);
+}

@@ -1,0 +1,963 @@
+//! The FlexTree in memory for the span of one operation.
+//!
+//! An operation opens a `Tree` on a copy of the root, reads the nodes it needs into a private
+//! cache, changes them there, and at the end either commits (writes the changed nodes once,
+//! then frees what the operation released) or aborts (gives back what the operation
+//! allocated and leaves the tree exactly as it was). So an `Error::NoSpace` or a corrupt node
+//! found half way never leaves a half-changed tree behind.
+
+use std::collections::{HashMap, HashSet};
+
+use super::format::*;
+use super::Store;
+use crate::block::meta::{zeroed_block, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64};
+use crate::error::{Error, Result};
+
+/// The node id that names the root area (never a block number: block numbers stay below
+/// `MAX_BLOCK_NUMBER`).
+const ROOT_ID: u64 = u64::MAX;
+/// Largest run of data blocks asked for at once; a longer range takes several runs, which
+/// merge into one extent when the allocator hands them out contiguously.
+const MAX_RUN_BLOCKS: u64 = 1 << 15;
+
+struct CachedNode {
+    level: usize,
+    entries: Vec<Entry>,
+    dirty: bool,
+}
+
+/// Where a byte position lies: the path from the root to a leaf as (node, entry index), and
+/// the distance from the start of the leaf entry. At the end of the file the leaf index is one
+/// past the last entry and the distance 0.
+pub(crate) struct Location {
+    pub path: Vec<(u64, usize)>,
+    pub offset_in_entry: u64,
+}
+
+impl Location {
+    fn leaf(&self) -> u64 {
+        self.path.last().expect("path has a leaf").0
+    }
+    fn index(&self) -> usize {
+        self.path.last().expect("path has a leaf").1
+    }
+}
+
+pub(crate) struct Tree<'s> {
+    store: &'s mut dyn Store,
+    depth: usize,
+    root: Vec<Entry>,
+    length: u64,
+    blocks_owned: u64,
+    nodes: HashMap<u64, CachedNode>,
+    new_data: Vec<(u64, u64)>,
+    new_meta: Vec<u64>,
+    freed_data: Vec<(u64, u64)>,
+    freed_meta: Vec<u64>,
+}
+
+fn kind_of_level(level: usize) -> BlockKind {
+    if level == 0 {
+        BlockKind::ExtentLeaf
+    } else {
+        BlockKind::ExtentInternal
+    }
+}
+
+fn round_up_to_block(address: u64) -> u64 {
+    address.div_ceil(BLOCK_SIZE_U64) * BLOCK_SIZE_U64
+}
+
+/// The one entry two neighbours become, if they can be one: two holes, or two extents of the
+/// same state whose bytes continue each other across a block boundary (so that no block is
+/// shared, see the ownership rule).
+fn merged(left: Entry, right: Entry) -> Option<Entry> {
+    if left.is_hole() && right.is_hole() {
+        let length = left.length + right.length;
+        return (length <= MAX_FILE_BYTES).then(|| Entry::hole(length));
+    }
+    if !left.is_hole()
+        && !right.is_hole()
+        && left.unwritten == right.unwritten
+        && left.address + left.length == right.address
+        && right.address & (BLOCK_SIZE_U64 - 1) == 0
+        && left.length + right.length <= MAX_FILE_BYTES
+    {
+        return Some(Entry::data(
+            left.address,
+            left.length + right.length,
+            left.unwritten,
+        ));
+    }
+    None
+}
+
+impl<'s> Tree<'s> {
+    pub fn open(store: &'s mut dyn Store, root: &ExtentRoot) -> Tree<'s> {
+        Tree {
+            store,
+            depth: root.depth(),
+            root: root.root_entries().to_vec(),
+            length: root.length_bytes(),
+            blocks_owned: root.blocks_owned(),
+            nodes: HashMap::new(),
+            new_data: Vec::new(),
+            new_meta: Vec::new(),
+            freed_data: Vec::new(),
+            freed_meta: Vec::new(),
+        }
+    }
+
+    pub fn length(&self) -> u64 {
+        self.length
+    }
+
+    /// Writes every changed node once, then frees what the operation released.
+    pub fn commit(mut self) -> Result<ExtentRoot> {
+        assert!(
+            self.root.len() <= ROOT_CAPACITY,
+            "root overflow survived rebalancing"
+        );
+        let mut dirty: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|(_, node)| node.dirty)
+            .map(|(id, _)| *id)
+            .collect();
+        dirty.sort_unstable();
+        for id in dirty {
+            let node = &self.nodes[&id];
+            let mut block = zeroed_block();
+            encode_node(node.level, &node.entries, &mut block[..]);
+            self.store
+                .write_meta(id, kind_of_level(node.level), &block)?;
+        }
+        let mut seen = HashSet::new();
+        for id in std::mem::take(&mut self.freed_meta) {
+            // A corrupt tree could name one block twice; freeing it twice would hurt the volume.
+            if !seen.insert(id) {
+                return Err(Error::corruption(format!(
+                    "extent node {id} reached twice while freeing"
+                )));
+            }
+            self.store.free_meta(id)?;
+        }
+        for (first, count) in std::mem::take(&mut self.freed_data) {
+            self.store.free_data(first, count)?;
+        }
+        Ok(ExtentRoot::from_parts(
+            self.depth,
+            &self.root,
+            self.length,
+            self.blocks_owned,
+        ))
+    }
+
+    /// Gives back what this operation allocated; the stored tree was never touched.
+    pub fn abort(self) {
+        for (first, count) in self.new_data {
+            let _ = self.store.free_data(first, count);
+        }
+        for id in self.new_meta {
+            let _ = self.store.free_meta(id);
+        }
+    }
+
+    // ----- node cache -----
+
+    fn entries(&self, id: u64) -> &Vec<Entry> {
+        if id == ROOT_ID {
+            &self.root
+        } else {
+            &self.nodes.get(&id).expect("node loaded before use").entries
+        }
+    }
+
+    fn entries_mut(&mut self, id: u64) -> &mut Vec<Entry> {
+        if id == ROOT_ID {
+            &mut self.root
+        } else {
+            let node = self.nodes.get_mut(&id).expect("node loaded before use");
+            node.dirty = true;
+            &mut node.entries
+        }
+    }
+
+    /// Brings node `id` into the cache, checking that it is what its parent says it is.
+    fn load(&mut self, id: u64, level: usize, expected_length: u64) -> Result<()> {
+        assert!(id != ROOT_ID);
+        if let Some(node) = self.nodes.get(&id) {
+            if node.level != level || sum_lengths(&node.entries) != Some(expected_length) {
+                return Err(Error::corruption(format!(
+                    "extent node {id} is referenced from two places"
+                )));
+            }
+            return Ok(());
+        }
+        if id == 0 || id >= MAX_BLOCK_NUMBER {
+            return Err(Error::corruption(format!(
+                "extent tree names block {id}, out of range"
+            )));
+        }
+        let block = self.store.read_meta(id, kind_of_level(level))?;
+        let entries = decode_node(&block[..], id, level, expected_length)?;
+        self.nodes.insert(
+            id,
+            CachedNode {
+                level,
+                entries,
+                dirty: false,
+            },
+        );
+        Ok(())
+    }
+
+    fn allocate_node(&mut self, near: u64) -> Result<u64> {
+        let id = self.store.allocate_meta(near)?;
+        self.new_meta.push(id);
+        if id == 0 || id >= MAX_BLOCK_NUMBER || self.nodes.contains_key(&id) {
+            return Err(Error::corruption(format!(
+                "allocator returned block {id} for an extent node"
+            )));
+        }
+        self.blocks_owned += 1;
+        Ok(id)
+    }
+
+    fn free_node(&mut self, id: u64) {
+        assert!(id != ROOT_ID);
+        self.nodes.remove(&id);
+        self.freed_meta.push(id);
+        self.blocks_owned = self.blocks_owned.saturating_sub(1);
+    }
+
+    fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
+        assert!(count > 0);
+        let (first, given) = self.store.allocate_data(near, count)?;
+        self.new_data.push((first, given));
+        if given == 0
+            || given > count
+            || first == 0
+            || first.saturating_add(given) >= MAX_BLOCK_NUMBER
+        {
+            return Err(Error::corruption(format!(
+                "allocator returned {given} blocks at {first} for {count} asked"
+            )));
+        }
+        self.blocks_owned += given;
+        Ok((first, given))
+    }
+
+    fn release_extent(&mut self, entry: Entry) -> Result<()> {
+        if let Some((first, count)) = entry.blocks() {
+            self.blocks_owned = self.blocks_owned.checked_sub(count).ok_or_else(|| {
+                Error::corruption(
+                    "extent root field blocks_owned: smaller than the blocks in the tree",
+                )
+            })?;
+            self.freed_data.push((first, count));
+        }
+        Ok(())
+    }
+
+    // ----- search -----
+
+    /// Finds the leaf entry that holds byte `position` (or the end of the file).
+    pub fn locate(&mut self, position: u64) -> Result<Location> {
+        assert!(position <= self.length);
+        let mut path = Vec::with_capacity(self.depth + 1);
+        let mut id = ROOT_ID;
+        let mut level = self.depth;
+        let mut remaining = position;
+        let mut node_length = self.length;
+        for _ in 0..=MAX_DEPTH {
+            if id != ROOT_ID {
+                self.load(id, level, node_length)?;
+            }
+            let entries = self.entries(id);
+            let mut start = 0u64;
+            if level == 0 {
+                for (index, entry) in entries.iter().enumerate() {
+                    if remaining < start + entry.length {
+                        path.push((id, index));
+                        return Ok(Location {
+                            path,
+                            offset_in_entry: remaining - start,
+                        });
+                    }
+                    start += entry.length;
+                }
+                if remaining != start {
+                    return Err(Error::corruption(format!(
+                        "extent node {id}: lengths do not reach byte {position}"
+                    )));
+                }
+                path.push((id, entries.len()));
+                return Ok(Location {
+                    path,
+                    offset_in_entry: 0,
+                });
+            }
+            if entries.is_empty() {
+                return Err(Error::corruption(format!(
+                    "extent node {id}: internal node without entries"
+                )));
+            }
+            // The end of the file descends into the last child, so appends land in the last leaf.
+            let mut chosen = entries.len() - 1;
+            for (index, entry) in entries.iter().enumerate() {
+                if remaining < start + entry.length {
+                    chosen = index;
+                    break;
+                }
+                if index + 1 < entries.len() {
+                    start += entry.length;
+                }
+            }
+            let child = entries[chosen];
+            if remaining < start || remaining - start > child.length {
+                return Err(Error::corruption(format!(
+                    "extent node {id}: lengths do not reach byte {position}"
+                )));
+            }
+            path.push((id, chosen));
+            remaining -= start;
+            node_length = child.length;
+            id = child.address;
+            level -= 1;
+        }
+        Err(Error::corruption("extent tree deeper than its root says"))
+    }
+
+    fn entry_at(&self, location: &Location) -> Option<Entry> {
+        self.entries(location.leaf()).get(location.index()).copied()
+    }
+
+    // ----- structural change -----
+
+    /// Replaces `remove` entries from `start` in the leaf of `path` by `insert`, carries the
+    /// change of length up the path, and rebalances.
+    fn splice(
+        &mut self,
+        path: &[(u64, usize)],
+        start: usize,
+        remove: usize,
+        insert: &[Entry],
+    ) -> Result<()> {
+        let leaf = path.last().expect("path has a leaf").0;
+        assert!(insert.iter().all(|entry| entry.length > 0));
+        let entries = self.entries_mut(leaf);
+        assert!(start + remove <= entries.len());
+        let removed = sum_lengths(&entries[start..start + remove]).expect("validated lengths");
+        let added = sum_lengths(insert).expect("new lengths fit");
+        entries.splice(start..start + remove, insert.iter().copied());
+        for &(id, index) in &path[..path.len() - 1] {
+            let entry = &mut self.entries_mut(id)[index];
+            assert!(entry.length >= removed);
+            entry.length = entry.length - removed + added;
+        }
+        assert!(self.length >= removed);
+        self.length = self.length - removed + added;
+        assert!(self.length <= MAX_FILE_BYTES);
+        self.rebalance(path)
+    }
+
+    /// Restores the node size bounds along `path`, bottom up: splits nodes over capacity, merges
+    /// or refills nodes under the minimum from a sibling, then grows or shrinks the root.
+    fn rebalance(&mut self, path: &[(u64, usize)]) -> Result<()> {
+        for step in (1..path.len()).rev() {
+            let id = path[step].0;
+            let (parent, parent_index) = path[step - 1];
+            let level = self.depth - step;
+            let count = self.entries(id).len();
+            if count > NODE_CAPACITY {
+                let new_id = self.allocate_node(id)?;
+                let moved = self.entries_mut(id).split_off(count / 2);
+                let moved_length = sum_lengths(&moved).expect("lengths fit");
+                self.nodes.insert(
+                    new_id,
+                    CachedNode {
+                        level,
+                        entries: moved,
+                        dirty: true,
+                    },
+                );
+                let parent_entries = self.entries_mut(parent);
+                parent_entries[parent_index].length -= moved_length;
+                parent_entries.insert(parent_index + 1, Entry::child(new_id, moved_length));
+            } else if count < NODE_MIN_ENTRIES {
+                let parent_count = self.entries(parent).len();
+                if parent_count < 2 {
+                    continue;
+                }
+                let left_index = if parent_index + 1 < parent_count {
+                    parent_index
+                } else {
+                    parent_index - 1
+                };
+                let right_index = left_index + 1;
+                let left = self.entries(parent)[left_index];
+                let right = self.entries(parent)[right_index];
+                self.load(left.address, level, left.length)?;
+                self.load(right.address, level, right.length)?;
+                let left_count = self.entries(left.address).len();
+                let right_count = self.entries(right.address).len();
+                let total = left_count + right_count;
+                if total <= NODE_CAPACITY {
+                    let moved = std::mem::take(self.entries_mut(right.address));
+                    self.entries_mut(left.address).extend(moved);
+                    let parent_entries = self.entries_mut(parent);
+                    parent_entries[left_index].length += right.length;
+                    parent_entries.remove(right_index);
+                    self.free_node(right.address);
+                } else {
+                    let target = total / 2;
+                    if left_count > target {
+                        let moved = self.entries_mut(left.address).split_off(target);
+                        self.entries_mut(right.address).splice(0..0, moved);
+                    } else {
+                        let moved: Vec<Entry> = self
+                            .entries_mut(right.address)
+                            .drain(..target - left_count)
+                            .collect();
+                        self.entries_mut(left.address).extend(moved);
+                    }
+                    let new_left = sum_lengths(self.entries(left.address)).expect("lengths fit");
+                    let parent_entries = self.entries_mut(parent);
+                    parent_entries[left_index].length = new_left;
+                    parent_entries[right_index].length = left.length + right.length - new_left;
+                }
+            }
+        }
+        if self.root.len() > ROOT_CAPACITY {
+            if self.depth >= MAX_DEPTH {
+                return Err(Error::FileTooLarge);
+            }
+            let new_id = self.allocate_node(0)?;
+            let entries = std::mem::take(&mut self.root);
+            self.nodes.insert(
+                new_id,
+                CachedNode {
+                    level: self.depth,
+                    entries,
+                    dirty: true,
+                },
+            );
+            self.root = vec![Entry::child(new_id, self.length)];
+            self.depth += 1;
+        }
+        for _ in 0..=MAX_DEPTH {
+            if self.depth == 0 {
+                break;
+            }
+            if self.root.is_empty() {
+                self.depth = 0;
+                break;
+            }
+            if self.root.len() != 1 {
+                break;
+            }
+            let child = self.root[0];
+            self.load(child.address, self.depth - 1, child.length)?;
+            if self.entries(child.address).len() > ROOT_CAPACITY {
+                break;
+            }
+            self.root = std::mem::take(self.entries_mut(child.address));
+            self.free_node(child.address);
+            self.depth -= 1;
+        }
+        Ok(())
+    }
+
+    /// Makes `position` the start of an entry. Cutting an extent inside a block copies the
+    /// second part's bytes of that block into a new block, so that the two parts never share
+    /// a block (the ownership rule); a cut on a block boundary copies nothing.
+    pub fn split_at(&mut self, position: u64) -> Result<()> {
+        if position >= self.length {
+            return Ok(());
+        }
+        let location = self.locate(position)?;
+        let cut = location.offset_in_entry;
+        if cut == 0 {
+            return Ok(());
+        }
+        let entry = self.entry_at(&location).expect("position inside an entry");
+        let rest = entry.length - cut;
+        let mut pieces = Vec::with_capacity(3);
+        if entry.is_hole() {
+            pieces.push(Entry::hole(cut));
+            pieces.push(Entry::hole(rest));
+        } else {
+            pieces.push(Entry::data(entry.address, cut, entry.unwritten));
+            let cut_address = entry.address + cut;
+            let in_block = (cut_address % BLOCK_SIZE_U64) as usize;
+            if in_block == 0 {
+                pieces.push(Entry::data(cut_address, rest, entry.unwritten));
+            } else {
+                let shared_block = cut_address / BLOCK_SIZE_U64;
+                let piece = rest.min((BLOCK_SIZE - in_block) as u64);
+                let (copy_block, _) = self.allocate_data(shared_block + 1, 1)?;
+                if !entry.unwritten {
+                    let mut bytes = vec![0u8; piece as usize];
+                    self.store.read_data(shared_block, in_block, &mut bytes)?;
+                    self.store.write_data(copy_block, in_block, &bytes)?;
+                }
+                pieces.push(Entry::data(
+                    copy_block * BLOCK_SIZE_U64 + in_block as u64,
+                    piece,
+                    entry.unwritten,
+                ));
+                if rest > piece {
+                    pieces.push(Entry::data(
+                        (shared_block + 1) * BLOCK_SIZE_U64,
+                        rest - piece,
+                        entry.unwritten,
+                    ));
+                }
+            }
+        }
+        self.splice(&location.path, location.index(), 1, &pieces)
+    }
+
+    /// Merges the entry that starts at `position` with its left neighbour when they can be one
+    /// (same leaf only; a missed merge across leaves costs an entry, never correctness).
+    pub fn coalesce(&mut self, position: u64) -> Result<()> {
+        if position == 0 || position >= self.length {
+            return Ok(());
+        }
+        let location = self.locate(position)?;
+        let index = location.index();
+        if location.offset_in_entry != 0 || index == 0 {
+            return Ok(());
+        }
+        let entries = self.entries(location.leaf());
+        if let Some(one) = merged(entries[index - 1], entries[index]) {
+            self.splice(&location.path, index - 1, 2, &[one])?;
+        }
+        Ok(())
+    }
+
+    /// Inserts a hole of `length` bytes at entry boundary `position`, shifting later bytes up.
+    pub fn insert_hole(&mut self, position: u64, length: u64) -> Result<()> {
+        assert!(length > 0);
+        if !matches!(self.length.checked_add(length), Some(total) if total <= MAX_FILE_BYTES) {
+            return Err(Error::FileTooLarge);
+        }
+        self.split_at(position)?;
+        let location = self.locate(position)?;
+        assert_eq!(location.offset_in_entry, 0);
+        self.splice(&location.path, location.index(), 0, &[Entry::hole(length)])?;
+        self.coalesce(position + length)?;
+        self.coalesce(position)
+    }
+
+    /// Removes bytes `start..end`, shifting later bytes down and releasing their blocks.
+    pub fn remove_range(&mut self, start: u64, end: u64) -> Result<()> {
+        assert!(start <= end && end <= self.length);
+        if start == end {
+            return Ok(());
+        }
+        self.split_at(start)?;
+        self.split_at(end)?;
+        let mut remaining = end - start;
+        // Each round removes at least one entry, and so at least one byte.
+        while remaining > 0 {
+            let location = self.locate(start)?;
+            let index = location.index();
+            let entries = self.entries(location.leaf());
+            let mut count = 0;
+            let mut covered = 0u64;
+            while index + count < entries.len()
+                && covered + entries[index + count].length <= remaining
+            {
+                covered += entries[index + count].length;
+                count += 1;
+            }
+            if count == 0 || location.offset_in_entry != 0 {
+                return Err(Error::corruption(
+                    "extent tree changed shape under a removal",
+                ));
+            }
+            let released: Vec<Entry> = entries[index..index + count].to_vec();
+            for entry in released {
+                self.release_extent(entry)?;
+            }
+            self.splice(&location.path, index, count, &[])?;
+            remaining -= covered;
+        }
+        self.coalesce(start)
+    }
+
+    /// Extends the file with a hole up to `new_length`.
+    pub fn grow(&mut self, new_length: u64) -> Result<()> {
+        assert!(new_length >= self.length);
+        if new_length > MAX_FILE_BYTES {
+            return Err(Error::FileTooLarge);
+        }
+        if new_length > self.length {
+            let old_length = self.length;
+            self.insert_hole(old_length, new_length - old_length)?;
+        }
+        Ok(())
+    }
+
+    /// Gives the hole that covers exactly `start..end` blocks: written with `data` (whose first
+    /// byte belongs at `data_start`), or unwritten when `data` is None. Where the extent just
+    /// before is of the same kind and its blocks can continue, it grows instead of a new extent
+    /// being added: this is what keeps sequential appends in one extent.
+    pub fn fill_hole(&mut self, start: u64, end: u64, data: Option<(&[u8], u64)>) -> Result<()> {
+        let unwritten = data.is_none();
+        let mut position = start;
+        while position < end {
+            let location = self.locate(position)?;
+            let index = location.index();
+            let hole = self.entry_at(&location);
+            if location.offset_in_entry != 0
+                || !matches!(hole, Some(hole) if hole.is_hole() && hole.length == end - position)
+            {
+                return Err(Error::corruption(
+                    "extent tree changed shape while filling a hole",
+                ));
+            }
+            let hole_length = end - position;
+            let previous = if index > 0 {
+                Some(self.entries(location.leaf())[index - 1])
+            } else {
+                None
+            };
+            let previous =
+                previous.filter(|entry| !entry.is_hole() && entry.unwritten == unwritten);
+            let taken;
+            let (replace_start, replace_count, mut replacement);
+            let write_at;
+            match previous {
+                Some(previous) if (previous.address + previous.length) % BLOCK_SIZE_U64 != 0 => {
+                    // The rest of the previous extent's last block is its own: use it first.
+                    let end_address = previous.address + previous.length;
+                    taken = hole_length.min(BLOCK_SIZE_U64 - end_address % BLOCK_SIZE_U64);
+                    write_at = end_address;
+                    replacement = vec![Entry::data(
+                        previous.address,
+                        previous.length + taken,
+                        unwritten,
+                    )];
+                    (replace_start, replace_count) = (index - 1, 2);
+                }
+                _ => {
+                    let near = previous.map_or(0, |previous| {
+                        (previous.address + previous.length) / BLOCK_SIZE_U64
+                    });
+                    let wanted = hole_length.div_ceil(BLOCK_SIZE_U64).min(MAX_RUN_BLOCKS);
+                    let (first, given) = self.allocate_data(near, wanted)?;
+                    taken = hole_length.min(given * BLOCK_SIZE_U64);
+                    write_at = first * BLOCK_SIZE_U64;
+                    match previous {
+                        Some(previous) if previous.address + previous.length == write_at => {
+                            replacement = vec![Entry::data(
+                                previous.address,
+                                previous.length + taken,
+                                unwritten,
+                            )];
+                            (replace_start, replace_count) = (index - 1, 2);
+                        }
+                        _ => {
+                            replacement = vec![Entry::data(write_at, taken, unwritten)];
+                            (replace_start, replace_count) = (index, 1);
+                        }
+                    }
+                }
+            }
+            if let Some((bytes, data_start)) = data {
+                let from = (position - data_start) as usize;
+                let chunk = &bytes[from..from + taken as usize];
+                self.store.write_data(
+                    write_at / BLOCK_SIZE_U64,
+                    (write_at % BLOCK_SIZE_U64) as usize,
+                    chunk,
+                )?;
+            }
+            if hole_length > taken {
+                replacement.push(Entry::hole(hole_length - taken));
+            }
+            self.splice(&location.path, replace_start, replace_count, &replacement)?;
+            position += taken;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`: in place over written extents, into unwritten extents (which
+    /// become written, widened to whole blocks with zeros so that no cut inside a block is
+    /// needed), and into new blocks over holes. Past the end the file first grows by a hole.
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        let end = offset + data.len() as u64;
+        if end > self.length {
+            self.grow(end)?;
+        }
+        let mut position = offset;
+        while position < end {
+            let location = self.locate(position)?;
+            let entry = self
+                .entry_at(&location)
+                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            let entry_start = position - location.offset_in_entry;
+            let segment_end = end.min(entry_start + entry.length);
+            let chunk = &data[(position - offset) as usize..(segment_end - offset) as usize];
+            if entry.is_hole() {
+                self.split_at(position)?;
+                self.split_at(segment_end)?;
+                self.fill_hole(position, segment_end, Some((data, offset)))?;
+                self.coalesce(segment_end)?;
+            } else if !entry.unwritten {
+                let address = entry.address + location.offset_in_entry;
+                self.store.write_data(
+                    address / BLOCK_SIZE_U64,
+                    (address % BLOCK_SIZE_U64) as usize,
+                    chunk,
+                )?;
+            } else {
+                self.write_unwritten(entry_start, entry, position, chunk)?;
+            }
+            position = segment_end;
+        }
+        Ok(())
+    }
+
+    fn write_unwritten(
+        &mut self,
+        entry_start: u64,
+        entry: Entry,
+        position: u64,
+        chunk: &[u8],
+    ) -> Result<()> {
+        let data_address = entry.address + (position - entry_start);
+        let data_end_address = data_address + chunk.len() as u64;
+        let first_address = entry
+            .address
+            .max(data_address / BLOCK_SIZE_U64 * BLOCK_SIZE_U64);
+        let last_address = (entry.address + entry.length).min(round_up_to_block(data_end_address));
+        let zeros = [0u8; BLOCK_SIZE];
+        if first_address < data_address {
+            let count = (data_address - first_address) as usize;
+            self.store.write_data(
+                first_address / BLOCK_SIZE_U64,
+                (first_address % BLOCK_SIZE_U64) as usize,
+                &zeros[..count],
+            )?;
+        }
+        self.store.write_data(
+            data_address / BLOCK_SIZE_U64,
+            (data_address % BLOCK_SIZE_U64) as usize,
+            chunk,
+        )?;
+        if data_end_address < last_address {
+            let count = (last_address - data_end_address) as usize;
+            self.store.write_data(
+                data_end_address / BLOCK_SIZE_U64,
+                (data_end_address % BLOCK_SIZE_U64) as usize,
+                &zeros[..count],
+            )?;
+        }
+        let start = entry_start + (first_address - entry.address);
+        let end = entry_start + (last_address - entry.address);
+        self.set_unwritten(start, end, false)
+    }
+
+    /// Writes `count` zero bytes at physical byte `address` (inside blocks the file owns).
+    fn write_zeros(&mut self, address: u64, count: u64) -> Result<()> {
+        let zeros = [0u8; BLOCK_SIZE];
+        let mut done = 0;
+        while done < count {
+            let at = address + done;
+            let take = (count - done).min(BLOCK_SIZE_U64 - at % BLOCK_SIZE_U64);
+            self.store.write_data(
+                at / BLOCK_SIZE_U64,
+                (at % BLOCK_SIZE_U64) as usize,
+                &zeros[..take as usize],
+            )?;
+            done += take;
+        }
+        Ok(())
+    }
+
+    /// Makes `start..end` read as zeros without changing the length: `punch` turns the whole
+    /// blocks inside the range into a hole and frees them, otherwise they are kept and marked
+    /// unwritten. Bytes that share a block with bytes outside the range are zeroed in place, so
+    /// no cut falls inside a block and no block is copied.
+    pub fn clear(&mut self, start: u64, end: u64, punch: bool) -> Result<()> {
+        assert!(start <= end && end <= self.length);
+        let mut position = start;
+        while position < end {
+            let location = self.locate(position)?;
+            let entry = self
+                .entry_at(&location)
+                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            let entry_start = position - location.offset_in_entry;
+            let entry_end = entry_start + entry.length;
+            let piece_end = end.min(entry_end);
+            if entry.is_hole() || (entry.unwritten && !punch) {
+                position = piece_end;
+                continue;
+            }
+            let physical = |logical: u64| entry.address + (logical - entry_start);
+            let logical = |address: u64| entry_start + (address - entry.address);
+            // Cut only at block boundaries or at the extent's own ends.
+            let cut_start = if position == entry_start {
+                position
+            } else {
+                logical(round_up_to_block(physical(position)).min(physical(piece_end)))
+            };
+            let cut_end = if piece_end == entry_end {
+                piece_end
+            } else {
+                logical((physical(piece_end) / BLOCK_SIZE_U64 * BLOCK_SIZE_U64).max(physical(position)))
+            };
+            if cut_start >= cut_end {
+                if !entry.unwritten {
+                    self.write_zeros(physical(position), piece_end - position)?;
+                }
+                position = piece_end;
+                continue;
+            }
+            if !entry.unwritten {
+                self.write_zeros(physical(position), cut_start - position)?;
+                self.write_zeros(physical(cut_end), piece_end - cut_end)?;
+            }
+            self.split_at(cut_start)?;
+            self.split_at(cut_end)?;
+            let location = self.locate(cut_start)?;
+            let inner = self
+                .entry_at(&location)
+                .filter(|inner| {
+                    location.offset_in_entry == 0 && inner.length == cut_end - cut_start
+                })
+                .ok_or_else(|| {
+                    Error::corruption("extent tree changed shape while clearing a range")
+                })?;
+            let replacement = if punch {
+                self.release_extent(inner)?;
+                Entry::hole(inner.length)
+            } else {
+                Entry::data(inner.address, inner.length, true)
+            };
+            self.splice(&location.path, location.index(), 1, &[replacement])?;
+            self.coalesce(cut_end)?;
+            self.coalesce(cut_start)?;
+            position = piece_end;
+        }
+        self.coalesce(end)?;
+        self.coalesce(start)
+    }
+
+    /// Marks the extents in `start..end` written or unwritten (holes stay holes).
+    pub fn set_unwritten(&mut self, start: u64, end: u64, unwritten: bool) -> Result<()> {
+        self.split_at(start)?;
+        self.split_at(end)?;
+        let mut position = start;
+        while position < end {
+            let location = self.locate(position)?;
+            let entry = self
+                .entry_at(&location)
+                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            if location.offset_in_entry != 0 {
+                return Err(Error::corruption(
+                    "extent tree changed shape while marking extents",
+                ));
+            }
+            if !entry.is_hole() && entry.unwritten != unwritten {
+                let changed = Entry::data(entry.address, entry.length, unwritten);
+                self.splice(&location.path, location.index(), 1, &[changed])?;
+            }
+            position += entry.length;
+        }
+        self.coalesce(end)?;
+        self.coalesce(start)
+    }
+
+    /// Reserves blocks for the holes in `start..end` as unwritten extents.
+    pub fn allocate(&mut self, start: u64, end: u64) -> Result<()> {
+        assert!(end <= self.length);
+        // Only holes are cut (which copies nothing): extents with blocks are left whole.
+        let mut position = start;
+        while position < end {
+            let location = self.locate(position)?;
+            let entry = self
+                .entry_at(&location)
+                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            // A merge behind us may have made `position` fall inside an extent.
+            let piece_end = end.min(position - location.offset_in_entry + entry.length);
+            if entry.is_hole() {
+                self.split_at(position)?;
+                self.split_at(piece_end)?;
+                self.fill_hole(position, piece_end, None)?;
+                self.coalesce(piece_end)?;
+            }
+            position = piece_end;
+        }
+        self.coalesce(end)?;
+        self.coalesce(start)
+    }
+
+    /// Copies bytes `offset..offset + buffer.len()` (inside the file) into `buffer`.
+    pub fn read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        let end = offset + buffer.len() as u64;
+        assert!(end <= self.length);
+        let mut position = offset;
+        while position < end {
+            let location = self.locate(position)?;
+            let entries = self.entries(location.leaf());
+            let mut skip = location.offset_in_entry;
+            let mut pieces = Vec::new();
+            let mut piece_position = position;
+            for entry in &entries[location.index()..] {
+                if piece_position >= end {
+                    break;
+                }
+                let count = (entry.length - skip).min(end - piece_position);
+                pieces.push((piece_position, *entry, skip, count));
+                piece_position += count;
+                skip = 0;
+            }
+            if pieces.is_empty() {
+                return Err(Error::corruption("extent tree ends before its length"));
+            }
+            for (piece_position, entry, skip, count) in pieces {
+                let from = (piece_position - offset) as usize;
+                let target = &mut buffer[from..from + count as usize];
+                if entry.is_hole() || entry.unwritten {
+                    target.fill(0);
+                } else {
+                    let address = entry.address + skip;
+                    self.store.read_data(
+                        address / BLOCK_SIZE_U64,
+                        (address % BLOCK_SIZE_U64) as usize,
+                        target,
+                    )?;
+                }
+            }
+            position = piece_position;
+        }
+        Ok(())
+    }
+
+    /// Calls `visit` for every entry in order; stops when it returns false.
+    pub fn visit(&mut self, visit: &mut dyn FnMut(u64, Entry) -> bool) -> Result<()> {
+        let mut position = 0;
+        while position < self.length {
+            let location = self.locate(position)?;
+            if location.offset_in_entry != 0 {
+                return Err(Error::corruption("extent tree walk lost its place"));
+            }
+            let entries: Vec<Entry> = self.entries(location.leaf())[location.index()..].to_vec();
+            if entries.is_empty() {
+                return Err(Error::corruption("extent tree ends before its length"));
+            }
+            for entry in entries {
+                if !visit(position, entry) {
+                    return Ok(());
+                }
+                position += entry.length;
+            }
+        }
+        Ok(())
+    }
+}
