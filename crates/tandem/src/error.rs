@@ -39,3 +39,12 @@ impl fmt::Display for CliError {
 }
 
 pub type CliResult<T> = Result<T, CliError>;
+
+/// An engine error in the user's words: "invalid argument: " adds nothing when the text after it
+/// already says what was wrong.
+pub fn describe(error: &tandemfs::Error) -> String {
+    match error {
+        tandemfs::Error::InvalidArgument(what) => what.clone(),
+        other => other.to_string(),
+    }
+}

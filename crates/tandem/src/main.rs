@@ -136,6 +136,10 @@ impl Cli {
 }
 
 fn main() {
+    // Rust ignores SIGPIPE, which turns `tandem stat x | head` into a panic on the next print.
+    // Command-line tools should end quietly instead, as the default action does.
+    // SAFETY: setting a signal disposition before any other thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = parse_arguments();
     // The demo and the benchmarks mount and set up things they must take down again; a signal
     // makes them stop after the current step and clean up (see interrupt.rs).

@@ -25,7 +25,13 @@ pub struct Verdict {
 /// Runs the engine's check on `path` and puts its findings into words.
 pub fn check(path: &Path) -> CliResult<Verdict> {
     let device = image::open(path, Access::CHECK)?;
-    match tandemfs::fsck::check(&*device) {
+    // Another file system is not a damaged tandemfs: say what it is instead of listing problems.
+    if let Ok(Some(found)) = tandemfs::fsck::probe(&*device) {
+        if found != "tandemfs" {
+            return Err(CliError::new(format!("{} holds {found}, not tandemfs", path.display())));
+        }
+    }
+    match tandemfs::fsck::check(device.clone()) {
         Ok(report) => {
             let summary = format!(
                 "{} inodes, {} directories, {} blocks in use, {} log records pending replay",

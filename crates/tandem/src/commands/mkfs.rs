@@ -1,7 +1,7 @@
 //! `tandem mkfs`: writes an empty volume. It refuses to destroy anything it recognises (or any
 //! non-empty data) unless `--force` is given, because a mistyped path must not cost a disk.
 
-use crate::error::{CliError, CliResult, EXIT_SUCCESS};
+use crate::error::{describe, CliError, CliResult, EXIT_SUCCESS};
 use crate::image::{self, Access};
 use crate::size::{format_bytes, parse_nonzero_size};
 use clap::Args;
@@ -89,7 +89,7 @@ fn refuse_to_overwrite(path: &Path) -> CliResult<()> {
     drop(device);
     if let Some(name) = found {
         return Err(CliError::new(format!(
-            "{} already holds a {name} file system; add --force to overwrite it",
+            "{} already holds something tandem recognises ({name}); add --force to overwrite it",
             path.display()
         )));
     }
@@ -190,14 +190,15 @@ fn format(path: &Path, arguments: &MkfsArguments, is_block_device: bool) -> CliR
         }
     }
     let options = FormatOptions { inode_count: arguments.inodes, log_bytes: arguments.log_size, ..Default::default() };
-    FileSystem::format(device.clone(), &options)
-        .map_err(|error| CliError::new(format!("cannot create tandemfs on {}: {error}", path.display())))?;
+    FileSystem::format(device.clone(), &options).map_err(|error| {
+        CliError::new(format!("cannot create tandemfs on {}: {}", path.display(), describe(&error)))
+    })?;
     println!("created tandemfs on {} ({})", path.display(), format_bytes(device_size));
     drop(device);
     // Show the geometry the engine chose, so the user sees inode and log sizes without a second
     // command; a failure here is not a failure of mkfs.
     if let Ok(device) = image::open(path, Access::LOOK) {
-        if let Ok(report) = tandemfs::fsck::inspect(&*device) {
+        if let Ok(report) = tandemfs::fsck::inspect(device.clone()) {
             crate::commands::stat::print_aligned(&report.lines, "  ");
         }
     }

@@ -21,7 +21,7 @@ pub fn print_aligned(lines: &[(String, String)], indent: &str) {
 
 pub fn run(arguments: StatArguments) -> CliResult<i32> {
     let device = image::open(&arguments.image, Access::LOOK)?;
-    let report = tandemfs::fsck::inspect(&*device)
+    let report = tandemfs::fsck::inspect(device.clone())
         .map_err(|error| CliError::new(format!("cannot read the volume on {}: {error}", arguments.image.display())))?;
     println!("{}", arguments.image.display());
     print_aligned(&report.lines, "  ");
