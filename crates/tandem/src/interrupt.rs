@@ -4,7 +4,9 @@
 //! thread and one watcher thread takes them and sets a flag that the long loops check between
 //! steps; they then fail with "interrupted" and the normal error path with its clean-up runs.
 //!
-//! `tandem mount` does not use this: the FUSE adapter watches the signals itself there.
+//! `tandem mount` only blocks the signals (`block_termination_signals`): the FUSE adapter watches
+//! for them itself, but the engine starts its threads before the adapter runs, and a signal
+//! delivered to one of those threads would kill the process without flushing the volume.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,18 +31,7 @@ pub fn check() -> Result<(), String> {
 /// watcher. Call first thing, before any other thread exists. Child processes are unaffected:
 /// the standard library clears the signal mask when it starts one.
 pub fn install() {
-    // SAFETY: sigset operations on a local set, and pthread_sigmask on the calling thread.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, signal);
-        }
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return;
-        }
-        set
-    };
+    let Some(set) = block_termination_signals() else { return };
     let set = Arc::new(set);
     let _ = std::thread::Builder::new().name("tandem-signals".into()).spawn(move || loop {
         let mut signal = 0;
@@ -55,4 +46,21 @@ pub fn install() {
             std::process::exit(130);
         }
     });
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and every thread it starts later, and
+/// returns the set for `sigwait`. Call before any other thread exists.
+pub fn block_termination_signals() -> Option<libc::sigset_t> {
+    // SAFETY: sigset operations on a local set, and pthread_sigmask on the calling thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return None;
+        }
+        Some(set)
+    }
 }

@@ -143,8 +143,14 @@ fn main() {
     let cli = parse_arguments();
     // The demo and the benchmarks mount and set up things they must take down again; a signal
     // makes them stop after the current step and clean up (see interrupt.rs).
-    if matches!(cli.command, Command::Demo(_) | Command::Bench(_)) {
-        interrupt::install();
+    match &cli.command {
+        Command::Demo(_) | Command::Bench(_) => interrupt::install(),
+        // A foreground mount's engine threads start before the adapter watches for signals; with
+        // the signals blocked first, only the adapter's watcher receives them (see interrupt.rs).
+        Command::Mount(arguments) if !arguments.daemon => {
+            interrupt::block_termination_signals();
+        }
+        _ => {}
     }
     let exit_code = match run(cli) {
         Ok(code) => code,

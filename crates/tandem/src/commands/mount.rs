@@ -210,8 +210,18 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
 
 fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult<i32> {
     let log_path = arguments.log_file.clone().unwrap_or_else(|| default_log_path(mountpoint));
-    let log = std::fs::File::create(&log_path)
-        .map_err(|error| CliError::new(format!("cannot create log file {}: {error}", log_path.display())))?;
+    // Append, never truncate: a second attempt on the same mount point must not wipe the log of
+    // the mount that is already running there. Only what this child writes is shown.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|error| CliError::new(format!("cannot open log file {}: {error}", log_path.display())))?;
+    let log_start = log.metadata().map(|metadata| metadata.len()).unwrap_or(0);
+    let read_new_log = || {
+        let bytes = std::fs::read(&log_path).unwrap_or_default();
+        String::from_utf8_lossy(bytes.get(log_start as usize..).unwrap_or_default()).into_owned()
+    };
     let log_for_errors = log
         .try_clone()
         .map_err(|error| CliError::new(format!("cannot use log file {}: {error}", log_path.display())))?;
@@ -243,8 +253,7 @@ fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult
     let patience = Duration::from_secs(600);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
-            for line in log_text.lines() {
+            for line in read_new_log().lines() {
                 eprintln!("{line}");
             }
             let code = status.code().unwrap_or(EXIT_FAILURE);
@@ -254,8 +263,7 @@ fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult
             ));
         }
         if mountinfo::fuse_mounts_at(mountpoint) > mounts_before {
-            let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
-            for line in log_text.lines() {
+            for line in read_new_log().lines() {
                 println!("{line}");
             }
             println!(
