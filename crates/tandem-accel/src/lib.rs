@@ -1,19 +1,33 @@
 //! tandem-accel: the storage-service runtime (GPUstore's ideas) with a CPU engine and a CUDA engine.
 //!
-//! This crate owns CRC32C, AES-256-XTS and Reed-Solomon erasure coding. The engine crate uses
-//! [`crc32c`] for every metadata checksum.
+//! Services: CRC32C, AES-256-XTS over 4 KiB sectors and Reed–Solomon erasure coding over
+//! GF(2^8). Every service gives the same bytes on every engine. The engine crate uses
+//! [`crc32c`] for every metadata checksum. `docs/ACCEL.md` defines each service exactly.
+
+pub mod bench;
+pub mod crc;
+pub mod cuda;
+pub mod engine;
+pub mod error;
+pub mod galois;
+pub mod isal;
+pub mod pool;
+pub mod reed_solomon;
+pub mod runtime;
+pub mod xts;
+
+pub use engine::{CpuEngine, Engine, EngineKind, Sectors};
+pub use error::{AccelError, Result};
+pub use pool::{BufferPool, HostBuffer};
+pub use reed_solomon::ReedSolomon;
+pub use runtime::{Accelerator, Completion, Mode, Request, Response, RuntimeConfig, Service};
+pub use xts::{Direction, XtsKey, SECTOR_SIZE_BYTES};
 
 /// CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of `data`, continuing from `crc`
-/// (pass 0 to start). `crc32c(0, b"123456789") == 0xE306_9283`.
+/// (pass 0 to start). `crc32c(0, b"123456789") == 0xE306_9283`. Uses the SSE4.2 `crc32`
+/// instruction on three interleaved streams where the CPU has it.
 pub fn crc32c(crc: u32, data: &[u8]) -> u32 {
-    let mut value = !crc;
-    for &byte in data {
-        value ^= byte as u32;
-        for _ in 0..8 {
-            value = if value & 1 != 0 { (value >> 1) ^ 0x82F6_3B78 } else { value >> 1 };
-        }
-    }
-    !value
+    crc::crc32c(crc, data)
 }
 
 #[cfg(test)]

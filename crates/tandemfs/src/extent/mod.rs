@@ -232,8 +232,19 @@ pub fn extents(
     root: &ExtentRoot,
     visit: &mut dyn FnMut(u64, u64, Option<u64>, bool) -> bool,
 ) -> Result<()> {
+    extents_from(store, root, 0, visit)
+}
+
+/// As `extents`, starting at the extent that holds byte `offset` (its own start is reported):
+/// SEEK_DATA, SEEK_HOLE and FIEMAP of a range cost one descent, not a walk from the start.
+pub fn extents_from(
+    store: &mut dyn Store,
+    root: &ExtentRoot,
+    offset: u64,
+    visit: &mut dyn FnMut(u64, u64, Option<u64>, bool) -> bool,
+) -> Result<()> {
     let mut tree = Tree::open(store, root);
-    tree.visit(&mut |logical, entry| {
+    tree.visit(offset, &mut |logical, entry| {
         let physical = (!entry.is_hole()).then_some(entry.address);
         visit(logical, entry.length, physical, entry.unwritten)
     })

@@ -562,56 +562,77 @@ impl DataStore for GuardedStore {
     }
 }
 
-/// Runs a few operations of every kind on a possibly corrupt tree; each must return.
-fn exercise(store: &mut GuardedStore, root: &mut ExtentRoot, random: &mut SmallRng) {
+/// Runs a few operations of every kind on a possibly corrupt tree; each must return. Returns
+/// how many reported an error.
+fn exercise(store: &mut GuardedStore, root: &mut ExtentRoot, random: &mut SmallRng) -> usize {
     let length = root.length_bytes().min(1 << 24);
-    let _ = check(store, root);
-    let _ = extents(store, root, &mut |_, _, _, _| true);
+    let mut errors = usize::from(!check(store, root).problems.is_empty());
+    errors += usize::from(extents(store, root, &mut |_, _, _, _| true).is_err());
     let mut buffer = vec![0u8; 20_000];
-    let _ = read(store, root, random.gen_range(0..=length), &mut buffer);
-    let _ = read(store, root, 0, &mut buffer);
-    let _ = write(
-        store,
-        root,
-        random.gen_range(0..=length),
-        &buffer[..random.gen_range(1..9000)],
+    errors += usize::from(read(store, root, random.gen_range(0..=length), &mut buffer).is_err());
+    errors += usize::from(read(store, root, 0, &mut buffer).is_err());
+    errors += usize::from(
+        write(
+            store,
+            root,
+            random.gen_range(0..=length),
+            &buffer[..random.gen_range(1..9000)],
+        )
+        .is_err(),
     );
-    let _ = insert_range(
-        store,
-        root,
-        random.gen_range(0..=length),
-        random.gen_range(1..9000),
+    errors += usize::from(
+        insert_range(
+            store,
+            root,
+            random.gen_range(0..=length),
+            random.gen_range(1..9000),
+        )
+        .is_err(),
     );
     let length = root.length_bytes().min(1 << 24);
     let offset = random.gen_range(0..=length);
-    let _ = collapse_range(
-        store,
-        root,
-        offset,
-        random.gen_range(0..=(length - offset).min(9000)),
+    errors += usize::from(
+        collapse_range(
+            store,
+            root,
+            offset,
+            random.gen_range(0..=(length - offset).min(9000)),
+        )
+        .is_err(),
     );
-    let _ = punch_hole(
-        store,
-        root,
-        random.gen_range(0..=length),
-        random.gen_range(1..9000),
+    errors += usize::from(
+        punch_hole(
+            store,
+            root,
+            random.gen_range(0..=length),
+            random.gen_range(1..9000),
+        )
+        .is_err(),
     );
-    let _ = zero_range(
-        store,
-        root,
-        random.gen_range(0..=length),
-        random.gen_range(1..9000),
-        random.gen(),
+    errors += usize::from(
+        zero_range(
+            store,
+            root,
+            random.gen_range(0..=length),
+            random.gen_range(1..9000),
+            random.gen(),
+        )
+        .is_err(),
     );
-    let _ = allocate(
-        store,
-        root,
-        random.gen_range(0..=length),
-        random.gen_range(1..9000),
-        random.gen(),
+    errors += usize::from(
+        allocate(
+            store,
+            root,
+            random.gen_range(0..=length),
+            random.gen_range(1..9000),
+            random.gen(),
+        )
+        .is_err(),
     );
-    let _ = truncate(store, root, random.gen_range(0..=length));
-    let _ = destroy(store, *root);
+    errors += usize::from(truncate(store, root, random.gen_range(0..=length)).is_err());
+    let _ = root.encode();
+    errors += usize::from(destroy(store, *root).is_err());
+    errors
 }
 
 fn corruptible_file(seed: u64) -> (GuardedStore, ExtentRoot) {
@@ -628,9 +649,18 @@ fn corruptible_file(seed: u64) -> (GuardedStore, ExtentRoot) {
     (store, root)
 }
 
+/// Seeds for the corruption tests; `EXTENT_CORRUPTION_SEEDS=N` runs more for a longer soak.
+fn corruption_seeds(default: u64) -> std::ops::Range<u64> {
+    let count = std::env::var("EXTENT_CORRUPTION_SEEDS")
+        .ok()
+        .and_then(|text| text.parse().ok());
+    0..count.unwrap_or(default)
+}
+
 #[test]
 fn corrupt_tree_blocks_give_errors_not_panics() {
-    for seed in 0..150u64 {
+    let mut errors = 0;
+    for seed in corruption_seeds(150) {
         println!("corruption seed {seed}");
         let (mut store, mut root) = corruptible_file(seed);
         assert!(root.depth() >= 2);
@@ -656,13 +686,19 @@ fn corrupt_tree_blocks_give_errors_not_panics() {
             }
             seal_block(bytes, kind, block);
         }
-        exercise(&mut store, &mut root, &mut random);
+        errors += exercise(&mut store, &mut root, &mut random);
     }
+    println!("{errors} operations reported errors");
+    assert!(
+        errors > 100,
+        "corruption was hardly ever noticed ({errors} errors)"
+    );
 }
 
 #[test]
 fn corrupt_root_gives_errors_not_panics() {
-    for seed in 0..300u64 {
+    let mut errors = 0;
+    for seed in corruption_seeds(200) {
         println!("corruption seed {seed}");
         let (mut store, root) = corruptible_file(seed % 8);
         let mut random = SmallRng::seed_from_u64(seed);
@@ -675,9 +711,16 @@ fn corrupt_root_gives_errors_not_panics() {
             bytes[at] ^= 1 << random.gen_range(0..8);
         }
         if let Ok(mut decoded) = ExtentRoot::decode(&bytes) {
-            exercise(&mut store, &mut decoded, &mut random);
+            errors += exercise(&mut store, &mut decoded, &mut random);
+        } else {
+            errors += 1;
         }
     }
+    println!("{errors} decodes or operations reported errors");
+    assert!(
+        errors > 100,
+        "corruption was hardly ever noticed ({errors} errors)"
+    );
 }
 
 #[test]
@@ -770,4 +813,229 @@ fn no_space_leaves_the_tree_unchanged() {
     );
     destroy(&mut store, root).unwrap();
     assert_eq!(store.inner.allocated_count(), 0);
+}
+
+#[test]
+fn collapse_and_truncate_trim_without_copying() {
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    let data: Vec<u8> = (0..64 * BLOCK_SIZE)
+        .map(|index| (index % 251) as u8)
+        .collect();
+    write(&mut store, &mut root, 0, &data).unwrap();
+    let mut model = data.clone();
+    // Across block boundaries: the cut extents are trimmed, whole blocks in between are freed.
+    collapse_range(&mut store, &mut root, 1000, 3 * BLOCK_SIZE_U64).unwrap();
+    model.drain(1000..1000 + 3 * BLOCK_SIZE);
+    assert_eq!(
+        store.allocated_count(),
+        62,
+        "two whole blocks freed, the partial ones kept"
+    );
+    truncate(&mut store, &mut root, 20 * BLOCK_SIZE_U64 + 7).unwrap();
+    model.truncate(20 * BLOCK_SIZE + 7);
+    assert_eq!(store.allocated_count() as u64, root.blocks_owned());
+    let report = check(&mut store, &root);
+    let data_blocks: u64 = report.data_blocks.iter().map(|run| run.1).sum();
+    assert_eq!(data_blocks, 22, "blocks of the trimmed extents");
+    // Inside one block with data on both sides: the one case that copies a block.
+    collapse_range(&mut store, &mut root, 10, 20).unwrap();
+    model.drain(10..30);
+    let report = check(&mut store, &root);
+    assert_eq!(report.data_blocks.iter().map(|run| run.1).sum::<u64>(), 23);
+    verify(&mut store, &root, &model, "after trims");
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
+
+#[test]
+fn model_large_ranges_over_many_extents() {
+    // Fragment a file into thousands of extents, then cut, punch, zero and fill ranges that span
+    // many leaves, so that removals, merges and redistributions between nodes are exercised.
+    let seed = 21u64;
+    println!("extent model test: seed {seed}");
+    let mut random = SmallRng::seed_from_u64(seed);
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    let mut model = Vec::new();
+    let fragment = Shape {
+        small_bytes: 24,
+        large_bytes: 200,
+        soft_limit_bytes: 300_000,
+        grow: true,
+    };
+    let sweep = Shape {
+        small_bytes: 24,
+        large_bytes: 150_000,
+        soft_limit_bytes: 300_000,
+        grow: true,
+    };
+    let mut most_extents = 0;
+    for round in 0..6 {
+        for step in 0..12_000 {
+            random_operation(&mut random, &mut store, &mut root, &mut model, fragment);
+            if step % 4000 == 3999 {
+                verify(
+                    &mut store,
+                    &root,
+                    &model,
+                    &format!("seed {seed} round {round} fragment {step}"),
+                );
+            }
+        }
+        most_extents = most_extents.max(extent_count(&mut store, &root));
+        for step in 0..300 {
+            let name = random_operation(&mut random, &mut store, &mut root, &mut model, sweep);
+            if step % 20 == 19 {
+                verify(
+                    &mut store,
+                    &root,
+                    &model,
+                    &format!("seed {seed} round {round} sweep {step} after {name}"),
+                );
+            }
+        }
+    }
+    println!("at most {most_extents} extents");
+    assert!(most_extents >= 3000, "{most_extents} extents");
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
+
+/// A longer randomized run over many seeds: `cargo test -p tandemfs --lib extent_soak --
+/// --ignored`, seeds from `EXTENT_SOAK_SEEDS` (default 20).
+#[test]
+#[ignore]
+fn extent_soak() {
+    let count = std::env::var("EXTENT_SOAK_SEEDS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(20u64);
+    for seed in 1000..1000 + count {
+        let shape = if seed % 2 == 0 {
+            Shape {
+                small_bytes: 3000,
+                large_bytes: 70_000,
+                soft_limit_bytes: 400_000,
+                grow: false,
+            }
+        } else {
+            Shape {
+                small_bytes: 24,
+                large_bytes: 2000,
+                soft_limit_bytes: 200_000,
+                grow: true,
+            }
+        };
+        run_model(seed, 20_000, 100, shape);
+    }
+}
+
+#[test]
+fn bad_arguments_are_typed_errors() {
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    write(&mut store, &mut root, 0, &[7; 100]).unwrap();
+    let invalid =
+        |result: crate::Result<()>| matches!(result, Err(crate::Error::InvalidArgument(_)));
+    let too_large = |result: crate::Result<()>| matches!(result, Err(crate::Error::FileTooLarge));
+    assert!(invalid(insert_range(&mut store, &mut root, 101, 10)));
+    assert!(invalid(collapse_range(&mut store, &mut root, 50, 51)));
+    assert!(invalid(collapse_range(&mut store, &mut root, u64::MAX, 2)));
+    assert!(too_large(write(
+        &mut store,
+        &mut root,
+        MAX_FILE_BYTES,
+        &[1]
+    )));
+    assert!(too_large(write(&mut store, &mut root, u64::MAX, &[1])));
+    assert!(too_large(truncate(
+        &mut store,
+        &mut root,
+        MAX_FILE_BYTES + 1
+    )));
+    assert!(too_large(insert_range(
+        &mut store,
+        &mut root,
+        0,
+        MAX_FILE_BYTES
+    )));
+    assert!(too_large(allocate(
+        &mut store,
+        &mut root,
+        u64::MAX - 5,
+        10,
+        false
+    )));
+    assert!(too_large(zero_range(
+        &mut store,
+        &mut root,
+        MAX_FILE_BYTES,
+        1,
+        false
+    )));
+    // The largest file is fine as long as it is a hole; nothing was changed by the failures.
+    truncate(&mut store, &mut root, MAX_FILE_BYTES).unwrap();
+    write(&mut store, &mut root, MAX_FILE_BYTES - 3, &[1, 2, 3]).unwrap();
+    let mut buffer = [0u8; 8];
+    assert_eq!(
+        read(&mut store, &root, MAX_FILE_BYTES - 5, &mut buffer).unwrap(),
+        5
+    );
+    assert_eq!(buffer[..5], [0, 0, 1, 2, 3]);
+    assert_eq!(read(&mut store, &root, 0, &mut buffer).unwrap(), 8);
+    assert_eq!(buffer, [7; 8]);
+    punch_hole(&mut store, &mut root, u64::MAX - 1, 10).unwrap();
+    assert_eq!(root.blocks_owned(), 2);
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+}
+
+#[test]
+fn extents_from_starts_at_the_extent_holding_the_offset() {
+    let mut store = CountingStore {
+        inner: MemoryStore::new(),
+        reads: 0,
+        writes: 0,
+    };
+    let root = striped_file(&mut store, 5000);
+    let mut seen = Vec::new();
+    store.reads = 0;
+    let offset = 3000 * (BLOCK_SIZE_U64 + 1) + 10;
+    extents_from(
+        &mut store,
+        &root,
+        offset,
+        &mut |logical, length, physical, unwritten| {
+            seen.push((logical, length, physical.is_some(), unwritten));
+            seen.len() < 3
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        seen[0],
+        (3000 * (BLOCK_SIZE_U64 + 1), BLOCK_SIZE_U64, true, true)
+    );
+    assert_eq!(
+        seen[1],
+        (
+            3000 * (BLOCK_SIZE_U64 + 1) + BLOCK_SIZE_U64,
+            1,
+            false,
+            false
+        )
+    );
+    assert_eq!(seen.len(), 3);
+    assert!(
+        store.reads <= 2 * root.depth() as u64,
+        "{} node reads",
+        store.reads
+    );
+    let mut none = true;
+    extents_from(&mut store, &root, root.length_bytes(), &mut |_, _, _, _| {
+        none = false;
+        true
+    })
+    .unwrap();
+    assert!(none);
 }

@@ -114,6 +114,13 @@ impl<'s> Tree<'s> {
 
     /// Writes every changed node once, then frees what the operation released.
     pub fn commit(mut self) -> Result<ExtentRoot> {
+        if self.blocks_owned >= MAX_BLOCK_NUMBER {
+            // Only a corrupt count read from the root can get here; refuse before writing.
+            self.abort();
+            return Err(Error::corruption(
+                "extent root field blocks_owned: out of range",
+            ));
+        }
         assert!(
             self.root.len() <= ROOT_CAPACITY,
             "root overflow survived rebalancing"
@@ -398,6 +405,12 @@ impl<'s> Tree<'s> {
                 let right_index = left_index + 1;
                 let left = self.entries(parent)[left_index];
                 let right = self.entries(parent)[right_index];
+                if left.address == right.address {
+                    return Err(Error::corruption(format!(
+                        "extent node {}: names child {} twice",
+                        parent, left.address
+                    )));
+                }
                 self.load(left.address, level, left.length)?;
                 self.load(right.address, level, right.length)?;
                 let left_count = self.entries(left.address).len();
@@ -469,6 +482,65 @@ impl<'s> Tree<'s> {
         Ok(())
     }
 
+    /// The entries for the bytes `right_address..right_address + right_length` of extent `entry`
+    /// that stay behind its first `left_length` bytes. If the right part would begin inside the
+    /// left part's last block, that block's right-hand bytes are copied into a new block at the
+    /// same offset, so the two parts never share a block (the ownership rule).
+    fn right_part(
+        &mut self,
+        entry: Entry,
+        left_length: u64,
+        right_address: u64,
+        right_length: u64,
+    ) -> Result<Vec<Entry>> {
+        assert!(!entry.is_hole() && left_length > 0 && right_length > 0);
+        assert!(right_address >= entry.address + left_length);
+        assert!(right_address + right_length == entry.address + entry.length);
+        let left_last_block = (entry.address + left_length - 1) / BLOCK_SIZE_U64;
+        let shared_block = right_address / BLOCK_SIZE_U64;
+        let in_block = (right_address % BLOCK_SIZE_U64) as usize;
+        if shared_block != left_last_block {
+            return Ok(vec![Entry::data(
+                right_address,
+                right_length,
+                entry.unwritten,
+            )]);
+        }
+        assert!(in_block != 0);
+        let piece = right_length.min((BLOCK_SIZE - in_block) as u64);
+        let (copy_block, _) = self.allocate_data(shared_block + 1, 1)?;
+        if !entry.unwritten {
+            let mut bytes = vec![0u8; piece as usize];
+            self.store.read_data(shared_block, in_block, &mut bytes)?;
+            self.store.write_data(copy_block, in_block, &bytes)?;
+        }
+        let mut pieces = vec![Entry::data(
+            copy_block * BLOCK_SIZE_U64 + in_block as u64,
+            piece,
+            entry.unwritten,
+        )];
+        if right_length > piece {
+            pieces.push(Entry::data(
+                (shared_block + 1) * BLOCK_SIZE_U64,
+                right_length - piece,
+                entry.unwritten,
+            ));
+        }
+        Ok(pieces)
+    }
+
+    /// Gives back the data blocks `first..first + count` (part of an extent being cut back).
+    fn release_blocks(&mut self, first: u64, count: u64) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        self.blocks_owned = self.blocks_owned.checked_sub(count).ok_or_else(|| {
+            Error::corruption("extent root field blocks_owned: smaller than the blocks in the tree")
+        })?;
+        self.freed_data.push((first, count));
+        Ok(())
+    }
+
     /// Makes `position` the start of an entry. Cutting an extent inside a block copies the
     /// second part's bytes of that block into a new block, so that the two parts never share
     /// a block (the ownership rule); a cut on a block boundary copies nothing.
@@ -489,32 +561,8 @@ impl<'s> Tree<'s> {
             pieces.push(Entry::hole(rest));
         } else {
             pieces.push(Entry::data(entry.address, cut, entry.unwritten));
-            let cut_address = entry.address + cut;
-            let in_block = (cut_address % BLOCK_SIZE_U64) as usize;
-            if in_block == 0 {
-                pieces.push(Entry::data(cut_address, rest, entry.unwritten));
-            } else {
-                let shared_block = cut_address / BLOCK_SIZE_U64;
-                let piece = rest.min((BLOCK_SIZE - in_block) as u64);
-                let (copy_block, _) = self.allocate_data(shared_block + 1, 1)?;
-                if !entry.unwritten {
-                    let mut bytes = vec![0u8; piece as usize];
-                    self.store.read_data(shared_block, in_block, &mut bytes)?;
-                    self.store.write_data(copy_block, in_block, &bytes)?;
-                }
-                pieces.push(Entry::data(
-                    copy_block * BLOCK_SIZE_U64 + in_block as u64,
-                    piece,
-                    entry.unwritten,
-                ));
-                if rest > piece {
-                    pieces.push(Entry::data(
-                        (shared_block + 1) * BLOCK_SIZE_U64,
-                        rest - piece,
-                        entry.unwritten,
-                    ));
-                }
-            }
+            let right = self.right_part(entry, cut, entry.address + cut, rest)?;
+            pieces.extend(right);
         }
         self.splice(&location.path, location.index(), 1, &pieces)
     }
@@ -552,18 +600,57 @@ impl<'s> Tree<'s> {
     }
 
     /// Removes bytes `start..end`, shifting later bytes down and releasing their blocks.
+    /// Extents cut at either end are trimmed and keep their blocks, so nothing is copied, except
+    /// when the whole range lies inside one block in the middle of one extent.
     pub fn remove_range(&mut self, start: u64, end: u64) -> Result<()> {
         assert!(start <= end && end <= self.length);
-        if start == end {
-            return Ok(());
-        }
-        self.split_at(start)?;
-        self.split_at(end)?;
         let mut remaining = end - start;
-        // Each round removes at least one entry, and so at least one byte.
+        // Each round removes at least one byte, or ends the loop.
         while remaining > 0 {
             let location = self.locate(start)?;
             let index = location.index();
+            let offset = location.offset_in_entry;
+            let entry = self
+                .entry_at(&location)
+                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            if offset > 0 {
+                let tail = entry.length - offset;
+                let replacement = if tail <= remaining {
+                    // The range starts inside this entry and covers its tail: keep the head.
+                    if let Some((first, count)) = entry.blocks() {
+                        let kept_blocks = (entry.address + offset - 1) / BLOCK_SIZE_U64 - first + 1;
+                        self.release_blocks(first + kept_blocks, count - kept_blocks)?;
+                    }
+                    remaining -= tail;
+                    if entry.is_hole() {
+                        vec![Entry::hole(offset)]
+                    } else {
+                        vec![Entry::data(entry.address, offset, entry.unwritten)]
+                    }
+                } else if entry.is_hole() {
+                    let shorter = entry.length - remaining;
+                    remaining = 0;
+                    vec![Entry::hole(shorter)]
+                } else {
+                    // The range lies strictly inside this extent: keep both ends.
+                    let right_address = entry.address + offset + remaining;
+                    let right_length = entry.length - offset - remaining;
+                    let left_last_block = (entry.address + offset - 1) / BLOCK_SIZE_U64;
+                    let right_first_block = right_address / BLOCK_SIZE_U64;
+                    if right_first_block > left_last_block + 1 {
+                        self.release_blocks(
+                            left_last_block + 1,
+                            right_first_block - left_last_block - 1,
+                        )?;
+                    }
+                    let mut pieces = vec![Entry::data(entry.address, offset, entry.unwritten)];
+                    pieces.extend(self.right_part(entry, offset, right_address, right_length)?);
+                    remaining = 0;
+                    pieces
+                };
+                self.splice(&location.path, index, 1, &replacement)?;
+                continue;
+            }
             let entries = self.entries(location.leaf());
             let mut count = 0;
             let mut covered = 0u64;
@@ -573,17 +660,27 @@ impl<'s> Tree<'s> {
                 covered += entries[index + count].length;
                 count += 1;
             }
-            if count == 0 || location.offset_in_entry != 0 {
-                return Err(Error::corruption(
-                    "extent tree changed shape under a removal",
-                ));
+            if count > 0 {
+                let released: Vec<Entry> = entries[index..index + count].to_vec();
+                for entry in released {
+                    self.release_extent(entry)?;
+                }
+                self.splice(&location.path, index, count, &[])?;
+                remaining -= covered;
+                continue;
             }
-            let released: Vec<Entry> = entries[index..index + count].to_vec();
-            for entry in released {
-                self.release_extent(entry)?;
-            }
-            self.splice(&location.path, index, count, &[])?;
-            remaining -= covered;
+            // The range ends inside this entry: drop its head, keep the rest and its blocks.
+            let rest = entry.length - remaining;
+            let replacement = if entry.is_hole() {
+                Entry::hole(rest)
+            } else {
+                let new_address = entry.address + remaining;
+                let first = entry.address / BLOCK_SIZE_U64;
+                self.release_blocks(first, new_address / BLOCK_SIZE_U64 - first)?;
+                Entry::data(new_address, rest, entry.unwritten)
+            };
+            self.splice(&location.path, index, 1, &[replacement])?;
+            remaining = 0;
         }
         self.coalesce(start)
     }
@@ -809,7 +906,9 @@ impl<'s> Tree<'s> {
             let cut_end = if piece_end == entry_end {
                 piece_end
             } else {
-                logical((physical(piece_end) / BLOCK_SIZE_U64 * BLOCK_SIZE_U64).max(physical(position)))
+                logical(
+                    (physical(piece_end) / BLOCK_SIZE_U64 * BLOCK_SIZE_U64).max(physical(position)),
+                )
             };
             if cut_start >= cut_end {
                 if !entry.unwritten {
@@ -939,9 +1038,14 @@ impl<'s> Tree<'s> {
         Ok(())
     }
 
-    /// Calls `visit` for every entry in order; stops when it returns false.
-    pub fn visit(&mut self, visit: &mut dyn FnMut(u64, Entry) -> bool) -> Result<()> {
-        let mut position = 0;
+    /// Calls `visit` for every entry in order from the one holding byte `from`; stops when it
+    /// returns false.
+    pub fn visit(&mut self, from: u64, visit: &mut dyn FnMut(u64, Entry) -> bool) -> Result<()> {
+        if from >= self.length {
+            return Ok(());
+        }
+        // Start at the entry holding `from`: one descent, then leaf by leaf.
+        let mut position = from - self.locate(from)?.offset_in_entry;
         while position < self.length {
             let location = self.locate(position)?;
             if location.offset_in_entry != 0 {

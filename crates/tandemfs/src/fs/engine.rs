@@ -538,12 +538,15 @@ impl FileSystem {
 
     /// Resolves a name in a directory: the overlay first, then the applied H-tree.
     fn find_name(&self, front: &mut Front, parent: InodeNumber, name: &[u8]) -> Result<Option<(u64, FileType)>> {
-        self.directory_view(front, parent)?;
+        let generation = self.directory_view(front, parent)?.attributes.generation;
         if let Some(overlay) = front.names.get(&(parent, name.to_vec())) {
             return Ok(overlay.target);
         }
         let mut volume = self.inner.volume.lock();
-        let inode = volume.read_inode(parent)?;
+        let Some(inode) = FileSystem::home_inode(&mut volume, parent, generation)? else {
+            // Created but not yet applied: every entry is still in the overlay.
+            return Ok(None);
+        };
         let root = DirRoot::decode(&inode.root_area)?;
         match dir::lookup(&mut *volume, &root, &self.inner.applier.hash_seed, name)? {
             None => Ok(None),
@@ -553,6 +556,17 @@ impl FileSystem {
                 })?;
                 Ok(Some((number, file_type)))
             }
+        }
+    }
+
+    /// The applied inode `number` if it is the same inode as the view (same generation); `None`
+    /// while its creation is not applied yet, or while the number still holds a freed
+    /// predecessor.
+    fn home_inode(volume: &mut Volume, number: u64, generation: u64) -> Result<Option<Inode>> {
+        match volume.read_inode(number) {
+            Ok(inode) if inode.generation == generation => Ok(Some(inode)),
+            Ok(_) | Err(Error::NotFound) => Ok(None),
+            Err(error) => Err(error),
         }
     }
 
@@ -1474,10 +1488,15 @@ impl FileSystem {
     // ------------------------------------------------------------------ extended attributes
 
     fn load_xattrs(&self, front: &mut Front, inode: InodeNumber) -> Result<()> {
-        if self.view(front, inode)?.xattrs.is_none() {
+        let view = self.view(front, inode)?;
+        let generation = view.attributes.generation;
+        if view.xattrs.is_none() {
             let mut volume = self.inner.volume.lock();
-            let home = volume.read_inode(inode)?;
-            let attributes = volume.read_xattrs(home.xattr_block)?;
+            // A new inode whose creation is not applied has no attributes yet.
+            let attributes = match FileSystem::home_inode(&mut volume, inode, generation)? {
+                Some(home) => volume.read_xattrs(home.xattr_block)?,
+                None => Default::default(),
+            };
             drop(volume);
             front.views.get_mut(&inode).unwrap().xattrs = Some(attributes);
         }

@@ -108,6 +108,12 @@ impl Model {
 /// link counts and readdir on the way.
 pub fn read_back(fs: &FileSystem) -> Result<Model, Error> {
     let mut model = Model::new();
+    let mut root_xattrs = BTreeMap::new();
+    for name in fs.list_xattr(ROOT_INODE)? {
+        let value = fs.get_xattr(ROOT_INODE, &name)?;
+        root_xattrs.insert(name, value);
+    }
+    model.nodes.insert(String::new(), Node::Directory { xattrs: root_xattrs });
     let mut inode_paths: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     let mut stack = vec![(String::new(), ROOT_INODE)];
     while let Some((path, inode)) = stack.pop() {
