@@ -22,20 +22,16 @@ pub struct ServicesArguments {
 }
 
 pub fn run_services(arguments: ServicesArguments) -> CliResult<i32> {
-    let report = accel_bench::run_services(&arguments.arguments).map_err(CliError::new)?;
+    // The accelerator's error carries its whole help text; keep the promise of one line.
+    let report = tandem_accel::bench::run_services(&arguments.arguments).map_err(|error| {
+        let first = error.lines().find(|line| !line.trim().is_empty()).unwrap_or("failed").trim();
+        CliError::new(format!("bench services: {first} (see 'tandem bench services --help')"))
+    })?;
     print!("{report}");
     if !report.ends_with('\n') {
         println!();
     }
     Ok(EXIT_SUCCESS)
-}
-
-/// TEMPORARY stand-in for `tandem_accel::bench` until it lands on main; then this module becomes
-/// `use tandem_accel::bench as accel_bench;` with the same call.
-mod accel_bench {
-    pub fn run_services(_arguments: &[String]) -> Result<String, String> {
-        Err("this build of tandem has no accelerator benchmark (tandem_accel::bench is missing)".into())
-    }
 }
 
 /// Where benchmark images go: /dev/shm keeps the medium the same (RAM) for tandemfs and ext4 and
