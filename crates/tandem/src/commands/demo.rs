@@ -160,6 +160,9 @@ pub fn run(arguments: DemoArguments) -> CliResult<i32> {
 
     step(7, "unmount and check")?;
     demo.finish()?;
+    // The image's lock goes with the last handle on the volume; fsck needs it.
+    drop(demo);
+    drop(fs);
     println!("   unmounted; the volume is flushed and marked clean");
     let verdict = crate::commands::fsck::check(&arguments.image)?;
     for line in &verdict.lines {
