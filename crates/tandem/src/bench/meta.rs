@@ -127,17 +127,22 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
         };
 
     if matches!(arguments.device, DeviceChoice::Memory | DeviceChoice::All) {
-        let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(volume_bytes));
-        record("tandemfs memory", measure_library(device, size, rounds, "tandemfs memory"), &mut columns);
+        let result = super::contain_panic("the engine", || {
+            let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(volume_bytes));
+            measure_library(device, size, rounds, "tandemfs memory")
+        });
+        record("tandemfs memory", result, &mut columns);
     }
     if matches!(arguments.device, DeviceChoice::File | DeviceChoice::All) {
-        let path = scratch.join(format!("tandem-bench-meta-{}.img", std::process::id()));
+        let image = super::ScratchFile { path: scratch.join(format!("tandem-bench-meta-{}.img", std::process::id())) };
         let options =
             FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
-        let result = FileDevice::open(&path, options)
-            .map_err(|error| format!("cannot create {}: {error}", path.display()))
-            .and_then(|device| measure_library(Arc::new(device), size, rounds, "tandemfs file"));
-        let _ = std::fs::remove_file(&path);
+        let result = super::contain_panic("the engine", || {
+            let device = FileDevice::open(&image.path, options)
+                .map_err(|error| format!("cannot create {}: {error}", image.path.display()))?;
+            measure_library(Arc::new(device), size, rounds, "tandemfs file")
+        });
+        drop(image);
         record("tandemfs file", result, &mut columns);
     }
     let mut ext4_note = None;

@@ -55,3 +55,31 @@ pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
     }
     Some(statistics.f_bavail as u64 * statistics.f_frsize as u64)
 }
+
+/// A scratch file removed when this goes out of scope, also on an error or a panic.
+pub struct ScratchFile {
+    pub path: PathBuf,
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Runs one column's measurement, turning a panic inside the engine into that column's error so
+/// the other columns and the clean-up still happen. The panic's own message has already been
+/// printed by then.
+pub fn contain_panic<T>(label: &str, body: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(result) => result,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|text| text.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(format!("{label} panicked: {message}"))
+        }
+    }
+}

@@ -190,9 +190,9 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
     let mut failures = Vec::new();
     let mut columns = Vec::new();
     let mut sequential_results = Vec::new();
-    let image = scratch.join(format!("tandem-bench-mount-{}.img", std::process::id()));
-    let result = measure_tandemfs(&image, volume_bytes, size, &arguments);
-    let _ = std::fs::remove_file(&image);
+    let image = super::ScratchFile { path: scratch.join(format!("tandem-bench-mount-{}.img", std::process::id())) };
+    let result = super::contain_panic("the engine", || measure_tandemfs(&image.path, volume_bytes, size, &arguments));
+    drop(image);
     match result {
         Ok((metadata, sequential)) => {
             columns.push(Column { label: "tandemfs FUSE".into(), medians: Some(metadata) });
