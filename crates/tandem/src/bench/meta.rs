@@ -163,7 +163,11 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
     }
 
     println!();
-    print_comparison(&columns, &[("tandemfs file", "ext4"), ("tandemfs memory", "ext4")]);
+    print_comparison(
+        &columns,
+        &[("tandemfs file", "ext4", "file vs ext4"), ("tandemfs memory", "ext4", "memory vs ext4")],
+        true,
+    );
     if let Some(note) = ext4_note {
         println!("{note}");
     }
@@ -177,21 +181,25 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
     }
 }
 
-/// Prints every column, then each "ours vs theirs" pair as a speed-up; the first pair also gets
-/// the project's target beside it.
-pub fn print_comparison(columns: &[Column], comparisons: &[(&str, &str)]) {
+/// Prints every column, then each (ours, theirs, header) pair as a speed-up of ours over theirs;
+/// with `show_targets`, the first pair also gets the project's target beside it.
+pub fn print_comparison(columns: &[Column], comparisons: &[(&str, &str, &str)], show_targets: bool) {
     let measured = |label: &str| columns.iter().find(|column| column.label == label && column.medians.is_some());
-    let pairs: Vec<(&Column, &Column)> =
-        comparisons.iter().filter_map(|(ours, theirs)| Some((measured(ours)?, measured(theirs)?))).collect();
-    let with_target = comparisons.first().is_some_and(|(ours, theirs)| {
-        pairs
-            .first()
-            .is_some_and(|(first_ours, first_theirs)| first_ours.label == *ours && first_theirs.label == *theirs)
-    });
+    let pairs: Vec<(&Column, &Column, &str)> = comparisons
+        .iter()
+        .filter_map(|(ours, theirs, header)| Some((measured(ours)?, measured(theirs)?, *header)))
+        .collect();
+    // Targets belong to the first comparison only; without it measured there are none to show.
+    let with_target = show_targets
+        && comparisons.first().is_some_and(|(ours, theirs, _)| {
+            pairs
+                .first()
+                .is_some_and(|(first_ours, first_theirs, _)| first_ours.label == *ours && first_theirs.label == *theirs)
+        });
     let mut headers: Vec<String> = vec!["operation".into()];
     headers.extend(columns.iter().map(|column| column.label.clone()));
-    for (index, (ours, theirs)) in pairs.iter().enumerate() {
-        headers.push(format!("{} vs {}", ours.label, theirs.label));
+    for (index, (_, _, header)) in pairs.iter().enumerate() {
+        headers.push(header.to_string());
         if index == 0 && with_target {
             headers.push("target".into());
         }
@@ -206,7 +214,7 @@ pub fn print_comparison(columns: &[Column], comparisons: &[(&str, &str)]) {
                 (Some(_), None) => "-".into(),
             });
         }
-        for (index, (ours, theirs)) in pairs.iter().enumerate() {
+        for (index, (ours, theirs, _)) in pairs.iter().enumerate() {
             let (ours_seconds, theirs_seconds) =
                 (ours.seconds(operation).unwrap_or(0.0), theirs.seconds(operation).unwrap_or(0.0));
             row.push(format_ratio(ours_seconds, theirs_seconds));
