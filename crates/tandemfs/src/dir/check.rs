@@ -1,7 +1,7 @@
 //! Consistency check of one directory for fsck: reads everything, trusts nothing, reports every
 //! problem in words and never panics.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::format::*;
 use super::hash::{half_md4, HashSeed};
@@ -19,8 +19,21 @@ pub struct DirCheck {
 
 struct Checker<'a> {
     store: &'a mut dyn MetaStore,
-    leaves: BTreeMap<u64, BlockBuf>,
+    /// The allocation bitmap of every leaf in the chain. Only bitmaps are kept, so that a
+    /// directory of millions of entries is checked in little memory.
+    leaves: BTreeMap<u64, Bitmap>,
+    /// Leaves the list walk read lately.
+    cache: HashMap<u64, BlockBuf>,
     result: DirCheck,
+}
+
+type Bitmap = [u8; LEAF_BITMAP_BYTES];
+
+/// Leaves the list walk keeps in memory at once.
+const CHECK_CACHED_BLOCKS: usize = 64;
+
+fn bitmap_bit(bitmap: &Bitmap, slot: usize) -> bool {
+    bitmap[slot / 8] & (1 << (slot % 8)) != 0
 }
 
 impl Checker<'_> {
@@ -65,7 +78,9 @@ impl Checker<'_> {
                 self.problem(format!("leaf {block_number} is empty but was not freed"));
             }
             let next = read_u64(&block[..], LEAF_NEXT_OFFSET);
-            self.leaves.insert(block_number, block);
+            let mut bitmap = [0u8; LEAF_BITMAP_BYTES];
+            bitmap.copy_from_slice(&block[LEAF_BITMAP_OFFSET..LEAF_BITMAP_OFFSET + LEAF_BITMAP_BYTES]);
+            self.leaves.insert(block_number, bitmap);
             previous = block_number;
             block_number = next;
         }
@@ -84,10 +99,17 @@ impl Checker<'_> {
         let mut pending = vec![(root.index_root, root.index_depth - 1, 0u32, u64::MAX)];
         while let Some((block_number, level, lowest, upper)) = pending.pop() {
             if !index_blocks.insert(block_number) || index_blocks.len() as u64 > root.index_block_count {
-                self.problem(format!("index reaches block {block_number} twice or more blocks than its count {}", root.index_block_count));
+                self.problem(format!(
+                    "index reaches block {block_number} twice or more blocks than its count {}",
+                    root.index_block_count
+                ));
                 return regions;
             }
-            let node = match self.store.read_meta(block_number, BlockKind::DirIndex).and_then(|block| decode_index(&block, block_number, level)) {
+            let node = match self
+                .store
+                .read_meta(block_number, BlockKind::DirIndex)
+                .and_then(|block| decode_index(&block, block_number, level))
+            {
                 Ok(node) => node,
                 Err(error) => {
                     self.problem(error.to_string());
@@ -95,7 +117,10 @@ impl Checker<'_> {
                 }
             };
             if node.entries[0].0 != lowest {
-                self.problem(format!("index block {block_number}: lowest hash {:#x}, parent says {lowest:#x}", node.entries[0].0));
+                self.problem(format!(
+                    "index block {block_number}: lowest hash {:#x}, parent says {lowest:#x}",
+                    node.entries[0].0
+                ));
             }
             if node.entries.last().unwrap().0 as u64 >= upper {
                 self.problem(format!("index block {block_number}: hashes reach past the next sibling's {upper:#x}"));
@@ -111,15 +136,21 @@ impl Checker<'_> {
             }
         }
         if index_blocks.len() as u64 != root.index_block_count {
-            self.problem(format!("index has {} blocks, the root counts {}", index_blocks.len(), root.index_block_count));
+            self.problem(format!(
+                "index has {} blocks, the root counts {}",
+                index_blocks.len(),
+                root.index_block_count
+            ));
         }
         regions
     }
 
     /// Walks the list from the head dummy, checking order, regions, names and space.
     fn walk_list(&mut self, root: &DirRoot, seed: &HashSeed, regions: &[(u32, u64)]) {
-        let mut used: BTreeMap<u64, Vec<bool>> = BTreeMap::new();
-        let mut names = HashSet::new();
+        let mut used: BTreeMap<u64, Bitmap> = BTreeMap::new();
+        // Two entries with one name have one hash, and the list keeps equal hashes together, so
+        // duplicates are found among the names of the current hash only.
+        let mut same_hash_names: (u32, Vec<Vec<u8>>) = (u32::MAX, Vec::new());
         let mut position = root.head_position();
         let mut previous_key: Option<(u64, bool)> = None;
         let mut region_index = 0usize;
@@ -139,10 +170,23 @@ impl Checker<'_> {
                     break;
                 }
             };
-            let Some(block) = self.leaves.get(&block_number) else {
+            if !self.leaves.contains_key(&block_number) {
                 self.problem(format!("list reaches block {block_number}, not in the leaf chain"));
                 break;
-            };
+            }
+            if !self.cache.contains_key(&block_number) {
+                if self.cache.len() >= CHECK_CACHED_BLOCKS {
+                    self.cache.clear();
+                }
+                match self.store.read_meta(block_number, BlockKind::DirLeaf) {
+                    Ok(block) => self.cache.insert(block_number, block),
+                    Err(error) => {
+                        self.problem(format!("leaf {block_number}: {error}"));
+                        break;
+                    }
+                };
+            }
+            let block = &self.cache[&block_number];
             let record = match decode_record(block, block_number, slot) {
                 Ok(record) => record,
                 Err(error) => {
@@ -150,11 +194,11 @@ impl Checker<'_> {
                     break;
                 }
             };
-            let slots_used = used.entry(block_number).or_insert_with(|| vec![false; SLOTS_PER_BLOCK]);
+            let slots_used = used.entry(block_number).or_insert([0; LEAF_BITMAP_BYTES]);
             let mut overlap = false;
             for each in slot..slot + record.slots() {
-                overlap |= slots_used[each];
-                slots_used[each] = true;
+                overlap |= bitmap_bit(slots_used, each);
+                slots_used[each / 8] |= 1 << (each % 8);
             }
             if overlap {
                 self.problem(format!("leaf {block_number} slot {slot}: record overlaps another"));
@@ -180,7 +224,9 @@ impl Checker<'_> {
                         "dummy {:#x} at {position:#x}, the index has region {hash:#x} at {indexed:#x}",
                         record.region_hash()
                     )),
-                    None => self.problem(format!("dummy {:#x} at {position:#x} is not in the index", record.region_hash())),
+                    None => {
+                        self.problem(format!("dummy {:#x} at {position:#x} is not in the index", record.region_hash()))
+                    }
                 }
                 region_index += 1;
                 region_total += 1;
@@ -192,14 +238,21 @@ impl Checker<'_> {
                 let name_text = String::from_utf8_lossy(&record.name).into_owned();
                 let expected_hash = order_hash(half_md4(seed, &record.name).0);
                 if key_hash(record.key) != expected_hash {
-                    self.problem(format!("entry {name_text:?}: stored hash {:#x}, name hashes to {expected_hash:#x}", key_hash(record.key)));
+                    self.problem(format!(
+                        "entry {name_text:?}: stored hash {:#x}, name hashes to {expected_hash:#x}",
+                        key_hash(record.key)
+                    ));
                 }
                 if record.key < FIRST_FREE_COOKIE {
                     self.problem(format!("entry {name_text:?}: key {} is a reserved cookie", record.key));
                 }
-                if !names.insert(record.name.clone()) {
+                if same_hash_names.0 != key_hash(record.key) {
+                    same_hash_names = (key_hash(record.key), Vec::new());
+                }
+                if same_hash_names.1.contains(&record.name) {
                     self.problem(format!("entry {name_text:?} appears twice"));
                 }
+                same_hash_names.1.push(record.name.clone());
                 self.result.entries.push((record.name, record.inode_or_count, record.file_type));
             }
             position = record.next;
@@ -216,17 +269,21 @@ impl Checker<'_> {
             self.problem(format!("list has {region_total} regions, the root counts {}", root.region_count));
         }
         if self.result.entries.len() as u64 != root.entry_count {
-            self.problem(format!("list has {} entries, the root counts {}", self.result.entries.len(), root.entry_count));
+            self.problem(format!(
+                "list has {} entries, the root counts {}",
+                self.result.entries.len(),
+                root.entry_count
+            ));
         }
         let mut bitmap_problems = Vec::new();
-        for (block_number, block) in &self.leaves {
+        for (block_number, bitmap) in &self.leaves {
             let reached = used.get(block_number);
             for slot in FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK {
-                let in_use = reached.map(|slots| slots[slot]).unwrap_or(false);
-                if leaf_bit(block, slot) != in_use {
+                let in_use = reached.map(|slots| bitmap_bit(slots, slot)).unwrap_or(false);
+                if bitmap_bit(bitmap, slot) != in_use {
                     bitmap_problems.push(format!(
                         "leaf {block_number} slot {slot}: bitmap says {}, the list says {}",
-                        if leaf_bit(block, slot) { "used" } else { "free" },
+                        if bitmap_bit(bitmap, slot) { "used" } else { "free" },
                         if in_use { "used" } else { "free" }
                     ));
                     break;
@@ -239,7 +296,7 @@ impl Checker<'_> {
 
 /// Checks the directory rooted at `root`: every block it owns, every entry, every problem.
 pub fn check(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed) -> DirCheck {
-    let mut checker = Checker { store, leaves: BTreeMap::new(), result: DirCheck::default() };
+    let mut checker = Checker { store, leaves: BTreeMap::new(), cache: HashMap::new(), result: DirCheck::default() };
     if let Err(error) = root.validate() {
         checker.problem(error.to_string());
         return checker.result;

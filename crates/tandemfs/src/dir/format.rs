@@ -299,7 +299,9 @@ pub fn validate_leaf(block: &BlockBuf, block_number: u64) -> Result<()> {
     }
     for slot in SLOTS_PER_BLOCK..LEAF_BITMAP_BYTES * 8 {
         if leaf_bit(block, slot) {
-            return Err(Error::corruption(format!("directory leaf {block_number}: bitmap marks slot {slot} in the trailer")));
+            return Err(Error::corruption(format!(
+                "directory leaf {block_number}: bitmap marks slot {slot} in the trailer"
+            )));
         }
     }
     if read_u16(&block[..], LEAF_RESERVED_OFFSET) != 0 {
@@ -467,7 +469,7 @@ mod tests {
     fn structure_sizes() {
         assert_eq!(ROOT_RESERVED_OFFSET + ROOT_RESERVED_BYTES, DIR_ROOT_BYTES);
         assert_eq!(LEAF_BITMAP_OFFSET + LEAF_BITMAP_BYTES, LEAF_HEADER_BYTES);
-        assert!(LEAF_BITMAP_BYTES * 8 >= SLOTS_PER_BLOCK);
+        const _: () = assert!(LEAF_BITMAP_BYTES * 8 >= SLOTS_PER_BLOCK);
         assert_eq!(SLOTS_PER_BLOCK, 255);
         assert_eq!(FIRST_ENTRY_SLOT, 4);
         assert_eq!(entry_slots(0) * SLOT_BYTES, DUMMY_BYTES);

@@ -32,7 +32,8 @@ pub fn hash_seed_from_uuid(uuid: &str) -> Result<HashSeed> {
     }
     let mut bytes = [0u8; 16];
     for (index, byte) in bytes.iter_mut().enumerate() {
-        let text = std::str::from_utf8(&digits[index * 2..index * 2 + 2]).map_err(|_| Error::invalid("UUID is not ASCII"))?;
+        let text =
+            std::str::from_utf8(&digits[index * 2..index * 2 + 2]).map_err(|_| Error::invalid("UUID is not ASCII"))?;
         *byte = u8::from_str_radix(text, 16).map_err(|_| Error::invalid(format!("{uuid:?} is not a UUID")))?;
     }
     let mut seed = [0u32; 4];
@@ -130,7 +131,7 @@ mod tests {
     use super::*;
 
     fn decode_hex(text: &str) -> Vec<u8> {
-        assert!(text.len() % 2 == 0);
+        assert_eq!(text.len() & 1, 0, "odd number of hex digits");
         (0..text.len() / 2).map(|index| u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).unwrap()).collect()
     }
 
@@ -151,7 +152,13 @@ mod tests {
             if name.iter().any(|byte| *byte >= 0x80) {
                 utf8_names += 1;
             }
-            assert_eq!(half_md4(&seed, &name), (major, minor), "line {}: {:?}", line_number + 1, String::from_utf8_lossy(&name));
+            assert_eq!(
+                half_md4(&seed, &name),
+                (major, minor),
+                "line {}: {:?}",
+                line_number + 1,
+                String::from_utf8_lossy(&name)
+            );
             checked += 1;
         }
         assert!(checked >= 1000, "only {checked} vectors");

@@ -30,9 +30,9 @@ fn descend(session: &mut Session, root: &DirRoot, hash: u32) -> Result<Vec<Step>
         let chosen = match node.entries.partition_point(|(entry_hash, _)| *entry_hash <= hash) {
             0 => {
                 return Err(Error::corruption(format!(
-                    "directory index block {block_number}: lowest hash {:#x} above {hash:#x} reached through its parent",
-                    node.entries[0].0
-                )))
+                "directory index block {block_number}: lowest hash {:#x} above {hash:#x} reached through its parent",
+                node.entries[0].0
+            )))
             }
             after => after - 1,
         };
@@ -46,7 +46,10 @@ fn descend(session: &mut Session, root: &DirRoot, hash: u32) -> Result<Vec<Step>
                 )));
             }
         } else if node.entries[0].0 != 0 {
-            return Err(Error::corruption(format!("directory index root {block_number}: lowest hash {:#x}, not 0", node.entries[0].0)));
+            return Err(Error::corruption(format!(
+                "directory index root {block_number}: lowest hash {:#x}, not 0",
+                node.entries[0].0
+            )));
         }
         let target = node.entries[chosen].1;
         path.push(Step { block_number, node, chosen });
@@ -145,7 +148,12 @@ pub fn remove(session: &mut Session, root: &mut DirRoot, hash: u32) -> Result<()
             let (left_block, mut left, right_block, right) = if sibling_index == left_index {
                 (sibling_block, sibling, step.block_number, std::mem::take(&mut step.node.entries))
             } else {
-                (step.block_number, IndexNode { level: step.node.level, entries: std::mem::take(&mut step.node.entries) }, sibling_block, sibling.entries)
+                (
+                    step.block_number,
+                    IndexNode { level: step.node.level, entries: std::mem::take(&mut step.node.entries) },
+                    sibling_block,
+                    sibling.entries,
+                )
             };
             left.entries.extend(right);
             if left.entries.len() <= INDEX_CAPACITY {

@@ -4,9 +4,10 @@
 //! a 64-bit key (the name's half-MD4 hash, then a tiebreak that makes the key unique). Dummy
 //! records cut the list into hash regions and count their members; an index of 16-byte
 //! (hash, position) entries finds the dummy of the region a hash falls in, so a lookup reads
-//! the index path and walks one region. Regions split at a pivot hash by relinking, and merge
-//! again when they shrink; no entry ever moves, so a readdir cookie (the key) stays valid.
-//! `docs/DIRECTORIES.md` describes the structure and its bytes.
+//! the index path and walks one region. Regions split at a pivot hash by relinking (no entry
+//! moves) and merge again when they shrink. Entries move only when a region whose records have
+//! spread over too many leaves is compacted; a readdir cookie is the key, not a position, so it
+//! stays valid through all of it. `docs/DIRECTORIES.md` describes the structure and its bytes.
 
 mod check;
 mod format;
@@ -17,7 +18,9 @@ mod session;
 mod tests;
 
 pub use check::{check, DirCheck};
-pub use format::{DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES, REGION_SPLIT_ENTRIES};
+pub use format::{
+    DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES, REGION_SPLIT_ENTRIES,
+};
 pub use hash::{half_md4, hash_seed_from_uuid, HashSeed};
 
 use crate::block::meta::{BlockKind, MetaStore};
@@ -35,21 +38,30 @@ pub struct DirEntry {
 }
 
 /// Leaves a region may spread over beyond the number its records need before it is compacted.
-const REGION_LEAF_SLACK: usize = 3;
+const REGION_LEAF_SLACK: usize = 2;
 
 /// Blocks a readdir keeps in memory at once; a listing of a huge directory stays small.
 const READDIR_CACHED_BLOCKS: usize = 64;
 
 /// Runs `operation` on a session over `store` and the root copy; commits both on success,
 /// drops both on failure.
-fn run<T>(store: &mut dyn MetaStore, root: &mut DirRoot, operation: impl FnOnce(&mut Session, &mut DirRoot) -> Result<T>) -> Result<T> {
+fn run<T>(
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    operation: impl FnOnce(&mut Session, &mut DirRoot) -> Result<T>,
+) -> Result<T> {
     root.validate()?;
     let mut session = Session::new(store);
     let mut working = *root;
     match operation(&mut session, &mut working) {
         Ok(value) => {
+            // A root that would not pass its own checks means the walk met damage it could not
+            // see; better to change nothing.
+            if let Err(error) = working.validate() {
+                session.abandon();
+                return Err(Error::corruption(format!("directory root after an update: {error}")));
+            }
             session.commit()?;
-            working.validate().map_err(|error| Error::corruption(format!("directory root after an update: {error}")))?;
             *root = working;
             Ok(value)
         }
@@ -79,12 +91,21 @@ pub fn create(store: &mut dyn MetaStore) -> Result<DirRoot> {
     let mut session = Session::new(store);
     let result = (|| {
         let first_leaf = session.allocate(BlockKind::DirLeaf, 0)?;
-        let head = Record { key: make_key(0, 0), next: 0, inode_or_count: 0, file_type: 0, is_dummy: true, name: Vec::new() };
+        let head =
+            Record { key: make_key(0, 0), next: 0, inode_or_count: 0, file_type: 0, is_dummy: true, name: Vec::new() };
         let block = session.leaf_mut(first_leaf)?;
         set_leaf_bits(block, FIRST_ENTRY_SLOT, head.slots(), true);
         write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, head.slots() as u16);
         encode_record(block, FIRST_ENTRY_SLOT, &head);
-        Ok(DirRoot { first_leaf, index_root: 0, index_depth: 0, entry_count: 0, region_count: 1, leaf_count: 1, index_block_count: 0 })
+        Ok(DirRoot {
+            first_leaf,
+            index_root: 0,
+            index_depth: 0,
+            entry_count: 0,
+            region_count: 1,
+            leaf_count: 1,
+            index_block_count: 0,
+        })
     })();
     match result {
         Ok(root) => {
@@ -112,6 +133,9 @@ struct Found {
     /// Leaves the walk passed through, in order: where a new entry of this region should go,
     /// so that a region's records stay in few blocks and a lookup reads few leaves.
     visited_leaves: Vec<u64>,
+    /// The leaves of the dummy and of the region's entries among them (the walk may end on the
+    /// next region's dummy, whose leaf need not hold anything of this region).
+    member_leaves: Vec<u64>,
 }
 
 fn note_leaf(leaves: &mut Vec<u64>, position: u64) {
@@ -137,6 +161,7 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
         same_hash: Vec::new(),
         before_same_hash: dummy_position,
         visited_leaves: vec![block_of(dummy_position)],
+        member_leaves: vec![block_of(dummy_position)],
     };
     let mut previous = dummy_position;
     let mut previous_key = dummy.key;
@@ -154,10 +179,14 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
         note_leaf(&mut found.visited_leaves, position);
         if record.is_dummy {
             if record.region_hash() <= region_hash {
-                return Err(Error::corruption(format!("directory list: dummy {:#x} out of order", record.region_hash())));
+                return Err(Error::corruption(format!(
+                    "directory list: dummy {:#x} out of order",
+                    record.region_hash()
+                )));
             }
             break;
         }
+        note_leaf(&mut found.member_leaves, position);
         if record.key <= previous_key && previous != dummy_position || record.key < previous_key {
             return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
         }
@@ -249,7 +278,11 @@ fn free_run(block: &crate::block::meta::BlockBuf, slots: usize) -> Option<usize>
 fn mark(block: &mut crate::block::meta::BlockBuf, slot: usize, slots: usize, used: bool) {
     set_leaf_bits(block, slot, slots, used);
     let count = read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) as usize;
-    let count = if used { count + slots } else { count.checked_sub(slots).expect("leaf used-slot count below the slots freed") };
+    let count = if used {
+        count + slots
+    } else {
+        count.checked_sub(slots).expect("leaf used-slot count below the slots freed")
+    };
     assert!(count <= ENTRY_SLOTS_PER_LEAF);
     write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, count as u16);
 }
@@ -268,7 +301,9 @@ fn release(session: &mut Session, root: &mut DirRoot, position: u64, slots: usiz
     let previous = read_u64(&block[..], LEAF_PREVIOUS_OFFSET);
     let next = read_u64(&block[..], LEAF_NEXT_OFFSET);
     if previous == 0 {
-        return Err(Error::corruption(format!("directory leaf {block_number} has no previous leaf but is not the first")));
+        return Err(Error::corruption(format!(
+            "directory leaf {block_number} has no previous leaf but is not the first"
+        )));
     }
     write_u64(&mut session.leaf_mut(previous)?[..], LEAF_NEXT_OFFSET, next);
     if next != 0 {
@@ -292,14 +327,25 @@ fn set_next(session: &mut Session, position: u64, next: u64) -> Result<()> {
 fn add_to_count(session: &mut Session, dummy_position: u64, change: i64) -> Result<u64> {
     let mut dummy = session.record(dummy_position, &|| "region dummy".into())?;
     let count = dummy.inode_or_count.checked_add_signed(change).ok_or_else(|| {
-        Error::corruption(format!("directory region {:#x}: member count {} cannot change by {change}", dummy.region_hash(), dummy.inode_or_count))
+        Error::corruption(format!(
+            "directory region {:#x}: member count {} cannot change by {change}",
+            dummy.region_hash(),
+            dummy.inode_or_count
+        ))
     })?;
     dummy.inode_or_count = count;
     session.put_record(dummy_position, &dummy)?;
     Ok(count)
 }
 
-pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8], inode: u64, file_type: u8) -> Result<()> {
+pub fn insert(
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+    inode: u64,
+    file_type: u8,
+) -> Result<()> {
     check_name(name)?;
     if name == b"." || name == b".." {
         return Err(Error::Exists);
@@ -328,7 +374,14 @@ pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
             predecessor = found.predecessor;
         }
         let successor = session.record(predecessor, &|| "insert predecessor".into())?.next;
-        let record = Record { key: make_key(hash, tiebreak), next: successor, inode_or_count: inode, file_type, is_dummy: false, name: name.to_vec() };
+        let record = Record {
+            key: make_key(hash, tiebreak),
+            next: successor,
+            inode_or_count: inode,
+            file_type,
+            is_dummy: false,
+            name: name.to_vec(),
+        };
         let mut candidates = vec![block_of(predecessor)];
         if successor != 0 {
             note_leaf(&mut candidates, successor);
@@ -349,6 +402,8 @@ pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
             position = try_place(session, &candidates[known..], record.slots())?;
         }
         let took_new_leaf = position.is_none();
+        let widened =
+            took_new_leaf || position.is_some_and(|position| !found.member_leaves.contains(&block_of(position)));
         let position = match position {
             Some(position) => position,
             None => place(session, root, &candidates, record.slots())?,
@@ -359,8 +414,9 @@ pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
         root.entry_count += 1;
         if count >= REGION_SPLIT_ENTRIES {
             split_region(session, root, found.dummy_position)?;
-        } else if took_new_leaf {
-            // The only way an insert widens a region's set of leaves.
+        } else if widened {
+            // The entry may have widened the region's set of leaves (a new leaf, or the leaf of
+            // the next region's dummy): gather the region again if it spread too far.
             compact_region(session, root, found.dummy_position)?;
         }
         Ok(())
@@ -369,7 +425,10 @@ pub fn insert(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
 
 /// Members of the region opened by the dummy at `dummy_position`: (position, key) in order,
 /// and the position of the next dummy (0 at the end of the list).
-fn region_members(session: &mut Session, dummy_position: u64) -> Result<(Record, Vec<(u64, u64)>, u64)> {
+/// A region as walked: its dummy, its members (position, key) in order, the next dummy's position.
+type Region = (Record, Vec<(u64, u64)>, u64);
+
+fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> {
     let dummy = session.record(dummy_position, &|| "region dummy".into())?;
     if !dummy.is_dummy {
         return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
@@ -381,7 +440,10 @@ fn region_members(session: &mut Session, dummy_position: u64) -> Result<(Record,
         let record = session.record(position, &|| "region member".into())?;
         if record.is_dummy {
             if record.key <= dummy.key {
-                return Err(Error::corruption(format!("directory list: dummy {:#x} out of order", record.region_hash())));
+                return Err(Error::corruption(format!(
+                    "directory list: dummy {:#x} out of order",
+                    record.region_hash()
+                )));
             }
             break;
         }
@@ -467,7 +529,9 @@ fn split_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) 
     let boundary = (1..members.len())
         .filter(|index| key_hash(members[*index].1) != key_hash(members[*index - 1].1))
         .min_by_key(|index| index.abs_diff(middle));
-    let Some(boundary) = boundary else { return Ok(()) };
+    let Some(boundary) = boundary else {
+        return Ok(());
+    };
     let pivot = key_hash(members[boundary].1);
     let last_of_first_half = members[boundary - 1].0;
     let first_of_second_half = members[boundary].0;
@@ -494,7 +558,13 @@ fn split_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) 
 
 /// Unlinks the dummy at `victim_position` (whose list predecessor is `predecessor`), handing its
 /// members to the region of `survivor_position`.
-fn merge_into(session: &mut Session, root: &mut DirRoot, survivor_position: u64, predecessor: u64, victim_position: u64) -> Result<()> {
+fn merge_into(
+    session: &mut Session,
+    root: &mut DirRoot,
+    survivor_position: u64,
+    predecessor: u64,
+    victim_position: u64,
+) -> Result<()> {
     let victim = session.record(victim_position, &|| "merged dummy".into())?;
     add_to_count(session, survivor_position, victim.inode_or_count as i64)?;
     set_next(session, predecessor, victim.next)?;
@@ -508,7 +578,9 @@ pub fn remove(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
     let hash = name_order_hash(seed, name);
     run(store, root, |session, root| {
         let found = find(session, root, hash, name)?;
-        let Some((position, record)) = found.entry else { return Err(Error::NotFound) };
+        let Some((position, record)) = found.entry else {
+            return Err(Error::NotFound);
+        };
         set_next(session, found.predecessor, record.next)?;
         release(session, root, position, record.slots())?;
         let count = add_to_count(session, found.dummy_position, -1)?;
@@ -543,7 +615,9 @@ fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position:
     if previous_count.saturating_add(dummy.inode_or_count) <= REGION_MERGE_ENTRIES {
         let (_, previous_members, after_previous) = region_members(session, previous_dummy)?;
         if after_previous != dummy_position {
-            return Err(Error::corruption(format!("directory list: region before {region_hash:#x} does not lead to it")));
+            return Err(Error::corruption(format!(
+                "directory list: region before {region_hash:#x} does not lead to it"
+            )));
         }
         let predecessor = previous_members.last().map(|member| member.0).unwrap_or(previous_dummy);
         merge_into(session, root, previous_dummy, predecessor, dummy_position)?;
@@ -552,12 +626,21 @@ fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position:
     Ok(())
 }
 
-pub fn replace(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8], inode: u64, file_type: u8) -> Result<(u64, u8)> {
+pub fn replace(
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+    inode: u64,
+    file_type: u8,
+) -> Result<(u64, u8)> {
     check_name(name)?;
     let hash = name_order_hash(seed, name);
     run(store, root, |session, root| {
         let found = find(session, root, hash, name)?;
-        let Some((position, mut record)) = found.entry else { return Err(Error::NotFound) };
+        let Some((position, mut record)) = found.entry else {
+            return Err(Error::NotFound);
+        };
         let old = (record.inode_or_count, record.file_type);
         record.inode_or_count = inode;
         record.file_type = file_type;
@@ -566,7 +649,12 @@ pub fn replace(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, n
     })
 }
 
-pub fn readdir(store: &mut dyn MetaStore, root: &DirRoot, after_cookie: u64, visit: &mut dyn FnMut(&DirEntry) -> bool) -> Result<()> {
+pub fn readdir(
+    store: &mut dyn MetaStore,
+    root: &DirRoot,
+    after_cookie: u64,
+    visit: &mut dyn FnMut(&DirEntry) -> bool,
+) -> Result<()> {
     root.validate()?;
     let mut session = Session::with_clean_limit(store, READDIR_CACHED_BLOCKS);
     let start = if after_cookie < FIRST_FREE_COOKIE {
@@ -593,7 +681,12 @@ pub fn readdir(store: &mut dyn MetaStore, root: &DirRoot, after_cookie: u64, vis
             }
             last_key = Some(record.key);
             if record.key > after_cookie {
-                let entry = DirEntry { name: record.name, inode: record.inode_or_count, file_type: record.file_type, cookie: record.key };
+                let entry = DirEntry {
+                    name: record.name,
+                    inode: record.inode_or_count,
+                    file_type: record.file_type,
+                    cookie: record.key,
+                };
                 if !visit(&entry) {
                     break;
                 }

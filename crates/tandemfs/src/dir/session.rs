@@ -38,7 +38,9 @@ impl<'a> Session<'a> {
 
     fn load(&mut self, block_number: u64, kind: BlockKind) -> Result<&mut Cached> {
         if self.freed.contains(&block_number) {
-            return Err(Error::corruption(format!("directory block {block_number} is referenced after it became empty")));
+            return Err(Error::corruption(format!(
+                "directory block {block_number} is referenced after it became empty"
+            )));
         }
         if !self.blocks.contains_key(&block_number) {
             if self.blocks.len() >= self.clean_limit {
@@ -90,7 +92,9 @@ impl<'a> Session<'a> {
         let block_number = self.store.allocate_meta(near)?;
         self.allocated.push(block_number);
         if block_number == 0 || block_number > MAX_POSITION_BLOCK || self.blocks.contains_key(&block_number) {
-            return Err(Error::corruption(format!("allocator returned block {block_number}, unusable for a directory")));
+            return Err(Error::corruption(format!(
+                "allocator returned block {block_number}, unusable for a directory"
+            )));
         }
         let block = if kind == BlockKind::DirLeaf { new_leaf() } else { zeroed_block() };
         self.blocks.insert(block_number, Cached { block, kind, dirty: true });

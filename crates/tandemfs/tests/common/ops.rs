@@ -82,14 +82,27 @@ impl Driver {
     fn paths(&self, filter: impl Fn(&Node) -> bool) -> Vec<String> {
         self.model.nodes.iter().filter(|(_, node)| filter(node)).map(|(path, _)| path.clone()).collect()
     }
+    /// One random path whose node passes `filter`, without copying the others.
+    fn pick_path(&self, rng: &mut SmallRng, filter: impl Fn(&str, &Node) -> bool) -> Option<String> {
+        let count = self.model.nodes.iter().filter(|(path, node)| filter(path, node)).count();
+        if count == 0 {
+            return None;
+        }
+        let chosen = rng.gen_range(0..count);
+        self.model.nodes.iter().filter(|(path, node)| filter(path, node)).nth(chosen).map(|(path, _)| path.clone())
+    }
+    fn pick_directory(&self, rng: &mut SmallRng) -> String {
+        if self.workload.flat {
+            let directories = self.directories();
+            return pick(rng, &directories).unwrap().clone();
+        }
+        self.pick_path(rng, |_, node| matches!(node, Node::Directory { .. })).unwrap()
+    }
     fn directories(&self) -> Vec<String> {
         if self.workload.flat {
             return self.paths(|node| matches!(node, Node::Directory { .. })).into_iter().take(2).collect();
         }
         self.paths(|node| matches!(node, Node::Directory { .. }))
-    }
-    fn files(&self) -> Vec<String> {
-        self.paths(|node| matches!(node, Node::File { .. }))
     }
 
     /// Runs one random operation.
@@ -123,8 +136,7 @@ impl Driver {
     }
 
     fn create(&mut self, fs: &FileSystem, rng: &mut SmallRng, file_type: FileType) -> Step {
-        let directories = self.directories();
-        let parent = pick(rng, &directories).unwrap().clone();
+        let parent = self.pick_directory(rng);
         let name = random_name(rng, &self.workload);
         let path = join(&parent, &name);
         let parent_inode = resolve(fs, &parent)?.inode;
@@ -157,26 +169,30 @@ impl Driver {
         Ok(())
     }
 
-    fn file_and_data(&self, rng: &mut SmallRng) -> Option<(String, Vec<u8>)> {
-        let files = self.files();
-        let path = pick(rng, &files)?.clone();
-        match &self.model.nodes[&path] {
-            Node::File { data, .. } => Some((path.clone(), data.clone())),
+    fn pick_file(&self, rng: &mut SmallRng) -> Option<(String, u64)> {
+        let path = self.pick_path(rng, |_, node| matches!(node, Node::File { .. }))?;
+        let size = self.data(&path).len() as u64;
+        Some((path, size))
+    }
+
+    fn data(&self, path: &str) -> &Vec<u8> {
+        match &self.model.nodes[path] {
+            Node::File { data, .. } => data,
             _ => unreachable!(),
         }
     }
 
-    fn set_data(&mut self, path: &str, data: Vec<u8>) {
-        self.model.update_file(path, |node| {
-            if let Node::File { data: old, .. } = node {
-                *old = data.clone();
+    /// Changes the contents of a file and of every hard link to it, in place.
+    fn modify_data(&mut self, path: &str, change: impl Fn(&mut Vec<u8>)) {
+        for link in self.model.links(path) {
+            if let Some(Node::File { data, .. }) = self.model.nodes.get_mut(&link) {
+                change(data);
             }
-        });
+        }
     }
 
     fn write(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let Some((path, mut data)) = self.file_and_data(rng) else { return Ok(()) };
-        let size = data.len() as u64;
+        let Some((path, size)) = self.pick_file(rng) else { return Ok(()) };
         let offset = if rng.gen_bool(0.3) { size } else { rng.gen_range(0..=size + 8192) };
         let length = if rng.gen_bool(0.8) { rng.gen_range(1..=4096) } else { rng.gen_range(1..=self.workload.write_bytes_max) };
         if offset + length as u64 > self.workload.file_bytes_max {
@@ -186,23 +202,25 @@ impl Driver {
         let inode = resolve(fs, &path)?.inode;
         if expect(&format!("write {path:?}"), fs.write(inode, offset, &bytes), None)?.is_some() {
             let end = offset as usize + length;
-            if data.len() < end {
-                data.resize(end, 0);
-            }
-            data[offset as usize..end].copy_from_slice(&bytes);
-            self.set_data(&path, data);
+            self.modify_data(&path, |data| {
+                if data.len() < end {
+                    data.resize(end, 0);
+                }
+                data[offset as usize..end].copy_from_slice(&bytes);
+            });
         }
         Ok(())
     }
 
     fn read(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let Some((path, data)) = self.file_and_data(rng) else { return Ok(()) };
-        let size = data.len();
+        let Some((path, size)) = self.pick_file(rng) else { return Ok(()) };
+        let size = size as usize;
         let offset = rng.gen_range(0..=size + 10);
         let length = rng.gen_range(0..=20_000);
         let inode = resolve(fs, &path)?.inode;
         let mut buffer = vec![0xAAu8; length];
         if let Some(read) = expect(&format!("read {path:?}"), fs.read(inode, offset as u64, &mut buffer), None)? {
+            let data = self.data(&path);
             let expected = if offset >= size { &[][..] } else { &data[offset..size.min(offset + length)] };
             assert_eq!(read, expected.len(), "read {path:?} at {offset}: length");
             assert!(buffer[..read] == *expected, "read {path:?} at {offset}+{length}: contents differ");
@@ -211,54 +229,53 @@ impl Driver {
     }
 
     fn truncate(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let Some((path, mut data)) = self.file_and_data(rng) else { return Ok(()) };
-        let size = rng.gen_range(0..=(data.len() as u64 + 10_000).min(self.workload.file_bytes_max));
+        let Some((path, old_size)) = self.pick_file(rng) else { return Ok(()) };
+        let size = rng.gen_range(0..=(old_size + 10_000).min(self.workload.file_bytes_max));
         let inode = resolve(fs, &path)?.inode;
         let changes = SetAttributes { size_bytes: Some(size), ..SetAttributes::default() };
         if let Some(attributes) = expect(&format!("truncate {path:?}"), fs.set_attributes(inode, &changes), None)? {
             assert_eq!(attributes.size_bytes, size);
-            data.resize(size as usize, 0);
-            self.set_data(&path, data);
+            self.modify_data(&path, |data| data.resize(size as usize, 0));
         }
         Ok(())
     }
 
     fn insert(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let Some((path, mut data)) = self.file_and_data(rng) else { return Ok(()) };
-        let offset = rng.gen_range(0..=data.len() as u64 + 2);
+        let Some((path, size)) = self.pick_file(rng) else { return Ok(()) };
+        let offset = rng.gen_range(0..=size + 2);
         let length = rng.gen_range(1..=6000u64);
-        if data.len() as u64 + length > self.workload.file_bytes_max {
+        if size + length > self.workload.file_bytes_max {
             return Ok(());
         }
         let inode = resolve(fs, &path)?.inode;
-        let expected = if offset > data.len() as u64 { Some("InvalidArgument") } else { None };
+        let expected = if offset > size { Some("InvalidArgument") } else { None };
         if expect(&format!("insert {path:?} {offset}+{length}"), fs.insert_range(inode, offset, length), expected)?.is_some() {
-            let tail = data.split_off(offset as usize);
-            data.resize(data.len() + length as usize, 0);
-            data.extend_from_slice(&tail);
-            self.set_data(&path, data);
+            self.modify_data(&path, |data| {
+                data.splice(offset as usize..offset as usize, std::iter::repeat_n(0u8, length as usize));
+            });
         }
         Ok(())
     }
 
     fn collapse(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let Some((path, mut data)) = self.file_and_data(rng) else { return Ok(()) };
-        let offset = rng.gen_range(0..=data.len() as u64);
+        let Some((path, size)) = self.pick_file(rng) else { return Ok(()) };
+        let offset = rng.gen_range(0..=size);
         let length = rng.gen_range(1..=8000u64);
         let inode = resolve(fs, &path)?.inode;
-        let expected = if offset + length > data.len() as u64 { Some("InvalidArgument") } else { None };
+        let expected = if offset + length > size { Some("InvalidArgument") } else { None };
         if expect(&format!("collapse {path:?} {offset}+{length}"), fs.collapse_range(inode, offset, length), expected)?
             .is_some()
         {
-            data.drain(offset as usize..(offset + length) as usize);
-            self.set_data(&path, data);
+            self.modify_data(&path, |data| {
+                data.drain(offset as usize..(offset + length) as usize);
+            });
         }
         Ok(())
     }
 
     fn punch(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let Some((path, mut data)) = self.file_and_data(rng) else { return Ok(()) };
-        let offset = rng.gen_range(0..=data.len() as u64 + 100);
+        let Some((path, size)) = self.pick_file(rng) else { return Ok(()) };
+        let offset = rng.gen_range(0..=size + 100);
         let length = rng.gen_range(1..=12_000u64);
         let inode = resolve(fs, &path)?.inode;
         let zero = rng.gen_bool(0.5);
@@ -268,21 +285,20 @@ impl Driver {
         }
         let result = if zero { fs.zero_range(inode, offset, length, keep_size) } else { fs.punch_hole(inode, offset, length) };
         if expect(&format!("punch/zero {path:?} {offset}+{length}"), result, None)?.is_some() {
-            let size = data.len() as u64;
             let end = if zero && !keep_size { (offset + length).max(size) } else { size };
-            data.resize(end as usize, 0);
             let clear_end = (offset + length).min(end);
-            if offset < clear_end {
-                data[offset as usize..clear_end as usize].fill(0);
-            }
-            self.set_data(&path, data);
+            self.modify_data(&path, |data| {
+                data.resize(end as usize, 0);
+                if offset < clear_end {
+                    data[offset as usize..clear_end as usize].fill(0);
+                }
+            });
         }
         Ok(())
     }
 
     fn remove(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let candidates: Vec<String> = self.model.nodes.keys().filter(|path| !path.is_empty()).cloned().collect();
-        let Some(path) = pick(rng, &candidates).cloned() else { return Ok(()) };
+        let Some(path) = self.pick_path(rng, |path, _| !path.is_empty()) else { return Ok(()) };
         let parent_inode = resolve(fs, parent_of(&path))?.inode;
         let name = name_of(&path);
         let is_dir = self.model.is_dir(&path);
@@ -301,10 +317,8 @@ impl Driver {
     }
 
     fn rename(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let candidates: Vec<String> = self.model.nodes.keys().filter(|path| !path.is_empty()).cloned().collect();
-        let Some(source) = pick(rng, &candidates).cloned() else { return Ok(()) };
-        let directories = self.directories();
-        let target_parent = pick(rng, &directories).unwrap().clone();
+        let Some(source) = self.pick_path(rng, |path, _| !path.is_empty()) else { return Ok(()) };
+        let target_parent = self.pick_directory(rng);
         let target = if rng.gen_bool(0.5) {
             // Aim at an existing name half the time.
             let siblings = self.model.children(&target_parent);
@@ -374,10 +388,8 @@ impl Driver {
     }
 
     fn link(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let files = self.files();
-        let Some(source) = pick(rng, &files).cloned() else { return Ok(()) };
-        let directories = self.directories();
-        let parent = pick(rng, &directories).unwrap().clone();
+        let Some(source) = self.pick_path(rng, |_, node| matches!(node, Node::File { .. })) else { return Ok(()) };
+        let parent = self.pick_directory(rng);
         let target = join(&parent, &random_name(rng, &self.workload));
         let expected = if self.model.nodes.contains_key(&target) { Some("Exists") } else { None };
         let inode = resolve(fs, &source)?.inode;
@@ -402,8 +414,7 @@ impl Driver {
     }
 
     fn xattr(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let candidates = self.paths(|node| !matches!(node, Node::Symlink { .. }));
-        let path = pick(rng, &candidates).unwrap().clone();
+        let path = self.pick_path(rng, |_, node| !matches!(node, Node::Symlink { .. })).unwrap();
         let inode = resolve(fs, &path)?.inode;
         let name = format!("user.a{}", rng.gen_range(0..6)).into_bytes();
         let current = match &self.model.nodes[&path] {
@@ -459,8 +470,7 @@ impl Driver {
     }
 
     fn list(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let directories = self.directories();
-        let path = pick(rng, &directories).unwrap().clone();
+        let path = self.pick_directory(rng);
         let inode = resolve(fs, &path)?.inode;
         // Page through the listing with small pages, as readdir with a small buffer does.
         let page = rng.gen_range(1..50);
@@ -489,8 +499,7 @@ impl Driver {
     }
 
     fn stat(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
-        let candidates: Vec<String> = self.model.nodes.keys().cloned().collect();
-        let path = pick(rng, &candidates).unwrap().clone();
+        let path = self.pick_path(rng, |_, _| true).unwrap();
         let attributes = resolve(fs, &path)?;
         match &self.model.nodes[&path] {
             Node::File { data, .. } => {
