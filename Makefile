@@ -6,14 +6,17 @@ CARGO  ?= cargo
 TANDEM := target/release/tandem
 MOUNT_TESTS := tests/mount/run.sh
 
-.PHONY: demo test build bench fmt clippy fuse-runtime
+.PHONY: demo test build bench fmt clippy fuse-runtime toolchain
 
 ## demo: install the FUSE runtime when missing, build the release binary, run `tandem demo`
 demo: fuse-runtime build
 	./$(TANDEM) demo
 
-build:
+build: toolchain
 	$(CARGO) build --release -p tandem
+
+toolchain:
+	@command -v $(CARGO) >/dev/null 2>&1 || { echo "error: $(CARGO) not found; install Rust with https://rustup.rs (then open a new shell)" >&2; exit 1; }
 
 # fusermount3 and the fuse kernel module come from the distribution, not from cargo. Installing
 # needs root (or sudo); without either we stop with the command to run instead of half-working.
@@ -32,7 +35,7 @@ fuse-runtime:
 
 ## test: unit and integration tests of the whole workspace, then the FUSE mount suite when possible
 # One bash recipe, so that the last line always says PASSED or FAILED whatever step failed.
-test:
+test: toolchain
 	@set -o pipefail; \
 	fail() { echo "make test: FAILED ($$1)"; exit 1; }; \
 	$(CARGO) test --workspace --release || fail "cargo test"; \

@@ -138,6 +138,8 @@ fn mkfs_rejects_bad_targets_and_sizes() {
     assert_one_line_failure(&tandem(&["mkfs", "/dev/null"]), "neither a regular file nor a block device");
     assert_one_line_failure(&tandem(&["mkfs", text(&image), "--size", "32M", "--log-size", "32M"]), "does not fit");
     assert!(!image.exists());
+    let long_name = scratch.join(&format!("{}.img", "n".repeat(300)));
+    assert_one_line_failure(&tandem(&["mkfs", text(&long_name), "--size", "32M"]), "too long");
 }
 
 #[test]
