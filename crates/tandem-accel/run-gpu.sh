@@ -19,5 +19,16 @@ set -o pipefail
 echo "== gpu_matches_cpu"
 ( time "$here/gpu_matches_cpu" --nocapture --test-threads=1 ) 2>&1 | tee "$OUT/gpu_test.log"
 echo "== bench services (first run compiles kernels, second reads the cache)"
-"$here/bench_services" --size 256M --gpu-size 1G --rs-shapes 8+2,16+4 --seconds 1 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+"$here/bench_services" --size 256M --gpu-size 1G --rs-shapes 8+2,16+4 --seconds 1 --gpus 1 ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+gpus=$(nvidia-smi -L | wc -l)
+if [ "$gpus" -gt 1 ]; then
+  echo "== bench services on all $gpus GPUs (host in/out rows split every request over the GPUs)"
+  "$here/bench_services" --size 64M --gpu-size 2G --services xts,rs --rs-shapes 8+2 --seconds 1 --no-openssl --no-isal 2>&1 | tee "$OUT/bench-all-gpus.log"
+fi
 ls -la /tmp/accel-cache/tandemfs/ptx 2>&1 | tee -a "$OUT/bench.log"
+if [ -n "${XTS_UNROLL_VARIANTS:-}" ]; then
+  for unroll in $XTS_UNROLL_VARIANTS; do
+    echo "== XTS kernel with TANDEM_XTS_UNROLL=$unroll"
+    TANDEM_XTS_UNROLL=$unroll "$here/bench_services" --size 16M --gpu-size 1G --services xts --seconds 1 --gpus 1 --no-openssl --no-isal 2>&1 | grep -E "gpu|GPU" | tee -a "$OUT/xts-variants.log"
+  done
+fi

@@ -122,25 +122,43 @@ __device__ __forceinline__ void tweak_times_x32(u32& w0, u32& w1, u32& w2, u32& 
 }
 
 #define XTS_SECTORS_PER_WARP 4
+// Blocks of one lane processed together (independent AES chains for the scheduler to overlap);
+// set by the host through -DXTS_BLOCK_UNROLL so variants can be timed without editing this file.
+// On an H200 (2026-11-22) unroll 1 gave 345/348 GB/s encrypt/decrypt, 2 gave 334/344 and
+// 4 gave 293/282: more blocks in flight only cost registers and occupancy.
+#ifndef XTS_BLOCK_UNROLL
+#define XTS_BLOCK_UNROLL 1
+#endif
+#define TANDEM_PRAGMA(text) _Pragma(#text)
+#define TANDEM_UNROLL_(count) TANDEM_PRAGMA(unroll count)
+#define TANDEM_UNROLL(count) TANDEM_UNROLL_(count)
 #define XTS_BLOCKS_PER_SECTOR 256
 
 // The bulk rounds read one round table replicated 32 times, entry e of lane L at word
 // 32e + L: every lane reads its own bank, so table lookups never conflict (a shared table
 // costs about 3.5-way conflicts on random indices and capped the kernel near 170 GB/s).
 // The other three round tables are rotations of the first.
-__device__ __forceinline__ u32 replicated_lookup(const u32* table, u32 index, u32 lane) {
-    return table[(index << 5) | lane];
+// `lane_table` is the table already offset by the lane, so a lookup is one byte extraction
+// (PRMT) and one scaled add (LEA): the SASS of the first version spent four integer
+// instructions per lookup and the kernel is bound by integer issue.
+// `lane_table` is the 32-bit shared-memory address of the lane's copy; entries are 128 bytes
+// apart, so the address is one shift-and-add of the extracted byte.
+__device__ __forceinline__ u32 lane_lookup(u32 lane_table, u32 word, u32 byte_selector) {
+    u32 value;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(lane_table + (__byte_perm(word, 0, byte_selector) << 7)));
+    return value;
 }
 
 // Round table r is the first one rotated left by 8r bits.
-__device__ __forceinline__ u32 rotated_lookup(const u32* table, u32 index, u32 lane, int bits) {
-    u32 value = replicated_lookup(table, index, lane);
+__device__ __forceinline__ u32 rotated_lookup(u32 lane_table, u32 word, u32 byte_selector, int bits) {
+    u32 value = lane_lookup(lane_table, word, byte_selector);
     return __funnelshift_l(value, value, bits);
 }
 
 template <bool Decrypt>
 __device__ __forceinline__ void aes_bulk(const u32* table, const u32* last_box, u32 lane, const u32* keys,
                                          u32& s0, u32& s1, u32& s2, u32& s3) {
+    const u32 lane_table = (u32)__cvta_generic_to_shared(table + lane);
     s0 ^= keys[0]; s1 ^= keys[1]; s2 ^= keys[2]; s3 ^= keys[3];
 #pragma unroll
     for (int round = 1; round < 14; ++round) {
@@ -149,9 +167,9 @@ __device__ __forceinline__ void aes_bulk(const u32* table, const u32* last_box, 
         u32 b0 = Decrypt ? s1 : s1, b1 = Decrypt ? s0 : s2, b2 = s3, b3 = Decrypt ? s2 : s0;
         u32 c0 = s2, c1 = Decrypt ? s1 : s3, c2 = s0, c3 = Decrypt ? s3 : s1;
         u32 d0 = s3, d1 = Decrypt ? s2 : s0, d2 = s1, d3 = Decrypt ? s0 : s2;
-#define COLUMN(w0, w1, w2, w3, k)                                                              \
-    (replicated_lookup(table, BYTE0(w0), lane) ^ rotated_lookup(table, BYTE1(w1), lane, 8) ^  \
-     rotated_lookup(table, BYTE2(w2), lane, 16) ^ rotated_lookup(table, BYTE3(w3), lane, 24) ^ (k))
+#define COLUMN(w0, w1, w2, w3, k)                                                                \
+    (lane_lookup(lane_table, w0, 0x4440) ^ rotated_lookup(lane_table, w1, 0x4441, 8) ^          \
+     rotated_lookup(lane_table, w2, 0x4442, 16) ^ rotated_lookup(lane_table, w3, 0x4443, 24) ^ (k))
         u32 t0 = COLUMN(a0, a1, a2, a3, keys[4 * round]);
         u32 t1 = COLUMN(b0, b1, b2, b3, keys[4 * round + 1]);
         u32 t2 = COLUMN(c0, c1, c2, c3, keys[4 * round + 2]);
@@ -164,7 +182,7 @@ __device__ __forceinline__ void aes_bulk(const u32* table, const u32* last_box, 
     u32 c0 = s2, c1 = Decrypt ? s1 : s3, c2 = s0, c3 = Decrypt ? s3 : s1;
     u32 d0 = s3, d1 = Decrypt ? s2 : s0, d2 = s1, d3 = Decrypt ? s0 : s2;
     // Encryption's S-box is byte 1 of the first round table; decryption keeps its own.
-#define BOX(x) (Decrypt ? last_box[(x)] : (replicated_lookup(table, (x), lane) >> 8) & 0xFF)
+#define BOX(x) (Decrypt ? last_box[(x)] : (table[((x) << 5) + lane] >> 8) & 0xFF)
 #define LAST(w0, w1, w2, w3, k) ((BOX(BYTE0(w0)) | BOX(BYTE1(w1)) << 8 | BOX(BYTE2(w2)) << 16 | BOX(BYTE3(w3)) << 24) ^ (k))
     u32 t0 = LAST(a0, a1, a2, a3, keys[56]);
     u32 t1 = LAST(b0, b1, b2, b3, keys[57]);
@@ -210,7 +228,7 @@ __device__ void xts_body(const u32* __restrict__ tables, const XtsKeys& keys, u6
             u32 w3 = __shfl_sync(0xFFFFFFFFu, t3, slot);
             for (u32 step = 0; step < lane; ++step) tweak_double(w0, w1, w2, w3);
             uint4* sector_data = data + (base + slot) * XTS_BLOCKS_PER_SECTOR;
-#pragma unroll 2
+            TANDEM_UNROLL(XTS_BLOCK_UNROLL)
             for (int block = lane; block < XTS_BLOCKS_PER_SECTOR; block += 32) {
                 uint4 value = sector_data[block];
                 u32 s0 = value.x ^ w0, s1 = value.y ^ w1, s2 = value.z ^ w2, s3 = value.w ^ w3;

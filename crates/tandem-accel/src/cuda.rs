@@ -54,6 +54,13 @@ fn library_present(names: &[&CStr]) -> Option<String> {
     None
 }
 
+/// Looks for libnvrtc alone (compiling kernels needs no GPU).
+pub fn probe_nvrtc() -> std::result::Result<(), String> {
+    library_present(&[c"libnvrtc.so", c"libnvrtc.so.13", c"libnvrtc.so.12"])
+        .map(|_| ())
+        .ok_or_else(|| "libnvrtc.so not found (add CUDA's lib64 to LD_LIBRARY_PATH)".to_string())
+}
+
 /// Looks for libcuda and libnvrtc without touching cudarc.
 pub fn probe() -> std::result::Result<(), String> {
     static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
@@ -145,7 +152,20 @@ pub fn kernel_cache_directory() -> Option<PathBuf> {
 /// Returns the image and whether it came from the cache.
 pub fn compiled_kernels(major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBuf)> {
     let architecture = format!("--gpu-architecture=sm_{major}{minor}");
-    let options = [architecture.as_str(), "--std=c++17", "-default-device"];
+    // TANDEM_XTS_UNROLL picks how many XTS blocks a lane keeps in flight (default 1, the
+    // fastest measured; see kernels/services.cu).
+    let unroll = std::env::var("TANDEM_XTS_UNROLL")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1)
+        .clamp(1, 8);
+    let unroll_option = format!("-DXTS_BLOCK_UNROLL={unroll}");
+    let options = [
+        architecture.as_str(),
+        "--std=c++17",
+        "-default-device",
+        unroll_option.as_str(),
+    ];
     let mut nvrtc_major = 0;
     let mut nvrtc_minor = 0;
     // SAFETY: plain out-parameters.
@@ -403,9 +423,25 @@ impl CudaDevice {
         self.slots[index].lock().expect("stream slot poisoned")
     }
 
-    fn grid(&self, work_blocks: u64) -> u32 {
-        // Grid-stride kernels: enough blocks to fill the device several times over, no more.
-        work_blocks.clamp(1, self.multiprocessors as u64 * 8) as u32
+    /// Grid-stride kernels get exactly one wave: as many blocks as can be resident at once
+    /// (a second, partial wave left up to a third of the device idle in the first H200 runs).
+    fn grid(&self, function: sys::CUfunction, work_blocks: u64) -> u32 {
+        let mut per_multiprocessor = 0;
+        // SAFETY: out-parameter; the function handle belongs to the loaded module.
+        let status = unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_multiprocessor,
+                function,
+                THREADS_PER_BLOCK as i32,
+                0,
+            )
+        };
+        let per_multiprocessor = if status == sys::CUresult::CUDA_SUCCESS {
+            per_multiprocessor.max(1)
+        } else {
+            4
+        };
+        work_blocks.clamp(1, self.multiprocessors as u64 * per_multiprocessor as u64) as u32
     }
 
     unsafe fn launch(
@@ -433,6 +469,7 @@ impl CudaDevice {
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn enqueue_xts(
         &self,
         keys: &XtsKeyParameters,
@@ -465,7 +502,7 @@ impl CudaDevice {
         };
         self.launch(
             function,
-            self.grid(warps.div_ceil(8)),
+            self.grid(function, warps.div_ceil(8)),
             stream,
             &mut parameters,
         )
@@ -493,7 +530,7 @@ impl CudaDevice {
         ];
         self.launch(
             self.crc_function,
-            self.grid(blocks.div_ceil(8)),
+            self.grid(self.crc_function, blocks.div_ceil(8)),
             stream,
             &mut parameters,
         )
@@ -515,7 +552,9 @@ impl CudaDevice {
         stream: sys::CUstream,
     ) -> Result<()> {
         assert!(
-            shard_bytes % 16 == 0 && input_stride_bytes % 16 == 0 && output_stride_bytes % 16 == 0
+            shard_bytes.is_multiple_of(16)
+                && input_stride_bytes.is_multiple_of(16)
+                && output_stride_bytes.is_multiple_of(16)
         );
         assert!(columns <= RS_MAXIMUM_COLUMNS);
         let mut row = 0;
@@ -541,7 +580,10 @@ impl CudaDevice {
             ];
             self.launch(
                 self.reed_solomon_function,
-                self.grid((shard_bytes / 16).div_ceil(THREADS_PER_BLOCK as u64)),
+                self.grid(
+                    self.reed_solomon_function,
+                    (shard_bytes / 16).div_ceil(THREADS_PER_BLOCK as u64),
+                ),
                 stream,
                 &mut parameters,
             )?;
@@ -631,7 +673,7 @@ impl CudaDevice {
         checksums: &mut [u32],
     ) -> Result<()> {
         check_blocks(data.len(), block_bytes, checksums.len())?;
-        assert!(block_bytes % 512 == 0 && block_bytes <= SLOT_BYTES);
+        assert!(block_bytes.is_multiple_of(512) && block_bytes <= SLOT_BYTES);
         self.bind()?;
         let chunk_bytes = pipeline_chunk_bytes(data.len(), block_bytes);
         let mut markers = Vec::new();
@@ -684,7 +726,7 @@ impl CudaDevice {
     ) -> Result<()> {
         let rows = outputs.len();
         let columns = inputs.len();
-        assert!(columns <= RS_MAXIMUM_COLUMNS && shard_bytes % 16 == 0);
+        assert!(columns <= RS_MAXIMUM_COLUMNS && shard_bytes.is_multiple_of(16));
         self.bind()?;
         // Staging layout in a slot: the matrix, then columns input pieces, then rows outputs.
         let largest_piece = ((SLOT_BYTES - 4096) / (rows + columns)) / 4096 * 4096;
@@ -805,7 +847,7 @@ impl CudaDevice {
         memory: &DeviceMemory,
         bytes: usize,
     ) -> Result<()> {
-        assert!(bytes <= memory.bytes && bytes % SECTOR_SIZE_BYTES == 0);
+        assert!(bytes <= memory.bytes && bytes.is_multiple_of(SECTOR_SIZE_BYTES));
         self.bind()?;
         let keys = XtsKeyParameters {
             data: key_words(match direction {
@@ -837,7 +879,11 @@ impl CudaDevice {
         block_bytes: usize,
         checksums: &DeviceMemory,
     ) -> Result<()> {
-        assert!(bytes <= data.bytes && bytes % block_bytes == 0 && block_bytes % 512 == 0);
+        assert!(
+            bytes <= data.bytes
+                && bytes.is_multiple_of(block_bytes)
+                && block_bytes.is_multiple_of(512)
+        );
         assert!(checksums.bytes >= bytes / block_bytes * 4);
         self.bind()?;
         let slot = self.slot();
@@ -867,7 +913,7 @@ impl CudaDevice {
         assert!(
             matrix.len() == rows * columns
                 && columns <= RS_MAXIMUM_COLUMNS
-                && shard_bytes % 16 == 0
+                && shard_bytes.is_multiple_of(16)
         );
         assert!(inputs.bytes >= columns * shard_bytes && outputs.bytes >= rows * shard_bytes);
         self.bind()?;
@@ -1023,7 +1069,7 @@ impl Engine for CudaEngine {
 
     fn crc32c_blocks(&self, data: &[u8], block_bytes: usize, checksums: &mut [u32]) -> Result<()> {
         check_blocks(data.len(), block_bytes, checksums.len())?;
-        if block_bytes % 512 != 0 || block_bytes > SLOT_BYTES {
+        if !block_bytes.is_multiple_of(512) || block_bytes > SLOT_BYTES {
             return self.cpu.crc32c_blocks(data, block_bytes, checksums);
         }
         let shares = self.shares(checksums.len());

@@ -66,7 +66,10 @@ pub trait Engine: Send + Sync {
 }
 
 pub(crate) fn check_blocks(data_bytes: usize, block_bytes: usize, checksums: usize) -> Result<()> {
-    if block_bytes == 0 || data_bytes % block_bytes != 0 || data_bytes / block_bytes != checksums {
+    if block_bytes == 0
+        || !data_bytes.is_multiple_of(block_bytes)
+        || data_bytes / block_bytes != checksums
+    {
         return Err(AccelError::InvalidArgument(format!(
             "{data_bytes} bytes are not {checksums} blocks of {block_bytes} bytes"
         )));
@@ -75,7 +78,7 @@ pub(crate) fn check_blocks(data_bytes: usize, block_bytes: usize, checksums: usi
 }
 
 pub(crate) fn check_sectors(sectors: &Sectors<'_>, data_bytes: usize) -> Result<()> {
-    if data_bytes % SECTOR_SIZE_BYTES != 0 {
+    if !data_bytes.is_multiple_of(SECTOR_SIZE_BYTES) {
         return Err(AccelError::InvalidArgument(format!(
             "{data_bytes} bytes is not a whole number of 4 KiB sectors"
         )));
@@ -407,7 +410,7 @@ mod tests {
     fn threaded_results_equal_single_threaded() {
         let single = CpuEngine::new(1);
         let many = CpuEngine::new(4);
-        let data = random(4096 * 700 + 0, 5);
+        let data = random(4096 * 700, 5);
         let mut checksums_single = vec![0u32; 700];
         let mut checksums_many = vec![0u32; 700];
         single

@@ -88,6 +88,51 @@ impl Isal {
         }
     }
 
+    /// Times ISA-L applying `matrix` (rows × k, row-major) on one thread — its decode is this
+    /// same call with a decode matrix; returns whether its outputs equal `expected`.
+    pub fn apply_benchmark(
+        &self,
+        matrix: &[u8],
+        rows: usize,
+        inputs: &[&[u8]],
+        expected: &[&[u8]],
+        seconds: f64,
+    ) -> (bool, Measurement) {
+        let k = inputs.len();
+        assert_eq!(matrix.len(), rows * k);
+        let shard_bytes = inputs[0].len();
+        let mut tables = vec![0u8; 32 * k * rows];
+        let mut outputs = vec![vec![0u8; shard_bytes]; rows];
+        // SAFETY: tables sized 32·k·rows as ISA-L's header documents.
+        unsafe {
+            (self.init_tables)(
+                k as c_int,
+                rows as c_int,
+                matrix.as_ptr(),
+                tables.as_mut_ptr(),
+            )
+        };
+        let input_pointers: Vec<*const u8> = inputs.iter().map(|shard| shard.as_ptr()).collect();
+        let output_pointers: Vec<*mut u8> =
+            outputs.iter_mut().map(|shard| shard.as_mut_ptr()).collect();
+        let measurement = measure(shard_bytes * k, seconds, || unsafe {
+            // SAFETY: k inputs and `rows` outputs of shard_bytes each.
+            (self.encode_data)(
+                shard_bytes as c_int,
+                k as c_int,
+                rows as c_int,
+                tables.as_ptr(),
+                input_pointers.as_ptr(),
+                output_pointers.as_ptr(),
+            );
+        });
+        let agrees = outputs
+            .iter()
+            .zip(expected)
+            .all(|(ours, theirs)| ours.as_slice() == *theirs);
+        (agrees, measurement)
+    }
+
     /// Times ISA-L's Cauchy encode on one thread; returns whether its parity equals ours.
     pub fn encode_benchmark(
         &self,

@@ -67,6 +67,9 @@ pub struct RuntimeConfig {
     pub calibrate: bool,
     /// Pinned bytes the buffer pool keeps for reuse.
     pub pool_cached_bytes: usize,
+    /// Gather merged batches into one buffer even when they run on the CPU (the GPU path);
+    /// normally the CPU runs members in place. For tests and comparisons.
+    pub gather_on_cpu: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -84,6 +87,7 @@ impl Default for RuntimeConfig {
                 .and_then(|v| v.parse().ok()),
             calibrate: true,
             pool_cached_bytes: 1 << 30,
+            gather_on_cpu: false,
         }
     }
 }
@@ -289,6 +293,9 @@ struct Shared {
     thresholds: Thresholds,
     batches_executed: std::sync::atomic::AtomicUsize,
     requests_executed: std::sync::atomic::AtomicUsize,
+    /// Merged GPU batches are gathered into pinned buffers from here.
+    pool: BufferPool,
+    gather_on_cpu: bool,
 }
 
 impl Shared {
@@ -356,6 +363,8 @@ impl Accelerator {
             thresholds,
             batches_executed: Default::default(),
             requests_executed: Default::default(),
+            pool: pool.clone(),
+            gather_on_cpu: config.gather_on_cpu,
         });
         let (submissions, receiver) = mpsc::sync_channel::<Pending>(config.queue_depth);
         let dispatcher_shared = Arc::clone(&shared);
@@ -383,7 +392,13 @@ impl Accelerator {
                     .thresholds
                     .bytes
                     .iter()
-                    .map(|(service, bytes)| format!("{service:?} ≥ {bytes} B"))
+                    .map(|(service, &bytes)| {
+                        if bytes == usize::MAX {
+                            format!("{service:?}: CPU at every size (it was faster up to 16 MiB, the largest tried)")
+                        } else {
+                            format!("{service:?}: GPU from {bytes} B")
+                        }
+                    })
                     .collect();
                 entries.sort();
                 text += &format!(
@@ -696,15 +711,49 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
         pending.state.complete(result);
         return;
     }
+    let batch_bytes: usize = members.iter().map(|member| member.request.bytes()).sum();
+    if !shared.gather_on_cpu
+        && shared
+            .engine_for(members[0].request.service(), batch_bytes)
+            .kind()
+            == crate::engine::EngineKind::Cpu
+    {
+        // The CPU needs no contiguous copy: run the members where they lie, spread over the
+        // engine's threads (each member is small, so each runs single-threaded).
+        let threads = (batch_bytes / (256 << 10)).clamp(1, shared.cpu.threads());
+        let per_thread = members.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            for group in members.chunks_mut(per_thread) {
+                scope.spawn(move || {
+                    for member in group.iter_mut() {
+                        let request = std::mem::replace(
+                            &mut member.request,
+                            Request::Crc32cBlocks {
+                                data: HostBuffer::from_vec(Vec::new()),
+                                block_bytes: 1,
+                            },
+                        );
+                        let result = execute_single(shared, request);
+                        member.state.complete(result);
+                    }
+                });
+            }
+        });
+        return;
+    }
     let bytes: usize = members.iter().map(|member| member.request.bytes()).sum();
     let engine = shared.engine_for(members[0].request.service(), bytes);
     let results: Vec<Result<Response>> = match &members[0].request {
         Request::Crc32cBlocks { block_bytes, .. } => {
             let block_bytes = *block_bytes;
-            let mut merged = Vec::with_capacity(bytes);
+            // Gathered into a pooled (pinned when a GPU exists) buffer: the one host copy that
+            // merging costs, after which the GPU copies by DMA.
+            let mut merged = shared.pool.get(bytes);
+            let mut filled = 0;
             for member in &members {
                 if let Request::Crc32cBlocks { data, .. } = &member.request {
-                    merged.extend_from_slice(data);
+                    merged[filled..filled + data.len()].copy_from_slice(data);
+                    filled += data.len();
                 }
             }
             let mut checksums = vec![0u32; merged.len() / block_bytes.max(1)];
@@ -728,14 +777,16 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
         }
         Request::Xts { key, direction, .. } => {
             let (key, direction) = (Arc::clone(key), *direction);
-            let mut merged = Vec::with_capacity(bytes);
+            let mut merged = shared.pool.get(bytes);
+            let mut filled = 0;
             let mut sectors = Vec::with_capacity(bytes / SECTOR_SIZE_BYTES);
             for member in &members {
                 if let Request::Xts {
                     first_sector, data, ..
                 } = &member.request
                 {
-                    merged.extend_from_slice(data);
+                    merged[filled..filled + data.len()].copy_from_slice(data);
+                    filled += data.len();
                     sectors.extend(
                         (0..(data.len() / SECTOR_SIZE_BYTES) as u64)
                             .map(|i| first_sector.wrapping_add(i)),
@@ -883,8 +934,13 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn runtime() -> Accelerator {
+        runtime_with(false)
+    }
+
+    fn runtime_with(gather_on_cpu: bool) -> Accelerator {
         Accelerator::new(RuntimeConfig {
             batch_latency: Duration::from_millis(5),
+            gather_on_cpu,
             ..RuntimeConfig::default()
         })
     }
@@ -901,7 +957,12 @@ mod tests {
 
     #[test]
     fn merged_small_requests_match_direct_results() {
-        let accelerator = runtime();
+        merged_requests_check(runtime_with(false));
+        // The gather path is what GPU batches take.
+        merged_requests_check(runtime_with(true));
+    }
+
+    fn merged_requests_check(accelerator: Accelerator) {
         let key = Arc::new(XtsKey::new(&[7u8; 64]));
         let mut completions = Vec::new();
         let mut expected = Vec::new();
@@ -954,7 +1015,11 @@ mod tests {
 
     #[test]
     fn callbacks_futures_and_reed_solomon() {
-        let accelerator = runtime();
+        callbacks_check(runtime_with(false));
+        callbacks_check(runtime_with(true));
+    }
+
+    fn callbacks_check(accelerator: Accelerator) {
         let code = Arc::new(ReedSolomon::new(4, 2).unwrap());
         let data: Vec<Vec<u8>> = (0..4)
             .map(|i| crate::bench::random_bytes(1000, i))

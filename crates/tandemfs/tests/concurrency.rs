@@ -13,7 +13,7 @@ use tandemfs::fs::*;
 use tandemfs::{fsck, FileSystem};
 
 const THREADS: u64 = 8;
-const OPERATIONS_PER_THREAD: u64 = 2500;
+const OPERATIONS_PER_THREAD: u64 = 6000;
 const DIRECTORIES: u64 = 4;
 
 fn contents(thread: u64, serial: u64, version: u64) -> Vec<u8> {

@@ -23,9 +23,9 @@ fn build_volume() -> (Vec<u8>, Model) {
         for file in 0..(150 * (directory + 1)) {
             let name = format!("file-with-a-longer-name-{file}");
             let created = fs.create(made.inode, name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
-            if file % 7 == 0 {
+            if file % 20 == 0 {
                 // Fragmented files: writes with holes make many extents and tree blocks.
-                for piece in 0..40u64 {
+                for piece in 0..20u64 {
                     let data = pattern(&mut rng, 700);
                     fs.write(created.inode, piece * 3000, &data).unwrap();
                 }

@@ -16,7 +16,7 @@ use tandemfs::{fsck, FileSystem};
 const ROUNDS_PER_SEED: u64 = 10;
 
 fn crash_run(seed: u64) -> u64 {
-    let (mut memory, _) = memory_volume(32 << 20, true);
+    let (mut memory, _) = memory_volume(16 << 20, true);
     let mut rng = rng(seed);
     let workload = Workload { names_per_directory: 12, write_bytes_max: 20_000, file_bytes_max: 120_000, create_weight: 6, flat: false };
     let mut driver = Driver::new(workload);

@@ -99,9 +99,15 @@ pub struct NameOverlay {
     pub lsn: u64,
 }
 
+/// Entries kept in the lookup cache before it is emptied and starts over.
+pub const LOOKUP_CACHE_LIMIT: usize = 500_000;
+
 pub struct Front {
     pub views: HashMap<u64, InodeView>,
     pub names: HashMap<(u64, Vec<u8>), NameOverlay>,
+    /// Applied names found in H-trees (GPU4FS's lookup cache). Only the overlay is newer: a
+    /// name change removes its key here when it enters the overlay.
+    pub lookups: HashMap<(u64, Vec<u8>), Option<(u64, FileType)>>,
     /// Inode numbers the front end may hand out (bit n - 1 is inode n).
     pub inode_numbers: Bitmap,
     pub next_generation: u64,
