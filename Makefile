@@ -38,7 +38,7 @@ fuse-runtime:
 test: toolchain
 	@set -o pipefail; \
 	fail() { echo "make test: FAILED ($$1)"; exit 1; }; \
-	$(CARGO) test --workspace --release || fail "cargo test"; \
+	$(CARGO) test --workspace --release --no-fail-fast || fail "cargo test"; \
 	if [ ! -f $(MOUNT_TESTS) ]; then \
 	    echo "SKIPPED mount tests: $(MOUNT_TESTS) does not exist in this tree"; \
 	elif [ "$$(id -u)" != 0 ]; then \

@@ -106,8 +106,9 @@ pub fn require_fuse() -> CliResult<()> {
     }
 }
 
-/// Directory for mount state files and default logs: /run/tandem as root, else a per-user one.
+/// Directory for the default logs of background mounts: /run/tandem as root, else per user.
 pub fn runtime_directory() -> PathBuf {
+    // SAFETY: geteuid has no arguments and cannot fail.
     let uid = unsafe { libc::geteuid() };
     let directory = if uid == 0 {
         PathBuf::from("/run/tandem")
