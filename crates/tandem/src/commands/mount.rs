@@ -44,6 +44,10 @@ pub struct UmountArguments {
     pub mountpoint: PathBuf,
 }
 
+/// Set in the environment of the process a background mount starts, so it knows nobody is at a
+/// terminal to press Ctrl-C.
+const BACKGROUND_CHILD_VARIABLE: &str = "TANDEM_BACKGROUND_MOUNT";
+
 /// Mount options from `-o`, checked before anything is opened.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ParsedOptions {
@@ -188,8 +192,15 @@ pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
 fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions) -> CliResult<i32> {
     let (fs, report) = open_volume(image_path)?;
     describe_report(&report);
+    // The adapter reports nothing between "mounted" and "unmounted", so say what is about to
+    // happen rather than claim it already has.
+    let stop_hint = if std::env::var_os(BACKGROUND_CHILD_VARIABLE).is_some() {
+        String::new()
+    } else {
+        format!("; stop with Ctrl-C or 'tandem umount {}'", mountpoint.display())
+    };
     println!(
-        "mounted {} on {}{}",
+        "serving {} on {}{}{stop_hint}",
         image_path.display(),
         mountpoint.display(),
         if options.read_only { " read-only" } else { "" }
@@ -236,7 +247,7 @@ fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult
     for list in &arguments.options {
         command.arg("-o").arg(list);
     }
-    command.stdin(Stdio::null()).stdout(log).stderr(log_for_errors);
+    command.stdin(Stdio::null()).stdout(log).stderr(log_for_errors).env(BACKGROUND_CHILD_VARIABLE, "1");
     // SAFETY: setsid is async-signal-safe and touches no memory of ours; it detaches the child
     // from our terminal so closing the shell does not send it SIGHUP.
     unsafe {
@@ -268,7 +279,9 @@ fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult
                 println!("{line}");
             }
             println!(
-                "running in the background (process {}, log {}); stop it with 'tandem umount {}'",
+                "mounted {} on {} in the background (process {}, log {}); stop it with 'tandem umount {}'",
+                arguments.image.display(),
+                mountpoint.display(),
                 child.id(),
                 log_path.display(),
                 mountpoint.display()
