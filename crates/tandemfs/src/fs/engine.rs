@@ -72,7 +72,12 @@ struct Inner {
 struct BackendState {
     last_checkpoint: Instant,
     applied_since_checkpoint: u64,
+    /// Log data bytes of the records applied since the last checkpoint (approximate).
+    applied_bytes_since_checkpoint: u64,
 }
+
+/// Log bytes a record takes besides a write's data: its encoded attributes and names.
+const RECORD_OVERHEAD_BYTES: usize = 256;
 
 /// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
 #[derive(Clone)]
@@ -235,7 +240,11 @@ impl FileSystem {
             queue_signal: Condvar::new(),
             applied_lsn: Mutex::new(last_lsn),
             applied_signal: Condvar::new(),
-            backend_lock: Mutex::new(BackendState { last_checkpoint: Instant::now(), applied_since_checkpoint: 0 }),
+            backend_lock: Mutex::new(BackendState {
+                last_checkpoint: Instant::now(),
+                applied_since_checkpoint: 0,
+                applied_bytes_since_checkpoint: 0,
+            }),
             state: std::sync::atomic::AtomicU8::new(STATE_RUNNING),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -359,6 +368,7 @@ impl FileSystem {
             self.maybe_checkpoint(&mut backend, false)?;
             return Ok(false);
         }
+        let last = batch.last().unwrap().lsn;
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let free_blocks;
         {
@@ -370,16 +380,16 @@ impl FileSystem {
                     return Err(error);
                 }
             }
-            for queued in &batch {
-                for number in touched_inodes(&queued.op) {
-                    if let Ok(inode) = volume.read_inode(number) {
-                        owned.push((number, inode.blocks_owned));
-                    }
+            let mut touched: Vec<u64> = batch.iter().flat_map(|queued| touched_inodes(&queued.op)).collect();
+            touched.sort_unstable();
+            touched.dedup();
+            for number in touched {
+                if let Ok(inode) = volume.read_inode(number) {
+                    owned.push((number, inode.blocks_owned));
                 }
             }
             free_blocks = volume.free_blocks();
         }
-        let last = batch.last().unwrap().lsn;
         {
             let mut front = inner.front.lock();
             for queued in &batch {
@@ -389,16 +399,14 @@ impl FileSystem {
                         front.names.remove(&key);
                     }
                 }
-                for number in touched_inodes(&queued.op) {
-                    if let Some(view) = front.views.get_mut(&number) {
-                        view.pending_writes.retain(|write| write.lsn > lsn);
-                    }
-                }
                 front.reserved_blocks -= queued.reserved_blocks;
             }
+            // `owned` names every inode the batch touched (once per record): trim each one's
+            // pending writes through the batch's last record.
             for (number, blocks) in owned {
                 if let Some(view) = front.views.get_mut(&number) {
                     view.blocks_owned = blocks;
+                    view.forget_writes_through(last);
                 }
             }
             front.free_blocks = free_blocks;
@@ -407,6 +415,8 @@ impl FileSystem {
         *inner.applied_lsn.lock() = last;
         inner.applied_signal.notify_all();
         backend.applied_since_checkpoint += batch.len() as u64;
+        backend.applied_bytes_since_checkpoint +=
+            batch.iter().map(|queued| (RECORD_OVERHEAD_BYTES + queued.op.tail().len()) as u64).sum::<u64>();
         self.maybe_checkpoint(&mut backend, false)?;
         Ok(true)
     }
@@ -419,12 +429,14 @@ impl FileSystem {
         let usage = inner.log.usage();
         let mut volume = inner.volume.lock();
         let dirty_bytes = volume.cache_dirty_count() as u64 * BLOCK_SIZE_U64;
-        // Checkpoint images go to the log's reserve: take one while they still fit in half of
-        // it, and before the normal share fills.
+        // A checkpoint frees the log only up to the last applied record, so it is due when what
+        // was applied since the last one fills a good part of the log's normal share, not when
+        // the log is full of records still waiting to be applied (checkpointing then would only
+        // add images). Its images go to the reserve: take one while they fit in half of it.
         let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
         let due = force
-            || usage.data_bytes_used * 2 > usage.data_bytes_normal
-            || usage.header_slots_used * 2 > usage.header_slots_normal
+            || backend.applied_bytes_since_checkpoint * 4 > usage.data_bytes_normal
+            || backend.applied_since_checkpoint * 4 > usage.header_slots_normal
             || dirty_bytes * 2 > reserve_bytes
             || backend.last_checkpoint.elapsed() > CHECKPOINT_INTERVAL;
         if !due {
@@ -441,6 +453,7 @@ impl FileSystem {
         inner.front.lock().free_blocks = free_blocks;
         backend.last_checkpoint = Instant::now();
         backend.applied_since_checkpoint = 0;
+        backend.applied_bytes_since_checkpoint = 0;
         inner.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -744,7 +757,7 @@ impl FileSystem {
             let view = front.views.get_mut(&inode).unwrap();
             if truncate {
                 // Writes before the truncate are applied before it: reads wait for it anyway.
-                view.pending_writes.retain(|write| write.lsn > lsn);
+                view.forget_writes_through(lsn);
             }
             Ok(Some(view.to_attributes()))
         })
@@ -1357,7 +1370,7 @@ impl FileSystem {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, false);
-            front.views.get_mut(&inode).unwrap().pending_writes.push(PendingWrite {
+            front.views.get_mut(&inode).unwrap().pending_writes.push_back(PendingWrite {
                 lsn,
                 offset,
                 data: shared.clone(),
@@ -1437,7 +1450,7 @@ impl FileSystem {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, true);
-            front.views.get_mut(&inode).unwrap().pending_writes.retain(|write| write.lsn > lsn);
+            front.views.get_mut(&inode).unwrap().forget_writes_through(lsn);
             Ok(Some(()))
         })
     }
