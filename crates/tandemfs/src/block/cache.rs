@@ -101,6 +101,32 @@ impl BlockCache {
         self.dirty_count
     }
 
+    /// Copies of every dirty block (block, kind, payload). They stay dirty, so that they cannot
+    /// be evicted and read back stale before their images are home; `mark_clean` follows.
+    pub fn copy_dirty(&self) -> Vec<(u64, BlockKind, BlockBuf)> {
+        let mut images: Vec<(u64, BlockKind, BlockBuf)> = self
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.dirty)
+            .map(|(number, entry)| (*number, entry.kind, entry.block.clone()))
+            .collect();
+        images.sort_by_key(|(block_number, _, _)| *block_number);
+        images
+    }
+
+    /// The images of these blocks are home: they may be evicted again.
+    pub fn mark_clean(&mut self, block_numbers: &[u64]) {
+        for block_number in block_numbers {
+            if let Some(entry) = self.entries.get_mut(block_number) {
+                if entry.dirty {
+                    entry.dirty = false;
+                    self.dirty_count -= 1;
+                }
+            }
+        }
+        self.evict();
+    }
+
     /// Takes copies of every dirty block (block, kind, payload) and marks them clean.
     pub fn take_dirty(&mut self) -> Vec<(u64, BlockKind, BlockBuf)> {
         let mut images = Vec::with_capacity(self.dirty_count);

@@ -20,8 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Records applied per back-end pass before the volume lock is let go.
-const BATCH_RECORDS_MAX: usize = 256;
+/// Records applied per back-end pass before the volume lock is let go: small enough that a
+/// front-end lookup waiting for the lock is not held up for long.
+const BATCH_RECORDS_MAX: usize = 32;
 /// Attempts of an operation that must wait for log space or free blocks.
 const SPACE_ATTEMPTS_MAX: usize = 4;
 /// Attempts of an optimistic read before it holds the front end still.
@@ -197,11 +198,13 @@ impl FileSystem {
             reserve_fraction: 0.5,
         };
         let cache_blocks = (options.cache_bytes / BLOCK_SIZE_U64).max(64) as usize;
-        let (mut volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
+        let (volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
         let last_lsn = log.next_lsn() - 1;
+        let volume = Mutex::new(volume);
         if report.records_replayed > 0 || report.orphans_reclaimed > 0 {
-            backend::checkpoint(&mut volume, &log, last_lsn)?;
+            backend::checkpoint(&volume, &log, last_lsn)?;
         }
+        let mut volume = volume.into_inner();
         let superblock = &mut volume.superblock;
         superblock.state = STATE_MOUNTED;
         superblock.mount_count += 1;
@@ -396,7 +399,13 @@ impl FileSystem {
                 let lsn = queued.lsn;
                 for key in touched_names(&queued.op) {
                     if front.names.get(&key).is_some_and(|overlay| overlay.lsn == lsn) {
-                        front.names.remove(&key);
+                        // Applied: the H-tree now says the same, so the answer moves to the
+                        // lookup cache and the next lookup needs no H-tree walk.
+                        let overlay = front.names.remove(&key).unwrap();
+                        if front.lookups.len() >= super::front::LOOKUP_CACHE_LIMIT {
+                            front.lookups.clear();
+                        }
+                        front.lookups.insert(key, overlay.target);
                     }
                 }
                 front.reserved_blocks -= queued.reserved_blocks;
@@ -427,8 +436,7 @@ impl FileSystem {
             return Ok(());
         }
         let usage = inner.log.usage();
-        let mut volume = inner.volume.lock();
-        let dirty_bytes = volume.cache_dirty_count() as u64 * BLOCK_SIZE_U64;
+        let dirty_bytes = inner.volume.lock().cache_dirty_count() as u64 * BLOCK_SIZE_U64;
         // A checkpoint frees the log only up to the last applied record, so it is due when what
         // was applied since the last one fills a good part of the log's normal share, not when
         // the log is full of records still waiting to be applied (checkpointing then would only
@@ -443,13 +451,11 @@ impl FileSystem {
             return Ok(());
         }
         let applied = *inner.applied_lsn.lock();
-        if let Err(error) = backend::checkpoint(&mut volume, &inner.log, applied) {
-            drop(volume);
+        if let Err(error) = backend::checkpoint(&inner.volume, &inner.log, applied) {
             self.fail(&error);
             return Err(error);
         }
-        let free_blocks = volume.free_blocks();
-        drop(volume);
+        let free_blocks = inner.volume.lock().free_blocks();
         inner.front.lock().free_blocks = free_blocks;
         backend.last_checkpoint = Instant::now();
         backend.applied_since_checkpoint = 0;
