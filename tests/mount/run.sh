@@ -788,6 +788,27 @@ test_sigterm_unmounts_cleanly() {
     check_state
 }
 
+test_kill_9_recovers() {
+    record_state
+    dd if=/dev/urandom of="$MNT/interrupted" bs=1M count=64 status=none &
+    writer=$!
+    sleep 0.3
+    pid=$(pgrep -f "mount $IMG $MNT" | head -1)
+    test -n "$pid"
+    kill -KILL "$pid"
+    wait "$writer" || true
+    # A mount whose server died answers ENOTCONN; tandem umount still removes it.
+    "$TANDEM" umount "$MNT"
+    if is_mounted; then echo "the dead mount is still there"; exit 1; fi
+    "$TANDEM" fsck "$IMG"
+    log="$LOGS/mount-after-kill.log"
+    echo "$log" >"$WORK/current-mount-log"
+    "$TANDEM" mount "$IMG" "$MNT" -d --log-file "$log" -o allow_other,default_permissions
+    is_mounted
+    rm -f "$MNT/interrupted"
+    check_state
+}
+
 test_read_only_mount() {
     unmount_volume
     mount_volume ro,allow_other,default_permissions
@@ -886,6 +907,7 @@ run_test umount-refuses-while-busy test_unmount_refuses_while_busy
 run_test umount-refuses-other-file-systems test_unmount_refuses_other_file_systems
 run_test umount-fsck-remount-compare test_unmount_fsck_remount
 run_test sigterm-unmounts-cleanly test_sigterm_unmounts_cleanly
+run_test kill-9-then-umount-fsck-recover test_kill_9_recovers
 run_test read-only-mount test_read_only_mount
 run_test rm-rf-usr-include-copy test_rm_rf_large_tree
 run_test enospc-small-volume test_no_space
