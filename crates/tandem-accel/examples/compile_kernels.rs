@@ -1,14 +1,8 @@
 //! Compiles the CUDA kernels with NVRTC (no GPU needed) into the kernel cache and prints
 //! the file: `cargo run -p tandem-accel --example compile_kernels -- 9 0` for sm_90.
 fn main() {
-    let args: Vec<i32> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let (major, minor) = (
-        args.first().copied().unwrap_or(9),
-        args.get(1).copied().unwrap_or(0),
-    );
+    let args: Vec<i32> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (major, minor) = (args.first().copied().unwrap_or(9), args.get(1).copied().unwrap_or(0));
     if let Err(reason) = tandem_accel::cuda::probe_nvrtc() {
         eprintln!("{reason}");
         std::process::exit(1);

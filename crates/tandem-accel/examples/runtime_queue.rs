@@ -6,10 +6,7 @@ use tandem_accel::runtime::{Accelerator, Mode, Request, RuntimeConfig};
 use tandem_accel::{Direction, XtsKey, SECTOR_SIZE_BYTES};
 
 fn main() {
-    let accelerator = Accelerator::new(RuntimeConfig {
-        mode: Mode::Cpu,
-        ..RuntimeConfig::default()
-    });
+    let accelerator = Accelerator::new(RuntimeConfig { mode: Mode::Cpu, ..RuntimeConfig::default() });
     let key = Arc::new(XtsKey::new(&random_bytes(64, 1).try_into().unwrap()));
     let count = 4096;
     let queued = measure(count * SECTOR_SIZE_BYTES, 2.0, || {
@@ -38,8 +35,5 @@ fn main() {
         "queued: {:.2} GB/s, {:.3} CPU s/GB ({requests} requests in {batches} batches)",
         queued.gigabytes_per_second, queued.cpu_seconds_per_gigabyte
     );
-    println!(
-        "direct: {:.2} GB/s, {:.3} CPU s/GB",
-        direct.gigabytes_per_second, direct.cpu_seconds_per_gigabyte
-    );
+    println!("direct: {:.2} GB/s, {:.3} CPU s/GB", direct.gigabytes_per_second, direct.cpu_seconds_per_gigabyte);
 }

@@ -52,24 +52,13 @@ fn parse_bytes(text: &str) -> Result<usize, String> {
         Some('G') | Some('g') => (&text[..text.len() - 1], 1 << 30),
         _ => (text, 1),
     };
-    number
-        .parse::<usize>()
-        .map(|value| value * multiplier)
-        .map_err(|_| format!("bad size '{text}'"))
+    number.parse::<usize>().map(|value| value * multiplier).map_err(|_| format!("bad size '{text}'"))
 }
 
 pub fn parse_shape(text: &str) -> Result<(usize, usize), String> {
-    let (data, parity) = text
-        .split_once('+')
-        .ok_or_else(|| format!("bad shape '{text}', want k+m"))?;
-    let data = data
-        .trim()
-        .parse()
-        .map_err(|_| format!("bad shape '{text}'"))?;
-    let parity = parity
-        .trim()
-        .parse()
-        .map_err(|_| format!("bad shape '{text}'"))?;
+    let (data, parity) = text.split_once('+').ok_or_else(|| format!("bad shape '{text}', want k+m"))?;
+    let data = data.trim().parse().map_err(|_| format!("bad shape '{text}'"))?;
+    let parity = parity.trim().parse().map_err(|_| format!("bad shape '{text}'"))?;
     Ok((data, parity))
 }
 
@@ -80,9 +69,7 @@ impl BenchConfig {
             gpu_bytes: 1 << 30,
             services: vec!["crc32c".into(), "xts".into(), "rs".into()],
             reed_solomon_shapes: vec![(8, 2)],
-            threads: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             minimum_seconds: 0.5,
             gpu: None,
             gpu_count: None,
@@ -91,37 +78,20 @@ impl BenchConfig {
         };
         let mut iterator = args.iter();
         while let Some(argument) = iterator.next() {
-            let mut value = || {
-                iterator
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| format!("{argument} needs a value"))
-            };
+            let mut value = || iterator.next().cloned().ok_or_else(|| format!("{argument} needs a value"));
             match argument.as_str() {
                 "--help" | "-h" => return Ok(None),
                 "--size" => config.cpu_bytes = parse_bytes(&value()?)?,
                 "--gpu-size" => config.gpu_bytes = parse_bytes(&value()?)?,
-                "--services" => {
-                    config.services = value()?.split(',').map(|s| s.trim().to_string()).collect()
-                }
+                "--services" => config.services = value()?.split(',').map(|s| s.trim().to_string()).collect(),
                 "--rs-shapes" => {
-                    config.reed_solomon_shapes = value()?
-                        .split(',')
-                        .map(parse_shape)
-                        .collect::<Result<_, _>>()?
+                    config.reed_solomon_shapes = value()?.split(',').map(parse_shape).collect::<Result<_, _>>()?
                 }
-                "--threads" => {
-                    config.threads = value()?.parse().map_err(|_| "bad --threads".to_string())?
-                }
-                "--seconds" => {
-                    config.minimum_seconds =
-                        value()?.parse().map_err(|_| "bad --seconds".to_string())?
-                }
+                "--threads" => config.threads = value()?.parse().map_err(|_| "bad --threads".to_string())?,
+                "--seconds" => config.minimum_seconds = value()?.parse().map_err(|_| "bad --seconds".to_string())?,
                 "--gpu" => config.gpu = Some(true),
                 "--no-gpu" => config.gpu = Some(false),
-                "--gpus" => {
-                    config.gpu_count = Some(value()?.parse().map_err(|_| "bad --gpus".to_string())?)
-                }
+                "--gpus" => config.gpu_count = Some(value()?.parse().map_err(|_| "bad --gpus".to_string())?),
                 "--no-openssl" => config.openssl = false,
                 "--no-isal" => config.isal = false,
                 other => return Err(format!("unknown option '{other}'\n\n{HELP}")),
@@ -132,10 +102,7 @@ impl BenchConfig {
                 return Err(format!("unknown service '{service}'"));
             }
         }
-        if config.cpu_bytes < SECTOR_SIZE_BYTES
-            || config.gpu_bytes < SECTOR_SIZE_BYTES
-            || config.threads == 0
-        {
+        if config.cpu_bytes < SECTOR_SIZE_BYTES || config.gpu_bytes < SECTOR_SIZE_BYTES || config.threads == 0 {
             return Err("sizes must be at least 4K and threads at least 1".into());
         }
         config.cpu_bytes -= config.cpu_bytes % SECTOR_SIZE_BYTES;
@@ -176,10 +143,7 @@ pub fn measure(bytes: usize, minimum_seconds: f64, mut operation: impl FnMut()) 
     let seconds = start.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
     let gigabytes = bytes as f64 * runs as f64 / 1e9;
-    Measurement {
-        gigabytes_per_second: gigabytes / seconds,
-        cpu_seconds_per_gigabyte: cpu / gigabytes,
-    }
+    Measurement { gigabytes_per_second: gigabytes / seconds, cpu_seconds_per_gigabyte: cpu / gigabytes }
 }
 
 pub fn random_bytes(length: usize, seed: u64) -> Vec<u8> {
@@ -203,24 +167,10 @@ pub struct Report {
 
 impl Report {
     pub fn new() -> Self {
-        Self {
-            rows: Vec::new(),
-            notes: Vec::new(),
-        }
+        Self { rows: Vec::new(), notes: Vec::new() }
     }
-    pub fn row(
-        &mut self,
-        service: &str,
-        engine: &str,
-        measurement: Option<Measurement>,
-        note: impl Into<String>,
-    ) {
-        self.rows.push((
-            service.to_string(),
-            engine.to_string(),
-            measurement,
-            note.into(),
-        ));
+    pub fn row(&mut self, service: &str, engine: &str, measurement: Option<Measurement>, note: impl Into<String>) {
+        self.rows.push((service.to_string(), engine.to_string(), measurement, note.into()));
     }
     pub fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());
@@ -233,11 +183,7 @@ impl Report {
     }
     pub fn render(&self) -> String {
         let mut text = String::new();
-        let _ = writeln!(
-            text,
-            "{:<28} {:<34} {:>10} {:>12}  note",
-            "service", "engine", "GB/s", "CPU s/GB"
-        );
+        let _ = writeln!(text, "{:<28} {:<34} {:>10} {:>12}  note", "service", "engine", "GB/s", "CPU s/GB");
         for (service, engine, measurement, note) in &self.rows {
             match measurement {
                 Some(m) => {
@@ -248,11 +194,7 @@ impl Report {
                     );
                 }
                 None => {
-                    let _ = writeln!(
-                        text,
-                        "{:<28} {:<34} {:>10} {:>12}  {}",
-                        service, engine, "-", "-", note
-                    );
+                    let _ = writeln!(text, "{:<28} {:<34} {:>10} {:>12}  {}", service, engine, "-", "-", note);
                 }
             }
         }
@@ -272,37 +214,21 @@ impl Default for Report {
 /// OpenSSL's own figure for AES-256-XTS over 4 KiB buffers, in GB/s (`threads` > 1 uses -multi).
 pub fn openssl_xts(threads: usize, seconds: u32) -> Result<Measurement, String> {
     let mut command = std::process::Command::new("openssl");
-    command.args([
-        "speed",
-        "-evp",
-        "aes-256-xts",
-        "-bytes",
-        "4096",
-        "-seconds",
-        &seconds.to_string(),
-    ]);
+    command.args(["speed", "-evp", "aes-256-xts", "-bytes", "4096", "-seconds", &seconds.to_string()]);
     if threads > 1 {
         command.args(["-multi", &threads.to_string()]);
     }
     let children_before = children_cpu_seconds();
-    let output = command
-        .output()
-        .map_err(|error| format!("cannot run openssl: {error}"))?;
+    let output = command.output().map_err(|error| format!("cannot run openssl: {error}"))?;
     let children_cpu = children_cpu_seconds() - children_before;
     let text = String::from_utf8_lossy(&output.stdout);
     // The table's last line for the cipher ends with the 4096-byte figure in 1000s of bytes/s.
     let line = text
         .lines()
         .rev()
-        .find(|line| {
-            line.to_ascii_lowercase().contains("aes-256-xts") && line.trim_end().ends_with('k')
-        })
+        .find(|line| line.to_ascii_lowercase().contains("aes-256-xts") && line.trim_end().ends_with('k'))
         .ok_or_else(|| format!("no AES-256-XTS line in openssl output: {}", text.trim()))?;
-    let figure = line
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .trim_end_matches('k');
+    let figure = line.split_whitespace().last().unwrap().trim_end_matches('k');
     let rate = figure
         .parse::<f64>()
         .map(|thousands| thousands * 1000.0 / 1e9)
@@ -310,10 +236,7 @@ pub fn openssl_xts(threads: usize, seconds: u32) -> Result<Measurement, String> 
     // Every process measured for `seconds` at the aggregate rate; the children's CPU time
     // includes their start-up, so this slightly overstates OpenSSL's cost.
     let gigabytes = rate * seconds as f64;
-    Ok(Measurement {
-        gigabytes_per_second: rate,
-        cpu_seconds_per_gigabyte: children_cpu / gigabytes,
-    })
+    Ok(Measurement { gigabytes_per_second: rate, cpu_seconds_per_gigabyte: children_cpu / gigabytes })
 }
 
 /// CPU seconds used by finished child processes (user + system).
@@ -336,17 +259,11 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
     let started = Instant::now();
     report.note(format!(
         "host: {} cores available, {} threads for the all-threads rows; CPU engine: {}",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         config.threads,
         CpuEngine::new(config.threads).name()
     ));
-    let isal = if config.isal {
-        crate::isal::Isal::load()
-    } else {
-        Err("skipped (--no-isal)".into())
-    };
+    let isal = if config.isal { crate::isal::Isal::load() } else { Err("skipped (--no-isal)".into()) };
     if let Err(reason) = &isal {
         report.note(format!("ISA-L: {reason}"));
     }
@@ -370,10 +287,7 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
             }
         }
     };
-    let engines = [
-        (1usize, "cpu 1 thread".to_string()),
-        (config.threads, format!("cpu {} threads", config.threads)),
-    ];
+    let engines = [(1usize, "cpu 1 thread".to_string()), (config.threads, format!("cpu {} threads", config.threads))];
 
     if config.services.iter().any(|s| s == "crc32c") {
         let data = random_bytes(config.cpu_bytes, 1);
@@ -382,9 +296,7 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
             let engine = CpuEngine::new(*threads);
             let mut checksums = vec![0u32; blocks];
             let m = measure(data.len(), config.minimum_seconds, || {
-                engine
-                    .crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut checksums)
-                    .unwrap()
+                engine.crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut checksums).unwrap()
             });
             report.row("crc32c 4K blocks", label, Some(m), "");
             let m = measure(data.len(), config.minimum_seconds, || {
@@ -406,20 +318,11 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
                 "crc32c 4K blocks",
                 "isa-l crc32_iscsi 1 thread",
                 Some(m),
-                if agrees {
-                    "same values"
-                } else {
-                    "VALUES DIFFER"
-                },
+                if agrees { "same values" } else { "VALUES DIFFER" },
             );
             if let Some(ours) = report.find("crc32c 4K blocks", "cpu 1 thread") {
-                let theirs = report
-                    .find("crc32c 4K blocks", "isa-l crc32_iscsi 1 thread")
-                    .unwrap();
-                report.note(format!(
-                    "crc32c per core: cpu engine / ISA-L = {:.2}",
-                    ours / theirs
-                ));
+                let theirs = report.find("crc32c 4K blocks", "isa-l crc32_iscsi 1 thread").unwrap();
+                report.note(format!("crc32c per core: cpu engine / ISA-L = {:.2}", ours / theirs));
             }
         }
         if let Some(system) = &gpu {
@@ -434,24 +337,14 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
             let engine = CpuEngine::new(*threads);
             for direction in [Direction::Encrypt, Direction::Decrypt] {
                 let m = measure(data.len(), config.minimum_seconds, || {
-                    engine
-                        .xts(&key, direction, Sectors::Consecutive(1000), &mut data)
-                        .unwrap()
+                    engine.xts(&key, direction, Sectors::Consecutive(1000), &mut data).unwrap()
                 });
-                report.row(
-                    &format!("aes-256-xts {direction:?}").to_lowercase(),
-                    label,
-                    Some(m),
-                    "4 KiB sectors",
-                );
+                report.row(&format!("aes-256-xts {direction:?}").to_lowercase(), label, Some(m), "4 KiB sectors");
             }
         }
         if config.openssl {
             for threads in [1usize, config.threads] {
-                let label = format!(
-                    "openssl speed {threads} thread{}",
-                    if threads == 1 { "" } else { "s" }
-                );
+                let label = format!("openssl speed {threads} thread{}", if threads == 1 { "" } else { "s" });
                 match openssl_xts(threads, 1) {
                     Ok(measurement) => report.row(
                         "aes-256-xts encrypt",
@@ -469,10 +362,8 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
                 report.find("aes-256-xts encrypt", "cpu 1 thread"),
                 report.find("aes-256-xts encrypt", "openssl speed 1 thread"),
             ) {
-                report.note(format!(
-                    "aes-256-xts per core: cpu engine / OpenSSL = {:.2} (target ≥ 0.80)",
-                    ours / theirs
-                ));
+                report
+                    .note(format!("aes-256-xts per core: cpu engine / OpenSSL = {:.2} (target ≥ 0.80)", ours / theirs));
             }
         }
         if let Some(system) = &gpu {
@@ -487,73 +378,41 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
                 Err(error) => return Err(error.to_string()),
             };
             let shard_bytes = (config.cpu_bytes / k) & !63;
-            let data: Vec<Vec<u8>> = (0..k)
-                .map(|i| random_bytes(shard_bytes, 10 + i as u64))
-                .collect();
+            let data: Vec<Vec<u8>> = (0..k).map(|i| random_bytes(shard_bytes, 10 + i as u64)).collect();
             let inputs: Vec<&[u8]> = data.iter().map(|s| s.as_slice()).collect();
             let mut parity = vec![vec![0u8; shard_bytes]; m];
             let stripe_bytes = shard_bytes * k;
             for (threads, label) in &engines {
                 let engine = CpuEngine::new(*threads);
                 let measurement = measure(stripe_bytes, config.minimum_seconds, || {
-                    let mut outputs: Vec<&mut [u8]> =
-                        parity.iter_mut().map(|s| s.as_mut_slice()).collect();
-                    engine
-                        .reed_solomon_encode(&code, &inputs, &mut outputs)
-                        .unwrap()
+                    let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|s| s.as_mut_slice()).collect();
+                    engine.reed_solomon_encode(&code, &inputs, &mut outputs).unwrap()
                 });
-                report.row(
-                    &format!("rs {k}+{m} encode"),
-                    label,
-                    Some(measurement),
-                    "GB of data shards",
-                );
+                report.row(&format!("rs {k}+{m} encode"), label, Some(measurement), "GB of data shards");
                 // Decode: lose the first min(m, k) data shards and rebuild them.
                 let lost = m.min(k);
                 let mut shards: Vec<Vec<u8>> = data.iter().chain(parity.iter()).cloned().collect();
                 let present: Vec<bool> = (0..k + m).map(|index| index >= lost).collect();
                 let measurement = measure(stripe_bytes, config.minimum_seconds, || {
-                    let mut views: Vec<&mut [u8]> =
-                        shards.iter_mut().map(|s| s.as_mut_slice()).collect();
-                    engine
-                        .reed_solomon_reconstruct(&code, &mut views, &present)
-                        .unwrap()
+                    let mut views: Vec<&mut [u8]> = shards.iter_mut().map(|s| s.as_mut_slice()).collect();
+                    engine.reed_solomon_reconstruct(&code, &mut views, &present).unwrap()
                 });
-                assert!(
-                    shards[..lost].iter().zip(&data).all(|(a, b)| a == b),
-                    "reconstruction differs"
-                );
-                report.row(
-                    &format!("rs {k}+{m} decode ({lost} lost)"),
-                    label,
-                    Some(measurement),
-                    "GB of data shards",
-                );
+                assert!(shards[..lost].iter().zip(&data).all(|(a, b)| a == b), "reconstruction differs");
+                report.row(&format!("rs {k}+{m} decode ({lost} lost)"), label, Some(measurement), "GB of data shards");
             }
             if let Ok(isal) = &isal {
-                let (agrees, measurement) =
-                    isal.encode_benchmark(k, m, &inputs, &parity, config.minimum_seconds);
+                let (agrees, measurement) = isal.encode_benchmark(k, m, &inputs, &parity, config.minimum_seconds);
                 report.row(
                     &format!("rs {k}+{m} encode"),
                     "isa-l ec_encode_data 1 thread",
                     Some(measurement),
-                    if agrees {
-                        "same parity (Cauchy)"
-                    } else {
-                        "PARITY DIFFERS"
-                    },
+                    if agrees { "same parity (Cauchy)" } else { "PARITY DIFFERS" },
                 );
                 if let (Some(ours), Some(theirs)) = (
                     report.find(&format!("rs {k}+{m} encode"), "cpu 1 thread"),
-                    report.find(
-                        &format!("rs {k}+{m} encode"),
-                        "isa-l ec_encode_data 1 thread",
-                    ),
+                    report.find(&format!("rs {k}+{m} encode"), "isa-l ec_encode_data 1 thread"),
                 ) {
-                    report.note(format!(
-                        "rs {k}+{m} encode per core: cpu engine / ISA-L = {:.2}",
-                        ours / theirs
-                    ));
+                    report.note(format!("rs {k}+{m} encode per core: cpu engine / ISA-L = {:.2}", ours / theirs));
                 }
             }
             if let Ok(isal) = &isal {
@@ -564,19 +423,9 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
                     let sources: Vec<&[u8]> = plan
                         .sources
                         .iter()
-                        .map(|&index| {
-                            if index < k {
-                                data[index].as_slice()
-                            } else {
-                                parity[index - k].as_slice()
-                            }
-                        })
+                        .map(|&index| if index < k { data[index].as_slice() } else { parity[index - k].as_slice() })
                         .collect();
-                    let expected: Vec<&[u8]> = plan
-                        .missing
-                        .iter()
-                        .map(|&index| data[index].as_slice())
-                        .collect();
+                    let expected: Vec<&[u8]> = plan.missing.iter().map(|&index| data[index].as_slice()).collect();
                     let (agrees, measurement) = isal.apply_benchmark(
                         &plan.matrix,
                         plan.missing.len(),
@@ -588,11 +437,7 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
                         &format!("rs {k}+{m} decode ({lost} lost)"),
                         "isa-l ec_encode_data 1 thread",
                         Some(measurement),
-                        if agrees {
-                            "same shards rebuilt"
-                        } else {
-                            "REBUILT SHARDS DIFFER"
-                        },
+                        if agrees { "same shards rebuilt" } else { "REBUILT SHARDS DIFFER" },
                     );
                 }
             }
@@ -604,10 +449,7 @@ pub fn run_services(args: &[String]) -> Result<String, String> {
     if config.services.iter().any(|s| s == "xts") {
         bench_runtime_small_requests(&config, gpu.is_some(), &mut report);
     }
-    report.note(format!(
-        "bench took {:.1} s",
-        started.elapsed().as_secs_f64()
-    ));
+    report.note(format!("bench took {:.1} s", started.elapsed().as_secs_f64()));
     Ok(report.render())
 }
 
@@ -617,10 +459,7 @@ fn bench_runtime_small_requests(config: &BenchConfig, gpu_allowed: bool, report:
     use crate::runtime::{Accelerator, Mode, Request, RuntimeConfig};
     use std::sync::Arc;
     let mode = if gpu_allowed { Mode::Hybrid } else { Mode::Cpu };
-    let accelerator = Accelerator::new(RuntimeConfig {
-        mode,
-        ..RuntimeConfig::default()
-    });
+    let accelerator = Accelerator::new(RuntimeConfig { mode, ..RuntimeConfig::default() });
     for line in accelerator.describe().lines() {
         report.note(format!("runtime: {line}"));
     }

@@ -18,11 +18,7 @@ const fn build_tables() -> [[u32; 256]; 8] {
         let mut value = index as u32;
         let mut bit = 0;
         while bit < 8 {
-            value = if value & 1 != 0 {
-                (value >> 1) ^ CRC32C_POLYNOMIAL_REFLECTED
-            } else {
-                value >> 1
-            };
+            value = if value & 1 != 0 { (value >> 1) ^ CRC32C_POLYNOMIAL_REFLECTED } else { value >> 1 };
             bit += 1;
         }
         tables[0][index] = value;
@@ -73,11 +69,7 @@ pub const fn x_power_mod(exponent: u64) -> u32 {
     let mut value: u32 = 0x8000_0000;
     let mut step = 0;
     while step < exponent {
-        value = if value & 1 != 0 {
-            (value >> 1) ^ CRC32C_POLYNOMIAL_REFLECTED
-        } else {
-            value >> 1
-        };
+        value = if value & 1 != 0 { (value >> 1) ^ CRC32C_POLYNOMIAL_REFLECTED } else { value >> 1 };
         step += 1;
     }
     value
@@ -94,11 +86,8 @@ pub const fn multiply_mod(a: u32, b: u32) -> u32 {
         if b & (0x8000_0000 >> bit) != 0 {
             product ^= multiplier;
         }
-        multiplier = if multiplier & 1 != 0 {
-            (multiplier >> 1) ^ CRC32C_POLYNOMIAL_REFLECTED
-        } else {
-            multiplier >> 1
-        };
+        multiplier =
+            if multiplier & 1 != 0 { (multiplier >> 1) ^ CRC32C_POLYNOMIAL_REFLECTED } else { multiplier >> 1 };
         bit += 1;
     }
     product
@@ -147,30 +136,14 @@ mod x86 {
     /// accounts for the carry-less product landing one bit low and the crc32 instruction's
     /// own multiplication by x^32).
     const TIERS: [(usize, u32, u32); 3] = [
-        (
-            8192,
-            super::x_power_mod(8 * 2 * 8192 - 33),
-            super::x_power_mod(8 * 8192 - 33),
-        ),
-        (
-            1360,
-            super::x_power_mod(8 * 2 * 1360 - 33),
-            super::x_power_mod(8 * 1360 - 33),
-        ),
-        (
-            256,
-            super::x_power_mod(8 * 2 * 256 - 33),
-            super::x_power_mod(8 * 256 - 33),
-        ),
+        (8192, super::x_power_mod(8 * 2 * 8192 - 33), super::x_power_mod(8 * 8192 - 33)),
+        (1360, super::x_power_mod(8 * 2 * 1360 - 33), super::x_power_mod(8 * 1360 - 33)),
+        (256, super::x_power_mod(8 * 2 * 256 - 33), super::x_power_mod(8 * 256 - 33)),
     ];
 
     #[target_feature(enable = "sse4.2,pclmulqdq")]
     unsafe fn shift(state: u32, constant: u32) -> u32 {
-        let product = _mm_clmulepi64_si128(
-            _mm_cvtsi32_si128(state as i32),
-            _mm_cvtsi32_si128(constant as i32),
-            0x00,
-        );
+        let product = _mm_clmulepi64_si128(_mm_cvtsi32_si128(state as i32), _mm_cvtsi32_si128(constant as i32), 0x00);
         _mm_crc32_u64(0, _mm_cvtsi128_si64(product) as u64) as u32
     }
 
@@ -221,10 +194,7 @@ mod x86 {
         let mut lanes: [__m512i; 4] =
             core::array::from_fn(|index| _mm512_loadu_si512(pointer.add(64 * index) as *const _));
         // The register XORs into the first four message bytes.
-        lanes[0] = _mm512_xor_si512(
-            lanes[0],
-            _mm512_zextsi128_si512(_mm_cvtsi32_si128(state as i32)),
-        );
+        lanes[0] = _mm512_xor_si512(lanes[0], _mm512_zextsi128_si512(_mm_cvtsi32_si128(state as i32)));
         let step = _mm512_set_epi64(
             FOLD_2048.1,
             FOLD_2048.0,
@@ -244,26 +214,17 @@ mod x86 {
             offset += 256;
         }
         let across = _mm512_set_epi64(
-            FOLD_512.1, FOLD_512.0, FOLD_512.1, FOLD_512.0, FOLD_512.1, FOLD_512.0, FOLD_512.1,
-            FOLD_512.0,
+            FOLD_512.1, FOLD_512.0, FOLD_512.1, FOLD_512.0, FOLD_512.1, FOLD_512.0, FOLD_512.1, FOLD_512.0,
         );
         let mut value = lanes[0];
         for lane in &lanes[1..] {
             value = fold(value, across, *lane);
         }
-        let last = _mm512_set_epi64(
-            0, 0, FOLD_128.1, FOLD_128.0, FOLD_256.1, FOLD_256.0, FOLD_384.1, FOLD_384.0,
-        );
+        let last = _mm512_set_epi64(0, 0, FOLD_128.1, FOLD_128.0, FOLD_256.1, FOLD_256.0, FOLD_384.1, FOLD_384.0);
         let folded = fold(value, last, _mm512_setzero_si512());
         let single = _mm_xor_si128(
-            _mm_xor_si128(
-                _mm512_extracti32x4_epi32::<0>(folded),
-                _mm512_extracti32x4_epi32::<1>(folded),
-            ),
-            _mm_xor_si128(
-                _mm512_extracti32x4_epi32::<2>(folded),
-                _mm512_extracti32x4_epi32::<3>(value),
-            ),
+            _mm_xor_si128(_mm512_extracti32x4_epi32::<0>(folded), _mm512_extracti32x4_epi32::<1>(folded)),
+            _mm_xor_si128(_mm512_extracti32x4_epi32::<2>(folded), _mm512_extracti32x4_epi32::<3>(value)),
         );
         let low = _mm_cvtsi128_si64(single) as u64;
         let high = _mm_extract_epi64::<1>(single) as u64;
@@ -285,16 +246,13 @@ mod x86 {
                     // Unaligned reads: callers pass arbitrary slices.
                     let word_a = (pointer.add(offset) as *const u64).read_unaligned();
                     let word_b = (pointer.add(lane_bytes + offset) as *const u64).read_unaligned();
-                    let word_c =
-                        (pointer.add(2 * lane_bytes + offset) as *const u64).read_unaligned();
+                    let word_c = (pointer.add(2 * lane_bytes + offset) as *const u64).read_unaligned();
                     state_a = _mm_crc32_u64(state_a, word_a);
                     state_b = _mm_crc32_u64(state_b, word_b);
                     state_c = _mm_crc32_u64(state_c, word_c);
                     offset += 8;
                 }
-                state = shift(state_a as u32, shift_two)
-                    ^ shift(state_b as u32, shift_one)
-                    ^ state_c as u32;
+                state = shift(state_a as u32, shift_two) ^ shift(state_b as u32, shift_one) ^ state_c as u32;
                 data = &data[3 * lane_bytes..];
             }
         }
@@ -327,9 +285,7 @@ pub fn hardware_available() -> bool {
     {
         use std::sync::OnceLock;
         static AVAILABLE: OnceLock<bool> = OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
-            is_x86_feature_detected!("sse4.2") && is_x86_feature_detected!("pclmulqdq")
-        })
+        *AVAILABLE.get_or_init(|| is_x86_feature_detected!("sse4.2") && is_x86_feature_detected!("pclmulqdq"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -367,11 +323,7 @@ mod tests {
         for &byte in data {
             value ^= byte as u32;
             for _ in 0..8 {
-                value = if value & 1 != 0 {
-                    (value >> 1) ^ CRC32C_POLYNOMIAL_REFLECTED
-                } else {
-                    value >> 1
-                };
+                value = if value & 1 != 0 { (value >> 1) ^ CRC32C_POLYNOMIAL_REFLECTED } else { value >> 1 };
             }
         }
         !value
@@ -397,37 +349,14 @@ mod tests {
             seed ^= seed << 17;
             *byte = seed as u8;
         }
-        let lengths = [
-            0usize,
-            1,
-            7,
-            8,
-            9,
-            255,
-            768,
-            769,
-            4080,
-            4096,
-            4097,
-            3 * 1360,
-            3 * 8192,
-            3 * 8192 + 3,
-            data.len() - 5,
-        ];
+        let lengths =
+            [0usize, 1, 7, 8, 9, 255, 768, 769, 4080, 4096, 4097, 3 * 1360, 3 * 8192, 3 * 8192 + 3, data.len() - 5];
         for &length in &lengths {
             for offset in [0usize, 1, 3] {
                 let slice = &data[offset..offset + length];
                 let expected = bitwise(0x5A5A_0000, slice);
-                assert_eq!(
-                    crc32c(0x5A5A_0000, slice),
-                    expected,
-                    "length {length} offset {offset}"
-                );
-                assert_eq!(
-                    crc32c_portable(0x5A5A_0000, slice),
-                    expected,
-                    "portable length {length}"
-                );
+                assert_eq!(crc32c(0x5A5A_0000, slice), expected, "length {length} offset {offset}");
+                assert_eq!(crc32c_portable(0x5A5A_0000, slice), expected, "portable length {length}");
             }
         }
     }
@@ -438,9 +367,6 @@ mod tests {
         let whole = crc32c(0, &data);
         let (first, second) = data.split_at(4321);
         assert_eq!(crc32c(crc32c(0, first), second), whole);
-        assert_eq!(
-            combine(crc32c(0, first), crc32c(0, second), second.len() as u64),
-            whole
-        );
+        assert_eq!(combine(crc32c(0, first), crc32c(0, second), second.len() as u64), whole);
     }
 }

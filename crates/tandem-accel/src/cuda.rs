@@ -7,9 +7,7 @@
 
 use crate::bench::{measure, BenchConfig, Measurement, Report};
 use crate::crc;
-use crate::engine::{
-    check_blocks, check_sectors, check_shards, CpuEngine, Engine, EngineKind, Sectors,
-};
+use crate::engine::{check_blocks, check_sectors, check_shards, CpuEngine, Engine, EngineKind, Sectors};
 use crate::error::{AccelError, Result};
 use crate::reed_solomon::{self, ReedSolomon};
 use crate::xts::{Direction, XtsKey, SECTOR_SIZE_BYTES};
@@ -117,8 +115,7 @@ fn key_words(round_keys: &crate::xts::RoundKeys) -> [u32; 60] {
     let mut words = [0u32; 60];
     for (round, key) in round_keys.iter().enumerate() {
         for column in 0..4 {
-            words[4 * round + column] =
-                u32::from_le_bytes(key[4 * column..4 * column + 4].try_into().unwrap());
+            words[4 * round + column] = u32::from_le_bytes(key[4 * column..4 * column + 4].try_into().unwrap());
         }
     }
     words
@@ -154,28 +151,15 @@ pub fn compiled_kernels(major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBu
     let architecture = format!("--gpu-architecture=sm_{major}{minor}");
     // TANDEM_XTS_UNROLL picks how many XTS blocks a lane keeps in flight (default 1, the
     // fastest measured; see kernels/services.cu).
-    let unroll = std::env::var("TANDEM_XTS_UNROLL")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(1)
-        .clamp(1, 8);
+    let unroll = std::env::var("TANDEM_XTS_UNROLL").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(1).clamp(1, 8);
     let unroll_option = format!("-DXTS_BLOCK_UNROLL={unroll}");
-    let options = [
-        architecture.as_str(),
-        "--std=c++17",
-        "-default-device",
-        unroll_option.as_str(),
-    ];
+    let options = [architecture.as_str(), "--std=c++17", "-default-device", unroll_option.as_str()];
     let mut nvrtc_major = 0;
     let mut nvrtc_minor = 0;
     // SAFETY: plain out-parameters.
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut nvrtc_major, &mut nvrtc_minor) };
     let version = format!("nvrtc {nvrtc_major}.{nvrtc_minor}");
-    let key = fnv1a(&[
-        KERNEL_SOURCE.as_bytes(),
-        options.join(" ").as_bytes(),
-        version.as_bytes(),
-    ]);
+    let key = fnv1a(&[KERNEL_SOURCE.as_bytes(), options.join(" ").as_bytes(), version.as_bytes()]);
     let directory = kernel_cache_directory().unwrap_or_else(std::env::temp_dir);
     let path = directory.join(format!("services-sm{major}{minor}-{key:016x}.cubin"));
     if let Ok(image) = std::fs::read(&path) {
@@ -194,21 +178,15 @@ pub fn compiled_kernels(major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBu
                 .map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned())
                 .unwrap_or_default();
             let _ = cudarc::nvrtc::result::destroy_program(program);
-            return Err(AccelError::Device(format!(
-                "NVRTC compile failed: {error:?}\n{log}"
-            )));
+            return Err(AccelError::Device(format!("NVRTC compile failed: {error:?}\n{log}")));
         }
         let mut size = 0usize;
         let status = cudarc::nvrtc::sys::nvrtcGetCUBINSize(program, &mut size);
         let mut image = vec![0u8; size];
         let status2 = cudarc::nvrtc::sys::nvrtcGetCUBIN(program, image.as_mut_ptr() as *mut _);
         let _ = cudarc::nvrtc::result::destroy_program(program);
-        status
-            .result()
-            .map_err(|error| device_error("nvrtcGetCUBINSize", error))?;
-        status2
-            .result()
-            .map_err(|error| device_error("nvrtcGetCUBIN", error))?;
+        status.result().map_err(|error| device_error("nvrtcGetCUBINSize", error))?;
+        status2.result().map_err(|error| device_error("nvrtcGetCUBIN", error))?;
         image
     };
     // A failed cache write only costs a recompile next time.
@@ -262,10 +240,7 @@ unsafe impl Sync for CudaDevice {}
 fn attribute(device: sys::CUdevice, which: sys::CUdevice_attribute) -> Result<i32> {
     let mut value = 0;
     // SAFETY: out-parameter.
-    check(
-        unsafe { sys::cuDeviceGetAttribute(&mut value, which, device) },
-        "cuDeviceGetAttribute",
-    )?;
+    check(unsafe { sys::cuDeviceGetAttribute(&mut value, which, device) }, "cuDeviceGetAttribute")?;
     Ok(value)
 }
 
@@ -276,24 +251,15 @@ impl Marker {
     fn record(stream: sys::CUstream) -> Result<Self> {
         let mut event = std::ptr::null_mut();
         // Blocking sync: the host thread sleeps instead of spinning while it waits.
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
-            | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
-        check(
-            unsafe { sys::cuEventCreate(&mut event, flags) },
-            "cuEventCreate",
-        )?;
+        let flags =
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32 | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        check(unsafe { sys::cuEventCreate(&mut event, flags) }, "cuEventCreate")?;
         let marker = Marker(event);
-        check(
-            unsafe { sys::cuEventRecord(event, stream) },
-            "cuEventRecord",
-        )?;
+        check(unsafe { sys::cuEventRecord(event, stream) }, "cuEventRecord")?;
         Ok(marker)
     }
     fn wait(&self) -> Result<()> {
-        check(
-            unsafe { sys::cuEventSynchronize(self.0) },
-            "cuEventSynchronize",
-        )
+        check(unsafe { sys::cuEventSynchronize(self.0) }, "cuEventSynchronize")
     }
 }
 
@@ -309,48 +275,23 @@ impl CudaDevice {
             let mut device = 0;
             check(sys::cuDeviceGet(&mut device, ordinal as i32), "cuDeviceGet")?;
             // Sleep in waits rather than spin: host CPU time per GB is one of the targets.
-            let _ = sys::cuDevicePrimaryCtxSetFlags_v2(
-                device,
-                sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32,
-            );
+            let _ = sys::cuDevicePrimaryCtxSetFlags_v2(device, sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32);
             let mut context = std::ptr::null_mut();
-            check(
-                sys::cuDevicePrimaryCtxRetain(&mut context, device),
-                "cuDevicePrimaryCtxRetain",
-            )?;
+            check(sys::cuDevicePrimaryCtxRetain(&mut context, device), "cuDevicePrimaryCtxRetain")?;
             check(sys::cuCtxSetCurrent(context), "cuCtxSetCurrent")?;
             let mut name_bytes = [0 as std::ffi::c_char; 128];
-            check(
-                sys::cuDeviceGetName(name_bytes.as_mut_ptr(), 128, device),
-                "cuDeviceGetName",
-            )?;
-            let name = CStr::from_ptr(name_bytes.as_ptr())
-                .to_string_lossy()
-                .into_owned();
-            let major = attribute(
-                device,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-            )?;
-            let minor = attribute(
-                device,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-            )?;
-            let multiprocessors = attribute(
-                device,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )? as u32;
+            check(sys::cuDeviceGetName(name_bytes.as_mut_ptr(), 128, device), "cuDeviceGetName")?;
+            let name = CStr::from_ptr(name_bytes.as_ptr()).to_string_lossy().into_owned();
+            let major = attribute(device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+            let minor = attribute(device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+            let multiprocessors =
+                attribute(device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
             let (image, kernel_from_cache, kernel_path) = compiled_kernels(major, minor)?;
             let mut module = std::ptr::null_mut();
-            check(
-                sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void),
-                "cuModuleLoadData",
-            )?;
+            check(sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void), "cuModuleLoadData")?;
             let function = |name: &CStr| -> Result<sys::CUfunction> {
                 let mut function = std::ptr::null_mut();
-                check(
-                    sys::cuModuleGetFunction(&mut function, module, name.as_ptr()),
-                    "cuModuleGetFunction",
-                )?;
+                check(sys::cuModuleGetFunction(&mut function, module, name.as_ptr()), "cuModuleGetFunction")?;
                 Ok(function)
             };
             let crc_function = function(c"crc32c_blocks_kernel")?;
@@ -359,29 +300,17 @@ impl CudaDevice {
             let reed_solomon_function = function(c"reed_solomon_kernel")?;
             let words = device_tables();
             let mut tables = 0;
-            check(
-                sys::cuMemAlloc_v2(&mut tables, words.len() * 4),
-                "cuMemAlloc tables",
-            )?;
-            check(
-                sys::cuMemcpyHtoD_v2(tables, words.as_ptr() as *const c_void, words.len() * 4),
-                "upload tables",
-            )?;
+            check(sys::cuMemAlloc_v2(&mut tables, words.len() * 4), "cuMemAlloc tables")?;
+            check(sys::cuMemcpyHtoD_v2(tables, words.as_ptr() as *const c_void, words.len() * 4), "upload tables")?;
             let mut slots = Vec::with_capacity(STREAMS_PER_DEVICE);
             for _ in 0..STREAMS_PER_DEVICE {
                 let mut stream = std::ptr::null_mut();
                 check(
-                    sys::cuStreamCreate(
-                        &mut stream,
-                        sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                    ),
+                    sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
                     "cuStreamCreate",
                 )?;
                 let mut buffer = 0;
-                check(
-                    sys::cuMemAlloc_v2(&mut buffer, SLOT_BYTES + SLOT_EXTRA_BYTES),
-                    "cuMemAlloc staging",
-                )?;
+                check(sys::cuMemAlloc_v2(&mut buffer, SLOT_BYTES + SLOT_EXTRA_BYTES), "cuMemAlloc staging")?;
                 slots.push(Mutex::new(StreamSlot { stream, buffer }));
             }
             Ok(CudaDevice {
@@ -404,10 +333,7 @@ impl CudaDevice {
     }
 
     fn bind(&self) -> Result<()> {
-        check(
-            unsafe { sys::cuCtxSetCurrent(self.context) },
-            "cuCtxSetCurrent",
-        )
+        check(unsafe { sys::cuCtxSetCurrent(self.context) }, "cuCtxSetCurrent")
     }
 
     /// Makes this device's context current on the calling thread.
@@ -436,11 +362,7 @@ impl CudaDevice {
                 0,
             )
         };
-        let per_multiprocessor = if status == sys::CUresult::CUDA_SUCCESS {
-            per_multiprocessor.max(1)
-        } else {
-            4
-        };
+        let per_multiprocessor = if status == sys::CUresult::CUDA_SUCCESS { per_multiprocessor.max(1) } else { 4 };
         work_blocks.clamp(1, self.multiprocessors as u64 * per_multiprocessor as u64) as u32
     }
 
@@ -495,17 +417,8 @@ impl CudaDevice {
             &mut count as *mut _ as *mut c_void,
         ];
         let warps = sector_count.div_ceil(4);
-        let function = if decrypt {
-            self.xts_decrypt_function
-        } else {
-            self.xts_encrypt_function
-        };
-        self.launch(
-            function,
-            self.grid(function, warps.div_ceil(8)),
-            stream,
-            &mut parameters,
-        )
+        let function = if decrypt { self.xts_decrypt_function } else { self.xts_encrypt_function };
+        self.launch(function, self.grid(function, warps.div_ceil(8)), stream, &mut parameters)
     }
 
     unsafe fn enqueue_crc(
@@ -528,12 +441,7 @@ impl CudaDevice {
             &mut blocks_value as *mut _ as *mut c_void,
             &mut block_bytes as *mut _ as *mut c_void,
         ];
-        self.launch(
-            self.crc_function,
-            self.grid(self.crc_function, blocks.div_ceil(8)),
-            stream,
-            &mut parameters,
-        )
+        self.launch(self.crc_function, self.grid(self.crc_function, blocks.div_ceil(8)), stream, &mut parameters)
     }
 
     /// Launches the matrix kernel for every group of up to four rows. `matrix` lives on the
@@ -580,10 +488,7 @@ impl CudaDevice {
             ];
             self.launch(
                 self.reed_solomon_function,
-                self.grid(
-                    self.reed_solomon_function,
-                    (shard_bytes / 16).div_ceil(THREADS_PER_BLOCK as u64),
-                ),
+                self.grid(self.reed_solomon_function, (shard_bytes / 16).div_ceil(THREADS_PER_BLOCK as u64)),
                 stream,
                 &mut parameters,
             )?;
@@ -593,13 +498,7 @@ impl CudaDevice {
     }
 
     /// XTS with host memory in and out, pipelined in chunks over the streams.
-    pub fn xts_host(
-        &self,
-        key: &XtsKey,
-        direction: Direction,
-        sectors: Sectors<'_>,
-        data: &mut [u8],
-    ) -> Result<()> {
+    pub fn xts_host(&self, key: &XtsKey, direction: Direction, sectors: Sectors<'_>, data: &mut [u8]) -> Result<()> {
         check_sectors(&sectors, data.len())?;
         self.bind()?;
         let keys = XtsKeyParameters {
@@ -617,12 +516,7 @@ impl CudaDevice {
             let slot = self.slot();
             unsafe {
                 check(
-                    sys::cuMemcpyHtoDAsync_v2(
-                        slot.buffer,
-                        chunk.as_ptr() as *const c_void,
-                        chunk.len(),
-                        slot.stream,
-                    ),
+                    sys::cuMemcpyHtoDAsync_v2(slot.buffer, chunk.as_ptr() as *const c_void, chunk.len(), slot.stream),
                     "copy in",
                 )?;
                 let (first, list) = match sectors {
@@ -652,12 +546,7 @@ impl CudaDevice {
                     slot.stream,
                 )?;
                 check(
-                    sys::cuMemcpyDtoHAsync_v2(
-                        chunk.as_mut_ptr() as *mut c_void,
-                        slot.buffer,
-                        chunk.len(),
-                        slot.stream,
-                    ),
+                    sys::cuMemcpyDtoHAsync_v2(chunk.as_mut_ptr() as *mut c_void, slot.buffer, chunk.len(), slot.stream),
                     "copy out",
                 )?;
                 markers.push(Marker::record(slot.stream)?);
@@ -666,47 +555,23 @@ impl CudaDevice {
         markers.iter().try_for_each(Marker::wait)
     }
 
-    pub fn crc32c_blocks_host(
-        &self,
-        data: &[u8],
-        block_bytes: usize,
-        checksums: &mut [u32],
-    ) -> Result<()> {
+    pub fn crc32c_blocks_host(&self, data: &[u8], block_bytes: usize, checksums: &mut [u32]) -> Result<()> {
         check_blocks(data.len(), block_bytes, checksums.len())?;
         assert!(block_bytes.is_multiple_of(512) && block_bytes <= SLOT_BYTES);
         self.bind()?;
         let chunk_bytes = pipeline_chunk_bytes(data.len(), block_bytes);
         let mut markers = Vec::new();
-        for (chunk, sums) in data
-            .chunks(chunk_bytes)
-            .zip(checksums.chunks_mut(chunk_bytes / block_bytes))
-        {
+        for (chunk, sums) in data.chunks(chunk_bytes).zip(checksums.chunks_mut(chunk_bytes / block_bytes)) {
             let slot = self.slot();
             unsafe {
                 check(
-                    sys::cuMemcpyHtoDAsync_v2(
-                        slot.buffer,
-                        chunk.as_ptr() as *const c_void,
-                        chunk.len(),
-                        slot.stream,
-                    ),
+                    sys::cuMemcpyHtoDAsync_v2(slot.buffer, chunk.as_ptr() as *const c_void, chunk.len(), slot.stream),
                     "copy in",
                 )?;
                 let out = slot.buffer + SLOT_BYTES as u64;
-                self.enqueue_crc(
-                    slot.buffer,
-                    out,
-                    sums.len() as u64,
-                    block_bytes as u64,
-                    slot.stream,
-                )?;
+                self.enqueue_crc(slot.buffer, out, sums.len() as u64, block_bytes as u64, slot.stream)?;
                 check(
-                    sys::cuMemcpyDtoHAsync_v2(
-                        sums.as_mut_ptr() as *mut c_void,
-                        out,
-                        sums.len() * 4,
-                        slot.stream,
-                    ),
+                    sys::cuMemcpyDtoHAsync_v2(sums.as_mut_ptr() as *mut c_void, out, sums.len() * 4, slot.stream),
                     "copy out",
                 )?;
                 markers.push(Marker::record(slot.stream)?);
@@ -731,8 +596,7 @@ impl CudaDevice {
         // Staging layout in a slot: the matrix, then columns input pieces, then rows outputs.
         let largest_piece = ((SLOT_BYTES - 4096) / (rows + columns)) / 4096 * 4096;
         let piece_bytes =
-            pipeline_chunk_bytes(shard_bytes * (rows + columns), 4096 * (rows + columns))
-                / (rows + columns);
+            pipeline_chunk_bytes(shard_bytes * (rows + columns), 4096 * (rows + columns)) / (rows + columns);
         let piece_bytes = piece_bytes.clamp(4096, largest_piece);
         let mut markers = Vec::new();
         let mut start = 0;
@@ -797,28 +661,15 @@ impl CudaDevice {
     pub fn allocate(self: &Arc<Self>, bytes: usize) -> Result<DeviceMemory> {
         self.bind()?;
         let mut pointer = 0;
-        check(
-            unsafe { sys::cuMemAlloc_v2(&mut pointer, bytes.max(1)) },
-            "cuMemAlloc",
-        )?;
-        Ok(DeviceMemory {
-            device: Arc::clone(self),
-            pointer,
-            bytes,
-        })
+        check(unsafe { sys::cuMemAlloc_v2(&mut pointer, bytes.max(1)) }, "cuMemAlloc")?;
+        Ok(DeviceMemory { device: Arc::clone(self), pointer, bytes })
     }
 
     pub fn upload(&self, memory: &DeviceMemory, offset: usize, data: &[u8]) -> Result<()> {
         assert!(offset + data.len() <= memory.bytes);
         self.bind()?;
         check(
-            unsafe {
-                sys::cuMemcpyHtoD_v2(
-                    memory.pointer + offset as u64,
-                    data.as_ptr() as *const c_void,
-                    data.len(),
-                )
-            },
+            unsafe { sys::cuMemcpyHtoD_v2(memory.pointer + offset as u64, data.as_ptr() as *const c_void, data.len()) },
             "upload",
         )
     }
@@ -828,11 +679,7 @@ impl CudaDevice {
         self.bind()?;
         check(
             unsafe {
-                sys::cuMemcpyDtoH_v2(
-                    data.as_mut_ptr() as *mut c_void,
-                    memory.pointer + offset as u64,
-                    data.len(),
-                )
+                sys::cuMemcpyDtoH_v2(data.as_mut_ptr() as *mut c_void, memory.pointer + offset as u64, data.len())
             },
             "download",
         )
@@ -879,11 +726,7 @@ impl CudaDevice {
         block_bytes: usize,
         checksums: &DeviceMemory,
     ) -> Result<()> {
-        assert!(
-            bytes <= data.bytes
-                && bytes.is_multiple_of(block_bytes)
-                && block_bytes.is_multiple_of(512)
-        );
+        assert!(bytes <= data.bytes && bytes.is_multiple_of(block_bytes) && block_bytes.is_multiple_of(512));
         assert!(checksums.bytes >= bytes / block_bytes * 4);
         self.bind()?;
         let slot = self.slot();
@@ -910,22 +753,13 @@ impl CudaDevice {
         outputs: &DeviceMemory,
         shard_bytes: usize,
     ) -> Result<()> {
-        assert!(
-            matrix.len() == rows * columns
-                && columns <= RS_MAXIMUM_COLUMNS
-                && shard_bytes.is_multiple_of(16)
-        );
+        assert!(matrix.len() == rows * columns && columns <= RS_MAXIMUM_COLUMNS && shard_bytes.is_multiple_of(16));
         assert!(inputs.bytes >= columns * shard_bytes && outputs.bytes >= rows * shard_bytes);
         self.bind()?;
         let slot = self.slot();
         unsafe {
             check(
-                sys::cuMemcpyHtoDAsync_v2(
-                    slot.buffer,
-                    matrix.as_ptr() as *const c_void,
-                    matrix.len(),
-                    slot.stream,
-                ),
+                sys::cuMemcpyHtoDAsync_v2(slot.buffer, matrix.as_ptr() as *const c_void, matrix.len(), slot.stream),
                 "copy matrix",
             )?;
             self.enqueue_reed_solomon(
@@ -973,23 +807,17 @@ pub struct CudaSystem {
 impl CudaSystem {
     /// Opens every GPU, or says why there is none. Never panics for a missing driver.
     pub fn open() -> std::result::Result<Self, String> {
-        static SYSTEM: OnceLock<std::result::Result<Vec<Arc<CudaDevice>>, String>> =
-            OnceLock::new();
+        static SYSTEM: OnceLock<std::result::Result<Vec<Arc<CudaDevice>>, String>> = OnceLock::new();
         let devices = SYSTEM.get_or_init(|| {
             probe()?;
             let opened = std::panic::catch_unwind(|| -> Result<Vec<Arc<CudaDevice>>> {
                 check(unsafe { sys::cuInit(0) }, "cuInit")?;
                 let mut count = 0;
-                check(
-                    unsafe { sys::cuDeviceGetCount(&mut count) },
-                    "cuDeviceGetCount",
-                )?;
+                check(unsafe { sys::cuDeviceGetCount(&mut count) }, "cuDeviceGetCount")?;
                 if count == 0 {
                     return Err(AccelError::Device("no CUDA device".into()));
                 }
-                (0..count as usize)
-                    .map(|ordinal| CudaDevice::open(ordinal).map(Arc::new))
-                    .collect()
+                (0..count as usize).map(|ordinal| CudaDevice::open(ordinal).map(Arc::new)).collect()
             });
             match opened {
                 Ok(Ok(devices)) => Ok(devices),
@@ -1011,11 +839,7 @@ impl CudaSystem {
                     device.compute_capability.0,
                     device.compute_capability.1,
                     device.multiprocessors,
-                    if device.kernel_from_cache {
-                        "loaded from cache"
-                    } else {
-                        "compiled by NVRTC into"
-                    },
+                    if device.kernel_from_cache { "loaded from cache" } else { "compiled by NVRTC into" },
                     device.kernel_path.display()
                 )
             })
@@ -1034,10 +858,7 @@ pub struct CudaEngine {
 
 impl CudaEngine {
     pub fn new(system: &CudaSystem) -> Self {
-        Self {
-            devices: system.devices.clone(),
-            cpu: CpuEngine::new(0),
-        }
+        Self { devices: system.devices.clone(), cpu: CpuEngine::new(0) }
     }
 
     pub fn devices(&self) -> &[Arc<CudaDevice>] {
@@ -1047,19 +868,13 @@ impl CudaEngine {
     /// Splits `units` work units over the devices (contiguous, nearly equal).
     fn shares(&self, units: usize) -> Vec<(usize, usize)> {
         let parts = self.devices.len().min(units.max(1));
-        (0..parts)
-            .map(|part| (units * part / parts, units * (part + 1) / parts))
-            .collect()
+        (0..parts).map(|part| (units * part / parts, units * (part + 1) / parts)).collect()
     }
 }
 
 impl Engine for CudaEngine {
     fn name(&self) -> String {
-        let names: Vec<String> = self
-            .devices
-            .iter()
-            .map(|d| format!("{} #{}", d.name, d.ordinal))
-            .collect();
+        let names: Vec<String> = self.devices.iter().map(|d| format!("{} #{}", d.name, d.ordinal)).collect();
         format!("cuda ({})", names.join(", "))
     }
 
@@ -1080,12 +895,9 @@ impl Engine for CudaEngine {
                 let (mine, after) = rest.split_at_mut(end - start);
                 rest = after;
                 let piece = &data[start * block_bytes..end * block_bytes];
-                handles
-                    .push(scope.spawn(move || device.crc32c_blocks_host(piece, block_bytes, mine)));
+                handles.push(scope.spawn(move || device.crc32c_blocks_host(piece, block_bytes, mine)));
             }
-            handles
-                .into_iter()
-                .try_for_each(|handle| handle.join().expect("GPU worker panicked"))
+            handles.into_iter().try_for_each(|handle| handle.join().expect("GPU worker panicked"))
         })
     }
 
@@ -1109,13 +921,7 @@ impl Engine for CudaEngine {
         Ok(!crc::raw_update(register, &data[whole..]))
     }
 
-    fn xts(
-        &self,
-        key: &XtsKey,
-        direction: Direction,
-        sectors: Sectors<'_>,
-        data: &mut [u8],
-    ) -> Result<()> {
+    fn xts(&self, key: &XtsKey, direction: Direction, sectors: Sectors<'_>, data: &mut [u8]) -> Result<()> {
         check_sectors(&sectors, data.len())?;
         let shares = self.shares(data.len() / SECTOR_SIZE_BYTES);
         std::thread::scope(|scope| {
@@ -1125,51 +931,28 @@ impl Engine for CudaEngine {
                 let (mine, after) = rest.split_at_mut((end - start) * SECTOR_SIZE_BYTES);
                 rest = after;
                 let piece_sectors = match sectors {
-                    Sectors::Consecutive(first) => {
-                        Sectors::Consecutive(first.wrapping_add(start as u64))
-                    }
+                    Sectors::Consecutive(first) => Sectors::Consecutive(first.wrapping_add(start as u64)),
                     Sectors::List(list) => Sectors::List(&list[start..end]),
                 };
-                handles.push(
-                    scope.spawn(move || device.xts_host(key, direction, piece_sectors, mine)),
-                );
+                handles.push(scope.spawn(move || device.xts_host(key, direction, piece_sectors, mine)));
             }
-            handles
-                .into_iter()
-                .try_for_each(|handle| handle.join().expect("GPU worker panicked"))
+            handles.into_iter().try_for_each(|handle| handle.join().expect("GPU worker panicked"))
         })
     }
 
-    fn reed_solomon_encode(
-        &self,
-        code: &ReedSolomon,
-        data: &[&[u8]],
-        parity: &mut [&mut [u8]],
-    ) -> Result<()> {
+    fn reed_solomon_encode(&self, code: &ReedSolomon, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<()> {
         let shard_bytes = check_shards(
             code,
             data.len(),
             parity.len(),
-            data.iter()
-                .map(|s| s.len())
-                .chain(parity.iter().map(|s| s.len())),
+            data.iter().map(|s| s.len()).chain(parity.iter().map(|s| s.len())),
         )?;
         self.apply_matrix(code.parity_matrix(), data, parity, shard_bytes)
     }
 
-    fn reed_solomon_reconstruct(
-        &self,
-        code: &ReedSolomon,
-        shards: &mut [&mut [u8]],
-        present: &[bool],
-    ) -> Result<()> {
+    fn reed_solomon_reconstruct(&self, code: &ReedSolomon, shards: &mut [&mut [u8]], present: &[bool]) -> Result<()> {
         let k = code.data_shards();
-        let shard_bytes = check_shards(
-            code,
-            k,
-            shards.len().saturating_sub(k),
-            shards.iter().map(|s| s.len()),
-        )?;
+        let shard_bytes = check_shards(code, k, shards.len().saturating_sub(k), shards.iter().map(|s| s.len()))?;
         let plan = code.reconstruction_plan(present)?;
         if plan.missing.is_empty() {
             return Ok(());
@@ -1204,11 +987,8 @@ impl CudaEngine {
             reed_solomon::apply_matrix(matrix, inputs, outputs, vector_bytes, shard_bytes);
         }
         // Split the shard byte range over the devices (16-byte aligned).
-        let shares: Vec<(usize, usize)> = self
-            .shares(vector_bytes / 16)
-            .into_iter()
-            .map(|(start, end)| (start * 16, end * 16))
-            .collect();
+        let shares: Vec<(usize, usize)> =
+            self.shares(vector_bytes / 16).into_iter().map(|(start, end)| (start * 16, end * 16)).collect();
         std::thread::scope(|scope| {
             let mut per_device: Vec<Vec<&mut [u8]>> = shares.iter().map(|_| Vec::new()).collect();
             for output in outputs.iter_mut() {
@@ -1220,18 +1000,12 @@ impl CudaEngine {
                 }
             }
             let mut handles = Vec::new();
-            for ((device, &(start, end)), mut mine) in
-                self.devices.iter().zip(&shares).zip(per_device)
-            {
-                let piece_inputs: Vec<&[u8]> =
-                    inputs.iter().map(|input| &input[start..end]).collect();
-                handles.push(scope.spawn(move || {
-                    device.apply_matrix_host(matrix, &piece_inputs, &mut mine, end - start)
-                }));
+            for ((device, &(start, end)), mut mine) in self.devices.iter().zip(&shares).zip(per_device) {
+                let piece_inputs: Vec<&[u8]> = inputs.iter().map(|input| &input[start..end]).collect();
+                handles
+                    .push(scope.spawn(move || device.apply_matrix_host(matrix, &piece_inputs, &mut mine, end - start)));
             }
-            handles
-                .into_iter()
-                .try_for_each(|handle| handle.join().expect("GPU worker panicked"))
+            handles.into_iter().try_for_each(|handle| handle.join().expect("GPU worker panicked"))
         })
     }
 }
@@ -1260,18 +1034,14 @@ pub fn bench_crc32c(system: &CudaSystem, config: &BenchConfig, report: &mut Repo
     let result = (|| -> Result<(Measurement, Measurement)> {
         engine.crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut checksums)?;
         let end_to_end = measure(bytes, config.minimum_seconds, || {
-            engine
-                .crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut checksums)
-                .unwrap()
+            engine.crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut checksums).unwrap()
         });
         let device = &system.devices[0];
         let memory = device.allocate(bytes)?;
         let sums = device.allocate(bytes / SECTOR_SIZE_BYTES * 4)?;
         device.upload(&memory, 0, &data)?;
         let resident = measure(bytes, config.minimum_seconds, || {
-            device
-                .crc32c_blocks_resident(&memory, bytes, SECTOR_SIZE_BYTES, &sums)
-                .unwrap()
+            device.crc32c_blocks_resident(&memory, bytes, SECTOR_SIZE_BYTES, &sums).unwrap()
         });
         Ok((end_to_end, resident))
     })();
@@ -1283,12 +1053,7 @@ pub fn bench_crc32c(system: &CudaSystem, config: &BenchConfig, report: &mut Repo
                 Some(end_to_end),
                 format!("{} GB per call", bytes as f64 / 1e9),
             );
-            report.row(
-                "crc32c 4K blocks",
-                "gpu resident",
-                Some(resident),
-                resident_note(system),
-            );
+            report.row("crc32c 4K blocks", "gpu resident", Some(resident), resident_note(system));
         }
         Err(error) => report.row("crc32c 4K blocks", "gpu", None, error.to_string()),
     }
@@ -1302,17 +1067,13 @@ pub fn bench_xts(system: &CudaSystem, config: &BenchConfig, key: &XtsKey, report
         let service = format!("aes-256-xts {direction:?}").to_lowercase();
         let result = (|| -> Result<(Measurement, Measurement)> {
             let end_to_end = measure(bytes, config.minimum_seconds, || {
-                engine
-                    .xts(key, direction, Sectors::Consecutive(7), &mut data)
-                    .unwrap()
+                engine.xts(key, direction, Sectors::Consecutive(7), &mut data).unwrap()
             });
             let device = &system.devices[0];
             let memory = device.allocate(bytes)?;
             device.upload(&memory, 0, &data)?;
             let resident = measure(bytes, config.minimum_seconds, || {
-                device
-                    .xts_resident(key, direction, 7, &memory, bytes)
-                    .unwrap()
+                device.xts_resident(key, direction, 7, &memory, bytes).unwrap()
             });
             Ok((end_to_end, resident))
         })();
@@ -1336,30 +1097,21 @@ pub fn bench_xts(system: &CudaSystem, config: &BenchConfig, key: &XtsKey, report
     }
 }
 
-pub fn bench_reed_solomon(
-    system: &CudaSystem,
-    config: &BenchConfig,
-    code: &ReedSolomon,
-    report: &mut Report,
-) {
+pub fn bench_reed_solomon(system: &CudaSystem, config: &BenchConfig, code: &ReedSolomon, report: &mut Report) {
     let engine = CudaEngine::new(system);
     let (k, m) = (code.data_shards(), code.parity_shards());
     let shard_bytes = config.gpu_bytes / k / 4096 * 4096;
     let stripe_bytes = shard_bytes * k;
-    let data: Vec<crate::pool::HostBuffer> = (0..k)
-        .map(|i| pinned_or_heap(system, shard_bytes, 30 + i as u64))
-        .collect();
-    let mut parity: Vec<crate::pool::HostBuffer> = (0..m)
-        .map(|i| pinned_or_heap(system, shard_bytes, 60 + i as u64))
-        .collect();
+    let data: Vec<crate::pool::HostBuffer> =
+        (0..k).map(|i| pinned_or_heap(system, shard_bytes, 30 + i as u64)).collect();
+    let mut parity: Vec<crate::pool::HostBuffer> =
+        (0..m).map(|i| pinned_or_heap(system, shard_bytes, 60 + i as u64)).collect();
     let result = (|| -> Result<Vec<(String, String, Measurement, String)>> {
         let mut rows = Vec::new();
         let inputs: Vec<&[u8]> = data.iter().map(|s| &s[..]).collect();
         let encode = measure(stripe_bytes, config.minimum_seconds, || {
             let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|s| &mut s[..]).collect();
-            engine
-                .reed_solomon_encode(code, &inputs, &mut outputs)
-                .unwrap()
+            engine.reed_solomon_encode(code, &inputs, &mut outputs).unwrap()
         });
         rows.push((
             format!("rs {k}+{m} encode"),
@@ -1371,30 +1123,18 @@ pub fn bench_reed_solomon(
         let lost = m.min(k);
         let present: Vec<bool> = (0..k + m).map(|index| index >= lost).collect();
         let plan = code.reconstruction_plan(&present)?;
-        let mut rebuilt: Vec<crate::pool::HostBuffer> = (0..lost)
-            .map(|i| pinned_or_heap(system, shard_bytes, 90 + i as u64))
-            .collect();
+        let mut rebuilt: Vec<crate::pool::HostBuffer> =
+            (0..lost).map(|i| pinned_or_heap(system, shard_bytes, 90 + i as u64)).collect();
         let sources: Vec<&[u8]> = plan
             .sources
             .iter()
-            .map(|&index| {
-                if index < k {
-                    &data[index][..]
-                } else {
-                    &parity[index - k][..]
-                }
-            })
+            .map(|&index| if index < k { &data[index][..] } else { &parity[index - k][..] })
             .collect();
         let decode = measure(stripe_bytes, config.minimum_seconds, || {
             let mut outputs: Vec<&mut [u8]> = rebuilt.iter_mut().map(|s| &mut s[..]).collect();
-            engine
-                .apply_matrix(&plan.matrix, &sources, &mut outputs, shard_bytes)
-                .unwrap()
+            engine.apply_matrix(&plan.matrix, &sources, &mut outputs, shard_bytes).unwrap()
         });
-        assert!(
-            rebuilt.iter().zip(&data).all(|(a, b)| a[..] == b[..]),
-            "GPU reconstruction differs"
-        );
+        assert!(rebuilt.iter().zip(&data).all(|(a, b)| a[..] == b[..]), "GPU reconstruction differs");
         rows.push((
             format!("rs {k}+{m} decode ({lost} lost)"),
             "gpu host in/out (pinned)".to_string(),
@@ -1409,14 +1149,7 @@ pub fn bench_reed_solomon(
         }
         let resident = measure(stripe_bytes, config.minimum_seconds, || {
             device
-                .apply_matrix_resident(
-                    code.parity_matrix(),
-                    m,
-                    k,
-                    &inputs_memory,
-                    &outputs_memory,
-                    shard_bytes,
-                )
+                .apply_matrix_resident(code.parity_matrix(), m, k, &inputs_memory, &outputs_memory, shard_bytes)
                 .unwrap()
         });
         rows.push((
@@ -1426,16 +1159,7 @@ pub fn bench_reed_solomon(
             format!("{}; target ≥ 500 GB/s", resident_note(system)),
         ));
         let resident_decode = measure(stripe_bytes, config.minimum_seconds, || {
-            device
-                .apply_matrix_resident(
-                    &plan.matrix,
-                    lost,
-                    k,
-                    &inputs_memory,
-                    &outputs_memory,
-                    shard_bytes,
-                )
-                .unwrap()
+            device.apply_matrix_resident(&plan.matrix, lost, k, &inputs_memory, &outputs_memory, shard_bytes).unwrap()
         });
         rows.push((
             format!("rs {k}+{m} decode ({lost} lost)"),
@@ -1466,17 +1190,12 @@ mod tests {
             eprintln!("skipped: libnvrtc not found");
             return;
         }
-        let directory =
-            std::env::temp_dir().join(format!("tandem-kernel-cache-test-{}", std::process::id()));
+        let directory = std::env::temp_dir().join(format!("tandem-kernel-cache-test-{}", std::process::id()));
         std::env::set_var("TANDEM_KERNEL_CACHE", &directory);
         let (image, from_cache, path) = compiled_kernels(9, 0).expect("kernels compile");
         assert!(!image.is_empty() && !from_cache);
         let (again, from_cache, _) = compiled_kernels(9, 0).unwrap();
-        assert!(
-            from_cache && again == image,
-            "second call reads the cache file {}",
-            path.display()
-        );
+        assert!(from_cache && again == image, "second call reads the cache file {}", path.display());
         let _ = std::fs::remove_dir_all(directory);
     }
 

@@ -42,34 +42,15 @@ pub trait Engine: Send + Sync {
     /// CRC32C of a whole buffer continuing from `crc`.
     fn crc32c(&self, crc: u32, data: &[u8]) -> Result<u32>;
     /// AES-256-XTS of whole 4 KiB sectors in place.
-    fn xts(
-        &self,
-        key: &XtsKey,
-        direction: Direction,
-        sectors: Sectors<'_>,
-        data: &mut [u8],
-    ) -> Result<()>;
+    fn xts(&self, key: &XtsKey, direction: Direction, sectors: Sectors<'_>, data: &mut [u8]) -> Result<()>;
     /// Parity shards from data shards; all shards the same length.
-    fn reed_solomon_encode(
-        &self,
-        code: &ReedSolomon,
-        data: &[&[u8]],
-        parity: &mut [&mut [u8]],
-    ) -> Result<()>;
+    fn reed_solomon_encode(&self, code: &ReedSolomon, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<()>;
     /// Rebuild the shards whose `present` entry is false, in place, from the others.
-    fn reed_solomon_reconstruct(
-        &self,
-        code: &ReedSolomon,
-        shards: &mut [&mut [u8]],
-        present: &[bool],
-    ) -> Result<()>;
+    fn reed_solomon_reconstruct(&self, code: &ReedSolomon, shards: &mut [&mut [u8]], present: &[bool]) -> Result<()>;
 }
 
 pub(crate) fn check_blocks(data_bytes: usize, block_bytes: usize, checksums: usize) -> Result<()> {
-    if block_bytes == 0
-        || !data_bytes.is_multiple_of(block_bytes)
-        || data_bytes / block_bytes != checksums
-    {
+    if block_bytes == 0 || !data_bytes.is_multiple_of(block_bytes) || data_bytes / block_bytes != checksums {
         return Err(AccelError::InvalidArgument(format!(
             "{data_bytes} bytes are not {checksums} blocks of {block_bytes} bytes"
         )));
@@ -79,9 +60,7 @@ pub(crate) fn check_blocks(data_bytes: usize, block_bytes: usize, checksums: usi
 
 pub(crate) fn check_sectors(sectors: &Sectors<'_>, data_bytes: usize) -> Result<()> {
     if !data_bytes.is_multiple_of(SECTOR_SIZE_BYTES) {
-        return Err(AccelError::InvalidArgument(format!(
-            "{data_bytes} bytes is not a whole number of 4 KiB sectors"
-        )));
+        return Err(AccelError::InvalidArgument(format!("{data_bytes} bytes is not a whole number of 4 KiB sectors")));
     }
     if let Sectors::List(list) = sectors {
         if list.len() != data_bytes / SECTOR_SIZE_BYTES {
@@ -111,9 +90,7 @@ pub(crate) fn check_shards(
     let mut shard_bytes = None;
     for length in lengths {
         if *shard_bytes.get_or_insert(length) != length {
-            return Err(AccelError::InvalidArgument(
-                "shards differ in length".into(),
-            ));
+            return Err(AccelError::InvalidArgument("shards differ in length".into()));
         }
     }
     Ok(shard_bytes.unwrap_or(0))
@@ -131,13 +108,8 @@ const MINIMUM_BYTES_PER_THREAD: usize = 256 * 1024;
 impl CpuEngine {
     /// `threads` = 0 means every core.
     pub fn new(threads: usize) -> Self {
-        let threads = if threads == 0 {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        } else {
-            threads
-        };
+        let threads =
+            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
         Self { threads }
     }
 
@@ -153,20 +125,12 @@ impl CpuEngine {
 /// Split `items` units into `parts` nearly equal contiguous ranges.
 fn ranges(items: usize, parts: usize) -> Vec<(usize, usize)> {
     let parts = parts.max(1).min(items.max(1));
-    (0..parts)
-        .map(|part| (items * part / parts, items * (part + 1) / parts))
-        .collect()
+    (0..parts).map(|part| (items * part / parts, items * (part + 1) / parts)).collect()
 }
 
 /// Split every output shard at the same byte offsets so threads own disjoint pieces.
-fn split_shards<'a>(
-    shards: &'a mut [&mut [u8]],
-    cuts: &[(usize, usize)],
-) -> Vec<Vec<&'a mut [u8]>> {
-    let mut per_part: Vec<Vec<&'a mut [u8]>> = cuts
-        .iter()
-        .map(|_| Vec::with_capacity(shards.len()))
-        .collect();
+fn split_shards<'a>(shards: &'a mut [&mut [u8]], cuts: &[(usize, usize)]) -> Vec<Vec<&'a mut [u8]>> {
+    let mut per_part: Vec<Vec<&'a mut [u8]>> = cuts.iter().map(|_| Vec::with_capacity(shards.len())).collect();
     for shard in shards.iter_mut() {
         let mut rest: &'a mut [u8] = unsafe {
             // SAFETY: re-borrow for 'a; `shards` is borrowed mutably for 'a by this function.
@@ -186,13 +150,7 @@ fn split_shards<'a>(
 
 impl CpuEngine {
     /// Apply a coefficient matrix to shards across threads (encode and reconstruct both).
-    pub fn apply_matrix(
-        &self,
-        matrix: &[u8],
-        inputs: &[&[u8]],
-        outputs: &mut [&mut [u8]],
-        shard_bytes: usize,
-    ) {
+    pub fn apply_matrix(&self, matrix: &[u8], inputs: &[&[u8]], outputs: &mut [&mut [u8]], shard_bytes: usize) {
         let total = shard_bytes * (inputs.len() + outputs.len());
         let threads = self.thread_count(total);
         if threads == 1 {
@@ -208,16 +166,9 @@ impl CpuEngine {
         let parts = split_shards(outputs, &cuts);
         std::thread::scope(|scope| {
             for (mut part_outputs, &(start, end)) in parts.into_iter().zip(&cuts) {
-                let part_inputs: Vec<&[u8]> =
-                    inputs.iter().map(|shard| &shard[start..end]).collect();
+                let part_inputs: Vec<&[u8]> = inputs.iter().map(|shard| &shard[start..end]).collect();
                 scope.spawn(move || {
-                    reed_solomon::apply_matrix(
-                        matrix,
-                        &part_inputs,
-                        &mut part_outputs,
-                        0,
-                        end - start,
-                    );
+                    reed_solomon::apply_matrix(matrix, &part_inputs, &mut part_outputs, 0, end - start);
                 });
             }
         });
@@ -237,11 +188,7 @@ impl Engine for CpuEngine {
                 "portable"
             },
             xts::best_implementation(),
-            if reed_solomon::gfni_available() {
-                "gfni-avx512"
-            } else {
-                "portable"
-            }
+            if reed_solomon::gfni_available() { "gfni-avx512" } else { "portable" }
         )
     }
 
@@ -267,9 +214,7 @@ impl Engine for CpuEngine {
                 rest = after;
                 let blocks_data = &data[start * block_bytes..end * block_bytes];
                 scope.spawn(move || {
-                    for (checksum, block) in
-                        mine.iter_mut().zip(blocks_data.chunks_exact(block_bytes))
-                    {
+                    for (checksum, block) in mine.iter_mut().zip(blocks_data.chunks_exact(block_bytes)) {
                         *checksum = crc::crc32c(0, block);
                     }
                 });
@@ -285,14 +230,9 @@ impl Engine for CpuEngine {
         }
         let cuts = ranges(data.len(), threads);
         let parts: Vec<u32> = std::thread::scope(|scope| {
-            let handles: Vec<_> = cuts
-                .iter()
-                .map(|&(start, end)| scope.spawn(move || crc::crc32c(0, &data[start..end])))
-                .collect();
-            handles
-                .into_iter()
-                .map(|handle| handle.join().expect("CRC worker panicked"))
-                .collect()
+            let handles: Vec<_> =
+                cuts.iter().map(|&(start, end)| scope.spawn(move || crc::crc32c(0, &data[start..end]))).collect();
+            handles.into_iter().map(|handle| handle.join().expect("CRC worker panicked")).collect()
         });
         // Join the pieces left to right, starting from the caller's value.
         let mut value = crc_value;
@@ -302,13 +242,7 @@ impl Engine for CpuEngine {
         Ok(value)
     }
 
-    fn xts(
-        &self,
-        key: &XtsKey,
-        direction: Direction,
-        sectors: Sectors<'_>,
-        data: &mut [u8],
-    ) -> Result<()> {
+    fn xts(&self, key: &XtsKey, direction: Direction, sectors: Sectors<'_>, data: &mut [u8]) -> Result<()> {
         check_sectors(&sectors, data.len())?;
         let count = data.len() / SECTOR_SIZE_BYTES;
         let implementation = xts::best_implementation();
@@ -316,13 +250,7 @@ impl Engine for CpuEngine {
         let cuts = ranges(count, threads);
         let run = |first: usize, piece: &mut [u8]| {
             for (index, unit) in piece.chunks_exact_mut(SECTOR_SIZE_BYTES).enumerate() {
-                xts::process_unit_with(
-                    implementation,
-                    key,
-                    direction,
-                    sectors.number(first + index),
-                    unit,
-                );
+                xts::process_unit_with(implementation, key, direction, sectors.number(first + index), unit);
             }
         };
         if cuts.len() <= 1 {
@@ -341,37 +269,20 @@ impl Engine for CpuEngine {
         Ok(())
     }
 
-    fn reed_solomon_encode(
-        &self,
-        code: &ReedSolomon,
-        data: &[&[u8]],
-        parity: &mut [&mut [u8]],
-    ) -> Result<()> {
+    fn reed_solomon_encode(&self, code: &ReedSolomon, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<()> {
         let shard_bytes = check_shards(
             code,
             data.len(),
             parity.len(),
-            data.iter()
-                .map(|s| s.len())
-                .chain(parity.iter().map(|s| s.len())),
+            data.iter().map(|s| s.len()).chain(parity.iter().map(|s| s.len())),
         )?;
         self.apply_matrix(code.parity_matrix(), data, parity, shard_bytes);
         Ok(())
     }
 
-    fn reed_solomon_reconstruct(
-        &self,
-        code: &ReedSolomon,
-        shards: &mut [&mut [u8]],
-        present: &[bool],
-    ) -> Result<()> {
+    fn reed_solomon_reconstruct(&self, code: &ReedSolomon, shards: &mut [&mut [u8]], present: &[bool]) -> Result<()> {
         let k = code.data_shards();
-        let shard_bytes = check_shards(
-            code,
-            k,
-            shards.len().saturating_sub(k),
-            shards.iter().map(|s| s.len()),
-        )?;
+        let shard_bytes = check_shards(code, k, shards.len().saturating_sub(k), shards.iter().map(|s| s.len()))?;
         let plan = code.reconstruction_plan(present)?;
         if plan.missing.is_empty() {
             return Ok(());
@@ -413,29 +324,19 @@ mod tests {
         let data = random(4096 * 700, 5);
         let mut checksums_single = vec![0u32; 700];
         let mut checksums_many = vec![0u32; 700];
-        single
-            .crc32c_blocks(&data, 4096, &mut checksums_single)
-            .unwrap();
-        many.crc32c_blocks(&data, 4096, &mut checksums_many)
-            .unwrap();
+        single.crc32c_blocks(&data, 4096, &mut checksums_single).unwrap();
+        many.crc32c_blocks(&data, 4096, &mut checksums_many).unwrap();
         assert_eq!(checksums_single, checksums_many);
-        assert_eq!(
-            many.crc32c(7, &data[..2_000_001]).unwrap(),
-            crc::crc32c(7, &data[..2_000_001])
-        );
+        assert_eq!(many.crc32c(7, &data[..2_000_001]).unwrap(), crc::crc32c(7, &data[..2_000_001]));
 
         let key = XtsKey::new(&[9u8; 64].map(|v| v ^ 0x5C));
         let mut a = data.clone();
         let mut b = data.clone();
-        single
-            .xts(&key, Direction::Encrypt, Sectors::Consecutive(40), &mut a)
-            .unwrap();
-        many.xts(&key, Direction::Encrypt, Sectors::Consecutive(40), &mut b)
-            .unwrap();
+        single.xts(&key, Direction::Encrypt, Sectors::Consecutive(40), &mut a).unwrap();
+        many.xts(&key, Direction::Encrypt, Sectors::Consecutive(40), &mut b).unwrap();
         assert_eq!(a, b);
         let list: Vec<u64> = (0..700).map(|i| 40 + i).collect();
-        many.xts(&key, Direction::Decrypt, Sectors::List(&list), &mut b)
-            .unwrap();
+        many.xts(&key, Direction::Decrypt, Sectors::List(&list), &mut b).unwrap();
         assert_eq!(b, data);
 
         let code = ReedSolomon::new(8, 3).unwrap();
@@ -448,19 +349,13 @@ mod tests {
             .reed_solomon_encode(
                 &code,
                 &inputs,
-                &mut parity_one
-                    .iter_mut()
-                    .map(|s| s.as_mut_slice())
-                    .collect::<Vec<_>>(),
+                &mut parity_one.iter_mut().map(|s| s.as_mut_slice()).collect::<Vec<_>>(),
             )
             .unwrap();
         many.reed_solomon_encode(
             &code,
             &inputs,
-            &mut parity_many
-                .iter_mut()
-                .map(|s| s.as_mut_slice())
-                .collect::<Vec<_>>(),
+            &mut parity_many.iter_mut().map(|s| s.as_mut_slice()).collect::<Vec<_>>(),
         )
         .unwrap();
         assert_eq!(parity_one, parity_many);
@@ -472,8 +367,7 @@ mod tests {
             present[lost] = false;
         }
         let mut views: Vec<&mut [u8]> = all.iter_mut().map(|s| s.as_mut_slice()).collect();
-        many.reed_solomon_reconstruct(&code, &mut views, &present)
-            .unwrap();
+        many.reed_solomon_reconstruct(&code, &mut views, &present).unwrap();
         assert_eq!(all[0], shards[0]);
         assert_eq!(all[5], shards[5]);
         assert_eq!(all[9], parity_one[1]);
@@ -483,32 +377,14 @@ mod tests {
     fn bad_arguments_are_errors() {
         let engine = CpuEngine::new(2);
         let key = XtsKey::new(&[1u8; 64]);
-        assert!(engine
-            .xts(
-                &key,
-                Direction::Encrypt,
-                Sectors::Consecutive(0),
-                &mut [0u8; 100]
-            )
-            .is_err());
-        assert!(engine
-            .xts(
-                &key,
-                Direction::Encrypt,
-                Sectors::List(&[1, 2]),
-                &mut [0u8; 4096]
-            )
-            .is_err());
-        assert!(engine
-            .crc32c_blocks(&[0u8; 4096], 4096, &mut [0u32; 2])
-            .is_err());
+        assert!(engine.xts(&key, Direction::Encrypt, Sectors::Consecutive(0), &mut [0u8; 100]).is_err());
+        assert!(engine.xts(&key, Direction::Encrypt, Sectors::List(&[1, 2]), &mut [0u8; 4096]).is_err());
+        assert!(engine.crc32c_blocks(&[0u8; 4096], 4096, &mut [0u32; 2]).is_err());
         let code = ReedSolomon::new(2, 2).unwrap();
         let a = [0u8; 10];
         let b = [0u8; 11];
         let mut p = [0u8; 10];
         let mut q = [0u8; 10];
-        assert!(engine
-            .reed_solomon_encode(&code, &[&a, &b], &mut [&mut p, &mut q])
-            .is_err());
+        assert!(engine.reed_solomon_encode(&code, &[&a, &b], &mut [&mut p, &mut q]).is_err());
     }
 }

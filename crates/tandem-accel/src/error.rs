@@ -21,10 +21,7 @@ impl fmt::Display for AccelError {
                 write!(formatter, "invalid argument: {message}")
             }
             AccelError::TooManyErasures { missing, tolerated } => {
-                write!(
-                    formatter,
-                    "{missing} shards missing, the code tolerates {tolerated}"
-                )
+                write!(formatter, "{missing} shards missing, the code tolerates {tolerated}")
             }
             AccelError::Device(message) => write!(formatter, "GPU engine: {message}"),
             AccelError::ShutDown => write!(formatter, "accelerator runtime is shut down"),

@@ -26,10 +26,7 @@ const fn build() -> Tables {
         power += 1;
     }
     // Entries 510 and 511 are never read by multiply (log sums are at most 508).
-    Tables {
-        exponent,
-        logarithm,
-    }
+    Tables { exponent, logarithm }
 }
 
 #[inline]
@@ -118,8 +115,7 @@ mod tests {
             assert_eq!(multiply(a, 1), a);
         }
         // The generator 2 has order 255 (0x11D is primitive).
-        let distinct: std::collections::HashSet<u8> =
-            (0..255).map(|power| TABLES.exponent[power]).collect();
+        let distinct: std::collections::HashSet<u8> = (0..255).map(|power| TABLES.exponent[power]).collect();
         assert_eq!(distinct.len(), 255);
     }
 

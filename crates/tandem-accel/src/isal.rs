@@ -6,8 +6,7 @@ use std::ffi::{c_int, c_uint, c_void, CStr};
 type Crc32Iscsi = unsafe extern "C" fn(*const u8, c_int, c_uint) -> c_uint;
 type GenerateCauchy = unsafe extern "C" fn(*mut u8, c_int, c_int);
 type InitTables = unsafe extern "C" fn(c_int, c_int, *const u8, *mut u8);
-type EncodeData =
-    unsafe extern "C" fn(c_int, c_int, c_int, *const u8, *const *const u8, *const *mut u8);
+type EncodeData = unsafe extern "C" fn(c_int, c_int, c_int, *const u8, *const *const u8, *const *mut u8);
 
 pub struct Isal {
     crc32_iscsi: Crc32Iscsi,
@@ -36,33 +35,21 @@ impl Isal {
         // SAFETY: dlopen/dlsym with NUL-terminated names; the symbols have the C signatures
         // ISA-L documents in its headers.
         unsafe {
-            let mut handle =
-                libc::dlopen(c"libisal.so.2".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            let mut handle = libc::dlopen(c"libisal.so.2".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
             if handle.is_null() {
                 handle = libc::dlopen(c"libisal.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
             }
             if handle.is_null() {
-                return Err(
-                    "libisal.so.2 not installed (apt-get install libisal-dev to compare)".into(),
-                );
+                return Err("libisal.so.2 not installed (apt-get install libisal-dev to compare)".into());
             }
             let mut isal = Isal {
-                crc32_iscsi: std::mem::transmute::<*mut c_void, Crc32Iscsi>(symbol(
-                    handle,
-                    c"crc32_iscsi",
-                )?),
+                crc32_iscsi: std::mem::transmute::<*mut c_void, Crc32Iscsi>(symbol(handle, c"crc32_iscsi")?),
                 generate_cauchy: std::mem::transmute::<*mut c_void, GenerateCauchy>(symbol(
                     handle,
                     c"gf_gen_cauchy1_matrix",
                 )?),
-                init_tables: std::mem::transmute::<*mut c_void, InitTables>(symbol(
-                    handle,
-                    c"ec_init_tables",
-                )?),
-                encode_data: std::mem::transmute::<*mut c_void, EncodeData>(symbol(
-                    handle,
-                    c"ec_encode_data",
-                )?),
+                init_tables: std::mem::transmute::<*mut c_void, InitTables>(symbol(handle, c"ec_init_tables")?),
+                encode_data: std::mem::transmute::<*mut c_void, EncodeData>(symbol(handle, c"ec_encode_data")?),
                 inverted_convention: false,
             };
             let check = b"123456789";
@@ -104,17 +91,9 @@ impl Isal {
         let mut tables = vec![0u8; 32 * k * rows];
         let mut outputs = vec![vec![0u8; shard_bytes]; rows];
         // SAFETY: tables sized 32·k·rows as ISA-L's header documents.
-        unsafe {
-            (self.init_tables)(
-                k as c_int,
-                rows as c_int,
-                matrix.as_ptr(),
-                tables.as_mut_ptr(),
-            )
-        };
+        unsafe { (self.init_tables)(k as c_int, rows as c_int, matrix.as_ptr(), tables.as_mut_ptr()) };
         let input_pointers: Vec<*const u8> = inputs.iter().map(|shard| shard.as_ptr()).collect();
-        let output_pointers: Vec<*mut u8> =
-            outputs.iter_mut().map(|shard| shard.as_mut_ptr()).collect();
+        let output_pointers: Vec<*mut u8> = outputs.iter_mut().map(|shard| shard.as_mut_ptr()).collect();
         let measurement = measure(shard_bytes * k, seconds, || unsafe {
             // SAFETY: k inputs and `rows` outputs of shard_bytes each.
             (self.encode_data)(
@@ -126,10 +105,7 @@ impl Isal {
                 output_pointers.as_ptr(),
             );
         });
-        let agrees = outputs
-            .iter()
-            .zip(expected)
-            .all(|(ours, theirs)| ours.as_slice() == *theirs);
+        let agrees = outputs.iter().zip(expected).all(|(ours, theirs)| ours.as_slice() == *theirs);
         (agrees, measurement)
     }
 
@@ -149,12 +125,7 @@ impl Isal {
         // SAFETY: buffers sized as ISA-L's header documents: (k+m)×k matrix, 32·k·m tables.
         unsafe {
             (self.generate_cauchy)(matrix.as_mut_ptr(), (k + m) as c_int, k as c_int);
-            (self.init_tables)(
-                k as c_int,
-                m as c_int,
-                matrix[k * k..].as_ptr(),
-                tables.as_mut_ptr(),
-            );
+            (self.init_tables)(k as c_int, m as c_int, matrix[k * k..].as_ptr(), tables.as_mut_ptr());
         }
         let inputs: Vec<*const u8> = data.iter().map(|shard| shard.as_ptr()).collect();
         let outputs: Vec<*mut u8> = parity.iter_mut().map(|shard| shard.as_mut_ptr()).collect();

@@ -49,23 +49,12 @@ impl HostBuffer {
         }
         // SAFETY: fresh allocation of `capacity` bytes.
         unsafe { std::ptr::write_bytes(pointer as *mut u8, 0, capacity) };
-        Some(Self {
-            storage: Storage::Pinned {
-                pointer: pointer as *mut u8,
-                capacity,
-            },
-            length: bytes,
-            pool: None,
-        })
+        Some(Self { storage: Storage::Pinned { pointer: pointer as *mut u8, capacity }, length: bytes, pool: None })
     }
 
     pub fn from_vec(data: Vec<u8>) -> Self {
         let length = data.len();
-        Self {
-            storage: Storage::Heap(data),
-            length,
-            pool: None,
-        }
+        Self { storage: Storage::Heap(data), length, pool: None }
     }
 
     pub fn is_pinned(&self) -> bool {
@@ -91,9 +80,7 @@ impl Deref for HostBuffer {
         match &self.storage {
             Storage::Heap(vector) => &vector[..self.length],
             // SAFETY: pointer valid for capacity ≥ length bytes while self lives.
-            Storage::Pinned { pointer, .. } => unsafe {
-                std::slice::from_raw_parts(*pointer, self.length)
-            },
+            Storage::Pinned { pointer, .. } => unsafe { std::slice::from_raw_parts(*pointer, self.length) },
         }
     }
 }
@@ -103,21 +90,14 @@ impl DerefMut for HostBuffer {
         match &mut self.storage {
             Storage::Heap(vector) => &mut vector[..self.length],
             // SAFETY: as above, and &mut self gives exclusive access.
-            Storage::Pinned { pointer, .. } => unsafe {
-                std::slice::from_raw_parts_mut(*pointer, self.length)
-            },
+            Storage::Pinned { pointer, .. } => unsafe { std::slice::from_raw_parts_mut(*pointer, self.length) },
         }
     }
 }
 
 impl std::fmt::Debug for HostBuffer {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            formatter,
-            "HostBuffer({} bytes, {})",
-            self.length,
-            if self.is_pinned() { "pinned" } else { "heap" }
-        )
+        write!(formatter, "HostBuffer({} bytes, {})", self.length, if self.is_pinned() { "pinned" } else { "heap" })
     }
 }
 
@@ -176,13 +156,7 @@ pub struct BufferPool {
 
 impl BufferPool {
     pub fn new(system: Option<Arc<CudaSystem>>, maximum_cached_bytes: usize) -> Self {
-        Self {
-            shared: Arc::new(PoolShared {
-                free: Mutex::new((HashMap::new(), 0)),
-                maximum_cached_bytes,
-            }),
-            system,
-        }
+        Self { shared: Arc::new(PoolShared { free: Mutex::new((HashMap::new(), 0)), maximum_cached_bytes }), system }
     }
 
     /// A buffer of exactly `bytes` bytes (contents unspecified when recycled).
@@ -197,11 +171,7 @@ impl BufferPool {
             storage
         };
         let mut buffer = match cached {
-            Some(storage) => HostBuffer {
-                storage,
-                length: bytes,
-                pool: None,
-            },
+            Some(storage) => HostBuffer { storage, length: bytes, pool: None },
             None => {
                 let mut buffer = HostBuffer::allocate(self.system.as_deref(), class);
                 buffer.length = bytes;

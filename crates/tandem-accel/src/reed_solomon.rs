@@ -39,11 +39,7 @@ impl ReedSolomon {
                 parity_matrix[parity * data_shards + data] = galois::inverse(sum);
             }
         }
-        Ok(Self {
-            data_shards,
-            parity_shards,
-            parity_matrix,
-        })
+        Ok(Self { data_shards, parity_shards, parity_matrix })
     }
 
     pub fn data_shards(&self) -> usize {
@@ -84,25 +80,19 @@ impl ReedSolomon {
                 self.total_shards()
             )));
         }
-        let sources: Vec<usize> = (0..present.len())
-            .filter(|&index| present[index])
-            .take(k)
-            .collect();
+        let sources: Vec<usize> = (0..present.len()).filter(|&index| present[index]).take(k).collect();
         if sources.len() < k {
             return Err(AccelError::TooManyErasures {
                 missing: present.iter().filter(|p| !**p).count(),
                 tolerated: self.parity_shards,
             });
         }
-        let missing: Vec<usize> = (0..present.len())
-            .filter(|&index| !present[index])
-            .collect();
+        let missing: Vec<usize> = (0..present.len()).filter(|&index| !present[index]).collect();
         let mut submatrix = Vec::with_capacity(k * k);
         for &source in &sources {
             submatrix.extend_from_slice(&self.generator_row(source));
         }
-        let decode = galois::invert_matrix(&submatrix, k)
-            .expect("Cauchy generator submatrices are invertible");
+        let decode = galois::invert_matrix(&submatrix, k).expect("Cauchy generator submatrices are invertible");
         let mut matrix = Vec::with_capacity(missing.len() * k);
         for &target in &missing {
             // target row of generator × decode gives the target from the sources.
@@ -115,11 +105,7 @@ impl ReedSolomon {
                 matrix.push(value);
             }
         }
-        Ok(ReconstructionPlan {
-            sources,
-            missing,
-            matrix,
-        })
+        Ok(ReconstructionPlan { sources, missing, matrix })
     }
 }
 
@@ -134,25 +120,12 @@ pub struct ReconstructionPlan {
 
 /// outputs[r] = Σ_c matrix[r][c] · inputs[c] over GF(2^8), byte by byte; the range
 /// `start..end` of every shard. Single-threaded; the engine splits ranges over cores.
-pub fn apply_matrix(
-    matrix: &[u8],
-    inputs: &[&[u8]],
-    outputs: &mut [&mut [u8]],
-    start: usize,
-    end: usize,
-) {
+pub fn apply_matrix(matrix: &[u8], inputs: &[&[u8]], outputs: &mut [&mut [u8]], start: usize, end: usize) {
     let rows = outputs.len();
     let columns = inputs.len();
-    assert_eq!(
-        matrix.len(),
-        rows * columns,
-        "matrix shape does not match the shards"
-    );
+    assert_eq!(matrix.len(), rows * columns, "matrix shape does not match the shards");
     assert!(start <= end);
-    assert!(
-        inputs.iter().all(|shard| shard.len() >= end)
-            && outputs.iter().all(|shard| shard.len() >= end)
-    );
+    assert!(inputs.iter().all(|shard| shard.len() >= end) && outputs.iter().all(|shard| shard.len() >= end));
     #[cfg(target_arch = "x86_64")]
     {
         if gfni_available() {
@@ -184,13 +157,7 @@ pub fn gfni_available() -> bool {
 }
 
 /// Table-driven path for any CPU and for the tails the vector path leaves.
-pub fn apply_matrix_portable(
-    matrix: &[u8],
-    inputs: &[&[u8]],
-    outputs: &mut [&mut [u8]],
-    start: usize,
-    end: usize,
-) {
+pub fn apply_matrix_portable(matrix: &[u8], inputs: &[&[u8]], outputs: &mut [&mut [u8]], start: usize, end: usize) {
     let columns = inputs.len();
     for (row, output) in outputs.iter_mut().enumerate() {
         let destination = &mut output[start..end];
@@ -226,10 +193,8 @@ mod x86 {
     ) {
         let columns = inputs.len();
         let rows = outputs.len();
-        let affine: Vec<__m512i> = matrix
-            .iter()
-            .map(|&constant| _mm512_set1_epi64(crate::galois::affine_matrix(constant) as i64))
-            .collect();
+        let affine: Vec<__m512i> =
+            matrix.iter().map(|&constant| _mm512_set1_epi64(crate::galois::affine_matrix(constant) as i64)).collect();
         let mut row_base = 0;
         while row_base < rows {
             let pass_rows = (rows - row_base).min(ROWS_PER_PASS);
@@ -237,8 +202,7 @@ mod x86 {
             while position < end {
                 let mut accumulators = [_mm512_setzero_si512(); ROWS_PER_PASS];
                 for column in 0..columns {
-                    let value =
-                        _mm512_loadu_si512(inputs[column].as_ptr().add(position) as *const _);
+                    let value = _mm512_loadu_si512(inputs[column].as_ptr().add(position) as *const _);
                     for row in 0..pass_rows {
                         let product = _mm512_gf2p8affine_epi64_epi8::<0>(
                             value,
@@ -279,10 +243,7 @@ mod tests {
         let length = data[0].len();
         let mut parity = vec![vec![0u8; length]; code.parity_shards()];
         let inputs: Vec<&[u8]> = data.iter().map(|shard| shard.as_slice()).collect();
-        let mut outputs: Vec<&mut [u8]> = parity
-            .iter_mut()
-            .map(|shard| shard.as_mut_slice())
-            .collect();
+        let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|shard| shard.as_mut_slice()).collect();
         apply_matrix(code.parity_matrix(), &inputs, &mut outputs, 0, length);
         parity
     }
@@ -296,8 +257,7 @@ mod tests {
         let fast = encode(&code, &data);
         let mut slow = vec![vec![0u8; length]; 4];
         let inputs: Vec<&[u8]> = data.iter().map(|shard| shard.as_slice()).collect();
-        let mut outputs: Vec<&mut [u8]> =
-            slow.iter_mut().map(|shard| shard.as_mut_slice()).collect();
+        let mut outputs: Vec<&mut [u8]> = slow.iter_mut().map(|shard| shard.as_mut_slice()).collect();
         apply_matrix_portable(code.parity_matrix(), &inputs, &mut outputs, 0, length);
         assert_eq!(fast, slow);
     }
@@ -328,22 +288,12 @@ mod tests {
                 }
                 let present: Vec<bool> = (0..n).map(|index| mask & (1 << index) == 0).collect();
                 let plan = code.reconstruction_plan(&present).unwrap();
-                let inputs: Vec<&[u8]> = plan
-                    .sources
-                    .iter()
-                    .map(|&source| all[source].as_slice())
-                    .collect();
+                let inputs: Vec<&[u8]> = plan.sources.iter().map(|&source| all[source].as_slice()).collect();
                 let mut rebuilt = vec![vec![0xAAu8; length]; plan.missing.len()];
-                let mut outputs: Vec<&mut [u8]> = rebuilt
-                    .iter_mut()
-                    .map(|shard| shard.as_mut_slice())
-                    .collect();
+                let mut outputs: Vec<&mut [u8]> = rebuilt.iter_mut().map(|shard| shard.as_mut_slice()).collect();
                 apply_matrix(&plan.matrix, &inputs, &mut outputs, 0, length);
                 for (slot, &target) in plan.missing.iter().enumerate() {
-                    assert_eq!(
-                        rebuilt[slot], all[target],
-                        "shape {k}+{m} mask {mask:b} shard {target}"
-                    );
+                    assert_eq!(rebuilt[slot], all[target], "shape {k}+{m} mask {mask:b} shard {target}");
                 }
                 patterns_checked += 1;
             }
@@ -354,9 +304,7 @@ mod tests {
     #[test]
     fn too_many_erasures_is_an_error() {
         let code = ReedSolomon::new(4, 2).unwrap();
-        assert!(code
-            .reconstruction_plan(&[false, false, false, true, true, true])
-            .is_err());
+        assert!(code.reconstruction_plan(&[false, false, false, true, true, true]).is_err());
         assert!(ReedSolomon::new(0, 2).is_err());
         assert!(ReedSolomon::new(250, 7).is_err());
     }

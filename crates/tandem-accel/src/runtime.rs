@@ -82,9 +82,7 @@ impl Default for RuntimeConfig {
             batch_latency: Duration::from_micros(200),
             queue_depth: 1024,
             executor_threads: 4,
-            gpu_threshold_bytes: std::env::var("TANDEM_ACCEL_GPU_THRESHOLD_BYTES")
-                .ok()
-                .and_then(|v| v.parse().ok()),
+            gpu_threshold_bytes: std::env::var("TANDEM_ACCEL_GPU_THRESHOLD_BYTES").ok().and_then(|v| v.parse().ok()),
             calibrate: true,
             pool_cached_bytes: 1 << 30,
             gather_on_cpu: false,
@@ -95,27 +93,13 @@ impl Default for RuntimeConfig {
 /// A request with owned buffers (they come back in the [`Response`]).
 pub enum Request {
     /// CRC32C (from 0) of each `block_bytes` block.
-    Crc32cBlocks {
-        data: HostBuffer,
-        block_bytes: usize,
-    },
+    Crc32cBlocks { data: HostBuffer, block_bytes: usize },
     /// AES-256-XTS of whole 4 KiB sectors numbered from `first_sector`, in place.
-    Xts {
-        key: Arc<XtsKey>,
-        direction: Direction,
-        first_sector: u64,
-        data: HostBuffer,
-    },
+    Xts { key: Arc<XtsKey>, direction: Direction, first_sector: u64, data: HostBuffer },
     /// Parity of k data shards (all the same length).
-    ReedSolomonEncode {
-        code: Arc<ReedSolomon>,
-        data: Vec<HostBuffer>,
-    },
+    ReedSolomonEncode { code: Arc<ReedSolomon>, data: Vec<HostBuffer> },
     /// Rebuild the `None` shards (k + m entries; at most m missing).
-    ReedSolomonReconstruct {
-        code: Arc<ReedSolomon>,
-        shards: Vec<Option<HostBuffer>>,
-    },
+    ReedSolomonReconstruct { code: Arc<ReedSolomon>, shards: Vec<Option<HostBuffer>> },
 }
 
 impl Request {
@@ -123,9 +107,7 @@ impl Request {
         match self {
             Request::Crc32cBlocks { data, .. } | Request::Xts { data, .. } => data.len(),
             Request::ReedSolomonEncode { data, .. } => data.iter().map(|s| s.len()).sum(),
-            Request::ReedSolomonReconstruct { shards, .. } => {
-                shards.iter().flatten().map(|s| s.len()).sum()
-            }
+            Request::ReedSolomonReconstruct { shards, .. } => shards.iter().flatten().map(|s| s.len()).sum(),
         }
     }
 
@@ -141,12 +123,8 @@ impl Request {
     fn merge_key(&self) -> Option<MergeKey> {
         match self {
             Request::Crc32cBlocks { block_bytes, .. } => Some(MergeKey::Crc32c(*block_bytes)),
-            Request::Xts { key, direction, .. } => {
-                Some(MergeKey::Xts(Arc::as_ptr(key) as usize, *direction))
-            }
-            Request::ReedSolomonEncode { code, .. } => {
-                Some(MergeKey::Encode(Arc::as_ptr(code) as usize))
-            }
+            Request::Xts { key, direction, .. } => Some(MergeKey::Xts(Arc::as_ptr(key) as usize, *direction)),
+            Request::ReedSolomonEncode { code, .. } => Some(MergeKey::Encode(Arc::as_ptr(code) as usize)),
             Request::ReedSolomonReconstruct { .. } => None,
         }
     }
@@ -174,10 +152,7 @@ pub enum Response {
 type Callback = Box<dyn FnOnce(Result<Response>) + Send>;
 
 enum CompletionSlot {
-    Waiting {
-        waker: Option<Waker>,
-        callback: Option<Callback>,
-    },
+    Waiting { waker: Option<Waker>, callback: Option<Callback> },
     Done(Option<Result<Response>>),
 }
 
@@ -192,10 +167,7 @@ struct CompletionState {
 impl CompletionState {
     fn new(callback: Option<Callback>) -> Arc<Self> {
         Arc::new(Self {
-            slot: Mutex::new(CompletionSlot::Waiting {
-                waker: None,
-                callback,
-            }),
+            slot: Mutex::new(CompletionSlot::Waiting { waker: None, callback }),
             ready: Condvar::new(),
             waiter: std::sync::atomic::AtomicBool::new(false),
         })
@@ -205,17 +177,11 @@ impl CompletionState {
         let mut slot = self.slot.lock().expect("completion poisoned");
         let previous = std::mem::replace(&mut *slot, CompletionSlot::Done(None));
         match previous {
-            CompletionSlot::Waiting {
-                callback: Some(callback),
-                ..
-            } => {
+            CompletionSlot::Waiting { callback: Some(callback), .. } => {
                 drop(slot);
                 callback(result);
             }
-            CompletionSlot::Waiting {
-                waker,
-                callback: None,
-            } => {
+            CompletionSlot::Waiting { waker, callback: None } => {
                 *slot = CompletionSlot::Done(Some(result));
                 drop(slot);
                 if self.waiter.load(std::sync::atomic::Ordering::Acquire) {
@@ -242,18 +208,13 @@ impl Completion {
             if let CompletionSlot::Done(result) = &mut *slot {
                 return result.take().expect("result taken twice");
             }
-            self.state
-                .waiter
-                .store(true, std::sync::atomic::Ordering::Release);
+            self.state.waiter.store(true, std::sync::atomic::Ordering::Release);
             slot = self.state.ready.wait(slot).expect("completion poisoned");
         }
     }
 
     pub fn is_done(&self) -> bool {
-        matches!(
-            *self.state.slot.lock().expect("completion poisoned"),
-            CompletionSlot::Done(_)
-        )
+        matches!(*self.state.slot.lock().expect("completion poisoned"), CompletionSlot::Done(_))
     }
 }
 
@@ -262,9 +223,7 @@ impl Future for Completion {
     fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
         let mut slot = self.state.slot.lock().expect("completion poisoned");
         match &mut *slot {
-            CompletionSlot::Done(result) => {
-                Poll::Ready(result.take().expect("polled after completion"))
-            }
+            CompletionSlot::Done(result) => Poll::Ready(result.take().expect("polled after completion")),
             CompletionSlot::Waiting { waker, .. } => {
                 *waker = Some(context.waker().clone());
                 Poll::Pending
@@ -302,9 +261,7 @@ impl Shared {
     fn engine_for(&self, service: Service, bytes: usize) -> &dyn Engine {
         match (&self.gpu, self.mode) {
             (Some(gpu), Mode::Gpu) => gpu.as_ref(),
-            (Some(gpu), Mode::Hybrid)
-                if bytes >= *self.thresholds.bytes.get(&service).unwrap_or(&usize::MAX) =>
-            {
+            (Some(gpu), Mode::Hybrid) if bytes >= *self.thresholds.bytes.get(&service).unwrap_or(&usize::MAX) => {
                 gpu.as_ref()
             }
             _ => self.cpu.as_ref(),
@@ -323,9 +280,7 @@ pub struct Accelerator {
 impl Accelerator {
     /// Opens every GPU (if any, and unless the mode is CPU), calibrates, starts the queues.
     pub fn new(config: RuntimeConfig) -> Self {
-        assert!(
-            config.queue_depth > 0 && config.executor_threads > 0 && config.batch_limit_bytes > 0
-        );
+        assert!(config.queue_depth > 0 && config.executor_threads > 0 && config.batch_limit_bytes > 0);
         let cpu = Arc::new(CpuEngine::new(config.cpu_threads));
         let (system, gpu_unavailable_reason) = if config.mode == Mode::Cpu {
             (None, Some("CPU mode requested".to_string()))
@@ -335,25 +290,15 @@ impl Accelerator {
                 Err(reason) => (None, Some(reason)),
             }
         };
-        let gpu = system
-            .as_ref()
-            .map(|system| Arc::new(CudaEngine::new(system)));
+        let gpu = system.as_ref().map(|system| Arc::new(CudaEngine::new(system)));
         let pool = BufferPool::new(system.clone(), config.pool_cached_bytes);
         let thresholds = match (&gpu, config.gpu_threshold_bytes) {
             (_, Some(bytes)) => Thresholds {
-                bytes: [Service::Crc32c, Service::Xts, Service::ReedSolomon]
-                    .into_iter()
-                    .map(|s| (s, bytes))
-                    .collect(),
+                bytes: [Service::Crc32c, Service::Xts, Service::ReedSolomon].into_iter().map(|s| (s, bytes)).collect(),
                 source: "configured".into(),
             },
-            (Some(gpu), None) if config.calibrate && config.mode == Mode::Hybrid => {
-                calibrate(&cpu, gpu, &pool)
-            }
-            _ => Thresholds {
-                bytes: HashMap::new(),
-                source: "no GPU: everything on the CPU".into(),
-            },
+            (Some(gpu), None) if config.calibrate && config.mode == Mode::Hybrid => calibrate(&cpu, gpu, &pool),
+            _ => Thresholds { bytes: HashMap::new(), source: "no GPU: everything on the CPU".into() },
         };
         let shared = Arc::new(Shared {
             cpu,
@@ -373,12 +318,7 @@ impl Accelerator {
             .name("accel-dispatch".into())
             .spawn(move || dispatch_loop(dispatcher_shared, dispatcher_config, receiver))
             .expect("cannot start the dispatcher thread");
-        Self {
-            shared,
-            submissions: Some(submissions),
-            dispatcher: Some(dispatcher),
-            pool,
-        }
+        Self { shared, submissions: Some(submissions), dispatcher: Some(dispatcher), pool }
     }
 
     /// One line per engine; says plainly when there is no GPU and why.
@@ -401,11 +341,7 @@ impl Accelerator {
                     })
                     .collect();
                 entries.sort();
-                text += &format!(
-                    "hybrid thresholds ({}): {}\n",
-                    self.shared.thresholds.source,
-                    entries.join(", ")
-                );
+                text += &format!("hybrid thresholds ({}): {}\n", self.shared.thresholds.source, entries.join(", "));
             }
             (None, reason) => {
                 text += &format!(
@@ -421,10 +357,7 @@ impl Accelerator {
     /// happened.
     pub fn statistics(&self) -> (usize, usize) {
         use std::sync::atomic::Ordering;
-        (
-            self.shared.batches_executed.load(Ordering::Relaxed),
-            self.shared.requests_executed.load(Ordering::Relaxed),
-        )
+        (self.shared.batches_executed.load(Ordering::Relaxed), self.shared.requests_executed.load(Ordering::Relaxed))
     }
 
     pub fn has_gpu(&self) -> bool {
@@ -449,11 +382,7 @@ impl Accelerator {
     }
 
     /// Queues a request; `callback` runs on a runtime thread with the result.
-    pub fn submit_with_callback(
-        &self,
-        request: Request,
-        callback: impl FnOnce(Result<Response>) + Send + 'static,
-    ) {
+    pub fn submit_with_callback(&self, request: Request, callback: impl FnOnce(Result<Response>) + Send + 'static) {
         let state = CompletionState::new(Some(Box::new(callback)));
         self.enqueue(request, state);
     }
@@ -473,17 +402,13 @@ impl Accelerator {
     // ---- blocking wrappers on borrowed memory (no queue, no copy)
 
     pub fn crc32c(&self, crc: u32, data: &[u8]) -> Result<u32> {
-        self.shared
-            .engine_for(Service::Crc32c, data.len())
-            .crc32c(crc, data)
+        self.shared.engine_for(Service::Crc32c, data.len()).crc32c(crc, data)
     }
 
     /// CRC32C of each 4 KiB block.
     pub fn crc32c_blocks(&self, data: &[u8]) -> Result<Vec<u32>> {
         let mut checksums = vec![0u32; data.len() / SECTOR_SIZE_BYTES];
-        self.shared
-            .engine_for(Service::Crc32c, data.len())
-            .crc32c_blocks(data, SECTOR_SIZE_BYTES, &mut checksums)?;
+        self.shared.engine_for(Service::Crc32c, data.len()).crc32c_blocks(data, SECTOR_SIZE_BYTES, &mut checksums)?;
         Ok(checksums)
     }
 
@@ -505,16 +430,9 @@ impl Accelerator {
         )
     }
 
-    pub fn reed_solomon_encode(
-        &self,
-        code: &ReedSolomon,
-        data: &[&[u8]],
-        parity: &mut [&mut [u8]],
-    ) -> Result<()> {
+    pub fn reed_solomon_encode(&self, code: &ReedSolomon, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<()> {
         let bytes = data.iter().map(|s| s.len()).sum();
-        self.shared
-            .engine_for(Service::ReedSolomon, bytes)
-            .reed_solomon_encode(code, data, parity)
+        self.shared.engine_for(Service::ReedSolomon, bytes).reed_solomon_encode(code, data, parity)
     }
 
     pub fn reed_solomon_reconstruct(
@@ -524,9 +442,7 @@ impl Accelerator {
         present: &[bool],
     ) -> Result<()> {
         let bytes = shards.iter().map(|s| s.len()).sum();
-        self.shared
-            .engine_for(Service::ReedSolomon, bytes)
-            .reed_solomon_reconstruct(code, shards, present)
+        self.shared.engine_for(Service::ReedSolomon, bytes).reed_solomon_reconstruct(code, shards, present)
     }
 }
 
@@ -570,22 +486,8 @@ fn calibrate(cpu: &CpuEngine, gpu: &CudaEngine, pool: &BufferPool) -> Thresholds
                     (c, g)
                 }
                 Service::Xts => {
-                    let c = time(&mut || {
-                        cpu.xts(
-                            &key,
-                            Direction::Encrypt,
-                            Sectors::Consecutive(0),
-                            &mut buffer,
-                        )
-                    });
-                    let g = time(&mut || {
-                        gpu.xts(
-                            &key,
-                            Direction::Encrypt,
-                            Sectors::Consecutive(0),
-                            &mut buffer,
-                        )
-                    });
+                    let c = time(&mut || cpu.xts(&key, Direction::Encrypt, Sectors::Consecutive(0), &mut buffer));
+                    let g = time(&mut || gpu.xts(&key, Direction::Encrypt, Sectors::Consecutive(0), &mut buffer));
                     (c, g)
                 }
                 Service::ReedSolomon => {
@@ -607,13 +509,7 @@ fn calibrate(cpu: &CpuEngine, gpu: &CudaEngine, pool: &BufferPool) -> Thresholds
         }
         bytes.insert(service, threshold);
     }
-    Thresholds {
-        bytes,
-        source: format!(
-            "calibrated in {:.0} ms",
-            started.elapsed().as_secs_f64() * 1e3
-        ),
-    }
+    Thresholds { bytes, source: format!("calibrated in {:.0} ms", started.elapsed().as_secs_f64() * 1e3) }
 }
 
 struct Batch {
@@ -677,11 +573,8 @@ fn dispatch_loop(shared: Arc<Shared>, config: RuntimeConfig, receiver: Receiver<
             Err(RecvTimeoutError::Disconnected) => true,
         };
         let now = Instant::now();
-        let due: Vec<MergeKey> = open
-            .iter()
-            .filter(|(_, batch)| disconnected || batch.deadline <= now)
-            .map(|(key, _)| *key)
-            .collect();
+        let due: Vec<MergeKey> =
+            open.iter().filter(|(_, batch)| disconnected || batch.deadline <= now).map(|(key, _)| *key).collect();
         for key in due {
             let batch = open.remove(&key).expect("due batch exists");
             let _ = jobs.send(batch.members);
@@ -699,12 +592,8 @@ fn dispatch_loop(shared: Arc<Shared>, config: RuntimeConfig, receiver: Receiver<
 /// Runs one batch (one or more compatible requests) and completes every member.
 fn execute(shared: &Shared, mut members: Vec<Pending>) {
     assert!(!members.is_empty());
-    shared
-        .batches_executed
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    shared
-        .requests_executed
-        .fetch_add(members.len(), std::sync::atomic::Ordering::Relaxed);
+    shared.batches_executed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shared.requests_executed.fetch_add(members.len(), std::sync::atomic::Ordering::Relaxed);
     if members.len() == 1 {
         let pending = members.pop().expect("one member");
         let result = execute_single(shared, pending.request);
@@ -713,10 +602,7 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
     }
     let batch_bytes: usize = members.iter().map(|member| member.request.bytes()).sum();
     if !shared.gather_on_cpu
-        && shared
-            .engine_for(members[0].request.service(), batch_bytes)
-            .kind()
-            == crate::engine::EngineKind::Cpu
+        && shared.engine_for(members[0].request.service(), batch_bytes).kind() == crate::engine::EngineKind::Cpu
     {
         // The CPU needs no contiguous copy: run the members where they lie, spread over the
         // engine's threads (each member is small, so each runs single-threaded).
@@ -728,10 +614,7 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
                     for member in group.iter_mut() {
                         let request = std::mem::replace(
                             &mut member.request,
-                            Request::Crc32cBlocks {
-                                data: HostBuffer::from_vec(Vec::new()),
-                                block_bytes: 1,
-                            },
+                            Request::Crc32cBlocks { data: HostBuffer::from_vec(Vec::new()), block_bytes: 1 },
                         );
                         let result = execute_single(shared, request);
                         member.state.complete(result);
@@ -762,9 +645,7 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
             members
                 .iter_mut()
                 .map(|member| {
-                    let Request::Crc32cBlocks { data, .. } = &mut member.request else {
-                        unreachable!()
-                    };
+                    let Request::Crc32cBlocks { data, .. } = &mut member.request else { unreachable!() };
                     let count = data.len() / block_bytes;
                     let mine = checksums[offset..offset + count].to_vec();
                     offset += count;
@@ -781,40 +662,28 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
             let mut filled = 0;
             let mut sectors = Vec::with_capacity(bytes / SECTOR_SIZE_BYTES);
             for member in &members {
-                if let Request::Xts {
-                    first_sector, data, ..
-                } = &member.request
-                {
+                if let Request::Xts { first_sector, data, .. } = &member.request {
                     merged[filled..filled + data.len()].copy_from_slice(data);
                     filled += data.len();
-                    sectors.extend(
-                        (0..(data.len() / SECTOR_SIZE_BYTES) as u64)
-                            .map(|i| first_sector.wrapping_add(i)),
-                    );
+                    sectors.extend((0..(data.len() / SECTOR_SIZE_BYTES) as u64).map(|i| first_sector.wrapping_add(i)));
                 }
             }
             let outcome = if merged.len() == sectors.len() * SECTOR_SIZE_BYTES {
                 engine.xts(&key, direction, Sectors::List(&sectors), &mut merged)
             } else {
-                Err(AccelError::InvalidArgument(
-                    "XTS data is not whole 4 KiB sectors".into(),
-                ))
+                Err(AccelError::InvalidArgument("XTS data is not whole 4 KiB sectors".into()))
             };
             let mut offset = 0;
             members
                 .iter_mut()
                 .map(|member| {
-                    let Request::Xts { data, .. } = &mut member.request else {
-                        unreachable!()
-                    };
+                    let Request::Xts { data, .. } = &mut member.request else { unreachable!() };
                     let length = data.len();
                     if outcome.is_ok() {
                         data.copy_from_slice(&merged[offset..offset + length]);
                     }
                     offset += length;
-                    outcome.clone().map(|_| {
-                        Response::Data(std::mem::replace(data, HostBuffer::from_vec(Vec::new())))
-                    })
+                    outcome.clone().map(|_| Response::Data(std::mem::replace(data, HostBuffer::from_vec(Vec::new()))))
                 })
                 .collect()
         }
@@ -827,8 +696,7 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
             let mut shapes_valid = true;
             for member in &members {
                 if let Request::ReedSolomonEncode { data, .. } = &member.request {
-                    shapes_valid &=
-                        data.len() == k && data.iter().all(|s| s.len() == data[0].len());
+                    shapes_valid &= data.len() == k && data.iter().all(|s| s.len() == data[0].len());
                     lengths.push(data.first().map(|s| s.len()).unwrap_or(0));
                     for (column, shard) in data.iter().enumerate().take(k) {
                         merged[column].extend_from_slice(shard);
@@ -839,22 +707,17 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
             let mut parity = vec![vec![0u8; total]; m];
             let outcome = if shapes_valid {
                 let inputs: Vec<&[u8]> = merged.iter().map(|s| s.as_slice()).collect();
-                let mut outputs: Vec<&mut [u8]> =
-                    parity.iter_mut().map(|s| s.as_mut_slice()).collect();
+                let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|s| s.as_mut_slice()).collect();
                 engine.reed_solomon_encode(&code, &inputs, &mut outputs)
             } else {
-                Err(AccelError::InvalidArgument(
-                    "shards do not match the code".into(),
-                ))
+                Err(AccelError::InvalidArgument("shards do not match the code".into()))
             };
             let mut offset = 0;
             members
                 .iter_mut()
                 .zip(lengths)
                 .map(|(member, length)| {
-                    let Request::ReedSolomonEncode { data, .. } = &mut member.request else {
-                        unreachable!()
-                    };
+                    let Request::ReedSolomonEncode { data, .. } = &mut member.request else { unreachable!() };
                     let mut shards: Vec<HostBuffer> = std::mem::take(data);
                     for row in &parity {
                         shards.push(HostBuffer::from_vec(row[offset..offset + length].to_vec()));
@@ -884,25 +747,14 @@ fn execute_single(shared: &Shared, request: Request) -> Result<Response> {
             engine.crc32c_blocks(&data, block_bytes, &mut checksums)?;
             Ok(Response::Checksums { data, checksums })
         }
-        Request::Xts {
-            key,
-            direction,
-            first_sector,
-            mut data,
-        } => {
-            engine.xts(
-                &key,
-                direction,
-                Sectors::Consecutive(first_sector),
-                &mut data,
-            )?;
+        Request::Xts { key, direction, first_sector, mut data } => {
+            engine.xts(&key, direction, Sectors::Consecutive(first_sector), &mut data)?;
             Ok(Response::Data(data))
         }
         Request::ReedSolomonEncode { code, data } => {
             let shard_bytes = data.first().map(|s| s.len()).unwrap_or(0);
-            let mut parity: Vec<HostBuffer> = (0..code.parity_shards())
-                .map(|_| HostBuffer::from_vec(vec![0u8; shard_bytes]))
-                .collect();
+            let mut parity: Vec<HostBuffer> =
+                (0..code.parity_shards()).map(|_| HostBuffer::from_vec(vec![0u8; shard_bytes])).collect();
             {
                 let inputs: Vec<&[u8]> = data.iter().map(|s| &s[..]).collect();
                 let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|s| &mut s[..]).collect();
@@ -915,10 +767,8 @@ fn execute_single(shared: &Shared, request: Request) -> Result<Response> {
         Request::ReedSolomonReconstruct { code, shards } => {
             let shard_bytes = shards.iter().flatten().map(|s| s.len()).next().unwrap_or(0);
             let present: Vec<bool> = shards.iter().map(|s| s.is_some()).collect();
-            let mut shards: Vec<HostBuffer> = shards
-                .into_iter()
-                .map(|s| s.unwrap_or_else(|| HostBuffer::from_vec(vec![0u8; shard_bytes])))
-                .collect();
+            let mut shards: Vec<HostBuffer> =
+                shards.into_iter().map(|s| s.unwrap_or_else(|| HostBuffer::from_vec(vec![0u8; shard_bytes]))).collect();
             {
                 let mut views: Vec<&mut [u8]> = shards.iter_mut().map(|s| &mut s[..]).collect();
                 engine.reed_solomon_reconstruct(&code, &mut views, &present)?;
@@ -967,16 +817,9 @@ mod tests {
         let mut completions = Vec::new();
         let mut expected = Vec::new();
         for index in 0..20u64 {
-            let plain =
-                crate::bench::random_bytes(SECTOR_SIZE_BYTES * (1 + index as usize % 3), index);
+            let plain = crate::bench::random_bytes(SECTOR_SIZE_BYTES * (1 + index as usize % 3), index);
             let mut reference = plain.clone();
-            crate::xts::process_units(
-                &key,
-                Direction::Encrypt,
-                100 * index,
-                SECTOR_SIZE_BYTES,
-                &mut reference,
-            );
+            crate::xts::process_units(&key, Direction::Encrypt, 100 * index, SECTOR_SIZE_BYTES, &mut reference);
             expected.push((reference, plain.clone()));
             completions.push(accelerator.submit(Request::Xts {
                 key: Arc::clone(&key),
@@ -985,10 +828,9 @@ mod tests {
                 data: HostBuffer::from_vec(plain),
             }));
             let checksum_data = HostBuffer::from_vec(expected.last().unwrap().1.clone());
-            completions.push(accelerator.submit(Request::Crc32cBlocks {
-                data: checksum_data,
-                block_bytes: SECTOR_SIZE_BYTES,
-            }));
+            completions.push(
+                accelerator.submit(Request::Crc32cBlocks { data: checksum_data, block_bytes: SECTOR_SIZE_BYTES }),
+            );
         }
         let submitted = completions.len();
         for (index, completion) in completions.into_iter().enumerate() {
@@ -996,10 +838,7 @@ mod tests {
             match completion.wait().unwrap() {
                 Response::Data(data) => assert_eq!(&data[..], &reference[..]),
                 Response::Checksums { checksums, .. } => {
-                    let direct: Vec<u32> = plain
-                        .chunks(SECTOR_SIZE_BYTES)
-                        .map(|b| crate::crc32c(0, b))
-                        .collect();
+                    let direct: Vec<u32> = plain.chunks(SECTOR_SIZE_BYTES).map(|b| crate::crc32c(0, b)).collect();
                     assert_eq!(checksums, direct);
                 }
                 other => panic!("unexpected {other:?}"),
@@ -1007,10 +846,7 @@ mod tests {
         }
         let (batches, requests) = accelerator.statistics();
         assert_eq!(requests, submitted);
-        assert!(
-            batches < requests,
-            "small requests were merged: {batches} batches for {requests} requests"
-        );
+        assert!(batches < requests, "small requests were merged: {batches} batches for {requests} requests");
     }
 
     #[test]
@@ -1021,9 +857,7 @@ mod tests {
 
     fn callbacks_check(accelerator: Accelerator) {
         let code = Arc::new(ReedSolomon::new(4, 2).unwrap());
-        let data: Vec<Vec<u8>> = (0..4)
-            .map(|i| crate::bench::random_bytes(1000, i))
-            .collect();
+        let data: Vec<Vec<u8>> = (0..4).map(|i| crate::bench::random_bytes(1000, i)).collect();
         let called = Arc::new(AtomicUsize::new(0));
         let (sender, receiver) = mpsc::channel();
         for _ in 0..3 {
@@ -1042,25 +876,17 @@ mod tests {
         }
         let results: Vec<_> = (0..3).map(|_| receiver.recv().unwrap().unwrap()).collect();
         assert_eq!(called.load(Ordering::SeqCst), 3);
-        let Response::Shards(shards) = &results[0] else {
-            panic!()
-        };
+        let Response::Shards(shards) = &results[0] else { panic!() };
         assert_eq!(shards.len(), 6);
         // Lose one data and one parity shard and rebuild them through a polled future.
-        let mut partial: Vec<Option<HostBuffer>> = shards
-            .iter()
-            .map(|s| Some(HostBuffer::from_vec(s.to_vec())))
-            .collect();
+        let mut partial: Vec<Option<HostBuffer>> =
+            shards.iter().map(|s| Some(HostBuffer::from_vec(s.to_vec()))).collect();
         partial[1] = None;
         partial[5] = None;
-        let completion = accelerator.submit(Request::ReedSolomonReconstruct {
-            code: Arc::clone(&code),
-            shards: partial,
-        });
+        let completion =
+            accelerator.submit(Request::ReedSolomonReconstruct { code: Arc::clone(&code), shards: partial });
         let rebuilt = block_on(completion).unwrap();
-        let Response::Shards(rebuilt) = rebuilt else {
-            panic!()
-        };
+        let Response::Shards(rebuilt) = rebuilt else { panic!() };
         for index in 0..6 {
             assert_eq!(&rebuilt[index][..], &shards[index][..]);
         }
@@ -1099,15 +925,7 @@ mod tests {
             .wait();
         assert!(result.is_err());
         let code = Arc::new(ReedSolomon::new(3, 1).unwrap());
-        let shards = vec![
-            None,
-            None,
-            Some(HostBuffer::from_vec(vec![0; 8])),
-            Some(HostBuffer::from_vec(vec![0; 8])),
-        ];
-        assert!(accelerator
-            .submit(Request::ReedSolomonReconstruct { code, shards })
-            .wait()
-            .is_err());
+        let shards = vec![None, None, Some(HostBuffer::from_vec(vec![0; 8])), Some(HostBuffer::from_vec(vec![0; 8]))];
+        assert!(accelerator.submit(Request::ReedSolomonReconstruct { code, shards }).wait().is_err());
     }
 }

@@ -76,10 +76,8 @@ const fn build_tables() -> AesTables {
     let mut index = 0;
     while index < 256 {
         let s = substitution[index];
-        let column = (aes_multiply(s, 2) as u32)
-            | (s as u32) << 8
-            | (s as u32) << 16
-            | (aes_multiply(s, 3) as u32) << 24;
+        let column =
+            (aes_multiply(s, 2) as u32) | (s as u32) << 8 | (s as u32) << 16 | (aes_multiply(s, 3) as u32) << 24;
         let i = inverse_substitution[index];
         let inverse_column = (aes_multiply(i, 14) as u32)
             | (aes_multiply(i, 9) as u32) << 8
@@ -93,12 +91,7 @@ const fn build_tables() -> AesTables {
         }
         index += 1;
     }
-    AesTables {
-        substitution,
-        inverse_substitution,
-        encrypt,
-        decrypt,
-    }
+    AesTables { substitution, inverse_substitution, encrypt, decrypt }
 }
 
 pub static TABLES: AesTables = build_tables();
@@ -112,9 +105,7 @@ fn expand_key(key: &[u8; 32]) -> RoundKeys {
         *word = u32::from_le_bytes(key[4 * index..4 * index + 4].try_into().unwrap());
     }
     let substitute = |word: u32| -> u32 {
-        let bytes = word
-            .to_le_bytes()
-            .map(|byte| TABLES.substitution[byte as usize]);
+        let bytes = word.to_le_bytes().map(|byte| TABLES.substitution[byte as usize]);
         u32::from_le_bytes(bytes)
     };
     let mut round_constant = 1u8;
@@ -132,8 +123,7 @@ fn expand_key(key: &[u8; 32]) -> RoundKeys {
     let mut round_keys = [[0u8; 16]; AES256_ROUNDS + 1];
     for (round, round_key) in round_keys.iter_mut().enumerate() {
         for column in 0..4 {
-            round_key[4 * column..4 * column + 4]
-                .copy_from_slice(&words[4 * round + column].to_le_bytes());
+            round_key[4 * column..4 * column + 4].copy_from_slice(&words[4 * round + column].to_le_bytes());
         }
     }
     round_keys
@@ -160,8 +150,7 @@ fn decryption_keys(encryption: &RoundKeys) -> RoundKeys {
         let source = &encryption[AES256_ROUNDS - round];
         for column in 0..4 {
             let word = u32::from_le_bytes(source[4 * column..4 * column + 4].try_into().unwrap());
-            keys[round][4 * column..4 * column + 4]
-                .copy_from_slice(&inverse_mix_column(word).to_le_bytes());
+            keys[round][4 * column..4 * column + 4].copy_from_slice(&inverse_mix_column(word).to_le_bytes());
         }
     }
     keys
@@ -186,18 +175,12 @@ impl XtsKey {
     pub fn new(key: &[u8; 64]) -> Self {
         let data_encrypt = expand_key(key[..32].try_into().unwrap());
         let tweak_encrypt = expand_key(key[32..].try_into().unwrap());
-        Self {
-            data_decrypt: decryption_keys(&data_encrypt),
-            data_encrypt,
-            tweak_encrypt,
-        }
+        Self { data_decrypt: decryption_keys(&data_encrypt), data_encrypt, tweak_encrypt }
     }
 }
 
 fn load_columns(block: &[u8]) -> [u32; 4] {
-    core::array::from_fn(|column| {
-        u32::from_le_bytes(block[4 * column..4 * column + 4].try_into().unwrap())
-    })
+    core::array::from_fn(|column| u32::from_le_bytes(block[4 * column..4 * column + 4].try_into().unwrap()))
 }
 
 fn key_columns(round_key: &[u8; 16]) -> [u32; 4] {
@@ -353,9 +336,8 @@ mod x86 {
             first_sixteen[16 * index..16 * index + 16].copy_from_slice(&tweak.to_le_bytes());
             tweak = super::multiply_by_alpha(tweak);
         }
-        let mut tweaks: [__m512i; 4] = core::array::from_fn(|group| {
-            _mm512_loadu_si512(first_sixteen.as_ptr().add(64 * group) as *const _)
-        });
+        let mut tweaks: [__m512i; 4] =
+            core::array::from_fn(|group| _mm512_loadu_si512(first_sixteen.as_ptr().add(64 * group) as *const _));
         let polynomial = _mm512_set_epi64(0, 0x87, 0, 0x87, 0, 0x87, 0, 0x87);
         let blocks = unit.len() / 16;
         let pointer = unit.as_mut_ptr();
@@ -364,10 +346,7 @@ mod x86 {
             let base = pointer.add(16 * block);
             let mut state: [__m512i; 4] = core::array::from_fn(|group| {
                 _mm512_xor_si512(
-                    _mm512_xor_si512(
-                        _mm512_loadu_si512(base.add(64 * group) as *const _),
-                        tweaks[group],
-                    ),
+                    _mm512_xor_si512(_mm512_loadu_si512(base.add(64 * group) as *const _), tweaks[group]),
                     keys[0],
                 )
             });
@@ -394,10 +373,7 @@ mod x86 {
                 }
             }
             for group in 0..4 {
-                _mm512_storeu_si512(
-                    base.add(64 * group) as *mut _,
-                    _mm512_xor_si512(state[group], tweaks[group]),
-                );
+                _mm512_storeu_si512(base.add(64 * group) as *mut _, _mm512_xor_si512(state[group], tweaks[group]));
                 tweaks[group] = advance_sixteen(tweaks[group], polynomial);
             }
             block += 16;
@@ -407,10 +383,7 @@ mod x86 {
         if block < blocks {
             let mut pending = [0u8; 256];
             for group in 0..4 {
-                _mm512_storeu_si512(
-                    pending.as_mut_ptr().add(64 * group) as *mut _,
-                    tweaks[group],
-                );
+                _mm512_storeu_si512(pending.as_mut_ptr().add(64 * group) as *mut _, tweaks[group]);
             }
             let mut slot = 0;
             while block < blocks {
@@ -425,12 +398,8 @@ mod x86 {
                     };
                 }
                 value = match direction {
-                    Direction::Encrypt => {
-                        _mm_aesenclast_si128(value, load_key(&round_keys[AES256_ROUNDS]))
-                    }
-                    Direction::Decrypt => {
-                        _mm_aesdeclast_si128(value, load_key(&round_keys[AES256_ROUNDS]))
-                    }
+                    Direction::Encrypt => _mm_aesenclast_si128(value, load_key(&round_keys[AES256_ROUNDS])),
+                    Direction::Decrypt => _mm_aesdeclast_si128(value, load_key(&round_keys[AES256_ROUNDS])),
                 };
                 _mm_storeu_si128(base, _mm_xor_si128(value, lane_tweak));
                 block += 1;
@@ -446,8 +415,7 @@ mod x86 {
             Direction::Encrypt => &key.data_encrypt,
             Direction::Decrypt => &key.data_decrypt,
         };
-        let keys: [__m128i; AES256_ROUNDS + 1] =
-            core::array::from_fn(|round| load_key(&round_keys[round]));
+        let keys: [__m128i; AES256_ROUNDS + 1] = core::array::from_fn(|round| load_key(&round_keys[round]));
         for group in unit.chunks_mut(128) {
             let lanes = group.len() / 16;
             let mut masks = [_mm_setzero_si128(); 8];
@@ -456,10 +424,7 @@ mod x86 {
                 masks[lane] = _mm_loadu_si128(tweak.to_le_bytes().as_ptr() as *const __m128i);
                 tweak = super::multiply_by_alpha(tweak);
                 state[lane] = _mm_xor_si128(
-                    _mm_xor_si128(
-                        _mm_loadu_si128(group.as_ptr().add(16 * lane) as *const __m128i),
-                        masks[lane],
-                    ),
+                    _mm_xor_si128(_mm_loadu_si128(group.as_ptr().add(16 * lane) as *const __m128i), masks[lane]),
                     keys[0],
                 );
             }
@@ -476,10 +441,7 @@ mod x86 {
                     Direction::Encrypt => _mm_aesenclast_si128(state[lane], keys[AES256_ROUNDS]),
                     Direction::Decrypt => _mm_aesdeclast_si128(state[lane], keys[AES256_ROUNDS]),
                 };
-                _mm_storeu_si128(
-                    group.as_mut_ptr().add(16 * lane) as *mut __m128i,
-                    _mm_xor_si128(value, masks[lane]),
-                );
+                _mm_storeu_si128(group.as_mut_ptr().add(16 * lane) as *mut __m128i, _mm_xor_si128(value, masks[lane]));
             }
         }
     }
@@ -522,10 +484,7 @@ pub fn process_unit_with(
     sector: u64,
     unit: &mut [u8],
 ) {
-    assert!(
-        !unit.is_empty() && unit.len().is_multiple_of(AES_BLOCK_BYTES),
-        "XTS data units are whole 16-byte blocks"
-    );
+    assert!(!unit.is_empty() && unit.len().is_multiple_of(AES_BLOCK_BYTES), "XTS data units are whole 16-byte blocks");
     match implementation {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: chosen only after the features were detected (see best_implementation).
@@ -538,26 +497,11 @@ pub fn process_unit_with(
 }
 
 /// Encrypt or decrypt consecutive units of `unit_bytes`, the first being `first_sector`.
-pub fn process_units(
-    key: &XtsKey,
-    direction: Direction,
-    first_sector: u64,
-    unit_bytes: usize,
-    data: &mut [u8],
-) {
-    assert!(
-        unit_bytes > 0 && data.len().is_multiple_of(unit_bytes),
-        "buffer is not a whole number of data units"
-    );
+pub fn process_units(key: &XtsKey, direction: Direction, first_sector: u64, unit_bytes: usize, data: &mut [u8]) {
+    assert!(unit_bytes > 0 && data.len().is_multiple_of(unit_bytes), "buffer is not a whole number of data units");
     let implementation = best_implementation();
     for (index, unit) in data.chunks_exact_mut(unit_bytes).enumerate() {
-        process_unit_with(
-            implementation,
-            key,
-            direction,
-            first_sector + index as u64,
-            unit,
-        );
+        process_unit_with(implementation, key, direction, first_sector + index as u64, unit);
     }
 }
 
@@ -567,10 +511,7 @@ mod tests {
 
     fn hex(text: &str) -> Vec<u8> {
         let clean: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-        (0..clean.len())
-            .step_by(2)
-            .map(|index| u8::from_str_radix(&clean[index..index + 2], 16).unwrap())
-            .collect()
+        (0..clean.len()).step_by(2).map(|index| u8::from_str_radix(&clean[index..index + 2], 16).unwrap()).collect()
     }
 
     fn implementations() -> Vec<XtsImplementation> {
@@ -610,10 +551,8 @@ mod tests {
     /// IEEE 1619-2007 XTS-AES-256 vector 10: 512-byte data unit, sequence number 0xff.
     #[test]
     fn ieee_1619_vector_10() {
-        let key: [u8; 64] = hex(
-            "2718281828459045235360287471352662497757247093699959574966967627\
-             3141592653589793238462643383279502884197169399375105820974944592",
-        )
+        let key: [u8; 64] = hex("2718281828459045235360287471352662497757247093699959574966967627\
+             3141592653589793238462643383279502884197169399375105820974944592")
         .try_into()
         .unwrap();
         let key = XtsKey::new(&key);
@@ -632,43 +571,19 @@ mod tests {
     /// All implementations agree on 4 KiB sectors and odd unit sizes with large sector numbers.
     #[test]
     fn implementations_agree() {
-        let key_bytes: [u8; 64] =
-            core::array::from_fn(|index| (index as u8).wrapping_mul(37).wrapping_add(11));
+        let key_bytes: [u8; 64] = core::array::from_fn(|index| (index as u8).wrapping_mul(37).wrapping_add(11));
         let key = XtsKey::new(&key_bytes);
-        for (unit_bytes, sector) in [
-            (4096usize, 0u64),
-            (4096, 1 << 40),
-            (16, 5),
-            (48, u64::MAX),
-            (272, 77),
-            (4096 + 48, 3),
-        ] {
+        for (unit_bytes, sector) in
+            [(4096usize, 0u64), (4096, 1 << 40), (16, 5), (48, u64::MAX), (272, 77), (4096 + 48, 3)]
+        {
             let plain: Vec<u8> = (0..unit_bytes).map(|index| (index * 7 + 3) as u8).collect();
             let mut reference = plain.clone();
-            process_unit_with(
-                XtsImplementation::Portable,
-                &key,
-                Direction::Encrypt,
-                sector,
-                &mut reference,
-            );
+            process_unit_with(XtsImplementation::Portable, &key, Direction::Encrypt, sector, &mut reference);
             for implementation in implementations() {
                 let mut buffer = plain.clone();
-                process_unit_with(
-                    implementation,
-                    &key,
-                    Direction::Encrypt,
-                    sector,
-                    &mut buffer,
-                );
+                process_unit_with(implementation, &key, Direction::Encrypt, sector, &mut buffer);
                 assert_eq!(buffer, reference, "{implementation:?} unit {unit_bytes}");
-                process_unit_with(
-                    implementation,
-                    &key,
-                    Direction::Decrypt,
-                    sector,
-                    &mut buffer,
-                );
+                process_unit_with(implementation, &key, Direction::Decrypt, sector, &mut buffer);
                 assert_eq!(buffer, plain);
             }
         }
@@ -678,28 +593,13 @@ mod tests {
     /// as the CRC32C of each ciphertext.
     #[test]
     fn matches_openssl_on_4k_sectors() {
-        let key_bytes: [u8; 64] =
-            core::array::from_fn(|index| (index as u8).wrapping_mul(37).wrapping_add(11));
+        let key_bytes: [u8; 64] = core::array::from_fn(|index| (index as u8).wrapping_mul(37).wrapping_add(11));
         let key = XtsKey::new(&key_bytes);
         let plain: Vec<u8> = (0..4096).map(|index| (index * 7 + 3) as u8).collect();
-        for (sector, expected) in [
-            (0u64, 0xDB41_06B8u32),
-            (1 << 40, 0x2DC7_F3D5),
-            (u64::MAX, 0x3A95_54DB),
-        ] {
+        for (sector, expected) in [(0u64, 0xDB41_06B8u32), (1 << 40, 0x2DC7_F3D5), (u64::MAX, 0x3A95_54DB)] {
             let mut buffer = plain.clone();
-            process_units(
-                &key,
-                Direction::Encrypt,
-                sector,
-                SECTOR_SIZE_BYTES,
-                &mut buffer,
-            );
-            assert_eq!(
-                crate::crc::crc32c(0, &buffer),
-                expected,
-                "sector {sector:#x}"
-            );
+            process_units(&key, Direction::Encrypt, sector, SECTOR_SIZE_BYTES, &mut buffer);
+            assert_eq!(crate::crc::crc32c(0, &buffer), expected, "sector {sector:#x}");
         }
     }
 }

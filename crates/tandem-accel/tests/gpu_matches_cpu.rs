@@ -35,28 +35,12 @@ fn gpu_output_equals_cpu_output() {
     println!("{}", system.describe());
     let gpu = CudaEngine::new(&system);
     let cpu = CpuEngine::new(0);
-    let maximum: usize = std::env::var("TANDEM_GPU_TEST_MAXIMUM_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1 << 30);
-    let mut seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
+    let maximum: usize =
+        std::env::var("TANDEM_GPU_TEST_MAXIMUM_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 30);
+    let mut seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     println!("random seed {seed:#x}");
-    let mut sizes: Vec<usize> = vec![
-        4096,
-        8192,
-        12288,
-        65536,
-        1 << 20,
-        (3 << 20) + 4096,
-        64 << 20,
-        (64 << 20) + 8192,
-        256 << 20,
-        1 << 30,
-    ];
+    let mut sizes: Vec<usize> =
+        vec![4096, 8192, 12288, 65536, 1 << 20, (3 << 20) + 4096, 64 << 20, (64 << 20) + 8192, 256 << 20, 1 << 30];
     sizes.retain(|&size| size <= maximum);
     let mut checks = 0;
 
@@ -67,10 +51,8 @@ fn gpu_output_equals_cpu_output() {
         let blocks = size / SECTOR_SIZE_BYTES;
         let mut gpu_sums = vec![0u32; blocks];
         let mut cpu_sums = vec![0u32; blocks];
-        gpu.crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut gpu_sums)
-            .unwrap();
-        cpu.crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut cpu_sums)
-            .unwrap();
+        gpu.crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut gpu_sums).unwrap();
+        cpu.crc32c_blocks(&data, SECTOR_SIZE_BYTES, &mut cpu_sums).unwrap();
         assert_eq!(gpu_sums, cpu_sums, "crc32c blocks, {size} bytes");
         let start = seed as u32;
         assert_eq!(
@@ -78,10 +60,7 @@ fn gpu_output_equals_cpu_output() {
             cpu.crc32c(start, &data[..size - 5]).unwrap(),
             "crc32c buffer {size}"
         );
-        println!(
-            "ok crc32c: {blocks} blocks of 4 KiB and the {} byte buffer",
-            size - 5
-        );
+        println!("ok crc32c: {blocks} blocks of 4 KiB and the {} byte buffer", size - 5);
         checks += 2;
 
         // AES-256-XTS both directions, consecutive and listed sector numbers.
@@ -91,64 +70,23 @@ fn gpu_output_equals_cpu_output() {
         let first = seed >> 8;
         let original = data.to_vec();
         let mut on_cpu = original.clone();
-        cpu.xts(
-            &key,
-            Direction::Encrypt,
-            Sectors::Consecutive(first),
-            &mut on_cpu,
-        )
-        .unwrap();
-        gpu.xts(
-            &key,
-            Direction::Encrypt,
-            Sectors::Consecutive(first),
-            &mut data,
-        )
-        .unwrap();
+        cpu.xts(&key, Direction::Encrypt, Sectors::Consecutive(first), &mut on_cpu).unwrap();
+        gpu.xts(&key, Direction::Encrypt, Sectors::Consecutive(first), &mut data).unwrap();
         if let Some(at) = first_difference(&data, &on_cpu) {
-            panic!(
-                "xts encrypt differs at byte {at} of {size} (sector {})",
-                at / SECTOR_SIZE_BYTES
-            );
+            panic!("xts encrypt differs at byte {at} of {size} (sector {})", at / SECTOR_SIZE_BYTES);
         }
-        gpu.xts(
-            &key,
-            Direction::Decrypt,
-            Sectors::Consecutive(first),
-            &mut data,
-        )
-        .unwrap();
-        assert!(
-            first_difference(&data, &original).is_none(),
-            "xts decrypt on GPU does not invert, {size}"
-        );
-        let list: Vec<u64> = (0..blocks as u64)
-            .map(|i| (seed.rotate_left(i as u32 % 64)) ^ (i * 7919))
-            .collect();
+        gpu.xts(&key, Direction::Decrypt, Sectors::Consecutive(first), &mut data).unwrap();
+        assert!(first_difference(&data, &original).is_none(), "xts decrypt on GPU does not invert, {size}");
+        let list: Vec<u64> = (0..blocks as u64).map(|i| (seed.rotate_left(i as u32 % 64)) ^ (i * 7919)).collect();
         let mut on_cpu = original.clone();
-        cpu.xts(&key, Direction::Decrypt, Sectors::List(&list), &mut on_cpu)
-            .unwrap();
-        gpu.xts(&key, Direction::Decrypt, Sectors::List(&list), &mut data)
-            .unwrap();
-        assert!(
-            first_difference(&data, &on_cpu).is_none(),
-            "xts decrypt with sector list differs, {size}"
-        );
+        cpu.xts(&key, Direction::Decrypt, Sectors::List(&list), &mut on_cpu).unwrap();
+        gpu.xts(&key, Direction::Decrypt, Sectors::List(&list), &mut data).unwrap();
+        assert!(first_difference(&data, &on_cpu).is_none(), "xts decrypt with sector list differs, {size}");
         println!("ok aes-256-xts: {blocks} sectors, encrypt+decrypt, consecutive from {first:#x} and listed");
         checks += 3;
     }
 
-    let shapes = [
-        (2usize, 2usize),
-        (3, 2),
-        (4, 2),
-        (6, 3),
-        (8, 2),
-        (8, 3),
-        (10, 4),
-        (12, 4),
-        (16, 4),
-    ];
+    let shapes = [(2usize, 2usize), (3, 2), (4, 2), (6, 3), (8, 2), (8, 3), (10, 4), (12, 4), (16, 4)];
     for &(k, m) in &shapes {
         let code = ReedSolomon::new(k, m).unwrap();
         for &stripe in &sizes {
@@ -167,31 +105,18 @@ fn gpu_output_equals_cpu_output() {
             gpu.reed_solomon_encode(
                 &code,
                 &inputs,
-                &mut gpu_parity
-                    .iter_mut()
-                    .map(|s| s.as_mut_slice())
-                    .collect::<Vec<_>>(),
+                &mut gpu_parity.iter_mut().map(|s| s.as_mut_slice()).collect::<Vec<_>>(),
             )
             .unwrap();
             cpu.reed_solomon_encode(
                 &code,
                 &inputs,
-                &mut cpu_parity
-                    .iter_mut()
-                    .map(|s| s.as_mut_slice())
-                    .collect::<Vec<_>>(),
+                &mut cpu_parity.iter_mut().map(|s| s.as_mut_slice()).collect::<Vec<_>>(),
             )
             .unwrap();
-            assert_eq!(
-                gpu_parity, cpu_parity,
-                "rs {k}+{m} encode, shard {shard_bytes}"
-            );
+            assert_eq!(gpu_parity, cpu_parity, "rs {k}+{m} encode, shard {shard_bytes}");
             // Lose m shards: a pattern that mixes data and parity, changing with the seed.
-            let mut all: Vec<Vec<u8>> = data
-                .iter()
-                .map(|s| s.to_vec())
-                .chain(cpu_parity.iter().cloned())
-                .collect();
+            let mut all: Vec<Vec<u8>> = data.iter().map(|s| s.to_vec()).chain(cpu_parity.iter().cloned()).collect();
             let mut present = vec![true; k + m];
             let mut lost = 0;
             let mut cursor = (seed as usize) % (k + m);
@@ -204,23 +129,13 @@ fn gpu_output_equals_cpu_output() {
                 cursor = (cursor + k / 2 + 1) % (k + m);
             }
             let mut views: Vec<&mut [u8]> = all.iter_mut().map(|s| s.as_mut_slice()).collect();
-            gpu.reed_solomon_reconstruct(&code, &mut views, &present)
-                .unwrap();
+            gpu.reed_solomon_reconstruct(&code, &mut views, &present).unwrap();
             for index in 0..k + m {
-                let expected: &[u8] = if index < k {
-                    &data[index]
-                } else {
-                    &cpu_parity[index - k]
-                };
-                assert!(
-                    all[index] == expected,
-                    "rs {k}+{m} reconstruct shard {index}, shard {shard_bytes}"
-                );
+                let expected: &[u8] = if index < k { &data[index] } else { &cpu_parity[index - k] };
+                assert!(all[index] == expected, "rs {k}+{m} reconstruct shard {index}, shard {shard_bytes}");
             }
             let missing: Vec<usize> = (0..k + m).filter(|&i| !present[i]).collect();
-            println!(
-                "ok rs {k}+{m}: shards of {shard_bytes} bytes, encode and rebuild of {missing:?}"
-            );
+            println!("ok rs {k}+{m}: shards of {shard_bytes} bytes, encode and rebuild of {missing:?}");
             checks += 2;
             if stripe >= 256 << 20 && k != 8 {
                 break; // the largest stripes only for RAID-6 8+2, to keep the run short

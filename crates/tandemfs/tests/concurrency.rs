@@ -34,7 +34,8 @@ fn worker(fs: FileSystem, directories: Vec<u64>, thread: u64) -> BTreeMap<(usize
                 serial += 1;
                 let directory = rng.gen_range(0..directories.len());
                 let name = format!("t{thread}-{serial}");
-                let made = fs.create(directories[directory], name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
+                let made =
+                    fs.create(directories[directory], name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
                 let data = contents(thread, serial, 0);
                 fs.write(made.inode, 0, &data).unwrap();
                 files.insert((directory, name), data);
@@ -43,8 +44,14 @@ fn worker(fs: FileSystem, directories: Vec<u64>, thread: u64) -> BTreeMap<(usize
                 let (directory, name) = existing[rng.gen_range(0..existing.len())].clone();
                 let target_directory = rng.gen_range(0..directories.len());
                 let target_name = format!("t{thread}-r{operation}");
-                fs.rename(directories[directory], name.as_bytes(), directories[target_directory], target_name.as_bytes(), RenameMode::Replace)
-                    .unwrap();
+                fs.rename(
+                    directories[directory],
+                    name.as_bytes(),
+                    directories[target_directory],
+                    target_name.as_bytes(),
+                    RenameMode::Replace,
+                )
+                .unwrap();
                 let data = files.remove(&(directory, name)).unwrap();
                 files.insert((target_directory, target_name), data);
             }

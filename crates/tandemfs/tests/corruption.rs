@@ -76,11 +76,16 @@ fn bit_flips_give_typed_errors_or_right_answers() {
             let back = mounted.and_then(|(fs, _)| read_back(&fs));
             (report, back)
         }));
-        let (report, back) = outcome.unwrap_or_else(|_| panic!("trial {trial}: a flip in block {block} made the engine panic"));
+        let (report, back) =
+            outcome.unwrap_or_else(|_| panic!("trial {trial}: a flip in block {block} made the engine panic"));
         let report = report.unwrap_or_else(|error| panic!("trial {trial}: fsck failed outright: {error}"));
         match back {
             Ok(model) => {
-                assert!(same_tree(&model, &expected), "trial {trial}: block {block}: wrong answer: {}", first_difference(&model, &expected));
+                assert!(
+                    same_tree(&model, &expected),
+                    "trial {trial}: block {block}: wrong answer: {}",
+                    first_difference(&model, &expected)
+                );
                 right += 1;
             }
             Err(error) => {

@@ -18,7 +18,13 @@ const ROUNDS_PER_SEED: u64 = 10;
 fn crash_run(seed: u64) -> u64 {
     let (mut memory, _) = memory_volume(16 << 20, true);
     let mut rng = rng(seed);
-    let workload = Workload { names_per_directory: 12, write_bytes_max: 20_000, file_bytes_max: 120_000, create_weight: 6, flat: false };
+    let workload = Workload {
+        names_per_directory: 12,
+        write_bytes_max: 20_000,
+        file_bytes_max: 120_000,
+        create_weight: 6,
+        flat: false,
+    };
     let mut driver = Driver::new(workload);
     let mut crash_points = 0;
     for round in 0..ROUNDS_PER_SEED {
@@ -26,7 +32,12 @@ fn crash_run(seed: u64) -> u64 {
         let (fs, _) = FileSystem::mount(device, &inline_options())
             .unwrap_or_else(|error| panic!("seed {seed} round {round}: mount: {error}"));
         let fault_after = rng.gen_range(1..300);
-        memory.inject(Fault { operation: FaultOperation::Write, after_operations: fault_after, repeat: true, range: None });
+        memory.inject(Fault {
+            operation: FaultOperation::Write,
+            after_operations: fault_after,
+            repeat: true,
+            range: None,
+        });
         // States the volume may come back in: from the last acknowledged sync onwards.
         let mut candidates = vec![driver.model.clone()];
         let operations = rng.gen_range(5..50);

@@ -22,7 +22,11 @@ fn run(seed: u64, operations: u64, workload: Workload, remount_every: u64) {
             assert!(report.is_clean(), "seed {seed}, after {index} operations: fsck: {:#?}", report.problems);
             fs = FileSystem::mount(device.clone(), &tandemfs::fs::MountOptions::default()).unwrap().0;
             let back = read_back(&fs).unwrap();
-            assert!(same_tree(&back, &driver.model), "seed {seed}: after remount: {}", first_difference(&back, &driver.model));
+            assert!(
+                same_tree(&back, &driver.model),
+                "seed {seed}: after remount: {}",
+                first_difference(&back, &driver.model)
+            );
         }
     }
     fs.unmount().unwrap();
@@ -39,16 +43,16 @@ fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
 
 #[test]
 fn mixed_workload() {
-    // 8 seeds × 80,000 operations.
+    // 8 seeds × 100,000 operations.
     for seed in seeds(0..8) {
-        run(seed, 80_000, Workload::mixed(), 20_000);
+        run(seed, 100_000, Workload::mixed(), 25_000);
     }
 }
 
 #[test]
 fn large_directories() {
-    // 4 seeds × 90,000 operations, most of them creating entries in one directory.
+    // 4 seeds × 60,000 operations, most of them creating entries in one directory.
     for seed in seeds(100..104) {
-        run(seed, 90_000, Workload::large_directory(), 45_000);
+        run(seed, 60_000, Workload::large_directory(), 30_000);
     }
 }

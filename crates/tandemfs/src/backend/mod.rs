@@ -33,7 +33,10 @@ const IMAGES_PER_RECORD: usize = 64;
 const ORPHAN_WALK_MAX: u64 = 1 << 32;
 
 pub fn now_ns() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_nanos() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 /// The inodes one record touches, read once and written back together.
@@ -184,7 +187,8 @@ impl Applier {
                         let mut target_root = dir_root(touched.get(volume, *new_parent)?)?;
                         match replaced {
                             Some((replaced_number, _)) => {
-                                let (old, _) = dir::replace(volume, &mut target_root, &seed, new_name, moved, moved_type)?;
+                                let (old, _) =
+                                    dir::replace(volume, &mut target_root, &seed, new_name, moved, moved_type)?;
                                 if old != *replaced_number {
                                     return Err(Error::corruption("rename record names the wrong replaced inode"));
                                 }
@@ -270,7 +274,13 @@ impl Applier {
         touched.write_back(volume)
     }
 
-    fn dispose(&self, volume: &mut Volume, touched: &mut Touched, inode_number: u64, disposition: Disposition) -> Result<()> {
+    fn dispose(
+        &self,
+        volume: &mut Volume,
+        touched: &mut Touched,
+        inode_number: u64,
+        disposition: Disposition,
+    ) -> Result<()> {
         match disposition {
             Disposition::Keep => Ok(()),
             Disposition::Orphan => {
@@ -412,7 +422,9 @@ fn decode_images(record: &Record, superblock: &Superblock, into: &mut BTreeMap<u
     for _ in 0..count {
         let block_number = decoder.u64()?;
         if block_number < superblock.block_bitmap_start || block_number >= superblock.block_count {
-            return Err(Error::corruption(format!("checkpoint image for block {block_number}, outside the metadata area")));
+            return Err(Error::corruption(format!(
+                "checkpoint image for block {block_number}, outside the metadata area"
+            )));
         }
         let mut block: BlockBuf = Box::new([0; BLOCK_SIZE]);
         for byte in block.iter_mut() {

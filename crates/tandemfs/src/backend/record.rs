@@ -127,7 +127,10 @@ impl AttributeImage {
             )));
         }
         if image.size_bytes > crate::extent::MAX_FILE_BYTES {
-            return Err(Error::corruption(format!("log record: size {} of inode {}", image.size_bytes, image.inode_number)));
+            return Err(Error::corruption(format!(
+                "log record: size {} of inode {}",
+                image.size_bytes, image.inode_number
+            )));
         }
         Ok(image)
     }
@@ -173,9 +176,23 @@ pub enum RenameKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// A new inode named `name` in `parent`; `symlink_target` is empty unless a symlink.
-    Create { parent: AttributeImage, name: Vec<u8>, inode: AttributeImage, symlink_target: Vec<u8> },
-    Link { parent: AttributeImage, name: Vec<u8>, inode: AttributeImage },
-    Unlink { parent: AttributeImage, name: Vec<u8>, inode: AttributeImage, disposition: Disposition },
+    Create {
+        parent: AttributeImage,
+        name: Vec<u8>,
+        inode: AttributeImage,
+        symlink_target: Vec<u8>,
+    },
+    Link {
+        parent: AttributeImage,
+        name: Vec<u8>,
+        inode: AttributeImage,
+    },
+    Unlink {
+        parent: AttributeImage,
+        name: Vec<u8>,
+        inode: AttributeImage,
+        disposition: Disposition,
+    },
     /// Moves `name` in `parent` to `new_name` in `new_parent`, replacing what was there
     /// (`replaced`), or exchanges the two. `images` holds every inode whose attributes change.
     Rename {
@@ -188,13 +205,35 @@ pub enum Op {
         images: Vec<AttributeImage>,
     },
     /// Attribute change; `truncate` set when the size changed.
-    SetAttributes { inode: AttributeImage, truncate: bool },
-    Write { inode: AttributeImage, offset: u64, data: Arc<[u8]> },
-    Range { inode: AttributeImage, kind: RangeKind, offset: u64, length: u64, keep_size: bool },
-    SetXattr { inode: AttributeImage, name: Vec<u8>, value: Vec<u8> },
-    RemoveXattr { inode: AttributeImage, name: Vec<u8> },
+    SetAttributes {
+        inode: AttributeImage,
+        truncate: bool,
+    },
+    Write {
+        inode: AttributeImage,
+        offset: u64,
+        data: Arc<[u8]>,
+    },
+    Range {
+        inode: AttributeImage,
+        kind: RangeKind,
+        offset: u64,
+        length: u64,
+        keep_size: bool,
+    },
+    SetXattr {
+        inode: AttributeImage,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        inode: AttributeImage,
+        name: Vec<u8>,
+    },
     /// The last open handle of an orphan closed: free it.
-    Reclaim { inode_number: u64 },
+    Reclaim {
+        inode_number: u64,
+    },
 }
 
 impl Op {
@@ -334,14 +373,21 @@ impl Op {
                 }
                 Op::Rename { parent, name: old_name, new_parent, new_name, kind, replaced, images }
             }
-            KIND_SET_ATTRIBUTES => Op::SetAttributes { inode: AttributeImage::decode(&mut decoder)?, truncate: decoder.u8()? != 0 },
+            KIND_SET_ATTRIBUTES => {
+                Op::SetAttributes { inode: AttributeImage::decode(&mut decoder)?, truncate: decoder.u8()? != 0 }
+            }
             KIND_WRITE => {
                 let inode = AttributeImage::decode(&mut decoder)?;
                 let offset = decoder.u64()?;
                 let length = decoder.u32()? as usize;
                 let data = decoder.rest();
-                if data.len() != length || offset.checked_add(length as u64).is_none_or(|end| end > crate::extent::MAX_FILE_BYTES) {
-                    return Err(Error::corruption(format!("log record: write of {length} bytes at {offset} carries {} bytes", data.len())));
+                if data.len() != length
+                    || offset.checked_add(length as u64).is_none_or(|end| end > crate::extent::MAX_FILE_BYTES)
+                {
+                    return Err(Error::corruption(format!(
+                        "log record: write of {length} bytes at {offset} carries {} bytes",
+                        data.len()
+                    )));
                 }
                 Op::Write { inode, offset, data: Arc::from(data) }
             }

@@ -77,31 +77,15 @@ pub struct Entry {
 impl Entry {
     pub fn hole(length: u64) -> Entry {
         assert!(length > 0 && length <= MAX_FILE_BYTES);
-        Entry {
-            length,
-            address: 0,
-            unwritten: false,
-        }
+        Entry { length, address: 0, unwritten: false }
     }
     pub fn data(address: u64, length: u64, unwritten: bool) -> Entry {
-        assert!(
-            address >= BLOCK_SIZE_U64
-                && length > 0
-                && address + length <= MAX_PHYSICAL_BYTE_ADDRESS
-        );
-        Entry {
-            length,
-            address,
-            unwritten,
-        }
+        assert!(address >= BLOCK_SIZE_U64 && length > 0 && address + length <= MAX_PHYSICAL_BYTE_ADDRESS);
+        Entry { length, address, unwritten }
     }
     pub fn child(block: u64, length: u64) -> Entry {
         assert!(block != 0 && block < MAX_BLOCK_NUMBER);
-        Entry {
-            length,
-            address: block,
-            unwritten: false,
-        }
+        Entry { length, address: block, unwritten: false }
     }
     pub fn is_hole(&self) -> bool {
         self.address == 0
@@ -123,10 +107,8 @@ impl Entry {
         if leaf && self.unwritten {
             length_field |= ENTRY_UNWRITTEN_FLAG;
         }
-        bytes[ENTRY_ADDRESS_OFFSET..ENTRY_ADDRESS_OFFSET + 8]
-            .copy_from_slice(&self.address.to_le_bytes());
-        bytes[ENTRY_LENGTH_OFFSET..ENTRY_LENGTH_OFFSET + 8]
-            .copy_from_slice(&length_field.to_le_bytes());
+        bytes[ENTRY_ADDRESS_OFFSET..ENTRY_ADDRESS_OFFSET + 8].copy_from_slice(&self.address.to_le_bytes());
+        bytes[ENTRY_LENGTH_OFFSET..ENTRY_LENGTH_OFFSET + 8].copy_from_slice(&length_field.to_le_bytes());
     }
 
     /// Decodes and validates one entry; `place` names where it came from for the error.
@@ -137,24 +119,15 @@ impl Entry {
         let unwritten = leaf && length_field & ENTRY_UNWRITTEN_FLAG != 0;
         let flags_allowed = if leaf { ENTRY_UNWRITTEN_FLAG } else { 0 };
         if length_field & !ENTRY_LENGTH_MASK & !flags_allowed != 0 {
-            return Err(Error::corruption(format!(
-                "{}: reserved length bits set ({length_field:#x})",
-                place()
-            )));
+            return Err(Error::corruption(format!("{}: reserved length bits set ({length_field:#x})", place())));
         }
         let length = length_field & ENTRY_LENGTH_MASK;
         if length == 0 || length > MAX_FILE_BYTES {
-            return Err(Error::corruption(format!(
-                "{}: length {length} out of range",
-                place()
-            )));
+            return Err(Error::corruption(format!("{}: length {length} out of range", place())));
         }
         if leaf {
             if address == 0 && unwritten {
-                return Err(Error::corruption(format!(
-                    "{}: hole marked unwritten",
-                    place()
-                )));
+                return Err(Error::corruption(format!("{}: hole marked unwritten", place())));
             }
             if address != 0
                 && (address < BLOCK_SIZE_U64
@@ -166,16 +139,9 @@ impl Entry {
                 )));
             }
         } else if address == 0 || address >= MAX_BLOCK_NUMBER {
-            return Err(Error::corruption(format!(
-                "{}: child block {address} out of range",
-                place()
-            )));
+            return Err(Error::corruption(format!("{}: child block {address} out of range", place())));
         }
-        Ok(Entry {
-            length,
-            address,
-            unwritten,
-        })
+        Ok(Entry { length, address, unwritten })
     }
 }
 
@@ -188,9 +154,7 @@ pub fn read_u16(bytes: &[u8], offset: usize) -> u16 {
 
 /// Sums entry lengths; None on overflow (only possible for corrupt input).
 pub fn sum_lengths(entries: &[Entry]) -> Option<u64> {
-    entries
-        .iter()
-        .try_fold(0u64, |sum, entry| sum.checked_add(entry.length))
+    entries.iter().try_fold(0u64, |sum, entry| sum.checked_add(entry.length))
 }
 
 /// Encodes a tree node into the payload of a metadata block.
@@ -199,8 +163,7 @@ pub fn encode_node(level: usize, entries: &[Entry], block: &mut [u8]) {
     assert!(block.len() >= META_PAYLOAD_BYTES);
     block[..META_PAYLOAD_BYTES].fill(0);
     let length = sum_lengths(entries).expect("node length fits");
-    block[NODE_COUNT_OFFSET..NODE_COUNT_OFFSET + 2]
-        .copy_from_slice(&(entries.len() as u16).to_le_bytes());
+    block[NODE_COUNT_OFFSET..NODE_COUNT_OFFSET + 2].copy_from_slice(&(entries.len() as u16).to_le_bytes());
     block[NODE_LEVEL_OFFSET..NODE_LEVEL_OFFSET + 2].copy_from_slice(&(level as u16).to_le_bytes());
     block[NODE_LENGTH_OFFSET..NODE_LENGTH_OFFSET + 8].copy_from_slice(&length.to_le_bytes());
     for (index, entry) in entries.iter().enumerate() {
@@ -211,19 +174,11 @@ pub fn encode_node(level: usize, entries: &[Entry], block: &mut [u8]) {
 
 /// Decodes and validates a tree node read from block `block_number`, which its parent says is at
 /// `level` and covers `expected_length` bytes.
-pub fn decode_node(
-    block: &[u8],
-    block_number: u64,
-    level: usize,
-    expected_length: u64,
-) -> Result<Vec<Entry>> {
+pub fn decode_node(block: &[u8], block_number: u64, level: usize, expected_length: u64) -> Result<Vec<Entry>> {
     let count = read_u16(block, NODE_COUNT_OFFSET) as usize;
     let stored_level = read_u16(block, NODE_LEVEL_OFFSET) as usize;
-    let reserved = u32::from_le_bytes(
-        block[NODE_RESERVED_OFFSET..NODE_RESERVED_OFFSET + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
+    let reserved =
+        u32::from_le_bytes(block[NODE_RESERVED_OFFSET..NODE_RESERVED_OFFSET + 4].try_into().expect("4 bytes"));
     let stored_length = read_u64(block, NODE_LENGTH_OFFSET);
     let name = |field: &str| format!("extent node {block_number} field {field}");
     if count == 0 || count > NODE_CAPACITY {
@@ -233,16 +188,10 @@ pub fn decode_node(
         )));
     }
     if stored_level != level {
-        return Err(Error::corruption(format!(
-            "{}: level {stored_level}, parent expects {level}",
-            name("level")
-        )));
+        return Err(Error::corruption(format!("{}: level {stored_level}, parent expects {level}", name("level"))));
     }
     if reserved != 0 {
-        return Err(Error::corruption(format!(
-            "{}: {reserved:#x}, must be zero",
-            name("reserved")
-        )));
+        return Err(Error::corruption(format!("{}: {reserved:#x}, must be zero", name("reserved"))));
     }
     if stored_length != expected_length {
         return Err(Error::corruption(format!(
@@ -254,17 +203,10 @@ pub fn decode_node(
     for index in 0..count {
         let start = NODE_HEADER_BYTES + index * ENTRY_BYTES;
         let place = || format!("extent node {block_number} entry {index}");
-        entries.push(Entry::decode(
-            &block[start..start + ENTRY_BYTES],
-            level == 0,
-            &place,
-        )?);
+        entries.push(Entry::decode(&block[start..start + ENTRY_BYTES], level == 0, &place)?);
     }
     if sum_lengths(&entries) != Some(stored_length) {
-        return Err(Error::corruption(format!(
-            "{}: entry lengths do not add up to {stored_length}",
-            name("entries")
-        )));
+        return Err(Error::corruption(format!("{}: entry lengths do not add up to {stored_length}", name("entries"))));
     }
     Ok(entries)
 }
@@ -289,13 +231,7 @@ impl Default for ExtentRoot {
 impl ExtentRoot {
     /// The root of an empty file: all 64 bytes zero.
     pub fn empty() -> ExtentRoot {
-        ExtentRoot {
-            depth: 0,
-            count: 0,
-            entries: [Entry::default(); ROOT_CAPACITY],
-            length_bytes: 0,
-            blocks_owned: 0,
-        }
+        ExtentRoot { depth: 0, count: 0, entries: [Entry::default(); ROOT_CAPACITY], length_bytes: 0, blocks_owned: 0 }
     }
     /// Logical file length in bytes.
     pub fn length_bytes(&self) -> u64 {
@@ -312,12 +248,7 @@ impl ExtentRoot {
     pub(crate) fn root_entries(&self) -> &[Entry] {
         &self.entries[..self.count as usize]
     }
-    pub(crate) fn from_parts(
-        depth: usize,
-        entries: &[Entry],
-        length_bytes: u64,
-        blocks_owned: u64,
-    ) -> ExtentRoot {
+    pub(crate) fn from_parts(depth: usize, entries: &[Entry], length_bytes: u64, blocks_owned: u64) -> ExtentRoot {
         assert!(depth <= MAX_DEPTH && entries.len() <= ROOT_CAPACITY);
         assert!(depth == 0 || !entries.is_empty());
         assert_eq!(sum_lengths(entries), Some(length_bytes));
@@ -336,8 +267,7 @@ impl ExtentRoot {
         bytes[ROOT_SHAPE_OFFSET] = self.depth | (self.count << 4);
         bytes[ROOT_BLOCKS_OFFSET..ROOT_BLOCKS_OFFSET + ROOT_BLOCKS_BYTES]
             .copy_from_slice(&self.blocks_owned.to_le_bytes()[..ROOT_BLOCKS_BYTES]);
-        bytes[ROOT_LENGTH_OFFSET..ROOT_LENGTH_OFFSET + 8]
-            .copy_from_slice(&self.length_bytes.to_le_bytes());
+        bytes[ROOT_LENGTH_OFFSET..ROOT_LENGTH_OFFSET + 8].copy_from_slice(&self.length_bytes.to_le_bytes());
         for (index, entry) in self.root_entries().iter().enumerate() {
             let start = ROOT_ENTRIES_OFFSET + index * ENTRY_BYTES;
             entry.encode(self.depth == 0, &mut bytes[start..start + ENTRY_BYTES]);
@@ -350,14 +280,10 @@ impl ExtentRoot {
         let depth = (bytes[ROOT_SHAPE_OFFSET] & 0x0f) as usize;
         let count = (bytes[ROOT_SHAPE_OFFSET] >> 4) as usize;
         if depth > MAX_DEPTH {
-            return Err(Error::corruption(format!(
-                "extent root field depth: {depth}, at most {MAX_DEPTH}"
-            )));
+            return Err(Error::corruption(format!("extent root field depth: {depth}, at most {MAX_DEPTH}")));
         }
         if count > ROOT_CAPACITY || (depth > 0 && count == 0) {
-            return Err(Error::corruption(format!(
-                "extent root field entry_count: {count} at depth {depth}"
-            )));
+            return Err(Error::corruption(format!("extent root field entry_count: {count} at depth {depth}")));
         }
         let length_bytes = read_u64(bytes, ROOT_LENGTH_OFFSET);
         let mut blocks_field = [0u8; 8];
@@ -365,14 +291,10 @@ impl ExtentRoot {
             .copy_from_slice(&bytes[ROOT_BLOCKS_OFFSET..ROOT_BLOCKS_OFFSET + ROOT_BLOCKS_BYTES]);
         let blocks_owned = u64::from_le_bytes(blocks_field);
         if length_bytes > MAX_FILE_BYTES {
-            return Err(Error::corruption(format!(
-                "extent root field length_bytes: {length_bytes} over the limit"
-            )));
+            return Err(Error::corruption(format!("extent root field length_bytes: {length_bytes} over the limit")));
         }
         if blocks_owned >= MAX_BLOCK_NUMBER {
-            return Err(Error::corruption(format!(
-                "extent root field blocks_owned: {blocks_owned} out of range"
-            )));
+            return Err(Error::corruption(format!("extent root field blocks_owned: {blocks_owned} out of range")));
         }
         let mut entries = [Entry::default(); ROOT_CAPACITY];
         for (index, slot) in entries.iter_mut().enumerate() {
@@ -380,9 +302,7 @@ impl ExtentRoot {
             let raw = &bytes[start..start + ENTRY_BYTES];
             if index >= count {
                 if raw.iter().any(|byte| *byte != 0) {
-                    return Err(Error::corruption(format!(
-                        "extent root entry {index}: unused slot not zero"
-                    )));
+                    return Err(Error::corruption(format!("extent root entry {index}: unused slot not zero")));
                 }
                 continue;
             }
@@ -394,12 +314,6 @@ impl ExtentRoot {
                 "extent root field length_bytes: {length_bytes} differs from the sum of its entries"
             )));
         }
-        Ok(ExtentRoot {
-            depth: depth as u8,
-            count: count as u8,
-            entries,
-            length_bytes,
-            blocks_owned,
-        })
+        Ok(ExtentRoot { depth: depth as u8, count: count as u8, entries, length_bytes, blocks_owned })
     }
 }

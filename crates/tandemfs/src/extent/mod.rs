@@ -15,8 +15,8 @@ mod tree;
 mod tests;
 
 pub use format::{
-    ExtentRoot, ENTRY_BYTES, EXTENT_ROOT_BYTES, MAX_DEPTH, MAX_FILE_BYTES, NODE_CAPACITY,
-    NODE_HEADER_BYTES, NODE_MIN_ENTRIES, ROOT_CAPACITY,
+    ExtentRoot, ENTRY_BYTES, EXTENT_ROOT_BYTES, MAX_DEPTH, MAX_FILE_BYTES, NODE_CAPACITY, NODE_HEADER_BYTES,
+    NODE_MIN_ENTRIES, ROOT_CAPACITY,
 };
 
 use std::collections::HashSet;
@@ -50,20 +50,12 @@ fn change<T>(
 }
 
 fn end_of(offset: u64, length_bytes: u64) -> Result<u64> {
-    offset
-        .checked_add(length_bytes)
-        .filter(|end| *end <= MAX_FILE_BYTES)
-        .ok_or(Error::FileTooLarge)
+    offset.checked_add(length_bytes).filter(|end| *end <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)
 }
 
 /// Reads up to `buffer.len()` bytes at `offset`; returns the bytes read, short at the end of the
 /// file. Holes and unwritten extents read as zeros.
-pub fn read(
-    store: &mut dyn Store,
-    root: &ExtentRoot,
-    offset: u64,
-    buffer: &mut [u8],
-) -> Result<usize> {
+pub fn read(store: &mut dyn Store, root: &ExtentRoot, offset: u64, buffer: &mut [u8]) -> Result<usize> {
     let length = root.length_bytes();
     if offset >= length || buffer.is_empty() {
         return Ok(0);
@@ -100,17 +92,9 @@ pub fn truncate(store: &mut dyn Store, root: &mut ExtentRoot, length_bytes: u64)
 }
 
 /// Inserts `length_bytes` of hole at `offset` (at most the file length), shifting later bytes up.
-pub fn insert_range(
-    store: &mut dyn Store,
-    root: &mut ExtentRoot,
-    offset: u64,
-    length_bytes: u64,
-) -> Result<()> {
+pub fn insert_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
     if offset > root.length_bytes() {
-        return Err(Error::invalid(format!(
-            "insert at {offset} past the end {}",
-            root.length_bytes()
-        )));
+        return Err(Error::invalid(format!("insert at {offset} past the end {}", root.length_bytes())));
     }
     end_of(root.length_bytes(), length_bytes)?;
     if length_bytes == 0 {
@@ -121,20 +105,10 @@ pub fn insert_range(
 
 /// Removes bytes `offset..offset + length_bytes` (inside the file), shifting later bytes down
 /// and freeing the blocks that held them.
-pub fn collapse_range(
-    store: &mut dyn Store,
-    root: &mut ExtentRoot,
-    offset: u64,
-    length_bytes: u64,
-) -> Result<()> {
-    let end = offset
-        .checked_add(length_bytes)
-        .filter(|end| *end <= root.length_bytes());
-    let end = end.ok_or_else(|| {
-        Error::invalid(format!(
-            "collapse of {length_bytes} bytes at {offset} past the end"
-        ))
-    })?;
+pub fn collapse_range(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
+    let end = offset.checked_add(length_bytes).filter(|end| *end <= root.length_bytes());
+    let end =
+        end.ok_or_else(|| Error::invalid(format!("collapse of {length_bytes} bytes at {offset} past the end")))?;
     if length_bytes == 0 {
         return Ok(());
     }
@@ -144,12 +118,7 @@ pub fn collapse_range(
 /// Makes `offset..offset + length_bytes` (clipped to the file) read as zeros, keeping the length:
 /// the whole blocks inside become a hole and are freed; bytes that share a block with bytes
 /// outside the range are zeroed in place (no block is copied or allocated).
-pub fn punch_hole(
-    store: &mut dyn Store,
-    root: &mut ExtentRoot,
-    offset: u64,
-    length_bytes: u64,
-) -> Result<()> {
+pub fn punch_hole(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<()> {
     let end = offset.saturating_add(length_bytes).min(root.length_bytes());
     if offset >= end {
         return Ok(());
@@ -212,9 +181,7 @@ pub fn allocate(
 pub fn destroy(store: &mut dyn Store, root: ExtentRoot) -> Result<()> {
     let report = check(store, &root);
     if let Some(problem) = report.problems.first() {
-        return Err(Error::corruption(format!(
-            "cannot free extent tree: {problem}"
-        )));
+        return Err(Error::corruption(format!("cannot free extent tree: {problem}")));
     }
     for (first, count) in report.data_blocks {
         store.free_data(first, count)?;
@@ -281,32 +248,23 @@ pub fn check(store: &mut dyn Store, root: &ExtentRoot) -> ExtentCheck {
     // the blocks the tree names; the level strictly falls, so a cycle cannot form.
     while let Some((block, level, expected_length)) = pending.pop() {
         if block == 0 || block >= MAX_BLOCK_NUMBER {
-            report
-                .problems
-                .push(format!("extent tree names block {block}, out of range"));
+            report.problems.push(format!("extent tree names block {block}, out of range"));
             continue;
         }
         if !visited.insert(block) {
-            report
-                .problems
-                .push(format!("extent node {block} is referenced from two places"));
+            report.problems.push(format!("extent node {block} is referenced from two places"));
             continue;
         }
-        let kind = if level == 0 {
-            BlockKind::ExtentLeaf
-        } else {
-            BlockKind::ExtentInternal
-        };
-        let entries = match store
-            .read_meta(block, kind)
-            .and_then(|bytes| decode_node(&bytes[..], block, level, expected_length))
-        {
-            Ok(entries) => entries,
-            Err(error) => {
-                report.problems.push(error.to_string());
-                continue;
-            }
-        };
+        let kind = if level == 0 { BlockKind::ExtentLeaf } else { BlockKind::ExtentInternal };
+        let entries =
+            match store.read_meta(block, kind).and_then(|bytes| decode_node(&bytes[..], block, level, expected_length))
+            {
+                Ok(entries) => entries,
+                Err(error) => {
+                    report.problems.push(error.to_string());
+                    continue;
+                }
+            };
         report.tree_blocks.push(block);
         if level == 0 {
             for (index, entry) in entries.into_iter().enumerate() {
@@ -339,10 +297,7 @@ pub fn check(store: &mut dyn Store, root: &ExtentRoot) -> ExtentCheck {
     }
     let owned = runs.iter().fold(0u64, |sum, run| sum.saturating_add(run.1));
     if report.problems.is_empty() && owned != root.blocks_owned() {
-        report.problems.push(format!(
-            "extent root field blocks_owned: {} stored, {owned} found",
-            root.blocks_owned()
-        ));
+        report.problems.push(format!("extent root field blocks_owned: {} stored, {owned} found", root.blocks_owned()));
     }
     report
 }

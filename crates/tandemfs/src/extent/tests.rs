@@ -3,9 +3,7 @@
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{
-    seal_block, BlockBuf, BlockKind, MemoryStore, BLOCK_SIZE, BLOCK_SIZE_U64,
-};
+use crate::block::meta::{seal_block, BlockBuf, BlockKind, MemoryStore, BLOCK_SIZE, BLOCK_SIZE_U64};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -30,29 +28,16 @@ fn read_all(store: &mut dyn Store, root: &ExtentRoot) -> Vec<u8> {
 /// accounts for, and the contents equal the model.
 fn verify(store: &mut MemoryStore, root: &ExtentRoot, model: &[u8], context: &str) {
     let report = check(store, root);
-    assert!(
-        report.problems.is_empty(),
-        "{context}: check found {:?}",
-        report.problems
-    );
-    assert_eq!(
-        store.allocated_count() as u64,
-        root.blocks_owned(),
-        "{context}: store and tree disagree on blocks"
-    );
-    let owned: u64 =
-        report.data_blocks.iter().map(|run| run.1).sum::<u64>() + report.tree_blocks.len() as u64;
+    assert!(report.problems.is_empty(), "{context}: check found {:?}", report.problems);
+    assert_eq!(store.allocated_count() as u64, root.blocks_owned(), "{context}: store and tree disagree on blocks");
+    let owned: u64 = report.data_blocks.iter().map(|run| run.1).sum::<u64>() + report.tree_blocks.len() as u64;
     assert_eq!(owned, root.blocks_owned(), "{context}: blocks_owned");
     assert_eq!(root.length_bytes(), model.len() as u64, "{context}: length");
     let contents = read_all(store, root);
     if let Some(first) = contents.iter().zip(model).position(|(a, b)| a != b) {
         panic!("{context}: contents differ first at byte {first}");
     }
-    assert_eq!(
-        ExtentRoot::decode(&root.encode()).unwrap(),
-        *root,
-        "{context}: root round trip"
-    );
+    assert_eq!(ExtentRoot::decode(&root.encode()).unwrap(), *root, "{context}: root round trip");
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -91,11 +76,7 @@ fn random_operation(
         }
     };
     let too_long = length > shape.soft_limit_bytes;
-    let choice = if too_long {
-        random.gen_range(0..3) * 3
-    } else {
-        random.gen_range(0..12)
-    };
+    let choice = if too_long { random.gen_range(0..3) * 3 } else { random.gen_range(0..12) };
     match choice {
         0 => {
             let offset = position(random, length);
@@ -120,9 +101,7 @@ fn random_operation(
             let new_length = if too_long {
                 random.gen_range(0..=length)
             } else if shape.grow {
-                random.gen_range(
-                    length.saturating_sub(shape.small_bytes)..=length + shape.small_bytes,
-                )
+                random.gen_range(length.saturating_sub(shape.small_bytes)..=length + shape.small_bytes)
             } else {
                 random.gen_range(0..=length + shape.small_bytes)
             };
@@ -176,16 +155,10 @@ fn random_operation(
             let offset = random.gen_range(0..=length + 10);
             let mut buffer = vec![0u8; size(random) as usize];
             let count = read(store, root, offset, &mut buffer).unwrap();
-            let expected = model
-                .len()
-                .saturating_sub(offset as usize)
-                .min(buffer.len());
+            let expected = model.len().saturating_sub(offset as usize).min(buffer.len());
             assert_eq!(count, expected);
             if count > 0 {
-                assert!(
-                    buffer[..count] == model[offset as usize..offset as usize + count],
-                    "read at {offset} differs"
-                );
+                assert!(buffer[..count] == model[offset as usize..offset as usize + count], "read at {offset} differs");
             }
             "read"
         }
@@ -203,22 +176,13 @@ fn run_model(seed: u64, operations: usize, check_every: usize, shape: Shape) -> 
     for step in 0..operations {
         let name = random_operation(&mut random, &mut store, &mut root, &mut model, shape);
         if step % check_every == check_every - 1 || step + 1 == operations {
-            verify(
-                &mut store,
-                &root,
-                &model,
-                &format!("seed {seed} step {step} after {name}"),
-            );
+            verify(&mut store, &root, &model, &format!("seed {seed} step {step} after {name}"));
             most_extents = most_extents.max(extent_count(&mut store, &root));
             deepest = deepest.max(root.depth());
         }
     }
     destroy(&mut store, root).unwrap();
-    assert_eq!(
-        store.allocated_count(),
-        0,
-        "seed {seed}: blocks left after destroy"
-    );
+    assert_eq!(store.allocated_count(), 0, "seed {seed}: blocks left after destroy");
     (most_extents, deepest)
 }
 
@@ -227,30 +191,19 @@ fn on_disk_sizes() {
     assert_eq!(EXTENT_ROOT_BYTES, 64);
     assert_eq!(ROOT_SHAPE_OFFSET + 1, ROOT_BLOCKS_OFFSET);
     assert_eq!(ROOT_BLOCKS_OFFSET + ROOT_BLOCKS_BYTES, ROOT_ENTRIES_OFFSET);
-    assert_eq!(
-        ROOT_ENTRIES_OFFSET + ROOT_CAPACITY * ENTRY_BYTES,
-        ROOT_LENGTH_OFFSET
-    );
+    assert_eq!(ROOT_ENTRIES_OFFSET + ROOT_CAPACITY * ENTRY_BYTES, ROOT_LENGTH_OFFSET);
     assert_eq!(ROOT_LENGTH_OFFSET + 8, EXTENT_ROOT_BYTES);
     assert_eq!(ROOT_CAPACITY, 3);
     assert_eq!(NODE_HEADER_BYTES, NODE_LENGTH_OFFSET + 8);
     assert_eq!(ENTRY_BYTES, ENTRY_LENGTH_OFFSET + 8);
     assert_eq!(NODE_CAPACITY, 254);
     assert_eq!(ExtentRoot::empty().encode(), [0u8; EXTENT_ROOT_BYTES]);
-    assert_eq!(
-        ExtentRoot::decode(&[0u8; EXTENT_ROOT_BYTES]).unwrap(),
-        ExtentRoot::empty()
-    );
+    assert_eq!(ExtentRoot::decode(&[0u8; EXTENT_ROOT_BYTES]).unwrap(), ExtentRoot::empty());
 }
 
 #[test]
 fn model_random_operations() {
-    let shape = Shape {
-        small_bytes: 3000,
-        large_bytes: 70_000,
-        soft_limit_bytes: 400_000,
-        grow: false,
-    };
+    let shape = Shape { small_bytes: 3000, large_bytes: 70_000, soft_limit_bytes: 400_000, grow: false };
     for seed in [1u64, 2, 3, 4] {
         let (extents, depth) = run_model(seed, 40_000, 400, shape);
         println!("seed {seed}: at most {extents} extents, depth {depth}");
@@ -259,18 +212,10 @@ fn model_random_operations() {
 
 /// Small operations on a file of a few hundred KiB: tens of thousands of extents, depth >= 2.
 fn many_small_extents(seed: u64) {
-    let shape = Shape {
-        small_bytes: 24,
-        large_bytes: 200,
-        soft_limit_bytes: 600_000,
-        grow: true,
-    };
+    let shape = Shape { small_bytes: 24, large_bytes: 200, soft_limit_bytes: 600_000, grow: true };
     let (extents, depth) = run_model(seed, 150_000, 5000, shape);
     println!("seed {seed}: at most {extents} extents, depth {depth}");
-    assert!(
-        extents >= 20_000 && depth >= 2,
-        "the test never built a large tree ({extents} extents)"
-    );
+    assert!(extents >= 20_000 && depth >= 2, "the test never built a large tree ({extents} extents)");
 }
 
 #[test]
@@ -323,19 +268,9 @@ fn sequential_append_is_one_extent_and_overwrite_is_in_place() {
     let mut random = SmallRng::seed_from_u64(7);
     for _ in 0..200 {
         let offset = random.gen_range(0..root.length_bytes() - 5000);
-        write(
-            &mut store,
-            &mut root,
-            offset,
-            &chunk[..random.gen_range(1..BLOCK_SIZE)],
-        )
-        .unwrap();
+        write(&mut store, &mut root, offset, &chunk[..random.gen_range(1..BLOCK_SIZE)]).unwrap();
     }
-    assert_eq!(
-        store.allocated_count(),
-        allocated,
-        "overwrite allocated blocks"
-    );
+    assert_eq!(store.allocated_count(), allocated, "overwrite allocated blocks");
     assert_eq!(root.blocks_owned(), blocks);
     assert_eq!(extent_count(&mut store, &root), 1);
     // A punch inside one block zeroes in place; a larger one frees exactly its whole blocks.
@@ -358,13 +293,7 @@ fn sequential_append_is_one_extent_and_overwrite_is_in_place() {
     let mut preallocated = ExtentRoot::empty();
     allocate(&mut store, &mut preallocated, 0, 1 << 20, false).unwrap();
     for index in 0..128u64 {
-        write(
-            &mut store,
-            &mut preallocated,
-            index * BLOCK_SIZE_U64,
-            &chunk,
-        )
-        .unwrap();
+        write(&mut store, &mut preallocated, index * BLOCK_SIZE_U64, &chunk).unwrap();
     }
     assert_eq!(extent_count(&mut store, &preallocated), 2);
     destroy(&mut store, root).unwrap();
@@ -384,12 +313,7 @@ impl MetaStore for CountingStore {
         self.reads += 1;
         self.inner.read_meta(block_number, kind)
     }
-    fn write_meta(
-        &mut self,
-        block_number: u64,
-        kind: BlockKind,
-        block: &BlockBuf,
-    ) -> crate::Result<()> {
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> crate::Result<()> {
         self.writes += 1;
         self.inner.write_meta(block_number, kind, block)
     }
@@ -402,20 +326,10 @@ impl MetaStore for CountingStore {
 }
 
 impl DataStore for CountingStore {
-    fn read_data(
-        &mut self,
-        block_number: u64,
-        offset_in_block: usize,
-        buffer: &mut [u8],
-    ) -> crate::Result<()> {
+    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> crate::Result<()> {
         self.inner.read_data(block_number, offset_in_block, buffer)
     }
-    fn write_data(
-        &mut self,
-        block_number: u64,
-        offset_in_block: usize,
-        data: &[u8],
-    ) -> crate::Result<()> {
+    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> crate::Result<()> {
         self.inner.write_data(block_number, offset_in_block, data)
     }
     fn allocate_data(&mut self, near: u64, count: u64) -> crate::Result<(u64, u64)> {
@@ -439,23 +353,16 @@ fn striped_file(store: &mut dyn Store, blocks: u64) -> ExtentRoot {
 
 #[test]
 fn insert_and_collapse_touch_logarithmic_nodes() {
-    let mut store = CountingStore {
-        inner: MemoryStore::new(),
-        reads: 0,
-        writes: 0,
-    };
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0 };
     let mut root = striped_file(&mut store, 50_000);
     let extent_total = extent_count(&mut store, &root);
     assert!(extent_total >= 100_000, "{extent_total} extents");
     let depth = root.depth() as u64;
     println!("{extent_total} extents, depth {depth}");
     let mut worst = 0;
-    for (name, offset) in [
-        ("insert_range", 100u64),
-        ("collapse_range", 100),
-        ("insert_range", 8192),
-        ("collapse_range", 8192),
-    ] {
+    for (name, offset) in
+        [("insert_range", 100u64), ("collapse_range", 100), ("insert_range", 8192), ("collapse_range", 8192)]
+    {
         store.reads = 0;
         store.writes = 0;
         if name == "insert_range" {
@@ -463,16 +370,10 @@ fn insert_and_collapse_touch_logarithmic_nodes() {
         } else {
             collapse_range(&mut store, &mut root, offset, 10).unwrap();
         }
-        println!(
-            "{name} at {offset}: {} node reads, {} node writes",
-            store.reads, store.writes
-        );
+        println!("{name} at {offset}: {} node reads, {} node writes", store.reads, store.writes);
         worst = worst.max(store.reads + store.writes);
     }
-    assert!(
-        worst <= 4 * (depth + 1),
-        "{worst} node accesses at depth {depth}"
-    );
+    assert!(worst <= 4 * (depth + 1), "{worst} node accesses at depth {depth}");
     let report = check(&mut store, &root);
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(store.inner.allocated_count() as u64, root.blocks_owned());
@@ -490,12 +391,8 @@ struct GuardedStore {
 
 impl GuardedStore {
     fn owned(&self, first: u64, count: u64) -> crate::Result<()> {
-        if count > 1 << 20
-            || (first..first + count).any(|block| !self.inner.allocated.contains(&block))
-        {
-            return Err(crate::Error::corruption(format!(
-                "blocks {first}+{count} not allocated"
-            )));
+        if count > 1 << 20 || (first..first + count).any(|block| !self.inner.allocated.contains(&block)) {
+            return Err(crate::Error::corruption(format!("blocks {first}+{count} not allocated")));
         }
         Ok(())
     }
@@ -508,12 +405,7 @@ impl MetaStore for GuardedStore {
     fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<BlockBuf> {
         self.inner.read_meta(block_number, kind)
     }
-    fn write_meta(
-        &mut self,
-        block_number: u64,
-        kind: BlockKind,
-        block: &BlockBuf,
-    ) -> crate::Result<()> {
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> crate::Result<()> {
         self.owned(block_number, 1)?;
         self.inner.write_meta(block_number, kind, block)
     }
@@ -531,21 +423,11 @@ impl MetaStore for GuardedStore {
 }
 
 impl DataStore for GuardedStore {
-    fn read_data(
-        &mut self,
-        block_number: u64,
-        offset_in_block: usize,
-        buffer: &mut [u8],
-    ) -> crate::Result<()> {
+    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> crate::Result<()> {
         self.owned(block_number, Self::span(offset_in_block, buffer.len()))?;
         self.inner.read_data(block_number, offset_in_block, buffer)
     }
-    fn write_data(
-        &mut self,
-        block_number: u64,
-        offset_in_block: usize,
-        data: &[u8],
-    ) -> crate::Result<()> {
+    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> crate::Result<()> {
         self.owned(block_number, Self::span(offset_in_block, data.len()))?;
         self.inner.write_data(block_number, offset_in_block, data)
     }
@@ -571,63 +453,19 @@ fn exercise(store: &mut GuardedStore, root: &mut ExtentRoot, random: &mut SmallR
     let mut buffer = vec![0u8; 20_000];
     errors += usize::from(read(store, root, random.gen_range(0..=length), &mut buffer).is_err());
     errors += usize::from(read(store, root, 0, &mut buffer).is_err());
-    errors += usize::from(
-        write(
-            store,
-            root,
-            random.gen_range(0..=length),
-            &buffer[..random.gen_range(1..9000)],
-        )
-        .is_err(),
-    );
-    errors += usize::from(
-        insert_range(
-            store,
-            root,
-            random.gen_range(0..=length),
-            random.gen_range(1..9000),
-        )
-        .is_err(),
-    );
+    errors +=
+        usize::from(write(store, root, random.gen_range(0..=length), &buffer[..random.gen_range(1..9000)]).is_err());
+    errors += usize::from(insert_range(store, root, random.gen_range(0..=length), random.gen_range(1..9000)).is_err());
     let length = root.length_bytes().min(1 << 24);
     let offset = random.gen_range(0..=length);
+    errors +=
+        usize::from(collapse_range(store, root, offset, random.gen_range(0..=(length - offset).min(9000))).is_err());
+    errors += usize::from(punch_hole(store, root, random.gen_range(0..=length), random.gen_range(1..9000)).is_err());
     errors += usize::from(
-        collapse_range(
-            store,
-            root,
-            offset,
-            random.gen_range(0..=(length - offset).min(9000)),
-        )
-        .is_err(),
+        zero_range(store, root, random.gen_range(0..=length), random.gen_range(1..9000), random.gen()).is_err(),
     );
     errors += usize::from(
-        punch_hole(
-            store,
-            root,
-            random.gen_range(0..=length),
-            random.gen_range(1..9000),
-        )
-        .is_err(),
-    );
-    errors += usize::from(
-        zero_range(
-            store,
-            root,
-            random.gen_range(0..=length),
-            random.gen_range(1..9000),
-            random.gen(),
-        )
-        .is_err(),
-    );
-    errors += usize::from(
-        allocate(
-            store,
-            root,
-            random.gen_range(0..=length),
-            random.gen_range(1..9000),
-            random.gen(),
-        )
-        .is_err(),
+        allocate(store, root, random.gen_range(0..=length), random.gen_range(1..9000), random.gen()).is_err(),
     );
     errors += usize::from(truncate(store, root, random.gen_range(0..=length)).is_err());
     let _ = root.encode();
@@ -636,10 +474,7 @@ fn exercise(store: &mut GuardedStore, root: &mut ExtentRoot, random: &mut SmallR
 }
 
 fn corruptible_file(seed: u64) -> (GuardedStore, ExtentRoot) {
-    let mut store = GuardedStore {
-        inner: MemoryStore::new(),
-        allocations_left: u64::MAX,
-    };
+    let mut store = GuardedStore { inner: MemoryStore::new(), allocations_left: u64::MAX };
     let mut root = striped_file(&mut store, 400);
     let mut random = SmallRng::seed_from_u64(seed);
     for _ in 0..40 {
@@ -651,9 +486,7 @@ fn corruptible_file(seed: u64) -> (GuardedStore, ExtentRoot) {
 
 /// Seeds for the corruption tests; `EXTENT_CORRUPTION_SEEDS=N` runs more for a longer soak.
 fn corruption_seeds(default: u64) -> std::ops::Range<u64> {
-    let count = std::env::var("EXTENT_CORRUPTION_SEEDS")
-        .ok()
-        .and_then(|text| text.parse().ok());
+    let count = std::env::var("EXTENT_CORRUPTION_SEEDS").ok().and_then(|text| text.parse().ok());
     0..count.unwrap_or(default)
 }
 
@@ -669,18 +502,13 @@ fn corrupt_tree_blocks_give_errors_not_panics() {
         blocks.sort_unstable();
         for _ in 0..random.gen_range(1..4) {
             let block = blocks[random.gen_range(0..blocks.len())];
-            let kind = BlockKind::from_u32(u32::from_le_bytes(
-                store.inner.meta[&block][4080..4084].try_into().unwrap(),
-            ))
-            .unwrap();
+            let kind =
+                BlockKind::from_u32(u32::from_le_bytes(store.inner.meta[&block][4080..4084].try_into().unwrap()))
+                    .unwrap();
             let bytes = store.inner.meta.get_mut(&block).unwrap();
             for _ in 0..random.gen_range(1..4) {
                 // Mostly the header and the first entries, where one flip matters most.
-                let limit = if random.gen_bool(0.7) {
-                    256
-                } else {
-                    crate::block::meta::META_PAYLOAD_BYTES
-                };
+                let limit = if random.gen_bool(0.7) { 256 } else { crate::block::meta::META_PAYLOAD_BYTES };
                 let at = random.gen_range(0..limit);
                 bytes[at] ^= 1 << random.gen_range(0..8);
             }
@@ -689,10 +517,7 @@ fn corrupt_tree_blocks_give_errors_not_panics() {
         errors += exercise(&mut store, &mut root, &mut random);
     }
     println!("{errors} operations reported errors");
-    assert!(
-        errors > 100,
-        "corruption was hardly ever noticed ({errors} errors)"
-    );
+    assert!(errors > 100, "corruption was hardly ever noticed ({errors} errors)");
 }
 
 #[test]
@@ -717,10 +542,7 @@ fn corrupt_root_gives_errors_not_panics() {
         }
     }
     println!("{errors} decodes or operations reported errors");
-    assert!(
-        errors > 100,
-        "corruption was hardly ever noticed ({errors} errors)"
-    );
+    assert!(errors > 100, "corruption was hardly ever noticed ({errors} errors)");
 }
 
 #[test]
@@ -728,10 +550,7 @@ fn no_space_leaves_the_tree_unchanged() {
     let seed = 99u64;
     println!("no-space seed {seed}");
     let mut random = SmallRng::seed_from_u64(seed);
-    let mut store = GuardedStore {
-        inner: MemoryStore::new(),
-        allocations_left: u64::MAX,
-    };
+    let mut store = GuardedStore { inner: MemoryStore::new(), allocations_left: u64::MAX };
     let mut root = ExtentRoot::empty();
     let mut model: Vec<u8> = Vec::new();
     let mut failures = 0;
@@ -781,10 +600,7 @@ fn no_space_leaves_the_tree_unchanged() {
             Ok(()) => {}
             Err(crate::Error::NoSpace) => {
                 failures += 1;
-                assert_eq!(
-                    root, before,
-                    "step {step}: a failed operation changed the root"
-                );
+                assert_eq!(root, before, "step {step}: a failed operation changed the root");
                 // A failed write may have overwritten bytes in place before it ran out of space;
                 // everything else must be as before.
                 let contents = read_all(&mut store, &root);
@@ -794,23 +610,12 @@ fn no_space_leaves_the_tree_unchanged() {
         }
         if step % 100 == 99 {
             let report = check(&mut store, &root);
-            assert!(
-                report.problems.is_empty(),
-                "step {step}: {:?}",
-                report.problems
-            );
-            assert_eq!(
-                store.inner.allocated_count() as u64,
-                root.blocks_owned(),
-                "step {step}"
-            );
+            assert!(report.problems.is_empty(), "step {step}: {:?}", report.problems);
+            assert_eq!(store.inner.allocated_count() as u64, root.blocks_owned(), "step {step}");
             assert_eq!(read_all(&mut store, &root), model, "step {step}");
         }
     }
-    assert!(
-        failures > 100,
-        "only {failures} operations ran out of space"
-    );
+    assert!(failures > 100, "only {failures} operations ran out of space");
     destroy(&mut store, root).unwrap();
     assert_eq!(store.inner.allocated_count(), 0);
 }
@@ -819,19 +624,13 @@ fn no_space_leaves_the_tree_unchanged() {
 fn collapse_and_truncate_trim_without_copying() {
     let mut store = MemoryStore::new();
     let mut root = ExtentRoot::empty();
-    let data: Vec<u8> = (0..64 * BLOCK_SIZE)
-        .map(|index| (index % 251) as u8)
-        .collect();
+    let data: Vec<u8> = (0..64 * BLOCK_SIZE).map(|index| (index % 251) as u8).collect();
     write(&mut store, &mut root, 0, &data).unwrap();
     let mut model = data.clone();
     // Across block boundaries: the cut extents are trimmed, whole blocks in between are freed.
     collapse_range(&mut store, &mut root, 1000, 3 * BLOCK_SIZE_U64).unwrap();
     model.drain(1000..1000 + 3 * BLOCK_SIZE);
-    assert_eq!(
-        store.allocated_count(),
-        62,
-        "two whole blocks freed, the partial ones kept"
-    );
+    assert_eq!(store.allocated_count(), 62, "two whole blocks freed, the partial ones kept");
     truncate(&mut store, &mut root, 20 * BLOCK_SIZE_U64 + 7).unwrap();
     model.truncate(20 * BLOCK_SIZE + 7);
     assert_eq!(store.allocated_count() as u64, root.blocks_owned());
@@ -858,41 +657,21 @@ fn model_large_ranges_over_many_extents() {
     let mut store = MemoryStore::new();
     let mut root = ExtentRoot::empty();
     let mut model = Vec::new();
-    let fragment = Shape {
-        small_bytes: 24,
-        large_bytes: 200,
-        soft_limit_bytes: 300_000,
-        grow: true,
-    };
-    let sweep = Shape {
-        small_bytes: 24,
-        large_bytes: 150_000,
-        soft_limit_bytes: 300_000,
-        grow: true,
-    };
+    let fragment = Shape { small_bytes: 24, large_bytes: 200, soft_limit_bytes: 300_000, grow: true };
+    let sweep = Shape { small_bytes: 24, large_bytes: 150_000, soft_limit_bytes: 300_000, grow: true };
     let mut most_extents = 0;
     for round in 0..6 {
         for step in 0..12_000 {
             random_operation(&mut random, &mut store, &mut root, &mut model, fragment);
             if step % 4000 == 3999 {
-                verify(
-                    &mut store,
-                    &root,
-                    &model,
-                    &format!("seed {seed} round {round} fragment {step}"),
-                );
+                verify(&mut store, &root, &model, &format!("seed {seed} round {round} fragment {step}"));
             }
         }
         most_extents = most_extents.max(extent_count(&mut store, &root));
         for step in 0..300 {
             let name = random_operation(&mut random, &mut store, &mut root, &mut model, sweep);
             if step % 20 == 19 {
-                verify(
-                    &mut store,
-                    &root,
-                    &model,
-                    &format!("seed {seed} round {round} sweep {step} after {name}"),
-                );
+                verify(&mut store, &root, &model, &format!("seed {seed} round {round} sweep {step} after {name}"));
             }
         }
     }
@@ -907,25 +686,12 @@ fn model_large_ranges_over_many_extents() {
 #[test]
 #[ignore]
 fn extent_soak() {
-    let count = std::env::var("EXTENT_SOAK_SEEDS")
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .unwrap_or(20u64);
+    let count = std::env::var("EXTENT_SOAK_SEEDS").ok().and_then(|text| text.parse().ok()).unwrap_or(20u64);
     for seed in 1000..1000 + count {
         let shape = if seed % 2 == 0 {
-            Shape {
-                small_bytes: 3000,
-                large_bytes: 70_000,
-                soft_limit_bytes: 400_000,
-                grow: false,
-            }
+            Shape { small_bytes: 3000, large_bytes: 70_000, soft_limit_bytes: 400_000, grow: false }
         } else {
-            Shape {
-                small_bytes: 24,
-                large_bytes: 2000,
-                soft_limit_bytes: 200_000,
-                grow: true,
-            }
+            Shape { small_bytes: 24, large_bytes: 2000, soft_limit_bytes: 200_000, grow: true }
         };
         run_model(seed, 20_000, 100, shape);
     }
@@ -936,52 +702,22 @@ fn bad_arguments_are_typed_errors() {
     let mut store = MemoryStore::new();
     let mut root = ExtentRoot::empty();
     write(&mut store, &mut root, 0, &[7; 100]).unwrap();
-    let invalid =
-        |result: crate::Result<()>| matches!(result, Err(crate::Error::InvalidArgument(_)));
+    let invalid = |result: crate::Result<()>| matches!(result, Err(crate::Error::InvalidArgument(_)));
     let too_large = |result: crate::Result<()>| matches!(result, Err(crate::Error::FileTooLarge));
     assert!(invalid(insert_range(&mut store, &mut root, 101, 10)));
     assert!(invalid(collapse_range(&mut store, &mut root, 50, 51)));
     assert!(invalid(collapse_range(&mut store, &mut root, u64::MAX, 2)));
-    assert!(too_large(write(
-        &mut store,
-        &mut root,
-        MAX_FILE_BYTES,
-        &[1]
-    )));
+    assert!(too_large(write(&mut store, &mut root, MAX_FILE_BYTES, &[1])));
     assert!(too_large(write(&mut store, &mut root, u64::MAX, &[1])));
-    assert!(too_large(truncate(
-        &mut store,
-        &mut root,
-        MAX_FILE_BYTES + 1
-    )));
-    assert!(too_large(insert_range(
-        &mut store,
-        &mut root,
-        0,
-        MAX_FILE_BYTES
-    )));
-    assert!(too_large(allocate(
-        &mut store,
-        &mut root,
-        u64::MAX - 5,
-        10,
-        false
-    )));
-    assert!(too_large(zero_range(
-        &mut store,
-        &mut root,
-        MAX_FILE_BYTES,
-        1,
-        false
-    )));
+    assert!(too_large(truncate(&mut store, &mut root, MAX_FILE_BYTES + 1)));
+    assert!(too_large(insert_range(&mut store, &mut root, 0, MAX_FILE_BYTES)));
+    assert!(too_large(allocate(&mut store, &mut root, u64::MAX - 5, 10, false)));
+    assert!(too_large(zero_range(&mut store, &mut root, MAX_FILE_BYTES, 1, false)));
     // The largest file is fine as long as it is a hole; nothing was changed by the failures.
     truncate(&mut store, &mut root, MAX_FILE_BYTES).unwrap();
     write(&mut store, &mut root, MAX_FILE_BYTES - 3, &[1, 2, 3]).unwrap();
     let mut buffer = [0u8; 8];
-    assert_eq!(
-        read(&mut store, &root, MAX_FILE_BYTES - 5, &mut buffer).unwrap(),
-        5
-    );
+    assert_eq!(read(&mut store, &root, MAX_FILE_BYTES - 5, &mut buffer).unwrap(), 5);
     assert_eq!(buffer[..5], [0, 0, 1, 2, 3]);
     assert_eq!(read(&mut store, &root, 0, &mut buffer).unwrap(), 8);
     assert_eq!(buffer, [7; 8]);
@@ -993,44 +729,20 @@ fn bad_arguments_are_typed_errors() {
 
 #[test]
 fn extents_from_starts_at_the_extent_holding_the_offset() {
-    let mut store = CountingStore {
-        inner: MemoryStore::new(),
-        reads: 0,
-        writes: 0,
-    };
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0 };
     let root = striped_file(&mut store, 5000);
     let mut seen = Vec::new();
     store.reads = 0;
     let offset = 3000 * (BLOCK_SIZE_U64 + 1) + 10;
-    extents_from(
-        &mut store,
-        &root,
-        offset,
-        &mut |logical, length, physical, unwritten| {
-            seen.push((logical, length, physical.is_some(), unwritten));
-            seen.len() < 3
-        },
-    )
+    extents_from(&mut store, &root, offset, &mut |logical, length, physical, unwritten| {
+        seen.push((logical, length, physical.is_some(), unwritten));
+        seen.len() < 3
+    })
     .unwrap();
-    assert_eq!(
-        seen[0],
-        (3000 * (BLOCK_SIZE_U64 + 1), BLOCK_SIZE_U64, true, true)
-    );
-    assert_eq!(
-        seen[1],
-        (
-            3000 * (BLOCK_SIZE_U64 + 1) + BLOCK_SIZE_U64,
-            1,
-            false,
-            false
-        )
-    );
+    assert_eq!(seen[0], (3000 * (BLOCK_SIZE_U64 + 1), BLOCK_SIZE_U64, true, true));
+    assert_eq!(seen[1], (3000 * (BLOCK_SIZE_U64 + 1) + BLOCK_SIZE_U64, 1, false, false));
     assert_eq!(seen.len(), 3);
-    assert!(
-        store.reads <= 2 * root.depth() as u64,
-        "{} node reads",
-        store.reads
-    );
+    assert!(store.reads <= 2 * root.depth() as u64, "{} node reads", store.reads);
     let mut none = true;
     extents_from(&mut store, &root, root.length_bytes(), &mut |_, _, _, _| {
         none = false;

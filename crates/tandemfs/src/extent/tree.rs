@@ -83,11 +83,7 @@ fn merged(left: Entry, right: Entry) -> Option<Entry> {
         && right.address & (BLOCK_SIZE_U64 - 1) == 0
         && left.length + right.length <= MAX_FILE_BYTES
     {
-        return Some(Entry::data(
-            left.address,
-            left.length + right.length,
-            left.unwritten,
-        ));
+        return Some(Entry::data(left.address, left.length + right.length, left.unwritten));
     }
     None
 }
@@ -117,47 +113,29 @@ impl<'s> Tree<'s> {
         if self.blocks_owned >= MAX_BLOCK_NUMBER {
             // Only a corrupt count read from the root can get here; refuse before writing.
             self.abort();
-            return Err(Error::corruption(
-                "extent root field blocks_owned: out of range",
-            ));
+            return Err(Error::corruption("extent root field blocks_owned: out of range"));
         }
-        assert!(
-            self.root.len() <= ROOT_CAPACITY,
-            "root overflow survived rebalancing"
-        );
-        let mut dirty: Vec<u64> = self
-            .nodes
-            .iter()
-            .filter(|(_, node)| node.dirty)
-            .map(|(id, _)| *id)
-            .collect();
+        assert!(self.root.len() <= ROOT_CAPACITY, "root overflow survived rebalancing");
+        let mut dirty: Vec<u64> = self.nodes.iter().filter(|(_, node)| node.dirty).map(|(id, _)| *id).collect();
         dirty.sort_unstable();
         for id in dirty {
             let node = &self.nodes[&id];
             let mut block = zeroed_block();
             encode_node(node.level, &node.entries, &mut block[..]);
-            self.store
-                .write_meta(id, kind_of_level(node.level), &block)?;
+            self.store.write_meta(id, kind_of_level(node.level), &block)?;
         }
         let mut seen = HashSet::new();
         for id in std::mem::take(&mut self.freed_meta) {
             // A corrupt tree could name one block twice; freeing it twice would hurt the volume.
             if !seen.insert(id) {
-                return Err(Error::corruption(format!(
-                    "extent node {id} reached twice while freeing"
-                )));
+                return Err(Error::corruption(format!("extent node {id} reached twice while freeing")));
             }
             self.store.free_meta(id)?;
         }
         for (first, count) in std::mem::take(&mut self.freed_data) {
             self.store.free_data(first, count)?;
         }
-        Ok(ExtentRoot::from_parts(
-            self.depth,
-            &self.root,
-            self.length,
-            self.blocks_owned,
-        ))
+        Ok(ExtentRoot::from_parts(self.depth, &self.root, self.length, self.blocks_owned))
     }
 
     /// Gives back what this operation allocated; the stored tree was never touched.
@@ -195,27 +173,16 @@ impl<'s> Tree<'s> {
         assert!(id != ROOT_ID);
         if let Some(node) = self.nodes.get(&id) {
             if node.level != level || sum_lengths(&node.entries) != Some(expected_length) {
-                return Err(Error::corruption(format!(
-                    "extent node {id} is referenced from two places"
-                )));
+                return Err(Error::corruption(format!("extent node {id} is referenced from two places")));
             }
             return Ok(());
         }
         if id == 0 || id >= MAX_BLOCK_NUMBER {
-            return Err(Error::corruption(format!(
-                "extent tree names block {id}, out of range"
-            )));
+            return Err(Error::corruption(format!("extent tree names block {id}, out of range")));
         }
         let block = self.store.read_meta(id, kind_of_level(level))?;
         let entries = decode_node(&block[..], id, level, expected_length)?;
-        self.nodes.insert(
-            id,
-            CachedNode {
-                level,
-                entries,
-                dirty: false,
-            },
-        );
+        self.nodes.insert(id, CachedNode { level, entries, dirty: false });
         Ok(())
     }
 
@@ -223,9 +190,7 @@ impl<'s> Tree<'s> {
         let id = self.store.allocate_meta(near)?;
         self.new_meta.push(id);
         if id == 0 || id >= MAX_BLOCK_NUMBER || self.nodes.contains_key(&id) {
-            return Err(Error::corruption(format!(
-                "allocator returned block {id} for an extent node"
-            )));
+            return Err(Error::corruption(format!("allocator returned block {id} for an extent node")));
         }
         self.blocks_owned += 1;
         Ok(id)
@@ -242,14 +207,8 @@ impl<'s> Tree<'s> {
         assert!(count > 0);
         let (first, given) = self.store.allocate_data(near, count)?;
         self.new_data.push((first, given));
-        if given == 0
-            || given > count
-            || first == 0
-            || first.saturating_add(given) >= MAX_BLOCK_NUMBER
-        {
-            return Err(Error::corruption(format!(
-                "allocator returned {given} blocks at {first} for {count} asked"
-            )));
+        if given == 0 || given > count || first == 0 || first.saturating_add(given) >= MAX_BLOCK_NUMBER {
+            return Err(Error::corruption(format!("allocator returned {given} blocks at {first} for {count} asked")));
         }
         self.blocks_owned += given;
         Ok((first, given))
@@ -258,9 +217,7 @@ impl<'s> Tree<'s> {
     fn release_extent(&mut self, entry: Entry) -> Result<()> {
         if let Some((first, count)) = entry.blocks() {
             self.blocks_owned = self.blocks_owned.checked_sub(count).ok_or_else(|| {
-                Error::corruption(
-                    "extent root field blocks_owned: smaller than the blocks in the tree",
-                )
+                Error::corruption("extent root field blocks_owned: smaller than the blocks in the tree")
             })?;
             self.freed_data.push((first, count));
         }
@@ -287,28 +244,18 @@ impl<'s> Tree<'s> {
                 for (index, entry) in entries.iter().enumerate() {
                     if remaining < start + entry.length {
                         path.push((id, index));
-                        return Ok(Location {
-                            path,
-                            offset_in_entry: remaining - start,
-                        });
+                        return Ok(Location { path, offset_in_entry: remaining - start });
                     }
                     start += entry.length;
                 }
                 if remaining != start {
-                    return Err(Error::corruption(format!(
-                        "extent node {id}: lengths do not reach byte {position}"
-                    )));
+                    return Err(Error::corruption(format!("extent node {id}: lengths do not reach byte {position}")));
                 }
                 path.push((id, entries.len()));
-                return Ok(Location {
-                    path,
-                    offset_in_entry: 0,
-                });
+                return Ok(Location { path, offset_in_entry: 0 });
             }
             if entries.is_empty() {
-                return Err(Error::corruption(format!(
-                    "extent node {id}: internal node without entries"
-                )));
+                return Err(Error::corruption(format!("extent node {id}: internal node without entries")));
             }
             // The end of the file descends into the last child, so appends land in the last leaf.
             let mut chosen = entries.len() - 1;
@@ -323,9 +270,7 @@ impl<'s> Tree<'s> {
             }
             let child = entries[chosen];
             if remaining < start || remaining - start > child.length {
-                return Err(Error::corruption(format!(
-                    "extent node {id}: lengths do not reach byte {position}"
-                )));
+                return Err(Error::corruption(format!("extent node {id}: lengths do not reach byte {position}")));
             }
             path.push((id, chosen));
             remaining -= start;
@@ -344,13 +289,7 @@ impl<'s> Tree<'s> {
 
     /// Replaces `remove` entries from `start` in the leaf of `path` by `insert`, carries the
     /// change of length up the path, and rebalances.
-    fn splice(
-        &mut self,
-        path: &[(u64, usize)],
-        start: usize,
-        remove: usize,
-        insert: &[Entry],
-    ) -> Result<()> {
+    fn splice(&mut self, path: &[(u64, usize)], start: usize, remove: usize, insert: &[Entry]) -> Result<()> {
         let leaf = path.last().expect("path has a leaf").0;
         assert!(insert.iter().all(|entry| entry.length > 0));
         let entries = self.entries_mut(leaf);
@@ -381,14 +320,7 @@ impl<'s> Tree<'s> {
                 let new_id = self.allocate_node(id)?;
                 let moved = self.entries_mut(id).split_off(count / 2);
                 let moved_length = sum_lengths(&moved).expect("lengths fit");
-                self.nodes.insert(
-                    new_id,
-                    CachedNode {
-                        level,
-                        entries: moved,
-                        dirty: true,
-                    },
-                );
+                self.nodes.insert(new_id, CachedNode { level, entries: moved, dirty: true });
                 let parent_entries = self.entries_mut(parent);
                 parent_entries[parent_index].length -= moved_length;
                 parent_entries.insert(parent_index + 1, Entry::child(new_id, moved_length));
@@ -397,11 +329,7 @@ impl<'s> Tree<'s> {
                 if parent_count < 2 {
                     continue;
                 }
-                let left_index = if parent_index + 1 < parent_count {
-                    parent_index
-                } else {
-                    parent_index - 1
-                };
+                let left_index = if parent_index + 1 < parent_count { parent_index } else { parent_index - 1 };
                 let right_index = left_index + 1;
                 let left = self.entries(parent)[left_index];
                 let right = self.entries(parent)[right_index];
@@ -429,10 +357,7 @@ impl<'s> Tree<'s> {
                         let moved = self.entries_mut(left.address).split_off(target);
                         self.entries_mut(right.address).splice(0..0, moved);
                     } else {
-                        let moved: Vec<Entry> = self
-                            .entries_mut(right.address)
-                            .drain(..target - left_count)
-                            .collect();
+                        let moved: Vec<Entry> = self.entries_mut(right.address).drain(..target - left_count).collect();
                         self.entries_mut(left.address).extend(moved);
                     }
                     let new_left = sum_lengths(self.entries(left.address)).expect("lengths fit");
@@ -448,14 +373,7 @@ impl<'s> Tree<'s> {
             }
             let new_id = self.allocate_node(0)?;
             let entries = std::mem::take(&mut self.root);
-            self.nodes.insert(
-                new_id,
-                CachedNode {
-                    level: self.depth,
-                    entries,
-                    dirty: true,
-                },
-            );
+            self.nodes.insert(new_id, CachedNode { level: self.depth, entries, dirty: true });
             self.root = vec![Entry::child(new_id, self.length)];
             self.depth += 1;
         }
@@ -500,11 +418,7 @@ impl<'s> Tree<'s> {
         let shared_block = right_address / BLOCK_SIZE_U64;
         let in_block = (right_address % BLOCK_SIZE_U64) as usize;
         if shared_block != left_last_block {
-            return Ok(vec![Entry::data(
-                right_address,
-                right_length,
-                entry.unwritten,
-            )]);
+            return Ok(vec![Entry::data(right_address, right_length, entry.unwritten)]);
         }
         assert!(in_block != 0);
         let piece = right_length.min((BLOCK_SIZE - in_block) as u64);
@@ -514,17 +428,9 @@ impl<'s> Tree<'s> {
             self.store.read_data(shared_block, in_block, &mut bytes)?;
             self.store.write_data(copy_block, in_block, &bytes)?;
         }
-        let mut pieces = vec![Entry::data(
-            copy_block * BLOCK_SIZE_U64 + in_block as u64,
-            piece,
-            entry.unwritten,
-        )];
+        let mut pieces = vec![Entry::data(copy_block * BLOCK_SIZE_U64 + in_block as u64, piece, entry.unwritten)];
         if right_length > piece {
-            pieces.push(Entry::data(
-                (shared_block + 1) * BLOCK_SIZE_U64,
-                right_length - piece,
-                entry.unwritten,
-            ));
+            pieces.push(Entry::data((shared_block + 1) * BLOCK_SIZE_U64, right_length - piece, entry.unwritten));
         }
         Ok(pieces)
     }
@@ -534,9 +440,10 @@ impl<'s> Tree<'s> {
         if count == 0 {
             return Ok(());
         }
-        self.blocks_owned = self.blocks_owned.checked_sub(count).ok_or_else(|| {
-            Error::corruption("extent root field blocks_owned: smaller than the blocks in the tree")
-        })?;
+        self.blocks_owned = self
+            .blocks_owned
+            .checked_sub(count)
+            .ok_or_else(|| Error::corruption("extent root field blocks_owned: smaller than the blocks in the tree"))?;
         self.freed_data.push((first, count));
         Ok(())
     }
@@ -610,9 +517,8 @@ impl<'s> Tree<'s> {
             let location = self.locate(start)?;
             let index = location.index();
             let offset = location.offset_in_entry;
-            let entry = self
-                .entry_at(&location)
-                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            let entry =
+                self.entry_at(&location).ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
             if offset > 0 {
                 let tail = entry.length - offset;
                 let replacement = if tail <= remaining {
@@ -638,10 +544,7 @@ impl<'s> Tree<'s> {
                     let left_last_block = (entry.address + offset - 1) / BLOCK_SIZE_U64;
                     let right_first_block = right_address / BLOCK_SIZE_U64;
                     if right_first_block > left_last_block + 1 {
-                        self.release_blocks(
-                            left_last_block + 1,
-                            right_first_block - left_last_block - 1,
-                        )?;
+                        self.release_blocks(left_last_block + 1, right_first_block - left_last_block - 1)?;
                     }
                     let mut pieces = vec![Entry::data(entry.address, offset, entry.unwritten)];
                     pieces.extend(self.right_part(entry, offset, right_address, right_length)?);
@@ -654,9 +557,7 @@ impl<'s> Tree<'s> {
             let entries = self.entries(location.leaf());
             let mut count = 0;
             let mut covered = 0u64;
-            while index + count < entries.len()
-                && covered + entries[index + count].length <= remaining
-            {
+            while index + count < entries.len() && covered + entries[index + count].length <= remaining {
                 covered += entries[index + count].length;
                 count += 1;
             }
@@ -712,18 +613,11 @@ impl<'s> Tree<'s> {
             if location.offset_in_entry != 0
                 || !matches!(hole, Some(hole) if hole.is_hole() && hole.length == end - position)
             {
-                return Err(Error::corruption(
-                    "extent tree changed shape while filling a hole",
-                ));
+                return Err(Error::corruption("extent tree changed shape while filling a hole"));
             }
             let hole_length = end - position;
-            let previous = if index > 0 {
-                Some(self.entries(location.leaf())[index - 1])
-            } else {
-                None
-            };
-            let previous =
-                previous.filter(|entry| !entry.is_hole() && entry.unwritten == unwritten);
+            let previous = if index > 0 { Some(self.entries(location.leaf())[index - 1]) } else { None };
+            let previous = previous.filter(|entry| !entry.is_hole() && entry.unwritten == unwritten);
             let taken;
             let (replace_start, replace_count, mut replacement);
             let write_at;
@@ -733,28 +627,18 @@ impl<'s> Tree<'s> {
                     let end_address = previous.address + previous.length;
                     taken = hole_length.min(BLOCK_SIZE_U64 - end_address % BLOCK_SIZE_U64);
                     write_at = end_address;
-                    replacement = vec![Entry::data(
-                        previous.address,
-                        previous.length + taken,
-                        unwritten,
-                    )];
+                    replacement = vec![Entry::data(previous.address, previous.length + taken, unwritten)];
                     (replace_start, replace_count) = (index - 1, 2);
                 }
                 _ => {
-                    let near = previous.map_or(0, |previous| {
-                        (previous.address + previous.length) / BLOCK_SIZE_U64
-                    });
+                    let near = previous.map_or(0, |previous| (previous.address + previous.length) / BLOCK_SIZE_U64);
                     let wanted = hole_length.div_ceil(BLOCK_SIZE_U64).min(MAX_RUN_BLOCKS);
                     let (first, given) = self.allocate_data(near, wanted)?;
                     taken = hole_length.min(given * BLOCK_SIZE_U64);
                     write_at = first * BLOCK_SIZE_U64;
                     match previous {
                         Some(previous) if previous.address + previous.length == write_at => {
-                            replacement = vec![Entry::data(
-                                previous.address,
-                                previous.length + taken,
-                                unwritten,
-                            )];
+                            replacement = vec![Entry::data(previous.address, previous.length + taken, unwritten)];
                             (replace_start, replace_count) = (index - 1, 2);
                         }
                         _ => {
@@ -767,11 +651,7 @@ impl<'s> Tree<'s> {
             if let Some((bytes, data_start)) = data {
                 let from = (position - data_start) as usize;
                 let chunk = &bytes[from..from + taken as usize];
-                self.store.write_data(
-                    write_at / BLOCK_SIZE_U64,
-                    (write_at % BLOCK_SIZE_U64) as usize,
-                    chunk,
-                )?;
+                self.store.write_data(write_at / BLOCK_SIZE_U64, (write_at % BLOCK_SIZE_U64) as usize, chunk)?;
             }
             if hole_length > taken {
                 replacement.push(Entry::hole(hole_length - taken));
@@ -793,9 +673,8 @@ impl<'s> Tree<'s> {
         let mut position = offset;
         while position < end {
             let location = self.locate(position)?;
-            let entry = self
-                .entry_at(&location)
-                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            let entry =
+                self.entry_at(&location).ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
             let entry_start = position - location.offset_in_entry;
             let segment_end = end.min(entry_start + entry.length);
             let chunk = &data[(position - offset) as usize..(segment_end - offset) as usize];
@@ -806,11 +685,7 @@ impl<'s> Tree<'s> {
                 self.coalesce(segment_end)?;
             } else if !entry.unwritten {
                 let address = entry.address + location.offset_in_entry;
-                self.store.write_data(
-                    address / BLOCK_SIZE_U64,
-                    (address % BLOCK_SIZE_U64) as usize,
-                    chunk,
-                )?;
+                self.store.write_data(address / BLOCK_SIZE_U64, (address % BLOCK_SIZE_U64) as usize, chunk)?;
             } else {
                 self.write_unwritten(entry_start, entry, position, chunk)?;
             }
@@ -819,18 +694,10 @@ impl<'s> Tree<'s> {
         Ok(())
     }
 
-    fn write_unwritten(
-        &mut self,
-        entry_start: u64,
-        entry: Entry,
-        position: u64,
-        chunk: &[u8],
-    ) -> Result<()> {
+    fn write_unwritten(&mut self, entry_start: u64, entry: Entry, position: u64, chunk: &[u8]) -> Result<()> {
         let data_address = entry.address + (position - entry_start);
         let data_end_address = data_address + chunk.len() as u64;
-        let first_address = entry
-            .address
-            .max(data_address / BLOCK_SIZE_U64 * BLOCK_SIZE_U64);
+        let first_address = entry.address.max(data_address / BLOCK_SIZE_U64 * BLOCK_SIZE_U64);
         let last_address = (entry.address + entry.length).min(round_up_to_block(data_end_address));
         let zeros = [0u8; BLOCK_SIZE];
         if first_address < data_address {
@@ -841,11 +708,7 @@ impl<'s> Tree<'s> {
                 &zeros[..count],
             )?;
         }
-        self.store.write_data(
-            data_address / BLOCK_SIZE_U64,
-            (data_address % BLOCK_SIZE_U64) as usize,
-            chunk,
-        )?;
+        self.store.write_data(data_address / BLOCK_SIZE_U64, (data_address % BLOCK_SIZE_U64) as usize, chunk)?;
         if data_end_address < last_address {
             let count = (last_address - data_end_address) as usize;
             self.store.write_data(
@@ -866,11 +729,7 @@ impl<'s> Tree<'s> {
         while done < count {
             let at = address + done;
             let take = (count - done).min(BLOCK_SIZE_U64 - at % BLOCK_SIZE_U64);
-            self.store.write_data(
-                at / BLOCK_SIZE_U64,
-                (at % BLOCK_SIZE_U64) as usize,
-                &zeros[..take as usize],
-            )?;
+            self.store.write_data(at / BLOCK_SIZE_U64, (at % BLOCK_SIZE_U64) as usize, &zeros[..take as usize])?;
             done += take;
         }
         Ok(())
@@ -885,9 +744,8 @@ impl<'s> Tree<'s> {
         let mut position = start;
         while position < end {
             let location = self.locate(position)?;
-            let entry = self
-                .entry_at(&location)
-                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            let entry =
+                self.entry_at(&location).ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
             let entry_start = position - location.offset_in_entry;
             let entry_end = entry_start + entry.length;
             let piece_end = end.min(entry_end);
@@ -906,9 +764,7 @@ impl<'s> Tree<'s> {
             let cut_end = if piece_end == entry_end {
                 piece_end
             } else {
-                logical(
-                    (physical(piece_end) / BLOCK_SIZE_U64 * BLOCK_SIZE_U64).max(physical(position)),
-                )
+                logical((physical(piece_end) / BLOCK_SIZE_U64 * BLOCK_SIZE_U64).max(physical(position)))
             };
             if cut_start >= cut_end {
                 if !entry.unwritten {
@@ -926,12 +782,8 @@ impl<'s> Tree<'s> {
             let location = self.locate(cut_start)?;
             let inner = self
                 .entry_at(&location)
-                .filter(|inner| {
-                    location.offset_in_entry == 0 && inner.length == cut_end - cut_start
-                })
-                .ok_or_else(|| {
-                    Error::corruption("extent tree changed shape while clearing a range")
-                })?;
+                .filter(|inner| location.offset_in_entry == 0 && inner.length == cut_end - cut_start)
+                .ok_or_else(|| Error::corruption("extent tree changed shape while clearing a range"))?;
             let replacement = if punch {
                 self.release_extent(inner)?;
                 Entry::hole(inner.length)
@@ -954,13 +806,10 @@ impl<'s> Tree<'s> {
         let mut position = start;
         while position < end {
             let location = self.locate(position)?;
-            let entry = self
-                .entry_at(&location)
-                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            let entry =
+                self.entry_at(&location).ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
             if location.offset_in_entry != 0 {
-                return Err(Error::corruption(
-                    "extent tree changed shape while marking extents",
-                ));
+                return Err(Error::corruption("extent tree changed shape while marking extents"));
             }
             if !entry.is_hole() && entry.unwritten != unwritten {
                 let changed = Entry::data(entry.address, entry.length, unwritten);
@@ -979,9 +828,8 @@ impl<'s> Tree<'s> {
         let mut position = start;
         while position < end {
             let location = self.locate(position)?;
-            let entry = self
-                .entry_at(&location)
-                .ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
+            let entry =
+                self.entry_at(&location).ok_or_else(|| Error::corruption("extent tree ends before its length"))?;
             // A merge behind us may have made `position` fall inside an extent.
             let piece_end = end.min(position - location.offset_in_entry + entry.length);
             if entry.is_hole() {
@@ -1026,11 +874,7 @@ impl<'s> Tree<'s> {
                     target.fill(0);
                 } else {
                     let address = entry.address + skip;
-                    self.store.read_data(
-                        address / BLOCK_SIZE_U64,
-                        (address % BLOCK_SIZE_U64) as usize,
-                        target,
-                    )?;
+                    self.store.read_data(address / BLOCK_SIZE_U64, (address % BLOCK_SIZE_U64) as usize, target)?;
                 }
             }
             position = piece_position;

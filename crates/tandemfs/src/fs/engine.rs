@@ -72,7 +72,12 @@ struct Inner {
 struct BackendState {
     last_checkpoint: Instant,
     applied_since_checkpoint: u64,
+    /// Log data bytes of the records applied since the last checkpoint (approximate).
+    applied_bytes_since_checkpoint: u64,
 }
+
+/// Log bytes a record takes besides a write's data: its encoded attributes and names.
+const RECORD_OVERHEAD_BYTES: usize = 256;
 
 /// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
 #[derive(Clone)]
@@ -235,7 +240,11 @@ impl FileSystem {
             queue_signal: Condvar::new(),
             applied_lsn: Mutex::new(last_lsn),
             applied_signal: Condvar::new(),
-            backend_lock: Mutex::new(BackendState { last_checkpoint: Instant::now(), applied_since_checkpoint: 0 }),
+            backend_lock: Mutex::new(BackendState {
+                last_checkpoint: Instant::now(),
+                applied_since_checkpoint: 0,
+                applied_bytes_since_checkpoint: 0,
+            }),
             state: std::sync::atomic::AtomicU8::new(STATE_RUNNING),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -359,6 +368,7 @@ impl FileSystem {
             self.maybe_checkpoint(&mut backend, false)?;
             return Ok(false);
         }
+        let last = batch.last().unwrap().lsn;
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let free_blocks;
         {
@@ -370,16 +380,16 @@ impl FileSystem {
                     return Err(error);
                 }
             }
-            for queued in &batch {
-                for number in touched_inodes(&queued.op) {
-                    if let Ok(inode) = volume.read_inode(number) {
-                        owned.push((number, inode.blocks_owned));
-                    }
+            let mut touched: Vec<u64> = batch.iter().flat_map(|queued| touched_inodes(&queued.op)).collect();
+            touched.sort_unstable();
+            touched.dedup();
+            for number in touched {
+                if let Ok(inode) = volume.read_inode(number) {
+                    owned.push((number, inode.blocks_owned));
                 }
             }
             free_blocks = volume.free_blocks();
         }
-        let last = batch.last().unwrap().lsn;
         {
             let mut front = inner.front.lock();
             for queued in &batch {
@@ -389,16 +399,14 @@ impl FileSystem {
                         front.names.remove(&key);
                     }
                 }
-                for number in touched_inodes(&queued.op) {
-                    if let Some(view) = front.views.get_mut(&number) {
-                        view.pending_writes.retain(|write| write.lsn > lsn);
-                    }
-                }
                 front.reserved_blocks -= queued.reserved_blocks;
             }
+            // `owned` names every inode the batch touched (once per record): trim each one's
+            // pending writes through the batch's last record.
             for (number, blocks) in owned {
                 if let Some(view) = front.views.get_mut(&number) {
                     view.blocks_owned = blocks;
+                    view.forget_writes_through(last);
                 }
             }
             front.free_blocks = free_blocks;
@@ -407,6 +415,8 @@ impl FileSystem {
         *inner.applied_lsn.lock() = last;
         inner.applied_signal.notify_all();
         backend.applied_since_checkpoint += batch.len() as u64;
+        backend.applied_bytes_since_checkpoint +=
+            batch.iter().map(|queued| (RECORD_OVERHEAD_BYTES + queued.op.tail().len()) as u64).sum::<u64>();
         self.maybe_checkpoint(&mut backend, false)?;
         Ok(true)
     }
@@ -419,12 +429,14 @@ impl FileSystem {
         let usage = inner.log.usage();
         let mut volume = inner.volume.lock();
         let dirty_bytes = volume.cache_dirty_count() as u64 * BLOCK_SIZE_U64;
-        // Checkpoint images go to the log's reserve: take one while they still fit in half of
-        // it, and before the normal share fills.
+        // A checkpoint frees the log only up to the last applied record, so it is due when what
+        // was applied since the last one fills a good part of the log's normal share, not when
+        // the log is full of records still waiting to be applied (checkpointing then would only
+        // add images). Its images go to the reserve: take one while they fit in half of it.
         let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
         let due = force
-            || usage.data_bytes_used * 2 > usage.data_bytes_normal
-            || usage.header_slots_used * 2 > usage.header_slots_normal
+            || backend.applied_bytes_since_checkpoint * 4 > usage.data_bytes_normal
+            || backend.applied_since_checkpoint * 4 > usage.header_slots_normal
             || dirty_bytes * 2 > reserve_bytes
             || backend.last_checkpoint.elapsed() > CHECKPOINT_INTERVAL;
         if !due {
@@ -441,6 +453,7 @@ impl FileSystem {
         inner.front.lock().free_blocks = free_blocks;
         backend.last_checkpoint = Instant::now();
         backend.applied_since_checkpoint = 0;
+        backend.applied_bytes_since_checkpoint = 0;
         inner.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -704,7 +717,8 @@ impl FileSystem {
             if let Some(permissions) = changes.permissions {
                 image.mode = file_type.mode_bits() | permissions;
             }
-            let owner_changed = changes.uid.is_some_and(|uid| uid != image.uid) || changes.gid.is_some_and(|gid| gid != image.gid);
+            let owner_changed =
+                changes.uid.is_some_and(|uid| uid != image.uid) || changes.gid.is_some_and(|gid| gid != image.gid);
             if let Some(uid) = changes.uid {
                 image.uid = uid;
             }
@@ -743,7 +757,7 @@ impl FileSystem {
             let view = front.views.get_mut(&inode).unwrap();
             if truncate {
                 // Writes before the truncate are applied before it: reads wait for it anyway.
-                view.pending_writes.retain(|write| write.lsn > lsn);
+                view.forget_writes_through(lsn);
             }
             Ok(Some(view.to_attributes()))
         })
@@ -769,7 +783,14 @@ impl FileSystem {
         self.create_node(parent, name, file_type, permissions, uid, gid, rdev, &[])
     }
 
-    pub fn make_directory(&self, parent: InodeNumber, name: &[u8], permissions: u32, uid: u32, gid: u32) -> Result<Attributes> {
+    pub fn make_directory(
+        &self,
+        parent: InodeNumber,
+        name: &[u8],
+        permissions: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attributes> {
         self.create_node(parent, name, FileType::Directory, permissions, uid, gid, 0, &[])
     }
 
@@ -1023,7 +1044,8 @@ impl FileSystem {
             if directory {
                 parent_image.link_count -= 1;
             }
-            let op = Op::Unlink { parent: parent_image.clone(), name: name.to_vec(), inode: image.clone(), disposition };
+            let op =
+                Op::Unlink { parent: parent_image.clone(), name: name.to_vec(), inode: image.clone(), disposition };
             let Some((lsn, _)) = self.append(op, 0)? else {
                 return Ok(None);
             };
@@ -1051,7 +1073,14 @@ impl FileSystem {
         Err(Error::corruption("directory parent chain does not reach the root"))
     }
 
-    pub fn rename(&self, parent: InodeNumber, name: &[u8], new_parent: InodeNumber, new_name: &[u8], mode: RenameMode) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: InodeNumber,
+        name: &[u8],
+        new_parent: InodeNumber,
+        new_name: &[u8],
+        mode: RenameMode,
+    ) -> Result<()> {
         check_name(name)?;
         check_name(new_name)?;
         self.with_space(|| {
@@ -1063,7 +1092,11 @@ impl FileSystem {
             let (source, source_type) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
             let target = self.find_name(&mut front, new_parent, new_name)?;
             if parent == new_parent && name == new_name {
-                return if mode == RenameMode::Exchange || mode == RenameMode::Replace { Ok(Some(())) } else { Err(Error::Exists) };
+                return if mode == RenameMode::Exchange || mode == RenameMode::Replace {
+                    Ok(Some(()))
+                } else {
+                    Err(Error::Exists)
+                };
             }
             match (mode, target) {
                 (RenameMode::Exchange, None) => return Err(Error::NotFound),
@@ -1184,7 +1217,9 @@ impl FileSystem {
                 FileSystem::settle(&mut front, other, disposition);
             }
             match (kind, target) {
-                (RenameKind::Exchange, Some(other)) => FileSystem::overlay_name(&mut front, parent, name, Some(other), lsn),
+                (RenameKind::Exchange, Some(other)) => {
+                    FileSystem::overlay_name(&mut front, parent, name, Some(other), lsn)
+                }
                 _ => FileSystem::overlay_name(&mut front, parent, name, None, lsn),
             }
             FileSystem::overlay_name(&mut front, new_parent, new_name, Some((source, source_type)), lsn);
@@ -1258,7 +1293,9 @@ impl FileSystem {
                 .pending_writes
                 .iter()
                 .filter(|write| write.lsn > structural)
-                .filter(|write| write.offset < offset + length as u64 && write.offset + write.data.len() as u64 > offset)
+                .filter(|write| {
+                    write.offset < offset + length as u64 && write.offset + write.data.len() as u64 > offset
+                })
                 .map(|write| (write.offset, write.data.clone()))
                 .collect();
             let guard = if hold {
@@ -1297,7 +1334,8 @@ impl FileSystem {
         if data.is_empty() {
             return Ok(0);
         }
-        let end = offset.checked_add(data.len() as u64).filter(|end| *end <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
+        let end =
+            offset.checked_add(data.len() as u64).filter(|end| *end <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
         let _ = end;
         let mut done = 0usize;
         for chunk in data.chunks(self.inner.max_record_data_bytes) {
@@ -1332,12 +1370,23 @@ impl FileSystem {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, false);
-            front.views.get_mut(&inode).unwrap().pending_writes.push(PendingWrite { lsn, offset, data: shared.clone() });
+            front.views.get_mut(&inode).unwrap().pending_writes.push_back(PendingWrite {
+                lsn,
+                offset,
+                data: shared.clone(),
+            });
             Ok(Some(()))
         })
     }
 
-    fn range_operation(&self, inode: InodeNumber, kind: RangeKind, offset: u64, length: u64, keep_size: bool) -> Result<()> {
+    fn range_operation(
+        &self,
+        inode: InodeNumber,
+        kind: RangeKind,
+        offset: u64,
+        length: u64,
+        keep_size: bool,
+    ) -> Result<()> {
         if length == 0 {
             return Err(Error::invalid("range length must not be zero"));
         }
@@ -1355,7 +1404,9 @@ impl FileSystem {
             let new_size = match kind {
                 RangeKind::Insert => {
                     if offset > size {
-                        return Err(Error::invalid(format!("insert at {offset} lies beyond the end of the file ({size})")));
+                        return Err(Error::invalid(format!(
+                            "insert at {offset} lies beyond the end of the file ({size})"
+                        )));
                     }
                     size.checked_add(length).filter(|size| *size <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?
                 }
@@ -1399,7 +1450,7 @@ impl FileSystem {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, true);
-            front.views.get_mut(&inode).unwrap().pending_writes.retain(|write| write.lsn > lsn);
+            front.views.get_mut(&inode).unwrap().forget_writes_through(lsn);
             Ok(Some(()))
         })
     }
@@ -1453,11 +1504,18 @@ impl FileSystem {
             (view.structural_lsn, view.attributes.parent)
         };
         self.wait_applied(structural)?;
-        if after_cookie < 1 && !visit(&DirectoryEntry { name: b".".to_vec(), inode, file_type: FileType::Directory, cookie: 1 }) {
+        if after_cookie < 1
+            && !visit(&DirectoryEntry { name: b".".to_vec(), inode, file_type: FileType::Directory, cookie: 1 })
+        {
             return Ok(());
         }
         if after_cookie < 2
-            && !visit(&DirectoryEntry { name: b"..".to_vec(), inode: parent, file_type: FileType::Directory, cookie: 2 })
+            && !visit(&DirectoryEntry {
+                name: b"..".to_vec(),
+                inode: parent,
+                file_type: FileType::Directory,
+                cookie: 2,
+            })
         {
             return Ok(());
         }
@@ -1467,7 +1525,8 @@ impl FileSystem {
         let mut failure = None;
         dir::readdir(&mut *volume, &root, after_cookie.max(2), &mut |entry| {
             let Some(file_type) = FileType::from_dirent_type(entry.file_type) else {
-                failure = Some(Error::corruption(format!("directory {inode}: entry type {} is unknown", entry.file_type)));
+                failure =
+                    Some(Error::corruption(format!("directory {inode}: entry type {} is unknown", entry.file_type)));
                 return false;
             };
             visit(&DirectoryEntry { name: entry.name.clone(), inode: entry.inode, file_type, cookie: entry.cookie })

@@ -12,7 +12,7 @@
 use crate::backend::record::AttributeImage;
 use crate::block::bitmap::Bitmap;
 use crate::fs::types::{Attributes, FileType};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 /// Views kept without pending changes before the least recently used are dropped.
@@ -35,7 +35,8 @@ pub struct InodeView {
     /// The last record that changed the shape of this file (truncate, insert, collapse, punch,
     /// zero, allocate) or, for a directory, its entries. Reads wait until it is applied.
     pub structural_lsn: u64,
-    pub pending_writes: Vec<PendingWrite>,
+    /// In lsn order: the back end trims the front as it applies.
+    pub pending_writes: VecDeque<PendingWrite>,
     pub open_count: u32,
     /// Unlinked while open: reclaimed at the last release.
     pub orphaned: bool,
@@ -56,7 +57,7 @@ impl InodeView {
             entry_count,
             last_change_lsn: 0,
             structural_lsn: 0,
-            pending_writes: Vec::new(),
+            pending_writes: VecDeque::new(),
             open_count: 0,
             orphaned: false,
             reclaimed: false,
@@ -70,11 +71,19 @@ impl InodeView {
         self.attributes.file_type()
     }
 
+    /// Drops pending writes that records up to `lsn` have made part of the home data.
+    pub fn forget_writes_through(&mut self, lsn: u64) {
+        while self.pending_writes.front().is_some_and(|write| write.lsn <= lsn) {
+            self.pending_writes.pop_front();
+        }
+    }
+
     pub fn to_attributes(&self) -> Attributes {
         let image = &self.attributes;
         // Pending data is not placed yet; count it so that `du` and sparse-file heuristics see
         // written bytes at once.
-        let pending_blocks: u64 = self.pending_writes.iter().map(|write| (write.data.len() as u64).div_ceil(4096)).sum();
+        let pending_blocks: u64 =
+            self.pending_writes.iter().map(|write| (write.data.len() as u64).div_ceil(4096)).sum();
         Attributes {
             inode: image.inode_number,
             generation: image.generation,

@@ -134,16 +134,23 @@ pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
                 }
             };
             if child_inode.file_type().dirent_type() != dirent_type {
-                report.problem(format!("directory {directory}: entry {shown:?} has type {dirent_type}, inode {child} disagrees"));
+                report.problem(format!(
+                    "directory {directory}: entry {shown:?} has type {dirent_type}, inode {child} disagrees"
+                ));
             }
             if child_inode.file_type() == FileType::Directory {
                 if parent_of.insert(child, directory).is_some() {
-                    report.problem(format!("directory {child} has more than one name (second: {shown:?} in {directory})"));
+                    report.problem(format!(
+                        "directory {child} has more than one name (second: {shown:?} in {directory})"
+                    ));
                     continue;
                 }
                 *subdirectories.entry(directory).or_default() += 1;
                 if child_inode.parent != directory {
-                    report.problem(format!("directory {child} names parent {} but is in {directory}", child_inode.parent));
+                    report.problem(format!(
+                        "directory {child} names parent {} but is in {directory}",
+                        child_inode.parent
+                    ));
                 }
                 queue.push_back(child);
             } else {
@@ -245,7 +252,9 @@ pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
         }
         match (allocated, referenced) {
             (true, false) => report.problem(format!("block {block} is allocated but nothing uses it (leaked)")),
-            (false, true) => report.problem(format!("block {block} is used by inode {} but marked free", owner[&block])),
+            (false, true) => {
+                report.problem(format!("block {block} is used by inode {} but marked free", owner[&block]))
+            }
             _ => {}
         }
     }

@@ -87,7 +87,8 @@ impl Model {
     /// Moves a subtree from `from` to `to`.
     pub fn move_subtree(&mut self, from: &str, to: &str) {
         let prefix = format!("{from}/");
-        let moving: Vec<String> = self.nodes.keys().filter(|key| *key == from || key.starts_with(&prefix)).cloned().collect();
+        let moving: Vec<String> =
+            self.nodes.keys().filter(|key| *key == from || key.starts_with(&prefix)).cloned().collect();
         let mut moved = Vec::new();
         for key in moving {
             let node = self.nodes.remove(&key).unwrap();
@@ -122,7 +123,10 @@ pub fn read_back(fs: &FileSystem) -> Result<Model, Error> {
             entries.push(entry.clone());
             true
         })?;
-        assert!(entries.len() >= 2 && entries[0].name == b"." && entries[1].name == b"..", "listing starts with . and ..");
+        assert!(
+            entries.len() >= 2 && entries[0].name == b"." && entries[1].name == b"..",
+            "listing starts with . and .."
+        );
         let mut names = std::collections::BTreeSet::new();
         for entry in &entries[2..] {
             assert!(names.insert(entry.name.clone()), "{path}: entry {:?} listed twice", entry.name);
@@ -217,7 +221,13 @@ fn abbreviate(node: &Node) -> String {
 pub fn memory_volume(size_bytes: u64, crash_model: bool) -> (MemoryDevice, Arc<dyn Device>) {
     let memory = if crash_model { MemoryDevice::with_crash_model(size_bytes) } else { MemoryDevice::new(size_bytes) };
     let device: Arc<dyn Device> = Arc::new(memory.clone());
-    let options = FormatOptions { hash_seed: Some([1, 2, 3, 4]), uuid: Some([9; 16]), ..FormatOptions::default() };
+    // One inode per 2 KiB: the large-directory workloads create tens of thousands of names.
+    let options = FormatOptions {
+        hash_seed: Some([1, 2, 3, 4]),
+        uuid: Some([9; 16]),
+        inode_count: Some(size_bytes / 2048),
+        ..FormatOptions::default()
+    };
     FileSystem::format(device.clone(), &options).expect("format");
     (memory, device)
 }

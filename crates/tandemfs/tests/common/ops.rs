@@ -21,10 +21,22 @@ pub struct Workload {
 
 impl Workload {
     pub fn mixed() -> Workload {
-        Workload { names_per_directory: 24, write_bytes_max: 20_000, file_bytes_max: 200_000, create_weight: 6, flat: false }
+        Workload {
+            names_per_directory: 24,
+            write_bytes_max: 20_000,
+            file_bytes_max: 200_000,
+            create_weight: 6,
+            flat: false,
+        }
     }
     pub fn large_directory() -> Workload {
-        Workload { names_per_directory: 30_000, write_bytes_max: 512, file_bytes_max: 4096, create_weight: 40, flat: true }
+        Workload {
+            names_per_directory: 30_000,
+            write_bytes_max: 512,
+            file_bytes_max: 4096,
+            create_weight: 40,
+            flat: true,
+        }
     }
 }
 
@@ -41,7 +53,11 @@ fn kind_of(error: &Error) -> String {
 
 /// Compares an outcome with the expected error kind (None: success). I/O failures and shutdown
 /// are passed up: the crash test injects them.
-fn expect<T: std::fmt::Debug>(what: &str, result: Result<T, Error>, expected: Option<&str>) -> Result<Option<T>, Error> {
+fn expect<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, Error>,
+    expected: Option<&str>,
+) -> Result<Option<T>, Error> {
     match result {
         Err(error @ (Error::Io { .. } | Error::Shutdown)) => Err(error),
         Ok(value) => {
@@ -82,15 +98,15 @@ impl Driver {
     fn paths(&self, filter: impl Fn(&Node) -> bool) -> Vec<String> {
         self.model.nodes.iter().filter(|(_, node)| filter(node)).map(|(path, _)| path.clone()).collect()
     }
-    /// One random path whose node passes `filter`, without copying the others.
+    /// One random path whose node passes `filter`: seeks to a random key and walks forward
+    /// (wrapping) to the first match, so a pick costs O(log n) on large models.
     fn pick_path(&self, rng: &mut SmallRng, filter: impl Fn(&str, &Node) -> bool) -> Option<String> {
-        let count = self.model.nodes.iter().filter(|(path, node)| filter(path, node)).count();
-        if count == 0 {
-            return None;
-        }
-        let chosen = rng.gen_range(0..count);
-        self.model.nodes.iter().filter(|(path, node)| filter(path, node)).nth(chosen).map(|(path, _)| path.clone())
+        let start = format!("e{}", rng.gen_range(0..self.workload.names_per_directory));
+        let after = self.model.nodes.range(start.clone()..);
+        let before = self.model.nodes.range(..start);
+        after.chain(before).find(|(path, node)| filter(path, node)).map(|(path, _)| path.clone())
     }
+
     fn pick_directory(&self, rng: &mut SmallRng) -> String {
         if self.workload.flat {
             let directories = self.directories();
@@ -100,7 +116,8 @@ impl Driver {
     }
     fn directories(&self) -> Vec<String> {
         if self.workload.flat {
-            return self.paths(|node| matches!(node, Node::Directory { .. })).into_iter().take(2).collect();
+            // Flat workloads create no directories: the root is the only one.
+            return vec![String::new()];
         }
         self.paths(|node| matches!(node, Node::Directory { .. }))
     }
@@ -194,7 +211,8 @@ impl Driver {
     fn write(&mut self, fs: &FileSystem, rng: &mut SmallRng) -> Step {
         let Some((path, size)) = self.pick_file(rng) else { return Ok(()) };
         let offset = if rng.gen_bool(0.3) { size } else { rng.gen_range(0..=size + 8192) };
-        let length = if rng.gen_bool(0.8) { rng.gen_range(1..=4096) } else { rng.gen_range(1..=self.workload.write_bytes_max) };
+        let length =
+            if rng.gen_bool(0.8) { rng.gen_range(1..=4096) } else { rng.gen_range(1..=self.workload.write_bytes_max) };
         if offset + length as u64 > self.workload.file_bytes_max {
             return Ok(());
         }
@@ -249,7 +267,9 @@ impl Driver {
         }
         let inode = resolve(fs, &path)?.inode;
         let expected = if offset > size { Some("InvalidArgument") } else { None };
-        if expect(&format!("insert {path:?} {offset}+{length}"), fs.insert_range(inode, offset, length), expected)?.is_some() {
+        if expect(&format!("insert {path:?} {offset}+{length}"), fs.insert_range(inode, offset, length), expected)?
+            .is_some()
+        {
             self.modify_data(&path, |data| {
                 data.splice(offset as usize..offset as usize, std::iter::repeat_n(0u8, length as usize));
             });
@@ -283,7 +303,8 @@ impl Driver {
         if zero && !keep_size && offset + length > self.workload.file_bytes_max {
             return Ok(());
         }
-        let result = if zero { fs.zero_range(inode, offset, length, keep_size) } else { fs.punch_hole(inode, offset, length) };
+        let result =
+            if zero { fs.zero_range(inode, offset, length, keep_size) } else { fs.punch_hole(inode, offset, length) };
         if expect(&format!("punch/zero {path:?} {offset}+{length}"), result, None)?.is_some() {
             let end = if zero && !keep_size { (offset + length).max(size) } else { size };
             let clear_end = (offset + length).min(end);
@@ -309,7 +330,11 @@ impl Driver {
             (false, true) => Some("IsDirectory"),
             _ => None,
         };
-        let result = if as_directory { fs.remove_directory(parent_inode, name.as_bytes()) } else { fs.unlink(parent_inode, name.as_bytes()) };
+        let result = if as_directory {
+            fs.remove_directory(parent_inode, name.as_bytes())
+        } else {
+            fs.unlink(parent_inode, name.as_bytes())
+        };
         if expect(&format!("remove {path:?} (as directory: {as_directory})"), result, expected)?.is_some() {
             self.model.remove_subtree(&path);
         }
@@ -337,11 +362,18 @@ impl Driver {
         let model = &self.model;
         let source_is_dir = model.is_dir(&source);
         let target_exists = model.nodes.contains_key(&target);
-        let same_inode = target_exists && source != target && model.link_group.get(&source).is_some() && model.link_group.get(&source) == model.link_group.get(&target);
+        let same_inode = target_exists
+            && source != target
+            && model.link_group.get(&source).is_some()
+            && model.link_group.get(&source) == model.link_group.get(&target);
         let inside = |outer: &str, path: &str| path == outer || path.starts_with(&format!("{outer}/"));
         let source_parent = parent_of(&source).to_string();
         let expected: Option<&str> = if source == target {
-            if mode == RenameMode::NoReplace { Some("Exists") } else { None }
+            if mode == RenameMode::NoReplace {
+                Some("Exists")
+            } else {
+                None
+            }
         } else if mode == RenameMode::Exchange && !target_exists {
             Some("NotFound")
         } else if mode == RenameMode::NoReplace && target_exists {
@@ -369,8 +401,15 @@ impl Driver {
         let parent_inode = resolve(fs, &source_parent)?.inode;
         let target_parent_inode = resolve(fs, &target_parent)?.inode;
         let what = format!("rename {source:?} -> {target:?} {mode:?}");
-        let result = fs.rename(parent_inode, name_of(&source).as_bytes(), target_parent_inode, name_of(&target).as_bytes(), mode);
-        if expect(&what, result, expected)?.is_none() || source == target || (same_inode && mode == RenameMode::Replace) {
+        let result = fs.rename(
+            parent_inode,
+            name_of(&source).as_bytes(),
+            target_parent_inode,
+            name_of(&target).as_bytes(),
+            mode,
+        );
+        if expect(&what, result, expected)?.is_none() || source == target || (same_inode && mode == RenameMode::Replace)
+        {
             return Ok(());
         }
         if mode == RenameMode::Exchange {
@@ -394,8 +433,12 @@ impl Driver {
         let expected = if self.model.nodes.contains_key(&target) { Some("Exists") } else { None };
         let inode = resolve(fs, &source)?.inode;
         let parent_inode = resolve(fs, &parent)?.inode;
-        if expect(&format!("link {source:?} -> {target:?}"), fs.link(inode, parent_inode, name_of(&target).as_bytes()), expected)?
-            .is_some()
+        if expect(
+            &format!("link {source:?} -> {target:?}"),
+            fs.link(inode, parent_inode, name_of(&target).as_bytes()),
+            expected,
+        )?
+        .is_some()
         {
             let group = match self.model.link_group.get(&source) {
                 Some(group) => *group,
@@ -442,7 +485,8 @@ impl Driver {
                     (XattrMode::Replace, false) => Some("NoData"),
                     _ => None,
                 };
-                if expect(&format!("setxattr {path:?}"), fs.set_xattr(inode, &name, &value, mode), expected)?.is_some() {
+                if expect(&format!("setxattr {path:?}"), fs.set_xattr(inode, &name, &value, mode), expected)?.is_some()
+                {
                     let mut xattrs = current;
                     xattrs.insert(name, value);
                     update(&mut self.model, xattrs);
@@ -473,7 +517,7 @@ impl Driver {
         let path = self.pick_directory(rng);
         let inode = resolve(fs, &path)?.inode;
         // Page through the listing with small pages, as readdir with a small buffer does.
-        let page = rng.gen_range(1..50);
+        let page = if self.workload.flat { rng.gen_range(500..3000) } else { rng.gen_range(1..50) };
         let mut cookie = 0;
         let mut names = Vec::new();
         loop {

@@ -1,0 +1,236 @@
+//! `tandem bench meta`: metadata operations and durable small appends through the tandemfs
+//! library (no kernel in the path) on a memory device and on a file in /dev/shm, beside ext4 on a
+//! loop device over a file in /dev/shm, through system calls.
+
+use super::ext4::Ext4Volume;
+use super::library::LibraryTarget;
+use super::system::SystemTarget;
+use super::table::{format_rate, format_ratio, print_table};
+use super::workload::{measure, Operation, WorkloadSize};
+use crate::error::{CliError, CliResult, EXIT_SUCCESS};
+use crate::size::{format_bytes, format_count, parse_nonzero_size};
+use clap::{Args, ValueEnum};
+use std::sync::Arc;
+use tandemfs::device::{Device, FileDevice, FileDeviceOptions, MemoryDevice};
+use tandemfs::fs::{FormatOptions, MountOptions};
+use tandemfs::FileSystem;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceChoice {
+    Memory,
+    File,
+    All,
+}
+
+#[derive(Args)]
+pub struct MetaArguments {
+    /// Files created, looked up and removed per round, in one directory and again in a tree
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
+    pub count: u64,
+    /// Durable appends per round for each size (256 B and 4 KiB)
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub appends: u64,
+    /// Which tandemfs devices to measure
+    #[arg(long, value_enum, default_value_t = DeviceChoice::All)]
+    pub device: DeviceChoice,
+    /// Skip ext4 (it needs root, loop devices and e2fsprogs)
+    #[arg(long)]
+    pub no_ext4: bool,
+    /// Measured rounds after the warm-up; the median is reported
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=15))]
+    pub rounds: u64,
+    /// Volume size for every file system (default 1G)
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "1G")]
+    pub size: u64,
+}
+
+/// One measured column of the table.
+pub struct Column {
+    pub label: String,
+    pub medians: Option<Vec<(Operation, f64)>>,
+}
+
+impl Column {
+    pub fn seconds(&self, operation: Operation) -> Option<f64> {
+        self.medians.as_ref()?.iter().find(|(measured, _)| *measured == operation).map(|(_, seconds)| *seconds)
+    }
+}
+
+/// Inodes for a run: every file and directory of a round, twice over for slack.
+pub fn inode_count(size: WorkloadSize) -> u64 {
+    (size.files as u64 + size.tree_directories as u64 + 16) * 2 + 1024
+}
+
+/// Formats and mounts tandemfs on `device`.
+pub fn fresh_volume(device: Arc<dyn Device>, inodes: u64) -> Result<FileSystem, String> {
+    let options = FormatOptions { inode_count: Some(inodes), ..Default::default() };
+    FileSystem::format(device.clone(), &options).map_err(|error| format!("mkfs: {error}"))?;
+    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).map_err(|error| format!("mount: {error}"))?;
+    Ok(fs)
+}
+
+fn measure_library(
+    device: Arc<dyn Device>,
+    size: WorkloadSize,
+    rounds: usize,
+    label: &str,
+) -> Result<Vec<(Operation, f64)>, String> {
+    let fs = fresh_volume(device, inode_count(size))?;
+    let mut target = LibraryTarget::new(fs.clone());
+    let measured = measure(&mut target, size, rounds, label);
+    let closed = fs.unmount().map_err(|error| format!("unmount: {error}"));
+    let measured = measured?;
+    closed?;
+    Ok(measured)
+}
+
+pub fn run(arguments: MetaArguments) -> CliResult<i32> {
+    let size = WorkloadSize::new(arguments.count as usize, arguments.appends as usize);
+    let rounds = arguments.rounds as usize;
+    let scratch = super::scratch_directory();
+    let volume_bytes = arguments.size;
+    let needed = volume_bytes * 2;
+    if let Some(free) = super::free_bytes(&scratch) {
+        if free < needed {
+            return Err(CliError::new(format!(
+                "{} has {} free; the file devices need {} (lower --size)",
+                scratch.display(),
+                format_bytes(free),
+                format_bytes(needed)
+            )));
+        }
+    }
+    println!(
+        "tandem bench meta: {} files ({} in one directory, then {} directories of {}), {} durable appends of each size",
+        format_count(size.files as u64),
+        format_count(size.files as u64),
+        size.tree_directories,
+        format_count((size.files / size.tree_directories) as u64),
+        format_count(size.appends as u64)
+    );
+    println!(
+        "volumes of {}; medium {}; warm-up then median of {rounds} round{}",
+        format_bytes(volume_bytes),
+        scratch.display(),
+        if rounds == 1 { "" } else { "s" }
+    );
+
+    let mut columns = Vec::new();
+    let mut failures = Vec::new();
+    let mut record =
+        |label: &str, result: Result<Vec<(Operation, f64)>, String>, columns: &mut Vec<Column>| match result {
+            Ok(medians) => columns.push(Column { label: label.to_string(), medians: Some(medians) }),
+            Err(error) => {
+                failures.push(format!("{label}: {error}"));
+                columns.push(Column { label: label.to_string(), medians: None });
+            }
+        };
+
+    if matches!(arguments.device, DeviceChoice::Memory | DeviceChoice::All) {
+        let result = super::contain_panic("the engine", || {
+            let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(volume_bytes));
+            measure_library(device, size, rounds, "tandemfs memory")
+        });
+        record("tandemfs memory", result, &mut columns);
+    }
+    if matches!(arguments.device, DeviceChoice::File | DeviceChoice::All) {
+        let image = super::ScratchFile { path: scratch.join(format!("tandem-bench-meta-{}.img", std::process::id())) };
+        let options =
+            FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
+        let result = super::contain_panic("the engine", || {
+            let device = FileDevice::open(&image.path, options)
+                .map_err(|error| format!("cannot create {}: {error}", image.path.display()))?;
+            measure_library(Arc::new(device), size, rounds, "tandemfs file")
+        });
+        drop(image);
+        record("tandemfs file", result, &mut columns);
+    }
+    let mut ext4_note = None;
+    if arguments.no_ext4 {
+        ext4_note = Some("ext4 skipped (--no-ext4)".to_string());
+    } else if let Some(reason) = Ext4Volume::unavailable_reason() {
+        ext4_note = Some(format!("ext4 skipped: {reason}"));
+    } else {
+        let path = scratch.join(format!("tandem-bench-ext4-{}.img", std::process::id()));
+        let result = Ext4Volume::create(&path, volume_bytes, inode_count(size)).and_then(|volume| {
+            let mut target = SystemTarget::new(volume.mountpoint())?;
+            let measured = measure(&mut target, size, rounds, "ext4");
+            drop(target);
+            drop(volume);
+            measured
+        });
+        record("ext4", result, &mut columns);
+    }
+
+    println!();
+    print_comparison(
+        &columns,
+        &[("tandemfs file", "ext4", "file vs ext4"), ("tandemfs memory", "ext4", "memory vs ext4")],
+        true,
+    );
+    if let Some(note) = ext4_note {
+        println!("{note}");
+    }
+    if failures.is_empty() {
+        Ok(EXIT_SUCCESS)
+    } else {
+        for failure in &failures {
+            eprintln!("tandem: {failure}");
+        }
+        Err(CliError::new(format!("{} of the measurements failed (see above)", failures.len())))
+    }
+}
+
+/// Prints every column, then each (ours, theirs, header) pair as a speed-up of ours over theirs;
+/// with `show_targets`, the first pair also gets the project's target beside it.
+pub fn print_comparison(columns: &[Column], comparisons: &[(&str, &str, &str)], show_targets: bool) {
+    let measured = |label: &str| columns.iter().find(|column| column.label == label && column.medians.is_some());
+    let pairs: Vec<(&Column, &Column, &str)> = comparisons
+        .iter()
+        .filter_map(|(ours, theirs, header)| Some((measured(ours)?, measured(theirs)?, *header)))
+        .collect();
+    // Targets belong to the first comparison only; without it measured there are none to show.
+    let with_target = show_targets
+        && comparisons.first().is_some_and(|(ours, theirs, _)| {
+            pairs
+                .first()
+                .is_some_and(|(first_ours, first_theirs, _)| first_ours.label == *ours && first_theirs.label == *theirs)
+        });
+    let mut headers: Vec<String> = vec!["operation".into()];
+    headers.extend(columns.iter().map(|column| column.label.clone()));
+    for (index, (_, _, header)) in pairs.iter().enumerate() {
+        headers.push(header.to_string());
+        if index == 0 && with_target {
+            headers.push("target".into());
+        }
+    }
+    let mut rows = Vec::new();
+    for operation in Operation::ALL {
+        let mut row = vec![operation.label().to_string()];
+        for column in columns {
+            row.push(match (&column.medians, column.seconds(operation)) {
+                (None, _) => "failed".into(),
+                (Some(_), Some(seconds)) => format_rate(seconds),
+                (Some(_), None) => "-".into(),
+            });
+        }
+        for (index, (ours, theirs, _)) in pairs.iter().enumerate() {
+            let (ours_seconds, theirs_seconds) =
+                (ours.seconds(operation).unwrap_or(0.0), theirs.seconds(operation).unwrap_or(0.0));
+            row.push(format_ratio(ours_seconds, theirs_seconds));
+            if index == 0 && with_target {
+                row.push(match operation.target_ratio() {
+                    Some(target) if ours_seconds > 0.0 && theirs_seconds > 0.0 => {
+                        let met = theirs_seconds / ours_seconds >= target;
+                        format!("≥{target}× {}", if met { "met" } else { "missed" })
+                    }
+                    Some(target) => format!("≥{target}×"),
+                    None => String::new(),
+                });
+            }
+        }
+        rows.push(row);
+    }
+    let header_references: Vec<&str> = headers.iter().map(String::as_str).collect();
+    print_table(&header_references, &rows);
+}

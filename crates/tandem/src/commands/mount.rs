@@ -1,0 +1,353 @@
+//! `tandem mount` and `tandem umount`.
+//!
+//! A background mount (`-d`) does not fork: forking a Rust process after it has opened the image
+//! would leave locks and threads in a state nobody can reason about. Instead the parent re-runs
+//! this same executable without `-d` in a new session with its output going to a log file, and
+//! waits until the mount shows up in /proc/self/mountinfo (success) or the child exits (failure,
+//! whose log it prints). `tandem umount` returns only once the serving process has flushed the
+//! volume and exited (the adapter waits for it), so an `fsck` right after it finds the image free.
+
+use crate::error::{CliError, CliResult, EXIT_FAILURE, EXIT_SUCCESS};
+use crate::fuse_api::{self, MountConfig};
+use crate::image::{self, Access};
+use crate::mountinfo;
+use crate::size::format_count;
+use clap::Args;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tandemfs::fs::{MountOptions, MountReport};
+use tandemfs::FileSystem;
+
+#[derive(Args)]
+pub struct MountArguments {
+    /// Image file or block device holding a tandemfs volume
+    pub image: PathBuf,
+    /// Existing directory to mount on
+    pub mountpoint: PathBuf,
+    /// Run in the background; returns once the mount is visible
+    #[arg(long = "daemon", short = 'd')]
+    pub daemon: bool,
+    /// Comma-separated options: allow_other, default_permissions, ro, rw, threads=N
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Where a background mount writes its messages (default: in the tandem runtime directory)
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct UmountArguments {
+    /// Directory where a tandemfs volume is mounted
+    pub mountpoint: PathBuf,
+}
+
+/// Set in the environment of the process a background mount starts, so it knows nobody is at a
+/// terminal to press Ctrl-C.
+const BACKGROUND_CHILD_VARIABLE: &str = "TANDEM_BACKGROUND_MOUNT";
+
+/// Mount options from `-o`, checked before anything is opened.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ParsedOptions {
+    pub allow_other: bool,
+    pub default_permissions: bool,
+    pub read_only: bool,
+    pub threads: usize,
+}
+
+pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
+    let mut parsed = ParsedOptions::default();
+    for item in lists.iter().flat_map(|list| list.split(',')).map(str::trim).filter(|item| !item.is_empty()) {
+        match item {
+            "allow_other" => parsed.allow_other = true,
+            "default_permissions" => parsed.default_permissions = true,
+            "ro" => parsed.read_only = true,
+            "rw" => parsed.read_only = false,
+            _ => match item.split_once('=') {
+                Some(("threads", count)) => {
+                    parsed.threads =
+                        count.parse().ok().filter(|&value: &usize| (1..=1024).contains(&value)).ok_or_else(|| {
+                            CliError::new(format!("-o threads={count}: expected a whole number from 1 to 1024"))
+                        })?;
+                }
+                _ => {
+                    return Err(CliError::new(format!(
+                        "unknown mount option '{item}' (known: allow_other, default_permissions, ro, rw, threads=N)"
+                    )))
+                }
+            },
+        }
+    }
+    Ok(parsed)
+}
+
+/// Checks that the mount point is an existing directory and returns its canonical form (the form
+/// mountinfo uses).
+fn canonical_mountpoint(path: &Path) -> CliResult<PathBuf> {
+    let canonical = std::fs::canonicalize(path).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::NotFound {
+            CliError::new(format!("mount point {} does not exist (create it with mkdir)", path.display()))
+        } else {
+            CliError::new(format!("cannot use mount point {}: {error}", path.display()))
+        }
+    })?;
+    if !canonical.is_dir() {
+        return Err(CliError::new(format!("mount point {} is not a directory", path.display())));
+    }
+    Ok(canonical)
+}
+
+/// FUSE needs /dev/fuse; say so plainly instead of failing deep in the adapter.
+pub fn require_fuse() -> CliResult<()> {
+    if Path::new("/dev/fuse").exists() {
+        Ok(())
+    } else {
+        Err(CliError::new(
+            "FUSE is not available: /dev/fuse is missing (install fuse3 and load the fuse module with 'modprobe fuse')",
+        ))
+    }
+}
+
+/// Directory for the default logs of background mounts: /run/tandem as root, else per user.
+pub fn runtime_directory() -> PathBuf {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let directory = if uid == 0 {
+        PathBuf::from("/run/tandem")
+    } else if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(runtime).join("tandem")
+    } else {
+        std::env::temp_dir().join(format!("tandem-{uid}"))
+    };
+    let _ = std::fs::create_dir_all(&directory);
+    directory
+}
+
+/// A stable short name for a mount point (FNV-1a of its canonical path): file names must not
+/// depend on how long or odd the path is.
+fn mountpoint_key(mountpoint: &Path) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in mountpoint.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// Where a background mount writes its messages unless `--log-file` says otherwise.
+fn default_log_path(mountpoint: &Path) -> PathBuf {
+    runtime_directory().join(format!("mount-{}.log", mountpoint_key(mountpoint)))
+}
+
+/// Prints what mount found, in the words the README promises.
+pub fn describe_report(report: &MountReport) {
+    if report.was_dirty {
+        println!("the volume was not unmounted cleanly; recovering from the log");
+    }
+    if report.records_replayed > 0 {
+        println!("replayed {} log records", format_count(report.records_replayed));
+    }
+    if report.checkpoint_completed {
+        println!("completed an interrupted checkpoint");
+    }
+    if report.orphans_reclaimed > 0 {
+        println!("reclaimed {} orphan inodes", format_count(report.orphans_reclaimed));
+    }
+}
+
+/// Opens and mounts the engine on `image`: the shared first half of every mount.
+pub fn open_volume(image_path: &Path) -> CliResult<(FileSystem, MountReport)> {
+    let device = image::open(image_path, Access::WRITE)?;
+    FileSystem::mount(device, &MountOptions::default())
+        .map_err(|error| CliError::new(format!("cannot mount the volume on {}: {error}", image_path.display())))
+}
+
+/// The adapter's configuration: its defaults (kernel permission checks on, a thread per core up
+/// to its limit) with what `-o` asked for on top.
+pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
+    let defaults = MountConfig::default();
+    MountConfig {
+        allow_other: options.allow_other,
+        default_permissions: options.default_permissions || defaults.default_permissions,
+        threads: if options.threads == 0 { defaults.threads } else { options.threads },
+        read_only: options.read_only,
+        volume_name: image.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or(defaults.volume_name),
+    }
+}
+
+pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
+    let options = parse_options(&arguments.options)?;
+    let mountpoint = canonical_mountpoint(&arguments.mountpoint)?;
+    image::check_image_path(&arguments.image)?;
+    require_fuse()?;
+    if arguments.daemon {
+        run_daemon_parent(&arguments, &mountpoint)
+    } else {
+        run_foreground(&arguments.image, &mountpoint, &options)
+    }
+}
+
+fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions) -> CliResult<i32> {
+    let (fs, report) = open_volume(image_path)?;
+    describe_report(&report);
+    // The adapter reports nothing between "mounted" and "unmounted", so say what is about to
+    // happen rather than claim it already has.
+    let stop_hint = if std::env::var_os(BACKGROUND_CHILD_VARIABLE).is_some() {
+        String::new()
+    } else {
+        format!("; stop with Ctrl-C or 'tandem umount {}'", mountpoint.display())
+    };
+    println!(
+        "serving {} on {}{}{stop_hint}",
+        image_path.display(),
+        mountpoint.display(),
+        if options.read_only { " read-only" } else { "" }
+    );
+    let _ = std::io::stdout().flush();
+    let served = fuse_api::mount_foreground(fs.clone(), mountpoint, &mount_config(options, image_path));
+    // Whatever ended the mount (umount, a signal, an error), flush and close the volume so it is
+    // clean on disk before this process lets go of its lock.
+    let closed = fs.unmount();
+    if let Err(error) = served {
+        return Err(CliError::new(format!("cannot mount on {}: {error}", mountpoint.display())));
+    }
+    closed.map_err(|error| {
+        CliError::new(format!("cannot close the volume on {} cleanly: {error}", image_path.display()))
+    })?;
+    println!("unmounted {}; volume flushed and clean", mountpoint.display());
+    Ok(EXIT_SUCCESS)
+}
+
+fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult<i32> {
+    let log_path = arguments.log_file.clone().unwrap_or_else(|| default_log_path(mountpoint));
+    // Append, never truncate: a second attempt on the same mount point must not wipe the log of
+    // the mount that is already running there. Only what this child writes is shown.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|error| CliError::new(format!("cannot open log file {}: {error}", log_path.display())))?;
+    let log_start = log.metadata().map(|metadata| metadata.len()).unwrap_or(0);
+    let read_new_log = || {
+        let bytes = std::fs::read(&log_path).unwrap_or_default();
+        String::from_utf8_lossy(bytes.get(log_start as usize..).unwrap_or_default()).into_owned()
+    };
+    let log_for_errors = log
+        .try_clone()
+        .map_err(|error| CliError::new(format!("cannot use log file {}: {error}", log_path.display())))?;
+    let executable = std::env::current_exe().map_err(|error| {
+        CliError::new(format!("cannot find the tandem executable to run in the background: {error}"))
+    })?;
+    let mounts_before = mountinfo::fuse_mounts_at(mountpoint);
+
+    let mut command = Command::new(executable);
+    command.arg("mount").arg(&arguments.image).arg(mountpoint);
+    for list in &arguments.options {
+        command.arg("-o").arg(list);
+    }
+    command.stdin(Stdio::null()).stdout(log).stderr(log_for_errors).env(BACKGROUND_CHILD_VARIABLE, "1");
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours; it detaches the child
+    // from our terminal so closing the shell does not send it SIGHUP.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child =
+        command.spawn().map_err(|error| CliError::new(format!("cannot start the background mount: {error}")))?;
+
+    let started = Instant::now();
+    let patience = Duration::from_secs(600);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            for line in read_new_log().lines() {
+                eprintln!("{line}");
+            }
+            let code = status.code().unwrap_or(EXIT_FAILURE);
+            return Err(CliError::with_code(
+                format!("the background mount exited before mounting ({status}); log: {}", log_path.display()),
+                if code == 0 { EXIT_FAILURE } else { code },
+            ));
+        }
+        if mountinfo::fuse_mounts_at(mountpoint) > mounts_before {
+            for line in read_new_log().lines() {
+                println!("{line}");
+            }
+            println!(
+                "mounted {} on {} in the background (process {}, log {}); stop it with 'tandem umount {}'",
+                arguments.image.display(),
+                mountpoint.display(),
+                child.id(),
+                log_path.display(),
+                mountpoint.display()
+            );
+            return Ok(EXIT_SUCCESS);
+        }
+        if started.elapsed() > patience {
+            return Err(CliError::new(format!(
+                "the mount did not appear within {} s; process {} is still starting (log: {})",
+                patience.as_secs(),
+                child.id(),
+                log_path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn run_umount(arguments: UmountArguments) -> CliResult<i32> {
+    // A mount whose process died answers "transport endpoint is not connected" to every lookup,
+    // so canonicalize can fail exactly when umount is needed most: fall back to the plain path.
+    let mountpoint = match std::fs::canonicalize(&arguments.mountpoint) {
+        Ok(path) => path,
+        Err(_) => std::path::absolute(&arguments.mountpoint).map_err(|error| {
+            CliError::new(format!("cannot use mount point {}: {error}", arguments.mountpoint.display()))
+        })?,
+    };
+    match mountinfo::mount_at(&mountpoint) {
+        None => return Err(CliError::new(format!("{} is not a mount point", mountpoint.display()))),
+        Some(entry) if !entry.is_fuse() => {
+            return Err(CliError::new(format!(
+                "{} is a {} mount, not tandemfs; use umount(8) for it",
+                mountpoint.display(),
+                entry.file_system_type
+            )))
+        }
+        Some(_) => {}
+    }
+    // The adapter's unmount also waits until the serving process has flushed the volume and
+    // exited, so fsck or a new mount can follow this command at once.
+    fuse_api::unmount(&mountpoint)
+        .map_err(|error| CliError::new(format!("cannot unmount {}: {error}", mountpoint.display())))?;
+    println!("unmounted {}", mountpoint.display());
+    Ok(EXIT_SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_reject() {
+        let parsed = parse_options(&["allow_other,ro".into(), "threads=4".into()]).unwrap();
+        assert_eq!(
+            parsed,
+            ParsedOptions { allow_other: true, default_permissions: false, read_only: true, threads: 4 }
+        );
+        assert!(parse_options(&["nosuch".into()]).is_err());
+        assert!(parse_options(&["threads=0".into()]).is_err());
+        assert!(parse_options(&["threads=x".into()]).is_err());
+        assert_eq!(parse_options(&[]).unwrap(), ParsedOptions::default());
+    }
+
+    #[test]
+    fn keys_are_stable_and_distinct() {
+        assert_eq!(mountpoint_key(Path::new("/mnt/a")), mountpoint_key(Path::new("/mnt/a")));
+        assert_ne!(mountpoint_key(Path::new("/mnt/a")), mountpoint_key(Path::new("/mnt/b")));
+    }
+}

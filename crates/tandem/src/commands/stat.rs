@@ -1,0 +1,29 @@
+//! `tandem stat`: geometry, usage and log state of a volume, read without changing it.
+
+use crate::error::{CliError, CliResult, EXIT_SUCCESS};
+use crate::image::{self, Access};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct StatArguments {
+    /// Image file or block device holding a tandemfs volume (may be mounted: then a snapshot)
+    pub image: PathBuf,
+}
+
+/// Prints `name: value` pairs with the values in one column.
+pub fn print_aligned(lines: &[(String, String)], indent: &str) {
+    let width = lines.iter().map(|(name, _)| name.chars().count()).max().unwrap_or(0);
+    for (name, value) in lines {
+        println!("{indent}{:<width$}  {value}", format!("{name}:"), width = width + 1);
+    }
+}
+
+pub fn run(arguments: StatArguments) -> CliResult<i32> {
+    let device = image::open(&arguments.image, Access::LOOK)?;
+    let report = tandemfs::fsck::inspect(device.clone())
+        .map_err(|error| CliError::new(format!("cannot read the volume on {}: {error}", arguments.image.display())))?;
+    println!("{}", arguments.image.display());
+    print_aligned(&report.lines, "  ");
+    Ok(EXIT_SUCCESS)
+}

@@ -1,0 +1,66 @@
+//! Ctrl-C and SIGTERM for commands that mount or set up things they must take down again (the
+//! demo, the benchmarks). The default action would kill the process on the spot and leave a dead
+//! FUSE mount, a mounted loop device or an image behind. Instead the signals are blocked in every
+//! thread and one watcher thread takes them and sets a flag that the long loops check between
+//! steps; they then fail with "interrupted" and the normal error path with its clean-up runs.
+//!
+//! `tandem mount` only blocks the signals (`block_termination_signals`): the FUSE adapter watches
+//! for them itself, but the engine starts its threads before the adapter runs, and a signal
+//! delivered to one of those threads would kill the process without flushing the volume.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether SIGINT, SIGTERM or SIGHUP arrived.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// An error for work stopped by a signal; callers return it as they would any failure.
+pub fn check() -> Result<(), String> {
+    if interrupted() {
+        Err("interrupted".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Blocks the signals in this thread, and so in every thread started after, and starts the
+/// watcher. Call first thing, before any other thread exists. Child processes are unaffected:
+/// the standard library clears the signal mask when it starts one.
+pub fn install() {
+    let Some(set) = block_termination_signals() else { return };
+    let set = Arc::new(set);
+    let _ = std::thread::Builder::new().name("tandem-signals".into()).spawn(move || loop {
+        let mut signal = 0;
+        // SAFETY: sigwait reads the set and writes the signal number into a local.
+        if unsafe { libc::sigwait(&*set, &mut signal) } != 0 {
+            continue;
+        }
+        if !INTERRUPTED.swap(true, Ordering::Relaxed) {
+            eprintln!("tandem: interrupted; cleaning up after the current step (Ctrl-C again stops at once)");
+        } else {
+            // A second signal means the user will not wait: leave the way the default would.
+            std::process::exit(130);
+        }
+    });
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread and every thread it starts later, and
+/// returns the set for `sigwait`. Call before any other thread exists.
+pub fn block_termination_signals() -> Option<libc::sigset_t> {
+    // SAFETY: sigset operations on a local set, and pthread_sigmask on the calling thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return None;
+        }
+        Some(set)
+    }
+}

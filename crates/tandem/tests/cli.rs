@@ -1,0 +1,215 @@
+//! The `tandem` command as a user meets it: exit codes, one-line errors, and the commands that
+//! need no FUSE (mkfs, fsck, stat) on real image files. Mounting is covered by tests/mount.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A directory of its own per test, removed at the end.
+struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let path = std::env::temp_dir().join(format!("tandem-cli-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Scratch { path }
+    }
+    fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn tandem(arguments: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tandem")).args(arguments).output().expect("run tandem")
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A usage or operational error: exit 2, exactly one line on stderr, no panic.
+fn assert_one_line_failure(output: &Output, expected_words: &str) {
+    let message = stderr(output);
+    assert_eq!(output.status.code(), Some(2), "stderr: {message}");
+    assert_eq!(message.trim_end().lines().count(), 1, "more than one line: {message}");
+    assert!(message.starts_with("tandem: "), "{message}");
+    assert!(message.contains(expected_words), "expected '{expected_words}' in: {message}");
+    assert!(!message.contains("panicked"), "{message}");
+}
+
+#[test]
+fn usage_errors_are_one_line_with_exit_code_2() {
+    assert_one_line_failure(&tandem(&["mkfs", "x.img", "--size", "12Q"]), "unknown unit");
+    assert_one_line_failure(&tandem(&["mkfs", "x.img", "--bogus"]), "'--bogus'");
+    assert_one_line_failure(&tandem(&["mkfs"]), "<IMAGE>");
+    assert_one_line_failure(&tandem(&["mkfs", "x.img", "--inodes", "0"]), "larger than zero");
+    assert_one_line_failure(&tandem(&["insert", "x", "0"]), "--from");
+    assert_one_line_failure(&tandem(&["insert", "x", "0", "--zeros", "1", "--from", "y"]), "cannot be used");
+    assert_one_line_failure(&tandem(&["bench", "meta", "--count", "5"]), "tandem bench meta --help");
+    assert_one_line_failure(&tandem(&["nosuchcommand"]), "nosuchcommand");
+}
+
+#[test]
+fn help_and_version_succeed() {
+    let help = tandem(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(stdout(&help).contains("Exit codes"));
+    for command in ["mkfs", "fsck", "stat", "mount", "umount", "insert", "collapse", "demo"] {
+        let output = tandem(&[command, "--help"]);
+        assert_eq!(output.status.code(), Some(0), "{command} --help");
+        assert!(stdout(&output).contains("Usage: tandem"), "{command} --help");
+    }
+    assert_eq!(tandem(&["--version"]).status.code(), Some(0));
+}
+
+#[test]
+fn mkfs_fsck_and_stat_on_a_new_image() {
+    let scratch = Scratch::new("basic");
+    let image = scratch.join("volume.img");
+    let created = tandem(&["mkfs", text(&image), "--size", "64M", "--inodes", "5000"]);
+    assert_eq!(created.status.code(), Some(0), "{}", stderr(&created));
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 64 << 20);
+    assert!(stdout(&created).contains("created tandemfs"));
+
+    let checked = tandem(&["fsck", text(&image)]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+    assert!(stdout(&checked).contains("clean"));
+    assert!(tandem(&["fsck", "-q", text(&image)]).stdout.is_empty());
+
+    let status = tandem(&["stat", text(&image)]);
+    assert_eq!(status.status.code(), Some(0));
+    let lines: Vec<String> = stdout(&status).lines().skip(1).map(str::to_string).collect();
+    assert!(lines.len() >= 3, "{lines:?}");
+    // Aligned: every value starts in the same column.
+    let columns: Vec<usize> = lines
+        .iter()
+        .map(|line| {
+            line.find(": ").unwrap() + 2 + line[line.find(": ").unwrap() + 2..].find(|c: char| c != ' ').unwrap()
+        })
+        .collect();
+    assert!(columns.windows(2).all(|pair| pair[0] == pair[1]), "{lines:?}");
+}
+
+#[test]
+fn mkfs_refuses_to_overwrite_without_force() {
+    let scratch = Scratch::new("refuse");
+    let image = scratch.join("volume.img");
+    assert_eq!(tandem(&["mkfs", text(&image), "--size", "32M"]).status.code(), Some(0));
+    assert_one_line_failure(&tandem(&["mkfs", text(&image)]), "tandemfs");
+    assert_eq!(tandem(&["mkfs", text(&image), "--force"]).status.code(), Some(0));
+
+    let data = scratch.join("data.bin");
+    let mut bytes = vec![0u8; 32 << 20];
+    bytes[100] = 1;
+    std::fs::write(&data, &bytes).unwrap();
+    assert_one_line_failure(&tandem(&["mkfs", text(&data)]), "--force");
+    assert_eq!(std::fs::read(&data).unwrap(), bytes, "refused mkfs must not touch the file");
+
+    // A zero-filled file is fair game.
+    let zeros = scratch.join("zeros.img");
+    std::fs::File::create(&zeros).unwrap().set_len(32 << 20).unwrap();
+    assert_eq!(tandem(&["mkfs", text(&zeros)]).status.code(), Some(0));
+}
+
+#[test]
+fn mkfs_rejects_bad_targets_and_sizes() {
+    let scratch = Scratch::new("bad");
+    let image = scratch.join("small.img");
+    assert_one_line_failure(&tandem(&["mkfs", text(&image), "--size", "64K"]), "at least");
+    assert!(!image.exists(), "a failed mkfs leaves no new file behind");
+    assert_one_line_failure(&tandem(&["mkfs", text(&image)]), "--size");
+    assert_one_line_failure(&tandem(&["mkfs", text(&scratch.path), "--size", "1G"]), "directory");
+    assert_one_line_failure(&tandem(&["mkfs", "/dev/null"]), "neither a regular file nor a block device");
+    assert_one_line_failure(&tandem(&["mkfs", text(&image), "--size", "32M", "--log-size", "32M"]), "does not fit");
+    assert!(!image.exists());
+    let long_name = scratch.join(&format!("{}.img", "n".repeat(300)));
+    assert_one_line_failure(&tandem(&["mkfs", text(&long_name), "--size", "32M"]), "too long");
+}
+
+#[test]
+fn fsck_exit_codes() {
+    let scratch = Scratch::new("fsck");
+    assert_one_line_failure(&tandem(&["fsck", text(&scratch.join("missing.img"))]), "no such image");
+
+    let garbage = scratch.join("garbage.img");
+    let bytes: Vec<u8> = (0..(32u32 << 20)).map(|index| (index.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    std::fs::write(&garbage, bytes).unwrap();
+    let checked = tandem(&["fsck", text(&garbage)]);
+    assert_eq!(checked.status.code(), Some(1), "{}{}", stdout(&checked), stderr(&checked));
+    assert!(!stdout(&checked).is_empty());
+
+    let image = scratch.join("volume.img");
+    assert_eq!(tandem(&["mkfs", text(&image), "--size", "32M"]).status.code(), Some(0));
+    // Damage the first superblock copy: the volume must still check (the second copy wins) or
+    // report the damage, but never crash.
+    let mut bytes = std::fs::read(&image).unwrap();
+    bytes[64..128].fill(0xff);
+    std::fs::write(&image, &bytes).unwrap();
+    let checked = tandem(&["fsck", text(&image)]);
+    assert!(matches!(checked.status.code(), Some(0) | Some(1)), "{}", stderr(&checked));
+    assert!(!stderr(&checked).contains("panicked"));
+}
+
+#[test]
+fn fsck_names_a_foreign_file_system() {
+    if Command::new("mkfs.ext4").arg("-V").output().is_err() {
+        eprintln!("skipped: mkfs.ext4 is not installed");
+        return;
+    }
+    let scratch = Scratch::new("ext4");
+    let image = scratch.join("ext4.img");
+    std::fs::File::create(&image).unwrap().set_len(32 << 20).unwrap();
+    let formatted = Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image).output().unwrap();
+    assert!(formatted.status.success());
+    assert_one_line_failure(&tandem(&["fsck", text(&image)]), "ext2/ext3/ext4");
+    assert_one_line_failure(&tandem(&["mkfs", text(&image)]), "ext2/ext3/ext4");
+}
+
+#[test]
+fn commands_on_files_outside_tandemfs_are_refused() {
+    let scratch = Scratch::new("outside");
+    let file = scratch.join("plain.txt");
+    std::fs::write(&file, b"hello").unwrap();
+    assert_one_line_failure(&tandem(&["insert", text(&file), "0", "--zeros", "3"]), "not on a mounted tandemfs");
+    assert_one_line_failure(&tandem(&["collapse", text(&file), "0", "1"]), "not on a mounted tandemfs");
+    assert_one_line_failure(&tandem(&["insert", text(&scratch.join("none")), "0", "--zeros", "3"]), "no such file");
+    assert_eq!(std::fs::read(&file).unwrap(), b"hello");
+    assert_one_line_failure(&tandem(&["umount", text(&scratch.path)]), "not a mount point");
+    assert_one_line_failure(&tandem(&["mount", "missing.img", text(&scratch.path)]), "no such image");
+    assert_one_line_failure(&tandem(&["mount", "x.img", text(&scratch.path), "-o", "nosuch"]), "unknown mount option");
+    assert_one_line_failure(&tandem(&["mount", "x.img", text(&scratch.join("nodir"))]), "does not exist");
+}
+
+#[test]
+fn image_in_use_is_refused() {
+    let scratch = Scratch::new("locked");
+    let image = scratch.join("volume.img");
+    assert_eq!(tandem(&["mkfs", text(&image), "--size", "32M"]).status.code(), Some(0));
+    // Hold the same kind of lock a mount holds.
+    let holder = std::fs::File::open(&image).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0);
+    assert_one_line_failure(&tandem(&["fsck", text(&image)]), "in use");
+    assert_one_line_failure(&tandem(&["mkfs", text(&image), "--force"]), "in use");
+    // stat takes no lock and still works.
+    assert_eq!(tandem(&["stat", text(&image)]).status.code(), Some(0));
+    drop(holder);
+    assert_eq!(tandem(&["fsck", text(&image)]).status.code(), Some(0));
+}
