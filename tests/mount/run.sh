@@ -5,7 +5,7 @@
 #
 # Needs root, /dev/fuse and these packages (.ci/run installs them):
 #   fuse3 (fusermount3), rsync, git, python3, attr (setfattr/getfattr),
-#   util-linux (setpriv, fallocate), procps (pgrep), coreutils, tar, diffutils, findutils,
+#   util-linux (setpriv, fallocate), coreutils, tar, diffutils, findutils,
 #   gawk or mawk, and a C compiler
 #   (cc) for the C example (that one test is skipped without it).
 #
@@ -746,6 +746,19 @@ check_state() {
 }
 export -f file_checksums record_state check_state
 
+# The process serving $MNT: the one whose command line is `tandem mount $IMG $MNT ...`.
+mount_process_id() {
+    local directory arguments
+    for directory in /proc/[0-9]*; do
+        arguments=$(tr '\0' ' ' <"$directory/cmdline" 2>/dev/null) || continue
+        case "$arguments" in
+        *" mount $IMG $MNT "*) echo "${directory#/proc/}"; return 0 ;;
+        esac
+    done
+    return 1
+}
+export -f mount_process_id
+
 test_unmount_fsck_remount() {
     record_state
     unmount_volume
@@ -773,7 +786,7 @@ test_unmount_refuses_other_file_systems() {
 
 test_sigterm_unmounts_cleanly() {
     record_state
-    pid=$(pgrep -f "mount $IMG $MNT" | head -1)
+    pid=$(mount_process_id)
     test -n "$pid"
     kill -TERM "$pid"
     for _ in $(seq 1 600); do
@@ -793,7 +806,7 @@ test_kill_9_recovers() {
     dd if=/dev/urandom of="$MNT/interrupted" bs=1M count=64 status=none &
     writer=$!
     sleep 0.3
-    pid=$(pgrep -f "mount $IMG $MNT" | head -1)
+    pid=$(mount_process_id)
     test -n "$pid"
     kill -KILL "$pid"
     wait "$writer" || true
