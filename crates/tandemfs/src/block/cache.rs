@@ -3,7 +3,8 @@
 //! evicted in least-recently-used order once the cache holds more than its bound.
 
 use super::meta::{BlockBuf, BlockKind};
-use std::collections::{HashMap, VecDeque};
+use crate::FastHashMap;
+use std::collections::VecDeque;
 
 struct Entry {
     block: BlockBuf,
@@ -13,7 +14,7 @@ struct Entry {
 }
 
 pub struct BlockCache {
-    entries: HashMap<u64, Entry>,
+    entries: FastHashMap<u64, Entry>,
     /// (block, stamp) in use order; an element is stale when the entry's stamp moved on.
     recency: VecDeque<(u64, u64)>,
     dirty_count: usize,
@@ -27,7 +28,7 @@ impl BlockCache {
     pub fn new(capacity_blocks: usize) -> BlockCache {
         assert!(capacity_blocks >= 16);
         BlockCache {
-            entries: HashMap::new(),
+            entries: FastHashMap::default(),
             recency: VecDeque::new(),
             dirty_count: 0,
             clock: 0,

@@ -273,7 +273,9 @@ impl Volume {
 
     fn append_bitmap_images(&mut self, images: &mut Vec<Image>) {
         let superblock = &self.superblock;
-        for (bitmap, start) in [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)] {
+        for (bitmap, start) in
+            [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)]
+        {
             for index in bitmap.take_dirty_blocks() {
                 let mut block = bitmap.encode_block(index);
                 seal_block(&mut block, bitmap.kind, start + index);

@@ -33,8 +33,9 @@ const SYMLINK_FOLLOW_MAX: usize = 40;
 const DEPTH_WALK_MAX: usize = 1 << 16;
 /// A checkpoint is taken at least this often while records are applied.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
-/// Blocks a namespace operation may need (directory growth, symlink data).
-const NAMESPACE_RESERVE_BLOCKS: u64 = 8;
+/// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
+/// the new directory's first leaf or the symlink's data block, one spare.
+const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
 /// Extra blocks any data operation may need for the extent tree and split ends.
 const DATA_RESERVE_BLOCKS: u64 = 16;
 
@@ -228,6 +229,7 @@ impl FileSystem {
             next_generation: volume.superblock.next_generation,
             reserved_blocks: 0,
             free_blocks: volume.free_blocks(),
+            pending_free_blocks: 0,
             use_clock: 0,
         };
         let usage = log.usage();
@@ -374,6 +376,7 @@ impl FileSystem {
         let last = batch.last().unwrap().lsn;
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let free_blocks;
+        let pending_free_blocks;
         {
             let mut volume = inner.volume.lock();
             for queued in &batch {
@@ -392,6 +395,7 @@ impl FileSystem {
                 }
             }
             free_blocks = volume.free_blocks();
+            pending_free_blocks = volume.blocks.pending_free_count();
         }
         {
             let mut front = inner.front.lock();
@@ -419,6 +423,7 @@ impl FileSystem {
                 }
             }
             front.free_blocks = free_blocks;
+            front.pending_free_blocks = pending_free_blocks;
             front.trim_views(last);
         }
         *inner.applied_lsn.lock() = last;
@@ -455,8 +460,14 @@ impl FileSystem {
             self.fail(&error);
             return Err(error);
         }
-        let free_blocks = inner.volume.lock().free_blocks();
-        inner.front.lock().free_blocks = free_blocks;
+        let (free_blocks, pending_free_blocks) = {
+            let volume = inner.volume.lock();
+            (volume.free_blocks(), volume.blocks.pending_free_count())
+        };
+        let mut front = inner.front.lock();
+        front.free_blocks = free_blocks;
+        front.pending_free_blocks = pending_free_blocks;
+        drop(front);
         backend.last_checkpoint = Instant::now();
         backend.applied_since_checkpoint = 0;
         backend.applied_bytes_since_checkpoint = 0;
@@ -1548,7 +1559,9 @@ impl FileSystem {
         Ok(VolumeStatistics {
             block_size_bytes: BLOCK_SIZE_U64 as u32,
             blocks_total: volume.superblock.block_count,
-            blocks_free: front.free_blocks.saturating_sub(front.reserved_blocks),
+            // Freed blocks wait for a checkpoint before reuse, but they are free: `df` after `rm`
+            // should say so at once.
+            blocks_free: (front.free_blocks + front.pending_free_blocks).saturating_sub(front.reserved_blocks),
             inodes_total: self.inner.inode_count,
             inodes_free: front.inode_numbers.free_count(),
             name_max_bytes: NAME_MAX_BYTES as u32,

@@ -12,7 +12,8 @@
 use crate::backend::record::AttributeImage;
 use crate::block::bitmap::Bitmap;
 use crate::fs::types::{Attributes, FileType};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use crate::FastHashMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 /// Views kept without pending changes before the least recently used are dropped.
@@ -112,11 +113,11 @@ pub struct NameOverlay {
 pub const LOOKUP_CACHE_LIMIT: usize = 500_000;
 
 pub struct Front {
-    pub views: HashMap<u64, InodeView>,
-    pub names: HashMap<(u64, Vec<u8>), NameOverlay>,
+    pub views: FastHashMap<u64, InodeView>,
+    pub names: FastHashMap<(u64, Vec<u8>), NameOverlay>,
     /// Applied names found in H-trees (GPU4FS's lookup cache). Only the overlay is newer: a
     /// name change removes its key here when it enters the overlay.
-    pub lookups: HashMap<(u64, Vec<u8>), Option<(u64, FileType)>>,
+    pub lookups: FastHashMap<(u64, Vec<u8>), Option<(u64, FileType)>>,
     /// Inode numbers the front end may hand out (bit n - 1 is inode n).
     pub inode_numbers: Bitmap,
     pub next_generation: u64,
@@ -124,6 +125,8 @@ pub struct Front {
     pub reserved_blocks: u64,
     /// Blocks free in the volume as of the last applied batch.
     pub free_blocks: u64,
+    /// Blocks freed but not reusable before the next checkpoint.
+    pub pending_free_blocks: u64,
     pub use_clock: u64,
 }
 
