@@ -5,7 +5,7 @@
 #
 # Needs root, /dev/fuse and these packages (.ci/run installs them):
 #   fuse3 (fusermount3), rsync, git, python3, attr (setfattr/getfattr),
-#   util-linux (setpriv, fallocate), procps (pgrep), coreutils, tar, diffutils, findutils,
+#   util-linux (setpriv, fallocate), coreutils, tar, diffutils, findutils,
 #   gawk or mawk, and a C compiler
 #   (cc) for the C example (that one test is skipped without it).
 #
@@ -746,6 +746,19 @@ check_state() {
 }
 export -f file_checksums record_state check_state
 
+# The process serving $MNT: the one whose command line is `tandem mount $IMG $MNT ...`.
+mount_process_id() {
+    local directory arguments
+    for directory in /proc/[0-9]*; do
+        arguments=$(tr '\0' ' ' <"$directory/cmdline" 2>/dev/null) || continue
+        case "$arguments" in
+        *" mount $IMG $MNT "*) echo "${directory#/proc/}"; return 0 ;;
+        esac
+    done
+    return 1
+}
+export -f mount_process_id
+
 test_unmount_fsck_remount() {
     record_state
     unmount_volume
@@ -773,7 +786,7 @@ test_unmount_refuses_other_file_systems() {
 
 test_sigterm_unmounts_cleanly() {
     record_state
-    pid=$(pgrep -f "mount $IMG $MNT" | head -1)
+    pid=$(mount_process_id)
     test -n "$pid"
     kill -TERM "$pid"
     for _ in $(seq 1 600); do
@@ -785,6 +798,27 @@ test_sigterm_unmounts_cleanly() {
     check_mount_log
     "$TANDEM" fsck "$IMG"
     mount_volume
+    check_state
+}
+
+test_kill_9_recovers() {
+    record_state
+    dd if=/dev/urandom of="$MNT/interrupted" bs=1M count=64 status=none &
+    writer=$!
+    sleep 0.3
+    pid=$(mount_process_id)
+    test -n "$pid"
+    kill -KILL "$pid"
+    wait "$writer" || true
+    # A mount whose server died answers ENOTCONN; tandem umount still removes it.
+    "$TANDEM" umount "$MNT"
+    if is_mounted; then echo "the dead mount is still there"; exit 1; fi
+    "$TANDEM" fsck "$IMG"
+    log="$LOGS/mount-after-kill.log"
+    echo "$log" >"$WORK/current-mount-log"
+    "$TANDEM" mount "$IMG" "$MNT" -d --log-file "$log" -o allow_other,default_permissions
+    is_mounted
+    rm -f "$MNT/interrupted"
     check_state
 }
 
@@ -886,6 +920,7 @@ run_test umount-refuses-while-busy test_unmount_refuses_while_busy
 run_test umount-refuses-other-file-systems test_unmount_refuses_other_file_systems
 run_test umount-fsck-remount-compare test_unmount_fsck_remount
 run_test sigterm-unmounts-cleanly test_sigterm_unmounts_cleanly
+run_test kill-9-then-umount-fsck-recover test_kill_9_recovers
 run_test read-only-mount test_read_only_mount
 run_test rm-rf-usr-include-copy test_rm_rf_large_tree
 run_test enospc-small-volume test_no_space

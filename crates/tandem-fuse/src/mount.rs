@@ -134,6 +134,9 @@ fn start_session(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io:
 /// SIGHUP (then it unmounts itself). Makes every change durable (`fs.sync`) before returning;
 /// the caller then calls `fs.unmount()`.
 pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<()> {
+    // Resolved before mounting: afterwards, looking at the path may need the server, which
+    // only starts answering in `run`.
+    let resolved_mountpoint = canonical_or_absolute(mountpoint);
     let marker = ServingMarker::claim(mountpoint)?;
     let blocked = BlockedSignals::block()?;
     let session = match start_session(fs.clone(), mountpoint, config) {
@@ -143,7 +146,7 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
             return Err(error);
         }
     };
-    let watcher = SignalWatcher::start(canonical_or_absolute(mountpoint))?;
+    let watcher = SignalWatcher::start(resolved_mountpoint)?;
     let served = session.run();
     watcher.stop();
     let synced = fs.sync();
@@ -167,11 +170,12 @@ pub struct BackgroundMount {
 /// Mounts `fs` at `mountpoint` and serves it on background threads. Unmount with
 /// [`BackgroundMount::unmount`]; dropping the value unmounts too (lazily if busy).
 pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<BackgroundMount> {
+    let resolved_mountpoint = canonical_or_absolute(mountpoint);
     let marker = ServingMarker::claim(mountpoint)?;
     marker.mark_background();
     let session = start_session(fs.clone(), mountpoint, config)?;
     let server = std::thread::Builder::new().name("tandemfs-fuse".to_string()).spawn(move || session.run())?;
-    Ok(BackgroundMount { mountpoint: canonical_or_absolute(mountpoint), server: Some(server), fs, _marker: marker })
+    Ok(BackgroundMount { mountpoint: resolved_mountpoint, server: Some(server), fs, _marker: marker })
 }
 
 impl BackgroundMount {

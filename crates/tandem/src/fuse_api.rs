@@ -1,4 +1,3 @@
-//! The FUSE adapter's entry points, gathered in one place: the commands name `fuse_api`, so the
-//! adapter's API is visible at a glance and stubbing it for a build without FUSE is one file.
+//! The FUSE adapter's entry points, gathered in one place so the commands name them once.
 
 pub use tandem_fuse::{ioctl, mount_background, mount_foreground, unmount, BackgroundMount, MountConfig};

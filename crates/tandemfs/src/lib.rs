@@ -14,6 +14,11 @@ pub mod extent;
 pub mod log;
 
 pub use error::{Error, Result};
+
+/// Hash maps keyed by block and inode numbers and names on hot paths: SipHash's resistance to
+/// crafted keys costs more than it protects here, where keys come from the volume itself.
+pub(crate) type FastHashMap<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
+pub(crate) type FastHashSet<K> = std::collections::HashSet<K, rustc_hash::FxBuildHasher>;
 pub mod fs;
 pub mod fsck;
 

@@ -362,9 +362,14 @@ fn encode_commit(covered_lsn: u64, image_count: u64, superblock: &Superblock) ->
 }
 
 /// Writes a checkpoint covering every record up to `covered_lsn`, which must all be applied to
-/// `volume`. See the module comment for the protocol.
-pub fn checkpoint(volume: &mut Volume, log: &Log, covered_lsn: u64) -> Result<()> {
-    let images = volume.take_images();
+/// the volume, and nothing after them until this returns (the caller is the only applier). The
+/// volume lock is held only to take the images and to record the result, so readers go on while
+/// the images travel through the log and home. See the module comment for the protocol.
+pub fn checkpoint(volume: &parking_lot::Mutex<Volume>, log: &Log, covered_lsn: u64) -> Result<()> {
+    let (images, mut superblock, device) = {
+        let mut volume = volume.lock();
+        (volume.snapshot_images(), volume.superblock.clone(), volume.device.clone())
+    };
     let covered_bytes = covered_lsn.to_le_bytes();
     let mut image_count = 0u64;
     for chunk in images.chunks(IMAGES_PER_RECORD) {
@@ -381,24 +386,37 @@ pub fn checkpoint(volume: &mut Volume, log: &Log, covered_lsn: u64) -> Result<()
         log.append_reserved(KIND_CHECKPOINT_IMAGES, &parts)?.ok_or(Error::NoSpace)?;
         image_count += chunk.len() as u64;
     }
-    let commit = encode_commit(covered_lsn, image_count, &volume.superblock);
+    let commit = encode_commit(covered_lsn, image_count, &superblock);
     let commit_lsn = log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;
     log.wait_durable(commit_lsn)?;
-    Volume::write_images_home(volume.device.as_ref(), &images)?;
-    volume.device.flush()?;
+    Volume::write_images_home(device.as_ref(), &images)?;
+    device.flush()?;
     let tail = log.position(covered_lsn + 1);
-    let superblock = &mut volume.superblock;
     superblock.sequence += 1;
     superblock.checkpoint_lsn = covered_lsn;
     superblock.log_tail_lsn = tail.lsn;
     superblock.log_tail_data_position = tail.data_position;
     superblock.checkpoint_count += 1;
     superblock.checkpoint_time_ns = now_ns();
-    superblock.free_blocks = volume.blocks.free_count() + volume.blocks.pending_free_count();
-    superblock.free_inodes = volume.inodes.free_count();
-    superblock.write(volume.device.as_ref())?;
-    volume.device.flush()?;
+    {
+        let volume = volume.lock();
+        superblock.free_blocks = volume.blocks.free_count() + volume.blocks.pending_free_count();
+        superblock.free_inodes = volume.inodes.free_count();
+    }
+    superblock.write(device.as_ref())?;
+    device.flush()?;
     log.release(tail);
+    let mut volume = volume.lock();
+    volume.images_home(&images);
+    let current = &mut volume.superblock;
+    current.sequence = superblock.sequence;
+    current.checkpoint_lsn = superblock.checkpoint_lsn;
+    current.log_tail_lsn = superblock.log_tail_lsn;
+    current.log_tail_data_position = superblock.log_tail_data_position;
+    current.checkpoint_count = superblock.checkpoint_count;
+    current.checkpoint_time_ns = superblock.checkpoint_time_ns;
+    current.free_blocks = superblock.free_blocks;
+    current.free_inodes = superblock.free_inodes;
     volume.checkpoint_done(covered_lsn);
     Ok(())
 }

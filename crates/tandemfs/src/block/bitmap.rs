@@ -22,6 +22,8 @@ pub struct Bitmap {
     dirty_blocks: BTreeSet<u64>,
     /// Freed but not yet reusable: (lsn of the freeing record, first bit, count).
     pending_frees: Vec<(u64, u64, u64)>,
+    /// Bits in `pending_frees`.
+    pending_free_total: u64,
     free_count: u64,
     cursor: u64,
     pub kind: BlockKind,
@@ -36,6 +38,7 @@ impl Bitmap {
             bit_count,
             dirty_blocks: BTreeSet::new(),
             pending_frees: Vec::new(),
+            pending_free_total: 0,
             free_count: bit_count,
             cursor: 0,
             kind,
@@ -102,6 +105,7 @@ impl Bitmap {
         }
         self.mark_dirty(first, count);
         self.pending_frees.push((lsn, first, count));
+        self.pending_free_total += count;
         Ok(())
     }
 
@@ -136,6 +140,7 @@ impl Bitmap {
                     }
                 }
                 self.pending_frees.swap_remove(index);
+                self.pending_free_total -= count;
             } else {
                 index += 1;
             }
@@ -145,7 +150,7 @@ impl Bitmap {
 
     /// Frees not yet reusable, in bits.
     pub fn pending_free_count(&self) -> u64 {
-        self.pending_frees.iter().map(|(_, _, count)| count).sum()
+        self.pending_free_total
     }
 
     /// Finds up to `count` contiguous available bits, preferring `near`, and allocates them.

@@ -3,7 +3,8 @@
 //! evicted in least-recently-used order once the cache holds more than its bound.
 
 use super::meta::{BlockBuf, BlockKind};
-use std::collections::{HashMap, VecDeque};
+use crate::FastHashMap;
+use std::collections::VecDeque;
 
 struct Entry {
     block: BlockBuf,
@@ -13,7 +14,7 @@ struct Entry {
 }
 
 pub struct BlockCache {
-    entries: HashMap<u64, Entry>,
+    entries: FastHashMap<u64, Entry>,
     /// (block, stamp) in use order; an element is stale when the entry's stamp moved on.
     recency: VecDeque<(u64, u64)>,
     dirty_count: usize,
@@ -27,7 +28,7 @@ impl BlockCache {
     pub fn new(capacity_blocks: usize) -> BlockCache {
         assert!(capacity_blocks >= 16);
         BlockCache {
-            entries: HashMap::new(),
+            entries: FastHashMap::default(),
             recency: VecDeque::new(),
             dirty_count: 0,
             clock: 0,
@@ -99,6 +100,32 @@ impl BlockCache {
 
     pub fn dirty_count(&self) -> usize {
         self.dirty_count
+    }
+
+    /// Copies of every dirty block (block, kind, payload). They stay dirty, so that they cannot
+    /// be evicted and read back stale before their images are home; `mark_clean` follows.
+    pub fn copy_dirty(&self) -> Vec<(u64, BlockKind, BlockBuf)> {
+        let mut images: Vec<(u64, BlockKind, BlockBuf)> = self
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.dirty)
+            .map(|(number, entry)| (*number, entry.kind, entry.block.clone()))
+            .collect();
+        images.sort_by_key(|(block_number, _, _)| *block_number);
+        images
+    }
+
+    /// The images of these blocks are home: they may be evicted again.
+    pub fn mark_clean(&mut self, block_numbers: &[u64]) {
+        for block_number in block_numbers {
+            if let Some(entry) = self.entries.get_mut(block_number) {
+                if entry.dirty {
+                    entry.dirty = false;
+                    self.dirty_count -= 1;
+                }
+            }
+        }
+        self.evict();
     }
 
     /// Takes copies of every dirty block (block, kind, payload) and marks them clean.

@@ -252,6 +252,38 @@ impl Volume {
 
     // ---- checkpoints ----
 
+    /// Sealed images of every changed metadata block, for a checkpoint that writes them while
+    /// the volume stays readable: cache blocks stay dirty (pinned) until `images_home`.
+    pub fn snapshot_images(&mut self) -> Vec<Image> {
+        let mut images = Vec::new();
+        for (block_number, kind, mut block) in self.cache.copy_dirty() {
+            seal_block(&mut block, kind, block_number);
+            images.push(Image { block_number, block });
+        }
+        self.append_bitmap_images(&mut images);
+        images.sort_by_key(|image| image.block_number);
+        images
+    }
+
+    /// The images from `snapshot_images` are home.
+    pub fn images_home(&mut self, images: &[Image]) {
+        let numbers: Vec<u64> = images.iter().map(|image| image.block_number).collect();
+        self.cache.mark_clean(&numbers);
+    }
+
+    fn append_bitmap_images(&mut self, images: &mut Vec<Image>) {
+        let superblock = &self.superblock;
+        for (bitmap, start) in
+            [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)]
+        {
+            for index in bitmap.take_dirty_blocks() {
+                let mut block = bitmap.encode_block(index);
+                seal_block(&mut block, bitmap.kind, start + index);
+                images.push(Image { block_number: start + index, block });
+            }
+        }
+    }
+
     /// Takes sealed images of every changed metadata block: cache blocks and bitmap blocks.
     pub fn take_images(&mut self) -> Vec<Image> {
         let mut images = Vec::new();

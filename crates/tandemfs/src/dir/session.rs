@@ -3,7 +3,7 @@
 //! space), nothing it changed reaches the store and the blocks it allocated are given back, so
 //! a failed operation leaves the directory as it was.
 
-use std::collections::{HashMap, HashSet};
+use crate::{FastHashMap, FastHashSet};
 
 use super::format::*;
 use crate::block::meta::{zeroed_block, BlockBuf, BlockKind, MetaStore};
@@ -17,16 +17,22 @@ struct Cached {
 
 pub struct Session<'a> {
     store: &'a mut dyn MetaStore,
-    blocks: HashMap<u64, Cached>,
+    blocks: FastHashMap<u64, Cached>,
     allocated: Vec<u64>,
-    freed: HashSet<u64>,
+    freed: FastHashSet<u64>,
     /// For read-only walks over big directories: clean blocks are dropped past this many.
     clean_limit: usize,
 }
 
 impl<'a> Session<'a> {
     pub fn new(store: &'a mut dyn MetaStore) -> Session<'a> {
-        Session { store, blocks: HashMap::new(), allocated: Vec::new(), freed: HashSet::new(), clean_limit: usize::MAX }
+        Session {
+            store,
+            blocks: FastHashMap::default(),
+            allocated: Vec::new(),
+            freed: FastHashSet::default(),
+            clean_limit: usize::MAX,
+        }
     }
 
     pub fn with_clean_limit(store: &'a mut dyn MetaStore, clean_limit: usize) -> Session<'a> {

@@ -20,8 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Records applied per back-end pass before the volume lock is let go.
-const BATCH_RECORDS_MAX: usize = 256;
+/// Records applied per back-end pass before the volume lock is let go: small enough that a
+/// front-end lookup waiting for the lock is not held up for long.
+const BATCH_RECORDS_MAX: usize = 32;
 /// Attempts of an operation that must wait for log space or free blocks.
 const SPACE_ATTEMPTS_MAX: usize = 4;
 /// Attempts of an optimistic read before it holds the front end still.
@@ -32,8 +33,9 @@ const SYMLINK_FOLLOW_MAX: usize = 40;
 const DEPTH_WALK_MAX: usize = 1 << 16;
 /// A checkpoint is taken at least this often while records are applied.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
-/// Blocks a namespace operation may need (directory growth, symlink data).
-const NAMESPACE_RESERVE_BLOCKS: u64 = 8;
+/// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
+/// the new directory's first leaf or the symlink's data block, one spare.
+const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
 /// Extra blocks any data operation may need for the extent tree and split ends.
 const DATA_RESERVE_BLOCKS: u64 = 16;
 
@@ -72,7 +74,12 @@ struct Inner {
 struct BackendState {
     last_checkpoint: Instant,
     applied_since_checkpoint: u64,
+    /// Log data bytes of the records applied since the last checkpoint (approximate).
+    applied_bytes_since_checkpoint: u64,
 }
+
+/// Log bytes a record takes besides a write's data: its encoded attributes and names.
+const RECORD_OVERHEAD_BYTES: usize = 256;
 
 /// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
 #[derive(Clone)]
@@ -192,11 +199,13 @@ impl FileSystem {
             reserve_fraction: 0.5,
         };
         let cache_blocks = (options.cache_bytes / BLOCK_SIZE_U64).max(64) as usize;
-        let (mut volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
+        let (volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
         let last_lsn = log.next_lsn() - 1;
+        let volume = Mutex::new(volume);
         if report.records_replayed > 0 || report.orphans_reclaimed > 0 {
-            backend::checkpoint(&mut volume, &log, last_lsn)?;
+            backend::checkpoint(&volume, &log, last_lsn)?;
         }
+        let mut volume = volume.into_inner();
         let superblock = &mut volume.superblock;
         superblock.state = STATE_MOUNTED;
         superblock.mount_count += 1;
@@ -220,6 +229,7 @@ impl FileSystem {
             next_generation: volume.superblock.next_generation,
             reserved_blocks: 0,
             free_blocks: volume.free_blocks(),
+            pending_free_blocks: 0,
             use_clock: 0,
         };
         let usage = log.usage();
@@ -235,7 +245,11 @@ impl FileSystem {
             queue_signal: Condvar::new(),
             applied_lsn: Mutex::new(last_lsn),
             applied_signal: Condvar::new(),
-            backend_lock: Mutex::new(BackendState { last_checkpoint: Instant::now(), applied_since_checkpoint: 0 }),
+            backend_lock: Mutex::new(BackendState {
+                last_checkpoint: Instant::now(),
+                applied_since_checkpoint: 0,
+                applied_bytes_since_checkpoint: 0,
+            }),
             state: std::sync::atomic::AtomicU8::new(STATE_RUNNING),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -359,8 +373,10 @@ impl FileSystem {
             self.maybe_checkpoint(&mut backend, false)?;
             return Ok(false);
         }
+        let last = batch.last().unwrap().lsn;
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let free_blocks;
+        let pending_free_blocks;
         {
             let mut volume = inner.volume.lock();
             for queued in &batch {
@@ -370,43 +386,51 @@ impl FileSystem {
                     return Err(error);
                 }
             }
-            for queued in &batch {
-                for number in touched_inodes(&queued.op) {
-                    if let Ok(inode) = volume.read_inode(number) {
-                        owned.push((number, inode.blocks_owned));
-                    }
+            let mut touched: Vec<u64> = batch.iter().flat_map(|queued| touched_inodes(&queued.op)).collect();
+            touched.sort_unstable();
+            touched.dedup();
+            for number in touched {
+                if let Ok(inode) = volume.read_inode(number) {
+                    owned.push((number, inode.blocks_owned));
                 }
             }
             free_blocks = volume.free_blocks();
+            pending_free_blocks = volume.blocks.pending_free_count();
         }
-        let last = batch.last().unwrap().lsn;
         {
             let mut front = inner.front.lock();
             for queued in &batch {
                 let lsn = queued.lsn;
                 for key in touched_names(&queued.op) {
                     if front.names.get(&key).is_some_and(|overlay| overlay.lsn == lsn) {
-                        front.names.remove(&key);
-                    }
-                }
-                for number in touched_inodes(&queued.op) {
-                    if let Some(view) = front.views.get_mut(&number) {
-                        view.pending_writes.retain(|write| write.lsn > lsn);
+                        // Applied: the H-tree now says the same, so the answer moves to the
+                        // lookup cache and the next lookup needs no H-tree walk.
+                        let overlay = front.names.remove(&key).unwrap();
+                        if front.lookups.len() >= super::front::LOOKUP_CACHE_LIMIT {
+                            front.lookups.clear();
+                        }
+                        front.lookups.insert(key, overlay.target);
                     }
                 }
                 front.reserved_blocks -= queued.reserved_blocks;
             }
+            // `owned` names every inode the batch touched (once per record): trim each one's
+            // pending writes through the batch's last record.
             for (number, blocks) in owned {
                 if let Some(view) = front.views.get_mut(&number) {
                     view.blocks_owned = blocks;
+                    view.forget_writes_through(last);
                 }
             }
             front.free_blocks = free_blocks;
+            front.pending_free_blocks = pending_free_blocks;
             front.trim_views(last);
         }
         *inner.applied_lsn.lock() = last;
         inner.applied_signal.notify_all();
         backend.applied_since_checkpoint += batch.len() as u64;
+        backend.applied_bytes_since_checkpoint +=
+            batch.iter().map(|queued| (RECORD_OVERHEAD_BYTES + queued.op.tail().len()) as u64).sum::<u64>();
         self.maybe_checkpoint(&mut backend, false)?;
         Ok(true)
     }
@@ -417,30 +441,36 @@ impl FileSystem {
             return Ok(());
         }
         let usage = inner.log.usage();
-        let mut volume = inner.volume.lock();
-        let dirty_bytes = volume.cache_dirty_count() as u64 * BLOCK_SIZE_U64;
-        // Checkpoint images go to the log's reserve: take one while they still fit in half of
-        // it, and before the normal share fills.
+        let dirty_bytes = inner.volume.lock().cache_dirty_count() as u64 * BLOCK_SIZE_U64;
+        // A checkpoint frees the log only up to the last applied record, so it is due when what
+        // was applied since the last one fills a good part of the log's normal share, not when
+        // the log is full of records still waiting to be applied (checkpointing then would only
+        // add images). Its images go to the reserve: take one while they fit in half of it.
         let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
         let due = force
-            || usage.data_bytes_used * 2 > usage.data_bytes_normal
-            || usage.header_slots_used * 2 > usage.header_slots_normal
+            || backend.applied_bytes_since_checkpoint * 4 > usage.data_bytes_normal
+            || backend.applied_since_checkpoint * 4 > usage.header_slots_normal
             || dirty_bytes * 2 > reserve_bytes
             || backend.last_checkpoint.elapsed() > CHECKPOINT_INTERVAL;
         if !due {
             return Ok(());
         }
         let applied = *inner.applied_lsn.lock();
-        if let Err(error) = backend::checkpoint(&mut volume, &inner.log, applied) {
-            drop(volume);
+        if let Err(error) = backend::checkpoint(&inner.volume, &inner.log, applied) {
             self.fail(&error);
             return Err(error);
         }
-        let free_blocks = volume.free_blocks();
-        drop(volume);
-        inner.front.lock().free_blocks = free_blocks;
+        let (free_blocks, pending_free_blocks) = {
+            let volume = inner.volume.lock();
+            (volume.free_blocks(), volume.blocks.pending_free_count())
+        };
+        let mut front = inner.front.lock();
+        front.free_blocks = free_blocks;
+        front.pending_free_blocks = pending_free_blocks;
+        drop(front);
         backend.last_checkpoint = Instant::now();
         backend.applied_since_checkpoint = 0;
+        backend.applied_bytes_since_checkpoint = 0;
         inner.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -744,7 +774,7 @@ impl FileSystem {
             let view = front.views.get_mut(&inode).unwrap();
             if truncate {
                 // Writes before the truncate are applied before it: reads wait for it anyway.
-                view.pending_writes.retain(|write| write.lsn > lsn);
+                view.forget_writes_through(lsn);
             }
             Ok(Some(view.to_attributes()))
         })
@@ -1357,7 +1387,7 @@ impl FileSystem {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, false);
-            front.views.get_mut(&inode).unwrap().pending_writes.push(PendingWrite {
+            front.views.get_mut(&inode).unwrap().pending_writes.push_back(PendingWrite {
                 lsn,
                 offset,
                 data: shared.clone(),
@@ -1437,7 +1467,7 @@ impl FileSystem {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, true);
-            front.views.get_mut(&inode).unwrap().pending_writes.retain(|write| write.lsn > lsn);
+            front.views.get_mut(&inode).unwrap().forget_writes_through(lsn);
             Ok(Some(()))
         })
     }
@@ -1529,7 +1559,9 @@ impl FileSystem {
         Ok(VolumeStatistics {
             block_size_bytes: BLOCK_SIZE_U64 as u32,
             blocks_total: volume.superblock.block_count,
-            blocks_free: front.free_blocks.saturating_sub(front.reserved_blocks),
+            // Freed blocks wait for a checkpoint before reuse, but they are free: `df` after `rm`
+            // should say so at once.
+            blocks_free: (front.free_blocks + front.pending_free_blocks).saturating_sub(front.reserved_blocks),
             inodes_total: self.inner.inode_count,
             inodes_free: front.inode_numbers.free_count(),
             name_max_bytes: NAME_MAX_BYTES as u32,

@@ -12,7 +12,8 @@
 use crate::backend::record::AttributeImage;
 use crate::block::bitmap::Bitmap;
 use crate::fs::types::{Attributes, FileType};
-use std::collections::{BTreeMap, HashMap};
+use crate::FastHashMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 /// Views kept without pending changes before the least recently used are dropped.
@@ -35,7 +36,8 @@ pub struct InodeView {
     /// The last record that changed the shape of this file (truncate, insert, collapse, punch,
     /// zero, allocate) or, for a directory, its entries. Reads wait until it is applied.
     pub structural_lsn: u64,
-    pub pending_writes: Vec<PendingWrite>,
+    /// In lsn order: the back end trims the front as it applies.
+    pub pending_writes: VecDeque<PendingWrite>,
     pub open_count: u32,
     /// Unlinked while open: reclaimed at the last release.
     pub orphaned: bool,
@@ -56,7 +58,7 @@ impl InodeView {
             entry_count,
             last_change_lsn: 0,
             structural_lsn: 0,
-            pending_writes: Vec::new(),
+            pending_writes: VecDeque::new(),
             open_count: 0,
             orphaned: false,
             reclaimed: false,
@@ -68,6 +70,13 @@ impl InodeView {
 
     pub fn file_type(&self) -> FileType {
         self.attributes.file_type()
+    }
+
+    /// Drops pending writes that records up to `lsn` have made part of the home data.
+    pub fn forget_writes_through(&mut self, lsn: u64) {
+        while self.pending_writes.front().is_some_and(|write| write.lsn <= lsn) {
+            self.pending_writes.pop_front();
+        }
     }
 
     pub fn to_attributes(&self) -> Attributes {
@@ -104,11 +113,11 @@ pub struct NameOverlay {
 pub const LOOKUP_CACHE_LIMIT: usize = 500_000;
 
 pub struct Front {
-    pub views: HashMap<u64, InodeView>,
-    pub names: HashMap<(u64, Vec<u8>), NameOverlay>,
+    pub views: FastHashMap<u64, InodeView>,
+    pub names: FastHashMap<(u64, Vec<u8>), NameOverlay>,
     /// Applied names found in H-trees (GPU4FS's lookup cache). Only the overlay is newer: a
     /// name change removes its key here when it enters the overlay.
-    pub lookups: HashMap<(u64, Vec<u8>), Option<(u64, FileType)>>,
+    pub lookups: FastHashMap<(u64, Vec<u8>), Option<(u64, FileType)>>,
     /// Inode numbers the front end may hand out (bit n - 1 is inode n).
     pub inode_numbers: Bitmap,
     pub next_generation: u64,
@@ -116,6 +125,8 @@ pub struct Front {
     pub reserved_blocks: u64,
     /// Blocks free in the volume as of the last applied batch.
     pub free_blocks: u64,
+    /// Blocks freed but not reusable before the next checkpoint.
+    pub pending_free_blocks: u64,
     pub use_clock: u64,
 }
 
