@@ -63,6 +63,7 @@ impl Passthrough {
         std::fs::create_dir_all(&mountpoint)
             .map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
         let mounts_before = mountinfo::fuse_mounts_at(&mountpoint);
+        raise_open_file_limit();
         let child = Command::new(&binary)
             .arg("-f")
             .arg("-o")
@@ -122,5 +123,19 @@ impl Drop for Passthrough {
         }
         let _ = std::fs::remove_dir(&self.mountpoint);
         let _ = std::fs::remove_dir_all(&self.build_directory);
+    }
+}
+
+/// passthrough_ll keeps one open descriptor per inode the kernel knows, so a benchmark of
+/// 100,000 files needs far more than the usual soft limit of 1,024. The child inherits ours:
+/// raise the soft limit to the hard one (failure only means the old limit stays).
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed by reference.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
     }
 }
