@@ -405,13 +405,15 @@ fn lookup_cost_at_millions() {
     let mut store = CountingStore { inner: MemoryStore::new(), reads: 0 };
     let mut root = create(&mut store).unwrap();
     let mut count = 0u64;
-    let mut checkpoint = 250_000u64;
-    while started.elapsed() < budget {
+    // Probe points up to the 10 million entries; the run ends after the last.
+    let probe_points = [250_000u64, 1_000_000, 4_000_000, 10_000_000];
+    let mut next_probe = 0;
+    while started.elapsed() < budget && next_probe < probe_points.len() {
         let name = format!("file-{count}-{}", rng.gen::<u32>()).into_bytes();
         insert(&mut store, &mut root, &SEED, &name, count + 10, 1).unwrap();
         count += 1;
-        if count == checkpoint {
-            checkpoint *= 2;
+        if count == probe_points[next_probe] {
+            next_probe += 1;
             let probes = 2000;
             let mut total = 0;
             let mut most = 0;

@@ -1359,9 +1359,9 @@ impl FileSystem {
         if data.is_empty() {
             return Ok(0);
         }
-        let end =
-            offset.checked_add(data.len() as u64).filter(|end| *end <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
-        let _ = end;
+        if offset.checked_add(data.len() as u64).is_none_or(|end| end > MAX_FILE_BYTES) {
+            return Err(Error::FileTooLarge);
+        }
         let mut done = 0usize;
         for chunk in data.chunks(self.inner.max_record_data_bytes) {
             self.write_record(inode, offset + done as u64, chunk)?;
