@@ -240,7 +240,7 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
                             sequential_results.push((PASSTHROUGH, sequential));
                         }
                         Err(error) => {
-                            failures.push(format!("{PASSTHROUGH}: {error}"));
+                            failures.push(format!("{PASSTHROUGH}: {error}{}", super::passthrough::limit_hint(&error)));
                             columns.push(Column { label: PASSTHROUGH.into(), medians: None });
                         }
                     }

@@ -62,6 +62,7 @@ impl Passthrough {
         }
         std::fs::create_dir_all(&mountpoint)
             .map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
+        raise_open_file_limit();
         let mounts_before = mountinfo::fuse_mounts_at(&mountpoint);
         let child = Command::new(&binary)
             .arg("-f")
@@ -123,4 +124,40 @@ impl Drop for Passthrough {
         let _ = std::fs::remove_dir(&self.mountpoint);
         let _ = std::fs::remove_dir_all(&self.build_directory);
     }
+}
+
+/// passthrough_ll holds an open descriptor for every inode the kernel knows, so a run over tens of
+/// thousands of files needs far more than the usual limits. Limits are inherited, so raising ours
+/// raises the child's: as root to a million (the kernel's usual ceiling, `fs.nr_open`), otherwise
+/// the soft limit to the hard one. If that is still too low the column fails with "too many open
+/// files", which says why.
+fn raise_open_file_limit() {
+    const WANTED: libc::rlim_t = 1 << 20;
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write only the structs we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= WANTED {
+            return;
+        }
+        let raised = libc::rlimit { rlim_cur: WANTED, rlim_max: limit.rlim_max.max(WANTED) };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// Words to add to a passthrough failure that ran out of descriptors: the limit and why.
+pub fn limit_hint(error: &str) -> String {
+    if !error.contains("Too many open files") {
+        return String::new();
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only the struct we own.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    format!(
+        " (passthrough_ll keeps a descriptor open per file it has seen; the open-file limit here is {} and \
+         cannot be raised; use a smaller --count)",
+        limit.rlim_cur
+    )
 }
