@@ -7,13 +7,15 @@ use tandemfs::fs::*;
 use tandemfs::FileSystem;
 fn main() {
     let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(1 << 30));
-    FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
-    let options = MountOptions { background_backend: false, ..MountOptions::default() };
+    FileSystem::format(device.clone(), &FormatOptions { inode_count: Some(210_000), ..Default::default() }).unwrap();
+    let options = MountOptions::default();
     let (fs, _) = FileSystem::mount(device, &options).unwrap();
-    let count = 20_000;
+    let count: usize = std::env::args().nth(1).map(|a| a.parse().unwrap()).unwrap_or(20_000);
     let start = Instant::now();
     for i in 0..count {
-        fs.create(ROOT_INODE, format!("file-{i}").as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
+        if let Err(error) = fs.create(ROOT_INODE, format!("file-{i}").as_bytes(), FileType::Regular, 0o644, 0, 0, 0) {
+            panic!("create {i}: {error}; {:?}; {:?}", fs.statistics(), fs.log_statistics());
+        }
     }
     let front = start.elapsed();
     let start = Instant::now();

@@ -406,9 +406,7 @@ impl FileSystem {
                         // Applied: the H-tree now says the same, so the answer moves to the
                         // lookup cache and the next lookup needs no H-tree walk.
                         let overlay = front.names.remove(&key).unwrap();
-                        if front.lookups.len() >= super::front::LOOKUP_CACHE_LIMIT {
-                            front.lookups.clear();
-                        }
+                        front.make_room_in_lookups();
                         front.lookups.insert(key, overlay.target);
                     }
                 }
@@ -571,7 +569,8 @@ impl FileSystem {
 
     /// Resolves a name in a directory: the overlay first, then the applied H-tree.
     fn find_name(&self, front: &mut Front, parent: InodeNumber, name: &[u8]) -> Result<Option<(u64, FileType)>> {
-        let generation = self.directory_view(front, parent)?.attributes.generation;
+        let view = self.directory_view(front, parent)?;
+        let (generation, complete) = (view.attributes.generation, view.complete);
         let key = (parent, name.to_vec());
         if let Some(overlay) = front.names.get(&key) {
             return Ok(overlay.target);
@@ -579,10 +578,11 @@ impl FileSystem {
         if let Some(cached) = front.lookups.get(&key) {
             return Ok(*cached);
         }
-        let found = self.find_applied_name(parent, generation, name)?;
-        if front.lookups.len() >= super::front::LOOKUP_CACHE_LIMIT {
-            front.lookups.clear();
+        if complete {
+            return Ok(None);
         }
+        let found = self.find_applied_name(parent, generation, name)?;
+        front.make_room_in_lookups();
         front.lookups.insert(key, found);
         Ok(found)
     }
@@ -854,7 +854,8 @@ impl FileSystem {
             if !FileSystem::reserve(&mut front, reserve) {
                 return Ok(None);
             }
-            let number = match front.inode_numbers.allocate(0, 1, 0) {
+            // No preferred number: the allocator goes on from where it last stopped.
+            let number = match front.inode_numbers.allocate(u64::MAX, 1, 0) {
                 Ok((bit, _)) => bit + 1,
                 Err(error) => {
                     front.reserved_blocks -= reserve;
@@ -911,6 +912,7 @@ impl FileSystem {
             let mut view = InodeView::new(image, 0, 0);
             view.last_change_lsn = lsn;
             view.structural_lsn = lsn;
+            view.complete = file_type == FileType::Directory;
             let attributes = view.to_attributes();
             front.views.insert(number, view);
             FileSystem::overlay_name(&mut front, parent, name, Some((number, file_type)), lsn);

@@ -47,6 +47,10 @@ pub struct InodeView {
     pub xattrs: Option<BTreeMap<Vec<u8>, Vec<u8>>>,
     /// Changes with every record, so a reader can tell that its snapshot went stale.
     pub change_counter: u64,
+    /// Directories: every entry is in the name overlay or the lookup cache, so a name found in
+    /// neither does not exist and needs no H-tree walk. True for directories made since mount
+    /// (they start empty); cleared whenever the lookup cache is emptied.
+    pub complete: bool,
     pub last_use: u64,
 }
 
@@ -64,6 +68,7 @@ impl InodeView {
             reclaimed: false,
             xattrs: None,
             change_counter: 0,
+            complete: false,
             last_use: 0,
         }
     }
@@ -131,6 +136,16 @@ pub struct Front {
 }
 
 impl Front {
+    /// Empties the lookup cache when full; directories can then no longer be complete.
+    pub fn make_room_in_lookups(&mut self) {
+        if self.lookups.len() >= LOOKUP_CACHE_LIMIT {
+            self.lookups.clear();
+            for view in self.views.values_mut() {
+                view.complete = false;
+            }
+        }
+    }
+
     /// Drops views with nothing pending, least recently used first, down to half the limit.
     pub fn trim_views(&mut self, applied_lsn: u64) {
         if self.views.len() <= VIEW_CACHE_LIMIT {
