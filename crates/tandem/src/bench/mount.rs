@@ -229,7 +229,7 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
                 }
                 if arguments.no_passthrough {
                     passthrough_note = Some("passthrough_ll skipped (--no-passthrough)".to_string());
-                } else if let Some(reason) = Passthrough::unavailable_reason() {
+                } else if let Some(reason) = Passthrough::unavailable_reason(arguments.count) {
                     passthrough_note = Some(format!("passthrough_ll skipped: {reason}"));
                 } else {
                     let source = volume.mountpoint().join("passthrough-source");

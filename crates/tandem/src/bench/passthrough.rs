@@ -18,8 +18,17 @@ pub struct Passthrough {
 }
 
 impl Passthrough {
-    /// Why the passthrough cannot be measured here, if it cannot.
-    pub fn unavailable_reason() -> Option<String> {
+    /// Why the passthrough cannot be measured here, if it cannot. `files` is how many files a
+    /// round keeps at once; passthrough_ll needs a descriptor for each.
+    pub fn unavailable_reason(files: u64) -> Option<String> {
+        let limit = raise_open_file_limit();
+        let needed = files + 1024;
+        if limit < needed {
+            return Some(format!(
+                "it keeps a descriptor open per file and needs an open-file limit of about {needed}; \
+                 the limit here is {limit} and cannot be raised (use a smaller --count)"
+            ));
+        }
         if !Path::new(EXAMPLE_SOURCE).is_file() {
             return Some(format!("{EXAMPLE_SOURCE} is missing (apt-get install libfuse3-dev)"));
         }
@@ -62,7 +71,6 @@ impl Passthrough {
         }
         std::fs::create_dir_all(&mountpoint)
             .map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
-        raise_open_file_limit();
         let mounts_before = mountinfo::fuse_mounts_at(&mountpoint);
         let child = Command::new(&binary)
             .arg("-f")
@@ -129,22 +137,25 @@ impl Drop for Passthrough {
 /// passthrough_ll holds an open descriptor for every inode the kernel knows, so a run over tens of
 /// thousands of files needs far more than the usual limits. Limits are inherited, so raising ours
 /// raises the child's: as root to a million (the kernel's usual ceiling, `fs.nr_open`), otherwise
-/// the soft limit to the hard one. If that is still too low the column fails with "too many open
-/// files", which says why.
-fn raise_open_file_limit() {
+/// the soft limit to the hard one. Returns the limit now in force.
+fn raise_open_file_limit() -> u64 {
     const WANTED: libc::rlim_t = 1 << 20;
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit and setrlimit read and write only the structs we own.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_cur >= WANTED {
-            return;
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
         }
-        let raised = libc::rlimit { rlim_cur: WANTED, rlim_max: limit.rlim_max.max(WANTED) };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        if limit.rlim_cur < WANTED {
+            let raised = libc::rlimit { rlim_cur: WANTED, rlim_max: limit.rlim_max.max(WANTED) };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                let soft_to_hard = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &soft_to_hard);
+            }
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
         }
     }
+    limit.rlim_cur as u64
 }
 
 /// Words to add to a passthrough failure that ran out of descriptors: the limit and why.
