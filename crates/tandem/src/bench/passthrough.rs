@@ -155,7 +155,10 @@ fn raise_open_file_limit() -> u64 {
             libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
         }
     }
-    limit.rlim_cur as u64
+    // rlim_t is u64 on the targets we build for, but not by definition.
+    #[allow(clippy::unnecessary_cast)]
+    let current = limit.rlim_cur as u64;
+    current
 }
 
 /// Words to add to a passthrough failure that ran out of descriptors: the limit and why.
