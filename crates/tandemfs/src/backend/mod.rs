@@ -365,7 +365,16 @@ fn encode_commit(covered_lsn: u64, image_count: u64, superblock: &Superblock) ->
 /// the volume, and nothing after them until this returns (the caller is the only applier). The
 /// volume lock is held only to take the images and to record the result, so readers go on while
 /// the images travel through the log and home. See the module comment for the protocol.
-pub fn checkpoint(volume: &parking_lot::Mutex<Volume>, log: &Log, covered_lsn: u64) -> Result<()> {
+///
+/// `first_unapplied` names the first logical record appended but not applied, if any; it is
+/// asked after the commit is durable. The new tail skips this checkpoint's own records, up to
+/// that record, so that large image sets do not stay in the log until the next checkpoint.
+pub fn checkpoint(
+    volume: &parking_lot::Mutex<Volume>,
+    log: &Log,
+    covered_lsn: u64,
+    first_unapplied: &dyn Fn() -> Option<u64>,
+) -> Result<()> {
     let (images, mut superblock, device) = {
         let mut volume = volume.lock();
         (volume.snapshot_images(), volume.superblock.clone(), volume.device.clone())
@@ -391,9 +400,14 @@ pub fn checkpoint(volume: &parking_lot::Mutex<Volume>, log: &Log, covered_lsn: u
     log.wait_durable(commit_lsn)?;
     Volume::write_images_home(device.as_ref(), &images)?;
     device.flush()?;
-    let tail = log.position(covered_lsn + 1);
+    // Every record before the tail is reflected at home: logical records up to `covered_lsn`
+    // are applied, and the records after it are this checkpoint's own, unless a logical record
+    // was appended in between.
+    let tail_lsn = first_unapplied().map_or(commit_lsn + 1, |lsn| lsn.min(commit_lsn + 1));
+    assert!(tail_lsn > covered_lsn, "a record at or before the checkpoint is still unapplied");
+    let tail = log.position(tail_lsn);
     superblock.sequence += 1;
-    superblock.checkpoint_lsn = covered_lsn;
+    superblock.checkpoint_lsn = tail_lsn - 1;
     superblock.log_tail_lsn = tail.lsn;
     superblock.log_tail_data_position = tail.data_position;
     superblock.checkpoint_count += 1;
@@ -484,14 +498,22 @@ pub fn open_volume(
                 let next_generation = decoder.u64()?;
                 decoder.finish()?;
                 let images = images_by_covered.remove(&covered_lsn).unwrap_or_default();
-                if images.len() as u64 != image_count || covered_lsn >= record.lsn {
+                if covered_lsn >= record.lsn {
                     return Err(Error::corruption(format!(
-                        "checkpoint commit at lsn {} names {image_count} images covering {covered_lsn}; {} found",
-                        record.lsn,
-                        images.len()
+                        "checkpoint commit at lsn {} covers {covered_lsn}, after itself",
+                        record.lsn
                     )));
                 }
+                // A checkpoint the superblock already records may lie partly before the tail
+                // (the tail skips its own records): ignore it.
                 if covered_lsn > superblock.checkpoint_lsn {
+                    if images.len() as u64 != image_count {
+                        return Err(Error::corruption(format!(
+                            "checkpoint commit at lsn {} names {image_count} images covering {covered_lsn}; {} found",
+                            record.lsn,
+                            images.len()
+                        )));
+                    }
                     found.push(FoundCheckpoint { covered_lsn, orphan_head, next_generation, images });
                 }
             }

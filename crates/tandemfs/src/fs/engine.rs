@@ -203,7 +203,7 @@ impl FileSystem {
         let last_lsn = log.next_lsn() - 1;
         let volume = Mutex::new(volume);
         if report.records_replayed > 0 || report.orphans_reclaimed > 0 {
-            backend::checkpoint(&volume, &log, last_lsn)?;
+            backend::checkpoint(&volume, &log, last_lsn, &|| None)?;
         }
         let mut volume = volume.into_inner();
         let superblock = &mut volume.superblock;
@@ -454,7 +454,13 @@ impl FileSystem {
             return Ok(());
         }
         let applied = *inner.applied_lsn.lock();
-        if let Err(error) = backend::checkpoint(&inner.volume, &inner.log, applied) {
+        // Appends and queueing happen together under the front-end lock: holding it gives a
+        // consistent answer to "which appended record is the first not yet applied".
+        let first_unapplied = || {
+            let _front = inner.front.lock();
+            inner.queue.lock().front().map(|queued| queued.lsn)
+        };
+        if let Err(error) = backend::checkpoint(&inner.volume, &inner.log, applied, &first_unapplied) {
             self.fail(&error);
             return Err(error);
         }
