@@ -163,11 +163,14 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
     require_fuse()?;
     let size = WorkloadSize::new(arguments.count as usize, arguments.appends as usize);
     let scratch = super::scratch_directory();
-    let volume_bytes = (arguments.sequential_size + (1 << 30)).next_multiple_of(1 << 20);
+    // Room for the sequential file and, as in `bench meta`, at least 4 GiB so the operation log
+    // (1/16 of the volume) holds a round of metadata work.
+    let volume_bytes = (arguments.sequential_size + (2u64 << 30)).max(4 << 30).next_multiple_of(1 << 20);
     if let Some(free) = super::free_bytes(&scratch) {
-        if free < volume_bytes * 2 {
+        // One image at a time: the tandemfs image is removed before the ext4 one is made.
+        if free < volume_bytes {
             return Err(CliError::new(format!(
-                "{} has {} free; two volumes of {} are needed (lower --sequential-size)",
+                "{} has {} free; a volume of {} is needed (lower --sequential-size)",
                 scratch.display(),
                 format_bytes(free),
                 format_bytes(volume_bytes)
@@ -226,7 +229,7 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
                 }
                 if arguments.no_passthrough {
                     passthrough_note = Some("passthrough_ll skipped (--no-passthrough)".to_string());
-                } else if let Some(reason) = Passthrough::unavailable_reason() {
+                } else if let Some(reason) = Passthrough::unavailable_reason(arguments.count) {
                     passthrough_note = Some(format!("passthrough_ll skipped: {reason}"));
                 } else {
                     let source = volume.mountpoint().join("passthrough-source");
@@ -240,7 +243,7 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
                             sequential_results.push((PASSTHROUGH, sequential));
                         }
                         Err(error) => {
-                            failures.push(format!("{PASSTHROUGH}: {error}"));
+                            failures.push(format!("{PASSTHROUGH}: {error}{}", super::passthrough::limit_hint(&error)));
                             columns.push(Column { label: PASSTHROUGH.into(), medians: None });
                         }
                     }

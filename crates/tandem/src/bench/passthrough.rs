@@ -18,8 +18,17 @@ pub struct Passthrough {
 }
 
 impl Passthrough {
-    /// Why the passthrough cannot be measured here, if it cannot.
-    pub fn unavailable_reason() -> Option<String> {
+    /// Why the passthrough cannot be measured here, if it cannot. `files` is how many files a
+    /// round keeps at once; passthrough_ll needs a descriptor for each.
+    pub fn unavailable_reason(files: u64) -> Option<String> {
+        let limit = raise_open_file_limit();
+        let needed = files + 1024;
+        if limit < needed {
+            return Some(format!(
+                "it keeps a descriptor open per file and needs an open-file limit of about {needed}; \
+                 the limit here is {limit} and cannot be raised (use a smaller --count)"
+            ));
+        }
         if !Path::new(EXAMPLE_SOURCE).is_file() {
             return Some(format!("{EXAMPLE_SOURCE} is missing (apt-get install libfuse3-dev)"));
         }
@@ -63,7 +72,6 @@ impl Passthrough {
         std::fs::create_dir_all(&mountpoint)
             .map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
         let mounts_before = mountinfo::fuse_mounts_at(&mountpoint);
-        raise_open_file_limit();
         let child = Command::new(&binary)
             .arg("-f")
             .arg("-o")
@@ -126,16 +134,44 @@ impl Drop for Passthrough {
     }
 }
 
-/// passthrough_ll keeps one open descriptor per inode the kernel knows, so a benchmark of
-/// 100,000 files needs far more than the usual soft limit of 1,024. The child inherits ours:
-/// raise the soft limit to the hard one (failure only means the old limit stays).
-fn raise_open_file_limit() {
+/// passthrough_ll holds an open descriptor for every inode the kernel knows, so a run over tens of
+/// thousands of files needs far more than the usual limits. Limits are inherited, so raising ours
+/// raises the child's: as root to a million (the kernel's usual ceiling, `fs.nr_open`), otherwise
+/// the soft limit to the hard one. Returns the limit now in force.
+fn raise_open_file_limit() -> u64 {
+    const WANTED: libc::rlim_t = 1 << 20;
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed by reference.
+    // SAFETY: getrlimit and setrlimit read and write only the structs we own.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < WANTED {
+            let raised = libc::rlimit { rlim_cur: WANTED, rlim_max: limit.rlim_max.max(WANTED) };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                let soft_to_hard = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &soft_to_hard);
+            }
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
         }
     }
+    // rlim_t is u64 on the targets we build for, but not by definition.
+    #[allow(clippy::unnecessary_cast)]
+    let current = limit.rlim_cur as u64;
+    current
+}
+
+/// Words to add to a passthrough failure that ran out of descriptors: the limit and why.
+pub fn limit_hint(error: &str) -> String {
+    if !error.contains("Too many open files") {
+        return String::new();
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only the struct we own.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    format!(
+        " (passthrough_ll keeps a descriptor open per file it has seen; the open-file limit here is {} and \
+         cannot be raised; use a smaller --count)",
+        limit.rlim_cur
+    )
 }
