@@ -565,6 +565,15 @@ impl FileSystem {
         Ok(view)
     }
 
+    fn regular_view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
+        let view = self.view(front, number)?;
+        match view.file_type() {
+            FileType::Regular => Ok(view),
+            FileType::Directory => Err(Error::IsDirectory),
+            _ => Err(Error::invalid("not a regular file")),
+        }
+    }
+
     fn directory_view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
         let view = self.view(front, number)?;
         if view.file_type() != FileType::Directory {
@@ -1374,12 +1383,7 @@ impl FileSystem {
         let shared: Arc<[u8]> = Arc::from(data);
         self.with_space(|| {
             let mut front = self.inner.front.lock();
-            let view = self.view(&mut front, inode)?;
-            match view.file_type() {
-                FileType::Regular => {}
-                FileType::Directory => return Err(Error::IsDirectory),
-                _ => return Err(Error::invalid("not a regular file")),
-            }
+            let view = self.regular_view(&mut front, inode)?;
             let mut image = view.attributes.clone();
             let now = now_ns();
             image.size_bytes = image.size_bytes.max(offset + data.len() as u64);
@@ -1418,12 +1422,7 @@ impl FileSystem {
         let end = offset.checked_add(length).ok_or(Error::FileTooLarge)?;
         self.with_space(|| {
             let mut front = self.inner.front.lock();
-            let view = self.view(&mut front, inode)?;
-            match view.file_type() {
-                FileType::Regular => {}
-                FileType::Directory => return Err(Error::IsDirectory),
-                _ => return Err(Error::invalid("not a regular file")),
-            }
+            let view = self.regular_view(&mut front, inode)?;
             let mut image = view.attributes.clone();
             let size = image.size_bytes;
             let new_size = match kind {
