@@ -50,14 +50,18 @@ impl Touched {
         Touched { inodes: BTreeMap::new(), deleted: Vec::new() }
     }
     fn get<'a>(&'a mut self, volume: &mut Volume, inode_number: u64) -> Result<&'a mut Inode> {
-        if !self.inodes.contains_key(&inode_number) {
-            let inode = volume.read_inode(inode_number).map_err(|error| match error {
-                Error::NotFound => Error::corruption(format!("log record names inode {inode_number}, which is free")),
-                other => other,
-            })?;
-            self.inodes.insert(inode_number, inode);
+        match self.inodes.entry(inode_number) {
+            std::collections::btree_map::Entry::Occupied(slot) => Ok(slot.into_mut()),
+            std::collections::btree_map::Entry::Vacant(slot) => {
+                let inode = volume.read_inode(inode_number).map_err(|error| match error {
+                    Error::NotFound => {
+                        Error::corruption(format!("log record names inode {inode_number}, which is free"))
+                    }
+                    other => other,
+                })?;
+                Ok(slot.insert(inode))
+            }
         }
-        Ok(self.inodes.get_mut(&inode_number).unwrap())
     }
     fn image(&mut self, volume: &mut Volume, image: &AttributeImage) -> Result<()> {
         let inode = self.get(volume, image.inode_number)?;
@@ -597,12 +601,15 @@ impl crate::device::Device for Overlay {
             let within = (byte % BLOCK_SIZE_U64) as usize;
             let take = (BLOCK_SIZE - within).min(data.len() - position);
             let mut images = self.images.lock();
-            if !images.contains_key(&number) {
-                let mut block: BlockBuf = Box::new([0; BLOCK_SIZE]);
-                self.inner.read_at(number * BLOCK_SIZE_U64, &mut block[..])?;
-                images.insert(number, block);
-            }
-            images.get_mut(&number).unwrap()[within..within + take].copy_from_slice(&data[position..position + take]);
+            let block = match images.entry(number) {
+                std::collections::btree_map::Entry::Occupied(slot) => slot.into_mut(),
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    let mut block: BlockBuf = Box::new([0; BLOCK_SIZE]);
+                    self.inner.read_at(number * BLOCK_SIZE_U64, &mut block[..])?;
+                    slot.insert(block)
+                }
+            };
+            block[within..within + take].copy_from_slice(&data[position..position + take]);
             position += take;
         }
         Ok(())

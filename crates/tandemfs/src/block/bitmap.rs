@@ -214,7 +214,7 @@ impl Bitmap {
                 }
                 continue;
             }
-            let tail_mask = if word_index == self.persistent.len() - 1 && self.bit_count % 64 != 0 {
+            let tail_mask = if word_index == self.persistent.len() - 1 && !self.bit_count.is_multiple_of(64) {
                 !0u64 << (self.bit_count % 64)
             } else {
                 0

@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(USED_BYTES, 184);
-        assert!(USED_BYTES <= INODE_BYTES);
+        const { assert!(USED_BYTES <= INODE_BYTES) };
         assert_eq!(crate::dir::DIR_ROOT_BYTES, ROOT_AREA_BYTES);
         assert_eq!(crate::extent::EXTENT_ROOT_BYTES, ROOT_AREA_BYTES);
     }

@@ -384,7 +384,7 @@ mod tests {
 
     #[test]
     fn field_offsets_fit_and_do_not_overlap() {
-        assert!(USED_BYTES <= OFFSET_CRC);
+        const { assert!(USED_BYTES <= OFFSET_CRC) };
         assert_eq!(OFFSET_FREE_INODES + 8, USED_BYTES);
         assert_eq!(BITS_PER_BITMAP_BLOCK, 32_640);
         assert_eq!(INODES_PER_BLOCK * 256, 3840);

@@ -546,18 +546,19 @@ impl FileSystem {
         }
         front.use_clock += 1;
         let clock = front.use_clock;
-        if !front.views.contains_key(&number) {
-            let mut volume = self.inner.volume.lock();
-            let inode = volume.read_inode(number)?;
-            let entry_count = if inode.file_type() == FileType::Directory {
-                DirRoot::decode(&inode.root_area)?.entry_count()
-            } else {
-                0
-            };
-            let view = InodeView::new(attributes_image_of(&inode), inode.blocks_owned, entry_count);
-            front.views.insert(number, view);
-        }
-        let view = front.views.get_mut(&number).unwrap();
+        let view = match front.views.entry(number) {
+            std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let mut volume = self.inner.volume.lock();
+                let inode = volume.read_inode(number)?;
+                let entry_count = if inode.file_type() == FileType::Directory {
+                    DirRoot::decode(&inode.root_area)?.entry_count()
+                } else {
+                    0
+                };
+                slot.insert(InodeView::new(attributes_image_of(&inode), inode.blocks_owned, entry_count))
+            }
+        };
         if view.reclaimed {
             return Err(Error::NotFound);
         }

@@ -109,6 +109,9 @@ impl InodeView {
     }
 }
 
+/// A name in a directory: (directory inode, name bytes).
+pub type NameKey = (u64, Vec<u8>);
+
 pub struct NameOverlay {
     pub target: Option<(u64, FileType)>,
     pub lsn: u64,
@@ -119,10 +122,10 @@ pub const LOOKUP_CACHE_LIMIT: usize = 500_000;
 
 pub struct Front {
     pub views: FastHashMap<u64, InodeView>,
-    pub names: FastHashMap<(u64, Vec<u8>), NameOverlay>,
+    pub names: FastHashMap<NameKey, NameOverlay>,
     /// Applied names found in H-trees (GPU4FS's lookup cache). Only the overlay is newer: a
     /// name change removes its key here when it enters the overlay.
-    pub lookups: FastHashMap<(u64, Vec<u8>), Option<(u64, FileType)>>,
+    pub lookups: FastHashMap<NameKey, Option<(u64, FileType)>>,
     /// Inode numbers the front end may hand out (bit n - 1 is inode n).
     pub inode_numbers: Bitmap,
     pub next_generation: u64,

@@ -364,7 +364,7 @@ impl Driver {
         let target_exists = model.nodes.contains_key(&target);
         let same_inode = target_exists
             && source != target
-            && model.link_group.get(&source).is_some()
+            && model.link_group.contains_key(&source)
             && model.link_group.get(&source) == model.link_group.get(&target);
         let inside = |outer: &str, path: &str| path == outer || path.starts_with(&format!("{outer}/"));
         let source_parent = parent_of(&source).to_string();
