@@ -5,7 +5,8 @@
 //! 1. take sealed images of every changed metadata block, covering records up to lsn X;
 //! 2. append them to the log as image records, then a commit record naming X; flush the log;
 //! 3. write the images home; flush the device;
-//! 4. write the superblock with checkpoint X and the log tail at X + 1; flush;
+//! 4. write the superblock with the log tail at the first unapplied record (or just past this
+//!    checkpoint's own records) and the checkpoint one before it; flush;
 //! 5. release the log before the tail and let frees up to X be reused.
 //!
 //! A crash before 2 completes leaves the old checkpoint and the log intact; after it, mount
