@@ -75,13 +75,16 @@ impl Touched {
         image.apply_to(inode);
         Ok(())
     }
-    fn write_back(self, volume: &mut Volume) -> Result<()> {
+    /// Writes the touched inodes back; returns (inode, blocks owned) of each one still in use.
+    fn write_back(self, volume: &mut Volume) -> Result<Vec<(u64, u64)>> {
+        let mut owned = Vec::with_capacity(self.inodes.len());
         for (inode_number, inode) in &self.inodes {
             if !self.deleted.contains(inode_number) {
                 volume.write_inode(inode)?;
+                owned.push((*inode_number, inode.blocks_owned));
             }
         }
-        Ok(())
+        Ok(owned)
     }
 }
 
@@ -110,9 +113,10 @@ pub struct Applier {
 }
 
 impl Applier {
-    /// Applies one durable record. An error here means the volume and the log disagree
-    /// (corruption) or the device failed; the caller stops accepting changes.
-    pub fn apply(&self, volume: &mut Volume, lsn: u64, op: &Op) -> Result<()> {
+    /// Applies one durable record and returns (inode, blocks owned) of every inode it wrote. An
+    /// error here means the volume and the log disagree (corruption) or the device failed; the
+    /// caller stops accepting changes.
+    pub fn apply(&self, volume: &mut Volume, lsn: u64, op: &Op) -> Result<Vec<(u64, u64)>> {
         volume.current_lsn = lsn;
         let seed = self.hash_seed;
         let mut touched = Touched::new();

@@ -380,18 +380,14 @@ impl FileSystem {
         {
             let mut volume = inner.volume.lock();
             for queued in &batch {
-                if let Err(error) = inner.applier.apply(&mut volume, queued.lsn, &queued.op) {
-                    drop(volume);
-                    self.fail(&error);
-                    return Err(error);
-                }
-            }
-            let mut touched: Vec<u64> = batch.iter().flat_map(|queued| touched_inodes(&queued.op)).collect();
-            touched.sort_unstable();
-            touched.dedup();
-            for number in touched {
-                if let Ok(inode) = volume.read_inode(number) {
-                    owned.push((number, inode.blocks_owned));
+                match inner.applier.apply(&mut volume, queued.lsn, &queued.op) {
+                    // Later records come later in the list, so the last count of an inode wins.
+                    Ok(written) => owned.extend(written),
+                    Err(error) => {
+                        drop(volume);
+                        self.fail(&error);
+                        return Err(error);
+                    }
                 }
             }
             free_blocks = volume.free_blocks();
@@ -411,13 +407,16 @@ impl FileSystem {
                     }
                 }
                 front.reserved_blocks -= queued.reserved_blocks;
+                // Deleted inodes included: a view keeps pending writes only while unapplied.
+                for number in touched_inodes(&queued.op) {
+                    if let Some(view) = front.views.get_mut(&number) {
+                        view.forget_writes_through(lsn);
+                    }
+                }
             }
-            // `owned` names every inode the batch touched (once per record): trim each one's
-            // pending writes through the batch's last record.
             for (number, blocks) in owned {
                 if let Some(view) = front.views.get_mut(&number) {
                     view.blocks_owned = blocks;
-                    view.forget_writes_through(last);
                 }
             }
             front.free_blocks = free_blocks;
