@@ -128,21 +128,6 @@ impl BlockCache {
         self.evict();
     }
 
-    /// Takes copies of every dirty block (block, kind, payload) and marks them clean.
-    pub fn take_dirty(&mut self) -> Vec<(u64, BlockKind, BlockBuf)> {
-        let mut images = Vec::with_capacity(self.dirty_count);
-        for (block_number, entry) in self.entries.iter_mut() {
-            if entry.dirty {
-                entry.dirty = false;
-                images.push((*block_number, entry.kind, entry.block.clone()));
-            }
-        }
-        self.dirty_count = 0;
-        images.sort_by_key(|(block_number, _, _)| *block_number);
-        self.evict();
-        images
-    }
-
     fn evict(&mut self) {
         // Bound the recency queue too: rebuild it when stale elements dominate.
         if self.recency.len() > 4 * self.capacity_blocks.max(self.entries.len()) {
@@ -186,8 +171,11 @@ mod tests {
         for block in (0..40u64).step_by(2) {
             assert_eq!(cache.get(block, BlockKind::DirLeaf).unwrap()[0], block as u8);
         }
-        let images = cache.take_dirty();
+        let images = cache.copy_dirty();
         assert_eq!(images.len(), 20);
+        assert_eq!(cache.dirty_count(), 20, "copies leave blocks pinned until their images are home");
+        let numbers: Vec<u64> = images.iter().map(|(number, _, _)| *number).collect();
+        cache.mark_clean(&numbers);
         assert_eq!(cache.dirty_count(), 0);
         assert!(cache.entries.len() <= 16);
     }

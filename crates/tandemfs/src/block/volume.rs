@@ -284,27 +284,6 @@ impl Volume {
         }
     }
 
-    /// Takes sealed images of every changed metadata block: cache blocks and bitmap blocks.
-    pub fn take_images(&mut self) -> Vec<Image> {
-        let mut images = Vec::new();
-        for (block_number, kind, mut block) in self.cache.take_dirty() {
-            seal_block(&mut block, kind, block_number);
-            images.push(Image { block_number, block });
-        }
-        let superblock = &self.superblock;
-        for (bitmap, start) in
-            [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)]
-        {
-            for index in bitmap.take_dirty_blocks() {
-                let mut block = bitmap.encode_block(index);
-                seal_block(&mut block, bitmap.kind, start + index);
-                images.push(Image { block_number: start + index, block });
-            }
-        }
-        images.sort_by_key(|image| image.block_number);
-        images
-    }
-
     /// Writes images to their home blocks, joining neighbours into one write.
     pub fn write_images_home(device: &dyn Device, images: &[Image]) -> Result<()> {
         let mut index = 0;

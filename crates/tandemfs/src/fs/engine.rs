@@ -177,8 +177,9 @@ impl FileSystem {
             root_area: root.encode(),
         };
         volume.create_inode(&root_inode)?;
-        let images = volume.take_images();
+        let images = volume.snapshot_images();
         Volume::write_images_home(device.as_ref(), &images)?;
+        volume.images_home(&images);
         let mut superblock = volume.superblock.clone();
         superblock.next_generation = 2;
         superblock.free_blocks = volume.blocks.free_count();
