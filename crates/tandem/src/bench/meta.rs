@@ -90,18 +90,7 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
     let rounds = arguments.rounds as usize;
     let scratch = super::scratch_directory();
     let volume_bytes = arguments.size;
-    // One image at a time: the tandemfs image is removed before the ext4 one is made.
-    let needed = volume_bytes;
-    if let Some(free) = super::free_bytes(&scratch) {
-        if free < needed {
-            return Err(CliError::new(format!(
-                "{} has {} free; the image files need {} (lower --size)",
-                scratch.display(),
-                format_bytes(free),
-                format_bytes(needed)
-            )));
-        }
-    }
+    super::require_free_space(&scratch, volume_bytes, "lower --size")?;
     println!(
         "tandem bench meta: {} files ({} in one directory, then {} directories of {}), {} durable appends of each size",
         format_count(size.files as u64),

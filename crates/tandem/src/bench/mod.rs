@@ -46,7 +46,21 @@ pub fn scratch_directory() -> PathBuf {
 }
 
 /// Free bytes on the file system holding `path`, if statvfs can tell.
-pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+/// Refuses to start when `scratch` cannot hold a volume of `needed` bytes (images are made one at
+/// a time, so one volume's worth is enough); `remedy` says which option lowers the need.
+pub fn require_free_space(scratch: &std::path::Path, needed: u64, remedy: &str) -> CliResult<()> {
+    match free_bytes(scratch) {
+        Some(free) if free < needed => Err(CliError::new(format!(
+            "{} has {} free; a volume of {} is needed ({remedy})",
+            scratch.display(),
+            crate::size::format_bytes(free),
+            crate::size::format_bytes(needed)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn free_bytes(path: &std::path::Path) -> Option<u64> {
     let text = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     let mut statistics: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: statvfs writes only into the struct we own.

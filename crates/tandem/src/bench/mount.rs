@@ -166,17 +166,7 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
     // Room for the sequential file and, as in `bench meta`, at least 4 GiB so the operation log
     // (1/16 of the volume) holds a round of metadata work.
     let volume_bytes = (arguments.sequential_size + (2u64 << 30)).max(4 << 30).next_multiple_of(1 << 20);
-    if let Some(free) = super::free_bytes(&scratch) {
-        // One image at a time: the tandemfs image is removed before the ext4 one is made.
-        if free < volume_bytes {
-            return Err(CliError::new(format!(
-                "{} has {} free; a volume of {} is needed (lower --sequential-size)",
-                scratch.display(),
-                format_bytes(free),
-                format_bytes(volume_bytes)
-            )));
-        }
-    }
+    super::require_free_space(&scratch, volume_bytes, "lower --sequential-size")?;
     println!(
         "tandem bench mount: {} files, {} durable appends of each size, sequential {} in 1 MiB requests",
         format_count(size.files as u64),
