@@ -642,20 +642,29 @@ impl FileSystem {
         true
     }
 
-    /// Appends `op` and queues it for the back end. `None`: the log is full.
-    fn append(&self, op: Op, reserved_blocks: u64) -> Result<Option<(u64, Arc<Op>)>> {
+    /// Reserves `reserved_blocks`, appends `op` and queues it for the back end; returns its lsn.
+    /// `None` when the volume cannot promise the blocks or the log is full (nothing is kept then;
+    /// the caller's `with_space` drains the back end and tries again). Called with the front-end
+    /// lock held, so appends and the queue stay in lsn order.
+    fn append(&self, front: &mut Front, op: Op, reserved_blocks: u64) -> Result<Option<u64>> {
+        if !FileSystem::reserve(front, reserved_blocks) {
+            return Ok(None);
+        }
         let head = op.encode_head();
         let lsn = match self.inner.log.append(op.kind(), &[&head, op.tail()]) {
             Ok(Some(lsn)) => lsn,
-            Ok(None) => return Ok(None),
+            Ok(None) => {
+                front.reserved_blocks -= reserved_blocks;
+                return Ok(None);
+            }
             Err(error) => {
+                front.reserved_blocks -= reserved_blocks;
                 self.fail(&error);
                 return Err(error);
             }
         };
-        let op = Arc::new(op);
-        self.inner.queue.lock().push_back(Queued { lsn, op: op.clone(), reserved_blocks });
-        Ok(Some((lsn, op)))
+        self.inner.queue.lock().push_back(Queued { lsn, op: Arc::new(op), reserved_blocks });
+        Ok(Some(lsn))
     }
 
     /// Runs `attempt` until it gets log space and blocks: on `Ok(None)` it drains the back end,
@@ -778,12 +787,8 @@ impl FileSystem {
             }
             image.change_time_ns = now;
             let reserve = if truncate { DATA_RESERVE_BLOCKS } else { 0 };
-            if !FileSystem::reserve(&mut front, reserve) {
-                return Ok(None);
-            }
             let op = Op::SetAttributes { inode: image.clone(), truncate };
-            let Some((lsn, _)) = self.append(op, reserve)? else {
-                front.reserved_blocks -= reserve;
+            let Some(lsn) = self.append(&mut front, op, reserve)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, truncate);
@@ -867,17 +872,8 @@ impl FileSystem {
                 return Err(Error::TooManyLinks);
             }
             let reserve = NAMESPACE_RESERVE_BLOCKS;
-            if !FileSystem::reserve(&mut front, reserve) {
-                return Ok(None);
-            }
             // No preferred number: the allocator goes on from where it last stopped.
-            let number = match front.inode_numbers.allocate(u64::MAX, 1, 0) {
-                Ok((bit, _)) => bit + 1,
-                Err(error) => {
-                    front.reserved_blocks -= reserve;
-                    return Err(error);
-                }
-            };
+            let number = front.inode_numbers.allocate(u64::MAX, 1, 0)?.0 + 1;
             let generation = front.next_generation;
             let now = now_ns();
             let mut mode = file_type.mode_bits() | permissions;
@@ -917,8 +913,7 @@ impl FileSystem {
                 inode: image.clone(),
                 symlink_target: symlink_target.to_vec(),
             };
-            let Some((lsn, _)) = self.append(op, reserve)? else {
-                front.reserved_blocks -= reserve;
+            let Some(lsn) = self.append(&mut front, op, reserve)? else {
                 front.inode_numbers.free_now(number - 1, 1);
                 return Ok(None);
             };
@@ -997,9 +992,6 @@ impl FileSystem {
                 return Err(Error::Exists);
             }
             let reserve = NAMESPACE_RESERVE_BLOCKS;
-            if !FileSystem::reserve(&mut front, reserve) {
-                return Ok(None);
-            }
             let now = now_ns();
             image.link_count += 1;
             image.change_time_ns = now;
@@ -1007,8 +999,7 @@ impl FileSystem {
             parent_image.change_time_ns = now;
             let file_type = image.file_type();
             let op = Op::Link { parent: parent_image.clone(), name: new_name.to_vec(), inode: image.clone() };
-            let Some((lsn, _)) = self.append(op, reserve)? else {
-                front.reserved_blocks -= reserve;
+            let Some(lsn) = self.append(&mut front, op, reserve)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, parent_image, lsn, true);
@@ -1081,7 +1072,7 @@ impl FileSystem {
             }
             let op =
                 Op::Unlink { parent: parent_image.clone(), name: name.to_vec(), inode: image.clone(), disposition };
-            let Some((lsn, _)) = self.append(op, 0)? else {
+            let Some(lsn) = self.append(&mut front, op, 0)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, parent_image, lsn, true);
@@ -1224,9 +1215,6 @@ impl FileSystem {
                 }
             }
             let reserve = NAMESPACE_RESERVE_BLOCKS;
-            if !FileSystem::reserve(&mut front, reserve) {
-                return Ok(None);
-            }
             let op = Op::Rename {
                 parent,
                 name: name.to_vec(),
@@ -1236,8 +1224,7 @@ impl FileSystem {
                 replaced,
                 images: images.clone(),
             };
-            let Some((lsn, _)) = self.append(op, reserve)? else {
-                front.reserved_blocks -= reserve;
+            let Some(lsn) = self.append(&mut front, op, reserve)? else {
                 return Ok(None);
             };
             for image in images {
@@ -1391,12 +1378,8 @@ impl FileSystem {
             image.modify_time_ns = now;
             image.change_time_ns = now;
             let reserve = (data.len() as u64).div_ceil(BLOCK_SIZE_U64) + DATA_RESERVE_BLOCKS;
-            if !FileSystem::reserve(&mut front, reserve) {
-                return Ok(None);
-            }
             let op = Op::Write { inode: image.clone(), offset, data: shared.clone() };
-            let Some((lsn, _)) = self.append(op, reserve)? else {
-                front.reserved_blocks -= reserve;
+            let Some(lsn) = self.append(&mut front, op, reserve)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, false);
@@ -1466,12 +1449,8 @@ impl FileSystem {
                 RangeKind::Allocate => length.div_ceil(BLOCK_SIZE_U64) + DATA_RESERVE_BLOCKS,
                 _ => DATA_RESERVE_BLOCKS,
             };
-            if !FileSystem::reserve(&mut front, reserve) {
-                return Ok(None);
-            }
             let op = Op::Range { inode: image.clone(), kind, offset, length, keep_size };
-            let Some((lsn, _)) = self.append(op, reserve)? else {
-                front.reserved_blocks -= reserve;
+            let Some(lsn) = self.append(&mut front, op, reserve)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, true);
@@ -1643,12 +1622,8 @@ impl FileSystem {
             let mut image = view.attributes.clone();
             image.change_time_ns = now_ns();
             let reserve = 1;
-            if !FileSystem::reserve(&mut front, reserve) {
-                return Ok(None);
-            }
             let op = Op::SetXattr { inode: image.clone(), name: name.to_vec(), value: value.to_vec() };
-            let Some((lsn, _)) = self.append(op, reserve)? else {
-                front.reserved_blocks -= reserve;
+            let Some(lsn) = self.append(&mut front, op, reserve)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, false);
@@ -1682,7 +1657,7 @@ impl FileSystem {
             let mut image = view.attributes.clone();
             image.change_time_ns = now_ns();
             let op = Op::RemoveXattr { inode: image.clone(), name: name.to_vec() };
-            let Some((lsn, _)) = self.append(op, 0)? else {
+            let Some(lsn) = self.append(&mut front, op, 0)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, false);
@@ -1733,7 +1708,7 @@ impl FileSystem {
                 view.open_count -= 1;
                 return Ok(Some(()));
             }
-            let Some((lsn, _)) = self.append(Op::Reclaim { inode_number: inode }, 0)? else {
+            let Some(lsn) = self.append(&mut front, Op::Reclaim { inode_number: inode }, 0)? else {
                 return Ok(None);
             };
             let view = front.views.get_mut(&inode).unwrap();
