@@ -183,9 +183,10 @@ impl BackgroundMount {
         &self.mountpoint
     }
 
-    /// Unmounts (fails with EBUSY while files are open), waits for the server threads, and
-    /// makes every change durable.
-    pub fn unmount(mut self) -> io::Result<()> {
+    /// Unmounts (fails with EBUSY while files are open, and may then be called again), waits
+    /// for the server threads, and makes every change durable. After success, dropping the
+    /// value does nothing more.
+    pub fn unmount(&mut self) -> io::Result<()> {
         self.finish(false)
     }
 
@@ -295,14 +296,27 @@ fn unescape_mount_field(field: &str) -> Vec<u8> {
 /// Asks the kernel to unmount. Root calls umount2 directly; other users go through the
 /// set-user-ID fusermount3. With `lazily_if_busy`, a busy mount is detached instead (the
 /// kernel finishes the unmount when the last file is closed).
+/// How long a busy mount is retried before unmounting reports it busy (or detaches it).
+const UNMOUNT_BUSY_GRACE: Duration = Duration::from_secs(2);
+
 fn kernel_unmount(path: &Path, lazily_if_busy: bool) -> io::Result<()> {
     let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mount point contains NUL"))?;
-    // SAFETY: `c_path` is a valid NUL-terminated string for the duration of the call.
-    if unsafe { libc::umount2(c_path.as_ptr(), 0) } == 0 {
-        return Ok(());
-    }
-    let error = io::Error::last_os_error();
+    // A mount can be busy for a moment after its last file was closed: a child that another
+    // thread of the closing process has forked holds a copy of every descriptor until it
+    // execs. So busy is retried for a short, bounded time before it is reported.
+    let busy_deadline = Instant::now() + UNMOUNT_BUSY_GRACE;
+    let error = loop {
+        // SAFETY: `c_path` is a valid NUL-terminated string for the duration of the call.
+        if unsafe { libc::umount2(c_path.as_ptr(), 0) } == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EBUSY) || Instant::now() >= busy_deadline {
+            break error;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     match error.raw_os_error() {
         Some(libc::EBUSY) if lazily_if_busy => {
             // SAFETY: as above.

@@ -28,7 +28,7 @@ impl MountedVolume {
 
 impl Drop for MountedVolume {
     fn drop(&mut self) {
-        if let Some(mount) = self.mount.take() {
+        if let Some(mut mount) = self.mount.take() {
             mount.unmount().expect("unmount");
         }
         self.fs.unmount().expect("engine unmount");

@@ -138,7 +138,7 @@ fn measure_tandemfs(
     std::fs::create_dir_all(&mountpoint).map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
     let config = MountConfig { volume_name: "tandem-bench".into(), threads: 4, ..Default::default() };
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {
-        Ok(mount) => {
+        Ok(mut mount) => {
             let measured = run_workload(&mountpoint, size, arguments, "tandemfs FUSE");
             let unmounted = mount.unmount().map_err(|error| format!("unmount: {error}"));
             measured.and_then(|measured| unmounted.map(|_| measured))

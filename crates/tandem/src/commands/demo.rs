@@ -38,7 +38,7 @@ struct DemoMount {
 
 impl DemoMount {
     fn finish(&mut self) -> CliResult<()> {
-        if let Some(mount) = self.mount.take() {
+        if let Some(mut mount) = self.mount.take() {
             mount.unmount().map_err(|error| CliError::new(format!("cannot unmount the demo: {error}")))?;
         }
         if let Some(fs) = self.fs.take() {
