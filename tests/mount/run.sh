@@ -863,6 +863,42 @@ test_no_space() {
     "$TANDEM" fsck "$image"
 }
 
+# A normal user formats an image of their own, mounts it through the set-user-ID fusermount3,
+# uses it, and unmounts it: no root anywhere in the path. Distributions make /dev/fuse
+# world-writable (0666); minimal images may leave it 0600, so the test opens it up for its run and
+# puts the mode back afterwards.
+test_mount_as_normal_user() {
+    # Not local: the EXIT trap runs after the function has returned.
+    user_home="$WORK/user-home"
+    command -v fusermount3 >/dev/null || { echo "fusermount3 is needed"; exit 1; }
+    fuse_mode=$(stat -c %a /dev/fuse)
+    trap 'chmod "$fuse_mode" /dev/fuse; as_nobody "$TANDEM" umount "$user_home/mnt" 2>/dev/null || true' EXIT
+    local home=$user_home
+    chmod 666 /dev/fuse
+    mkdir -p "$home/mnt"
+    chown -R nobody:nogroup "$home"
+    # mkfs gives the root directory to whoever runs it.
+    as_nobody "$TANDEM" mkfs "$home/volume.img" --size 64M
+    as_nobody "$TANDEM" mount "$home/volume.img" "$home/mnt" -d --log-file "$home/mount.log"
+    awk -v point="$home/mnt" '$5 == point && / - fuse\.tandemfs / { found = 1 } END { exit !found }' \
+        /proc/self/mountinfo
+    as_nobody mkdir "$home/mnt/directory"
+    as_nobody sh -c "echo 'written by nobody' >'$home/mnt/directory/file'"
+    test "$(as_nobody stat -c %U:%G "$home/mnt" "$home/mnt/directory/file" | sort -u)" = nobody:nogroup
+    # The image is locked while mounted: a second mount is refused and says why.
+    mkdir -p "$home/second"
+    chown nobody:nogroup "$home/second"
+    expect_failure "in use" as_nobody "$TANDEM" mount "$home/volume.img" "$home/second"
+    # Without allow_other, nobody else (root included) may look in.
+    expect_failure "Permission denied" ls "$home/mnt"
+    as_nobody "$TANDEM" umount "$home/mnt"
+    if grep -q panicked "$home/mount.log"; then grep -v '^  ' "$home/mount.log"; exit 1; fi
+    as_nobody "$TANDEM" fsck "$home/volume.img"
+    as_nobody "$TANDEM" mount "$home/volume.img" "$home/mnt" -d --log-file "$home/mount.log"
+    test "$(as_nobody cat "$home/mnt/directory/file")" = "written by nobody"
+    as_nobody "$TANDEM" umount "$home/mnt"
+}
+
 test_final_unmount_and_fsck() {
     unmount_volume
     "$TANDEM" fsck "$IMG"
@@ -924,6 +960,7 @@ run_test kill-9-then-umount-fsck-recover test_kill_9_recovers
 run_test read-only-mount test_read_only_mount
 run_test rm-rf-usr-include-copy test_rm_rf_large_tree
 run_test enospc-small-volume test_no_space
+run_test mount-as-normal-user test_mount_as_normal_user
 run_test final-umount-and-fsck test_final_unmount_and_fsck
 
 echo "suite took $(( $(date +%s) - suite_start ))s"

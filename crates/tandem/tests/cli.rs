@@ -213,3 +213,37 @@ fn image_in_use_is_refused() {
     drop(holder);
     assert_eq!(tandem(&["fsck", text(&image)]).status.code(), Some(0));
 }
+
+#[test]
+fn mkfs_gives_the_root_directory_to_the_caller_or_to_root_owner() {
+    use std::sync::Arc;
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    use tandemfs::fs::{MountOptions, ROOT_INODE};
+    let root_owner = |image: &Path| {
+        let device = FileDevice::open(image, FileDeviceOptions::default()).unwrap();
+        let options = MountOptions { background_backend: false, ..MountOptions::default() };
+        let (fs, _) = tandemfs::FileSystem::mount(Arc::new(device), &options).unwrap();
+        let attributes = fs.get_attributes(ROOT_INODE).unwrap();
+        fs.unmount().unwrap();
+        (attributes.uid, attributes.gid)
+    };
+    let scratch = Scratch::new("root-owner");
+    let image = scratch.join("owned.img");
+    let created = tandem(&["mkfs", text(&image), "--size", "32M", "--root-owner", "1234:5678"]);
+    assert_eq!(created.status.code(), Some(0), "{}", stderr(&created));
+    assert_eq!(root_owner(&image), (1234, 5678));
+
+    let default_image = scratch.join("caller.img");
+    assert_eq!(tandem(&["mkfs", text(&default_image), "--size", "32M"]).status.code(), Some(0));
+    // SAFETY: geteuid and getegid have no preconditions.
+    let caller = unsafe { (libc::geteuid(), libc::getegid()) };
+    assert_eq!(root_owner(&default_image), caller);
+
+    for bad in ["1234", "a:b", "1:-1", "4294967295:0", ":"] {
+        assert_one_line_failure(
+            &tandem(&["mkfs", text(&scratch.join("bad.img")), "--size", "32M", "--root-owner", bad]),
+            "UID:GID",
+        );
+    }
+    assert!(!scratch.join("bad.img").exists());
+}

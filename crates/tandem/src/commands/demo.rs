@@ -118,6 +118,7 @@ fn prepare_image(arguments: &DemoArguments) -> CliResult<()> {
             size: Some(arguments.image_size),
             inodes: None,
             log_size: None,
+            root_owner: None,
             force: false,
         };
         crate::commands::mkfs::run(mkfs)?;

@@ -26,6 +26,10 @@ pub struct MkfsArguments {
     /// Bytes of operation log, e.g. 64M (default: 1/16 of the volume, between 4 MiB and 1 GiB)
     #[arg(long, value_parser = parse_nonzero_size)]
     pub log_size: Option<u64>,
+    /// Owner of the root directory as UID:GID (numbers); default: the user running mkfs, so
+    /// that whoever formats an image can write to it when mounting it as themselves
+    #[arg(long, value_name = "UID:GID", value_parser = parse_owner)]
+    pub root_owner: Option<(u32, u32)>,
     /// Overwrite an existing file system or data
     #[arg(long, short = 'f')]
     pub force: bool,
@@ -36,6 +40,16 @@ fn parse_inode_count(text: &str) -> Result<u64, String> {
         Ok(0) => Err("the inode count must be larger than zero".into()),
         Ok(count) => Ok(count),
         Err(_) => Err(format!("'{text}' is not a whole number of inodes")),
+    }
+}
+
+fn parse_owner(text: &str) -> Result<(u32, u32), String> {
+    let message = || format!("'{text}' is not UID:GID (two numbers, e.g. 1000:1000)");
+    let (uid, gid) = text.trim().split_once(':').ok_or_else(message)?;
+    // u32::MAX is (uid_t)-1, which chown and the kernel read as "no change": not an owner.
+    match (uid.parse::<u32>(), gid.parse::<u32>()) {
+        (Ok(uid), Ok(gid)) if uid != u32::MAX && gid != u32::MAX => Ok((uid, gid)),
+        _ => Err(message()),
     }
 }
 
@@ -189,7 +203,14 @@ fn format(path: &Path, arguments: &MkfsArguments, is_block_device: bool) -> CliR
             )));
         }
     }
-    let options = FormatOptions { inode_count: arguments.inodes, log_bytes: arguments.log_size, ..Default::default() };
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let caller = unsafe { (libc::geteuid(), libc::getegid()) };
+    let options = FormatOptions {
+        inode_count: arguments.inodes,
+        log_bytes: arguments.log_size,
+        root_owner: Some(arguments.root_owner.unwrap_or(caller)),
+        ..Default::default()
+    };
     FileSystem::format(device.clone(), &options).map_err(|error| {
         CliError::new(format!("cannot create tandemfs on {}: {}", path.display(), describe(&error)))
     })?;

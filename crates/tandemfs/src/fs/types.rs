@@ -173,6 +173,9 @@ pub struct FormatOptions {
     pub uuid: Option<[u8; 16]>,
     /// Directory hash seed; default random.
     pub hash_seed: Option<[u32; 4]>,
+    /// Owner (uid, gid) of the root directory; default 0:0. The `tandem` command passes the
+    /// calling user, so that a user who formats an image can write to it once mounted.
+    pub root_owner: Option<(u32, u32)>,
 }
 
 /// Options of `FileSystem::mount`.
