@@ -109,6 +109,42 @@ impl Isal {
         (agrees, measurement)
     }
 
+    /// ISA-L's expanded tables for its Cauchy code with k data and m parity shards.
+    pub fn cauchy_tables(&self, k: usize, m: usize) -> Vec<u8> {
+        assert!(k >= 1 && m >= 1 && k + m <= 256);
+        let mut matrix = vec![0u8; (k + m) * k];
+        let mut tables = vec![0u8; 32 * k * m];
+        // SAFETY: buffers sized as ISA-L's header documents: (k+m)×k matrix, 32·k·m tables.
+        unsafe {
+            (self.generate_cauchy)(matrix.as_mut_ptr(), (k + m) as c_int, k as c_int);
+            (self.init_tables)(k as c_int, m as c_int, matrix[k * k..].as_ptr(), tables.as_mut_ptr());
+        }
+        tables
+    }
+
+    /// One ISA-L encode of `data` into `parity` with tables from [`Isal::cauchy_tables`].
+    pub fn encode_with_tables(&self, tables: &[u8], data: &[&[u8]], parity: &mut [Vec<u8>]) {
+        let (k, m) = (data.len(), parity.len());
+        assert_eq!(tables.len(), 32 * k * m);
+        let shard_bytes = data[0].len();
+        assert!(shard_bytes <= c_int::MAX as usize);
+        assert!(data.iter().all(|shard| shard.len() == shard_bytes));
+        assert!(parity.iter().all(|shard| shard.len() == shard_bytes));
+        let inputs: Vec<*const u8> = data.iter().map(|shard| shard.as_ptr()).collect();
+        let outputs: Vec<*mut u8> = parity.iter_mut().map(|shard| shard.as_mut_ptr()).collect();
+        // SAFETY: k inputs and m outputs of shard_bytes each, tables of 32·k·m bytes.
+        unsafe {
+            (self.encode_data)(
+                shard_bytes as c_int,
+                k as c_int,
+                m as c_int,
+                tables.as_ptr(),
+                inputs.as_ptr(),
+                outputs.as_ptr(),
+            );
+        }
+    }
+
     /// Times ISA-L's Cauchy encode on one thread; returns whether its parity equals ours.
     pub fn encode_benchmark(
         &self,
