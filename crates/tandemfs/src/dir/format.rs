@@ -75,11 +75,15 @@ pub const INDEX_ENTRY_TARGET_OFFSET: usize = 8;
 pub const INDEX_CAPACITY: usize = (META_PAYLOAD_BYTES - INDEX_HEADER_BYTES) / INDEX_ENTRY_BYTES;
 
 // ---- behaviour ----
-/// A region with this many members splits.
-pub const REGION_SPLIT_ENTRIES: u64 = 256;
+/// A region with this many members splits. Every insert, remove and lookup walks its region
+/// from the dummy to the name's place, about half the region: 64 keeps that walk near 24
+/// records (it was 256, about 95 records and most of an insert's cost). Regions are a matter
+/// of behaviour, not format: a volume whose regions grew under a larger limit stays valid, and
+/// they split as they take inserts.
+pub const REGION_SPLIT_ENTRIES: u64 = 64;
 /// Two neighbouring regions with at most this many members together merge (half the split
-/// size, so a merged region takes 128 inserts before it splits again).
-pub const REGION_MERGE_ENTRIES: u64 = 128;
+/// size, so a merged region takes 32 inserts before it splits again).
+pub const REGION_MERGE_ENTRIES: u64 = 32;
 /// Index blocks other than the root are rebalanced with a sibling below this many entries.
 pub const INDEX_MIN_ENTRIES: usize = INDEX_CAPACITY / 4;
 /// Deepest index accepted on read. The code has no depth limit; this bound follows from the
@@ -541,6 +545,77 @@ pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) ->
         entries.push((hash, target));
     }
     Ok(IndexNode { level, entries })
+}
+
+/// Searches index block `block_number` (of `level`) in place for the last entry whose hash is
+/// not above `hash`; returns (its hash, its target). Checks the header, that the block's lowest
+/// hash is `expected_lowest` (what its parent says), and the chosen entry with its neighbour.
+pub fn search_index_block(
+    block: &BlockBuf,
+    block_number: u64,
+    expected_level: u16,
+    hash: u32,
+    expected_lowest: u32,
+) -> Result<(u32, u64)> {
+    let fail = |what: String| Err(Error::corruption(format!("directory index block {block_number}: {what}")));
+    let magic = read_u32(&block[..], INDEX_MAGIC_OFFSET);
+    if magic != INDEX_MAGIC {
+        return fail(format!("magic {magic:#010x}"));
+    }
+    let level = read_u16(&block[..], INDEX_LEVEL_OFFSET);
+    if level != expected_level {
+        return fail(format!("level {level}, expected {expected_level}"));
+    }
+    let count = read_u16(&block[..], INDEX_COUNT_OFFSET) as usize;
+    if count == 0 || count > INDEX_CAPACITY {
+        return fail(format!("entry count {count} outside 1..={INDEX_CAPACITY}"));
+    }
+    if read_u64(&block[..], INDEX_RESERVED_OFFSET) != 0 {
+        return fail("reserved header field is not zero".into());
+    }
+    let entry_hash = |index: usize| read_u32(&block[..], INDEX_HEADER_BYTES + index * INDEX_ENTRY_BYTES);
+    let lowest = entry_hash(0);
+    if lowest != expected_lowest {
+        return fail(format!("lowest hash {lowest:#x}, its parent says {expected_lowest:#x}"));
+    }
+    if lowest > hash {
+        return fail(format!("lowest hash {lowest:#x} above {hash:#x} reached through its parent"));
+    }
+    // Entries 0..low have hashes <= `hash`, high..count above it (for a sorted block).
+    let (mut low, mut high) = (1usize, count);
+    let mut rounds = 0;
+    while low < high {
+        rounds += 1;
+        assert!(rounds <= 16, "binary search over at most 254 entries");
+        let middle = low + (high - low) / 2;
+        if entry_hash(middle) <= hash {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+    }
+    let chosen = low - 1;
+    let base = INDEX_HEADER_BYTES + chosen * INDEX_ENTRY_BYTES;
+    let chosen_hash = entry_hash(chosen);
+    let target = read_u64(&block[..], base + INDEX_ENTRY_TARGET_OFFSET);
+    if read_u32(&block[..], base + INDEX_ENTRY_RESERVED_OFFSET) != 0 {
+        return fail(format!("entry {chosen} reserved field is not zero"));
+    }
+    if chosen_hash >= 1 << 31 {
+        return fail(format!("entry {chosen} hash {chosen_hash:#x} above 31 bits"));
+    }
+    if chosen > 0 && entry_hash(chosen - 1) >= chosen_hash {
+        return fail(format!("entry {chosen} hash {chosen_hash:#x} not above its predecessor"));
+    }
+    if chosen + 1 < count && entry_hash(chosen + 1) <= chosen_hash {
+        return fail(format!("entry {} hash not above {chosen_hash:#x}", chosen + 1));
+    }
+    if level == 0 {
+        split_position(target, &|| format!("directory index block {block_number} entry {chosen}"))?;
+    } else if target == 0 || target > MAX_POSITION_BLOCK {
+        return fail(format!("entry {chosen} child block {target} out of range"));
+    }
+    Ok((chosen_hash, target))
 }
 
 pub fn encode_index(node: &IndexNode) -> BlockBuf {

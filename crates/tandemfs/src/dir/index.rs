@@ -59,13 +59,30 @@ fn descend(session: &mut Session, root: &DirRoot, hash: u32) -> Result<Vec<Step>
 }
 
 /// The region `hash` falls in: (its lowest hash, the position of its dummy).
+///
+/// Read-only, so it searches each index block in place (a binary search over the entries, no
+/// copy): an index block holds up to 254 entries, and decoding all of them on every lookup
+/// cost more than the rest of the descent. What the search relies on is checked: the block's
+/// header, the chosen entry and its right neighbour (the hash falls between them), and the
+/// link to the parent. A block whose other entries are out of order can steer a lookup to a
+/// wrong region; the walk from there finds the dummy or the list order wrong and reports
+/// corruption, and `check` (fsck) and every change to the index validate blocks in full.
 pub fn find_region(session: &mut Session, root: &DirRoot, hash: u32) -> Result<(u32, u64)> {
     if root.index_depth == 0 {
         return Ok((0, root.head_position()));
     }
-    let path = descend(session, root, hash)?;
-    let last = path.last().unwrap();
-    Ok(last.node.entries[last.chosen])
+    let mut block_number = root.index_root;
+    let mut expected_lowest = 0u32;
+    for depth in 0..root.index_depth {
+        let level = root.index_depth - 1 - depth;
+        let (chosen_hash, target) = session.search_index(block_number, level, hash, expected_lowest)?;
+        if level == 0 {
+            return Ok((chosen_hash, target));
+        }
+        expected_lowest = chosen_hash;
+        block_number = target;
+    }
+    unreachable!("the loop returns at level 0")
 }
 
 /// Keeps the copy of the index root in the first leaf's header in step (for fsck).

@@ -123,6 +123,18 @@ impl<'a> Session<'a> {
         decode_index(&cached.block, block_number, level)
     }
 
+    /// Searches an index block in place (see `index::find_region`).
+    pub fn search_index(
+        &mut self,
+        block_number: u64,
+        level: u16,
+        hash: u32,
+        expected_lowest: u32,
+    ) -> Result<(u32, u64)> {
+        let cached = self.load(block_number, BlockKind::DirIndex)?;
+        search_index_block(&cached.block, block_number, level, hash, expected_lowest)
+    }
+
     pub fn write_index(&mut self, block_number: u64, node: &IndexNode) -> Result<()> {
         let block = encode_index(node);
         let cached = self.load(block_number, BlockKind::DirIndex)?;
