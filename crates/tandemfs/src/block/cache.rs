@@ -59,6 +59,11 @@ impl BlockCache {
         Some(shared)
     }
 
+    /// Whether the block is cached with this kind (no use recorded).
+    pub fn contains(&self, block_number: u64, kind: BlockKind) -> bool {
+        self.entries.get(&block_number).is_some_and(|entry| entry.kind == kind)
+    }
+
     /// The cached block to change in place, marked dirty; copied first only if someone else
     /// (a checkpoint image in flight) still holds it. None if absent or of another kind.
     pub fn modify(&mut self, block_number: u64, kind: BlockKind) -> Option<&mut BlockBuf> {

@@ -139,7 +139,9 @@ impl Volume {
 
     /// The cached inode-table block, to change in place (read first if absent).
     fn modify_inode_block(&mut self, block_number: u64) -> Result<&mut BlockBuf> {
-        self.read_inode_block(block_number)?;
+        if !self.cache.contains(block_number, BlockKind::InodeTable) {
+            self.read_inode_block(block_number)?;
+        }
         Ok(self.cache.modify(block_number, BlockKind::InodeTable).expect("inode block cached by the read above"))
     }
 

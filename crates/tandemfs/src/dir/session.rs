@@ -10,6 +10,9 @@ use crate::block::meta::{zeroed_block, BlockBuf, BlockKind, MetaStore, SharedBlo
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
+/// Sessions holding at most this many blocks find them by a scan, without a map.
+const LINEAR_SEARCH_BLOCKS: usize = 16;
+
 struct Cached {
     block_number: u64,
     /// Shared with the block cache until changed: the first change copies it.
@@ -20,7 +23,9 @@ struct Cached {
 
 pub struct Session<'a> {
     store: &'a mut dyn MetaStore,
-    /// The blocks read or made, in load order; `where_is` maps a block number to its place.
+    /// The blocks read or made, in load order; `where_is` maps a block number to its place
+    /// once there are more than `LINEAR_SEARCH_BLOCKS` (most operations touch a handful of
+    /// blocks, and a short scan beats building a map).
     blocks: Vec<Cached>,
     where_is: FastHashMap<u64, usize>,
     /// Place of the block used last: a walk along the list asks for the same leaf many times.
@@ -56,15 +61,26 @@ impl<'a> Session<'a> {
     fn place_of(&self, block_number: u64) -> Option<usize> {
         match self.blocks.get(self.last_used) {
             Some(cached) if cached.block_number == block_number => Some(self.last_used),
+            _ if self.blocks.len() <= LINEAR_SEARCH_BLOCKS => {
+                self.blocks.iter().position(|cached| cached.block_number == block_number)
+            }
             _ => self.where_is.get(&block_number).copied(),
         }
+    }
+
+    /// Rebuilds `where_is` after places changed, or clears it while a scan suffices.
+    fn index_places(&mut self) {
+        self.where_is.clear();
+        if self.blocks.len() > LINEAR_SEARCH_BLOCKS {
+            self.where_is.extend(self.blocks.iter().enumerate().map(|(place, cached)| (cached.block_number, place)));
+        }
+        self.last_used = 0;
     }
 
     /// Drops clean blocks (read-only walks over big directories keep memory bounded).
     fn drop_clean_blocks(&mut self) {
         self.blocks.retain(|cached| cached.dirty);
-        self.where_is = self.blocks.iter().enumerate().map(|(place, cached)| (cached.block_number, place)).collect();
-        self.last_used = 0;
+        self.index_places();
     }
 
     fn load(&mut self, block_number: u64, kind: BlockKind) -> Result<&mut Cached> {
@@ -101,10 +117,14 @@ impl<'a> Session<'a> {
     }
 
     fn push(&mut self, cached: Cached) -> usize {
+        assert!(self.place_of(cached.block_number).is_none(), "directory block {} held twice", cached.block_number);
         let place = self.blocks.len();
-        let previous = self.where_is.insert(cached.block_number, place);
-        assert!(previous.is_none(), "directory block {} held twice in one operation", cached.block_number);
         self.blocks.push(cached);
+        if self.blocks.len() == LINEAR_SEARCH_BLOCKS + 1 {
+            self.index_places();
+        } else if self.blocks.len() > LINEAR_SEARCH_BLOCKS {
+            self.where_is.insert(self.blocks[place].block_number, place);
+        }
         place
     }
 
@@ -159,12 +179,9 @@ impl<'a> Session<'a> {
 
     pub fn free(&mut self, block_number: u64) {
         assert!(self.freed.insert(block_number), "directory block {block_number} freed twice in one operation");
-        if let Some(place) = self.where_is.remove(&block_number) {
+        if let Some(place) = self.place_of(block_number) {
             self.blocks.swap_remove(place);
-            if let Some(moved) = self.blocks.get(place) {
-                self.where_is.insert(moved.block_number, place);
-            }
-            self.last_used = 0;
+            self.index_places();
         }
     }
 

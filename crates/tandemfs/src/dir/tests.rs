@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{seal_block, BlockBuf, MemoryStore, SharedBlock, META_PAYLOAD_BYTES};
+use crate::block::meta::{seal_block, MemoryStore, SharedBlock, META_PAYLOAD_BYTES};
 
 const SEED: HashSeed = [0x1234_5678, 0x9abc_def0, 0x0fed_cba9, 0x8765_4321];
 

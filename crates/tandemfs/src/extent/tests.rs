@@ -3,7 +3,7 @@
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{seal_block, BlockBuf, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64};
+use crate::block::meta::{seal_block, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
