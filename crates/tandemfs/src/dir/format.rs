@@ -547,16 +547,24 @@ pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) ->
     Ok(IndexNode { level, entries })
 }
 
+/// What `search_index_block` found: the chosen entry, and the target of the entry after it
+/// when the block has one (checked like the chosen one).
+pub struct IndexChoice {
+    pub hash: u32,
+    pub target: u64,
+    pub next_target: Option<u64>,
+}
+
 /// Searches index block `block_number` (of `level`) in place for the last entry whose hash is
-/// not above `hash`; returns (its hash, its target). Checks the header, that the block's lowest
-/// hash is `expected_lowest` (what its parent says), and the chosen entry with its neighbour.
+/// not above `hash`. Checks the header, that the block's lowest hash is `expected_lowest` (what
+/// its parent says), and the chosen entry with its neighbours.
 pub fn search_index_block(
     block: &BlockBuf,
     block_number: u64,
     expected_level: u16,
     hash: u32,
     expected_lowest: u32,
-) -> Result<(u32, u64)> {
+) -> Result<IndexChoice> {
     let fail = |what: String| Err(Error::corruption(format!("directory index block {block_number}: {what}")));
     let magic = read_u32(&block[..], INDEX_MAGIC_OFFSET);
     if magic != INDEX_MAGIC {
@@ -610,12 +618,26 @@ pub fn search_index_block(
     if chosen + 1 < count && entry_hash(chosen + 1) <= chosen_hash {
         return fail(format!("entry {} hash not above {chosen_hash:#x}", chosen + 1));
     }
-    if level == 0 {
-        split_position(target, &|| format!("directory index block {block_number} entry {chosen}"))?;
-    } else if target == 0 || target > MAX_POSITION_BLOCK {
-        return fail(format!("entry {chosen} child block {target} out of range"));
-    }
-    Ok((chosen_hash, target))
+    let check_target = |index: usize, target: u64| -> Result<()> {
+        if level == 0 {
+            split_position(target, &|| format!("directory index block {block_number} entry {index}"))?;
+        } else if target == 0 || target > MAX_POSITION_BLOCK {
+            return Err(Error::corruption(format!(
+                "directory index block {block_number}: entry {index} child block {target} out of range"
+            )));
+        }
+        Ok(())
+    };
+    check_target(chosen, target)?;
+    let next_target = if chosen + 1 < count {
+        let next_target =
+            read_u64(&block[..], INDEX_HEADER_BYTES + (chosen + 1) * INDEX_ENTRY_BYTES + INDEX_ENTRY_TARGET_OFFSET);
+        check_target(chosen + 1, next_target)?;
+        Some(next_target)
+    } else {
+        None
+    };
+    Ok(IndexChoice { hash: chosen_hash, target, next_target })
 }
 
 pub fn encode_index(node: &IndexNode) -> BlockBuf {

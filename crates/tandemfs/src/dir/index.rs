@@ -68,19 +68,25 @@ fn descend(session: &mut Session, root: &DirRoot, hash: u32) -> Result<Vec<Step>
 /// wrong region; the walk from there finds the dummy or the list order wrong and reports
 /// corruption, and `check` (fsck) and every change to the index validate blocks in full.
 pub fn find_region(session: &mut Session, root: &DirRoot, hash: u32) -> Result<(u32, u64)> {
+    region_and_next(session, root, hash).map(|(region_hash, position, _)| (region_hash, position))
+}
+
+/// As `find_region`, and the position of the next region's dummy when the level-0 index block
+/// names it (None at the end of a block, and when there is no index: the caller walks instead).
+pub fn region_and_next(session: &mut Session, root: &DirRoot, hash: u32) -> Result<(u32, u64, Option<u64>)> {
     if root.index_depth == 0 {
-        return Ok((0, root.head_position()));
+        return Ok((0, root.head_position(), None));
     }
     let mut block_number = root.index_root;
     let mut expected_lowest = 0u32;
     for depth in 0..root.index_depth {
         let level = root.index_depth - 1 - depth;
-        let (chosen_hash, target) = session.search_index(block_number, level, hash, expected_lowest)?;
+        let choice = session.search_index(block_number, level, hash, expected_lowest)?;
         if level == 0 {
-            return Ok((chosen_hash, target));
+            return Ok((choice.hash, choice.target, choice.next_target));
         }
-        expected_lowest = chosen_hash;
-        block_number = target;
+        expected_lowest = choice.hash;
+        block_number = choice.target;
     }
     unreachable!("the loop returns at level 0")
 }

@@ -602,13 +602,30 @@ pub fn remove(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
 /// Merges the region that just lost an entry with a small neighbour: the next region folds
 /// into it, or it folds into the previous one.
 fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
-    let (dummy, members, next_dummy) = region_members(session, dummy_position)?;
-    if next_dummy != 0 {
-        let next = session.header(next_dummy, &|| "next region dummy".into())?;
-        if dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES {
-            let predecessor = members.last().map(|member| member.position).unwrap_or(dummy_position);
-            merge_into(session, root, dummy_position, predecessor, next_dummy)?;
-            return compact_region(session, root, dummy_position);
+    let dummy = session.header(dummy_position, &|| "region dummy".into())?;
+    if !dummy.is_dummy {
+        return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
+    }
+    // The next region's dummy is found by walking this region to its end; where the index
+    // names it, its count first says whether a merge is possible, and most removes need no walk.
+    let (_, _, indexed_next) = index::region_and_next(session, root, dummy.region_hash())?;
+    let next_may_merge = match indexed_next {
+        Some(next_position) => {
+            let next = session.header(next_position, &|| "next region dummy".into())?;
+            // A damaged index entry is found by the walk below.
+            !next.is_dummy || dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES
+        }
+        None => true,
+    };
+    if next_may_merge {
+        let (dummy, members, next_dummy) = region_members(session, dummy_position)?;
+        if next_dummy != 0 {
+            let next = session.header(next_dummy, &|| "next region dummy".into())?;
+            if dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES {
+                let predecessor = members.last().map(|member| member.position).unwrap_or(dummy_position);
+                merge_into(session, root, dummy_position, predecessor, next_dummy)?;
+                return compact_region(session, root, dummy_position);
+            }
         }
     }
     let region_hash = dummy.region_hash();

@@ -150,7 +150,7 @@ impl<'a> Session<'a> {
         level: u16,
         hash: u32,
         expected_lowest: u32,
-    ) -> Result<(u32, u64)> {
+    ) -> Result<IndexChoice> {
         let cached = self.load(block_number, BlockKind::DirIndex)?;
         search_index_block(&cached.block, block_number, level, hash, expected_lowest)
     }
