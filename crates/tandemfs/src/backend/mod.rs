@@ -471,7 +471,7 @@ fn decode_images(record: &Record, superblock: &Superblock, into: &mut BTreeMap<u
         for byte in block.iter_mut() {
             *byte = decoder.u8()?;
         }
-        list.push(Image { block_number, block });
+        list.push(Image { block_number, block: Arc::new(block) });
     }
     decoder.finish()
 }

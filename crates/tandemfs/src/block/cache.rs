@@ -2,12 +2,13 @@
 //! checkpoint takes an image. Dirty blocks stay until a checkpoint takes them; clean blocks are
 //! evicted in least-recently-used order once the cache holds more than its bound.
 
-use super::meta::{BlockBuf, BlockKind};
+use super::meta::{BlockBuf, BlockKind, SharedBlock};
 use crate::FastHashMap;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 struct Entry {
-    block: BlockBuf,
+    block: SharedBlock,
     kind: BlockKind,
     dirty: bool,
     stamp: u64,
@@ -44,22 +45,48 @@ impl BlockCache {
         self.clock
     }
 
-    /// A copy of a cached block, if present with the expected kind.
-    pub fn get(&mut self, block_number: u64, kind: BlockKind) -> Option<BlockBuf> {
+    /// A shared reference to a cached block, if present with the expected kind.
+    pub fn get(&mut self, block_number: u64, kind: BlockKind) -> Option<SharedBlock> {
         let stamp = self.clock + 1;
         let entry = self.entries.get_mut(&block_number)?;
         if entry.kind != kind {
             return None;
         }
         entry.stamp = stamp;
-        let copy = entry.block.clone();
+        let shared = entry.block.clone();
         self.touch(block_number);
         self.hits += 1;
-        Some(copy)
+        Some(shared)
+    }
+
+    /// Whether the block is cached with this kind (no use recorded).
+    pub fn contains(&self, block_number: u64, kind: BlockKind) -> bool {
+        self.entries.get(&block_number).is_some_and(|entry| entry.kind == kind)
+    }
+
+    /// The cached block to change in place, marked dirty; copied first only if someone else
+    /// (a checkpoint image in flight) still holds it. None if absent or of another kind.
+    pub fn modify(&mut self, block_number: u64, kind: BlockKind) -> Option<&mut BlockBuf> {
+        self.clock += 1;
+        let stamp = self.clock;
+        let entry = self.entries.get_mut(&block_number)?;
+        if entry.kind != kind {
+            return None;
+        }
+        entry.stamp = stamp;
+        if !entry.dirty {
+            entry.dirty = true;
+            self.dirty_count += 1;
+        }
+        self.recency.push_back((block_number, stamp));
+        // No eviction here (the entry count does not change), but the queue stays bounded.
+        self.bound_recency();
+        let entry = self.entries.get_mut(&block_number).unwrap();
+        Some(Arc::make_mut(&mut entry.block))
     }
 
     /// Inserts a block read from the device (clean).
-    pub fn insert_clean(&mut self, block_number: u64, kind: BlockKind, block: BlockBuf) {
+    pub fn insert_clean(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) {
         self.misses += 1;
         let stamp = self.touch(block_number);
         if let Some(old) = self.entries.insert(block_number, Entry { block, kind, dirty: false, stamp }) {
@@ -69,11 +96,11 @@ impl BlockCache {
     }
 
     /// Stores a changed block; it stays until the next checkpoint takes it.
-    pub fn put_dirty(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) {
+    pub fn put_dirty(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) {
         let stamp = self.touch(block_number);
         match self.entries.get_mut(&block_number) {
             Some(entry) => {
-                entry.block.copy_from_slice(&block[..]);
+                entry.block = block;
                 entry.kind = kind;
                 entry.stamp = stamp;
                 if !entry.dirty {
@@ -82,7 +109,7 @@ impl BlockCache {
                 }
             }
             None => {
-                self.entries.insert(block_number, Entry { block: block.clone(), kind, dirty: true, stamp });
+                self.entries.insert(block_number, Entry { block, kind, dirty: true, stamp });
                 self.dirty_count += 1;
             }
         }
@@ -102,16 +129,18 @@ impl BlockCache {
         self.dirty_count
     }
 
-    /// Copies of every dirty block (block, kind, payload). They stay dirty, so that they cannot
-    /// be evicted and read back stale before their images are home; `mark_clean` follows.
-    pub fn copy_dirty(&self) -> Vec<(u64, BlockKind, BlockBuf)> {
-        let mut images: Vec<(u64, BlockKind, BlockBuf)> = self
-            .entries
-            .iter()
-            .filter(|(_, entry)| entry.dirty)
-            .map(|(number, entry)| (*number, entry.kind, entry.block.clone()))
-            .collect();
-        images.sort_by_key(|(block_number, _, _)| *block_number);
+    /// Every dirty block, sealed in place by `seal` (the trailer is no part of the payload, so
+    /// sealing the cached block changes nothing a reader sees), as shared references: no copy.
+    /// They stay dirty, so that they cannot be evicted and read back stale before their images
+    /// are home; `mark_clean` follows. A change before then copies the block (`modify`,
+    /// `put_dirty` replace it), so the images keep what was sealed.
+    pub fn seal_dirty(&mut self, seal: &mut dyn FnMut(u64, BlockKind, &mut BlockBuf)) -> Vec<(u64, SharedBlock)> {
+        let mut images: Vec<(u64, SharedBlock)> = Vec::with_capacity(self.dirty_count);
+        for (number, entry) in self.entries.iter_mut().filter(|(_, entry)| entry.dirty) {
+            seal(*number, entry.kind, Arc::make_mut(&mut entry.block));
+            images.push((*number, entry.block.clone()));
+        }
+        images.sort_unstable_by_key(|(block_number, _)| *block_number);
         images
     }
 
@@ -128,13 +157,17 @@ impl BlockCache {
         self.evict();
     }
 
-    fn evict(&mut self) {
-        // Bound the recency queue too: rebuild it when stale elements dominate.
+    /// Rebuilds the recency queue when stale elements dominate it.
+    fn bound_recency(&mut self) {
         if self.recency.len() > 4 * self.capacity_blocks.max(self.entries.len()) {
             let entries = &self.entries;
             self.recency
                 .retain(|(block_number, stamp)| entries.get(block_number).is_some_and(|entry| entry.stamp == *stamp));
         }
+    }
+
+    fn evict(&mut self) {
+        self.bound_recency();
         let mut budget = self.recency.len();
         while self.entries.len() > self.capacity_blocks && budget > 0 {
             budget -= 1;
@@ -162,19 +195,24 @@ mod tests {
             let mut buffer = zeroed_block();
             buffer[0] = block as u8;
             if block % 2 == 0 {
-                cache.put_dirty(block, BlockKind::DirLeaf, &buffer);
+                cache.put_dirty(block, BlockKind::DirLeaf, Arc::new(buffer));
             } else {
-                cache.insert_clean(block, BlockKind::DirLeaf, buffer);
+                cache.insert_clean(block, BlockKind::DirLeaf, Arc::new(buffer));
             }
         }
         assert_eq!(cache.dirty_count(), 20);
         for block in (0..40u64).step_by(2) {
             assert_eq!(cache.get(block, BlockKind::DirLeaf).unwrap()[0], block as u8);
         }
-        let images = cache.copy_dirty();
+        let images = cache.seal_dirty(&mut |_, _, block| block[1] = 0xAA);
         assert_eq!(images.len(), 20);
-        assert_eq!(cache.dirty_count(), 20, "copies leave blocks pinned until their images are home");
-        let numbers: Vec<u64> = images.iter().map(|(number, _, _)| *number).collect();
+        assert!(images.iter().all(|(_, block)| block[1] == 0xAA));
+        assert_eq!(cache.dirty_count(), 20, "images leave blocks pinned until they are home");
+        // A change after the snapshot copies the block: the image keeps what was sealed.
+        cache.modify(0, BlockKind::DirLeaf).unwrap()[1] = 0x55;
+        assert_eq!(images[0].1[1], 0xAA);
+        assert_eq!(cache.get(0, BlockKind::DirLeaf).unwrap()[1], 0x55);
+        let numbers: Vec<u64> = images.iter().map(|(number, _)| *number).collect();
         cache.mark_clean(&numbers);
         assert_eq!(cache.dirty_count(), 0);
         assert!(cache.entries.len() <= 16);

@@ -25,6 +25,11 @@ pub const TRAILER_BLOCK_OFFSET: usize = 4088;
 /// A whole 4 KiB block in memory.
 pub type BlockBuf = Box<[u8; BLOCK_SIZE]>;
 
+/// A metadata block shared between the block cache, the operations reading it and checkpoint
+/// images: handing one out costs a reference count, not a 4 KiB copy. A writer copies only
+/// when the block is shared (`Arc::make_mut`), so a change never shows through another holder.
+pub type SharedBlock = std::sync::Arc<BlockBuf>;
+
 pub fn zeroed_block() -> BlockBuf {
     Box::new([0u8; BLOCK_SIZE])
 }
@@ -98,11 +103,12 @@ pub fn verify_block(block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64
 /// Metadata block access for the structures above the block layer. Implemented by the block
 /// cache for a volume, and by simple maps in unit tests.
 ///
-/// `read_meta` returns a copy the caller may change and hand to `write_meta`; a write is visible
-/// to the next read at once and reaches the device at the next checkpoint.
+/// `read_meta` returns a shared block; a caller that changes it takes its own copy
+/// (`Arc::make_mut`) and hands it to `write_meta`, which keeps it without copying. A write is
+/// visible to the next read at once and reaches the device at the next checkpoint.
 pub trait MetaStore {
-    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf>;
-    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> Result<()>;
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock>;
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> Result<()>;
     /// Allocates one block for metadata, preferably near `near` (0: no preference).
     fn allocate_meta(&mut self, near: u64) -> Result<u64>;
     /// Frees a metadata block. The block is not reused before the change is checkpointed.
@@ -149,17 +155,17 @@ impl MemoryStore {
 }
 
 impl MetaStore for MemoryStore {
-    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf> {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock> {
         let block = self
             .meta
             .get(&block_number)
             .ok_or_else(|| Error::corruption(format!("block {block_number} never written")))?;
         verify_block(block, kind, block_number)?;
-        Ok(block.clone())
+        Ok(std::sync::Arc::new(block.clone()))
     }
-    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> Result<()> {
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> Result<()> {
         assert!(self.allocated.contains(&block_number), "write to unallocated metadata block {block_number}");
-        let mut copy = block.clone();
+        let mut copy: BlockBuf = (*block).clone();
         seal_block(&mut copy, kind, block_number);
         self.meta.insert(block_number, copy);
         Ok(())

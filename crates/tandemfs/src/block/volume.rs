@@ -26,10 +26,11 @@ pub struct Volume {
     pub current_lsn: u64,
 }
 
-/// One block image of a checkpoint, sealed and ready to write.
+/// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
+/// until the block changes again (which copies it), so taking images copies nothing.
 pub struct Image {
     pub block_number: u64,
-    pub block: BlockBuf,
+    pub block: SharedBlock,
 }
 
 impl Volume {
@@ -121,7 +122,7 @@ impl Volume {
         ))
     }
 
-    fn read_inode_block(&mut self, block_number: u64) -> Result<BlockBuf> {
+    fn read_inode_block(&mut self, block_number: u64) -> Result<SharedBlock> {
         if let Some(block) = self.cache.get(block_number, BlockKind::InodeTable) {
             return Ok(block);
         }
@@ -131,8 +132,17 @@ impl Volume {
         if block.iter().any(|byte| *byte != 0) {
             verify_block(&block, BlockKind::InodeTable, block_number)?;
         }
+        let block = Arc::new(block);
         self.cache.insert_clean(block_number, BlockKind::InodeTable, block.clone());
         Ok(block)
+    }
+
+    /// The cached inode-table block, to change in place (read first if absent).
+    fn modify_inode_block(&mut self, block_number: u64) -> Result<&mut BlockBuf> {
+        if !self.cache.contains(block_number, BlockKind::InodeTable) {
+            self.read_inode_block(block_number)?;
+        }
+        Ok(self.cache.modify(block_number, BlockKind::InodeTable).expect("inode block cached by the read above"))
     }
 
     /// Reads an allocated inode. A free inode is `NotFound`; an allocated inode whose record is
@@ -149,11 +159,11 @@ impl Volume {
         }
     }
 
+    /// Writes an inode's record in place in the cached inode-table block (no block copy).
     pub fn write_inode(&mut self, inode: &Inode) -> Result<()> {
         let (block_number, offset) = self.inode_location(inode.inode_number)?;
-        let mut block = self.read_inode_block(block_number)?;
+        let block = self.modify_inode_block(block_number)?;
         inode.encode(&mut block[offset..offset + INODE_BYTES]);
-        self.cache.put_dirty(block_number, BlockKind::InodeTable, &block);
         Ok(())
     }
 
@@ -177,9 +187,8 @@ impl Volume {
         // Inode numbers may be reused at once: records apply in log order and the inode table
         // reaches home only through checkpoint images, so no reuse can overwrite durable state.
         self.inodes.free_now(inode_number - 1, 1);
-        let mut block = self.read_inode_block(block_number)?;
+        let block = self.modify_inode_block(block_number)?;
         block[offset..offset + INODE_BYTES].fill(0);
-        self.cache.put_dirty(block_number, BlockKind::InodeTable, &block);
         Ok(())
     }
 
@@ -247,7 +256,7 @@ impl Volume {
             block[position..position + value.len()].copy_from_slice(value);
             position += value.len();
         }
-        self.write_meta(inode.xattr_block, BlockKind::Xattr, &block)
+        self.write_meta(inode.xattr_block, BlockKind::Xattr, Arc::new(block))
     }
 
     // ---- checkpoints ----
@@ -255,11 +264,12 @@ impl Volume {
     /// Sealed images of every changed metadata block, for a checkpoint that writes them while
     /// the volume stays readable: cache blocks stay dirty (pinned) until `images_home`.
     pub fn snapshot_images(&mut self) -> Vec<Image> {
-        let mut images = Vec::new();
-        for (block_number, kind, mut block) in self.cache.copy_dirty() {
-            seal_block(&mut block, kind, block_number);
-            images.push(Image { block_number, block });
-        }
+        let mut images: Vec<Image> = self
+            .cache
+            .seal_dirty(&mut |block_number, kind, block| seal_block(block, kind, block_number))
+            .into_iter()
+            .map(|(block_number, block)| Image { block_number, block })
+            .collect();
         self.append_bitmap_images(&mut images);
         images.sort_by_key(|image| image.block_number);
         images
@@ -279,7 +289,7 @@ impl Volume {
             for index in bitmap.take_dirty_blocks() {
                 let mut block = bitmap.encode_block(index);
                 seal_block(&mut block, bitmap.kind, start + index);
-                images.push(Image { block_number: start + index, block });
+                images.push(Image { block_number: start + index, block: Arc::new(block) });
             }
         }
     }
@@ -322,7 +332,7 @@ impl Volume {
 }
 
 impl MetaStore for Volume {
-    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf> {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock> {
         self.check_metadata_address(block_number, kind)?;
         if let Some(block) = self.cache.get(block_number, kind) {
             return Ok(block);
@@ -335,11 +345,12 @@ impl MetaStore for Volume {
         let mut block = zeroed_block();
         self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
         verify_block(&block, kind, block_number)?;
+        let block = Arc::new(block);
         self.cache.insert_clean(block_number, kind, block.clone());
         Ok(block)
     }
 
-    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> Result<()> {
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> Result<()> {
         self.check_metadata_address(block_number, kind)?;
         assert!(self.blocks.is_set(block_number), "write to free metadata block {block_number}");
         self.cache.put_dirty(block_number, kind, block);

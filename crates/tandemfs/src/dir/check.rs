@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::format::*;
 use super::hash::{half_md4, HashSeed};
-use crate::block::meta::{BlockBuf, BlockKind, MetaStore};
+use crate::block::meta::{BlockKind, MetaStore, SharedBlock};
 
 /// What `check` found.
 #[derive(Debug, Default, Clone)]
@@ -23,7 +23,7 @@ struct Checker<'a> {
     /// directory of millions of entries is checked in little memory.
     leaves: BTreeMap<u64, Bitmap>,
     /// Leaves the list walk read lately.
-    cache: HashMap<u64, BlockBuf>,
+    cache: HashMap<u64, SharedBlock>,
     result: DirCheck,
 }
 

@@ -75,11 +75,15 @@ pub const INDEX_ENTRY_TARGET_OFFSET: usize = 8;
 pub const INDEX_CAPACITY: usize = (META_PAYLOAD_BYTES - INDEX_HEADER_BYTES) / INDEX_ENTRY_BYTES;
 
 // ---- behaviour ----
-/// A region with this many members splits.
-pub const REGION_SPLIT_ENTRIES: u64 = 256;
+/// A region with this many members splits. Every insert, remove and lookup walks its region
+/// from the dummy to the name's place, about half the region: 64 keeps that walk near 24
+/// records (it was 256, about 95 records and most of an insert's cost). Regions are a matter
+/// of behaviour, not format: a volume whose regions grew under a larger limit stays valid, and
+/// they split as they take inserts.
+pub const REGION_SPLIT_ENTRIES: u64 = 64;
 /// Two neighbouring regions with at most this many members together merge (half the split
-/// size, so a merged region takes 128 inserts before it splits again).
-pub const REGION_MERGE_ENTRIES: u64 = 128;
+/// size, so a merged region takes 32 inserts before it splits again).
+pub const REGION_MERGE_ENTRIES: u64 = 32;
 /// Index blocks other than the root are rebalanced with a sibling below this many entries.
 pub const INDEX_MIN_ENTRIES: usize = INDEX_CAPACITY / 4;
 /// Deepest index accepted on read. The code has no depth limit; this bound follows from the
@@ -115,7 +119,15 @@ pub fn make_position(block_number: u64, slot: usize) -> u64 {
     assert!((FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK).contains(&slot));
     (block_number << POSITION_SLOT_BITS) | slot as u64
 }
+/// Whether a position read from disk names a block and an entry slot.
+#[inline]
+pub fn position_is_valid(position: u64) -> bool {
+    let slot = (position & ((1 << POSITION_SLOT_BITS) - 1)) as usize;
+    position >> POSITION_SLOT_BITS != 0 && (FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK).contains(&slot)
+}
+
 /// Splits a position read from disk; `what` names where it came from for the error.
+#[inline]
 pub fn split_position(position: u64, what: &dyn Fn() -> String) -> Result<(u64, usize)> {
     let block_number = position >> POSITION_SLOT_BITS;
     let slot = (position & ((1 << POSITION_SLOT_BITS) - 1)) as usize;
@@ -286,29 +298,33 @@ pub fn set_leaf_bits(block: &mut BlockBuf, first_slot: usize, slots: usize, valu
     }
 }
 
-/// Checks a leaf's header: magic, bitmap consistent with the used-slot count.
+/// Checks a leaf's header: magic, bitmap consistent with the used-slot count. Cheap (a few
+/// dozen instructions: the bitmap is counted a word at a time), because every directory
+/// operation checks each leaf it loads, cache hits included.
 pub fn validate_leaf(block: &BlockBuf, block_number: u64) -> Result<()> {
     let magic = read_u32(&block[..], LEAF_MAGIC_OFFSET);
     if magic != LEAF_MAGIC {
         return Err(Error::corruption(format!("directory leaf {block_number}: magic {magic:#010x}")));
     }
-    for slot in 0..FIRST_ENTRY_SLOT {
-        if leaf_bit(block, slot) {
-            return Err(Error::corruption(format!("directory leaf {block_number}: bitmap marks header slot {slot}")));
-        }
+    let words = bitmap_words(block);
+    const HEADER_MASK: u64 = (1 << FIRST_ENTRY_SLOT) - 1;
+    if words[0] & HEADER_MASK != 0 {
+        let slot = (words[0] & HEADER_MASK).trailing_zeros();
+        return Err(Error::corruption(format!("directory leaf {block_number}: bitmap marks header slot {slot}")));
     }
-    for slot in SLOTS_PER_BLOCK..LEAF_BITMAP_BYTES * 8 {
-        if leaf_bit(block, slot) {
-            return Err(Error::corruption(format!(
-                "directory leaf {block_number}: bitmap marks slot {slot} in the trailer"
-            )));
-        }
+    // Bits at and above SLOTS_PER_BLOCK would be slots in the trailer.
+    let trailer_bits = words[3] >> (SLOTS_PER_BLOCK - 192);
+    if trailer_bits != 0 {
+        let slot = SLOTS_PER_BLOCK + trailer_bits.trailing_zeros() as usize;
+        return Err(Error::corruption(format!(
+            "directory leaf {block_number}: bitmap marks slot {slot} in the trailer"
+        )));
     }
     if read_u16(&block[..], LEAF_RESERVED_OFFSET) != 0 {
         return Err(Error::corruption(format!("directory leaf {block_number}: reserved header field is not zero")));
     }
     let used = read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) as usize;
-    let counted = (FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK).filter(|slot| leaf_bit(block, *slot)).count();
+    let counted: usize = words.iter().map(|word| word.count_ones() as usize).sum();
     if used != counted {
         return Err(Error::corruption(format!(
             "directory leaf {block_number}: used-slot count {used} but bitmap marks {counted}"
@@ -323,14 +339,75 @@ pub fn validate_leaf(block: &BlockBuf, block_number: u64) -> Result<()> {
     Ok(())
 }
 
+/// The slot bitmap of a leaf as four words: bit `slot % 64` of word `slot / 64`.
+pub fn bitmap_words(block: &BlockBuf) -> [u64; 4] {
+    const _: () = assert!(LEAF_BITMAP_BYTES == 32);
+    std::array::from_fn(|index| read_u64(&block[..], LEAF_BITMAP_OFFSET + 8 * index))
+}
+
+/// First run of `slots` free slots in a leaf (the lowest one), if any.
+pub fn free_run(block: &BlockBuf, slots: usize) -> Option<usize> {
+    assert!(slots > 0);
+    let words = bitmap_words(block);
+    let mut run_start = FIRST_ENTRY_SLOT;
+    let mut run_length = 0;
+    let mut slot = FIRST_ENTRY_SLOT;
+    while slot < SLOTS_PER_BLOCK {
+        let word = words[slot / 64] >> (slot % 64);
+        // Whole stretches of used or free slots at once: the count of equal bits from `slot`.
+        let stretch = if word & 1 == 0 { word.trailing_zeros() } else { word.trailing_ones() } as usize;
+        let stretch = stretch.min(64 - slot % 64).min(SLOTS_PER_BLOCK - slot);
+        if word & 1 == 0 {
+            run_length += stretch;
+            if run_length >= slots {
+                return Some(run_start);
+            }
+        } else {
+            run_length = 0;
+            run_start = slot + stretch;
+        }
+        slot += stretch;
+    }
+    None
+}
+
 pub fn new_leaf() -> BlockBuf {
     let mut block = crate::block::meta::zeroed_block();
     write_u32(&mut block[..], LEAF_MAGIC_OFFSET, LEAF_MAGIC);
     block
 }
 
-/// Decodes the record at `slot` of a validated leaf, checking everything about it.
-pub fn decode_record(block: &BlockBuf, block_number: u64, slot: usize) -> Result<Record> {
+/// The fixed part of a record, read in place: all a walk along the list needs, without
+/// copying the name. Checked as fully as `decode_record` checks a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub key: u64,
+    pub next: u64,
+    /// Inode for an entry, member count for a dummy.
+    pub inode_or_count: u64,
+    pub file_type: u8,
+    pub is_dummy: bool,
+    pub name_length: usize,
+}
+
+impl RecordHeader {
+    pub fn slots(&self) -> usize {
+        if self.is_dummy {
+            DUMMY_BYTES / SLOT_BYTES
+        } else {
+            entry_slots(self.name_length)
+        }
+    }
+    /// The hash that opens the region, for a dummy.
+    pub fn region_hash(&self) -> u32 {
+        key_hash(self.key)
+    }
+}
+
+/// Decodes the fixed part of the record at `slot` of a validated leaf, checking everything
+/// about it (the name's bytes are not read).
+#[inline]
+pub fn decode_header(block: &BlockBuf, block_number: u64, slot: usize) -> Result<RecordHeader> {
     let fail = |what: String| Err(Error::corruption(format!("directory leaf {block_number} slot {slot}: {what}")));
     if !(FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK).contains(&slot) {
         return fail("slot out of range".into());
@@ -357,7 +434,12 @@ pub fn decode_record(block: &BlockBuf, block_number: u64, slot: usize) -> Result
     if slot + slots > SLOTS_PER_BLOCK {
         return fail(format!("record of {slots} slots runs past the payload"));
     }
-    if let Some(free) = (slot..slot + slots).find(|each| !leaf_bit(block, *each)) {
+    // The record's bits in one 32-bit window of the bitmap: at most 7 + 18 bits from the byte of
+    // `slot` (the window may run past the bitmap into the header's next bytes; they are masked).
+    let window = read_u32(&block[..], LEAF_BITMAP_OFFSET + slot / 8);
+    let mask = ((1u32 << slots) - 1) << (slot % 8);
+    if window & mask != mask {
+        let free = slot + ((!window & mask) >> (slot % 8)).trailing_zeros() as usize;
         return fail(format!("record covers slot {free}, free in the bitmap"));
     }
     let key = read_u64(&block[..], base + ENTRY_KEY_OFFSET);
@@ -365,17 +447,35 @@ pub fn decode_record(block: &BlockBuf, block_number: u64, slot: usize) -> Result
         return fail(format!("key {key:#x} malformed"));
     }
     let next = read_u64(&block[..], base + ENTRY_NEXT_OFFSET);
-    if next != 0 {
-        split_position(next, &|| format!("directory leaf {block_number} slot {slot} next"))?;
+    if next != 0 && !position_is_valid(next) {
+        return fail(format!("next position {next:#x} is not a valid entry position"));
     }
-    let name = block[base + ENTRY_NAME_OFFSET..base + ENTRY_NAME_OFFSET + name_length].to_vec();
-    Ok(Record {
+    Ok(RecordHeader {
         key,
         next,
         inode_or_count: read_u64(&block[..], base + ENTRY_INODE_OFFSET),
         file_type: block[base + ENTRY_FILE_TYPE_OFFSET],
         is_dummy,
-        name,
+        name_length,
+    })
+}
+
+/// The name bytes of the record at `slot` whose header `decode_header` returned.
+pub fn record_name<'a>(block: &'a BlockBuf, slot: usize, header: &RecordHeader) -> &'a [u8] {
+    let start = slot * SLOT_BYTES + ENTRY_NAME_OFFSET;
+    &block[start..start + header.name_length]
+}
+
+/// Decodes the record at `slot` of a validated leaf, checking everything about it.
+pub fn decode_record(block: &BlockBuf, block_number: u64, slot: usize) -> Result<Record> {
+    let header = decode_header(block, block_number, slot)?;
+    Ok(Record {
+        key: header.key,
+        next: header.next,
+        inode_or_count: header.inode_or_count,
+        file_type: header.file_type,
+        is_dummy: header.is_dummy,
+        name: record_name(block, slot, &header).to_vec(),
     })
 }
 
@@ -445,6 +545,99 @@ pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) ->
         entries.push((hash, target));
     }
     Ok(IndexNode { level, entries })
+}
+
+/// What `search_index_block` found: the chosen entry, and the target of the entry after it
+/// when the block has one (checked like the chosen one).
+pub struct IndexChoice {
+    pub hash: u32,
+    pub target: u64,
+    pub next_target: Option<u64>,
+}
+
+/// Searches index block `block_number` (of `level`) in place for the last entry whose hash is
+/// not above `hash`. Checks the header, that the block's lowest hash is `expected_lowest` (what
+/// its parent says), and the chosen entry with its neighbours.
+pub fn search_index_block(
+    block: &BlockBuf,
+    block_number: u64,
+    expected_level: u16,
+    hash: u32,
+    expected_lowest: u32,
+) -> Result<IndexChoice> {
+    let fail = |what: String| Err(Error::corruption(format!("directory index block {block_number}: {what}")));
+    let magic = read_u32(&block[..], INDEX_MAGIC_OFFSET);
+    if magic != INDEX_MAGIC {
+        return fail(format!("magic {magic:#010x}"));
+    }
+    let level = read_u16(&block[..], INDEX_LEVEL_OFFSET);
+    if level != expected_level {
+        return fail(format!("level {level}, expected {expected_level}"));
+    }
+    let count = read_u16(&block[..], INDEX_COUNT_OFFSET) as usize;
+    if count == 0 || count > INDEX_CAPACITY {
+        return fail(format!("entry count {count} outside 1..={INDEX_CAPACITY}"));
+    }
+    if read_u64(&block[..], INDEX_RESERVED_OFFSET) != 0 {
+        return fail("reserved header field is not zero".into());
+    }
+    let entry_hash = |index: usize| read_u32(&block[..], INDEX_HEADER_BYTES + index * INDEX_ENTRY_BYTES);
+    let lowest = entry_hash(0);
+    if lowest != expected_lowest {
+        return fail(format!("lowest hash {lowest:#x}, its parent says {expected_lowest:#x}"));
+    }
+    if lowest > hash {
+        return fail(format!("lowest hash {lowest:#x} above {hash:#x} reached through its parent"));
+    }
+    // Entries 0..low have hashes <= `hash`, high..count above it (for a sorted block).
+    let (mut low, mut high) = (1usize, count);
+    let mut rounds = 0;
+    while low < high {
+        rounds += 1;
+        assert!(rounds <= 16, "binary search over at most 254 entries");
+        let middle = low + (high - low) / 2;
+        if entry_hash(middle) <= hash {
+            low = middle + 1;
+        } else {
+            high = middle;
+        }
+    }
+    let chosen = low - 1;
+    let base = INDEX_HEADER_BYTES + chosen * INDEX_ENTRY_BYTES;
+    let chosen_hash = entry_hash(chosen);
+    let target = read_u64(&block[..], base + INDEX_ENTRY_TARGET_OFFSET);
+    if read_u32(&block[..], base + INDEX_ENTRY_RESERVED_OFFSET) != 0 {
+        return fail(format!("entry {chosen} reserved field is not zero"));
+    }
+    if chosen_hash >= 1 << 31 {
+        return fail(format!("entry {chosen} hash {chosen_hash:#x} above 31 bits"));
+    }
+    if chosen > 0 && entry_hash(chosen - 1) >= chosen_hash {
+        return fail(format!("entry {chosen} hash {chosen_hash:#x} not above its predecessor"));
+    }
+    if chosen + 1 < count && entry_hash(chosen + 1) <= chosen_hash {
+        return fail(format!("entry {} hash not above {chosen_hash:#x}", chosen + 1));
+    }
+    let check_target = |index: usize, target: u64| -> Result<()> {
+        if level == 0 {
+            split_position(target, &|| format!("directory index block {block_number} entry {index}"))?;
+        } else if target == 0 || target > MAX_POSITION_BLOCK {
+            return Err(Error::corruption(format!(
+                "directory index block {block_number}: entry {index} child block {target} out of range"
+            )));
+        }
+        Ok(())
+    };
+    check_target(chosen, target)?;
+    let next_target = if chosen + 1 < count {
+        let next_target =
+            read_u64(&block[..], INDEX_HEADER_BYTES + (chosen + 1) * INDEX_ENTRY_BYTES + INDEX_ENTRY_TARGET_OFFSET);
+        check_target(chosen + 1, next_target)?;
+        Some(next_target)
+    } else {
+        None
+    };
+    Ok(IndexChoice { hash: chosen_hash, target, next_target })
 }
 
 pub fn encode_index(node: &IndexNode) -> BlockBuf {

@@ -59,13 +59,36 @@ fn descend(session: &mut Session, root: &DirRoot, hash: u32) -> Result<Vec<Step>
 }
 
 /// The region `hash` falls in: (its lowest hash, the position of its dummy).
+///
+/// Read-only, so it searches each index block in place (a binary search over the entries, no
+/// copy): an index block holds up to 254 entries, and decoding all of them on every lookup
+/// cost more than the rest of the descent. What the search relies on is checked: the block's
+/// header, the chosen entry and its right neighbour (the hash falls between them), and the
+/// link to the parent. A block whose other entries are out of order can steer a lookup to a
+/// wrong region; the walk from there finds the dummy or the list order wrong and reports
+/// corruption, and `check` (fsck) and every change to the index validate blocks in full.
 pub fn find_region(session: &mut Session, root: &DirRoot, hash: u32) -> Result<(u32, u64)> {
+    region_and_next(session, root, hash).map(|(region_hash, position, _)| (region_hash, position))
+}
+
+/// As `find_region`, and the position of the next region's dummy when the level-0 index block
+/// names it (None at the end of a block, and when there is no index: the caller walks instead).
+pub fn region_and_next(session: &mut Session, root: &DirRoot, hash: u32) -> Result<(u32, u64, Option<u64>)> {
     if root.index_depth == 0 {
-        return Ok((0, root.head_position()));
+        return Ok((0, root.head_position(), None));
     }
-    let path = descend(session, root, hash)?;
-    let last = path.last().unwrap();
-    Ok(last.node.entries[last.chosen])
+    let mut block_number = root.index_root;
+    let mut expected_lowest = 0u32;
+    for depth in 0..root.index_depth {
+        let level = root.index_depth - 1 - depth;
+        let choice = session.search_index(block_number, level, hash, expected_lowest)?;
+        if level == 0 {
+            return Ok((choice.hash, choice.target, choice.next_target));
+        }
+        expected_lowest = choice.hash;
+        block_number = choice.target;
+    }
+    unreachable!("the loop returns at level 0")
 }
 
 /// Keeps the copy of the index root in the first leaf's header in step (for fsck).

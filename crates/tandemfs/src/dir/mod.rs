@@ -148,7 +148,7 @@ fn note_leaf(leaves: &mut Vec<u64>, position: u64) {
 /// Walks the region of `hash` looking for `name`; checks the list order on the way.
 fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result<Found> {
     let (region_hash, dummy_position) = index::find_region(session, root, hash)?;
-    let dummy = session.record(dummy_position, &|| format!("region {region_hash:#x} dummy"))?;
+    let dummy = session.header(dummy_position, &|| format!("region {region_hash:#x} dummy"))?;
     if !dummy.is_dummy || dummy.region_hash() != region_hash || region_hash > hash {
         return Err(Error::corruption(format!(
             "directory index points region {region_hash:#x} at position {dummy_position:#x}, which is not its dummy"
@@ -160,13 +160,20 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
         entry: None,
         same_hash: Vec::new(),
         before_same_hash: dummy_position,
-        visited_leaves: vec![block_of(dummy_position)],
-        member_leaves: vec![block_of(dummy_position)],
+        visited_leaves: Vec::with_capacity(8),
+        member_leaves: Vec::with_capacity(8),
     };
+    found.visited_leaves.push(block_of(dummy_position));
+    found.member_leaves.push(block_of(dummy_position));
     let mut previous = dummy_position;
     let mut previous_key = dummy.key;
     let mut position = dummy.next;
     let mut steps = 0u64;
+    // The leaf of the record before: consecutive records mostly share a leaf, and the leaf
+    // lists need a look only when it changes.
+    let mut previous_leaf = block_of(dummy_position);
+    let mut previous_leaf_is_member = true;
+    // Headers only: names are compared in place, and only where the hash matches.
     while position != 0 {
         steps += 1;
         if steps > dummy.inode_or_count.saturating_add(1) {
@@ -175,8 +182,13 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
                 dummy.inode_or_count
             )));
         }
-        let record = session.record(position, &|| format!("entry after {previous:#x}"))?;
-        note_leaf(&mut found.visited_leaves, position);
+        let record = session.header(position, &|| format!("entry after {previous:#x}"))?;
+        let leaf_changed = block_of(position) != previous_leaf;
+        if leaf_changed {
+            note_leaf(&mut found.visited_leaves, position);
+            previous_leaf = block_of(position);
+            previous_leaf_is_member = false;
+        }
         if record.is_dummy {
             if record.region_hash() <= region_hash {
                 return Err(Error::corruption(format!(
@@ -186,7 +198,10 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
             }
             break;
         }
-        note_leaf(&mut found.member_leaves, position);
+        if !previous_leaf_is_member {
+            note_leaf(&mut found.member_leaves, position);
+            previous_leaf_is_member = true;
+        }
         if record.key <= previous_key && previous != dummy_position || record.key < previous_key {
             return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
         }
@@ -197,9 +212,9 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
         if record_hash < hash {
             found.before_same_hash = position;
         } else {
-            if record.name == name {
+            if session.name_is(position, &record, name)? {
                 found.predecessor = previous;
-                found.entry = Some((position, record));
+                found.entry = Some((position, session.record(position, &|| "entry found".into())?));
                 return Ok(found);
             }
             found.same_hash.push((position, record.key as u32));
@@ -248,30 +263,16 @@ fn try_place(session: &mut Session, candidates: &[u64], slots: usize) -> Result<
     assert!((2..=ENTRY_SLOTS_PER_LEAF).contains(&slots));
     for block_number in candidates {
         let block = session.leaf(*block_number)?;
+        // The used-slot count (checked against the bitmap on load) rules most full leaves out.
+        if ENTRY_SLOTS_PER_LEAF - (read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) as usize) < slots {
+            continue;
+        }
         if let Some(slot) = free_run(block, slots) {
             mark(session.leaf_mut(*block_number)?, slot, slots, true);
             return Ok(Some(make_position(*block_number, slot)));
         }
     }
     Ok(None)
-}
-
-/// First run of `slots` free slots in a leaf.
-fn free_run(block: &crate::block::meta::BlockBuf, slots: usize) -> Option<usize> {
-    let mut run_start = FIRST_ENTRY_SLOT;
-    let mut run_length = 0;
-    for slot in FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK {
-        if leaf_bit(block, slot) {
-            run_length = 0;
-            run_start = slot + 1;
-        } else {
-            run_length += 1;
-            if run_length == slots {
-                return Some(run_start);
-            }
-        }
-    }
-    None
 }
 
 /// Marks or clears slots and keeps the used-slot count in step.
@@ -319,13 +320,14 @@ fn block_of(position: u64) -> u64 {
 }
 
 fn set_next(session: &mut Session, position: u64, next: u64) -> Result<()> {
-    let mut record = session.record(position, &|| "record to relink".into())?;
-    record.next = next;
-    session.put_record(position, &record)
+    session.set_next(position, next)
 }
 
 fn add_to_count(session: &mut Session, dummy_position: u64, change: i64) -> Result<u64> {
-    let mut dummy = session.record(dummy_position, &|| "region dummy".into())?;
+    let dummy = session.header(dummy_position, &|| "region dummy".into())?;
+    if !dummy.is_dummy {
+        return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
+    }
     let count = dummy.inode_or_count.checked_add_signed(change).ok_or_else(|| {
         Error::corruption(format!(
             "directory region {:#x}: member count {} cannot change by {change}",
@@ -333,8 +335,7 @@ fn add_to_count(session: &mut Session, dummy_position: u64, change: i64) -> Resu
             dummy.inode_or_count
         ))
     })?;
-    dummy.inode_or_count = count;
-    session.put_record(dummy_position, &dummy)?;
+    session.set_count(dummy_position, &dummy, count)?;
     Ok(count)
 }
 
@@ -373,7 +374,7 @@ pub fn insert(
         if found.same_hash.is_empty() {
             predecessor = found.predecessor;
         }
-        let successor = session.record(predecessor, &|| "insert predecessor".into())?.next;
+        let successor = session.header(predecessor, &|| "insert predecessor".into())?.next;
         let record = Record {
             key: make_key(hash, tiebreak),
             next: successor,
@@ -396,8 +397,8 @@ pub fn insert(
         if position.is_none() {
             let (_, members, _) = region_members(session, found.dummy_position)?;
             let known = candidates.len();
-            for (member, _) in &members {
-                note_leaf(&mut candidates, *member);
+            for member in &members {
+                note_leaf(&mut candidates, member.position);
             }
             position = try_place(session, &candidates[known..], record.slots())?;
         }
@@ -423,21 +424,28 @@ pub fn insert(
     })
 }
 
-/// Members of the region opened by the dummy at `dummy_position`: (position, key) in order,
-/// and the position of the next dummy (0 at the end of the list).
-/// A region as walked: its dummy, its members (position, key) in order, the next dummy's position.
-type Region = (Record, Vec<(u64, u64)>, u64);
+/// A region as walked: its dummy, its members in order, the next dummy's position (0 at the
+/// end of the list).
+type Region = (RecordHeader, Vec<Member>, u64);
+
+/// A member of a region: where it is, its key and the slots it takes.
+#[derive(Clone, Copy)]
+struct Member {
+    position: u64,
+    key: u64,
+    slots: usize,
+}
 
 fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> {
-    let dummy = session.record(dummy_position, &|| "region dummy".into())?;
+    let dummy = session.header(dummy_position, &|| "region dummy".into())?;
     if !dummy.is_dummy {
         return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
     }
-    let mut members = Vec::new();
+    let mut members = Vec::with_capacity(dummy.inode_or_count.min(REGION_SPLIT_ENTRIES) as usize);
     let mut position = dummy.next;
     let mut previous_key = dummy.key;
     while position != 0 {
-        let record = session.record(position, &|| "region member".into())?;
+        let record = session.header(position, &|| "region member".into())?;
         if record.is_dummy {
             if record.key <= dummy.key {
                 return Err(Error::corruption(format!(
@@ -457,7 +465,7 @@ fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> 
                 dummy.inode_or_count
             )));
         }
-        members.push((position, record.key));
+        members.push(Member { position, key: record.key, slots: record.slots() });
         previous_key = record.key;
         position = record.next;
     }
@@ -482,17 +490,14 @@ fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> 
 /// keys, and so readdir cookies, do not. The dummy stays where the index points.
 fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
     let (_, members, _) = region_members(session, dummy_position)?;
-    let mut records = Vec::with_capacity(members.len());
     let mut slots_by_leaf: Vec<(u64, usize)> = Vec::new();
     let mut total_slots = 0;
-    for (position, _) in &members {
-        let record = session.record(*position, &|| "region member".into())?;
-        total_slots += record.slots();
-        match slots_by_leaf.iter_mut().find(|(leaf, _)| *leaf == block_of(*position)) {
-            Some(entry) => entry.1 += record.slots(),
-            None => slots_by_leaf.push((block_of(*position), record.slots())),
+    for member in &members {
+        total_slots += member.slots;
+        match slots_by_leaf.iter_mut().find(|(leaf, _)| *leaf == block_of(member.position)) {
+            Some(entry) => entry.1 += member.slots,
+            None => slots_by_leaf.push((block_of(member.position), member.slots)),
         }
-        records.push(record);
     }
     let needed_leaves = total_slots.div_ceil(ENTRY_SLOTS_PER_LEAF);
     if slots_by_leaf.len() <= needed_leaves + REGION_LEAF_SLACK {
@@ -502,19 +507,20 @@ fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64
     slots_by_leaf.sort_by(|left, right| right.1.cmp(&left.1).then(left.0.cmp(&right.0)));
     let mut kept: Vec<u64> = slots_by_leaf.iter().take(needed_leaves + 1).map(|(leaf, _)| *leaf).collect();
     let mut predecessor = dummy_position;
-    for (index, (position, _)) in members.iter().enumerate() {
-        let record = &records[index];
-        if kept.contains(&block_of(*position)) {
-            predecessor = *position;
+    for member in &members {
+        if kept.contains(&block_of(member.position)) {
+            predecessor = member.position;
             continue;
         }
+        // Only records that move are copied out whole.
+        let record = session.record(member.position, &|| "region member".into())?;
         let new_position = place(session, root, &kept, record.slots())?;
         if !kept.contains(&block_of(new_position)) {
             kept.push(block_of(new_position));
         }
-        session.put_record(new_position, record)?;
+        session.put_record(new_position, &record)?;
         set_next(session, predecessor, new_position)?;
-        release(session, root, *position, record.slots())?;
+        release(session, root, member.position, record.slots())?;
         predecessor = new_position;
     }
     Ok(())
@@ -527,14 +533,14 @@ fn split_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) 
     let (_, members, _) = region_members(session, dummy_position)?;
     let middle = members.len() / 2;
     let boundary = (1..members.len())
-        .filter(|index| key_hash(members[*index].1) != key_hash(members[*index - 1].1))
+        .filter(|index| key_hash(members[*index].key) != key_hash(members[*index - 1].key))
         .min_by_key(|index| index.abs_diff(middle));
     let Some(boundary) = boundary else {
         return Ok(());
     };
-    let pivot = key_hash(members[boundary].1);
-    let last_of_first_half = members[boundary - 1].0;
-    let first_of_second_half = members[boundary].0;
+    let pivot = key_hash(members[boundary].key);
+    let last_of_first_half = members[boundary - 1].position;
+    let first_of_second_half = members[boundary].position;
     let dummy = Record {
         key: make_key(pivot, 0),
         next: first_of_second_half,
@@ -545,8 +551,8 @@ fn split_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) 
     };
     let mut candidates = vec![block_of(last_of_first_half)];
     note_leaf(&mut candidates, first_of_second_half);
-    for (member, _) in &members {
-        note_leaf(&mut candidates, *member);
+    for member in &members {
+        note_leaf(&mut candidates, member.position);
     }
     let position = place(session, root, &candidates, dummy.slots())?;
     session.put_record(position, &dummy)?;
@@ -565,7 +571,7 @@ fn merge_into(
     predecessor: u64,
     victim_position: u64,
 ) -> Result<()> {
-    let victim = session.record(victim_position, &|| "merged dummy".into())?;
+    let victim = session.header(victim_position, &|| "merged dummy".into())?;
     add_to_count(session, survivor_position, victim.inode_or_count as i64)?;
     set_next(session, predecessor, victim.next)?;
     release(session, root, victim_position, victim.slots())?;
@@ -596,13 +602,30 @@ pub fn remove(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, na
 /// Merges the region that just lost an entry with a small neighbour: the next region folds
 /// into it, or it folds into the previous one.
 fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
-    let (dummy, members, next_dummy) = region_members(session, dummy_position)?;
-    if next_dummy != 0 {
-        let next = session.record(next_dummy, &|| "next region dummy".into())?;
-        if dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES {
-            let predecessor = members.last().map(|member| member.0).unwrap_or(dummy_position);
-            merge_into(session, root, dummy_position, predecessor, next_dummy)?;
-            return compact_region(session, root, dummy_position);
+    let dummy = session.header(dummy_position, &|| "region dummy".into())?;
+    if !dummy.is_dummy {
+        return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
+    }
+    // The next region's dummy is found by walking this region to its end; where the index
+    // names it, its count first says whether a merge is possible, and most removes need no walk.
+    let (_, _, indexed_next) = index::region_and_next(session, root, dummy.region_hash())?;
+    let next_may_merge = match indexed_next {
+        Some(next_position) => {
+            let next = session.header(next_position, &|| "next region dummy".into())?;
+            // A damaged index entry is found by the walk below.
+            !next.is_dummy || dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES
+        }
+        None => true,
+    };
+    if next_may_merge {
+        let (dummy, members, next_dummy) = region_members(session, dummy_position)?;
+        if next_dummy != 0 {
+            let next = session.header(next_dummy, &|| "next region dummy".into())?;
+            if dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES {
+                let predecessor = members.last().map(|member| member.position).unwrap_or(dummy_position);
+                merge_into(session, root, dummy_position, predecessor, next_dummy)?;
+                return compact_region(session, root, dummy_position);
+            }
         }
     }
     let region_hash = dummy.region_hash();
@@ -611,7 +634,7 @@ fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position:
     }
     let (_, previous_dummy) = index::find_region(session, root, region_hash - 1)?;
     // Read the count first: the walk to the end of the previous region is needed only to merge.
-    let previous_count = session.record(previous_dummy, &|| "previous region dummy".into())?.inode_or_count;
+    let previous_count = session.header(previous_dummy, &|| "previous region dummy".into())?.inode_or_count;
     if previous_count.saturating_add(dummy.inode_or_count) <= REGION_MERGE_ENTRIES {
         let (_, previous_members, after_previous) = region_members(session, previous_dummy)?;
         if after_previous != dummy_position {
@@ -619,7 +642,7 @@ fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position:
                 "directory list: region before {region_hash:#x} does not lead to it"
             )));
         }
-        let predecessor = previous_members.last().map(|member| member.0).unwrap_or(previous_dummy);
+        let predecessor = previous_members.last().map(|member| member.position).unwrap_or(previous_dummy);
         merge_into(session, root, previous_dummy, predecessor, dummy_position)?;
         return compact_region(session, root, previous_dummy);
     }

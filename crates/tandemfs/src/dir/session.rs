@@ -6,18 +6,30 @@
 use crate::{FastHashMap, FastHashSet};
 
 use super::format::*;
-use crate::block::meta::{zeroed_block, BlockBuf, BlockKind, MetaStore};
+use crate::block::meta::{zeroed_block, BlockBuf, BlockKind, MetaStore, SharedBlock};
 use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// Sessions holding at most this many blocks find them by a scan, without a map.
+const LINEAR_SEARCH_BLOCKS: usize = 16;
 
 struct Cached {
-    block: BlockBuf,
+    block_number: u64,
+    /// Shared with the block cache until changed: the first change copies it.
+    block: SharedBlock,
     kind: BlockKind,
     dirty: bool,
 }
 
 pub struct Session<'a> {
     store: &'a mut dyn MetaStore,
-    blocks: FastHashMap<u64, Cached>,
+    /// The blocks read or made, in load order; `where_is` maps a block number to its place
+    /// once there are more than `LINEAR_SEARCH_BLOCKS` (most operations touch a handful of
+    /// blocks, and a short scan beats building a map).
+    blocks: Vec<Cached>,
+    where_is: FastHashMap<u64, usize>,
+    /// Place of the block used last: a walk along the list asks for the same leaf many times.
+    last_used: usize,
     allocated: Vec<u64>,
     freed: FastHashSet<u64>,
     /// For read-only walks over big directories: clean blocks are dropped past this many.
@@ -28,7 +40,9 @@ impl<'a> Session<'a> {
     pub fn new(store: &'a mut dyn MetaStore) -> Session<'a> {
         Session {
             store,
-            blocks: FastHashMap::default(),
+            blocks: Vec::new(),
+            where_is: FastHashMap::default(),
+            last_used: 0,
             allocated: Vec::new(),
             freed: FastHashSet::default(),
             clean_limit: usize::MAX,
@@ -42,25 +56,57 @@ impl<'a> Session<'a> {
         session
     }
 
+    /// The place of a block in `blocks`, if the session holds it.
+    #[inline]
+    fn place_of(&self, block_number: u64) -> Option<usize> {
+        match self.blocks.get(self.last_used) {
+            Some(cached) if cached.block_number == block_number => Some(self.last_used),
+            _ if self.blocks.len() <= LINEAR_SEARCH_BLOCKS => {
+                self.blocks.iter().position(|cached| cached.block_number == block_number)
+            }
+            _ => self.where_is.get(&block_number).copied(),
+        }
+    }
+
+    /// Rebuilds `where_is` after places changed, or clears it while a scan suffices.
+    fn index_places(&mut self) {
+        self.where_is.clear();
+        if self.blocks.len() > LINEAR_SEARCH_BLOCKS {
+            self.where_is.extend(self.blocks.iter().enumerate().map(|(place, cached)| (cached.block_number, place)));
+        }
+        self.last_used = 0;
+    }
+
+    /// Drops clean blocks (read-only walks over big directories keep memory bounded).
+    fn drop_clean_blocks(&mut self) {
+        self.blocks.retain(|cached| cached.dirty);
+        self.index_places();
+    }
+
     fn load(&mut self, block_number: u64, kind: BlockKind) -> Result<&mut Cached> {
-        if self.freed.contains(&block_number) {
-            return Err(Error::corruption(format!(
-                "directory block {block_number} is referenced after it became empty"
-            )));
-        }
-        if !self.blocks.contains_key(&block_number) {
-            if self.blocks.len() >= self.clean_limit {
-                self.blocks.retain(|_, cached| cached.dirty);
+        let place = match self.place_of(block_number) {
+            Some(place) => place,
+            None => {
+                // Freed blocks are never in `blocks`, so only a miss needs a look at `freed`.
+                if self.freed.contains(&block_number) {
+                    return Err(Error::corruption(format!(
+                        "directory block {block_number} is referenced after it became empty"
+                    )));
+                }
+                if self.blocks.len() >= self.clean_limit {
+                    self.drop_clean_blocks();
+                }
+                let block = self.store.read_meta(block_number, kind)?;
+                match kind {
+                    BlockKind::DirLeaf => validate_leaf(&block, block_number)?,
+                    BlockKind::DirIndex => {} // checked by decode_index, which needs the expected level
+                    _ => unreachable!("directories use only leaf and index blocks"),
+                }
+                self.push(Cached { block_number, block, kind, dirty: false })
             }
-            let block = self.store.read_meta(block_number, kind)?;
-            match kind {
-                BlockKind::DirLeaf => validate_leaf(&block, block_number)?,
-                BlockKind::DirIndex => {} // checked by decode_index, which needs the expected level
-                _ => unreachable!("directories use only leaf and index blocks"),
-            }
-            self.blocks.insert(block_number, Cached { block, kind, dirty: false });
-        }
-        let cached = self.blocks.get_mut(&block_number).unwrap();
+        };
+        self.last_used = place;
+        let cached = &mut self.blocks[place];
         if cached.kind != kind {
             return Err(Error::corruption(format!(
                 "directory block {block_number} is used both as a {:?} and as a {kind:?} block",
@@ -70,6 +116,18 @@ impl<'a> Session<'a> {
         Ok(cached)
     }
 
+    fn push(&mut self, cached: Cached) -> usize {
+        assert!(self.place_of(cached.block_number).is_none(), "directory block {} held twice", cached.block_number);
+        let place = self.blocks.len();
+        self.blocks.push(cached);
+        if self.blocks.len() == LINEAR_SEARCH_BLOCKS + 1 {
+            self.index_places();
+        } else if self.blocks.len() > LINEAR_SEARCH_BLOCKS {
+            self.where_is.insert(self.blocks[place].block_number, place);
+        }
+        place
+    }
+
     pub fn leaf(&mut self, block_number: u64) -> Result<&BlockBuf> {
         Ok(&self.load(block_number, BlockKind::DirLeaf)?.block)
     }
@@ -77,7 +135,7 @@ impl<'a> Session<'a> {
     pub fn leaf_mut(&mut self, block_number: u64) -> Result<&mut BlockBuf> {
         let cached = self.load(block_number, BlockKind::DirLeaf)?;
         cached.dirty = true;
-        Ok(&mut cached.block)
+        Ok(Arc::make_mut(&mut cached.block))
     }
 
     pub fn index(&mut self, block_number: u64, level: u16) -> Result<IndexNode> {
@@ -85,10 +143,22 @@ impl<'a> Session<'a> {
         decode_index(&cached.block, block_number, level)
     }
 
+    /// Searches an index block in place (see `index::find_region`).
+    pub fn search_index(
+        &mut self,
+        block_number: u64,
+        level: u16,
+        hash: u32,
+        expected_lowest: u32,
+    ) -> Result<IndexChoice> {
+        let cached = self.load(block_number, BlockKind::DirIndex)?;
+        search_index_block(&cached.block, block_number, level, hash, expected_lowest)
+    }
+
     pub fn write_index(&mut self, block_number: u64, node: &IndexNode) -> Result<()> {
         let block = encode_index(node);
         let cached = self.load(block_number, BlockKind::DirIndex)?;
-        cached.block = block;
+        cached.block = Arc::new(block);
         cached.dirty = true;
         Ok(())
     }
@@ -97,25 +167,45 @@ impl<'a> Session<'a> {
     pub fn allocate(&mut self, kind: BlockKind, near: u64) -> Result<u64> {
         let block_number = self.store.allocate_meta(near)?;
         self.allocated.push(block_number);
-        if block_number == 0 || block_number > MAX_POSITION_BLOCK || self.blocks.contains_key(&block_number) {
+        if block_number == 0 || block_number > MAX_POSITION_BLOCK || self.place_of(block_number).is_some() {
             return Err(Error::corruption(format!(
                 "allocator returned block {block_number}, unusable for a directory"
             )));
         }
         let block = if kind == BlockKind::DirLeaf { new_leaf() } else { zeroed_block() };
-        self.blocks.insert(block_number, Cached { block, kind, dirty: true });
+        self.push(Cached { block_number, block: Arc::new(block), kind, dirty: true });
         Ok(block_number)
     }
 
     pub fn free(&mut self, block_number: u64) {
         assert!(self.freed.insert(block_number), "directory block {block_number} freed twice in one operation");
-        self.blocks.remove(&block_number);
+        if let Some(place) = self.place_of(block_number) {
+            self.blocks.swap_remove(place);
+            self.index_places();
+        }
     }
 
     pub fn record(&mut self, position: u64, what: &dyn Fn() -> String) -> Result<Record> {
         let (block_number, slot) = split_position(position, what)?;
         let block = self.leaf(block_number)?;
         decode_record(block, block_number, slot)
+    }
+
+    /// The fixed part of the record at `position`, checked, without copying its name.
+    pub fn header(&mut self, position: u64, what: &dyn Fn() -> String) -> Result<RecordHeader> {
+        let (block_number, slot) = split_position(position, what)?;
+        let block = self.leaf(block_number)?;
+        decode_header(block, block_number, slot)
+    }
+
+    /// Whether the record at `position`, whose header is `header`, carries `name`.
+    pub fn name_is(&mut self, position: u64, header: &RecordHeader, name: &[u8]) -> Result<bool> {
+        if header.name_length != name.len() {
+            return Ok(false);
+        }
+        let (block_number, slot) = split_position(position, &|| "record name".into())?;
+        let block = self.leaf(block_number)?;
+        Ok(record_name(block, slot, header) == name)
     }
 
     /// Rewrites the record at `position` (same size as before, or new slots already marked).
@@ -126,13 +216,33 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// Rewrites one 8-byte field of the checked record at `position` in place.
+    fn put_field(&mut self, position: u64, offset: usize, value: u64) -> Result<()> {
+        let (block_number, slot) = split_position(position, &|| "record to change".into())?;
+        let block = self.leaf_mut(block_number)?;
+        write_u64(&mut block[..], slot * SLOT_BYTES + offset, value);
+        Ok(())
+    }
+
+    /// Points the record at `position` at `next` (the record is checked first).
+    pub fn set_next(&mut self, position: u64, next: u64) -> Result<()> {
+        self.header(position, &|| "record to relink".into())?;
+        self.put_field(position, ENTRY_NEXT_OFFSET, next)
+    }
+
+    /// Sets the member count of the dummy at `position`, whose checked header is `header`.
+    pub fn set_count(&mut self, position: u64, header: &RecordHeader, count: u64) -> Result<()> {
+        assert!(header.is_dummy);
+        self.put_field(position, ENTRY_INODE_OFFSET, count)
+    }
+
     /// Writes the changes and frees the blocks that became unused.
     pub fn commit(self) -> Result<()> {
         let Session { store, blocks, freed, .. } = self;
-        let mut dirty: Vec<(u64, Cached)> = blocks.into_iter().filter(|(_, cached)| cached.dirty).collect();
-        dirty.sort_by_key(|(block_number, _)| *block_number);
-        for (block_number, cached) in dirty {
-            store.write_meta(block_number, cached.kind, &cached.block)?;
+        let mut dirty: Vec<Cached> = blocks.into_iter().filter(|cached| cached.dirty).collect();
+        dirty.sort_by_key(|cached| cached.block_number);
+        for cached in dirty {
+            store.write_meta(cached.block_number, cached.kind, cached.block)?;
         }
         let mut freed: Vec<u64> = freed.into_iter().collect();
         freed.sort_unstable();

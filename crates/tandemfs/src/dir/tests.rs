@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{seal_block, BlockBuf, MemoryStore, META_PAYLOAD_BYTES};
+use crate::block::meta::{seal_block, MemoryStore, SharedBlock, META_PAYLOAD_BYTES};
 
 const SEED: HashSeed = [0x1234_5678, 0x9abc_def0, 0x0fed_cba9, 0x8765_4321];
 
@@ -304,11 +304,11 @@ struct CountingStore {
 }
 
 impl MetaStore for CountingStore {
-    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<BlockBuf> {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock> {
         self.reads += 1;
         self.inner.read_meta(block_number, kind)
     }
-    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> Result<()> {
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> Result<()> {
         self.inner.write_meta(block_number, kind, block)
     }
     fn allocate_meta(&mut self, near: u64) -> Result<u64> {

@@ -3,7 +3,7 @@
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{seal_block, BlockBuf, BlockKind, MemoryStore, BLOCK_SIZE, BLOCK_SIZE_U64};
+use crate::block::meta::{seal_block, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -309,11 +309,11 @@ struct CountingStore {
 }
 
 impl MetaStore for CountingStore {
-    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<BlockBuf> {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<SharedBlock> {
         self.reads += 1;
         self.inner.read_meta(block_number, kind)
     }
-    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> crate::Result<()> {
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> crate::Result<()> {
         self.writes += 1;
         self.inner.write_meta(block_number, kind, block)
     }
@@ -402,10 +402,10 @@ impl GuardedStore {
 }
 
 impl MetaStore for GuardedStore {
-    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<BlockBuf> {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<SharedBlock> {
         self.inner.read_meta(block_number, kind)
     }
-    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: &BlockBuf) -> crate::Result<()> {
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> crate::Result<()> {
         self.owned(block_number, 1)?;
         self.inner.write_meta(block_number, kind, block)
     }

@@ -122,7 +122,7 @@ impl<'s> Tree<'s> {
             let node = &self.nodes[&id];
             let mut block = zeroed_block();
             encode_node(node.level, &node.entries, &mut block[..]);
-            self.store.write_meta(id, kind_of_level(node.level), &block)?;
+            self.store.write_meta(id, kind_of_level(node.level), std::sync::Arc::new(block))?;
         }
         let mut seen = HashSet::new();
         for id in std::mem::take(&mut self.freed_meta) {
