@@ -137,6 +137,8 @@ fn start_session(
     let adapter = Adapter::new(fs, config.default_permissions, notifier.clone());
     let session = Session::new(adapter, mountpoint, &session_config(config))
         .map_err(|error| io::Error::new(error.kind(), format!("mounting {}: {error}", mountpoint.display())))?;
+    // `Session::new` has completed the INIT handshake, and the kernel sets the mount's
+    // read-ahead while it processes the INIT reply, so this value is not overwritten.
     if let Err(error) = set_read_ahead(resolved_mountpoint, READ_AHEAD_KIB) {
         // Only speed depends on it; a non-root mount may not write to sysfs.
         log::info!("tandemfs: read-ahead of {} stays at the kernel's default: {error}", mountpoint.display());
