@@ -98,6 +98,46 @@ fn engine_errors_arrive_as_errno() {
     assert_eq!(File::open(volume.path("full/file/below")).unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
 }
 
+/// Drops the kernel's cached pages of `file`, so that the next reads reach the server.
+fn drop_cached_pages(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise only reads its integer arguments.
+    let result = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(result, 0, "posix_fadvise");
+}
+
+#[test]
+fn sequential_reads_use_one_mebibyte_read_ahead_and_reused_buffers_stay_exact() {
+    let Some(volume) = mounted() else { return };
+    // The server set the mount's read-ahead to 1 MiB through sysfs (root runs this test).
+    let device = fs::metadata(&volume.directory).unwrap().dev();
+    let read_ahead =
+        fs::read_to_string(format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(device), libc::minor(device)))
+            .unwrap();
+    assert_eq!(read_ahead.trim(), "1024");
+
+    // Several closes: the first FLUSH is answered ENOSYS, after which the kernel sends none.
+    let pattern: Vec<u8> = (0..(3usize << 20) + 777).map(|index| (index % 251) as u8).collect();
+    for round in 0..3 {
+        let mut file = File::create(volume.path("pattern")).unwrap();
+        file.write_all(&pattern[..pattern.len() - round]).unwrap();
+    }
+    let expected = &pattern[..pattern.len() - 2];
+    let mut file = File::open(volume.path("pattern")).unwrap();
+    drop_cached_pages(&file);
+    let mut whole = Vec::new();
+    file.read_to_end(&mut whole).unwrap();
+    assert!(whole == expected, "sequential read differs from what was written");
+    // A short read at the end after large ones: the worker's buffer still holds bytes of the
+    // earlier reads past the end of the file, and none of them may be returned.
+    drop_cached_pages(&file);
+    let mut tail = vec![0xEEu8; 8192];
+    let count = file.read_at(&mut tail, expected.len() as u64 - 100).unwrap();
+    assert_eq!(count, 100);
+    assert_eq!(&tail[..100], &expected[expected.len() - 100..]);
+    assert_eq!(file.metadata().unwrap().len(), expected.len() as u64);
+}
+
 #[test]
 fn large_offsets_and_unlinked_open_files() {
     let Some(volume) = mounted() else { return };

@@ -17,18 +17,21 @@ pub struct Passthrough {
     mounted: bool,
 }
 
+/// Descriptors passthrough_ll needs beside one per file: its own, the directories, slack.
+const DESCRIPTORS_BESIDE_FILES: u64 = 1024;
+
+/// How many files per round passthrough_ll can be measured with, from the open-file limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileAllowance {
+    /// Files per round: the requested count, or less where the limit does not allow it.
+    pub files: u64,
+    /// Why `files` is below the requested count, when it is.
+    pub reduced_because: Option<String>,
+}
+
 impl Passthrough {
-    /// Why the passthrough cannot be measured here, if it cannot. `files` is how many files a
-    /// round keeps at once; passthrough_ll needs a descriptor for each.
-    pub fn unavailable_reason(files: u64) -> Option<String> {
-        let limit = raise_open_file_limit();
-        let needed = files + 1024;
-        if limit < needed {
-            return Some(format!(
-                "it keeps a descriptor open per file and needs an open-file limit of about {needed}; \
-                 the limit here is {limit} and cannot be raised (use a smaller --count)"
-            ));
-        }
+    /// Why the passthrough cannot be measured here, if it cannot.
+    pub fn unavailable_reason() -> Option<String> {
         if !Path::new(EXAMPLE_SOURCE).is_file() {
             return Some(format!("{EXAMPLE_SOURCE} is missing (apt-get install libfuse3-dev)"));
         }
@@ -41,6 +44,30 @@ impl Passthrough {
             return Some("pkg-config cannot find fuse3 (apt-get install pkg-config libfuse3-dev)".into());
         }
         None
+    }
+
+    /// passthrough_ll keeps a descriptor open for every file the kernel knows, so a round of
+    /// `files` files needs an open-file limit above that. Raises the limit as far as this
+    /// process may and returns how many files per round fit under it (a multiple of 100, so
+    /// the tree of 100 directories stays even), or an error when not even 100 fit.
+    pub fn file_allowance(files: u64) -> Result<FileAllowance, String> {
+        let (limit, hard_refused) = raise_open_file_limit(files + DESCRIPTORS_BESIDE_FILES);
+        if limit >= files + DESCRIPTORS_BESIDE_FILES {
+            return Ok(FileAllowance { files, reduced_because: None });
+        }
+        let fitting = limit.saturating_sub(DESCRIPTORS_BESIDE_FILES) / 100 * 100;
+        let why = format!(
+            "it keeps a descriptor open per file, and the open-file limit here is {limit}{}",
+            if hard_refused {
+                " (a hard limit that only CAP_SYS_RESOURCE may raise, which this process lacks)"
+            } else {
+                ""
+            }
+        );
+        if fitting < 100 {
+            return Err(why);
+        }
+        Ok(FileAllowance { files: fitting, reduced_because: Some(why) })
     }
 
     /// Builds the example and mounts it on a fresh directory, forwarding to `source_directory`.
@@ -134,31 +161,43 @@ impl Drop for Passthrough {
     }
 }
 
-/// passthrough_ll holds an open descriptor for every inode the kernel knows, so a run over tens of
-/// thousands of files needs far more than the usual limits. Limits are inherited, so raising ours
-/// raises the child's: as root to a million (the kernel's usual ceiling, `fs.nr_open`), otherwise
-/// the soft limit to the hard one. Returns the limit now in force.
-fn raise_open_file_limit() -> u64 {
-    const WANTED: libc::rlim_t = 1 << 20;
+/// The most descriptors the kernel lets any process have (`fs.nr_open`), 1 Mi where unreadable.
+fn open_file_ceiling() -> u64 {
+    std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20)
+}
+
+/// Raises this process's open-file limit (inherited by passthrough_ll) to at least `wanted`
+/// where it may: the hard limit too when the process holds CAP_SYS_RESOURCE (up to
+/// `fs.nr_open`), otherwise the soft limit up to the hard one. Returns the soft limit now in
+/// force and whether raising the hard limit was refused.
+fn raise_open_file_limit(wanted: u64) -> (u64, bool) {
+    let wanted = wanted.min(open_file_ceiling());
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut hard_refused = false;
     // SAFETY: getrlimit and setrlimit read and write only the structs we own.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return 0;
+            return (0, false);
         }
-        if limit.rlim_cur < WANTED {
-            let raised = libc::rlimit { rlim_cur: WANTED, rlim_max: limit.rlim_max.max(WANTED) };
+        // rlim_t is u64 on the targets we build for, but not by definition.
+        #[allow(clippy::unnecessary_cast)]
+        let wanted = wanted as libc::rlim_t;
+        if limit.rlim_cur < wanted {
+            let raised = libc::rlimit { rlim_cur: wanted, rlim_max: limit.rlim_max.max(wanted) };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                hard_refused = raised.rlim_max > limit.rlim_max;
                 let soft_to_hard = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
                 libc::setrlimit(libc::RLIMIT_NOFILE, &soft_to_hard);
             }
             libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
         }
     }
-    // rlim_t is u64 on the targets we build for, but not by definition.
     #[allow(clippy::unnecessary_cast)]
     let current = limit.rlim_cur as u64;
-    current
+    (current, hard_refused)
 }
 
 /// Words to add to a passthrough failure that ran out of descriptors: the limit and why.
@@ -170,8 +209,7 @@ pub fn limit_hint(error: &str) -> String {
     // SAFETY: getrlimit writes only the struct we own.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
     format!(
-        " (passthrough_ll keeps a descriptor open per file it has seen; the open-file limit here is {} and \
-         cannot be raised; use a smaller --count)",
+        " (passthrough_ll keeps a descriptor open per file it has seen; the open-file limit here is {})",
         limit.rlim_cur
     )
 }
