@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use tandemfs::fs::*;
-use tandemfs::FileSystem;
+use tandemfs::{Error, FileSystem};
 
 fn mounted(size_bytes: u64) -> FileSystem {
     let (_memory, device) = memory_volume(size_bytes, false);
@@ -35,5 +35,42 @@ fn truncate_to_the_same_size_updates_mtime() {
         assert!(after.change_time_ns >= before.change_time_ns);
         assert_eq!(after.access_time_ns, 5, "truncate changed atime");
     }
+    fs.unmount().unwrap();
+}
+
+/// A write larger than one log record that runs out of space part-way must report the bytes
+/// it did write (a short write, as write(2) does), not an error after changing the file:
+/// otherwise the caller believes nothing was written while the file grew.
+#[test]
+fn write_that_fills_the_volume_is_short_not_failed() {
+    let fs = mounted(32 << 20);
+    let file = fs.create(ROOT_INODE, b"fill", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    // Larger than the biggest log record (a sixteenth of the data area, at most 1 MiB), so
+    // every call is several records.
+    let chunk = vec![0x5Au8; 3 << 20];
+    let mut acknowledged = 0u64;
+    let mut filled = false;
+    // Bounded: a 32 MiB volume fills within a dozen 3 MiB writes.
+    for _ in 0..32 {
+        match fs.write(file, acknowledged, &chunk) {
+            Ok(written) => {
+                assert!(written > 0 && written <= chunk.len());
+                acknowledged += written as u64;
+                let size = fs.get_attributes(file).unwrap().size_bytes;
+                assert_eq!(size, acknowledged, "size after a write that reported {written} bytes");
+            }
+            Err(Error::NoSpace) => {
+                let size = fs.get_attributes(file).unwrap().size_bytes;
+                assert_eq!(size, acknowledged, "a write that failed with ENOSPC changed the size");
+                filled = true;
+                break;
+            }
+            Err(error) => panic!("unexpected error {error}"),
+        }
+    }
+    assert!(filled, "the volume never filled");
+    let mut buffer = vec![0u8; acknowledged as usize];
+    assert_eq!(fs.read(file, 0, &mut buffer).unwrap(), acknowledged as usize);
+    assert!(buffer.iter().all(|byte| *byte == 0x5A));
     fs.unmount().unwrap();
 }

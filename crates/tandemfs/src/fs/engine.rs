@@ -1362,8 +1362,13 @@ impl FileSystem {
         }
         let mut done = 0usize;
         for chunk in data.chunks(self.inner.max_record_data_bytes) {
-            self.write_record(inode, offset + done as u64, chunk)?;
-            done += chunk.len();
+            match self.write_record(inode, offset + done as u64, chunk) {
+                Ok(()) => done += chunk.len(),
+                // Earlier records are committed: report a short write, as write(2) does, so the
+                // caller knows those bytes are in the file; its next write gets the error.
+                Err(_) if done > 0 => return Ok(done),
+                Err(error) => return Err(error),
+            }
         }
         Ok(done)
     }
