@@ -74,3 +74,38 @@ fn write_that_fills_the_volume_is_short_not_failed() {
     assert!(buffer.iter().all(|byte| *byte == 0x5A));
     fs.unmount().unwrap();
 }
+
+/// An insert of data is all or error: when the volume fills part-way through writing the
+/// inserted bytes, it must not report success with zeros in part of the range.
+#[test]
+fn insert_that_fills_the_volume_fails_instead_of_leaving_zeros() {
+    let fs = mounted(32 << 20);
+    let fill = fs.create(ROOT_INODE, b"fill", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    let chunk = vec![0x5Au8; 1 << 20];
+    let mut size = 0u64;
+    // Bounded: a 32 MiB volume fills within 32 writes of 1 MiB.
+    for _ in 0..64 {
+        match fs.write(fill, size, &chunk) {
+            Ok(written) => size += written as u64,
+            Err(Error::NoSpace) => break,
+            Err(error) => panic!("unexpected error {error}"),
+        }
+    }
+    // Give back about 1 MiB, then insert three times that much.
+    let shrink = SetAttributes { size_bytes: Some(size - (1 << 20)), ..SetAttributes::default() };
+    fs.set_attributes(fill, &shrink).unwrap();
+    let file = fs.create(ROOT_INODE, b"edited", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(file, 0, b"head-tail").unwrap();
+    let data = vec![0xC3u8; 3 << 20];
+    match fs.insert(file, 4, &data) {
+        Ok(()) => {
+            let mut buffer = vec![0u8; data.len() + 9];
+            assert_eq!(fs.read(file, 0, &mut buffer).unwrap(), buffer.len());
+            assert_eq!(&buffer[..4], b"head");
+            assert!(buffer[4..4 + data.len()].iter().all(|byte| *byte == 0xC3), "insert reported success with zeros");
+        }
+        Err(Error::NoSpace) => {}
+        Err(error) => panic!("unexpected error {error}"),
+    }
+    fs.unmount().unwrap();
+}

@@ -1361,16 +1361,23 @@ impl FileSystem {
             return Err(Error::FileTooLarge);
         }
         let mut done = 0usize;
-        for chunk in data.chunks(self.inner.max_record_data_bytes) {
-            match self.write_record(inode, offset + done as u64, chunk) {
-                Ok(()) => done += chunk.len(),
-                // Earlier records are committed: report a short write, as write(2) does, so the
-                // caller knows those bytes are in the file; its next write gets the error.
-                Err(_) if done > 0 => return Ok(done),
-                Err(error) => return Err(error),
-            }
+        match self.write_records(inode, offset, data, &mut done) {
+            Ok(()) => Ok(done),
+            // Earlier records are committed: report a short write, as write(2) does, so the
+            // caller knows those bytes are in the file; its next write gets the error.
+            Err(_) if done > 0 => Ok(done),
+            Err(error) => Err(error),
         }
-        Ok(done)
+    }
+
+    /// Writes `data` as one or more log records, counting in `done` the bytes committed
+    /// before an error.
+    fn write_records(&self, inode: InodeNumber, offset: u64, data: &[u8], done: &mut usize) -> Result<()> {
+        for chunk in data.chunks(self.inner.max_record_data_bytes) {
+            self.write_record(inode, offset + *done as u64, chunk)?;
+            *done += chunk.len();
+        }
+        Ok(())
     }
 
     fn write_record(&self, inode: InodeNumber, offset: u64, data: &[u8]) -> Result<()> {
@@ -1476,8 +1483,8 @@ impl FileSystem {
             return Ok(());
         }
         self.insert_range(inode, offset, data.len() as u64)?;
-        self.write(inode, offset, data)?;
-        Ok(())
+        // Not `write`: a short write would leave zeros in the inserted range and report success.
+        self.write_records(inode, offset, data, &mut 0)
     }
 
     /// Removes `length` bytes at `offset` (offset + length ≤ size), shifting later bytes down.
