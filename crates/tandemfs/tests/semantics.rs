@@ -109,3 +109,28 @@ fn insert_that_fills_the_volume_fails_instead_of_leaving_zeros() {
     }
     fs.unmount().unwrap();
 }
+
+/// Extended attributes live in the namespaces Linux file systems store (user, trusted,
+/// security); ext4 answers another prefix, or none, with EOPNOTSUPP and an empty name after
+/// the prefix with EINVAL. The FUSE kernel passes every name through to the engine.
+#[test]
+fn xattr_names_outside_the_known_namespaces_are_refused() {
+    let fs = mounted(64 << 20);
+    let file = fs.create(ROOT_INODE, b"file", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    for name in [&b"bogus.name"[..], b"user", b"name", b"system.other", b"os2.name", b"USER.upper"] {
+        let result = fs.set_xattr(file, name, b"v", XattrMode::CreateOrReplace);
+        assert!(matches!(result, Err(Error::NotSupported)), "set {:?}: {result:?}", String::from_utf8_lossy(name));
+        assert!(matches!(fs.get_xattr(file, name), Err(Error::NotSupported)));
+        assert!(matches!(fs.remove_xattr(file, name), Err(Error::NotSupported)));
+    }
+    for name in [&b"user."[..], b"trusted.", b"security."] {
+        let result = fs.set_xattr(file, name, b"v", XattrMode::CreateOrReplace);
+        assert!(matches!(result, Err(Error::InvalidArgument(_))), "set {:?}: {result:?}", String::from_utf8_lossy(name));
+    }
+    for name in [&b"user.a"[..], b"trusted.b", b"security.c"] {
+        fs.set_xattr(file, name, b"v", XattrMode::CreateOrReplace).unwrap();
+        assert_eq!(fs.get_xattr(file, name).unwrap(), b"v");
+    }
+    assert_eq!(fs.list_xattr(file).unwrap().len(), 3);
+    fs.unmount().unwrap();
+}

@@ -36,6 +36,8 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 /// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
 /// the new directory's first leaf or the symlink's data block, one spare.
 const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
+/// Extended attribute namespaces that `set_xattr` and friends accept.
+const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 /// Extra blocks any data operation may need for the extent tree and split ends.
 const DATA_RESERVE_BLOCKS: u64 = 16;
 
@@ -1608,6 +1610,16 @@ impl FileSystem {
         }
         if name.len() > XATTR_NAME_MAX_BYTES {
             return Err(Error::Range);
+        }
+        // The namespaces Linux file systems store, as ext4 does: another prefix, or a name
+        // without one, is EOPNOTSUPP, and a namespace without a name is EINVAL. (`system.`
+        // holds POSIX ACLs, which tandemfs does not implement.) The kernel's FUSE client passes
+        // every name through, so the check has to be here.
+        let Some(suffix) = XATTR_NAMESPACES.iter().find_map(|prefix| name.strip_prefix(*prefix)) else {
+            return Err(Error::NotSupported);
+        };
+        if suffix.is_empty() {
+            return Err(Error::invalid("an extended attribute name needs a name after its namespace"));
         }
         Ok(())
     }
