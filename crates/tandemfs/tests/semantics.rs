@@ -125,7 +125,11 @@ fn xattr_names_outside_the_known_namespaces_are_refused() {
     }
     for name in [&b"user."[..], b"trusted.", b"security."] {
         let result = fs.set_xattr(file, name, b"v", XattrMode::CreateOrReplace);
-        assert!(matches!(result, Err(Error::InvalidArgument(_))), "set {:?}: {result:?}", String::from_utf8_lossy(name));
+        assert!(
+            matches!(result, Err(Error::InvalidArgument(_))),
+            "set {:?}: {result:?}",
+            String::from_utf8_lossy(name)
+        );
     }
     for name in [&b"user.a"[..], b"trusted.b", b"security.c"] {
         fs.set_xattr(file, name, b"v", XattrMode::CreateOrReplace).unwrap();
