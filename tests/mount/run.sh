@@ -901,7 +901,7 @@ test_fsstress() {
 test_fio_verify() {
     mkdir "$MNT/fio"
     fio --output-format=terse --directory="$MNT/fio" --verify=crc32c --verify_fatal=1 --do_verify=1 \
-        --size=8m --numjobs=2 \
+        --size=8m --numjobs=2 --verify_state_save=0 \
         --name=psync-random --ioengine=psync --rw=randwrite --bsrange=512-300k --bs_unaligned=1 \
         --name=psync-sequential --ioengine=psync --rw=write --bs=129k \
         --name=libaio-random --ioengine=libaio --iodepth=8 --rw=randwrite --bs=4k,12k \
