@@ -717,6 +717,36 @@ os.close(descriptor)
 EOF
 }
 
+# Pages written through mmap and not yet written back move with an insert or collapse: the
+# adapter has the kernel write them back before the shift, not after it at the old offsets.
+test_insert_after_dirty_mmap() {
+    python3 - "$MNT/dirty-mmap" <<'EOF'
+import ctypes, fcntl, mmap, os, struct, sys
+path = sys.argv[1]
+INSERT, COLLAPSE = 0x4018D401, 0x4018D402
+descriptor = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+os.write(descriptor, b"A" * 8192)
+os.fsync(descriptor)
+mapping = mmap.mmap(descriptor, 8192)
+mapping[0:4096] = b"B" * 4096  # dirty, no msync
+data = ctypes.create_string_buffer(b"I" * 100, 100)
+fcntl.ioctl(descriptor, INSERT, struct.pack("QQQ", 0, 100, ctypes.addressof(data)))
+got = os.pread(descriptor, 10000, 0)
+assert got == b"I" * 100 + b"B" * 4096 + b"A" * 4096, (len(got), got[:8], got[4090:4110])
+mapping.close()
+os.ftruncate(descriptor, 0)
+os.pwrite(descriptor, b"A" * 8192, 0)
+os.fsync(descriptor)
+mapping = mmap.mmap(descriptor, 8192)
+mapping[4096:8192] = b"C" * 4096
+fcntl.ioctl(descriptor, COLLAPSE, struct.pack("QQQ", 0, 100, 0))
+got = os.pread(descriptor, 10000, 0)
+assert got == b"A" * 3996 + b"C" * 4096, (len(got), got[3990:4000])
+mapping.close()
+os.close(descriptor)
+EOF
+}
+
 test_c_example() {
     cc -Wall -Wextra -Werror -I "$REPO/include" -o "$WORK/insert_collapse" \
         "$REPO/examples/insert_collapse.c"
@@ -1011,6 +1041,7 @@ run_test permissions-as-nobody test_permissions_unprivileged
 run_test insert-collapse-cli-vs-model test_insert_collapse_commands
 run_test insert-collapse-large-data test_insert_large_data
 run_test insert-collapse-ioctl-semantics test_insert_ioctl_semantics
+run_test insert-collapse-after-dirty-mmap test_insert_after_dirty_mmap
 if command -v cc >/dev/null; then
     run_test insert-collapse-c-example test_c_example
 else

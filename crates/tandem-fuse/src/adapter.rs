@@ -144,6 +144,11 @@ impl Adapter {
         if !opened_for_writing(handle) {
             return Err(Errno::EBADF);
         }
+        // Pages dirtied through mmap and not yet written back hold bytes at the offsets before
+        // the shift: have the kernel write them back (to another worker) and drop them now, as
+        // ext4 flushes before INSERT_RANGE. The invalidation after the change alone would write
+        // them back at their old offsets, over the shifted bytes.
+        self.invalidate_from(inode, request.offset);
         let result = if command == ioctl::INSERT {
             if request.data == 0 {
                 self.fs.insert_range(inode, request.offset, request.length)
@@ -874,11 +879,14 @@ impl fuser::Filesystem for Adapter {
             // Today's kernels refuse these two for FUSE before they get here; should one pass
             // them on, the engine does them byte-exactly (and the kernel's cache is dropped).
             FALLOCATE_INSERT_RANGE if !keep_size => {
+                // Dirty mmap pages first, as for the ioctl (see `insert_or_collapse`).
+                self.invalidate_from(inode.0, offset);
                 let result = self.fs.insert_range(inode.0, offset, length);
                 self.invalidate_from(inode.0, offset);
                 result
             }
             FALLOCATE_COLLAPSE_RANGE if !keep_size => {
+                self.invalidate_from(inode.0, offset);
                 let result = self.fs.collapse_range(inode.0, offset, length);
                 self.invalidate_from(inode.0, offset);
                 result
