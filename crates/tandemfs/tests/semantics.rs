@@ -138,3 +138,35 @@ fn xattr_names_outside_the_known_namespaces_are_refused() {
     assert_eq!(fs.list_xattr(file).unwrap().len(), 3);
     fs.unmount().unwrap();
 }
+
+/// A directory renamed into a parent that has the most links a directory may have is refused
+/// with EMLINK, as mkdir there is; it used to push the parent past LINK_MAX.
+#[test]
+fn rename_of_a_directory_into_a_full_parent_is_too_many_links() {
+    // Each directory takes a 4 KiB leaf: 65,000 of them need more than 256 MiB.
+    let fs = mounted(512 << 20);
+    let full = fs.make_directory(ROOT_INODE, b"full", 0o755, 0, 0).unwrap().inode;
+    // Bounded: LINK_MAX - 2 subdirectories bring the parent to LINK_MAX links.
+    for index in 0..LINK_MAX - 2 {
+        fs.make_directory(full, format!("{index}").as_bytes(), 0o755, 0, 0).unwrap();
+        // Let the back end catch up now and then: when it falls tens of thousands of records
+        // behind, it runs out of space on this volume and shuts down (a separate bug).
+        if index % 4096 == 4095 {
+            fs.checkpoint().unwrap();
+        }
+    }
+    assert_eq!(fs.get_attributes(full).unwrap().link_count, LINK_MAX);
+    assert!(matches!(fs.make_directory(full, b"one-more", 0o755, 0, 0), Err(Error::TooManyLinks)));
+    let other = fs.make_directory(ROOT_INODE, b"other", 0o755, 0, 0).unwrap().inode;
+    fs.make_directory(other, b"moving", 0o755, 0, 0).unwrap();
+    let result = fs.rename(other, b"moving", full, b"moving", RenameMode::Replace);
+    assert!(matches!(result, Err(Error::TooManyLinks)), "{result:?}");
+    let result = fs.rename(other, b"moving", full, b"0", RenameMode::Exchange);
+    assert!(result.is_ok(), "an exchange of two directories leaves the counts alone: {result:?}");
+    assert_eq!(fs.get_attributes(full).unwrap().link_count, LINK_MAX);
+    // A file may still move in, and a directory within the same parent may be renamed.
+    fs.create(other, b"file", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.rename(other, b"file", full, b"file", RenameMode::Replace).unwrap();
+    fs.rename(full, b"1", full, b"renamed", RenameMode::Replace).unwrap();
+    fs.unmount().unwrap();
+}

@@ -1217,6 +1217,11 @@ impl FileSystem {
                     }
                 }
             }
+            // A directory moved in adds a link to its new parent: refused at the limit, as
+            // make_directory is (EMLINK).
+            if parent != new_parent && images[new_parent_index].link_count > LINK_MAX {
+                return Err(Error::TooManyLinks);
+            }
             let reserve = NAMESPACE_RESERVE_BLOCKS;
             let op = Op::Rename {
                 parent,
