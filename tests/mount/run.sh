@@ -7,7 +7,8 @@
 #   fuse3 (fusermount3), rsync, git, python3, attr (setfattr/getfattr),
 #   util-linux (setpriv, fallocate), coreutils, tar, diffutils, findutils,
 #   gawk or mawk, and a C compiler
-#   (cc) for the C example (that one test is skipped without it).
+#   (cc) for the C example (that one test is skipped without it); fio and stress-ng for the
+#   torture tests of the same names (skipped without them).
 #
 # Prints one line per test and ends with exactly "N passed, N failed"; exits nonzero when any
 # test failed. Each test runs in its own bash with `set -e -o pipefail` and a time limit; its
@@ -716,6 +717,36 @@ os.close(descriptor)
 EOF
 }
 
+# Pages written through mmap and not yet written back move with an insert or collapse: the
+# adapter has the kernel write them back before the shift, not after it at the old offsets.
+test_insert_after_dirty_mmap() {
+    python3 - "$MNT/dirty-mmap" <<'EOF'
+import ctypes, fcntl, mmap, os, struct, sys
+path = sys.argv[1]
+INSERT, COLLAPSE = 0x4018D401, 0x4018D402
+descriptor = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+os.write(descriptor, b"A" * 8192)
+os.fsync(descriptor)
+mapping = mmap.mmap(descriptor, 8192)
+mapping[0:4096] = b"B" * 4096  # dirty, no msync
+data = ctypes.create_string_buffer(b"I" * 100, 100)
+fcntl.ioctl(descriptor, INSERT, struct.pack("QQQ", 0, 100, ctypes.addressof(data)))
+got = os.pread(descriptor, 10000, 0)
+assert got == b"I" * 100 + b"B" * 4096 + b"A" * 4096, (len(got), got[:8], got[4090:4110])
+mapping.close()
+os.ftruncate(descriptor, 0)
+os.pwrite(descriptor, b"A" * 8192, 0)
+os.fsync(descriptor)
+mapping = mmap.mmap(descriptor, 8192)
+mapping[4096:8192] = b"C" * 4096
+fcntl.ioctl(descriptor, COLLAPSE, struct.pack("QQQ", 0, 100, 0))
+got = os.pread(descriptor, 10000, 0)
+assert got == b"A" * 3996 + b"C" * 4096, (len(got), got[3990:4000])
+mapping.close()
+os.close(descriptor)
+EOF
+}
+
 test_c_example() {
     cc -Wall -Wextra -Werror -I "$REPO/include" -o "$WORK/insert_collapse" \
         "$REPO/examples/insert_collapse.c"
@@ -899,6 +930,91 @@ test_mount_as_normal_user() {
     as_nobody "$TANDEM" umount "$home/mnt"
 }
 
+# ---------------------------------------------------------------- torture: what outside suites run
+
+# fsx-style random operations on two files at once (writes, reads, truncation, fallocate modes,
+# mmap, copy_file_range, O_APPEND, insert and collapse ioctls), every read checked against a
+# shadow; the shadows are compared again after the unmount, fsck and remount that follow.
+test_fsx() {
+    python3 "$TESTS/fsx.py" run "$MNT/fsx-a.bin" 1 2500 "$WORK/fsx-a.shadow" &
+    first=$!
+    python3 "$TESTS/fsx.py" run "$MNT/fsx-b.bin" 2 2500 "$WORK/fsx-b.shadow" 33554432 &
+    second=$!
+    wait $first
+    wait $second
+}
+
+test_fsx_after_remount() {
+    python3 "$TESTS/fsx.py" compare "$MNT/fsx-a.bin" "$WORK/fsx-a.shadow"
+    python3 "$TESTS/fsx.py" compare "$MNT/fsx-b.bin" "$WORK/fsx-b.shadow"
+}
+
+# pjdfstest-style POSIX checks (times, link counts, rename corners, name lengths, set-ID bits,
+# sticky directories and permissions as nobody, readdir while changing, statfs, xattr names).
+test_posix_checks() {
+    mkdir "$MNT/posix"
+    python3 "$TESTS/posix_check.py" "$MNT/posix"
+}
+
+# Four processes creating, writing, linking, renaming (also RENAME_EXCHANGE), removing,
+# chmod-ing and setting xattrs in one small shared tree; the fsck that follows checks the result.
+test_fsstress() {
+    python3 "$TESTS/fsstress.py" "$MNT/fsstress" 7 4 5000
+}
+
+# fio writes with several engines, unaligned block sizes and concurrent jobs, verifying every
+# block with crc32c.
+test_fio_verify() {
+    mkdir "$MNT/fio"
+    fio --output-format=terse --directory="$MNT/fio" --verify=crc32c --verify_fatal=1 --do_verify=1 \
+        --size=8m --numjobs=2 --verify_state_save=0 \
+        --name=psync-random --ioengine=psync --rw=randwrite --bsrange=512-300k --bs_unaligned=1 \
+        --name=psync-sequential --ioengine=psync --rw=write --bs=129k \
+        --name=libaio-random --ioengine=libaio --iodepth=8 --rw=randwrite --bs=4k,12k \
+        --name=mmap-random --ioengine=mmap --rw=randwrite --bsrange=4k-64k \
+        | awk -F';' '{ print $3, "error=" $5; if ($5 != 0) failed = 1 } END { exit failed }'
+    rm -rf "$MNT/fio"
+}
+
+# A few seconds of each stress-ng file-system stressor, with verification where it has one.
+test_stress_ng() {
+    mkdir "$MNT/stress"
+    local stressor status
+    for stressor in dir dentry rename link xattr fallocate hdd mmap seek lockf fiemap sync-file chmod utime \
+        copy-file; do
+        status=0
+        # Exit status 0: passed; 2: a stressor failed (a verification among them); 3: it could
+        # not run. Run it from inside the mount: some stressors use the working directory.
+        (cd "$MNT/stress" && stress-ng --"$stressor" 2 --timeout 2 --verify --temp-path "$MNT/stress" \
+            --metrics-brief) >"$WORK/stress-ng.out" 2>&1 || status=$?
+        grep -E "\] $stressor |fail|error" "$WORK/stress-ng.out" || true
+        if [ "$status" -ne 0 ]; then
+            cat "$WORK/stress-ng.out"
+            echo "stress-ng --$stressor exited with $status"
+            return 1
+        fi
+    done
+    rm -rf "$MNT/stress"
+}
+
+# A small volume filled until ENOSPC with files, directories and symlinks; after unmount,
+# fsck and remount every acknowledged byte is there, and space freed is usable again.
+test_fill_volume() {
+    local image="$WORK/fill.img" mountpoint="$WORK/fill-mnt" log="$LOGS/fill-mount.log"
+    mkdir -p "$mountpoint"
+    "$TANDEM" mkfs "$image" --size 64M
+    "$TANDEM" mount "$image" "$mountpoint" -d --log-file "$log"
+    python3 "$TESTS/fill_check.py" fill "$mountpoint" "$WORK/fill.json" 5
+    "$TANDEM" umount "$mountpoint"
+    "$TANDEM" fsck "$image"
+    "$TANDEM" mount "$image" "$mountpoint" -d --log-file "$log"
+    python3 "$TESTS/fill_check.py" verify "$mountpoint" "$WORK/fill.json"
+    "$TANDEM" umount "$mountpoint"
+    if grep -q panicked "$log"; then grep -v '^  ' "$log"; exit 1; fi
+    "$TANDEM" fsck "$image"
+    rm -f "$image"
+}
+
 test_final_unmount_and_fsck() {
     unmount_volume
     "$TANDEM" fsck "$IMG"
@@ -941,12 +1057,27 @@ run_test mmap-write-read test_mmap
 run_test rename-noreplace-exchange test_rename
 run_test open-excl-append-trunc-unlinked test_open_semantics
 run_test fifo-device-socket-nodes test_special_files
+run_test fsx-random-operations test_fsx 180
+run_test posix-checks test_posix_checks
+run_test fsstress-shared-tree test_fsstress
+if command -v fio >/dev/null; then
+    run_test fio-verify test_fio_verify
+else
+    skip_test fio-verify "fio is not installed (apt-get install fio)"
+fi
+if command -v stress-ng >/dev/null; then
+    run_test stress-ng-filesystem test_stress_ng 180
+else
+    skip_test stress-ng-filesystem "stress-ng is not installed (apt-get install stress-ng)"
+fi
 run_test fsck-after-contents fsck_between_groups
+run_test fsx-files-after-remount test_fsx_after_remount
 
 run_test permissions-as-nobody test_permissions_unprivileged
 run_test insert-collapse-cli-vs-model test_insert_collapse_commands
 run_test insert-collapse-large-data test_insert_large_data
 run_test insert-collapse-ioctl-semantics test_insert_ioctl_semantics
+run_test insert-collapse-after-dirty-mmap test_insert_after_dirty_mmap
 if command -v cc >/dev/null; then
     run_test insert-collapse-c-example test_c_example
 else
@@ -960,6 +1091,7 @@ run_test kill-9-then-umount-fsck-recover test_kill_9_recovers
 run_test read-only-mount test_read_only_mount
 run_test rm-rf-usr-include-copy test_rm_rf_large_tree
 run_test enospc-small-volume test_no_space
+run_test fill-volume-nothing-lost test_fill_volume 180
 run_test mount-as-normal-user test_mount_as_normal_user
 run_test final-umount-and-fsck test_final_unmount_and_fsck
 

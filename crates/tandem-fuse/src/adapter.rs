@@ -154,6 +154,11 @@ impl Adapter {
         if !opened_for_writing(handle) {
             return Err(Errno::EBADF);
         }
+        // Pages dirtied through mmap and not yet written back hold bytes at the offsets before
+        // the shift: have the kernel write them back (to another worker) and drop them now, as
+        // ext4 flushes before INSERT_RANGE. The invalidation after the change alone would write
+        // them back at their old offsets, over the shifted bytes.
+        self.invalidate_from(inode, request.offset);
         let result = if command == ioctl::INSERT {
             if request.data == 0 {
                 self.fs.insert_range(inode, request.offset, request.length)
@@ -219,7 +224,25 @@ fn nanoseconds(time: SystemTime) -> i64 {
 fn time_to_set(time: TimeOrNow) -> TimeToSet {
     match time {
         TimeOrNow::Now => TimeToSet::Now,
-        TimeOrNow::SpecificTime(time) => TimeToSet::Nanoseconds(nanoseconds(time)),
+        TimeOrNow::SpecificTime(time) => TimeToSet::Nanoseconds(requested_nanoseconds(time)),
+    }
+}
+
+/// A time from a setattr request, in nanoseconds since 1970. The kernel sends whole seconds
+/// (negative before 1970) plus 0..10^9 nanoseconds; fuser 0.18 turns a negative pair into
+/// epoch - (|seconds| + nanoseconds) instead of epoch - |seconds| + nanoseconds (a TODO in
+/// its time.rs), so `touch -d '1969-12-31 23:59:59.25'` would store 23:59:58.75. Undo that.
+fn requested_nanoseconds(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(_) => nanoseconds(time),
+        Err(before) => {
+            let before = before.duration();
+            i64::try_from(before.as_secs())
+                .ok()
+                .and_then(|seconds| seconds.checked_mul(-1_000_000_000))
+                .and_then(|nanoseconds| nanoseconds.checked_add(i64::from(before.subsec_nanos())))
+                .unwrap_or(i64::MIN)
+        }
     }
 }
 
@@ -881,11 +904,14 @@ impl fuser::Filesystem for Adapter {
             // Today's kernels refuse these two for FUSE before they get here; should one pass
             // them on, the engine does them byte-exactly (and the kernel's cache is dropped).
             FALLOCATE_INSERT_RANGE if !keep_size => {
+                // Dirty mmap pages first, as for the ioctl (see `insert_or_collapse`).
+                self.invalidate_from(inode.0, offset);
                 let result = self.fs.insert_range(inode.0, offset, length);
                 self.invalidate_from(inode.0, offset);
                 result
             }
             FALLOCATE_COLLAPSE_RANGE if !keep_size => {
+                self.invalidate_from(inode.0, offset);
                 let result = self.fs.collapse_range(inode.0, offset, length);
                 self.invalidate_from(inode.0, offset);
                 result
@@ -934,6 +960,16 @@ mod tests {
         for value in [0i64, 1, 1_234_567_891_123_456_789, -1, -1_500_000_000_123] {
             assert_eq!(nanoseconds(system_time(value)), value, "{value}");
         }
+    }
+
+    #[test]
+    fn times_before_1970_from_the_kernel_keep_their_nanoseconds() {
+        // What fuser 0.18 hands over for the kernel's pair (-1 s, 250,000,000 ns).
+        let decoded = UNIX_EPOCH - Duration::new(1, 250_000_000);
+        assert_eq!(requested_nanoseconds(decoded), -750_000_000);
+        assert_eq!(requested_nanoseconds(UNIX_EPOCH - Duration::new(1_000_000_000, 0)), -1_000_000_000_000_000_000);
+        assert_eq!(requested_nanoseconds(UNIX_EPOCH + Duration::new(3, 7)), 3_000_000_007);
+        assert_eq!(requested_nanoseconds(UNIX_EPOCH - Duration::new(u64::MAX / 2, 0)), i64::MIN);
     }
 
     #[test]

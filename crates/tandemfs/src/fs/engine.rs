@@ -36,6 +36,8 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 /// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
 /// the new directory's first leaf or the symlink's data block, one spare.
 const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
+/// Extended attribute namespaces that `set_xattr` and friends accept.
+const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 /// Extra blocks any data operation may need for the extent tree and split ends.
 const DATA_RESERVE_BLOCKS: u64 = 16;
 
@@ -751,9 +753,10 @@ impl FileSystem {
                     return Err(Error::FileTooLarge);
                 }
                 truncate = true;
-                if size != image.size_bytes {
-                    image.modify_time_ns = now;
-                }
+                // Linux updates mtime on every truncate, to the same size too (ext4 does, and
+                // xfstests generic/313 checks it). The FUSE kernel leaves it to the server: it
+                // sends no mtime with the size for truncate(2), ftruncate(2) and O_TRUNC.
+                image.modify_time_ns = now;
                 image.size_bytes = size;
             }
             if let Some(permissions) = changes.permissions {
@@ -1214,6 +1217,11 @@ impl FileSystem {
                     }
                 }
             }
+            // A directory moved in adds a link to its new parent: refused at the limit, as
+            // make_directory is (EMLINK).
+            if parent != new_parent && images[new_parent_index].link_count > LINK_MAX {
+                return Err(Error::TooManyLinks);
+            }
             let reserve = NAMESPACE_RESERVE_BLOCKS;
             let op = Op::Rename {
                 parent,
@@ -1360,11 +1368,23 @@ impl FileSystem {
             return Err(Error::FileTooLarge);
         }
         let mut done = 0usize;
-        for chunk in data.chunks(self.inner.max_record_data_bytes) {
-            self.write_record(inode, offset + done as u64, chunk)?;
-            done += chunk.len();
+        match self.write_records(inode, offset, data, &mut done) {
+            Ok(()) => Ok(done),
+            // Earlier records are committed: report a short write, as write(2) does, so the
+            // caller knows those bytes are in the file; its next write gets the error.
+            Err(_) if done > 0 => Ok(done),
+            Err(error) => Err(error),
         }
-        Ok(done)
+    }
+
+    /// Writes `data` as one or more log records, counting in `done` the bytes committed
+    /// before an error.
+    fn write_records(&self, inode: InodeNumber, offset: u64, data: &[u8], done: &mut usize) -> Result<()> {
+        for chunk in data.chunks(self.inner.max_record_data_bytes) {
+            self.write_record(inode, offset + *done as u64, chunk)?;
+            *done += chunk.len();
+        }
+        Ok(())
     }
 
     fn write_record(&self, inode: InodeNumber, offset: u64, data: &[u8]) -> Result<()> {
@@ -1470,8 +1490,8 @@ impl FileSystem {
             return Ok(());
         }
         self.insert_range(inode, offset, data.len() as u64)?;
-        self.write(inode, offset, data)?;
-        Ok(())
+        // Not `write`: a short write would leave zeros in the inserted range and report success.
+        self.write_records(inode, offset, data, &mut 0)
     }
 
     /// Removes `length` bytes at `offset` (offset + length ≤ size), shifting later bytes down.
@@ -1595,6 +1615,16 @@ impl FileSystem {
         }
         if name.len() > XATTR_NAME_MAX_BYTES {
             return Err(Error::Range);
+        }
+        // The namespaces Linux file systems store, as ext4 does: another prefix, or a name
+        // without one, is EOPNOTSUPP, and a namespace without a name is EINVAL. (`system.`
+        // holds POSIX ACLs, which tandemfs does not implement.) The kernel's FUSE client passes
+        // every name through, so the check has to be here.
+        let Some(suffix) = XATTR_NAMESPACES.iter().find_map(|prefix| name.strip_prefix(*prefix)) else {
+            return Err(Error::NotSupported);
+        };
+        if suffix.is_empty() {
+            return Err(Error::invalid("an extended attribute name needs a name after its namespace"));
         }
         Ok(())
     }
