@@ -33,6 +33,21 @@ const SYMLINK_FOLLOW_MAX: usize = 40;
 const DEPTH_WALK_MAX: usize = 1 << 16;
 /// A checkpoint is taken at least this often while records are applied.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
+/// Blocks besides its reservation that applying one record may dirty: its inode's table block,
+/// its parent's leaf or index block, a bitmap block.
+const IMAGE_BLOCKS_PER_RECORD: u64 = 3;
+
+/// How many image blocks the unapplied backlog may stand for: a quarter of the log's reserve, so
+/// that the images of the blocks already dirty (the back end checkpoints before they pass half
+/// the reserve) and those of the whole backlog fit in it together.
+fn image_budget_blocks(usage: &crate::log::LogUsage) -> u64 {
+    let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
+    (reserve_bytes / 4 / BLOCK_SIZE_U64).max(4 * (DATA_RESERVE_BLOCKS + IMAGE_BLOCKS_PER_RECORD))
+}
+
+/// Below this many free blocks, with frees pending, the back end checkpoints before it applies
+/// more: comfortably above what one batch of records allocates.
+const BACKEND_LOW_WATER_BLOCKS: u64 = 1024;
 /// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
 /// the new directory's first leaf or the symlink's data block, one spare.
 const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
@@ -45,6 +60,8 @@ struct Queued {
     lsn: u64,
     op: Arc<Op>,
     reserved_blocks: u64,
+    /// Bound on the metadata blocks applying it may dirty (see `Front::queued_image_blocks`).
+    image_blocks: u64,
 }
 
 const STATE_RUNNING: u8 = 0;
@@ -233,6 +250,8 @@ impl FileSystem {
             reserved_blocks: 0,
             free_blocks: volume.free_blocks(),
             pending_free_blocks: 0,
+            queued_image_blocks: 0,
+            image_budget_blocks: image_budget_blocks(&log.usage()),
             use_clock: 0,
         };
         let usage = log.usage();
@@ -364,7 +383,7 @@ impl FileSystem {
             return Err(Error::Shutdown);
         }
         let durable = inner.log.durable_lsn();
-        let batch: Vec<Queued> = {
+        let mut batch: Vec<Queued> = {
             let mut queue = inner.queue.lock();
             let mut batch = Vec::new();
             while batch.len() < BATCH_RECORDS_MAX && queue.front().is_some_and(|queued| queued.lsn <= durable) {
@@ -376,13 +395,24 @@ impl FileSystem {
             self.maybe_checkpoint(&mut backend, false)?;
             return Ok(false);
         }
-        let last = batch.last().unwrap().lsn;
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let free_blocks;
         let pending_free_blocks;
+        let mut applied_count = 0;
         {
             let mut volume = inner.volume.lock();
             for queued in &batch {
+                // Blocks the back end frees (leaves that compaction empties, for one) are
+                // reusable only after a checkpoint records the free. When free blocks run low
+                // while some are pending, stop the batch and checkpoint first, rather than fail
+                // an allocation that the next checkpoint would have satisfied. At least one
+                // record is applied per pass, so the back end always makes progress.
+                if applied_count > 0
+                    && volume.free_blocks() < BACKEND_LOW_WATER_BLOCKS
+                    && volume.blocks.pending_free_count() > 0
+                {
+                    break;
+                }
                 match inner.applier.apply(&mut volume, queued.lsn, &queued.op) {
                     // Later records come later in the list, so the last count of an inode wins.
                     Ok(written) => owned.extend(written),
@@ -392,10 +422,21 @@ impl FileSystem {
                         return Err(error);
                     }
                 }
+                applied_count += 1;
             }
             free_blocks = volume.free_blocks();
             pending_free_blocks = volume.blocks.pending_free_count();
         }
+        let space_low = applied_count < batch.len();
+        if space_low {
+            // Back to the head of the queue, in lsn order: they precede everything queued since.
+            let leftover = batch.split_off(applied_count);
+            let mut queue = inner.queue.lock();
+            for queued in leftover.into_iter().rev() {
+                queue.push_front(queued);
+            }
+        }
+        let last = batch.last().expect("at least one record is applied per pass").lsn;
         {
             let mut front = inner.front.lock();
             for queued in &batch {
@@ -410,6 +451,7 @@ impl FileSystem {
                     }
                 }
                 front.reserved_blocks -= queued.reserved_blocks;
+                front.queued_image_blocks -= queued.image_blocks;
                 // Deleted inodes included: a view keeps pending writes only while unapplied.
                 for number in touched_inodes(&queued.op) {
                     if let Some(view) = front.views.get_mut(&number) {
@@ -431,7 +473,7 @@ impl FileSystem {
         backend.applied_since_checkpoint += batch.len() as u64;
         backend.applied_bytes_since_checkpoint +=
             batch.iter().map(|queued| (RECORD_OVERHEAD_BYTES + queued.op.tail().len()) as u64).sum::<u64>();
-        self.maybe_checkpoint(&mut backend, false)?;
+        self.maybe_checkpoint(&mut backend, space_low)?;
         Ok(true)
     }
 
@@ -441,7 +483,14 @@ impl FileSystem {
             return Ok(());
         }
         let usage = inner.log.usage();
-        let dirty_bytes = inner.volume.lock().cache_dirty_count() as u64 * BLOCK_SIZE_U64;
+        let (dirty_bytes, free_blocks, pending_free_blocks) = {
+            let volume = inner.volume.lock();
+            (
+                volume.cache_dirty_count() as u64 * BLOCK_SIZE_U64,
+                volume.free_blocks(),
+                volume.blocks.pending_free_count(),
+            )
+        };
         // A checkpoint frees the log only up to the last applied record, so it is due when what
         // was applied since the last one fills a good part of the log's normal share, not when
         // the log is full of records still waiting to be applied (checkpointing then would only
@@ -451,6 +500,9 @@ impl FileSystem {
             || backend.applied_bytes_since_checkpoint * 4 > usage.data_bytes_normal
             || backend.applied_since_checkpoint * 4 > usage.header_slots_normal
             || dirty_bytes * 2 > reserve_bytes
+            // Freed blocks wait for a checkpoint before reuse: take one before they are a
+            // large share of what the volume could hand out.
+            || pending_free_blocks * 2 > free_blocks
             || backend.last_checkpoint.elapsed() > CHECKPOINT_INTERVAL;
         if !due {
             return Ok(());
@@ -649,6 +701,15 @@ impl FileSystem {
     /// the caller's `with_space` drains the back end and tries again). Called with the front-end
     /// lock held, so appends and the queue stay in lsn order.
     fn append(&self, front: &mut Front, op: Op, reserved_blocks: u64) -> Result<Option<u64>> {
+        // Every checkpoint writes its block images into the log's reserve, and while records
+        // older than them wait, the tail cannot pass those images. A backlog whose application
+        // dirties more than the reserve can hold would leave the back end (and a replay after a
+        // crash) with nowhere to write a checkpoint. So the backlog is bounded by a budget of
+        // image blocks, as well as by log bytes: past it, the caller drains the back end.
+        let image_blocks = reserved_blocks.min(DATA_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
+        if front.queued_image_blocks > 0 && front.queued_image_blocks + image_blocks > front.image_budget_blocks {
+            return Ok(None);
+        }
         if !FileSystem::reserve(front, reserved_blocks) {
             return Ok(None);
         }
@@ -665,7 +726,8 @@ impl FileSystem {
                 return Err(error);
             }
         };
-        self.inner.queue.lock().push_back(Queued { lsn, op: Arc::new(op), reserved_blocks });
+        front.queued_image_blocks += image_blocks;
+        self.inner.queue.lock().push_back(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
         Ok(Some(lsn))
     }
 

@@ -135,6 +135,10 @@ pub struct Front {
     pub free_blocks: u64,
     /// Blocks freed but not reusable before the next checkpoint.
     pub pending_free_blocks: u64,
+    /// Sum of the image-block bounds of the records not yet applied; `append` keeps it within
+    /// `image_budget_blocks`, so a checkpoint covering the whole backlog fits in the log.
+    pub queued_image_blocks: u64,
+    pub image_budget_blocks: u64,
     pub use_clock: u64,
 }
 
