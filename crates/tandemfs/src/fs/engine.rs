@@ -23,8 +23,11 @@ use std::time::{Duration, Instant};
 /// Records applied per back-end pass before the volume lock is let go: small enough that a
 /// front-end lookup waiting for the lock is not held up for long.
 const BATCH_RECORDS_MAX: usize = 32;
-/// Attempts of an operation that must wait for log space or free blocks.
-const SPACE_ATTEMPTS_MAX: usize = 4;
+/// Attempts of an operation that must wait for log space, its share of the backlog or free
+/// blocks. Each failed attempt drains the back end, so one thread always gets through; other
+/// threads may take the room again before this one retries, hence more than a few attempts.
+/// A volume that is really full answers NoSpace after this many drains (each cheap then).
+const SPACE_ATTEMPTS_MAX: usize = 64;
 /// Attempts of an optimistic read before it holds the front end still.
 const READ_ATTEMPTS_MAX: usize = 8;
 /// Symbolic links followed while resolving one path.
@@ -33,8 +36,11 @@ const SYMLINK_FOLLOW_MAX: usize = 40;
 const DEPTH_WALK_MAX: usize = 1 << 16;
 /// A checkpoint is taken at least this often while records are applied.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
-/// Blocks besides its reservation that applying one record may dirty: its inode's table block,
-/// its parent's leaf or index block, a bitmap block.
+/// Blocks besides its new ones that applying one record typically dirties: its inode's table
+/// block, its parent's leaf or index block, a bitmap block. A record's new metadata blocks are
+/// counted up to a namespace operation's reservation; file data goes home from the log's data
+/// ring, not through checkpoint images, and a write's worst-case extent-tree reservation is
+/// rarely used, so the budget below is an average bound with a margin, not a worst case.
 const IMAGE_BLOCKS_PER_RECORD: u64 = 3;
 
 /// How many image blocks the unapplied backlog may stand for: a quarter of the log's reserve, so
@@ -42,7 +48,7 @@ const IMAGE_BLOCKS_PER_RECORD: u64 = 3;
 /// the reserve) and those of the whole backlog fit in it together.
 fn image_budget_blocks(usage: &crate::log::LogUsage) -> u64 {
     let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
-    (reserve_bytes / 4 / BLOCK_SIZE_U64).max(4 * (DATA_RESERVE_BLOCKS + IMAGE_BLOCKS_PER_RECORD))
+    (reserve_bytes / 4 / BLOCK_SIZE_U64).max(8 * (NAMESPACE_RESERVE_BLOCKS + IMAGE_BLOCKS_PER_RECORD))
 }
 
 /// Below this many free blocks, with frees pending, the back end checkpoints before it applies
@@ -706,7 +712,7 @@ impl FileSystem {
         // dirties more than the reserve can hold would leave the back end (and a replay after a
         // crash) with nowhere to write a checkpoint. So the backlog is bounded by a budget of
         // image blocks, as well as by log bytes: past it, the caller drains the back end.
-        let image_blocks = reserved_blocks.min(DATA_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
+        let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
         if front.queued_image_blocks > 0 && front.queued_image_blocks + image_blocks > front.image_budget_blocks {
             return Ok(None);
         }
