@@ -1,6 +1,6 @@
 //! The `FileSystem` handle: front-end operations, the back-end driver, mount and unmount.
 
-use super::front::{Front, InodeView, NameOverlay, PendingWrite};
+use super::front::{Front, InodeView, PendingWrite};
 use super::types::*;
 use crate::backend::record::{AttributeImage, Disposition, Op, RangeKind, RenameKind, XATTR_VALUE_MAX_BYTES};
 use crate::backend::{self, now_ns, Applier};
@@ -225,7 +225,6 @@ impl FileSystem {
         let front = Front {
             views: Default::default(),
             names: Default::default(),
-            lookups: Default::default(),
             inode_numbers,
             next_generation: volume.superblock.next_generation,
             reserved_blocks: 0,
@@ -397,21 +396,15 @@ impl FileSystem {
         {
             let mut front = inner.front.lock();
             for queued in &batch {
-                let lsn = queued.lsn;
-                for key in touched_names(&queued.op) {
-                    if front.names.get(&key).is_some_and(|overlay| overlay.lsn == lsn) {
-                        // Applied: the H-tree now says the same, so the answer moves to the
-                        // lookup cache and the next lookup needs no H-tree walk.
-                        let overlay = front.names.remove(&key).unwrap();
-                        front.make_room_in_lookups();
-                        front.lookups.insert(key, overlay.target);
-                    }
-                }
+                // Names need nothing: an entry of the name table whose record is applied is a
+                // lookup-cache entry from now on (its lsn is at most the applied lsn).
                 front.reserved_blocks -= queued.reserved_blocks;
-                // Deleted inodes included: a view keeps pending writes only while unapplied.
-                for number in touched_inodes(&queued.op) {
-                    if let Some(view) = front.views.get_mut(&number) {
-                        view.forget_writes_through(lsn);
+                // Every pending write has its own record, and applying it makes that write and
+                // all earlier ones of the inode part of the home data. Other records need no
+                // visit: structural ones drop earlier writes when they are made.
+                if let Op::Write { inode, .. } = queued.op.as_ref() {
+                    if let Some(view) = front.views.get_mut(&inode.inode_number) {
+                        view.forget_writes_through(queued.lsn);
                     }
                 }
             }
@@ -583,23 +576,20 @@ impl FileSystem {
         Ok(view)
     }
 
-    /// Resolves a name in a directory: the overlay first, then the applied H-tree.
+    /// Resolves a name in a directory: the name table (overlay and lookup cache, one probe),
+    /// then the applied H-tree.
     fn find_name(&self, front: &mut Front, parent: InodeNumber, name: &[u8]) -> Result<Option<(u64, FileType)>> {
         let view = self.directory_view(front, parent)?;
         let (generation, complete) = (view.attributes.generation, view.complete);
-        let key = (parent, name.to_vec());
-        if let Some(overlay) = front.names.get(&key) {
-            return Ok(overlay.target);
-        }
-        if let Some(cached) = front.lookups.get(&key) {
-            return Ok(*cached);
+        if let Some(entry) = front.names.get(parent, name) {
+            return Ok(entry.target);
         }
         if complete {
             return Ok(None);
         }
         let found = self.find_applied_name(parent, generation, name)?;
-        front.make_room_in_lookups();
-        front.lookups.insert(key, found);
+        front.make_room_for_name(self.applied());
+        front.names.cache_applied(parent, name, found);
         Ok(found)
     }
 
@@ -682,12 +672,11 @@ impl FileSystem {
         Err(Error::NoSpace)
     }
 
-    /// Records a name change in the overlay; the lookup cache forgets the name, since the
-    /// H-tree answer it holds is about to be replaced.
-    fn overlay_name(front: &mut Front, parent: u64, name: &[u8], target: Option<(u64, FileType)>, lsn: u64) {
-        let key = (parent, name.to_vec());
-        front.lookups.remove(&key);
-        front.names.insert(key, NameOverlay { target, lsn });
+    /// Records a name change in the overlay; it replaces whatever the lookup cache held for the
+    /// name, since that H-tree answer is about to change.
+    fn overlay_name(&self, front: &mut Front, parent: u64, name: &[u8], target: Option<(u64, FileType)>, lsn: u64) {
+        front.make_room_for_name(self.applied());
+        front.names.set(parent, name, target, lsn);
     }
 
     fn commit_view(front: &mut Front, image: AttributeImage, lsn: u64, structural: bool) {
@@ -710,6 +699,11 @@ impl FileSystem {
         if name.len() > NAME_MAX_BYTES {
             return Err(Error::NameTooLong);
         }
+        let dots = name == b"." || name == b"..";
+        if !dots {
+            // Before the lock: the front end is held only for the probes.
+            check_name(name)?;
+        }
         let mut front = self.inner.front.lock();
         if name == b"." {
             return Ok(self.directory_view(&mut front, parent)?.to_attributes());
@@ -718,7 +712,6 @@ impl FileSystem {
             let up = self.directory_view(&mut front, parent)?.attributes.parent;
             return Ok(self.view(&mut front, up)?.to_attributes());
         }
-        check_name(name)?;
         let (number, _) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
         Ok(self.view(&mut front, number)?.to_attributes())
     }
@@ -926,7 +919,7 @@ impl FileSystem {
             view.complete = file_type == FileType::Directory;
             let attributes = view.to_attributes();
             front.views.insert(number, view);
-            FileSystem::overlay_name(&mut front, parent, name, Some((number, file_type)), lsn);
+            self.overlay_name(&mut front, parent, name, Some((number, file_type)), lsn);
             Ok(Some(attributes))
         })
     }
@@ -1005,7 +998,7 @@ impl FileSystem {
             FileSystem::commit_view(&mut front, parent_image, lsn, true);
             front.views.get_mut(&new_parent).unwrap().entry_count += 1;
             FileSystem::commit_view(&mut front, image, lsn, false);
-            FileSystem::overlay_name(&mut front, new_parent, new_name, Some((inode, file_type)), lsn);
+            self.overlay_name(&mut front, new_parent, new_name, Some((inode, file_type)), lsn);
             Ok(Some(front.views[&inode].to_attributes()))
         })
     }
@@ -1079,7 +1072,7 @@ impl FileSystem {
             front.views.get_mut(&parent).unwrap().entry_count -= 1;
             FileSystem::commit_view(&mut front, image, lsn, false);
             FileSystem::settle(&mut front, number, disposition);
-            FileSystem::overlay_name(&mut front, parent, name, None, lsn);
+            self.overlay_name(&mut front, parent, name, None, lsn);
             Ok(Some(()))
         })
     }
@@ -1239,12 +1232,10 @@ impl FileSystem {
                 FileSystem::settle(&mut front, other, disposition);
             }
             match (kind, target) {
-                (RenameKind::Exchange, Some(other)) => {
-                    FileSystem::overlay_name(&mut front, parent, name, Some(other), lsn)
-                }
-                _ => FileSystem::overlay_name(&mut front, parent, name, None, lsn),
+                (RenameKind::Exchange, Some(other)) => self.overlay_name(&mut front, parent, name, Some(other), lsn),
+                _ => self.overlay_name(&mut front, parent, name, None, lsn),
             }
-            FileSystem::overlay_name(&mut front, new_parent, new_name, Some((source, source_type)), lsn);
+            self.overlay_name(&mut front, new_parent, new_name, Some((source, source_type)), lsn);
             Ok(Some(()))
         })
     }
@@ -1718,34 +1709,5 @@ impl FileSystem {
             FileSystem::settle(&mut front, inode, Disposition::Reclaim);
             Ok(Some(()))
         })
-    }
-}
-
-/// Inodes whose views a record's application may change.
-fn touched_inodes(op: &Op) -> Vec<u64> {
-    match op {
-        Op::Create { parent, inode, .. } | Op::Link { parent, inode, .. } | Op::Unlink { parent, inode, .. } => {
-            vec![parent.inode_number, inode.inode_number]
-        }
-        Op::Rename { images, .. } => images.iter().map(|image| image.inode_number).collect(),
-        Op::SetAttributes { inode, .. }
-        | Op::Write { inode, .. }
-        | Op::Range { inode, .. }
-        | Op::SetXattr { inode, .. }
-        | Op::RemoveXattr { inode, .. } => vec![inode.inode_number],
-        Op::Reclaim { inode_number } => vec![*inode_number],
-    }
-}
-
-/// Name-overlay keys a record set.
-fn touched_names(op: &Op) -> Vec<(u64, Vec<u8>)> {
-    match op {
-        Op::Create { parent, name, .. } | Op::Link { parent, name, .. } | Op::Unlink { parent, name, .. } => {
-            vec![(parent.inode_number, name.clone())]
-        }
-        Op::Rename { parent, name, new_parent, new_name, .. } => {
-            vec![(*parent, name.clone()), (*new_parent, new_name.clone())]
-        }
-        _ => Vec::new(),
     }
 }
