@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 /// Records applied per back-end pass before the volume lock is let go: small enough that a
 /// front-end lookup waiting for the lock is not held up for long.
 const BATCH_RECORDS_MAX: usize = 32;
-/// Attempts of an operation that must wait for log space or free blocks.
-const SPACE_ATTEMPTS_MAX: usize = 4;
+/// Attempts of an operation that must wait for log space or free blocks: one after a checkpoint
+/// of what is applied, the others after full drains.
+const SPACE_ATTEMPTS_MAX: usize = 5;
 /// Attempts of an optimistic read before it holds the front end still.
 const READ_ATTEMPTS_MAX: usize = 8;
 /// Symbolic links followed while resolving one path.
@@ -657,19 +658,41 @@ impl FileSystem {
         Ok(Some(lsn))
     }
 
-    /// Runs `attempt` until it gets log space and blocks: on `Ok(None)` it drains the back end,
-    /// checkpoints and tries again.
+    /// Runs `attempt` until it gets log space and blocks. On `Ok(None)` it first checkpoints the
+    /// records applied since the last checkpoint, when they are many: that moves the log's tail
+    /// and makes freed blocks reusable without applying anything. Only if that was not enough
+    /// (or too little was applied) does it drain the whole back end and checkpoint.
     fn with_space<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        let mut checkpointed_applied = false;
         for round in 0..SPACE_ATTEMPTS_MAX {
             self.check_running()?;
             if let Some(value) = attempt()? {
                 return Ok(value);
             }
             if round + 1 < SPACE_ATTEMPTS_MAX {
-                self.drain_and_checkpoint()?;
+                if !checkpointed_applied && self.checkpoint_applied()? {
+                    checkpointed_applied = true;
+                } else {
+                    self.drain_and_checkpoint()?;
+                }
             }
         }
         Err(Error::NoSpace)
+    }
+
+    /// Checkpoints the records applied since the last checkpoint when they hold at least a
+    /// sixteenth of the log's normal share (records or bytes); false when they hold less, which
+    /// would not be worth a checkpoint's images.
+    fn checkpoint_applied(&self) -> Result<bool> {
+        let usage = self.inner.log.usage();
+        let mut backend = self.inner.backend_lock.lock();
+        if backend.applied_since_checkpoint * 16 < usage.header_slots_normal
+            && backend.applied_bytes_since_checkpoint * 16 < usage.data_bytes_normal
+        {
+            return Ok(false);
+        }
+        self.maybe_checkpoint(&mut backend, true)?;
+        Ok(true)
     }
 
     /// Records a name change in the overlay; it replaces whatever the lookup cache held for the
