@@ -98,7 +98,9 @@ fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX_BYTES {
         return Err(Error::NameTooLong);
     }
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+    // One pass for both forbidden bytes: two `contains` calls cost two memchr set-ups, which
+    // for a short name is most of a cached lookup's instructions.
+    if name.is_empty() || name == b"." || name == b".." || name.iter().any(|byte| *byte == b'/' || *byte == 0) {
         return Err(Error::invalid(format!("{:?} is not a valid entry name", String::from_utf8_lossy(name))));
     }
     Ok(())
