@@ -1,6 +1,6 @@
 //! The `FileSystem` handle: front-end operations, the back-end driver, mount and unmount.
 
-use super::front::{Front, InodeView, NameOverlay, PendingWrite};
+use super::front::{Front, InodeView, PendingWrite};
 use super::types::*;
 use crate::backend::record::{AttributeImage, Disposition, Op, RangeKind, RenameKind, XATTR_VALUE_MAX_BYTES};
 use crate::backend::{self, now_ns, Applier};
@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 /// front-end lookup waiting for the lock is not held up for long.
 const BATCH_RECORDS_MAX: usize = 32;
 /// Attempts of an operation that must wait for log space, its share of the backlog or free
-/// blocks. Each failed attempt drains the back end, so one thread always gets through; other
-/// threads may take the room again before this one retries, hence more than a few attempts.
-/// A volume that is really full answers NoSpace after this many drains (each cheap then).
+/// blocks: the first after a checkpoint of what is applied, the others after full drains. A
+/// drain lets one thread through; other threads may take the room again before this one
+/// retries, hence more than a few attempts. A volume that is really full answers NoSpace after
+/// this many drains (each cheap then).
 const SPACE_ATTEMPTS_MAX: usize = 64;
 /// Attempts of an optimistic read before it holds the front end still.
 const READ_ATTEMPTS_MAX: usize = 8;
@@ -122,7 +123,9 @@ fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX_BYTES {
         return Err(Error::NameTooLong);
     }
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+    // One pass for both forbidden bytes: two `contains` calls cost two memchr set-ups, which
+    // for a short name is most of a cached lookup's instructions.
+    if name.is_empty() || name == b"." || name == b".." || name.iter().any(|byte| *byte == b'/' || *byte == 0) {
         return Err(Error::invalid(format!("{:?} is not a valid entry name", String::from_utf8_lossy(name))));
     }
     Ok(())
@@ -250,7 +253,6 @@ impl FileSystem {
         let front = Front {
             views: Default::default(),
             names: Default::default(),
-            lookups: Default::default(),
             inode_numbers,
             next_generation: volume.superblock.next_generation,
             reserved_blocks: 0,
@@ -446,22 +448,16 @@ impl FileSystem {
         {
             let mut front = inner.front.lock();
             for queued in &batch {
-                let lsn = queued.lsn;
-                for key in touched_names(&queued.op) {
-                    if front.names.get(&key).is_some_and(|overlay| overlay.lsn == lsn) {
-                        // Applied: the H-tree now says the same, so the answer moves to the
-                        // lookup cache and the next lookup needs no H-tree walk.
-                        let overlay = front.names.remove(&key).unwrap();
-                        front.make_room_in_lookups();
-                        front.lookups.insert(key, overlay.target);
-                    }
-                }
+                // Names need nothing: an entry of the name table whose record is applied is a
+                // lookup-cache entry from now on (its lsn is at most the applied lsn).
                 front.reserved_blocks -= queued.reserved_blocks;
                 front.queued_image_blocks -= queued.image_blocks;
-                // Deleted inodes included: a view keeps pending writes only while unapplied.
-                for number in touched_inodes(&queued.op) {
-                    if let Some(view) = front.views.get_mut(&number) {
-                        view.forget_writes_through(lsn);
+                // Every pending write has its own record, and applying it makes that write and
+                // all earlier ones of the inode part of the home data. Other records need no
+                // visit: structural ones drop earlier writes when they are made.
+                if let Op::Write { inode, .. } = queued.op.as_ref() {
+                    if let Some(view) = front.views.get_mut(&inode.inode_number) {
+                        view.forget_writes_through(queued.lsn);
                     }
                 }
             }
@@ -643,23 +639,20 @@ impl FileSystem {
         Ok(view)
     }
 
-    /// Resolves a name in a directory: the overlay first, then the applied H-tree.
+    /// Resolves a name in a directory: the name table (overlay and lookup cache, one probe),
+    /// then the applied H-tree.
     fn find_name(&self, front: &mut Front, parent: InodeNumber, name: &[u8]) -> Result<Option<(u64, FileType)>> {
         let view = self.directory_view(front, parent)?;
         let (generation, complete) = (view.attributes.generation, view.complete);
-        let key = (parent, name.to_vec());
-        if let Some(overlay) = front.names.get(&key) {
-            return Ok(overlay.target);
-        }
-        if let Some(cached) = front.lookups.get(&key) {
-            return Ok(*cached);
+        if let Some(entry) = front.names.get(parent, name) {
+            return Ok(entry.target);
         }
         if complete {
             return Ok(None);
         }
         let found = self.find_applied_name(parent, generation, name)?;
-        front.make_room_in_lookups();
-        front.lookups.insert(key, found);
+        front.make_room_for_name(self.applied());
+        front.names.cache_applied(parent, name, found);
         Ok(found)
     }
 
@@ -737,27 +730,48 @@ impl FileSystem {
         Ok(Some(lsn))
     }
 
-    /// Runs `attempt` until it gets log space and blocks: on `Ok(None)` it drains the back end,
-    /// checkpoints and tries again.
+    /// Runs `attempt` until it gets log space and blocks. On `Ok(None)` it first checkpoints the
+    /// records applied since the last checkpoint, when they are many: that moves the log's tail
+    /// and makes freed blocks reusable without applying anything. Only if that was not enough
+    /// (or too little was applied) does it drain the whole back end and checkpoint.
     fn with_space<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        let mut checkpointed_applied = false;
         for round in 0..SPACE_ATTEMPTS_MAX {
             self.check_running()?;
             if let Some(value) = attempt()? {
                 return Ok(value);
             }
             if round + 1 < SPACE_ATTEMPTS_MAX {
-                self.drain_and_checkpoint()?;
+                if !checkpointed_applied && self.checkpoint_applied()? {
+                    checkpointed_applied = true;
+                } else {
+                    self.drain_and_checkpoint()?;
+                }
             }
         }
         Err(Error::NoSpace)
     }
 
-    /// Records a name change in the overlay; the lookup cache forgets the name, since the
-    /// H-tree answer it holds is about to be replaced.
-    fn overlay_name(front: &mut Front, parent: u64, name: &[u8], target: Option<(u64, FileType)>, lsn: u64) {
-        let key = (parent, name.to_vec());
-        front.lookups.remove(&key);
-        front.names.insert(key, NameOverlay { target, lsn });
+    /// Checkpoints the records applied since the last checkpoint when they hold at least a
+    /// sixteenth of the log's normal share (records or bytes); false when they hold less, which
+    /// would not be worth a checkpoint's images.
+    fn checkpoint_applied(&self) -> Result<bool> {
+        let usage = self.inner.log.usage();
+        let mut backend = self.inner.backend_lock.lock();
+        if backend.applied_since_checkpoint * 16 < usage.header_slots_normal
+            && backend.applied_bytes_since_checkpoint * 16 < usage.data_bytes_normal
+        {
+            return Ok(false);
+        }
+        self.maybe_checkpoint(&mut backend, true)?;
+        Ok(true)
+    }
+
+    /// Records a name change in the overlay; it replaces whatever the lookup cache held for the
+    /// name, since that H-tree answer is about to change.
+    fn overlay_name(&self, front: &mut Front, parent: u64, name: &[u8], target: Option<(u64, FileType)>, lsn: u64) {
+        front.make_room_for_name(self.applied());
+        front.names.set(parent, name, target, lsn);
     }
 
     fn commit_view(front: &mut Front, image: AttributeImage, lsn: u64, structural: bool) {
@@ -780,6 +794,11 @@ impl FileSystem {
         if name.len() > NAME_MAX_BYTES {
             return Err(Error::NameTooLong);
         }
+        let dots = name == b"." || name == b"..";
+        if !dots {
+            // Before the lock: the front end is held only for the probes.
+            check_name(name)?;
+        }
         let mut front = self.inner.front.lock();
         if name == b"." {
             return Ok(self.directory_view(&mut front, parent)?.to_attributes());
@@ -788,7 +807,6 @@ impl FileSystem {
             let up = self.directory_view(&mut front, parent)?.attributes.parent;
             return Ok(self.view(&mut front, up)?.to_attributes());
         }
-        check_name(name)?;
         let (number, _) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
         Ok(self.view(&mut front, number)?.to_attributes())
     }
@@ -997,7 +1015,7 @@ impl FileSystem {
             view.complete = file_type == FileType::Directory;
             let attributes = view.to_attributes();
             front.views.insert(number, view);
-            FileSystem::overlay_name(&mut front, parent, name, Some((number, file_type)), lsn);
+            self.overlay_name(&mut front, parent, name, Some((number, file_type)), lsn);
             Ok(Some(attributes))
         })
     }
@@ -1076,7 +1094,7 @@ impl FileSystem {
             FileSystem::commit_view(&mut front, parent_image, lsn, true);
             front.views.get_mut(&new_parent).unwrap().entry_count += 1;
             FileSystem::commit_view(&mut front, image, lsn, false);
-            FileSystem::overlay_name(&mut front, new_parent, new_name, Some((inode, file_type)), lsn);
+            self.overlay_name(&mut front, new_parent, new_name, Some((inode, file_type)), lsn);
             Ok(Some(front.views[&inode].to_attributes()))
         })
     }
@@ -1150,7 +1168,7 @@ impl FileSystem {
             front.views.get_mut(&parent).unwrap().entry_count -= 1;
             FileSystem::commit_view(&mut front, image, lsn, false);
             FileSystem::settle(&mut front, number, disposition);
-            FileSystem::overlay_name(&mut front, parent, name, None, lsn);
+            self.overlay_name(&mut front, parent, name, None, lsn);
             Ok(Some(()))
         })
     }
@@ -1315,12 +1333,10 @@ impl FileSystem {
                 FileSystem::settle(&mut front, other, disposition);
             }
             match (kind, target) {
-                (RenameKind::Exchange, Some(other)) => {
-                    FileSystem::overlay_name(&mut front, parent, name, Some(other), lsn)
-                }
-                _ => FileSystem::overlay_name(&mut front, parent, name, None, lsn),
+                (RenameKind::Exchange, Some(other)) => self.overlay_name(&mut front, parent, name, Some(other), lsn),
+                _ => self.overlay_name(&mut front, parent, name, None, lsn),
             }
-            FileSystem::overlay_name(&mut front, new_parent, new_name, Some((source, source_type)), lsn);
+            self.overlay_name(&mut front, new_parent, new_name, Some((source, source_type)), lsn);
             Ok(Some(()))
         })
     }
@@ -1816,34 +1832,5 @@ impl FileSystem {
             FileSystem::settle(&mut front, inode, Disposition::Reclaim);
             Ok(Some(()))
         })
-    }
-}
-
-/// Inodes whose views a record's application may change.
-fn touched_inodes(op: &Op) -> Vec<u64> {
-    match op {
-        Op::Create { parent, inode, .. } | Op::Link { parent, inode, .. } | Op::Unlink { parent, inode, .. } => {
-            vec![parent.inode_number, inode.inode_number]
-        }
-        Op::Rename { images, .. } => images.iter().map(|image| image.inode_number).collect(),
-        Op::SetAttributes { inode, .. }
-        | Op::Write { inode, .. }
-        | Op::Range { inode, .. }
-        | Op::SetXattr { inode, .. }
-        | Op::RemoveXattr { inode, .. } => vec![inode.inode_number],
-        Op::Reclaim { inode_number } => vec![*inode_number],
-    }
-}
-
-/// Name-overlay keys a record set.
-fn touched_names(op: &Op) -> Vec<(u64, Vec<u8>)> {
-    match op {
-        Op::Create { parent, name, .. } | Op::Link { parent, name, .. } | Op::Unlink { parent, name, .. } => {
-            vec![(parent.inode_number, name.clone())]
-        }
-        Op::Rename { parent, name, new_parent, new_name, .. } => {
-            vec![(*parent, name.clone()), (*new_parent, new_name.clone())]
-        }
-        _ => Vec::new(),
     }
 }
