@@ -260,6 +260,7 @@ impl FileSystem {
             pending_free_blocks: 0,
             queued_image_blocks: 0,
             image_budget_blocks: image_budget_blocks(&log.usage()),
+            refused_for_backlog: false,
             use_clock: 0,
         };
         let usage = log.usage();
@@ -538,6 +539,14 @@ impl FileSystem {
     /// Makes every appended record durable, applies all of them and checkpoints: frees log
     /// space, returns reserved blocks and makes freed blocks reusable.
     fn drain_and_checkpoint(&self) -> Result<()> {
+        self.drain()?;
+        let mut backend = self.inner.backend_lock.lock();
+        self.maybe_checkpoint(&mut backend, true)
+    }
+
+    /// Makes every appended record durable and applies all of them; checkpoints only where the
+    /// back end's own rules call for one.
+    fn drain(&self) -> Result<()> {
         // Checkpoint records never enter the queue: an empty queue after a flush means every
         // logical record is applied.
         let mut rounds = 0usize;
@@ -550,8 +559,7 @@ impl FileSystem {
             assert!(rounds < 1 << 20, "back end makes no progress");
             self.backend_pass()?;
         }
-        let mut backend = self.inner.backend_lock.lock();
-        self.maybe_checkpoint(&mut backend, true)
+        Ok(())
     }
 
     /// Waits until the record `lsn` has been applied.
@@ -707,6 +715,7 @@ impl FileSystem {
         // image blocks, as well as by log bytes: past it, the caller drains the back end.
         let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
         if front.queued_image_blocks > 0 && front.queued_image_blocks + image_blocks > front.image_budget_blocks {
+            front.refused_for_backlog = true;
             return Ok(None);
         }
         if !FileSystem::reserve(front, reserved_blocks) {
@@ -742,7 +751,11 @@ impl FileSystem {
                 return Ok(value);
             }
             if round + 1 < SPACE_ATTEMPTS_MAX {
-                if !checkpointed_applied && self.checkpoint_applied()? {
+                // Refused only because the backlog stands for too many checkpoint images:
+                // applying it is all that is needed, the back end checkpoints as it goes.
+                if std::mem::take(&mut self.inner.front.lock().refused_for_backlog) {
+                    self.drain()?;
+                } else if !checkpointed_applied && self.checkpoint_applied()? {
                     checkpointed_applied = true;
                 } else {
                     self.drain_and_checkpoint()?;

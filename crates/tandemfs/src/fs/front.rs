@@ -330,6 +330,8 @@ pub struct Front {
     /// `image_budget_blocks`, so a checkpoint covering the whole backlog fits in the log.
     pub queued_image_blocks: u64,
     pub image_budget_blocks: u64,
+    /// The last refused append was refused for the backlog bound alone (see `with_space`).
+    pub refused_for_backlog: bool,
     pub use_clock: u64,
 }
 
