@@ -86,43 +86,34 @@ impl Isal {
         seconds: f64,
     ) -> (bool, Measurement) {
         let k = inputs.len();
-        assert_eq!(matrix.len(), rows * k);
-        let shard_bytes = inputs[0].len();
-        let mut tables = vec![0u8; 32 * k * rows];
-        let mut outputs = vec![vec![0u8; shard_bytes]; rows];
-        // SAFETY: tables sized 32·k·rows as ISA-L's header documents.
-        unsafe { (self.init_tables)(k as c_int, rows as c_int, matrix.as_ptr(), tables.as_mut_ptr()) };
-        let input_pointers: Vec<*const u8> = inputs.iter().map(|shard| shard.as_ptr()).collect();
-        let output_pointers: Vec<*mut u8> = outputs.iter_mut().map(|shard| shard.as_mut_ptr()).collect();
-        let measurement = measure(shard_bytes * k, seconds, || unsafe {
-            // SAFETY: k inputs and `rows` outputs of shard_bytes each.
-            (self.encode_data)(
-                shard_bytes as c_int,
-                k as c_int,
-                rows as c_int,
-                tables.as_ptr(),
-                input_pointers.as_ptr(),
-                output_pointers.as_ptr(),
-            );
-        });
+        let tables = self.tables_for(matrix, k, rows);
+        let mut outputs = vec![vec![0u8; inputs[0].len()]; rows];
+        let measurement =
+            measure(inputs[0].len() * k, seconds, || self.encode_with_tables(&tables, inputs, &mut outputs));
         let agrees = outputs.iter().zip(expected).all(|(ours, theirs)| ours.as_slice() == *theirs);
         (agrees, measurement)
+    }
+
+    /// ISA-L's expanded tables for `matrix` (rows × k, row-major).
+    fn tables_for(&self, matrix: &[u8], k: usize, rows: usize) -> Vec<u8> {
+        assert_eq!(matrix.len(), rows * k);
+        let mut tables = vec![0u8; 32 * k * rows];
+        // SAFETY: tables sized 32·k·rows as ISA-L's header documents.
+        unsafe { (self.init_tables)(k as c_int, rows as c_int, matrix.as_ptr(), tables.as_mut_ptr()) };
+        tables
     }
 
     /// ISA-L's expanded tables for its Cauchy code with k data and m parity shards.
     pub fn cauchy_tables(&self, k: usize, m: usize) -> Vec<u8> {
         assert!(k >= 1 && m >= 1 && k + m <= 256);
         let mut matrix = vec![0u8; (k + m) * k];
-        let mut tables = vec![0u8; 32 * k * m];
-        // SAFETY: buffers sized as ISA-L's header documents: (k+m)×k matrix, 32·k·m tables.
-        unsafe {
-            (self.generate_cauchy)(matrix.as_mut_ptr(), (k + m) as c_int, k as c_int);
-            (self.init_tables)(k as c_int, m as c_int, matrix[k * k..].as_ptr(), tables.as_mut_ptr());
-        }
-        tables
+        // SAFETY: a (k+m)×k matrix, as ISA-L's header documents.
+        unsafe { (self.generate_cauchy)(matrix.as_mut_ptr(), (k + m) as c_int, k as c_int) };
+        self.tables_for(&matrix[k * k..], k, m)
     }
 
-    /// One ISA-L encode of `data` into `parity` with tables from [`Isal::cauchy_tables`].
+    /// One ISA-L encode of `data` into `parity` with expanded tables for that many inputs and
+    /// outputs ([`Isal::cauchy_tables`], or a decode matrix's).
     pub fn encode_with_tables(&self, tables: &[u8], data: &[&[u8]], parity: &mut [Vec<u8>]) {
         let (k, m) = (data.len(), parity.len());
         assert_eq!(tables.len(), 32 * k * m);
@@ -154,28 +145,9 @@ impl Isal {
         our_parity: &[Vec<u8>],
         seconds: f64,
     ) -> (bool, Measurement) {
-        let shard_bytes = data[0].len();
-        let mut matrix = vec![0u8; (k + m) * k];
-        let mut tables = vec![0u8; 32 * k * m];
-        let mut parity = vec![vec![0u8; shard_bytes]; m];
-        // SAFETY: buffers sized as ISA-L's header documents: (k+m)×k matrix, 32·k·m tables.
-        unsafe {
-            (self.generate_cauchy)(matrix.as_mut_ptr(), (k + m) as c_int, k as c_int);
-            (self.init_tables)(k as c_int, m as c_int, matrix[k * k..].as_ptr(), tables.as_mut_ptr());
-        }
-        let inputs: Vec<*const u8> = data.iter().map(|shard| shard.as_ptr()).collect();
-        let outputs: Vec<*mut u8> = parity.iter_mut().map(|shard| shard.as_mut_ptr()).collect();
-        let measurement = measure(shard_bytes * k, seconds, || unsafe {
-            // SAFETY: k inputs and m outputs of shard_bytes each.
-            (self.encode_data)(
-                shard_bytes as c_int,
-                k as c_int,
-                m as c_int,
-                tables.as_ptr(),
-                inputs.as_ptr(),
-                outputs.as_ptr(),
-            );
-        });
+        let tables = self.cauchy_tables(k, m);
+        let mut parity = vec![vec![0u8; data[0].len()]; m];
+        let measurement = measure(data[0].len() * k, seconds, || self.encode_with_tables(&tables, data, &mut parity));
         (parity.as_slice() == our_parity, measurement)
     }
 }

@@ -504,7 +504,8 @@ pub struct IndexNode {
     pub entries: Vec<(u32, u64)>,
 }
 
-pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) -> Result<IndexNode> {
+/// Checks an index block's header; returns its entry count (1..=INDEX_CAPACITY).
+fn check_index_header(block: &BlockBuf, block_number: u64, expected_level: u16) -> Result<usize> {
     let fail = |what: String| Err(Error::corruption(format!("directory index block {block_number}: {what}")));
     let magic = read_u32(&block[..], INDEX_MAGIC_OFFSET);
     if magic != INDEX_MAGIC {
@@ -521,6 +522,25 @@ pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) ->
     if read_u64(&block[..], INDEX_RESERVED_OFFSET) != 0 {
         return fail("reserved header field is not zero".into());
     }
+    Ok(count)
+}
+
+/// Checks an index entry's target: a dummy's position at level 0, a block number above.
+fn check_index_target(level: u16, block_number: u64, index: usize, target: u64) -> Result<()> {
+    if level == 0 {
+        split_position(target, &|| format!("directory index block {block_number} entry {index}"))?;
+    } else if target == 0 || target > MAX_POSITION_BLOCK {
+        return Err(Error::corruption(format!(
+            "directory index block {block_number}: entry {index} child block {target} out of range"
+        )));
+    }
+    Ok(())
+}
+
+pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) -> Result<IndexNode> {
+    let fail = |what: String| Err(Error::corruption(format!("directory index block {block_number}: {what}")));
+    let count = check_index_header(block, block_number, expected_level)?;
+    let level = expected_level;
     let mut entries = Vec::with_capacity(count);
     for index in 0..count {
         let base = INDEX_HEADER_BYTES + index * INDEX_ENTRY_BYTES;
@@ -537,11 +557,7 @@ pub fn decode_index(block: &BlockBuf, block_number: u64, expected_level: u16) ->
                 return fail(format!("entry {index} hash {hash:#x} not above {previous:#x}"));
             }
         }
-        if level == 0 {
-            split_position(target, &|| format!("directory index block {block_number} entry {index}"))?;
-        } else if target == 0 || target > MAX_POSITION_BLOCK {
-            return fail(format!("entry {index} child block {target} out of range"));
-        }
+        check_index_target(level, block_number, index, target)?;
         entries.push((hash, target));
     }
     Ok(IndexNode { level, entries })
@@ -566,21 +582,8 @@ pub fn search_index_block(
     expected_lowest: u32,
 ) -> Result<IndexChoice> {
     let fail = |what: String| Err(Error::corruption(format!("directory index block {block_number}: {what}")));
-    let magic = read_u32(&block[..], INDEX_MAGIC_OFFSET);
-    if magic != INDEX_MAGIC {
-        return fail(format!("magic {magic:#010x}"));
-    }
-    let level = read_u16(&block[..], INDEX_LEVEL_OFFSET);
-    if level != expected_level {
-        return fail(format!("level {level}, expected {expected_level}"));
-    }
-    let count = read_u16(&block[..], INDEX_COUNT_OFFSET) as usize;
-    if count == 0 || count > INDEX_CAPACITY {
-        return fail(format!("entry count {count} outside 1..={INDEX_CAPACITY}"));
-    }
-    if read_u64(&block[..], INDEX_RESERVED_OFFSET) != 0 {
-        return fail("reserved header field is not zero".into());
-    }
+    let count = check_index_header(block, block_number, expected_level)?;
+    let level = expected_level;
     let entry_hash = |index: usize| read_u32(&block[..], INDEX_HEADER_BYTES + index * INDEX_ENTRY_BYTES);
     let lowest = entry_hash(0);
     if lowest != expected_lowest {
@@ -618,21 +621,11 @@ pub fn search_index_block(
     if chosen + 1 < count && entry_hash(chosen + 1) <= chosen_hash {
         return fail(format!("entry {} hash not above {chosen_hash:#x}", chosen + 1));
     }
-    let check_target = |index: usize, target: u64| -> Result<()> {
-        if level == 0 {
-            split_position(target, &|| format!("directory index block {block_number} entry {index}"))?;
-        } else if target == 0 || target > MAX_POSITION_BLOCK {
-            return Err(Error::corruption(format!(
-                "directory index block {block_number}: entry {index} child block {target} out of range"
-            )));
-        }
-        Ok(())
-    };
-    check_target(chosen, target)?;
+    check_index_target(level, block_number, chosen, target)?;
     let next_target = if chosen + 1 < count {
         let next_target =
             read_u64(&block[..], INDEX_HEADER_BYTES + (chosen + 1) * INDEX_ENTRY_BYTES + INDEX_ENTRY_TARGET_OFFSET);
-        check_target(chosen + 1, next_target)?;
+        check_index_target(level, block_number, chosen + 1, next_target)?;
         Some(next_target)
     } else {
         None
