@@ -43,7 +43,17 @@ pub struct MetaArguments {
     /// volume) room for 100,000 creates between checkpoints
     #[arg(long, value_parser = parse_nonzero_size, default_value = "4G")]
     pub size: u64,
+    /// Thread scaling instead: create, stat and unlink with each of these thread counts
+    /// (e.g. 1,2,4,8,16), each thread in its own directory and then all in one shared directory
+    #[arg(long, value_parser = super::scaling::parse_threads)]
+    pub threads: Option<Threads>,
+    /// With --threads: files each thread creates, stats and unlinks per round
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub files_per_thread: u64,
 }
+
+/// A list of thread counts (its own type, so that clap takes the list as one value).
+pub type Threads = Vec<usize>;
 
 /// One measured column of the table.
 pub struct Column {
@@ -86,6 +96,9 @@ fn measure_library(
 }
 
 pub fn run(arguments: MetaArguments) -> CliResult<i32> {
+    if let Some(threads) = arguments.threads.clone() {
+        return run_scaling(&arguments, threads);
+    }
     let size = WorkloadSize::new(arguments.count as usize, arguments.appends as usize);
     let rounds = arguments.rounds as usize;
     let scratch = super::scratch_directory();
@@ -170,6 +183,29 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
         }
         Err(CliError::new(format!("{} of the measurements failed (see above)", failures.len())))
     }
+}
+
+fn run_scaling(arguments: &MetaArguments, threads: Threads) -> CliResult<i32> {
+    let scratch = super::scratch_directory();
+    super::require_free_space(&scratch, arguments.size * 2, "lower --size")?;
+    let with_ext4 = if arguments.no_ext4 {
+        false
+    } else if let Some(reason) = Ext4Volume::unavailable_reason() {
+        println!("ext4 skipped: {reason}");
+        false
+    } else {
+        true
+    };
+    let run = super::scaling::ScalingRun {
+        threads,
+        files_per_thread: arguments.files_per_thread,
+        rounds: arguments.rounds as usize,
+        volume_bytes: arguments.size,
+        scratch,
+        with_ext4,
+    };
+    super::contain_panic("the engine", || run.run()).map_err(CliError::new)?;
+    Ok(EXIT_SUCCESS)
 }
 
 /// Prints every column, then each (ours, theirs, header) pair as a speed-up of ours over theirs;

@@ -6,6 +6,7 @@ pub mod library;
 pub mod meta;
 pub mod mount;
 pub mod passthrough;
+pub mod scaling;
 pub mod system;
 pub mod table;
 pub mod workload;

@@ -12,6 +12,7 @@
 //! A crash before 2 completes leaves the old checkpoint and the log intact; after it, mount
 //! finds the commit, writes its images home again and finishes step 4.
 
+pub mod driver;
 pub mod record;
 
 use crate::block::codec::Decoder;

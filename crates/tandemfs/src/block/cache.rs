@@ -92,7 +92,9 @@ impl BlockCache {
         if let Some(old) = self.entries.insert(block_number, Entry { block, kind, dirty: false, stamp }) {
             assert!(!old.dirty, "clean insert over dirty block {block_number}");
         }
-        self.evict();
+        // The caller reads the block it just inserted (and may modify it next): it must not be
+        // the victim, even when every other entry is dirty and pinned.
+        self.evict(Some(block_number));
     }
 
     /// Stores a changed block; it stays until the next checkpoint takes it.
@@ -113,7 +115,7 @@ impl BlockCache {
                 self.dirty_count += 1;
             }
         }
-        self.evict();
+        self.evict(None);
     }
 
     /// Forgets a freed block, dirty or not: its image must never be written again.
@@ -154,7 +156,7 @@ impl BlockCache {
                 }
             }
         }
-        self.evict();
+        self.evict(None);
     }
 
     /// Rebuilds the recency queue when stale elements dominate it.
@@ -166,13 +168,15 @@ impl BlockCache {
         }
     }
 
-    fn evict(&mut self) {
+    /// Drops clean blocks, least recently used first, down to the capacity; never `keep`.
+    fn evict(&mut self, keep: Option<u64>) {
         self.bound_recency();
         let mut budget = self.recency.len();
         while self.entries.len() > self.capacity_blocks && budget > 0 {
             budget -= 1;
             let Some((block_number, stamp)) = self.recency.pop_front() else { break };
-            let evictable = self.entries.get(&block_number).is_some_and(|entry| entry.stamp == stamp && !entry.dirty);
+            let evictable = Some(block_number) != keep
+                && self.entries.get(&block_number).is_some_and(|entry| entry.stamp == stamp && !entry.dirty);
             if evictable {
                 self.entries.remove(&block_number);
             } else if self.entries.get(&block_number).is_some_and(|entry| entry.stamp == stamp) {
@@ -216,5 +220,16 @@ mod tests {
         cache.mark_clean(&numbers);
         assert_eq!(cache.dirty_count(), 0);
         assert!(cache.entries.len() <= 16);
+    }
+
+    #[test]
+    fn a_clean_insert_into_a_cache_full_of_dirty_blocks_keeps_the_new_block() {
+        let mut cache = BlockCache::new(16);
+        for block in 0..16u64 {
+            cache.put_dirty(block, BlockKind::InodeTable, Arc::new(zeroed_block()));
+        }
+        cache.insert_clean(100, BlockKind::InodeTable, Arc::new(zeroed_block()));
+        assert!(cache.contains(100, BlockKind::InodeTable), "the block just read must stay cached");
+        assert!(cache.modify(100, BlockKind::InodeTable).is_some());
     }
 }

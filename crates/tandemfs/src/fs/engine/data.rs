@@ -57,7 +57,7 @@ impl FileSystem {
             };
             let target = &mut buffer[..length];
             {
-                let mut volume = self.inner.volume.lock();
+                let mut volume = self.inner.backend.volume();
                 let home = volume.read_inode(inode)?;
                 let root = ExtentRoot::decode(&home.root_area)?;
                 let read = extent::read(&mut *volume, &root, offset, target)?;

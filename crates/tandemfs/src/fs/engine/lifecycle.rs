@@ -117,98 +117,54 @@ impl FileSystem {
         let usage = log.usage();
         // A record must fit the log many times over; a write larger than this is split.
         let max_record_data_bytes = ((usage.data_bytes_normal / 16) as usize).clamp(4096, 1 << 20);
-        let inner = Arc::new(Inner {
-            device,
-            log,
-            volume: Mutex::new(volume),
-            applier,
-            front: Mutex::new(front),
-            queue: Mutex::new(VecDeque::new()),
-            queue_signal: Condvar::new(),
-            applied_lsn: Mutex::new(last_lsn),
-            applied_signal: Condvar::new(),
-            backend_lock: Mutex::new(BackendState {
-                last_checkpoint: Instant::now(),
-                applied_since_checkpoint: 0,
-                applied_bytes_since_checkpoint: 0,
-            }),
-            state: std::sync::atomic::AtomicU8::new(STATE_RUNNING),
-            failure: Mutex::new(None),
-            stop: AtomicBool::new(false),
-            options: options.clone(),
-            inode_count,
-            max_record_data_bytes,
-            checkpoints: AtomicU64::new(0),
-            thread: Mutex::new(None),
-        });
+        let backend = Backend::new(volume, log.clone(), applier, last_lsn, options.background_backend);
+        let inner =
+            Arc::new(Inner { device, log, backend, front: Mutex::new(front), inode_count, max_record_data_bytes });
         let file_system = FileSystem { inner };
         if options.background_backend {
-            let worker = file_system.clone();
-            let handle = std::thread::Builder::new()
-                .name("tandem-backend".into())
-                .spawn(move || worker.backend_thread())
-                .map_err(|error| Error::Io { operation: "start back-end thread", offset: 0, source: error })?;
-            *file_system.inner.thread.lock() = Some(handle);
+            file_system.inner.backend.start(Arc::new(file_system.clone()))?;
         }
         Ok((file_system, report))
     }
 
-    /// Applies and checkpoints everything, marks the volume clean. Later calls fail with `Shutdown`.
+    /// Applies and checkpoints everything, marks the volume clean. Later calls fail with
+    /// `Shutdown`. A failed volume is left as the failure found it (the next mount replays), but
+    /// unmount still stops the back end and returns the failure.
     pub fn unmount(&self) -> Result<()> {
         let inner = &self.inner;
-        if inner.state.load(Ordering::Acquire) == STATE_UNMOUNTED {
+        let backend = &inner.backend;
+        if backend.is_stopped() {
             return Ok(());
         }
         let result = (|| {
             self.check_running()?;
             inner.log.flush()?;
-            self.drain_and_checkpoint()?;
-            Ok(())
+            self.drain_and_checkpoint()
         })();
-        inner.stop.store(true, Ordering::Release);
-        inner.queue_signal.notify_all();
-        if let Some(handle) = inner.thread.lock().take() {
-            let _ = handle.join();
+        backend.stop();
+        if let Err(error) = result {
+            let _ = inner.log.shutdown();
+            return Err(match backend.failure() {
+                Some(reason) => Error::invalid(format!("volume failed earlier: {reason}")),
+                None => error,
+            });
         }
-        result?;
-        let _backend = inner.backend_lock.lock();
-        let mut volume = inner.volume.lock();
+        let mut volume = backend.volume();
         let superblock = &mut volume.superblock;
         superblock.state = STATE_CLEAN;
         superblock.sequence += 1;
         superblock.write(inner.device.as_ref())?;
         inner.device.flush()?;
         inner.log.shutdown()?;
-        inner.state.store(STATE_UNMOUNTED, Ordering::Release);
+        backend.mark_stopped();
         Ok(())
-    }
-
-    pub(super) fn check_running(&self) -> Result<()> {
-        match self.inner.state.load(Ordering::Acquire) {
-            STATE_RUNNING => Ok(()),
-            _ => Err(Error::Shutdown),
-        }
-    }
-
-    pub(super) fn fail(&self, error: &Error) {
-        let mut failure = self.inner.failure.lock();
-        if failure.is_none() {
-            *failure = Some(error.to_string());
-        }
-        self.inner.state.store(STATE_FAILED, Ordering::Release);
-        self.inner.applied_signal.notify_all();
-    }
-
-    /// Why the volume stopped accepting changes, if it did.
-    pub fn failure(&self) -> Option<String> {
-        self.inner.failure.lock().clone()
     }
 
     // ------------------------------------------------------------------ volume
 
     pub fn statistics(&self) -> Result<VolumeStatistics> {
         let front = self.inner.front.lock();
-        let volume = self.inner.volume.lock();
+        let volume = self.inner.backend.volume();
         Ok(VolumeStatistics {
             block_size_bytes: BLOCK_SIZE_U64 as u32,
             blocks_total: volume.superblock.block_count,
@@ -223,7 +179,7 @@ impl FileSystem {
 
     pub fn log_statistics(&self) -> LogStatistics {
         let usage = self.inner.log.usage();
-        let checkpoint_lsn = self.inner.volume.lock().superblock.checkpoint_lsn;
+        let checkpoint_lsn = self.inner.backend.volume().superblock.checkpoint_lsn;
         LogStatistics {
             header_slots: usage.header_slots_capacity,
             data_bytes: usage.data_bytes_capacity,
@@ -233,7 +189,7 @@ impl FileSystem {
             durable_lsn: self.inner.log.durable_lsn(),
             applied_lsn: self.applied(),
             checkpoint_lsn,
-            checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),
+            checkpoints: self.inner.backend.checkpoints(),
         }
     }
 

@@ -1,18 +1,19 @@
 //! The `FileSystem` handle: the shared state and the front-end helpers every operation uses.
 //! The operations live in the files beside this one, one per section: `lifecycle` (format,
-//! mount, unmount, durability), `driver` (the back end's thread and checkpoint policy),
-//! `namespace`, `data` and `xattrs`.
+//! mount, unmount, durability), `namespace`, `data` and `xattrs`. The back end (its thread,
+//! queue, checkpoint policy and failure latch) is `backend::driver::Backend`; this handle only
+//! drives it and keeps the front end's state current through `FrontSink`.
 
 mod data;
-mod driver;
 mod lifecycle;
 mod namespace;
 mod xattrs;
 
 use super::front::{Front, InodeView, PendingWrite};
 use super::types::*;
+use crate::backend::driver::{Backend, BatchSummary, FrontSink};
 use crate::backend::record::{AttributeImage, Disposition, Op, RangeKind, RenameKind, XATTR_VALUE_MAX_BYTES};
-use crate::backend::{self, now_ns, Applier};
+use crate::backend::{self, now_ns};
 use crate::block::bitmap::Bitmap;
 use crate::block::inode::Inode;
 use crate::block::meta::{BlockKind, BLOCK_SIZE_U64};
@@ -23,15 +24,9 @@ use crate::dir::{self, DirRoot};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot, MAX_FILE_BYTES};
 use crate::log::{Log, LogOptions};
-use parking_lot::{Condvar, Mutex};
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use parking_lot::Mutex;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-/// Records applied per back-end pass before the volume lock is let go: small enough that a
-/// front-end lookup waiting for the lock is not held up for long.
-const BATCH_RECORDS_MAX: usize = 32;
 /// Attempts of an operation that must wait for log space, its share of the backlog or free
 /// blocks: the first after a checkpoint of what is applied, the others after full drains. A
 /// drain lets one thread through; other threads may take the room again before this one
@@ -44,8 +39,6 @@ const READ_ATTEMPTS_MAX: usize = 8;
 const SYMLINK_FOLLOW_MAX: usize = 40;
 /// Directory levels walked looking for a rename loop.
 const DEPTH_WALK_MAX: usize = 1 << 16;
-/// A checkpoint is taken at least this often while records are applied.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 /// Blocks besides its new ones that applying one record typically dirties: its inode's table
 /// block, its parent's leaf or index block, a bitmap block. A record's new metadata blocks are
 /// counted up to a namespace operation's reservation; file data goes home from the log's data
@@ -61,9 +54,6 @@ fn image_budget_blocks(usage: &crate::log::LogUsage) -> u64 {
     (reserve_bytes / 4 / BLOCK_SIZE_U64).max(8 * (NAMESPACE_RESERVE_BLOCKS + IMAGE_BLOCKS_PER_RECORD))
 }
 
-/// Below this many free blocks, with frees pending, the back end checkpoints before it applies
-/// more: comfortably above what one batch of records allocates.
-const BACKEND_LOW_WATER_BLOCKS: u64 = 1024;
 /// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
 /// the new directory's first leaf or the symlink's data block, one spare.
 const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
@@ -72,49 +62,15 @@ const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 /// Extra blocks any data operation may need for the extent tree and split ends.
 const DATA_RESERVE_BLOCKS: u64 = 16;
 
-struct Queued {
-    lsn: u64,
-    op: Arc<Op>,
-    reserved_blocks: u64,
-    /// Bound on the metadata blocks applying it may dirty (see `Front::queued_image_blocks`).
-    image_blocks: u64,
-}
-
-const STATE_RUNNING: u8 = 0;
-const STATE_UNMOUNTED: u8 = 1;
-const STATE_FAILED: u8 = 2;
-
 struct Inner {
     device: Arc<dyn Device>,
     log: Arc<Log>,
-    volume: Mutex<Volume>,
-    applier: Applier,
+    /// Owns the volume, the queue of unapplied records, the applied lsn and the failure latch.
+    backend: Arc<Backend>,
     front: Mutex<Front>,
-    queue: Mutex<VecDeque<Queued>>,
-    queue_signal: Condvar,
-    applied_lsn: Mutex<u64>,
-    applied_signal: Condvar,
-    /// One back-end pass or checkpoint at a time, from the thread or from a waiting caller.
-    backend_lock: Mutex<BackendState>,
-    state: std::sync::atomic::AtomicU8,
-    failure: Mutex<Option<String>>,
-    stop: AtomicBool,
-    options: MountOptions,
     inode_count: u64,
     max_record_data_bytes: usize,
-    checkpoints: AtomicU64,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
-
-struct BackendState {
-    last_checkpoint: Instant,
-    applied_since_checkpoint: u64,
-    /// Log data bytes of the records applied since the last checkpoint (approximate).
-    applied_bytes_since_checkpoint: u64,
-}
-
-/// Log bytes a record takes besides a write's data: its encoded attributes and names.
-const RECORD_OVERHEAD_BYTES: usize = 256;
 
 /// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
 #[derive(Clone)]
@@ -174,7 +130,7 @@ impl FileSystem {
         let view = match front.views.entry(number) {
             std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
             std::collections::hash_map::Entry::Vacant(slot) => {
-                let mut volume = self.inner.volume.lock();
+                let mut volume = self.inner.backend.volume();
                 let inode = volume.read_inode(number)?;
                 let entry_count = if inode.file_type() == FileType::Directory {
                     DirRoot::decode(&inode.root_area)?.entry_count()
@@ -237,13 +193,13 @@ impl FileSystem {
         generation: u64,
         name: &[u8],
     ) -> Result<Option<(u64, FileType)>> {
-        let mut volume = self.inner.volume.lock();
+        let mut volume = self.inner.backend.volume();
         let Some(inode) = FileSystem::home_inode(&mut volume, parent, generation)? else {
             // Created but not yet applied: every entry is still in the overlay.
             return Ok(None);
         };
         let root = DirRoot::decode(&inode.root_area)?;
-        match dir::lookup(&mut *volume, &root, &self.inner.applier.hash_seed, name)? {
+        match dir::lookup(&mut *volume, &root, &self.inner.backend.applier().hash_seed, name)? {
             None => Ok(None),
             Some((number, dirent_type)) => {
                 let file_type = FileType::from_dirent_type(dirent_type).ok_or_else(|| {
@@ -293,7 +249,10 @@ impl FileSystem {
             return Ok(None);
         }
         let head = op.encode_head();
-        let lsn = match self.inner.log.append(op.kind(), &[&head, op.tail()]) {
+        let log = &self.inner.log;
+        let append_to_log = |op: &Op| log.append(op.kind(), &[&head, op.tail()]);
+        let appended = self.inner.backend.enqueue(op, reserved_blocks, image_blocks, append_to_log);
+        let lsn = match appended {
             Ok(Some(lsn)) => lsn,
             Ok(None) => {
                 front.reserved_blocks -= reserved_blocks;
@@ -301,12 +260,10 @@ impl FileSystem {
             }
             Err(error) => {
                 front.reserved_blocks -= reserved_blocks;
-                self.fail(&error);
                 return Err(error);
             }
         };
         front.queued_image_blocks += image_blocks;
-        self.inner.queue.lock().push_back(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
         Ok(Some(lsn))
     }
 
@@ -340,15 +297,7 @@ impl FileSystem {
     /// sixteenth of the log's normal share (records or bytes); false when they hold less, which
     /// would not be worth a checkpoint's images.
     pub(super) fn checkpoint_applied(&self) -> Result<bool> {
-        let usage = self.inner.log.usage();
-        let mut backend = self.inner.backend_lock.lock();
-        if backend.applied_since_checkpoint * 16 < usage.header_slots_normal
-            && backend.applied_bytes_since_checkpoint * 16 < usage.data_bytes_normal
-        {
-            return Ok(false);
-        }
-        self.maybe_checkpoint(&mut backend, true)?;
-        Ok(true)
+        self.inner.backend.checkpoint_applied(self)
     }
 
     /// Records a name change in the overlay; it replaces whatever the lookup cache held for the
@@ -376,6 +325,75 @@ impl FileSystem {
     }
 
     pub(super) fn applied(&self) -> u64 {
-        *self.inner.applied_lsn.lock()
+        self.inner.backend.applied_lsn()
+    }
+
+    pub(super) fn drain(&self) -> Result<()> {
+        self.inner.backend.drain(self)
+    }
+
+    pub(super) fn drain_and_checkpoint(&self) -> Result<()> {
+        self.inner.backend.drain_and_checkpoint(self)
+    }
+
+    pub(super) fn wait_applied(&self, lsn: u64) -> Result<()> {
+        self.inner.backend.wait_applied(lsn, self)
+    }
+
+    pub(super) fn check_running(&self) -> Result<()> {
+        self.inner.backend.check_running()
+    }
+
+    /// Runs the back end once in the caller's thread (tests without a back-end thread).
+    pub fn run_backend(&self) -> Result<()> {
+        self.inner.log.flush()?;
+        while self.inner.backend.pass(self)? {}
+        Ok(())
+    }
+
+    /// Forces a checkpoint now (tests, `sync`-heavy tools).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.check_running()?;
+        self.drain_and_checkpoint()
+    }
+
+    /// Why the volume stopped accepting changes, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.backend.failure()
+    }
+}
+
+/// The front end's bookkeeping after the back end applied a batch or checkpointed.
+impl FrontSink for FileSystem {
+    fn batch_applied(&self, summary: &BatchSummary<'_>) {
+        let mut front = self.inner.front.lock();
+        for queued in summary.records {
+            // Names need nothing: an entry of the name table whose record is applied is a
+            // lookup-cache entry from now on (its lsn is at most the applied lsn).
+            front.reserved_blocks -= queued.reserved_blocks;
+            front.queued_image_blocks -= queued.image_blocks;
+            // Every pending write has its own record, and applying it makes that write and all
+            // earlier ones of the inode part of the home data. Other records need no visit:
+            // structural ones drop earlier writes when they are made.
+            if let Op::Write { inode, .. } = queued.op.as_ref() {
+                if let Some(view) = front.views.get_mut(&inode.inode_number) {
+                    view.forget_writes_through(queued.lsn);
+                }
+            }
+        }
+        for &(number, blocks) in &summary.owned_blocks {
+            if let Some(view) = front.views.get_mut(&number) {
+                view.blocks_owned = blocks;
+            }
+        }
+        front.free_blocks = summary.free_blocks;
+        front.pending_free_blocks = summary.pending_free_blocks;
+        front.trim_views(summary.last_lsn);
+    }
+
+    fn space_changed(&self, free_blocks: u64, pending_free_blocks: u64) {
+        let mut front = self.inner.front.lock();
+        front.free_blocks = free_blocks;
+        front.pending_free_blocks = pending_free_blocks;
     }
 }

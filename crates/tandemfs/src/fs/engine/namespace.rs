@@ -618,7 +618,7 @@ impl FileSystem {
         {
             return Ok(());
         }
-        let mut volume = self.inner.volume.lock();
+        let mut volume = self.inner.backend.volume();
         let home = volume.read_inode(inode)?;
         let root = DirRoot::decode(&home.root_area)?;
         let mut failure = None;

@@ -1,0 +1,384 @@
+//! `tandem bench meta --threads 1,2,4,8,16`: how create, stat and unlink scale with threads,
+//! through the tandemfs library on a file in /dev/shm and through system calls on ext4 over a
+//! loop device on the same medium. Two layouts: every thread in its own directory, and all
+//! threads in one shared directory. Each phase starts all threads at a barrier and ends when
+//! the last one finishes; the rate is the operations of all threads over that wall time.
+
+use super::ext4::Ext4Volume;
+use super::table::print_table;
+use crate::size::format_count;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+use tandemfs::device::{Device, FileDevice, FileDeviceOptions};
+use tandemfs::fs::{FileType, FormatOptions, MountOptions, ROOT_INODE};
+use tandemfs::FileSystem;
+
+/// Most threads a run may ask for: a bound on what the table and the volumes are sized for.
+pub const THREADS_MAX: usize = 256;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Layout {
+    /// Each thread works in a directory of its own.
+    Private,
+    /// All threads work in one directory.
+    Shared,
+}
+
+impl Layout {
+    fn label(self) -> &'static str {
+        match self {
+            Layout::Private => "own directory per thread",
+            Layout::Shared => "one shared directory",
+        }
+    }
+}
+
+/// Seconds each phase took, for one thread count.
+#[derive(Clone, Copy, Default)]
+pub struct PhaseSeconds {
+    create: f64,
+    stat: f64,
+    unlink: f64,
+}
+
+/// What a thread does to one file system: the three operations on names it is given.
+trait Target: Send + Sync {
+    /// Prepares the directory a thread works in; returns its handle for the other calls.
+    fn directory(&self, name: &str) -> Result<u64, String>;
+    fn create(&self, directory: u64, name: &str) -> Result<(), String>;
+    fn stat(&self, directory: u64, name: &str) -> Result<(), String>;
+    fn unlink(&self, directory: u64, name: &str) -> Result<(), String>;
+}
+
+struct Library {
+    fs: FileSystem,
+}
+
+impl Target for Library {
+    fn directory(&self, name: &str) -> Result<u64, String> {
+        match self.fs.make_directory(ROOT_INODE, name.as_bytes(), 0o755, 0, 0) {
+            Ok(attributes) => Ok(attributes.inode),
+            Err(tandemfs::Error::Exists) => self.fs.lookup(ROOT_INODE, name.as_bytes()).map(|a| a.inode).map_err(text),
+            Err(error) => Err(text(error)),
+        }
+    }
+    fn create(&self, directory: u64, name: &str) -> Result<(), String> {
+        self.fs.create(directory, name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0).map(drop).map_err(text)
+    }
+    fn stat(&self, directory: u64, name: &str) -> Result<(), String> {
+        self.fs.lookup(directory, name.as_bytes()).map(drop).map_err(text)
+    }
+    fn unlink(&self, directory: u64, name: &str) -> Result<(), String> {
+        self.fs.unlink(directory, name.as_bytes()).map_err(text)
+    }
+}
+
+/// ext4 through system calls; directory handles index `directories`.
+struct System {
+    root: PathBuf,
+    directories: std::sync::Mutex<Vec<PathBuf>>,
+}
+
+impl System {
+    fn path(&self, directory: u64, name: &str) -> PathBuf {
+        self.directories.lock().expect("directory list")[directory as usize].join(name)
+    }
+}
+
+impl Target for System {
+    fn directory(&self, name: &str) -> Result<u64, String> {
+        let path = self.root.join(name);
+        if !path.is_dir() {
+            std::fs::create_dir(&path).map_err(|error| format!("mkdir {}: {error}", path.display()))?;
+        }
+        let mut directories = self.directories.lock().expect("directory list");
+        directories.push(path);
+        Ok(directories.len() as u64 - 1)
+    }
+    fn create(&self, directory: u64, name: &str) -> Result<(), String> {
+        std::fs::File::create(self.path(directory, name)).map(drop).map_err(text)
+    }
+    fn stat(&self, directory: u64, name: &str) -> Result<(), String> {
+        std::fs::symlink_metadata(self.path(directory, name)).map(drop).map_err(text)
+    }
+    fn unlink(&self, directory: u64, name: &str) -> Result<(), String> {
+        std::fs::remove_file(self.path(directory, name)).map_err(text)
+    }
+}
+
+fn text(error: impl std::fmt::Display) -> String {
+    error.to_string()
+}
+
+/// Runs the three phases with `threads` threads of `files_per_thread` files each.
+fn run_phases(
+    target: Arc<dyn Target>,
+    threads: usize,
+    files_per_thread: u64,
+    layout: Layout,
+    round: usize,
+) -> Result<PhaseSeconds, String> {
+    assert!((1..=THREADS_MAX).contains(&threads));
+    let shared = match layout {
+        Layout::Shared => Some(target.directory(&format!("shared-{threads}-{round}"))?),
+        Layout::Private => None,
+    };
+    let mut directories = Vec::with_capacity(threads);
+    for thread in 0..threads {
+        directories.push(match shared {
+            Some(directory) => directory,
+            None => target.directory(&format!("private-{threads}-{round}-{thread}"))?,
+        });
+    }
+    // Two barriers per phase, start and end: every thread waits at each, the timer thread too.
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let workers: Vec<_> = (0..threads)
+        .map(|thread| {
+            let (target, barrier, directory) = (target.clone(), barrier.clone(), directories[thread]);
+            std::thread::spawn(move || -> Result<(), String> {
+                let name = |serial: u64| format!("t{thread}-f{serial}");
+                let phases: [&dyn Fn(u64) -> Result<(), String>; 3] = [
+                    &|serial| target.create(directory, &name(serial)),
+                    &|serial| target.stat(directory, &name(serial)),
+                    &|serial| target.unlink(directory, &name(serial)),
+                ];
+                let mut outcome = Ok(());
+                for phase in phases {
+                    barrier.wait();
+                    if outcome.is_ok() {
+                        outcome = (0..files_per_thread).try_for_each(phase);
+                    }
+                    barrier.wait();
+                }
+                outcome
+            })
+        })
+        .collect();
+    let mut seconds = [0.0f64; 3];
+    for slot in seconds.iter_mut() {
+        barrier.wait();
+        let started = Instant::now();
+        barrier.wait();
+        *slot = started.elapsed().as_secs_f64();
+    }
+    for worker in workers {
+        worker.join().map_err(|_| "a benchmark thread panicked".to_string())??;
+    }
+    Ok(PhaseSeconds { create: seconds[0], stat: seconds[1], unlink: seconds[2] })
+}
+
+/// The median of each phase over `rounds` (after one warm-up round).
+fn measure(
+    target: Arc<dyn Target>,
+    threads: usize,
+    files_per_thread: u64,
+    layout: Layout,
+    rounds: usize,
+) -> Result<PhaseSeconds, String> {
+    let mut samples = Vec::with_capacity(rounds);
+    for round in 0..=rounds {
+        let seconds = run_phases(target.clone(), threads, files_per_thread, layout, round)?;
+        if round > 0 {
+            samples.push(seconds);
+        }
+    }
+    let median = |pick: fn(&PhaseSeconds) -> f64| {
+        let mut values: Vec<f64> = samples.iter().map(pick).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    Ok(PhaseSeconds { create: median(|s| s.create), stat: median(|s| s.stat), unlink: median(|s| s.unlink) })
+}
+
+/// Rows of one layout: per thread count, tandemfs and ext4 rates and their ratios.
+pub struct ScalingRun {
+    pub threads: Vec<usize>,
+    pub files_per_thread: u64,
+    pub rounds: usize,
+    pub volume_bytes: u64,
+    pub scratch: PathBuf,
+    pub with_ext4: bool,
+}
+
+fn library_target(image: &Path, volume_bytes: u64, inodes: u64) -> Result<(Arc<Library>, FileSystem), String> {
+    let options = FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
+    let device: Arc<dyn Device> = Arc::new(
+        FileDevice::open(image, options).map_err(|error| format!("cannot create {}: {error}", image.display()))?,
+    );
+    let format = FormatOptions { inode_count: Some(inodes), ..Default::default() };
+    FileSystem::format(device.clone(), &format).map_err(|error| format!("mkfs: {error}"))?;
+    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).map_err(|error| format!("mount: {error}"))?;
+    Ok((Arc::new(Library { fs: fs.clone() }), fs))
+}
+
+impl ScalingRun {
+    fn inodes(&self) -> u64 {
+        let most = *self.threads.iter().max().unwrap_or(&1) as u64;
+        most * self.files_per_thread * 2 + 64 * (self.rounds as u64 + 1) * (most + 1) + 4096
+    }
+
+    /// Measures every thread count for one layout on a fresh tandemfs and a fresh ext4.
+    fn measure_layout(&self, layout: Layout) -> Result<Vec<(usize, PhaseSeconds, Option<PhaseSeconds>)>, String> {
+        let image =
+            super::ScratchFile { path: self.scratch.join(format!("tandem-scaling-{}.img", std::process::id())) };
+        let (library, fs) = library_target(&image.path, self.volume_bytes, self.inodes())?;
+        let ext4 = if self.with_ext4 {
+            let path = self.scratch.join(format!("tandem-scaling-ext4-{}.img", std::process::id()));
+            let volume = Ext4Volume::create(&path, self.volume_bytes, self.inodes())?;
+            let system = Arc::new(System {
+                root: volume.mountpoint().to_path_buf(),
+                directories: std::sync::Mutex::new(Vec::new()),
+            });
+            Some((volume, system))
+        } else {
+            None
+        };
+        let mut rows = Vec::new();
+        for &threads in &self.threads {
+            let ours = measure(library.clone(), threads, self.files_per_thread, layout, self.rounds)?;
+            let theirs = match &ext4 {
+                Some((_, system)) => {
+                    Some(measure(system.clone(), threads, self.files_per_thread, layout, self.rounds)?)
+                }
+                None => None,
+            };
+            rows.push((threads, ours, theirs));
+        }
+        fs.unmount().map_err(|error| format!("unmount: {error}"))?;
+        drop(ext4);
+        drop(image);
+        Ok(rows)
+    }
+
+    pub fn run(&self) -> Result<(), String> {
+        println!(
+            "thread scaling: {} files per thread, threads {:?}, warm-up then median of {} round{}; medium {}",
+            format_count(self.files_per_thread),
+            self.threads,
+            self.rounds,
+            if self.rounds == 1 { "" } else { "s" },
+            self.scratch.display()
+        );
+        for layout in [Layout::Private, Layout::Shared] {
+            let rows = self.measure_layout(layout)?;
+            println!("\n{}:", layout.label());
+            print_layout(&rows, self.files_per_thread);
+        }
+        if !self.with_ext4 {
+            println!("ext4 skipped");
+        }
+        Ok(())
+    }
+}
+
+fn rate(threads: usize, files_per_thread: u64, seconds: f64) -> f64 {
+    if seconds <= 0.0 {
+        return 0.0;
+    }
+    threads as f64 * files_per_thread as f64 / seconds
+}
+
+fn format_per_second(per_second: f64) -> String {
+    if per_second <= 0.0 {
+        return "-".into();
+    }
+    if per_second >= 1e6 {
+        format!("{:.2}M", per_second / 1e6)
+    } else {
+        format!("{:.0}k", per_second / 1e3)
+    }
+}
+
+fn ratio(ours: f64, theirs: f64) -> String {
+    if ours <= 0.0 || theirs <= 0.0 {
+        return "-".into();
+    }
+    format!("{:.2}×", ours / theirs)
+}
+
+fn print_layout(rows: &[(usize, PhaseSeconds, Option<PhaseSeconds>)], files_per_thread: u64) {
+    let headers = [
+        "threads",
+        "create/s",
+        "ext4",
+        "ratio",
+        "vs 1 thread",
+        "stat/s",
+        "ext4",
+        "ratio",
+        "vs 1 thread",
+        "unlink/s",
+        "ext4",
+        "ratio",
+        "vs 1 thread",
+    ];
+    let single = rows.iter().find(|(threads, _, _)| *threads == 1).map(|(_, ours, _)| *ours);
+    let mut table = Vec::new();
+    for (threads, ours, theirs) in rows {
+        let mut row = vec![threads.to_string()];
+        let phases: [fn(&PhaseSeconds) -> f64; 3] = [|s| s.create, |s| s.stat, |s| s.unlink];
+        for pick in phases {
+            let ours_rate = rate(*threads, files_per_thread, pick(ours));
+            let theirs_rate = theirs.as_ref().map_or(0.0, |theirs| rate(*threads, files_per_thread, pick(theirs)));
+            let single_rate = single.as_ref().map_or(0.0, |single| rate(1, files_per_thread, pick(single)));
+            row.push(format_per_second(ours_rate));
+            row.push(format_per_second(theirs_rate));
+            row.push(ratio(ours_rate, theirs_rate));
+            row.push(ratio(ours_rate, single_rate));
+        }
+        table.push(row);
+    }
+    print_table(&headers, &table);
+}
+
+/// Parses "1,2,4,8,16".
+pub fn parse_threads(text: &str) -> Result<Vec<usize>, String> {
+    let mut threads = Vec::new();
+    for part in text.split(',') {
+        let count: usize = part.trim().parse().map_err(|_| format!("{part:?} is not a thread count"))?;
+        if !(1..=THREADS_MAX).contains(&count) {
+            return Err(format!("thread count {count} is outside 1..={THREADS_MAX}"));
+        }
+        threads.push(count);
+    }
+    if threads.is_empty() {
+        return Err("no thread counts".into());
+    }
+    Ok(threads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_lists_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_threads("1,2, 16").unwrap(), vec![1, 2, 16]);
+        assert!(parse_threads("0").is_err());
+        assert!(parse_threads("1,x").is_err());
+        assert!(parse_threads("1000").is_err());
+    }
+
+    #[test]
+    fn both_layouts_run_on_the_library() {
+        let directory = std::env::temp_dir().join(format!("tandem-scaling-test-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let image = directory.join("v.img");
+        let (library, fs) = library_target(&image, 64 << 20, 8192).unwrap();
+        for layout in [Layout::Private, Layout::Shared] {
+            let seconds = measure(library.clone(), 3, 200, layout, 1).unwrap();
+            assert!(seconds.create > 0.0 && seconds.stat > 0.0 && seconds.unlink > 0.0);
+        }
+        // Every file made was removed again: only the directories are left.
+        let mut names = 0;
+        fs.read_directory(ROOT_INODE, 0, &mut |_| {
+            names += 1;
+            true
+        })
+        .unwrap();
+        assert!(names <= 2 * (3 + 1) + 2, "{names} entries left in the root");
+        fs.unmount().unwrap();
+        std::fs::remove_dir_all(&directory).unwrap();
+    }
+}

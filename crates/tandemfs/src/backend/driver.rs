@@ -1,0 +1,572 @@
+//! The back end's room: it owns the volume, the queue of records waiting to be applied, the
+//! applied lsn, the checkpoint policy, its thread and the failure latch. The front end appends
+//! through `enqueue`, reads the volume through `volume`, and learns what each applied batch
+//! changed through a `FrontSink`: the back end never reaches into the front end's state.
+//!
+//! A failure latches: an apply or checkpoint error, or a panic in the back-end thread, marks
+//! the back end failed, keeps the first reason, and wakes every waiter. Every wait here is
+//! bounded or wakes on the latch, so callers get `Error::Shutdown`, never a hang.
+
+use super::{checkpoint, Applier};
+use crate::backend::record::Op;
+use crate::block::meta::BLOCK_SIZE_U64;
+use crate::block::volume::Volume;
+use crate::error::{Error, Result};
+use crate::log::Log;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Records applied per back-end pass before the volume lock is let go: small enough that a
+/// front-end lookup waiting for the lock is not held up for long.
+const BATCH_RECORDS_MAX: usize = 32;
+/// A checkpoint is taken at least this often while records are applied.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
+/// Below this many free blocks, with frees pending, the back end checkpoints before it applies
+/// more: comfortably above what one batch of records allocates.
+const BACKEND_LOW_WATER_BLOCKS: u64 = 1024;
+/// Log bytes a record takes besides a write's data: its encoded attributes and names.
+const RECORD_OVERHEAD_BYTES: usize = 256;
+/// Passes of a drain before it declares the back end stuck: each pass applies at least one
+/// record, and the queue holds at most what the log holds.
+const DRAIN_PASSES_MAX: usize = 1 << 20;
+/// How long a waiter sleeps between looks at the latch (a lost wake-up costs this much).
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+const STATE_RUNNING: u8 = 0;
+const STATE_STOPPED: u8 = 1;
+const STATE_FAILED: u8 = 2;
+
+/// A record appended to the log and waiting to be applied.
+pub struct Queued {
+    pub lsn: u64,
+    pub op: Arc<Op>,
+    /// Blocks the front end promised this record; returned when it is applied.
+    pub reserved_blocks: u64,
+    /// Bound on the metadata blocks applying it may dirty (the front end's image budget).
+    pub image_blocks: u64,
+}
+
+/// What one applied batch changed that the front end keeps in its own state.
+pub struct BatchSummary<'a> {
+    /// The applied records, in lsn order.
+    pub records: &'a [Queued],
+    /// (inode, blocks it owns now) for every inode the batch left in use; the last count of an
+    /// inode is the current one.
+    pub owned_blocks: Vec<(u64, u64)>,
+    pub free_blocks: u64,
+    pub pending_free_blocks: u64,
+    pub last_lsn: u64,
+}
+
+/// The front end's side of the back end: told after each batch and each checkpoint.
+pub trait FrontSink: Send + Sync {
+    fn batch_applied(&self, summary: &BatchSummary<'_>);
+    /// A checkpoint made freed blocks reusable.
+    fn space_changed(&self, free_blocks: u64, pending_free_blocks: u64);
+}
+
+/// What `apply_batch` reports: how many records of the batch it applied, and the state after.
+struct AppliedBatch {
+    applied_count: usize,
+    owned_blocks: Vec<(u64, u64)>,
+    free_blocks: u64,
+    pending_free_blocks: u64,
+}
+
+struct CheckpointPolicy {
+    last_checkpoint: Instant,
+    applied_since_checkpoint: u64,
+    /// Log data bytes of the records applied since the last checkpoint (approximate).
+    applied_bytes_since_checkpoint: u64,
+}
+
+/// Latches the back end failed when a pass unwinds, in the back-end thread or in a caller that
+/// drives the back end itself, so that no waiter is left waiting for a pass that died.
+struct PanicLatch<'a>(&'a Backend);
+
+impl Drop for PanicLatch<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail(&Error::invalid("back end panicked while applying records"));
+        }
+    }
+}
+
+pub struct Backend {
+    log: Arc<Log>,
+    volume: Mutex<Volume>,
+    applier: Applier,
+    queue: Mutex<VecDeque<Queued>>,
+    queue_signal: Condvar,
+    applied_lsn: Mutex<u64>,
+    /// Mirrors `applied_lsn` for readers that need no wait.
+    applied_lsn_fast: AtomicU64,
+    /// The last record queued: a drain is done when the applied lsn reaches it (an empty queue
+    /// is not enough: the thread may hold a batch it has taken but not yet applied).
+    last_queued_lsn: AtomicU64,
+    applied_signal: Condvar,
+    /// One pass or checkpoint at a time, from the thread or from a waiting caller.
+    policy: Mutex<CheckpointPolicy>,
+    state: AtomicU8,
+    failure: Mutex<Option<String>>,
+    stop: AtomicBool,
+    /// Records are applied by the back-end thread; otherwise by callers that need a result.
+    background: bool,
+    checkpoints: AtomicU64,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Backend {
+    pub fn new(volume: Volume, log: Arc<Log>, applier: Applier, applied_lsn: u64, background: bool) -> Arc<Backend> {
+        Arc::new(Backend {
+            log,
+            volume: Mutex::new(volume),
+            applier,
+            queue: Mutex::new(VecDeque::new()),
+            queue_signal: Condvar::new(),
+            applied_lsn: Mutex::new(applied_lsn),
+            applied_lsn_fast: AtomicU64::new(applied_lsn),
+            last_queued_lsn: AtomicU64::new(applied_lsn),
+            applied_signal: Condvar::new(),
+            policy: Mutex::new(CheckpointPolicy {
+                last_checkpoint: Instant::now(),
+                applied_since_checkpoint: 0,
+                applied_bytes_since_checkpoint: 0,
+            }),
+            state: AtomicU8::new(STATE_RUNNING),
+            failure: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            background,
+            checkpoints: AtomicU64::new(0),
+            thread: Mutex::new(None),
+        })
+    }
+
+    /// Starts the back-end thread (background mode only). A panic in it latches the failure.
+    pub fn start(self: &Arc<Self>, sink: Arc<dyn FrontSink>) -> Result<()> {
+        assert!(self.background, "a back end without a thread is driven by its callers");
+        let backend = self.clone();
+        let handle = std::thread::Builder::new()
+            .name("tandem-backend".into())
+            .spawn(move || {
+                let run = std::panic::AssertUnwindSafe(|| backend.run(sink.as_ref()));
+                if let Err(panic) = std::panic::catch_unwind(run) {
+                    let reason = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                        .unwrap_or_else(|| "unknown panic".into());
+                    backend.fail(&Error::invalid(format!("back end panicked: {reason}")));
+                }
+            })
+            .map_err(|error| Error::Io { operation: "start back-end thread", offset: 0, source: error })?;
+        *self.thread.lock() = Some(handle);
+        Ok(())
+    }
+
+    /// Stops the thread and waits for it; idempotent.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.queue_signal.notify_all();
+        if let Some(handle) = self.thread.lock().take() {
+            let _ = handle.join();
+        }
+    }
+
+    pub fn volume(&self) -> MutexGuard<'_, Volume> {
+        self.volume.lock()
+    }
+
+    pub fn applier(&self) -> &Applier {
+        &self.applier
+    }
+
+    pub fn log(&self) -> &Arc<Log> {
+        &self.log
+    }
+
+    pub fn applied_lsn(&self) -> u64 {
+        self.applied_lsn_fast.load(Ordering::Acquire)
+    }
+
+    pub fn checkpoints(&self) -> u64 {
+        self.checkpoints.load(Ordering::Relaxed)
+    }
+
+    // ------------------------------------------------------------------ the latch
+
+    /// Ok while running; `Shutdown` once stopped or failed.
+    pub fn check_running(&self) -> Result<()> {
+        match self.state.load(Ordering::Acquire) {
+            STATE_RUNNING => Ok(()),
+            _ => Err(Error::Shutdown),
+        }
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == STATE_FAILED
+    }
+
+    /// Latches the failure (the first reason is kept) and wakes every waiter.
+    pub fn fail(&self, error: &Error) {
+        {
+            let mut failure = self.failure.lock();
+            if failure.is_none() {
+                *failure = Some(error.to_string());
+            }
+        }
+        self.state.store(STATE_FAILED, Ordering::Release);
+        // Notify with the mutexes taken, so a waiter between its check and its wait cannot
+        // miss the wake-up.
+        drop(self.applied_lsn.lock());
+        self.applied_signal.notify_all();
+        drop(self.queue.lock());
+        self.queue_signal.notify_all();
+    }
+
+    /// Marks the back end stopped after a clean unmount: later calls get `Shutdown`.
+    pub fn mark_stopped(&self) {
+        let _ = self.state.compare_exchange(STATE_RUNNING, STATE_STOPPED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.state.load(Ordering::Acquire) == STATE_STOPPED
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().clone()
+    }
+
+    // ------------------------------------------------------------------ appends
+
+    /// Appends a record through `append_to_log` and queues it, both under the queue lock, so
+    /// the queue stays in lsn order and a checkpoint asking for the first unapplied record
+    /// never misses one appended but not yet queued. `None` when the log is full.
+    pub fn enqueue(
+        &self,
+        op: Op,
+        reserved_blocks: u64,
+        image_blocks: u64,
+        append_to_log: impl FnOnce(&Op) -> Result<Option<u64>>,
+    ) -> Result<Option<u64>> {
+        let mut queue = self.queue.lock();
+        let lsn = match append_to_log(&op) {
+            Ok(Some(lsn)) => lsn,
+            Ok(None) => return Ok(None),
+            Err(error) => {
+                drop(queue);
+                self.fail(&error);
+                return Err(error);
+            }
+        };
+        assert!(queue.back().is_none_or(|last| last.lsn < lsn), "queue in lsn order");
+        queue.push_back(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
+        self.last_queued_lsn.store(lsn, Ordering::Release);
+        Ok(Some(lsn))
+    }
+
+    // ------------------------------------------------------------------ the thread
+
+    fn run(&self, sink: &dyn FrontSink) {
+        while !self.stop.load(Ordering::Acquire) {
+            match self.pass(sink) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(_) => return,
+            }
+            let durable = self.log.durable_lsn();
+            let waiting = self.queue.lock().front().map(|queued| queued.lsn);
+            match waiting {
+                // Records are waiting to become durable: the log's flusher makes them so.
+                Some(lsn) if lsn > durable => {
+                    if let Err(error) = self.log.wait_for_durable_above(durable, Duration::from_millis(5)) {
+                        self.fail(&error);
+                        return;
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    let mut queue = self.queue.lock();
+                    if queue.is_empty() && !self.stop.load(Ordering::Acquire) && !self.is_failed() {
+                        self.queue_signal.wait_for(&mut queue, Duration::from_millis(200));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies durable queued records; returns whether it applied any. Also checkpoints when
+    /// the log or the dirty set has grown, or time has passed.
+    pub fn pass(&self, sink: &dyn FrontSink) -> Result<bool> {
+        // First, so that it drops last: every lock below is released before it latches.
+        let _latch_on_panic = PanicLatch(self);
+        let mut policy = self.policy.lock();
+        if self.is_failed() {
+            return Err(Error::Shutdown);
+        }
+        let durable = self.log.durable_lsn();
+        let mut batch: Vec<Queued> = {
+            let mut queue = self.queue.lock();
+            let mut batch = Vec::new();
+            while batch.len() < BATCH_RECORDS_MAX && queue.front().is_some_and(|queued| queued.lsn <= durable) {
+                batch.push(queue.pop_front().unwrap());
+            }
+            batch
+        };
+        if batch.is_empty() {
+            self.maybe_checkpoint(&mut policy, false, sink)?;
+            return Ok(false);
+        }
+        let AppliedBatch { applied_count, owned_blocks, free_blocks, pending_free_blocks } =
+            self.apply_batch(&batch)?;
+        let space_low = applied_count < batch.len();
+        if space_low {
+            // Back to the head of the queue, in lsn order: they precede everything queued since.
+            let leftover = batch.split_off(applied_count);
+            let mut queue = self.queue.lock();
+            for queued in leftover.into_iter().rev() {
+                queue.push_front(queued);
+            }
+        }
+        let last_lsn = batch.last().expect("at least one record is applied per pass").lsn;
+        sink.batch_applied(&BatchSummary { records: &batch, owned_blocks, free_blocks, pending_free_blocks, last_lsn });
+        {
+            let mut applied = self.applied_lsn.lock();
+            assert!(last_lsn > *applied, "records apply in lsn order");
+            *applied = last_lsn;
+            self.applied_lsn_fast.store(last_lsn, Ordering::Release);
+        }
+        self.applied_signal.notify_all();
+        policy.applied_since_checkpoint += batch.len() as u64;
+        policy.applied_bytes_since_checkpoint +=
+            batch.iter().map(|queued| (RECORD_OVERHEAD_BYTES + queued.op.tail().len()) as u64).sum::<u64>();
+        self.maybe_checkpoint(&mut policy, space_low, sink)?;
+        Ok(true)
+    }
+
+    /// Applies a batch under the volume lock; returns how many records it applied (at least
+    /// one), the blocks owned by the inodes they touched, and the free and pending-free counts.
+    fn apply_batch(&self, batch: &[Queued]) -> Result<AppliedBatch> {
+        let mut owned: Vec<(u64, u64)> = Vec::new();
+        let mut applied_count = 0;
+        let mut volume = self.volume.lock();
+        for queued in batch {
+            // Blocks the back end frees (leaves that compaction empties, for one) are reusable
+            // only after a checkpoint records the free. When free blocks run low while some are
+            // pending, stop the batch and checkpoint first, rather than fail an allocation that
+            // the next checkpoint would have satisfied. At least one record is applied per
+            // pass, so the back end always makes progress.
+            if applied_count > 0
+                && volume.free_blocks() < BACKEND_LOW_WATER_BLOCKS
+                && volume.blocks.pending_free_count() > 0
+            {
+                break;
+            }
+            match self.applier.apply(&mut volume, queued.lsn, &queued.op) {
+                Ok(written) => owned.extend(written),
+                Err(error) => {
+                    drop(volume);
+                    self.fail(&error);
+                    return Err(error);
+                }
+            }
+            applied_count += 1;
+        }
+        Ok(AppliedBatch {
+            applied_count,
+            owned_blocks: owned,
+            free_blocks: volume.free_blocks(),
+            pending_free_blocks: volume.blocks.pending_free_count(),
+        })
+    }
+
+    fn maybe_checkpoint(&self, policy: &mut CheckpointPolicy, force: bool, sink: &dyn FrontSink) -> Result<()> {
+        if policy.applied_since_checkpoint == 0 && !force {
+            return Ok(());
+        }
+        let usage = self.log.usage();
+        let (dirty_bytes, free_blocks, pending_free_blocks) = {
+            let volume = self.volume.lock();
+            (
+                volume.cache_dirty_count() as u64 * BLOCK_SIZE_U64,
+                volume.free_blocks(),
+                volume.blocks.pending_free_count(),
+            )
+        };
+        // A checkpoint frees the log only up to the last applied record, so it is due when what
+        // was applied since the last one fills a good part of the log's normal share, not when
+        // the log is full of records still waiting to be applied (checkpointing then would only
+        // add images). Its images go to the reserve: take one while they fit in half of it.
+        let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
+        let due = force
+            || policy.applied_bytes_since_checkpoint * 4 > usage.data_bytes_normal
+            || policy.applied_since_checkpoint * 4 > usage.header_slots_normal
+            || dirty_bytes * 2 > reserve_bytes
+            // Freed blocks wait for a checkpoint before reuse: take one before they are a
+            // large share of what the volume could hand out.
+            || pending_free_blocks * 2 > free_blocks
+            || policy.last_checkpoint.elapsed() > CHECKPOINT_INTERVAL;
+        if !due {
+            return Ok(());
+        }
+        let applied = *self.applied_lsn.lock();
+        // `enqueue` appends and queues under the queue lock: taking it gives a consistent
+        // answer to "which appended record is the first not yet applied".
+        let first_unapplied = || self.queue.lock().front().map(|queued| queued.lsn);
+        if let Err(error) = checkpoint(&self.volume, &self.log, applied, &first_unapplied) {
+            self.fail(&error);
+            return Err(error);
+        }
+        let (free_blocks, pending_free_blocks) = {
+            let volume = self.volume.lock();
+            (volume.free_blocks(), volume.blocks.pending_free_count())
+        };
+        sink.space_changed(free_blocks, pending_free_blocks);
+        policy.last_checkpoint = Instant::now();
+        policy.applied_since_checkpoint = 0;
+        policy.applied_bytes_since_checkpoint = 0;
+        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ drains and waits
+
+    /// Makes every appended record durable and applies all of them; checkpoints only where the
+    /// back end's own rules call for one.
+    pub fn drain(&self, sink: &dyn FrontSink) -> Result<()> {
+        // Checkpoint records never enter the queue: once the applied lsn reaches the last
+        // queued record, every logical record appended before the call is applied. A pass
+        // waits for one the thread is running, so this also waits for a batch in flight.
+        let target_lsn = self.last_queued_lsn.load(Ordering::Acquire);
+        for _ in 0..DRAIN_PASSES_MAX {
+            self.log.flush()?;
+            if self.applied_lsn() >= target_lsn {
+                return Ok(());
+            }
+            self.pass(sink)?;
+        }
+        let error = Error::invalid("back end made no progress while draining");
+        self.fail(&error);
+        Err(error)
+    }
+
+    /// Drains, then checkpoints: frees log space, returns reserved blocks and makes freed
+    /// blocks reusable.
+    pub fn drain_and_checkpoint(&self, sink: &dyn FrontSink) -> Result<()> {
+        self.drain(sink)?;
+        let mut policy = self.policy.lock();
+        self.maybe_checkpoint(&mut policy, true, sink)
+    }
+
+    /// Checkpoints the records applied since the last checkpoint when they hold at least a
+    /// sixteenth of the log's normal share (records or bytes); false when they hold less, which
+    /// would not be worth a checkpoint's images.
+    pub fn checkpoint_applied(&self, sink: &dyn FrontSink) -> Result<bool> {
+        let usage = self.log.usage();
+        let mut policy = self.policy.lock();
+        if policy.applied_since_checkpoint * 16 < usage.header_slots_normal
+            && policy.applied_bytes_since_checkpoint * 16 < usage.data_bytes_normal
+        {
+            return Ok(false);
+        }
+        self.maybe_checkpoint(&mut policy, true, sink)?;
+        Ok(true)
+    }
+
+    /// Waits until the record `lsn` has been applied; `Shutdown` as soon as the back end fails.
+    pub fn wait_applied(&self, lsn: u64, sink: &dyn FrontSink) -> Result<()> {
+        if self.applied_lsn() >= lsn {
+            return Ok(());
+        }
+        self.log.flush()?;
+        if !self.background {
+            for _ in 0..DRAIN_PASSES_MAX {
+                if self.applied_lsn() >= lsn {
+                    return Ok(());
+                }
+                if !self.pass(sink)? {
+                    self.log.flush()?;
+                }
+            }
+            let error = Error::invalid(format!("back end made no progress towards lsn {lsn}"));
+            self.fail(&error);
+            return Err(error);
+        }
+        self.queue_signal.notify_all();
+        let mut applied = self.applied_lsn.lock();
+        while *applied < lsn {
+            if self.is_failed() {
+                return Err(Error::Shutdown);
+            }
+            if self.stop.load(Ordering::Acquire) {
+                // The thread is gone: nothing will apply the record.
+                return Err(Error::Shutdown);
+            }
+            self.applied_signal.wait_for(&mut applied, WAIT_SLICE);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::open_volume;
+    use crate::backend::record::AttributeImage;
+    use crate::device::{Device, MemoryDevice};
+    use crate::fs::types::{FormatOptions, ROOT_INODE};
+    use crate::fs::FileSystem;
+    use crate::log::LogOptions;
+
+    struct PanickingSink;
+
+    impl FrontSink for PanickingSink {
+        fn batch_applied(&self, _summary: &BatchSummary<'_>) {
+            panic!("injected fault in the front end's bookkeeping");
+        }
+        fn space_changed(&self, _free_blocks: u64, _pending_free_blocks: u64) {}
+    }
+
+    fn backend_on_fresh_volume(background: bool) -> Arc<Backend> {
+        let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
+        FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
+        let log_options = LogOptions { flush_delay_us: 1_000, reserve_fraction: 0.5 };
+        let (volume, log, applier, _) = open_volume(device, log_options, 1024, true).unwrap();
+        let applied_lsn = log.next_lsn() - 1;
+        Backend::new(volume, log, applier, applied_lsn, background)
+    }
+
+    /// Appends an attribute record for the root that changes nothing.
+    fn enqueue_root_touch(backend: &Backend) -> u64 {
+        let root = backend.volume().read_inode(ROOT_INODE).unwrap();
+        let op = Op::SetAttributes { inode: AttributeImage::from_inode(&root), truncate: false };
+        let head = op.encode_head();
+        let log = backend.log().clone();
+        backend.enqueue(op, 0, 0, |op| log.append(op.kind(), &[&head, op.tail()])).unwrap().unwrap()
+    }
+
+    #[test]
+    fn a_panic_in_the_backend_thread_latches_and_wakes_waiters() {
+        let backend = backend_on_fresh_volume(true);
+        backend.start(Arc::new(PanickingSink)).unwrap();
+        let lsn = enqueue_root_touch(&backend);
+        assert!(matches!(backend.wait_applied(lsn, &PanickingSink), Err(Error::Shutdown)));
+        assert!(backend.failure().unwrap().contains("panicked"));
+        assert!(backend.check_running().is_err());
+        backend.stop();
+    }
+
+    #[test]
+    fn a_panic_in_an_inline_pass_latches() {
+        let backend = backend_on_fresh_volume(false);
+        let lsn = enqueue_root_touch(&backend);
+        backend.log().flush().unwrap();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backend.pass(&PanickingSink)));
+        assert!(unwound.is_err());
+        assert!(backend.is_failed());
+        assert!(matches!(backend.wait_applied(lsn, &PanickingSink), Err(Error::Shutdown)));
+    }
+}
