@@ -222,7 +222,8 @@ fn header_layout_and_sizes() {
     assert_eq!(HEADER_SIZE, 64);
     assert_eq!(HEADERS_PER_BLOCK, 64);
     assert_eq!(field::HEADER_CRC + 4, HEADER_SIZE);
-    assert_eq!(field::PAYLOAD_CRC + 4, field::RESERVED);
+    assert_eq!(field::PAYLOAD_CRC + 4, field::BATCH_FIRST_LSN);
+    assert_eq!(field::BATCH_FIRST_LSN + 8, field::RESERVED);
     let header = RecordHeader {
         kind: 0xABCD,
         flags: format::FLAG_RESERVE,
@@ -230,6 +231,7 @@ fn header_layout_and_sizes() {
         data_position: 0x1112_1314_1516_1718,
         payload_length: 0x2122_2324,
         payload_crc: 0x3132_3334,
+        batch_first_lsn: 0x4142_4344_4546_4748,
     };
     let mut bytes = [0u8; 64];
     header.encode(&mut bytes);
@@ -239,7 +241,8 @@ fn header_layout_and_sizes() {
     assert_eq!(bytes[16], 0x18);
     assert_eq!(bytes[24], 0x24);
     assert_eq!(bytes[28], 0x34);
-    assert!(bytes[32..60].iter().all(|&b| b == 0));
+    assert_eq!(bytes[32], 0x48);
+    assert!(bytes[40..60].iter().all(|&b| b == 0));
     assert_eq!(RecordHeader::decode(&bytes), Ok(header));
     for bit in 0..512 {
         let mut flipped = bytes;
@@ -585,6 +588,7 @@ fn corruption_gives_a_prefix_or_a_typed_error() {
                 data_position: 0,
                 payload_length: 0,
                 payload_crc: 0,
+                batch_first_lsn: 1,
             });
             match rng.gen_range(0..4) {
                 0 => header.payload_length = rng.gen(),
