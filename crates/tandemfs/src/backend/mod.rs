@@ -463,8 +463,6 @@ enum Decoded {
 struct ReplayPlan {
     /// Checkpoints committed in the log but not recorded in the superblock, in lsn order.
     found: Vec<FoundCheckpoint>,
-    /// Every operation record, in lsn order (replay skips those a found checkpoint covers).
-    operations: Vec<(u64, Op)>,
     /// The highest lsn any commit record after the tail covers.
     max_covered_lsn: Option<u64>,
 }
@@ -574,7 +572,7 @@ fn record_error(lsn: u64, error: Error) -> Error {
 /// failure returns the lsn of the first record replay cannot use, with the reason.
 fn plan_replay(records: &[Record], superblock: &Superblock) -> std::result::Result<ReplayPlan, (u64, Error)> {
     let mut images_by_covered: BTreeMap<u64, Vec<Image>> = BTreeMap::new();
-    let mut plan = ReplayPlan { found: Vec::new(), operations: Vec::new(), max_covered_lsn: None };
+    let mut plan = ReplayPlan { found: Vec::new(), max_covered_lsn: None };
     for record in records {
         let decoded = decode_record(record, superblock).map_err(|error| (record.lsn, error))?;
         match decoded {
@@ -596,7 +594,9 @@ fn plan_replay(records: &[Record], superblock: &Superblock) -> std::result::Resu
                 }
                 plan.found.push(FoundCheckpoint { covered_lsn, orphan_head, next_generation, images });
             }
-            Decoded::Operation(op) => plan.operations.push((record.lsn, op)),
+            // Decoded again when applied: holding every write's data twice could double the
+            // memory replay needs for a large log.
+            Decoded::Operation(_) => {}
         }
     }
     Ok(plan)
@@ -704,11 +704,12 @@ pub fn open_volume(
     }
     let mut volume = Volume::load(device.clone(), superblock.clone(), cache_blocks)?;
     let applier = Applier { hash_seed: superblock.hash_seed };
-    for (lsn, op) in &plan.operations {
-        if *lsn <= base_lsn {
+    for record in &records {
+        if record.lsn <= base_lsn || record.kind == KIND_CHECKPOINT_IMAGES || record.kind == KIND_CHECKPOINT_COMMIT {
             continue;
         }
-        applier.apply(&mut volume, *lsn, op)?;
+        let op = Op::decode(record.kind, &record.payload).map_err(|error| record_error(record.lsn, error))?;
+        applier.apply(&mut volume, record.lsn, &op)?;
         report.records_replayed += 1;
     }
     report.orphans_reclaimed = applier.reclaim_orphans(&mut volume)?;

@@ -505,6 +505,52 @@ mod tests {
         }
     }
 
+    /// The record decoder is as strict as the inode decoder: a mode the inode decoder rejects,
+    /// a flag byte other than 0 or 1, an inode number beyond the volume are corruption.
+    #[test]
+    fn impossible_values_are_corruption() {
+        for mode in [0o100644 | 0o200000, 0o100644 | 0x8000_0000, 0o000644] {
+            let op = Op::SetAttributes { inode: AttributeImage { mode, ..image(2) }, truncate: false };
+            assert!(Op::decode(op.kind(), &op.encode_head()).unwrap_err().is_corruption(), "mode {mode:#o}");
+            let mut bytes = [0u8; crate::block::inode::INODE_BYTES];
+            let mut inode_image = image(2);
+            inode_image.mode = mode;
+            let mut inode = Inode {
+                inode_number: 2,
+                generation: 0,
+                mode: 0o100644,
+                link_count: 0,
+                uid: 0,
+                gid: 0,
+                size_bytes: 0,
+                blocks_owned: 0,
+                access_time_ns: 0,
+                modify_time_ns: 0,
+                change_time_ns: 0,
+                birth_time_ns: 0,
+                rdev: 0,
+                parent: 0,
+                orphan_next: 0,
+                xattr_block: 0,
+                flags: 0,
+                root_area: [0; 64],
+            };
+            inode_image.apply_to(&mut inode);
+            inode.encode(&mut bytes);
+            assert!(Inode::decode(&bytes, 2, 100).is_err(), "the inode decoder agrees about {mode:#o}");
+        }
+        let mut payload = Op::SetAttributes { inode: image(2), truncate: true }.encode_head();
+        *payload.last_mut().unwrap() = 2;
+        assert!(Op::decode(KIND_SET_ATTRIBUTES, &payload).unwrap_err().is_corruption());
+        let op = Op::Write { inode: image(200), offset: 0, data: Arc::from(&b"x"[..]) };
+        assert!(op.check(100).unwrap_err().is_corruption());
+        assert!(Op::Write { inode: image(2), offset: 0, data: Arc::from(&b"x"[..]) }.check(100).is_ok());
+        assert!(Op::Reclaim { inode_number: 101 }.check(100).unwrap_err().is_corruption());
+        let parent_beyond = AttributeImage { parent: 101, ..image(2) };
+        assert!(Op::SetAttributes { inode: parent_beyond, truncate: false }.check(100).is_err());
+        assert!(Op::decode(55, &[]).unwrap_err().is_corruption());
+    }
+
     #[test]
     fn every_kind_round_trips_and_truncation_is_corruption() {
         let ops = vec![
