@@ -336,3 +336,57 @@ fn checkpoint_image_naming_another_block_is_refused() {
     let report = fsck::check(device_of(&image)).unwrap();
     assert!(report.problems[0].contains("checkpoint image"), "{:?}", report.problems);
 }
+
+/// Repairing the image damage above. While none of the checkpoint's images reached home (the
+/// crash came between the commit and the home writes), discarding from the damaged image
+/// record is safe: mount replays the records the checkpoint covered over the old home blocks,
+/// and every file reads back whole. Once images are home, replaying over them is not
+/// repeatable: the repair refuses and changes nothing.
+#[test]
+fn repair_of_a_bad_checkpoint_image_is_safe_or_refused() {
+    let (memory, device) = memory_volume(16 << 20, false);
+    let (fs, _) = FileSystem::mount(device, &options()).unwrap();
+    let first = make_file(&fs, "first", contents(1, 8192));
+    fs.checkpoint().unwrap();
+    let second = make_file(&fs, "second", contents(2, 8192));
+    fs.run_backend().unwrap();
+    let before = memory.to_bytes();
+    fs.checkpoint().unwrap();
+    drop(fs);
+    let after = memory.to_bytes();
+    let geometry = log_view(&before).geometry;
+    let header_ring =
+        geometry.header_start_byte as usize..(geometry.header_start_byte + geometry.header_slots * 64) as usize;
+    let data_ring = geometry.data_start_byte as usize..(geometry.data_start_byte + geometry.data_bytes) as usize;
+    // Images home, superblock not written / commit durable, nothing home yet.
+    let mut images_home = after.clone();
+    images_home[..2 * 4096].copy_from_slice(&before[..2 * 4096]);
+    let mut nothing_home = before.clone();
+    nothing_home[header_ring.clone()].copy_from_slice(&after[header_ring]);
+    nothing_home[data_ring.clone()].copy_from_slice(&after[data_ring]);
+    for (mut image, home) in [(images_home, true), (nothing_home, false)] {
+        let view = log_view(&image);
+        let images = view.records.iter().find(|record| record.kind == record::KIND_CHECKPOINT_IMAGES).unwrap().lsn;
+        let data_block = image.chunks(4096).position(|block| block == &first.data[..4096]).unwrap() as u64;
+        reseal_payload(&mut image, &view.geometry, images, |payload| {
+            payload[12..20].copy_from_slice(&data_block.to_le_bytes());
+        });
+        assert_refused(&image, &format!("log record {images} cannot be replayed"));
+        let device = MemoryDevice::from_bytes(image.clone());
+        let repaired = backend::discard_damaged_log(Arc::new(device.clone()));
+        if home {
+            let error = repaired.unwrap_err();
+            assert!(error.is_corruption() && error.to_string().contains("already home"), "{error}");
+            assert!(device.to_bytes() == image, "a refused repair writes nothing");
+            continue;
+        }
+        let lost = repaired.unwrap();
+        assert_eq!(lost.first().map(|record| record.lsn), Some(images), "{lost:?}");
+        assert!(lost.last().unwrap().what.contains("checkpoint commit"), "{lost:?}");
+        let image = device.to_bytes();
+        assert!(fsck::check(device_of(&image)).unwrap().is_clean());
+        let (fs, _) = FileSystem::mount(device_of(&image), &options()).unwrap();
+        assert_eq!(read_file(&fs, "first"), Some(first.data.clone()));
+        assert_eq!(read_file(&fs, "second"), Some(second.data.clone()));
+    }
+}

@@ -506,7 +506,8 @@ fn check_image(superblock: &Superblock, block_number: u64, block: &[u8; BLOCK_SI
     })
 }
 
-fn decode_images(record: &Record, superblock: &Superblock) -> Result<Decoded> {
+/// The covered lsn and the images of an image record, their contents not yet checked.
+fn parse_images(record: &Record) -> Result<(u64, Vec<Image>)> {
     let mut decoder = Decoder::new(&record.payload, "checkpoint image record");
     let covered_lsn = decoder.u64()?;
     let count = decoder.u32()? as usize;
@@ -520,10 +521,17 @@ fn decode_images(record: &Record, superblock: &Superblock) -> Result<Decoded> {
         for byte in block.iter_mut() {
             *byte = decoder.u8()?;
         }
-        check_image(superblock, block_number, &block)?;
         images.push(Image { block_number, block: Arc::new(block) });
     }
     decoder.finish()?;
+    Ok((covered_lsn, images))
+}
+
+fn decode_images(record: &Record, superblock: &Superblock) -> Result<Decoded> {
+    let (covered_lsn, images) = parse_images(record)?;
+    for image in &images {
+        check_image(superblock, image.block_number, &image.block)?;
+    }
     Ok(Decoded::Images { covered_lsn, images })
 }
 
@@ -749,6 +757,12 @@ pub fn discard_damaged_log(device: Arc<dyn crate::device::Device>) -> Result<Vec
         return Ok(Vec::new());
     };
     let kept = &scan.records[..(first_bad - tail.lsn) as usize];
+    if let Some(lsn) = dropped_images_home(device.as_ref(), &scan.records, kept, &superblock)? {
+        return Err(Error::corruption(format!(
+            "log record {first_bad} is damaged inside a checkpoint whose images (record {lsn}) are already \
+             home: replaying the records before it over them is not repeatable, so the log is not repaired"
+        )));
+    }
     let needs_commit = check_log_tail(device.as_ref(), &superblock, scan_max_covered(kept, &superblock)).is_err();
     let discarded = Log::discard_from(device.as_ref(), &geometry, tail, first_bad)?;
     if needs_commit {
@@ -765,6 +779,45 @@ pub fn discard_damaged_log(device: Arc<dyn crate::device::Device>) -> Result<Vec
         .iter()
         .map(|record| LostRecord { lsn: record.lsn, what: describe_discarded(record, &superblock) })
         .collect())
+}
+
+/// Images go home only once their commit is durable, and a checkpoint the superblock does not
+/// record is completed at mount. Discarding its commit (or records of it) is safe only while
+/// none of its images reached home: mount then replays the records it covers over the old home
+/// blocks. Returns an image record of a checkpoint the repair would drop whose image equals the
+/// home block already.
+fn dropped_images_home(
+    device: &dyn crate::device::Device,
+    records: &[Record],
+    kept: &[Record],
+    superblock: &Superblock,
+) -> Result<Option<u64>> {
+    let kept_covered: Vec<u64> = kept
+        .iter()
+        .filter(|record| record.kind == KIND_CHECKPOINT_COMMIT)
+        .filter_map(|record| {
+            record.payload.get(..8).map(|bytes| u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+        })
+        .collect();
+    let mut home: BlockBuf = Box::new([0; BLOCK_SIZE]);
+    for record in records.iter().filter(|record| record.kind == KIND_CHECKPOINT_IMAGES) {
+        let Ok((covered_lsn, images)) = parse_images(record) else {
+            continue;
+        };
+        if covered_lsn <= superblock.checkpoint_lsn || kept_covered.contains(&covered_lsn) {
+            continue;
+        }
+        for image in images {
+            if check_image(superblock, image.block_number, &image.block).is_err() {
+                continue;
+            }
+            device.read_at(image.block_number * BLOCK_SIZE_U64, &mut home[..])?;
+            if home[..] == image.block[..] {
+                return Ok(Some(record.lsn));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// The highest lsn covered by a commit among `records` whose payload decodes, for the tail check.
