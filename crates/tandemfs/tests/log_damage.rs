@@ -224,11 +224,14 @@ fn damaged_payload_in_the_middle_is_reported_and_repaired() {
     assert_prefix_kept(&image, &base, &pending, damaged);
 }
 
+/// A change made to a header before it is sealed again; the second argument is the slot count.
+type HeaderChange = fn(&mut RecordHeader, u64);
+
 #[test]
 fn header_field_changed_behind_a_resealed_crc_is_reported_and_repaired() {
     // Each field a damaged header can carry: the length, the payload CRC, the lsn (as an
     // earlier lap would), the batch.
-    let changes: [(&str, fn(&mut RecordHeader, u64)); 4] = [
+    let changes: [(&str, HeaderChange); 4] = [
         ("payload length", |header, _| header.payload_length += 1),
         ("payload crc", |header, _| header.payload_crc ^= 0x100),
         ("lsn", |header, slots| header.lsn += slots),

@@ -456,7 +456,7 @@ struct FoundCheckpoint {
 enum Decoded {
     Images { covered_lsn: u64, images: Vec<Image> },
     Commit { covered_lsn: u64, image_count: u64, orphan_head: u64, next_generation: u64 },
-    Operation(Op),
+    Operation(Box<Op>),
 }
 
 /// What replay will do, worked out from the records alone.
@@ -560,7 +560,7 @@ fn decode_record(record: &Record, superblock: &Superblock) -> Result<Decoded> {
         kind => {
             let op = Op::decode(kind, &record.payload)?;
             op.check(superblock.inode_count)?;
-            Ok(Decoded::Operation(op))
+            Ok(Decoded::Operation(Box::new(op)))
         }
     }
 }

@@ -920,7 +920,6 @@ fn damage_before_a_later_group_commit_is_refused_and_can_be_discarded() {
     assert_eq!(records.len(), 3);
 
     // The same bad payload in the last group commit is a torn tail: a normal end.
-    let mut image = image;
     image[g.data_start_byte as usize + 30] ^= 0x01;
     image[g.data_start_byte as usize + 60 + 5] ^= 0x01; // record 5, in the last batch
     let (_, records) = open(&TestDevice::from_image(image), g, LogPosition::START, no_background(0.0));
