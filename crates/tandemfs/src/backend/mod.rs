@@ -17,7 +17,7 @@ pub mod record;
 
 use crate::block::codec::Decoder;
 use crate::block::inode::Inode;
-use crate::block::meta::{BlockBuf, BLOCK_SIZE, BLOCK_SIZE_U64};
+use crate::block::meta::{verify_block, BlockBuf, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64, TRAILER_KIND_OFFSET};
 use crate::block::superblock::{Superblock, STATE_MOUNTED};
 use crate::block::volume::{Image, Volume};
 use crate::dir::{self, DirRoot, HashSeed};
@@ -454,33 +454,229 @@ struct FoundCheckpoint {
     images: Vec<Image>,
 }
 
-fn decode_images(record: &Record, superblock: &Superblock, into: &mut BTreeMap<u64, Vec<Image>>) -> Result<()> {
+/// A record after the tail, decoded and checked before replay writes anything.
+enum Decoded {
+    Images { covered_lsn: u64, images: Vec<Image> },
+    Commit { covered_lsn: u64, image_count: u64, orphan_head: u64, next_generation: u64 },
+    Operation(Box<Op>),
+}
+
+/// What replay will do, worked out from the records alone.
+struct ReplayPlan {
+    /// Checkpoints committed in the log but not recorded in the superblock, in lsn order.
+    found: Vec<FoundCheckpoint>,
+    /// The highest lsn any commit record after the tail covers.
+    max_covered_lsn: Option<u64>,
+}
+
+/// The kind a checkpoint image of `block_number` must carry, or the kinds one in the data area
+/// may carry; `None` outside the areas that hold metadata blocks.
+fn image_kinds(superblock: &Superblock, block_number: u64) -> Option<&'static [BlockKind]> {
+    let within = |start: u64, blocks: u64| block_number >= start && block_number - start < blocks;
+    if within(superblock.block_bitmap_start, superblock.block_bitmap_blocks) {
+        Some(&[BlockKind::BlockBitmap])
+    } else if within(superblock.inode_bitmap_start, superblock.inode_bitmap_blocks) {
+        Some(&[BlockKind::InodeBitmap])
+    } else if within(superblock.inode_table_start, superblock.inode_table_blocks) {
+        Some(&[BlockKind::InodeTable])
+    } else if block_number >= superblock.first_data_block && block_number < superblock.block_count {
+        Some(&[
+            BlockKind::DirLeaf,
+            BlockKind::DirIndex,
+            BlockKind::ExtentLeaf,
+            BlockKind::ExtentInternal,
+            BlockKind::Xattr,
+        ])
+    } else {
+        None
+    }
+}
+
+/// A checkpoint image must be the block it claims to be before it goes home: a sealed block of
+/// a kind that may live there, whose trailer names that block.
+fn check_image(superblock: &Superblock, block_number: u64, block: &[u8; BLOCK_SIZE]) -> Result<()> {
+    let Some(kinds) = image_kinds(superblock, block_number) else {
+        return Err(Error::corruption(format!(
+            "checkpoint image for block {block_number}, outside the metadata areas"
+        )));
+    };
+    let stored = u32::from_le_bytes(block[TRAILER_KIND_OFFSET..TRAILER_KIND_OFFSET + 4].try_into().expect("4 bytes"));
+    let kind = kinds.iter().copied().find(|kind| *kind as u32 == stored).unwrap_or(kinds[0]);
+    verify_block(block, kind, block_number).map_err(|error| match error {
+        Error::Corruption { what } => Error::corruption(format!("checkpoint image: {what}")),
+        other => other,
+    })
+}
+
+/// The covered lsn and the images of an image record, their contents not yet checked.
+fn parse_images(record: &Record) -> Result<(u64, Vec<Image>)> {
     let mut decoder = Decoder::new(&record.payload, "checkpoint image record");
-    let covered = decoder.u64()?;
+    let covered_lsn = decoder.u64()?;
     let count = decoder.u32()? as usize;
     if count > IMAGES_PER_RECORD {
         return Err(Error::corruption(format!("checkpoint image record with {count} images")));
     }
-    let list = into.entry(covered).or_default();
+    let mut images = Vec::with_capacity(count);
     for _ in 0..count {
         let block_number = decoder.u64()?;
-        if block_number < superblock.block_bitmap_start || block_number >= superblock.block_count {
-            return Err(Error::corruption(format!(
-                "checkpoint image for block {block_number}, outside the metadata area"
-            )));
-        }
         let mut block: BlockBuf = Box::new([0; BLOCK_SIZE]);
         for byte in block.iter_mut() {
             *byte = decoder.u8()?;
         }
-        list.push(Image { block_number, block: Arc::new(block) });
+        images.push(Image { block_number, block: Arc::new(block) });
     }
-    decoder.finish()
+    decoder.finish()?;
+    Ok((covered_lsn, images))
 }
 
-/// Opens a volume: reads the superblock, recovers the log, completes a checkpoint that was
-/// committed but not recorded, replays the records after the checkpoint and reclaims orphans.
-/// With `write` false nothing is written (fsck); the result is the state mount would produce.
+fn decode_images(record: &Record, superblock: &Superblock) -> Result<Decoded> {
+    let (covered_lsn, images) = parse_images(record)?;
+    for image in &images {
+        check_image(superblock, image.block_number, &image.block)?;
+    }
+    Ok(Decoded::Images { covered_lsn, images })
+}
+
+fn decode_commit(record: &Record, superblock: &Superblock) -> Result<Decoded> {
+    let mut decoder = Decoder::new(&record.payload, "checkpoint commit record");
+    let covered_lsn = decoder.u64()?;
+    let image_count = decoder.u64()?;
+    let orphan_head = decoder.u64()?;
+    let next_generation = decoder.u64()?;
+    decoder.finish()?;
+    if covered_lsn >= record.lsn {
+        return Err(Error::corruption(format!("checkpoint commit covers lsn {covered_lsn}, after itself")));
+    }
+    if orphan_head > superblock.inode_count {
+        return Err(Error::corruption(format!("checkpoint commit names orphan {orphan_head}, not an inode")));
+    }
+    Ok(Decoded::Commit { covered_lsn, image_count, orphan_head, next_generation })
+}
+
+/// Decodes one record and checks every value in it. Unknown kinds are corruption: a record
+/// replay does not understand must stop it, not be skipped.
+fn decode_record(record: &Record, superblock: &Superblock) -> Result<Decoded> {
+    match record.kind {
+        KIND_CHECKPOINT_IMAGES => decode_images(record, superblock),
+        KIND_CHECKPOINT_COMMIT => decode_commit(record, superblock),
+        kind => {
+            let op = Op::decode(kind, &record.payload)?;
+            op.check(superblock.inode_count)?;
+            Ok(Decoded::Operation(Box::new(op)))
+        }
+    }
+}
+
+/// The error for a record replay cannot use: names the lsn and what repair does.
+fn record_error(lsn: u64, error: Error) -> Error {
+    match error {
+        Error::Corruption { what } => Error::corruption(format!(
+            "log record {lsn} cannot be replayed: {what}; the records from {lsn} on are not applied \
+             (`tandem fsck --repair` keeps the records before it and discards the rest)"
+        )),
+        other => other,
+    }
+}
+
+/// Decodes every record after the tail and pairs checkpoint commits with their images. On
+/// failure returns the lsn of the first record replay cannot use, with the reason.
+fn plan_replay(records: &[Record], superblock: &Superblock) -> std::result::Result<ReplayPlan, (u64, Error)> {
+    let mut images_by_covered: BTreeMap<u64, Vec<Image>> = BTreeMap::new();
+    let mut plan = ReplayPlan { found: Vec::new(), max_covered_lsn: None };
+    for record in records {
+        let decoded = decode_record(record, superblock).map_err(|error| (record.lsn, error))?;
+        match decoded {
+            Decoded::Images { covered_lsn, images } => images_by_covered.entry(covered_lsn).or_default().extend(images),
+            Decoded::Commit { covered_lsn, image_count, orphan_head, next_generation } => {
+                let images = images_by_covered.remove(&covered_lsn).unwrap_or_default();
+                plan.max_covered_lsn = plan.max_covered_lsn.max(Some(covered_lsn));
+                // A checkpoint the superblock already records may lie partly before the tail
+                // (the tail skips its own records): ignore it.
+                if covered_lsn <= superblock.checkpoint_lsn {
+                    continue;
+                }
+                if images.len() as u64 != image_count {
+                    let what = format!(
+                        "checkpoint commit names {image_count} images covering {covered_lsn}; {} found",
+                        images.len()
+                    );
+                    return Err((record.lsn, Error::corruption(what)));
+                }
+                plan.found.push(FoundCheckpoint { covered_lsn, orphan_head, next_generation, images });
+            }
+            // Decoded again when applied: holding every write's data twice could double the
+            // memory replay needs for a large log.
+            Decoded::Operation(_) => {}
+        }
+    }
+    Ok(plan)
+}
+
+/// Checks that the superblock's log tail lies where a checkpoint put it: just after a record
+/// (its data position is where the record before it ends), and past no operation record that
+/// no checkpoint covers. A tail moved forward by damage would otherwise drop every record it
+/// skipped without a word. Records before the tail stay in the header ring until the ring
+/// wraps, so the check walks back from the tail over the records still intact there: each
+/// operation record must be covered by a commit after it (`max_covered_lsn`: the commits after
+/// the tail). Where a header is no longer there (overwritten or damaged), nothing can be judged.
+fn check_log_tail(
+    device: &dyn crate::device::Device,
+    superblock: &Superblock,
+    max_covered_lsn: Option<u64>,
+) -> Result<()> {
+    let geometry = superblock.log_geometry();
+    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
+    let moved = |what: String| {
+        Error::corruption(format!(
+            "the log tail in the superblock (lsn {}, data position {}) {what}",
+            tail.lsn, tail.data_position
+        ))
+    };
+    let mut covered = max_covered_lsn;
+    let mut expected_end = tail.data_position;
+    for lsn in (tail.lsn.saturating_sub(geometry.header_slots).max(1)..tail.lsn).rev() {
+        if covered.is_some_and(|covered| covered >= lsn) {
+            return Ok(());
+        }
+        let Some(header) = Log::read_header(device, &geometry, lsn)? else {
+            return Ok(());
+        };
+        if header.data_position.checked_add(header.payload_length as u64) != Some(expected_end) {
+            if lsn + 1 == tail.lsn {
+                return Err(moved(format!(
+                    "is not where record {lsn} ends (data position {} + {} bytes)",
+                    header.data_position, header.payload_length
+                )));
+            }
+            return Ok(()); // an older record of another lap
+        }
+        expected_end = header.data_position;
+        match header.kind {
+            KIND_CHECKPOINT_IMAGES => {}
+            KIND_CHECKPOINT_COMMIT => match Log::read_payload(device, &geometry, &header)? {
+                Some(payload) if payload.len() >= 8 => {
+                    let covered_lsn = u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"));
+                    covered = covered.max(Some(covered_lsn));
+                }
+                _ => return Ok(()),
+            },
+            kind => {
+                return Err(moved(format!(
+                    "skips operation record {lsn} (kind {kind}), which no checkpoint covers: \
+                     the records it skipped would be lost"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens a volume: reads the superblock, recovers the log, checks every record and the tail,
+/// completes a checkpoint that was committed but not recorded, replays the records after the
+/// checkpoint and reclaims orphans. With `write` false nothing is written (fsck); the result is
+/// the state mount would produce. Damage in the log (a bad record followed by good ones, a
+/// record replay does not understand, a checkpoint image that is not the block it names, a
+/// moved tail) is `Error::Corruption` naming the record; nothing is written home then.
 pub fn open_volume(
     device: Arc<dyn crate::device::Device>,
     log_options: LogOptions,
@@ -494,50 +690,16 @@ pub fn open_volume(
     let mut report = MountReport { was_dirty: superblock.state == STATE_MOUNTED, ..MountReport::default() };
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, log_options)?;
+    let plan = plan_replay(&records, &superblock).map_err(|(lsn, error)| record_error(lsn, error))?;
+    check_log_tail(device.as_ref(), &superblock, plan.max_covered_lsn)?;
 
-    // Checkpoints committed in the log but not yet in the superblock.
-    let mut images_by_covered: BTreeMap<u64, Vec<Image>> = BTreeMap::new();
-    let mut found: Vec<FoundCheckpoint> = Vec::new();
-    for record in &records {
-        match record.kind {
-            KIND_CHECKPOINT_IMAGES => decode_images(record, &superblock, &mut images_by_covered)?,
-            KIND_CHECKPOINT_COMMIT => {
-                let mut decoder = Decoder::new(&record.payload, "checkpoint commit record");
-                let covered_lsn = decoder.u64()?;
-                let image_count = decoder.u64()?;
-                let orphan_head = decoder.u64()?;
-                let next_generation = decoder.u64()?;
-                decoder.finish()?;
-                let images = images_by_covered.remove(&covered_lsn).unwrap_or_default();
-                if covered_lsn >= record.lsn {
-                    return Err(Error::corruption(format!(
-                        "checkpoint commit at lsn {} covers {covered_lsn}, after itself",
-                        record.lsn
-                    )));
-                }
-                // A checkpoint the superblock already records may lie partly before the tail
-                // (the tail skips its own records): ignore it.
-                if covered_lsn > superblock.checkpoint_lsn {
-                    if images.len() as u64 != image_count {
-                        return Err(Error::corruption(format!(
-                            "checkpoint commit at lsn {} names {image_count} images covering {covered_lsn}; {} found",
-                            record.lsn,
-                            images.len()
-                        )));
-                    }
-                    found.push(FoundCheckpoint { covered_lsn, orphan_head, next_generation, images });
-                }
-            }
-            _ => {}
-        }
-    }
     let mut base_lsn = superblock.checkpoint_lsn;
-    if let Some(last) = found.last() {
+    if let Some(last) = plan.found.last() {
         report.checkpoint_completed = true;
         base_lsn = last.covered_lsn;
         superblock.orphan_head = last.orphan_head;
         superblock.next_generation = last.next_generation;
-        for checkpoint in &found {
+        for checkpoint in &plan.found {
             Volume::write_images_home(device.as_ref(), &checkpoint.images)?;
         }
         device.flush()?;
@@ -553,15 +715,175 @@ pub fn open_volume(
     let mut volume = Volume::load(device.clone(), superblock.clone(), cache_blocks)?;
     let applier = Applier { hash_seed: superblock.hash_seed };
     for record in &records {
-        if record.lsn <= base_lsn || record.kind >= KIND_CHECKPOINT_IMAGES {
+        if record.lsn <= base_lsn || record.kind == KIND_CHECKPOINT_IMAGES || record.kind == KIND_CHECKPOINT_COMMIT {
             continue;
         }
-        let op = Op::decode(record.kind, &record.payload)?;
+        let op = Op::decode(record.kind, &record.payload).map_err(|error| record_error(record.lsn, error))?;
         applier.apply(&mut volume, record.lsn, &op)?;
         report.records_replayed += 1;
     }
     report.orphans_reclaimed = applier.reclaim_orphans(&mut volume)?;
     Ok((volume, log, applier, report))
+}
+
+/// A log record that [`discard_damaged_log`] removed, for the repair report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostRecord {
+    pub lsn: u64,
+    /// What the record was, as far as it could be read ("write of 4096 bytes at 0 to inode 12",
+    /// "damaged record: header unreadable").
+    pub what: String,
+}
+
+/// Repair for `tandem fsck --repair`: when the log cannot be replayed past some record (a
+/// damaged record followed by good ones, a record replay does not understand, an impossible
+/// value, a checkpoint image that is not the block it names), removes that record and every
+/// later one, so that the volume mounts and replays the records before it. Returns one entry
+/// per removed record in lsn order, saying what it was; empty when the log needs no repair, and
+/// then nothing is written. A moved tail cannot be repaired here (the records it skipped are
+/// not in the log's future): that stays an error. The volume must not be mounted.
+pub fn discard_damaged_log(device: Arc<dyn crate::device::Device>) -> Result<Vec<LostRecord>> {
+    let superblock = Superblock::read_best(device.as_ref())?;
+    let geometry = superblock.log_geometry();
+    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
+    let scan = Log::scan(device.as_ref(), &geometry, tail)?;
+    // The first record replay cannot use: one that does not decode or check, or the damage
+    // where the scan stopped.
+    let first_bad = match plan_replay(&scan.records, &superblock) {
+        Ok(_) => scan.damage.as_ref().map(|damage| damage.lsn),
+        Err((lsn, _)) => Some(lsn),
+    };
+    // A wrong tail is not repaired by discarding records after it: that stays an error.
+    check_log_tail(device.as_ref(), &superblock, scan_max_covered(&scan.records, &superblock))?;
+    let Some(first_bad) = first_bad else {
+        return Ok(Vec::new());
+    };
+    let kept = &scan.records[..(first_bad - tail.lsn) as usize];
+    if let Some(lsn) = dropped_images_home(device.as_ref(), &scan.records, kept, &superblock)? {
+        return Err(Error::corruption(format!(
+            "log record {first_bad} is damaged inside a checkpoint whose images (record {lsn}) are already \
+             home: replaying the records before it over them is not repeatable, so the log is not repaired"
+        )));
+    }
+    let needs_commit = check_log_tail(device.as_ref(), &superblock, scan_max_covered(kept, &superblock)).is_err();
+    let discarded = Log::discard_from(device.as_ref(), &geometry, tail, first_bad)?;
+    if needs_commit {
+        // The commit that justified the tail was among the discarded records: log a commit
+        // covering up to the tail (what the superblock already records) so the next mount
+        // accepts the tail.
+        let options = LogOptions { flush_delay_us: u64::MAX, reserve_fraction: 0.0 };
+        let (log, _) = Log::recover(device.clone(), geometry, tail, options)?;
+        let commit = encode_commit(tail.lsn - 1, 0, &superblock);
+        log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;
+        log.shutdown()?;
+    }
+    Ok(discarded
+        .iter()
+        .map(|record| LostRecord { lsn: record.lsn, what: describe_discarded(record, &superblock) })
+        .collect())
+}
+
+/// Images go home only once their commit is durable, and a checkpoint the superblock does not
+/// record is completed at mount. Discarding its commit (or records of it) is safe only while
+/// none of its images reached home: mount then replays the records it covers over the old home
+/// blocks. Returns an image record of a checkpoint the repair would drop whose image equals the
+/// home block already.
+fn dropped_images_home(
+    device: &dyn crate::device::Device,
+    records: &[Record],
+    kept: &[Record],
+    superblock: &Superblock,
+) -> Result<Option<u64>> {
+    let kept_covered: Vec<u64> = kept
+        .iter()
+        .filter(|record| record.kind == KIND_CHECKPOINT_COMMIT)
+        .filter_map(|record| {
+            record.payload.get(..8).map(|bytes| u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+        })
+        .collect();
+    let mut home: BlockBuf = Box::new([0; BLOCK_SIZE]);
+    for record in records.iter().filter(|record| record.kind == KIND_CHECKPOINT_IMAGES) {
+        let Ok((covered_lsn, images)) = parse_images(record) else {
+            continue;
+        };
+        if covered_lsn <= superblock.checkpoint_lsn || kept_covered.contains(&covered_lsn) {
+            continue;
+        }
+        for image in images {
+            if check_image(superblock, image.block_number, &image.block).is_err() {
+                continue;
+            }
+            device.read_at(image.block_number * BLOCK_SIZE_U64, &mut home[..])?;
+            if home[..] == image.block[..] {
+                return Ok(Some(record.lsn));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The highest lsn covered by a commit among `records` whose payload decodes, for the tail check.
+fn scan_max_covered(records: &[Record], superblock: &Superblock) -> Option<u64> {
+    records
+        .iter()
+        .filter(|record| record.kind == KIND_CHECKPOINT_COMMIT)
+        .filter_map(|record| match decode_commit(record, superblock) {
+            Ok(Decoded::Commit { covered_lsn, .. }) => Some(covered_lsn),
+            _ => None,
+        })
+        .max()
+}
+
+/// Words for a discarded record: what it would have changed, or why it could not be read.
+fn describe_discarded(record: &crate::log::DiscardedRecord, superblock: &Superblock) -> String {
+    let Some(header) = &record.header else {
+        return "damaged record: header unreadable".into();
+    };
+    let Some(payload) = &record.payload else {
+        return format!(
+            "damaged record of kind {}: payload of {} bytes unreadable",
+            header.kind, header.payload_length
+        );
+    };
+    let as_record = Record { lsn: record.lsn, kind: header.kind, payload: payload.clone() };
+    match decode_record(&as_record, superblock) {
+        Ok(Decoded::Images { images, .. }) => format!("checkpoint images of {} metadata blocks", images.len()),
+        Ok(Decoded::Commit { covered_lsn, .. }) => format!("checkpoint commit covering lsn {covered_lsn}"),
+        Ok(Decoded::Operation(op)) => describe_op(&op),
+        Err(error) => format!("record of kind {} that cannot be replayed: {error}", header.kind),
+    }
+}
+
+fn describe_op(op: &Op) -> String {
+    let name = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    match op {
+        Op::Create { parent, name: entry, inode, .. } => {
+            format!("create {:?} (inode {}) in directory {}", name(entry), inode.inode_number, parent.inode_number)
+        }
+        Op::Link { parent, name: entry, inode } => {
+            format!("link {:?} to inode {} in directory {}", name(entry), inode.inode_number, parent.inode_number)
+        }
+        Op::Unlink { parent, name: entry, inode, .. } => {
+            format!("remove {:?} (inode {}) from directory {}", name(entry), inode.inode_number, parent.inode_number)
+        }
+        Op::Rename { parent, name: entry, new_parent, new_name, .. } => {
+            format!("rename {:?} in directory {parent} to {:?} in directory {new_parent}", name(entry), name(new_name))
+        }
+        Op::SetAttributes { inode, .. } => format!("attribute change of inode {}", inode.inode_number),
+        Op::Write { inode, offset, data } => {
+            format!("write of {} bytes at offset {offset} to inode {}", data.len(), inode.inode_number)
+        }
+        Op::Range { inode, kind, offset, length, .. } => {
+            format!("{kind:?} of {length} bytes at offset {offset} in inode {}", inode.inode_number)
+        }
+        Op::SetXattr { inode, name: attribute, .. } => {
+            format!("set attribute {:?} of inode {}", name(attribute), inode.inode_number)
+        }
+        Op::RemoveXattr { inode, name: attribute } => {
+            format!("remove attribute {:?} of inode {}", name(attribute), inode.inode_number)
+        }
+        Op::Reclaim { inode_number } => format!("free orphan inode {inode_number}"),
+    }
 }
 
 /// A copy-on-write view of a device: reads see `images` laid over the device, writes land in

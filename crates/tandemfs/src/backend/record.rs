@@ -4,7 +4,7 @@
 //! never disagree about POSIX semantics, and replay needs no clock.
 
 use crate::block::codec::{Decoder, Encoder};
-use crate::block::inode::Inode;
+use crate::block::inode::{self, Inode};
 use crate::error::{Error, Result};
 use crate::types::{FileType, NAME_MAX_BYTES, SYMLINK_MAX_BYTES, XATTR_NAME_MAX_BYTES};
 use std::sync::Arc;
@@ -120,7 +120,7 @@ impl AttributeImage {
             parent: decoder.u64()?,
             flags: decoder.u32()?,
         };
-        if image.inode_number == 0 || FileType::from_mode(image.mode).is_none() {
+        if image.inode_number == 0 || !inode::mode_is_valid(image.mode) {
             return Err(Error::corruption(format!(
                 "log record: attribute image of inode {} with mode {:#o}",
                 image.inode_number, image.mode
@@ -133,6 +133,18 @@ impl AttributeImage {
             )));
         }
         Ok(image)
+    }
+
+    /// The checks that need the volume: the inode numbers exist, as the inode decoder demands
+    /// of the inode this image will be written into.
+    fn check(&self, inode_count: u64) -> Result<()> {
+        if self.inode_number > inode_count || !inode::parent_is_valid(self.parent, inode_count) {
+            return Err(Error::corruption(format!(
+                "log record: attribute image of inode {} with parent {} on a volume of {inode_count} inodes",
+                self.inode_number, self.parent
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -330,6 +342,18 @@ impl Op {
             Ok(name.to_vec())
         };
         let disposition = |decoder: &mut Decoder| Disposition::from_u8(decoder.u8()?);
+        let xattr_name = |decoder: &mut Decoder| -> Result<Vec<u8>> {
+            let name = decoder.bytes(XATTR_NAME_MAX_BYTES)?;
+            if name.is_empty() || name.contains(&0) {
+                return Err(Error::corruption("log record: invalid attribute name"));
+            }
+            Ok(name.to_vec())
+        };
+        let flag = |decoder: &mut Decoder| match decoder.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(Error::corruption(format!("log record: flag byte {other}"))),
+        };
         let op = match kind {
             KIND_CREATE => Op::Create {
                 parent: AttributeImage::decode(&mut decoder)?,
@@ -374,7 +398,7 @@ impl Op {
                 Op::Rename { parent, name: old_name, new_parent, new_name, kind, replaced, images }
             }
             KIND_SET_ATTRIBUTES => {
-                Op::SetAttributes { inode: AttributeImage::decode(&mut decoder)?, truncate: decoder.u8()? != 0 }
+                Op::SetAttributes { inode: AttributeImage::decode(&mut decoder)?, truncate: flag(&mut decoder)? }
             }
             KIND_WRITE => {
                 let inode = AttributeImage::decode(&mut decoder)?;
@@ -401,22 +425,60 @@ impl Op {
                     4 => RangeKind::Allocate,
                     other => return Err(Error::corruption(format!("log record: range kind {other}"))),
                 };
-                Op::Range { inode, kind, offset: decoder.u64()?, length: decoder.u64()?, keep_size: decoder.u8()? != 0 }
+                let (offset, length) = (decoder.u64()?, decoder.u64()?);
+                let end = offset.checked_add(length);
+                let end_limit = if kind == RangeKind::PunchHole { u64::MAX } else { crate::extent::MAX_FILE_BYTES };
+                if length == 0 || offset > crate::extent::MAX_FILE_BYTES || end.is_none_or(|end| end > end_limit) {
+                    return Err(Error::corruption(format!("log record: range of {length} bytes at {offset}")));
+                }
+                Op::Range { inode, kind, offset, length, keep_size: flag(&mut decoder)? }
             }
             KIND_SET_XATTR => Op::SetXattr {
                 inode: AttributeImage::decode(&mut decoder)?,
-                name: decoder.bytes(XATTR_NAME_MAX_BYTES)?.to_vec(),
+                name: xattr_name(&mut decoder)?,
                 value: decoder.bytes(XATTR_VALUE_MAX_BYTES)?.to_vec(),
             },
-            KIND_REMOVE_XATTR => Op::RemoveXattr {
-                inode: AttributeImage::decode(&mut decoder)?,
-                name: decoder.bytes(XATTR_NAME_MAX_BYTES)?.to_vec(),
-            },
+            KIND_REMOVE_XATTR => {
+                Op::RemoveXattr { inode: AttributeImage::decode(&mut decoder)?, name: xattr_name(&mut decoder)? }
+            }
             KIND_RECLAIM => Op::Reclaim { inode_number: decoder.u64()? },
             other => return Err(Error::corruption(format!("log record kind {other} is unknown"))),
         };
         decoder.finish()?;
         Ok(op)
+    }
+
+    /// The checks of a decoded record that need the volume: every inode number it names lies
+    /// on a volume of `inode_count` inodes. Replay runs this before it applies anything.
+    pub fn check(&self, inode_count: u64) -> Result<()> {
+        let number = |inode_number: u64, what: &str| {
+            if inode_number == 0 || inode_number > inode_count {
+                return Err(Error::corruption(format!(
+                    "log record: {what} inode {inode_number} on a volume of {inode_count} inodes"
+                )));
+            }
+            Ok(())
+        };
+        match self {
+            Op::Create { parent, inode, .. } | Op::Link { parent, inode, .. } | Op::Unlink { parent, inode, .. } => {
+                parent.check(inode_count)?;
+                inode.check(inode_count)
+            }
+            Op::Rename { parent, new_parent, replaced, images, .. } => {
+                number(*parent, "rename source directory")?;
+                number(*new_parent, "rename target directory")?;
+                if let Some((replaced, _)) = replaced {
+                    number(*replaced, "replaced")?;
+                }
+                images.iter().try_for_each(|image| image.check(inode_count))
+            }
+            Op::SetAttributes { inode, .. }
+            | Op::Write { inode, .. }
+            | Op::Range { inode, .. }
+            | Op::SetXattr { inode, .. }
+            | Op::RemoveXattr { inode, .. } => inode.check(inode_count),
+            Op::Reclaim { inode_number } => number(*inode_number, "reclaimed"),
+        }
     }
 }
 
@@ -441,6 +503,52 @@ mod tests {
             parent: 0,
             flags: 0,
         }
+    }
+
+    /// The record decoder is as strict as the inode decoder: a mode the inode decoder rejects,
+    /// a flag byte other than 0 or 1, an inode number beyond the volume are corruption.
+    #[test]
+    fn impossible_values_are_corruption() {
+        for mode in [0o100644 | 0o200000, 0o100644 | 0x8000_0000, 0o000644] {
+            let op = Op::SetAttributes { inode: AttributeImage { mode, ..image(2) }, truncate: false };
+            assert!(Op::decode(op.kind(), &op.encode_head()).unwrap_err().is_corruption(), "mode {mode:#o}");
+            let mut bytes = [0u8; crate::block::inode::INODE_BYTES];
+            let mut inode_image = image(2);
+            inode_image.mode = mode;
+            let mut inode = Inode {
+                inode_number: 2,
+                generation: 0,
+                mode: 0o100644,
+                link_count: 0,
+                uid: 0,
+                gid: 0,
+                size_bytes: 0,
+                blocks_owned: 0,
+                access_time_ns: 0,
+                modify_time_ns: 0,
+                change_time_ns: 0,
+                birth_time_ns: 0,
+                rdev: 0,
+                parent: 0,
+                orphan_next: 0,
+                xattr_block: 0,
+                flags: 0,
+                root_area: [0; 64],
+            };
+            inode_image.apply_to(&mut inode);
+            inode.encode(&mut bytes);
+            assert!(Inode::decode(&bytes, 2, 100).is_err(), "the inode decoder agrees about {mode:#o}");
+        }
+        let mut payload = Op::SetAttributes { inode: image(2), truncate: true }.encode_head();
+        *payload.last_mut().unwrap() = 2;
+        assert!(Op::decode(KIND_SET_ATTRIBUTES, &payload).unwrap_err().is_corruption());
+        let op = Op::Write { inode: image(200), offset: 0, data: Arc::from(&b"x"[..]) };
+        assert!(op.check(100).unwrap_err().is_corruption());
+        assert!(Op::Write { inode: image(2), offset: 0, data: Arc::from(&b"x"[..]) }.check(100).is_ok());
+        assert!(Op::Reclaim { inode_number: 101 }.check(100).unwrap_err().is_corruption());
+        let parent_beyond = AttributeImage { parent: 101, ..image(2) };
+        assert!(Op::SetAttributes { inode: parent_beyond, truncate: false }.check(100).is_err());
+        assert!(Op::decode(55, &[]).unwrap_err().is_corruption());
     }
 
     #[test]

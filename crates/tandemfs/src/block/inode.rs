@@ -28,6 +28,19 @@ pub const OFFSET_ROOT_AREA: usize = 120;
 /// Bytes 184..256 are zero in format version 1.
 pub const USED_BYTES: usize = OFFSET_ROOT_AREA + ROOT_AREA_BYTES;
 
+/// Whether an inode may hold `mode`: a known file type and no bits besides the type and the
+/// permission bits. The inode decoder and the log record decoder share this check, so that
+/// replay never writes an inode that its next read would reject.
+pub fn mode_is_valid(mode: u32) -> bool {
+    FileType::from_mode(mode).is_some() && mode & !(FileType::MODE_MASK | 0o7777) == 0
+}
+
+/// Whether `parent` may be stored as an inode's parent on a volume of `inode_count` inodes
+/// (0: none). Shared with the log record decoder for the same reason as [`mode_is_valid`].
+pub fn parent_is_valid(parent: u64, inode_count: u64) -> bool {
+    parent <= inode_count
+}
+
 /// An inode as stored. The root area is a `DirRoot` for directories and an `ExtentRoot` for
 /// regular files and symlinks; zero otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,12 +109,12 @@ impl Inode {
             return fail(format!("record names inode {stored_number}"));
         }
         let mode = get_u32(bytes, OFFSET_MODE);
-        if FileType::from_mode(mode).is_none() || mode & !(FileType::MODE_MASK | 0o7777) != 0 {
+        if !mode_is_valid(mode) {
             return fail(format!("mode {mode:#o} is not valid"));
         }
         let parent = get_u64(bytes, OFFSET_PARENT);
         let orphan_next = get_u64(bytes, OFFSET_ORPHAN_NEXT);
-        if parent > inode_count || orphan_next > inode_count {
+        if !parent_is_valid(parent, inode_count) || orphan_next > inode_count {
             return fail(format!("parent {parent} or orphan link {orphan_next} is not an inode"));
         }
         if bytes[USED_BYTES..].iter().any(|byte| *byte != 0) {

@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Inode records per inode-table block (256-byte records in the 4080-byte payload).
 pub const INODES_PER_BLOCK: u64 = 15;
 /// Bits per bitmap block (the 4080-byte payload).
@@ -231,7 +231,10 @@ impl Superblock {
         }
         let version = get_u32(bytes, OFFSET_VERSION);
         if version != FORMAT_VERSION {
-            return fail(format!("format version {version}; this build reads version {FORMAT_VERSION}"));
+            let age = if version < FORMAT_VERSION { "older than" } else { "newer than" };
+            return fail(format!(
+                "format version {version} is {age} this build's {FORMAT_VERSION}: this build cannot read it"
+            ));
         }
         if get_u32(bytes, OFFSET_BLOCK_SIZE) != BLOCK_SIZE as u32 {
             return fail(format!("block size {} is not {BLOCK_SIZE}", get_u32(bytes, OFFSET_BLOCK_SIZE)));

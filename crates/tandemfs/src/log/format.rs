@@ -11,7 +11,7 @@ pub const HEADERS_PER_BLOCK: u64 = 4096 / HEADER_SIZE as u64;
 pub const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"TLRH");
 /// Flag bit: the record was appended with `append_reserved` (may use the reserve share).
 pub const FLAG_RESERVE: u16 = 0x0001;
-/// Every flag bit format version 1 defines; any other bit set in a CRC-valid header is corruption.
+/// Every flag bit the format defines; any other bit set in a CRC-valid header is corruption.
 pub const KNOWN_FLAGS: u16 = FLAG_RESERVE;
 /// Largest payload a header can describe (the length field is 32 bits).
 pub const MAX_PAYLOAD_BYTES: u64 = u32::MAX as u64;
@@ -25,7 +25,8 @@ pub mod field {
     pub const DATA_POSITION: usize = 16;
     pub const PAYLOAD_LENGTH: usize = 24;
     pub const PAYLOAD_CRC: usize = 28;
-    pub const RESERVED: usize = 32;
+    pub const BATCH_FIRST_LSN: usize = 32;
+    pub const RESERVED: usize = 40;
     pub const HEADER_CRC: usize = 60;
 }
 
@@ -107,6 +108,10 @@ pub struct RecordHeader {
     pub data_position: u64,
     pub payload_length: u32,
     pub payload_crc: u32,
+    /// The lsn of the first record of the group commit that wrote this header (format version
+    /// 2). A header written by a later group commit proves that every record of the earlier
+    /// ones was flushed, so a bad record before it is damage, not a torn tail.
+    pub batch_first_lsn: u64,
 }
 
 /// Why 64 bytes did not decode as a header.
@@ -129,6 +134,7 @@ impl RecordHeader {
         out[field::DATA_POSITION..field::DATA_POSITION + 8].copy_from_slice(&self.data_position.to_le_bytes());
         out[field::PAYLOAD_LENGTH..field::PAYLOAD_LENGTH + 4].copy_from_slice(&self.payload_length.to_le_bytes());
         out[field::PAYLOAD_CRC..field::PAYLOAD_CRC + 4].copy_from_slice(&self.payload_crc.to_le_bytes());
+        set_batch_first_lsn(out, self.batch_first_lsn);
     }
 
     /// Encodes a complete header, CRC included.
@@ -150,11 +156,18 @@ impl RecordHeader {
             data_position: read_u64(bytes, field::DATA_POSITION),
             payload_length: read_u32(bytes, field::PAYLOAD_LENGTH),
             payload_crc: read_u32(bytes, field::PAYLOAD_CRC),
+            batch_first_lsn: read_u64(bytes, field::BATCH_FIRST_LSN),
         })
     }
 }
 
-/// Whether the reserved bytes 32..60 of a header are zero (format version 1 requires it).
+/// Sets the batch field of an encoded, unsealed header: the flush leader knows the batch only
+/// when it takes the pending headers, after `append` encoded them.
+pub fn set_batch_first_lsn(bytes: &mut [u8], batch_first_lsn: u64) {
+    bytes[field::BATCH_FIRST_LSN..field::BATCH_FIRST_LSN + 8].copy_from_slice(&batch_first_lsn.to_le_bytes());
+}
+
+/// Whether the reserved bytes 40..60 of a header are zero (format version 2 requires it).
 pub fn reserved_is_zero(bytes: &[u8]) -> bool {
     bytes[field::RESERVED..field::HEADER_CRC].iter().all(|&b| b == 0)
 }

@@ -32,6 +32,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub use format::{LogGeometry, RecordHeader, HEADERS_PER_BLOCK, HEADER_SIZE, MAX_PAYLOAD_BYTES};
+pub use recover::LogDamage;
 
 /// Appended-but-unflushed payload bytes above which `append` first flushes what is pending.
 pub const MAX_PENDING_DATA_BYTES: usize = 8 << 20;
@@ -56,6 +57,28 @@ pub struct Record {
     pub lsn: u64,
     pub kind: u16,
     pub payload: Vec<u8>,
+}
+
+/// What a read-only scan of the log found ([`Log::scan`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogScan {
+    /// The valid records from the tail, in lsn order.
+    pub records: Vec<Record>,
+    /// Where the next record would go: just after the last valid record.
+    pub end: LogPosition,
+    /// Set when the log does not end at `end` but is damaged there (valid records follow, or
+    /// the header there carries an impossible value). `recover` refuses such a log.
+    pub damage: Option<LogDamage>,
+}
+
+/// A record removed from the log by [`Log::discard_from`]: what could still be read of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiscardedRecord {
+    pub lsn: u64,
+    /// The header, when it was intact.
+    pub header: Option<RecordHeader>,
+    /// The payload, when the header was intact and the payload matched its CRC.
+    pub payload: Option<Vec<u8>>,
 }
 
 /// Tunables of a running log.
@@ -176,22 +199,15 @@ impl Log {
         tail: LogPosition,
         options: LogOptions,
     ) -> Result<(Arc<Log>, Vec<Record>)> {
-        geometry.validate(device.size_bytes())?;
-        if tail.lsn == 0 {
-            return Err(Error::invalid("log tail lsn 0: lsns start at 1"));
-        }
-        if tail.lsn.checked_add(geometry.header_slots).is_none()
-            || tail.data_position.checked_add(geometry.data_bytes).is_none()
-        {
-            return Err(Error::corruption(format!(
-                "log tail {tail:?} is too close to the end of the lsn or position space"
-            )));
-        }
+        check_tail(device.as_ref(), &geometry, tail)?;
         if !(0.0..1.0).contains(&options.reserve_fraction) {
             return Err(Error::invalid(format!("log reserve fraction {} is not in [0, 1)", options.reserve_fraction)));
         }
         let scan = recover::scan(device.as_ref(), &geometry, tail)?;
-        recover::scrub(device.as_ref(), &geometry, tail, scan.end)?;
+        if let Some(damage) = &scan.damage {
+            return Err(damage.to_error());
+        }
+        recover::scrub(device.as_ref(), &geometry, tail, scan.end.lsn)?;
 
         let share = 1.0 - options.reserve_fraction;
         let normal_slots = ((geometry.header_slots as f64 * share) as u64).min(geometry.header_slots);
@@ -237,6 +253,67 @@ impl Log {
             None => None,
         };
         Ok((Arc::new(Log { inner, flusher: Mutex::new(flusher) }), scan.records))
+    }
+
+    /// Reads the log from `tail` as `recover` would, without writing anything and without
+    /// refusing damage: the valid records, where they end and whether the log is damaged there.
+    /// For fsck and repair.
+    pub fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPosition) -> Result<LogScan> {
+        check_tail(device, geometry, tail)?;
+        let scan = recover::scan(device, geometry, tail)?;
+        Ok(LogScan { records: scan.records, end: scan.end, damage: scan.damage })
+    }
+
+    /// Repair: removes record `first_lsn` and every record after it from the log, so that the
+    /// log ends just before it and `recover` accepts it. Returns what could be read of each
+    /// removed record: every lsn from `first_lsn` up to the last header still intact after it.
+    /// The header slots are zeroed and the device flushed before this returns. `first_lsn` must
+    /// lie in `[tail.lsn, tail.lsn + header_slots]`; the records before it must be the valid
+    /// records of a scan (the caller found the damage with [`Log::scan`]).
+    pub fn discard_from(
+        device: &dyn Device,
+        geometry: &LogGeometry,
+        tail: LogPosition,
+        first_lsn: u64,
+    ) -> Result<Vec<DiscardedRecord>> {
+        check_tail(device, geometry, tail)?;
+        if first_lsn < tail.lsn || first_lsn - tail.lsn > geometry.header_slots {
+            return Err(Error::invalid(format!(
+                "discard log records from lsn {first_lsn}: outside the log window from the tail {}",
+                tail.lsn
+            )));
+        }
+        let mut discarded = Vec::new();
+        let mut last_intact = first_lsn;
+        for lsn in first_lsn..tail.lsn + geometry.header_slots {
+            let header = recover::read_header(device, geometry, lsn)?;
+            let payload = match &header {
+                Some(header) => recover::read_payload(device, geometry, header)?,
+                None => None,
+            };
+            if header.is_some() {
+                last_intact = lsn;
+            }
+            discarded.push(DiscardedRecord { lsn, header, payload });
+        }
+        discarded.truncate((last_intact - first_lsn + 1) as usize);
+        if first_lsn < tail.lsn + geometry.header_slots {
+            recover::scrub(device, geometry, tail, first_lsn)?;
+        }
+        Ok(discarded)
+    }
+
+    /// The header in the slot of `lsn`, if that slot holds a CRC-valid header of that lsn.
+    /// Mount reads the records just before the tail with it, to check the tail.
+    pub fn read_header(device: &dyn Device, geometry: &LogGeometry, lsn: u64) -> Result<Option<RecordHeader>> {
+        geometry.validate(device.size_bytes())?;
+        recover::read_header(device, geometry, lsn)
+    }
+
+    /// The payload `header` describes, if it matches the header's payload CRC.
+    pub fn read_payload(device: &dyn Device, geometry: &LogGeometry, header: &RecordHeader) -> Result<Option<Vec<u8>>> {
+        geometry.validate(device.size_bytes())?;
+        recover::read_payload(device, geometry, header)
     }
 
     /// Appends a record whose payload is the concatenation of `payload_parts`. Returns its lsn,
@@ -392,6 +469,22 @@ impl Log {
     }
 }
 
+/// Checks the geometry and a tail read from the superblock before anything is read.
+fn check_tail(device: &dyn Device, geometry: &LogGeometry, tail: LogPosition) -> Result<()> {
+    geometry.validate(device.size_bytes())?;
+    if tail.lsn == 0 {
+        return Err(Error::invalid("log tail lsn 0: lsns start at 1"));
+    }
+    if tail.lsn.checked_add(geometry.header_slots).is_none()
+        || tail.data_position.checked_add(geometry.data_bytes).is_none()
+    {
+        return Err(Error::corruption(format!(
+            "log tail {tail:?} is too close to the end of the lsn or position space"
+        )));
+    }
+    Ok(())
+}
+
 impl Drop for Log {
     /// Stops the background flusher without flushing: records not yet durable are treated as
     /// after a crash (never acknowledged). Call `shutdown` for a clean stop.
@@ -457,6 +550,7 @@ impl Inner {
                 data_position: position,
                 payload_length: length as u32,
                 payload_crc,
+                batch_first_lsn: 0, // set by the flush leader, which knows the batch
             };
             let at = state.headers.len();
             state.headers.resize(at + HEADER_SIZE, 0);
@@ -554,6 +648,7 @@ impl Inner {
     ) -> Result<()> {
         let g = &self.geometry;
         for header in headers.chunks_exact_mut(HEADER_SIZE) {
+            format::set_batch_first_lsn(header, first_lsn);
             format::seal(header);
         }
         let slot = first_lsn % g.header_slots;

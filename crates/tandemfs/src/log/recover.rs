@@ -17,6 +17,38 @@ pub(crate) struct Scan {
     pub positions: Vec<u64>,
     /// Where the next record goes.
     pub end: LogPosition,
+    /// Set when the record at `end` is damaged rather than torn.
+    pub damage: Option<LogDamage>,
+}
+
+/// A record that cannot be read although it was durable: a record written by a later group
+/// commit follows it, or its CRC-valid header carries a value no writer produces. Recovery
+/// refuses such a log (see `docs/LOG.md`, *Damage*); `discard_from` repairs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogDamage {
+    /// The first record that cannot be read.
+    pub lsn: u64,
+    /// Its header slot.
+    pub slot: u64,
+    /// What is wrong with it.
+    pub why: String,
+    /// A later record written by a later group commit, when that is the evidence.
+    pub later_lsn: Option<u64>,
+}
+
+impl LogDamage {
+    /// The one-line error mount and fsck report.
+    pub fn to_error(&self) -> Error {
+        let evidence = match self.later_lsn {
+            Some(later) => format!(" but record {later}, written by a later group commit, is intact"),
+            None => String::new(),
+        };
+        Error::corruption(format!(
+            "log record {} (header slot {}) is damaged: {}{evidence}; the records from {} on cannot be replayed \
+             (`tandem fsck --repair` keeps the records before it and discards the rest)",
+            self.lsn, self.slot, self.why, self.lsn
+        ))
+    }
 }
 
 /// Reads header slots in chunks of up to `SLOTS_PER_READ`, never across the ring wrap.
@@ -62,76 +94,138 @@ pub(crate) fn read_data(device: &dyn Device, geometry: &LogGeometry, position: u
 }
 
 /// Scans from `tail`. Stops at the first slot that does not hold the expected record (bad
-/// magic or header CRC, another lsn, payload CRC mismatch). A header that passes its CRC and
-/// carries the expected lsn but an impossible value is corruption.
+/// magic or header CRC, another lsn, payload CRC mismatch), then looks at the slots after it:
+/// a header written by a later group commit means the bad record had been flushed, so it is
+/// damage, not a torn tail. A header that passes its CRC and carries the expected lsn but an
+/// impossible value is damage by itself. Writes nothing.
 pub(crate) fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPosition) -> Result<Scan> {
     let mut reader = HeaderReader::new(device, geometry);
     let mut records = Vec::new();
     let mut positions = Vec::new();
     let mut expected = tail;
     let mut used_bytes: u64 = 0;
+    let mut previous_batch: Option<u64> = None;
     for index in 0..geometry.header_slots {
         let lsn = tail.lsn + index; // cannot overflow: recover() checked tail.lsn + header_slots
-        let bytes = reader.slot(lsn % geometry.header_slots)?;
-        let Ok(header) = RecordHeader::decode(bytes) else {
-            break;
+        let slot = lsn % geometry.header_slots;
+        let bytes = reader.slot(slot)?;
+        let header = match RecordHeader::decode(bytes) {
+            Ok(header) if header.lsn == lsn => header,
+            // A slot never written, a stale header of an earlier lap, or a torn header.
+            Ok(_) => return finish_at(&mut reader, tail, expected, records, positions, "another lsn in its slot"),
+            Err(_) => return finish_at(&mut reader, tail, expected, records, positions, "no valid header"),
         };
-        if header.lsn != lsn {
-            break; // a stale header of an earlier lap, or a slot never written
-        }
-        let what = |why: String| {
-            Error::corruption(format!("log record {lsn} (header slot {}): {why}", lsn % geometry.header_slots))
-        };
-        if header.data_position != expected.data_position {
-            return Err(what(format!(
-                "payload at data position {} but the previous record ends at {}",
-                header.data_position, expected.data_position
-            )));
-        }
-        if header.flags & !KNOWN_FLAGS != 0 {
-            return Err(what(format!("unknown flags {:#06x}", header.flags)));
-        }
-        if !format::reserved_is_zero(bytes) {
-            return Err(what("reserved header bytes are not zero".into()));
+        if let Some(why) = impossible_value(bytes, &header, expected, previous_batch, geometry.data_bytes - used_bytes)
+        {
+            let damage = LogDamage { lsn, slot, why, later_lsn: None };
+            return Ok(Scan { records, positions, end: expected, damage: Some(damage) });
         }
         let length = header.payload_length as u64;
-        let room = geometry.data_bytes - used_bytes;
-        if length > room {
-            return Err(what(format!(
-                "payload of {length} bytes does not fit the {room} bytes left in the data ring after the tail"
-            )));
-        }
-        let Some(next_position) = expected.data_position.checked_add(length) else {
-            return Err(what("data position overflows".into()));
-        };
+        let next_position = expected.data_position + length; // checked by impossible_value
         let mut payload = vec![0u8; length as usize];
         read_data(device, geometry, header.data_position, &mut payload)?;
         if tandem_accel::crc32c(0, &payload) != header.payload_crc {
-            break; // torn or lost payload: the record was never acknowledged
+            // Torn or lost payload (never acknowledged), unless a later batch follows.
+            return finish_at(&mut reader, tail, expected, records, positions, "payload checksum mismatch");
         }
         records.push(Record { lsn, kind: header.kind, payload });
         positions.push(header.data_position);
         used_bytes += length;
+        previous_batch = Some(header.batch_first_lsn);
         expected = LogPosition { lsn: lsn + 1, data_position: next_position };
     }
-    Ok(Scan { records, positions, end: expected })
+    Ok(Scan { records, positions, end: expected, damage: None })
 }
 
-/// Zeroes every header slot that does not hold a record of the scan (slots for lsns
-/// `end.lsn .. tail.lsn + header_slots`), then flushes. Without this,
-/// a header written but not acknowledged before a crash could line up with the records a later
-/// session appends at the same lsns and be replayed after a second crash.
-pub(crate) fn scrub(device: &dyn Device, geometry: &LogGeometry, tail: LogPosition, end: LogPosition) -> Result<bool> {
-    let mut remaining = geometry.header_slots - (end.lsn - tail.lsn);
-    let mut slot = end.lsn % geometry.header_slots;
+/// What is impossible about a CRC-valid header with the expected lsn, if anything: no writer
+/// produces these, so they are damage wherever they occur.
+fn impossible_value(
+    bytes: &[u8],
+    header: &RecordHeader,
+    expected: LogPosition,
+    previous_batch: Option<u64>,
+    room_bytes: u64,
+) -> Option<String> {
+    if header.data_position != expected.data_position {
+        return Some(format!(
+            "payload at data position {} but the previous record ends at {}",
+            header.data_position, expected.data_position
+        ));
+    }
+    if header.flags & !KNOWN_FLAGS != 0 {
+        return Some(format!("unknown flags {:#06x}", header.flags));
+    }
+    if !format::reserved_is_zero(bytes) {
+        return Some("reserved header bytes are not zero".into());
+    }
+    let length = header.payload_length as u64;
+    if length > room_bytes {
+        return Some(format!(
+            "payload of {length} bytes does not fit the {room_bytes} bytes left in the data ring after the tail"
+        ));
+    }
+    if expected.data_position.checked_add(length).is_none() {
+        return Some("data position overflows".into());
+    }
+    // Batches are consecutive lsn ranges: a record starts a batch or continues the previous one.
+    let batch = header.batch_first_lsn;
+    let continues = previous_batch == Some(batch);
+    let starts = batch == header.lsn;
+    let first_after_tail = previous_batch.is_none() && batch <= header.lsn;
+    if !(continues || starts || first_after_tail) {
+        return Some(format!("group commit starting at lsn {batch} does not fit the records before it"));
+    }
+    None
+}
+
+/// The scan stopped at `end`: a torn tail, unless a later slot of the ring holds a header that
+/// a later group commit wrote (its batch starts after `end`), which proves the record at `end`
+/// was flushed before.
+fn finish_at(
+    reader: &mut HeaderReader,
+    tail: LogPosition,
+    end: LogPosition,
+    records: Vec<Record>,
+    positions: Vec<u64>,
+    why: &str,
+) -> Result<Scan> {
+    let slots = reader.geometry.header_slots;
+    let mut damage = None;
+    for lsn in end.lsn + 1..tail.lsn + slots {
+        let Ok(header) = RecordHeader::decode(reader.slot(lsn % slots)?) else {
+            continue;
+        };
+        if header.lsn == lsn && header.batch_first_lsn > end.lsn {
+            let slot = end.lsn % slots;
+            damage = Some(LogDamage { lsn: end.lsn, slot, why: why.to_string(), later_lsn: Some(lsn) });
+            break;
+        }
+    }
+    Ok(Scan { records, positions, end, damage })
+}
+
+/// Zeroes every header slot that holds a CRC-valid header of lsn `end_lsn` or later, then
+/// flushes. Without this, a header written but not acknowledged before a crash could line up
+/// with the records a later session appends at the same lsns and be replayed after a second
+/// crash. Headers of records before the tail stay: no scan can take them for a later record
+/// (their lsn is too small), and mount reads the one before the tail to check the tail.
+pub(crate) fn scrub(device: &dyn Device, geometry: &LogGeometry, tail: LogPosition, end_lsn: u64) -> Result<bool> {
+    let mut remaining = geometry.header_slots - (end_lsn - tail.lsn);
+    let mut slot = end_lsn % geometry.header_slots;
     let mut buffer = Vec::new();
     let mut wrote = false;
     while remaining > 0 {
         let count = remaining.min(SLOTS_PER_READ).min(geometry.header_slots - slot);
         buffer.resize(count as usize * HEADER_SIZE, 0);
         device.read_at(geometry.slot_offset(slot), &mut buffer)?;
-        if buffer.iter().any(|&b| b != 0) {
-            buffer.fill(0);
+        let mut changed = false;
+        for header in buffer.chunks_exact_mut(HEADER_SIZE) {
+            if RecordHeader::decode(header).is_ok_and(|decoded| decoded.lsn >= end_lsn) {
+                header.fill(0);
+                changed = true;
+            }
+        }
+        if changed {
             device.write_at(geometry.slot_offset(slot), &buffer)?;
             wrote = true;
         }
@@ -143,4 +237,25 @@ pub(crate) fn scrub(device: &dyn Device, geometry: &LogGeometry, tail: LogPositi
     // them as durable.
     device.flush()?;
     Ok(wrote)
+}
+
+/// The header in the slot of `lsn`, if that slot holds a CRC-valid header of that lsn.
+pub(crate) fn read_header(device: &dyn Device, geometry: &LogGeometry, lsn: u64) -> Result<Option<RecordHeader>> {
+    let mut bytes = [0u8; HEADER_SIZE];
+    device.read_at(geometry.slot_offset(lsn % geometry.header_slots), &mut bytes)?;
+    Ok(RecordHeader::decode(&bytes).ok().filter(|header| header.lsn == lsn))
+}
+
+/// The payload `header` describes, if it fits the data ring and matches its CRC.
+pub(crate) fn read_payload(
+    device: &dyn Device,
+    geometry: &LogGeometry,
+    header: &RecordHeader,
+) -> Result<Option<Vec<u8>>> {
+    if header.payload_length as u64 > geometry.data_bytes {
+        return Ok(None);
+    }
+    let mut payload = vec![0u8; header.payload_length as usize];
+    read_data(device, geometry, header.data_position, &mut payload)?;
+    Ok((tandem_accel::crc32c(0, &payload) == header.payload_crc).then_some(payload))
 }

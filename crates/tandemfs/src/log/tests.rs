@@ -222,7 +222,8 @@ fn header_layout_and_sizes() {
     assert_eq!(HEADER_SIZE, 64);
     assert_eq!(HEADERS_PER_BLOCK, 64);
     assert_eq!(field::HEADER_CRC + 4, HEADER_SIZE);
-    assert_eq!(field::PAYLOAD_CRC + 4, field::RESERVED);
+    assert_eq!(field::PAYLOAD_CRC + 4, field::BATCH_FIRST_LSN);
+    assert_eq!(field::BATCH_FIRST_LSN + 8, field::RESERVED);
     let header = RecordHeader {
         kind: 0xABCD,
         flags: format::FLAG_RESERVE,
@@ -230,6 +231,7 @@ fn header_layout_and_sizes() {
         data_position: 0x1112_1314_1516_1718,
         payload_length: 0x2122_2324,
         payload_crc: 0x3132_3334,
+        batch_first_lsn: 0x4142_4344_4546_4748,
     };
     let mut bytes = [0u8; 64];
     header.encode(&mut bytes);
@@ -239,7 +241,8 @@ fn header_layout_and_sizes() {
     assert_eq!(bytes[16], 0x18);
     assert_eq!(bytes[24], 0x24);
     assert_eq!(bytes[28], 0x34);
-    assert!(bytes[32..60].iter().all(|&b| b == 0));
+    assert_eq!(bytes[32], 0x48);
+    assert!(bytes[40..60].iter().all(|&b| b == 0));
     assert_eq!(RecordHeader::decode(&bytes), Ok(header));
     for bit in 0..512 {
         let mut flipped = bytes;
@@ -585,6 +588,7 @@ fn corruption_gives_a_prefix_or_a_typed_error() {
                 data_position: 0,
                 payload_length: 0,
                 payload_crc: 0,
+                batch_first_lsn: 1,
             });
             match rng.gen_range(0..4) {
                 0 => header.payload_length = rng.gen(),
@@ -875,4 +879,49 @@ fn geometry_from_blocks() {
     );
     assert!(g.validate(106 * 4096).is_ok());
     assert!(LogGeometry::from_blocks(u64::MAX, 1, 1, 1).is_none());
+}
+
+/// A bad record of an earlier group commit, followed by records of a later one, was flushed:
+/// recovery refuses it (a torn tail cannot look like that), `scan` reports it, and
+/// `discard_from` repairs the log to the records before it.
+#[test]
+fn damage_before_a_later_group_commit_is_refused_and_can_be_discarded() {
+    let (g, size) = geometry(16, 4096);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let (log, _) = open(&device, g, LogPosition::START, no_background(0.0));
+    for batch in 0..3u8 {
+        log.append(1, &[&[batch; 10]]).unwrap();
+        log.append(2, &[&[batch; 20]]).unwrap();
+        log.flush().unwrap();
+    }
+    drop(log);
+    // Record 3 (first of the second batch) loses its payload; records 5 and 6 follow.
+    let mut image = device.image();
+    image[g.data_start_byte as usize + 30] ^= 0x01;
+    let device = TestDevice::from_image(image.clone());
+    let error = Log::recover(device.clone(), g, LogPosition::START, no_background(0.0)).err().unwrap();
+    let message = error.to_string();
+    assert!(error.is_corruption() && message.contains("log record 3 "), "{message}");
+    let scan = Log::scan(device.as_ref(), &g, LogPosition::START).unwrap();
+    assert_eq!(scan.records.len(), 2);
+    let damage = scan.damage.unwrap();
+    assert_eq!((damage.lsn, damage.later_lsn), (3, Some(5)));
+    let discarded = Log::discard_from(device.as_ref(), &g, LogPosition::START, 3).unwrap();
+    let lsns: Vec<u64> = discarded.iter().map(|record| record.lsn).collect();
+    assert_eq!(lsns, [3, 4, 5, 6]);
+    assert!(discarded[0].payload.is_none() && discarded[1].payload.as_deref() == Some(&[1u8; 20][..]));
+    let (log, records) = open(&device, g, LogPosition::START, no_background(0.0));
+    assert_eq!(records.len(), 2);
+    assert_eq!(log.append(1, &[b"after"]).unwrap(), Some(3));
+    log.flush().unwrap();
+    drop(log);
+    let (_, records) = open(&device, g, LogPosition::START, no_background(0.0));
+    assert_eq!(records.len(), 3);
+
+    // The same bad payload in the last group commit is a torn tail: a normal end.
+    image[g.data_start_byte as usize + 30] ^= 0x01;
+    image[g.data_start_byte as usize + 60 + 5] ^= 0x01; // record 5, in the last batch
+    let (_, records) = open(&TestDevice::from_image(image), g, LogPosition::START, no_background(0.0));
+    assert_eq!(records.len(), 4);
 }
