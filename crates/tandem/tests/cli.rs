@@ -247,3 +247,41 @@ fn mkfs_gives_the_root_directory_to_the_caller_or_to_root_owner() {
     }
     assert!(!scratch.join("bad.img").exists());
 }
+
+/// Runs tandem with a bound on its run time: a command that would block forever is killed and
+/// the test fails instead of hanging.
+fn tandem_within(arguments: &[&str], limit: std::time::Duration) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(arguments)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tandem");
+    let process_id = child.id();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(limit) {
+        Ok(output) => output.expect("wait for tandem"),
+        Err(_) => {
+            // Kill only the child this test started, by its id.
+            let _ = Command::new("kill").arg("-9").arg(process_id.to_string()).status();
+            panic!("tandem {arguments:?} did not finish within {limit:?}");
+        }
+    }
+}
+
+#[test]
+fn fsck_and_stat_refuse_a_fifo_at_once() {
+    let scratch = Scratch::new("fifo");
+    let fifo = scratch.join("pipe");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("run mkfifo");
+    assert!(made.success());
+    let limit = std::time::Duration::from_secs(10);
+    assert_one_line_failure(&tandem_within(&["fsck", text(&fifo)], limit), "is a FIFO");
+    assert_one_line_failure(&tandem_within(&["fsck", "--repair", text(&fifo)], limit), "is a FIFO");
+    assert_one_line_failure(&tandem_within(&["stat", text(&fifo)], limit), "is a FIFO");
+    assert_one_line_failure(&tandem_within(&["fsck", "/dev/null"], limit), "is a character device");
+    assert_one_line_failure(&tandem_within(&["stat", "/dev/null"], limit), "is a character device");
+}
