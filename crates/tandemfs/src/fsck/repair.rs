@@ -190,6 +190,8 @@ struct Repairer<'a> {
     entries: HashMap<u64, Vec<Entry>>,
     /// Directories to build afresh from `entries`.
     rebuild: BTreeSet<u64>,
+    /// Blocks of each whole directory, claimed by it: freed if it is rebuilt all the same.
+    directory_blocks: HashMap<u64, Vec<u64>>,
     /// Which inode uses each block of the data region.
     owner: HashMap<u64, u64>,
     orphans: BTreeSet<u64>,
@@ -218,6 +220,7 @@ impl<'a> Repairer<'a> {
             cleared_records: Vec::new(),
             entries: HashMap::new(),
             rebuild: BTreeSet::new(),
+            directory_blocks: HashMap::new(),
             owner: HashMap::new(),
             orphans: BTreeSet::new(),
             parent_of: HashMap::new(),
@@ -405,6 +408,7 @@ impl<'a> Repairer<'a> {
         match damage {
             None => {
                 self.entries.insert(number, checked.entries);
+                self.directory_blocks.insert(number, checked.blocks);
             }
             Some(why) => {
                 let owner = &self.owner;
@@ -766,6 +770,11 @@ impl<'a> Repairer<'a> {
     /// A fresh H-tree holding the directory's entries; its old blocks were not claimed, so the
     /// rebuilt bitmap already counts them free.
     fn rebuild_directory(&mut self, directory: u64) -> Result<()> {
+        use crate::block::meta::MetaStore;
+        // A whole directory rebuilt for a changed entry list claimed its blocks: give them back.
+        for block in self.directory_blocks.remove(&directory).unwrap_or_default() {
+            self.volume.free_meta(block)?;
+        }
         let entries = self.entries.get(&directory).cloned().unwrap_or_default();
         let mut root = dir::create(&mut self.volume)?;
         for (name, child, file_type) in &entries {
