@@ -367,6 +367,12 @@ fn repair_fixes_each_damaged_metadata_block_kind() {
             assert!(dry.after.is_clean(), "{label}: a dry run would leave {:?}", dry.after.problems);
 
             let repaired = fsck::repair(device.clone(), true, &mut |_| {}).unwrap();
+            if std::env::var("REPAIR_SHOW").is_ok() {
+                eprintln!("== {label}: {} problems, {} changes", before.problems.len(), repaired.change_count());
+                for line in repaired.changes.iter().take(6) {
+                    eprintln!("   {line}");
+                }
+            }
             if detectable {
                 assert!(repaired.change_count() > 0, "{label}: repair changed nothing");
             }

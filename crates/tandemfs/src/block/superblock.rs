@@ -366,7 +366,10 @@ impl Superblock {
             }
             let mut bytes = Box::new([0u8; BLOCK_SIZE]);
             device.read_at(copy * BLOCK_SIZE_U64, &mut bytes[..])?;
-            decoded.push(Superblock::decode(&bytes, copy, device_blocks).map_err(|error| error.to_string()));
+            decoded.push(Superblock::decode(&bytes, copy, device_blocks).map_err(|error| match error {
+                Error::Corruption { what } => what,
+                other => other.to_string(),
+            }));
         }
         let (first, second) = (decoded.remove(0), decoded.remove(0));
         match (first, second) {
