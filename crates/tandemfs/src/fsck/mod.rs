@@ -120,7 +120,7 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
     let mut queue = VecDeque::from([ROOT_INODE]);
     parent_of.insert(ROOT_INODE, ROOT_INODE);
     while let Some(directory) = queue.pop_front() {
-        if report.directories_checked % PROGRESS_STEP == 0 {
+        if report.directories_checked.is_multiple_of(PROGRESS_STEP) {
             progress(&Progress { phase: "checking directories", done: report.directories_checked, total: 0 });
         }
         let inode = match volume.read_inode(directory) {
@@ -217,7 +217,7 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
     let allocated: Vec<u64> = volume.inodes.iter_set().map(|bit| bit + 1).collect();
     let total = allocated.len() as u64;
     for (done, number) in allocated.into_iter().enumerate() {
-        if done as u64 % PROGRESS_STEP == 0 {
+        if (done as u64).is_multiple_of(PROGRESS_STEP) {
             progress(&Progress { phase: "checking inodes", done: done as u64, total });
         }
         report.inodes_checked += 1;

@@ -241,7 +241,7 @@ impl<'a> Repairer<'a> {
         let superblock = self.volume.superblock.clone();
         let total = superblock.inode_table_blocks;
         for index in 0..total {
-            if index % PROGRESS_STEP == 0 {
+            if index.is_multiple_of(PROGRESS_STEP) {
                 progress(&Progress { phase: "reading the inode table", done: index, total });
             }
             let block_number = superblock.inode_table_start + index;
@@ -307,7 +307,7 @@ impl<'a> Repairer<'a> {
         let numbers: Vec<u64> = self.inodes.keys().copied().collect();
         let total = numbers.len() as u64;
         for (done, number) in numbers.into_iter().enumerate() {
-            if done as u64 % PROGRESS_STEP == 0 {
+            if (done as u64).is_multiple_of(PROGRESS_STEP) {
                 progress(&Progress { phase: "checking files and directories", done: done as u64, total });
             }
             let mut inode = self.inodes[&number].clone();
