@@ -74,7 +74,7 @@ fn populate(fs: &FileSystem, rng: &mut rand::rngs::SmallRng) {
 /// versions of them.
 fn change(fs: &FileSystem, rng: &mut rand::rngs::SmallRng) {
     let big = fs.lookup(ROOT_INODE, b"big").unwrap();
-    for index in 0..300 {
+    for index in 0..800 {
         let name = format!("later-{index:04}");
         let file = fs.create(big.inode, name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
         fs.write(file.inode, 0, &pattern(rng, 700)).unwrap();
@@ -84,7 +84,7 @@ fn change(fs: &FileSystem, rng: &mut rand::rngs::SmallRng) {
         if directory < 2 {
             let file = fs.lookup(parent.inode, b"f0").unwrap();
             for piece in 0..40u64 {
-                fs.write(file.inode, 2_700_000 + piece * 9000, &pattern(rng, 300)).unwrap();
+                fs.write(file.inode, 2_704_000 + piece * 9000, &pattern(rng, 300)).unwrap();
             }
             fs.set_xattr(file.inode, b"user.later", b"changed", XattrMode::CreateOrReplace).unwrap();
         }
@@ -284,10 +284,17 @@ fn targets(volumes: &Volumes) -> Vec<Target> {
     ] {
         let blocks = of_kind(kind);
         assert!(!blocks.is_empty(), "the volume has no {what}");
-        // A block in the middle of the population, so that its neighbours are of other owners;
-        // the misdirected write brings another block of the kind, or a directory leaf.
-        let block = blocks[blocks.len() / 2];
-        let other = blocks.get(blocks.len() / 2 + 1).copied().unwrap_or(of_kind(BlockKind::DirLeaf)[0]);
+        // A block that changed since the older image, so that its stale version differs (else
+        // one in the middle of the population); the misdirected write brings another block of
+        // the kind, or a directory leaf.
+        let block_range = |block: u64| block as usize * BLOCK_SIZE..(block as usize + 1) * BLOCK_SIZE;
+        let changed: Vec<u64> = blocks
+            .iter()
+            .copied()
+            .filter(|block| volumes.older[block_range(*block)] != image[block_range(*block)])
+            .collect();
+        let block = changed.get(changed.len() / 2).copied().unwrap_or(blocks[blocks.len() / 2]);
+        let other = blocks.iter().copied().find(|other| *other != block).unwrap_or(of_kind(BlockKind::DirLeaf)[0]);
         let owner = owners.blocks[&block].1;
         targets.push(Target {
             what,
