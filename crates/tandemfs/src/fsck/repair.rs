@@ -479,6 +479,7 @@ impl<'a> Repairer<'a> {
             }
             self.walk(&mut queue);
         }
+        self.unlist_named_orphans();
         let lost_files: Vec<u64> = self.inodes.keys().copied().filter(|number| self.unreachable(*number)).collect();
         for number in lost_files {
             self.attach_to_lost_and_found(number)?;
@@ -521,6 +522,41 @@ impl<'a> Repairer<'a> {
                         self.dirty_inodes.insert(number);
                     }
                 }
+            }
+        }
+    }
+
+    /// An orphan is reclaimed at the next mount: one that still has a name must leave the list,
+    /// or the mount would free a named file. The list is relinked without it.
+    fn unlist_named_orphans(&mut self) {
+        let named: Vec<u64> = self
+            .orphans
+            .iter()
+            .copied()
+            .filter(|number| self.names.contains_key(number) || self.parent_of.contains_key(number))
+            .collect();
+        if named.is_empty() {
+            return;
+        }
+        for number in &named {
+            self.change(format!("inode {number} is on the orphan list but has a name; taken off the list"));
+            self.orphans.remove(number);
+        }
+        // Relink in the list's own order.
+        let mut order = Vec::new();
+        let mut orphan = self.volume.superblock.orphan_head;
+        while orphan != 0 && order.len() <= self.orphans.len() + named.len() {
+            order.push(orphan);
+            orphan = self.inodes.get(&orphan).map_or(0, |inode| inode.orphan_next);
+        }
+        let kept: Vec<u64> = order.into_iter().filter(|number| self.orphans.contains(number)).collect();
+        self.volume.superblock.orphan_head = kept.first().copied().unwrap_or(0);
+        for number in named.iter().chain(kept.iter()) {
+            let next = kept.iter().skip_while(|each| *each != number).nth(1).copied().unwrap_or(0);
+            let inode = self.inodes.get_mut(number).expect("orphans are valid inodes");
+            if inode.orphan_next != next {
+                inode.orphan_next = next;
+                self.dirty_inodes.insert(*number);
             }
         }
     }
