@@ -60,6 +60,7 @@ impl ProgressDisplay {
         if let Some(bar) = &self.bar {
             if phase_changed {
                 bar.set_message(progress.phase);
+                bar.set_position(0);
             }
             bar.set_length(progress.total.max(progress.done));
             bar.set_position(progress.done);
