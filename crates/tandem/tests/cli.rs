@@ -283,6 +283,10 @@ fn fsck_and_stat_refuse_a_fifo_at_once() {
     assert_one_line_failure(&tandem_within(&["fsck", "--repair", text(&fifo)], limit), "is a FIFO");
     assert_one_line_failure(&tandem_within(&["stat", text(&fifo)], limit), "is a FIFO");
     assert_one_line_failure(&tandem_within(&["fsck", "/dev/null"], limit), "is a character device");
+    let socket_path = scratch.join("socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
+    assert_one_line_failure(&tandem_within(&["fsck", text(&socket_path)], limit), "is a socket");
+    assert_one_line_failure(&tandem_within(&["stat", text(&socket_path)], limit), "is a socket");
     assert_one_line_failure(&tandem_within(&["stat", "/dev/null"], limit), "is a character device");
 }
 

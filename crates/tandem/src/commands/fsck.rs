@@ -122,10 +122,11 @@ pub fn check(path: &Path) -> CliResult<Verdict> {
             } else {
                 let mut lines = report.problems.clone();
                 lines.push(format!(
-                    "{}: {} problem{} found ({summary})",
+                    "{}: {} problem{} found ({summary}); 'tandem fsck --repair {}' repairs the volume",
                     path.display(),
                     report.problems.len(),
-                    if report.problems.len() == 1 { "" } else { "s" }
+                    if report.problems.len() == 1 { "" } else { "s" },
+                    path.display()
                 ));
                 Ok(Verdict { clean: false, lines })
             }
