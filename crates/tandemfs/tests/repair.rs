@@ -398,40 +398,45 @@ fn repair_fixes_each_damaged_metadata_block_kind() {
     assert!(trials >= 36, "only {trials} trials ran");
 }
 
-/// Entries of a lost inode-table block are dropped; the rest of the volume mounts and reads.
+/// Names lost with a damaged directory leaf: their files come back under /lost+found, intact.
 #[test]
 fn lost_names_go_to_lost_and_found() {
     let volumes = build();
-    // Drop the big directory's entry block-wise by zeroing the leaf that holds the first names:
-    // the files it named must come back under /lost+found with their bytes.
+    // Zero the first leaf of the big directory (inode 2), then the root's only leaf (inode 1):
+    // the names in it are lost, and what they named must come back under /lost+found with
+    // every byte (finding 2: one zeroed root leaf made the whole tree answer EIO).
     let owners = owners(&volumes.image);
-    let big_leaf = owners
-        .blocks
-        .iter()
-        .find(|(block, (_, owner))| *owner == 2 && block_kind(&volumes.image, **block) == Some(BlockKind::DirLeaf))
-        .map(|(block, _)| *block)
+    for directory in [2, ROOT_INODE] {
+        let leaf = owners
+            .blocks
+            .iter()
+            .find(|(block, (_, owner))| {
+                *owner == directory && block_kind(&volumes.image, **block) == Some(BlockKind::DirLeaf)
+            })
+            .map(|(block, _)| *block)
+            .unwrap();
+        let mut image = volumes.image.clone();
+        image[leaf as usize * BLOCK_SIZE..][..BLOCK_SIZE].fill(0);
+        let device: Arc<dyn Device> = Arc::new(MemoryDevice::from_bytes(image));
+        let repaired = fsck::repair(device.clone(), true, &mut |_| {}).unwrap();
+        assert!(repaired.after.is_clean(), "{:?}\n{:#?}", repaired.after.problems, &repaired.changes[..3]);
+        assert!(repaired.changes.iter().any(|line| line.contains("lost+found")), "{:?}", repaired.changes);
+        let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+        let lost = fs.lookup(ROOT_INODE, b"lost+found").unwrap();
+        assert_eq!(lost.file_type, FileType::Directory);
+        let mut names = 0;
+        fs.read_directory(lost.inode, 0, &mut |_| {
+            names += 1;
+            true
+        })
         .unwrap();
-    let mut image = volumes.image.clone();
-    image[big_leaf as usize * BLOCK_SIZE..][..BLOCK_SIZE].fill(0);
-    let device: Arc<dyn Device> = Arc::new(MemoryDevice::from_bytes(image));
-    let repaired = fsck::repair(device.clone(), true, &mut |_| {}).unwrap();
-    assert!(repaired.after.is_clean(), "{:?}\n{:#?}", repaired.after.problems, &repaired.changes[..3]);
-    assert!(repaired.changes.iter().any(|line| line.contains("lost+found")), "{:?}", repaired.changes);
-    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
-    let lost = fs.lookup(ROOT_INODE, b"lost+found").unwrap();
-    assert_eq!(lost.file_type, FileType::Directory);
-    let mut names = 0;
-    fs.read_directory(lost.inode, 0, &mut |_| {
-        names += 1;
-        true
-    })
-    .unwrap();
-    assert!(names > 2, "lost+found is empty");
-    let found = contents(&fs);
-    for (inode, expected) in &volumes.files {
-        assert_eq!(found.get(inode), Some(expected), "inode {inode}");
+        assert!(names > 2, "lost+found is empty");
+        let found = contents(&fs);
+        for (inode, expected) in &volumes.files {
+            assert_eq!(found.get(inode), Some(expected), "directory {directory}: inode {inode}");
+        }
+        fs.unmount().unwrap();
     }
-    fs.unmount().unwrap();
 }
 
 /// Finding 7: a zeroed superblock copy is a problem for fsck and a warning in the mount report,
