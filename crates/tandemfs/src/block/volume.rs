@@ -165,15 +165,6 @@ impl Volume {
         }
     }
 
-    /// Reads the record of inode `inode_number` whatever the inode bitmap says: `None` for a free
-    /// (all-zero) record. For fsck, which rebuilds the bitmap from the records. An inode-table
-    /// block that fails its checks is an error for every inode in it.
-    pub fn read_inode_record(&mut self, inode_number: u64) -> Result<Option<Inode>> {
-        let (block_number, offset) = self.inode_location(inode_number)?;
-        let block = self.read_inode_block(block_number)?;
-        Inode::decode(&block[offset..offset + INODE_BYTES], inode_number, self.superblock.inode_count)
-    }
-
     /// Replaces inode-table block `block_number` with one of free records, for fsck --repair
     /// when the block is damaged: its inodes are lost, the rest of the table is kept.
     pub fn clear_inode_table_block(&mut self, block_number: u64) -> Result<()> {
