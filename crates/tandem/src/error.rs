@@ -9,6 +9,8 @@ use std::fmt;
 pub const EXIT_SUCCESS: i32 = 0;
 /// Exit code of `tandem fsck` when the volume has problems (the report lists them).
 pub const EXIT_PROBLEMS_FOUND: i32 = 1;
+/// Exit code of `tandem fsck --repair` when problems remain that it could not repair.
+pub const EXIT_PROBLEMS_REMAIN: i32 = 4;
 /// Exit code for bad usage or when the command could not do its work (missing image, I/O error,
 /// refusal to overwrite, mount failure).
 pub const EXIT_FAILURE: i32 = 2;

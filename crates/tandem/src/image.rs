@@ -2,6 +2,7 @@
 //! command shares: a missing image, a directory given by mistake, an image locked by a mount.
 
 use crate::error::{CliError, CliResult};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::sync::Arc;
 use tandemfs::device::{FileDevice, FileDeviceOptions};
@@ -30,6 +31,13 @@ pub fn check_image_path(path: &Path) -> CliResult<()> {
         Ok(metadata) if metadata.is_dir() => {
             Err(CliError::new(format!("{} is a directory, not a volume image", path.display())))
         }
+        // Opening a FIFO blocks until a writer comes, and reading a socket or character device
+        // never ends: refuse them before any open.
+        Ok(metadata) if !metadata.is_file() && !metadata.file_type().is_block_device() => Err(CliError::new(format!(
+            "{} is a {}, not a volume image (give an image file or a block device)",
+            path.display(),
+            special_file_kind(&metadata.file_type())
+        ))),
         Ok(_) => Ok(()),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(CliError::new(format!(
             "{}: no such image (create one with 'tandem mkfs {} --size 1G')",
@@ -37,6 +45,19 @@ pub fn check_image_path(path: &Path) -> CliResult<()> {
             path.display()
         ))),
         Err(error) => Err(CliError::new(format!("cannot read {}: {error}", path.display()))),
+    }
+}
+
+/// Names a file type that cannot hold a volume, for the refusal above.
+fn special_file_kind(file_type: &std::fs::FileType) -> &'static str {
+    if file_type.is_fifo() {
+        "FIFO"
+    } else if file_type.is_socket() {
+        "socket"
+    } else if file_type.is_char_device() {
+        "character device"
+    } else {
+        "special file"
     }
 }
 

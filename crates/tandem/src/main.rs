@@ -22,7 +22,8 @@ use error::{CliResult, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_SUCCESS};
     version,
     about = "tandemfs: a log-structured user-space file system with byte-granular insert and collapse",
     long_about = None,
-    after_help = "Exit codes: 0 success; 1 fsck found problems; 2 bad usage or the command could not do its work.\n\
+    after_help = "Exit codes: 0 success; 1 fsck found (or repaired) problems; 2 bad usage or the command could not do its work;\n\
+                  4 fsck --repair left problems it could not repair.\n\
                   Sizes take binary units: 4096, 512K, 512M, 2G, 1T."
 )]
 struct Cli {
@@ -34,7 +35,7 @@ struct Cli {
 enum Command {
     /// Create a tandemfs volume on an image file (created if missing) or a block device
     Mkfs(commands::mkfs::MkfsArguments),
-    /// Check a volume that is not mounted; exit 0 when clean, 1 with one problem per line
+    /// Check a volume that is not mounted, or repair it (--repair); exit 0 when clean, 1 with one problem per line
     Fsck(commands::fsck::FsckArguments),
     /// Show a volume's geometry, usage and log state
     Stat(commands::stat::StatArguments),

@@ -247,3 +247,93 @@ fn mkfs_gives_the_root_directory_to_the_caller_or_to_root_owner() {
     }
     assert!(!scratch.join("bad.img").exists());
 }
+
+/// Runs tandem with a bound on its run time: a command that would block forever is killed and
+/// the test fails instead of hanging.
+fn tandem_within(arguments: &[&str], limit: std::time::Duration) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(arguments)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tandem");
+    let process_id = child.id();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(child.wait_with_output());
+    });
+    match receiver.recv_timeout(limit) {
+        Ok(output) => output.expect("wait for tandem"),
+        Err(_) => {
+            // Kill only the child this test started, by its id.
+            let _ = Command::new("kill").arg("-9").arg(process_id.to_string()).status();
+            panic!("tandem {arguments:?} did not finish within {limit:?}");
+        }
+    }
+}
+
+#[test]
+fn fsck_and_stat_refuse_a_fifo_at_once() {
+    let scratch = Scratch::new("fifo");
+    let fifo = scratch.join("pipe");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("run mkfifo");
+    assert!(made.success());
+    let limit = std::time::Duration::from_secs(10);
+    assert_one_line_failure(&tandem_within(&["fsck", text(&fifo)], limit), "is a FIFO");
+    assert_one_line_failure(&tandem_within(&["fsck", "--repair", text(&fifo)], limit), "is a FIFO");
+    assert_one_line_failure(&tandem_within(&["stat", text(&fifo)], limit), "is a FIFO");
+    assert_one_line_failure(&tandem_within(&["fsck", "/dev/null"], limit), "is a character device");
+    let socket_path = scratch.join("socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
+    assert_one_line_failure(&tandem_within(&["fsck", text(&socket_path)], limit), "is a socket");
+    assert_one_line_failure(&tandem_within(&["stat", text(&socket_path)], limit), "is a socket");
+    assert_one_line_failure(&tandem_within(&["stat", "/dev/null"], limit), "is a character device");
+}
+
+/// The first block of the block bitmap, as `tandem stat` reports the regions.
+fn block_bitmap_start(image: &Path) -> u64 {
+    let output = stdout(&tandem(&["stat", text(image)]));
+    let regions = output.lines().find(|line| line.contains("regions:")).expect("stat lists the regions");
+    let after = regions.split("block bitmap ").nth(1).expect("the block bitmap region");
+    after.split('+').next().unwrap().trim().parse().expect("a block number")
+}
+
+#[test]
+fn fsck_repair_and_dry_run() {
+    let scratch = Scratch::new("repair");
+    let image = scratch.join("volume.img");
+    assert_eq!(tandem(&["mkfs", text(&image), "--size", "32M"]).status.code(), Some(0));
+    let clean = tandem(&["fsck", "--repair", text(&image)]);
+    assert_eq!(clean.status.code(), Some(0), "{}", stdout(&clean));
+    assert!(stdout(&clean).contains("nothing to repair"));
+
+    // A zeroed superblock copy and a zeroed block-bitmap block.
+    let bitmap = block_bitmap_start(&image) as usize;
+    let mut bytes = std::fs::read(&image).unwrap();
+    bytes[..4096].fill(0);
+    bytes[bitmap * 4096..(bitmap + 1) * 4096].fill(0);
+    std::fs::write(&image, &bytes).unwrap();
+    let checked = tandem(&["fsck", text(&image)]);
+    assert_eq!(checked.status.code(), Some(1), "{}", stdout(&checked));
+    assert!(stdout(&checked).contains("superblock copy 0"), "{}", stdout(&checked));
+
+    // -n lists what it would change and writes nothing.
+    let dry = tandem(&["fsck", "-n", text(&image)]);
+    assert_eq!(dry.status.code(), Some(1), "{}{}", stdout(&dry), stderr(&dry));
+    assert!(stdout(&dry).contains("would repair: "), "{}", stdout(&dry));
+    assert!(stdout(&dry).contains("nothing was written"), "{}", stdout(&dry));
+    assert!(std::fs::read(&image).unwrap() == bytes, "fsck -n changed the image");
+
+    // --repair says what it changed; a second run finds nothing.
+    let repaired = tandem(&["fsck", "--repair", text(&image)]);
+    let said = stdout(&repaired);
+    assert_eq!(repaired.status.code(), Some(1), "{said}{}", stderr(&repaired));
+    assert!(said.contains("superblock copy 0") && said.contains("rewritten from copy 1"), "{said}");
+    assert!(said.contains(&format!("block bitmap block {bitmap}")), "{said}");
+    assert!(said.contains("the volume is consistent"), "{said}");
+    let again = tandem(&["fsck", "--repair", text(&image)]);
+    assert_eq!(again.status.code(), Some(0), "{}", stdout(&again));
+    assert_eq!(tandem(&["fsck", text(&image)]).status.code(), Some(0));
+
+    assert_one_line_failure(&tandem(&["fsck", "-n", "--repair", text(&image)]), "cannot be used");
+}

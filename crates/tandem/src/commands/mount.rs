@@ -143,6 +143,9 @@ fn default_log_path(mountpoint: &Path) -> PathBuf {
 
 /// Prints what mount found, in the words the README promises.
 pub fn describe_report(report: &MountReport) {
+    if let Some(warning) = &report.superblock_warning {
+        println!("warning: {warning}");
+    }
     if report.was_dirty {
         println!("the volume was not unmounted cleanly; recovering from the log");
     }

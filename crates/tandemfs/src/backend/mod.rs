@@ -686,8 +686,15 @@ pub fn open_volume(
     // A check must not change the device: everything it writes lands in an overlay.
     let device: Arc<dyn crate::device::Device> =
         if write { device } else { Arc::new(Overlay::new(device, BTreeMap::new())) };
-    let mut superblock = Superblock::read_best(device.as_ref())?;
-    let mut report = MountReport { was_dirty: superblock.state == STATE_MOUNTED, ..MountReport::default() };
+    let copies = Superblock::read_both(device.as_ref())?;
+    let mut superblock = copies.best;
+    let mut report = MountReport {
+        was_dirty: superblock.state == STATE_MOUNTED,
+        superblock_warning: copies
+            .other_problem
+            .map(|problem| format!("{problem}; used copy {} (run tandem fsck --repair)", copies.best_copy)),
+        ..MountReport::default()
+    };
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, log_options)?;
     let plan = plan_replay(&records, &superblock).map_err(|(lsn, error)| record_error(lsn, error))?;

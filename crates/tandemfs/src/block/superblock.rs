@@ -352,26 +352,51 @@ impl Superblock {
 
     /// Reads both copies and returns the valid one with the higher sequence number.
     pub fn read_best(device: &dyn Device) -> Result<Superblock> {
+        Superblock::read_both(device).map(|copies| copies.best)
+    }
+
+    /// Reads both copies: the valid one with the higher sequence number, and what is wrong with
+    /// the other, if anything. Every superblock write goes to copy `sequence % 2`, so two healthy
+    /// copies are one sequence apart and name the same volume; anything else is worth a word,
+    /// because a mount that loses the newer copy would fall back to the other.
+    pub fn read_both(device: &dyn Device) -> Result<SuperblockCopies> {
         let device_blocks = device.size_bytes() / BLOCK_SIZE_U64;
-        let mut best: Option<Superblock> = None;
-        let mut errors = Vec::new();
+        let mut decoded: Vec<std::result::Result<Superblock, String>> = Vec::with_capacity(2);
         for copy in 0..2u64 {
-            let mut bytes = Box::new([0u8; BLOCK_SIZE]);
             if device.size_bytes() < (copy + 1) * BLOCK_SIZE_U64 {
-                errors.push(format!("copy {copy}: device too small"));
+                decoded.push(Err(format!("superblock copy {copy}: device too small")));
                 continue;
             }
+            let mut bytes = Box::new([0u8; BLOCK_SIZE]);
             device.read_at(copy * BLOCK_SIZE_U64, &mut bytes[..])?;
-            match Superblock::decode(&bytes, copy, device_blocks) {
-                Ok(superblock) => {
-                    if best.as_ref().is_none_or(|b| superblock.sequence > b.sequence) {
-                        best = Some(superblock);
-                    }
-                }
-                Err(error) => errors.push(error.to_string()),
-            }
+            decoded.push(Superblock::decode(&bytes, copy, device_blocks).map_err(|error| match error {
+                Error::Corruption { what } => what,
+                other => other.to_string(),
+            }));
         }
-        best.ok_or_else(|| Error::corruption(format!("no valid superblock: {}", errors.join("; "))))
+        let (first, second) = (decoded.remove(0), decoded.remove(0));
+        match (first, second) {
+            (Ok(a), Ok(b)) => {
+                let (best, best_copy, other, other_copy) =
+                    if b.sequence > a.sequence { (b, 1, a, 0) } else { (a, 0, b, 1) };
+                let other_problem = if other.uuid != best.uuid {
+                    Some(format!(
+                        "superblock copy {other_copy} belongs to another volume (uuid differs from copy {best_copy})"
+                    ))
+                } else if best.sequence != other.sequence + 1 {
+                    Some(format!(
+                        "superblock copy {other_copy} is stale: sequence {}, copy {best_copy} has {}",
+                        other.sequence, best.sequence
+                    ))
+                } else {
+                    None
+                };
+                Ok(SuperblockCopies { best, best_copy, other_problem })
+            }
+            (Ok(best), Err(problem)) => Ok(SuperblockCopies { best, best_copy: 0, other_problem: Some(problem) }),
+            (Err(problem), Ok(best)) => Ok(SuperblockCopies { best, best_copy: 1, other_problem: Some(problem) }),
+            (Err(first), Err(second)) => Err(Error::corruption(format!("no valid superblock: {first}; {second}"))),
+        }
     }
 
     /// Writes this superblock into the copy its sequence number selects. The caller flushes.
@@ -379,6 +404,16 @@ impl Superblock {
         let copy = self.sequence % 2;
         device.write_at(copy * BLOCK_SIZE_U64, &self.encode()[..])
     }
+}
+
+/// Both superblock copies as read: the one to use and what is wrong with the other.
+#[derive(Debug, Clone)]
+pub struct SuperblockCopies {
+    pub best: Superblock,
+    /// Which copy (0 or 1) `best` came from.
+    pub best_copy: u64,
+    /// The other copy is invalid, stale or foreign: why, in words. `None` when it is healthy.
+    pub other_problem: Option<String>,
 }
 
 #[cfg(test)]

@@ -122,6 +122,12 @@ impl Volume {
         ))
     }
 
+    /// Inode-table block `block_number`, checked (an all-zero block holds free inodes), for fsck.
+    pub fn read_inode_table_block(&mut self, block_number: u64) -> Result<SharedBlock> {
+        self.check_metadata_address(block_number, BlockKind::InodeTable)?;
+        self.read_inode_block(block_number)
+    }
+
     fn read_inode_block(&mut self, block_number: u64) -> Result<SharedBlock> {
         if let Some(block) = self.cache.get(block_number, BlockKind::InodeTable) {
             return Ok(block);
@@ -157,6 +163,22 @@ impl Volume {
             Some(inode) => Ok(inode),
             None => Err(Error::corruption(format!("inode {inode_number} is allocated but its record is empty"))),
         }
+    }
+
+    /// Replaces inode-table block `block_number` with one of free records, for fsck --repair
+    /// when the block is damaged: its inodes are lost, the rest of the table is kept.
+    pub fn clear_inode_table_block(&mut self, block_number: u64) -> Result<()> {
+        self.check_metadata_address(block_number, BlockKind::InodeTable)?;
+        self.cache.put_dirty(block_number, BlockKind::InodeTable, Arc::new(zeroed_block()));
+        Ok(())
+    }
+
+    /// Zeroes one inode's record whatever the bitmap says (fsck --repair drops an invalid one).
+    pub fn clear_inode_record(&mut self, inode_number: u64) -> Result<()> {
+        let (block_number, offset) = self.inode_location(inode_number)?;
+        let block = self.modify_inode_block(block_number)?;
+        block[offset..offset + INODE_BYTES].fill(0);
+        Ok(())
     }
 
     /// Writes an inode's record in place in the cached inode-table block (no block copy).

@@ -314,3 +314,76 @@ pub fn check(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed) -> DirC
     checker.result.blocks = blocks.into_iter().collect();
     checker.result
 }
+
+/// Most blocks `salvage` reads for one directory: a bound on the walk however the pointers are
+/// damaged (a directory of millions of entries has tens of thousands of leaves).
+const SALVAGE_BLOCKS_MAX: usize = 1 << 22;
+
+/// The entries that can still be read from a damaged directory, for `fsck --repair`, which
+/// builds a fresh directory from them. It trusts no single path: it follows the leaf chain
+/// both ways, the index down to its regions and every list link, reads each leaf that passes
+/// its checks and takes every record its bitmap marks in use. A name found twice is kept once
+/// (the first found). Blocks that fail their checks, and blocks `foreign` says belong to
+/// someone else, are skipped; their entries are lost.
+pub fn salvage(store: &mut dyn MetaStore, root: &DirRoot, foreign: &dyn Fn(u64) -> bool) -> Vec<(Vec<u8>, u64, u8)> {
+    let mut entries: Vec<(Vec<u8>, u64, u8)> = Vec::new();
+    let mut names: BTreeSet<Vec<u8>> = BTreeSet::new();
+    let mut seen: BTreeSet<u64> = BTreeSet::new();
+    let mut leaves: Vec<u64> = vec![root.first_leaf];
+    // Index blocks with the level they should have; a root whose depth is out of range names
+    // no index worth reading.
+    let mut index_blocks: Vec<(u64, u16)> = Vec::new();
+    if root.index_depth > 0 && root.index_depth <= MAX_INDEX_DEPTH {
+        index_blocks.push((root.index_root, root.index_depth - 1));
+    }
+    while seen.len() < SALVAGE_BLOCKS_MAX {
+        if let Some((block_number, level)) = index_blocks.pop() {
+            if block_number == 0 || foreign(block_number) || !seen.insert(block_number) {
+                continue;
+            }
+            let Ok(node) = store
+                .read_meta(block_number, BlockKind::DirIndex)
+                .and_then(|block| decode_index(&block, block_number, level))
+            else {
+                continue;
+            };
+            for (_, target) in node.entries {
+                if level == 0 {
+                    leaves.push(target >> POSITION_SLOT_BITS);
+                } else {
+                    index_blocks.push((target, level - 1));
+                }
+            }
+            continue;
+        }
+        let Some(block_number) = leaves.pop() else { break };
+        if block_number == 0 || foreign(block_number) || !seen.insert(block_number) {
+            continue;
+        }
+        let Ok(block) = store.read_meta(block_number, BlockKind::DirLeaf) else { continue };
+        if validate_leaf(&block, block_number).is_err() {
+            continue;
+        }
+        leaves.push(read_u64(&block[..], LEAF_NEXT_OFFSET));
+        leaves.push(read_u64(&block[..], LEAF_PREVIOUS_OFFSET));
+        let mut slot = FIRST_ENTRY_SLOT;
+        while slot < SLOTS_PER_BLOCK {
+            if !leaf_bit(&block, slot) {
+                slot += 1;
+                continue;
+            }
+            let Ok(record) = decode_record(&block, block_number, slot) else {
+                slot += 1;
+                continue;
+            };
+            if position_is_valid(record.next) {
+                leaves.push(record.next >> POSITION_SLOT_BITS);
+            }
+            slot += record.slots().max(1);
+            if !record.is_dummy && names.insert(record.name.clone()) {
+                entries.push((record.name, record.inode_or_count, record.file_type));
+            }
+        }
+    }
+    entries
+}

@@ -17,7 +17,7 @@ mod session;
 #[cfg(test)]
 mod tests;
 
-pub use check::{check, DirCheck};
+pub use check::{check, salvage, DirCheck};
 pub use format::{
     DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES, REGION_SPLIT_ENTRIES,
 };

@@ -133,6 +133,9 @@ pub struct MountReport {
     pub orphans_reclaimed: u64,
     /// The volume was not unmounted cleanly.
     pub was_dirty: bool,
+    /// One superblock copy is invalid, stale or foreign and the other was used: why, in words
+    /// (`tandem fsck --repair` rewrites it). `None` when both copies are healthy.
+    pub superblock_warning: Option<String>,
 }
 
 /// The state of the operation log, for `tandem stat`.

@@ -2,6 +2,11 @@
 //! copy-on-write overlay (nothing reaches the device), then checks allocation against
 //! references, link counts, directory structure and hash order, extent trees, sizes and
 //! checksums. Every problem is reported in words; a corrupt image never makes it panic.
+//! `repair` (repair.rs) fixes what `check` finds. Neither knows about terminals: long phases
+//! report through a `Progress` callback, which the command line turns into a bar or lines.
+
+mod repair;
+pub use repair::{repair, RepairReport};
 
 use crate::backend::{self, Overlay};
 use crate::block::meta::BLOCK_SIZE_U64;
@@ -19,6 +24,17 @@ use std::sync::Arc;
 /// Problems listed before the rest are only counted: a badly damaged volume would otherwise
 /// print millions of lines.
 const PROBLEMS_LISTED_MAX: usize = 1000;
+
+/// Where a long check or repair stands: `done` of `total` items of `phase`.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub phase: &'static str,
+    pub done: u64,
+    pub total: u64,
+}
+
+/// Progress is reported every this many items.
+const PROGRESS_STEP: u64 = 256;
 
 /// What fsck found.
 #[derive(Debug, Clone, Default)]
@@ -51,7 +67,24 @@ impl FsckReport {
 /// replayed in memory first (nothing is written), so a crashed volume checks as it will mount.
 /// Corruption is reported in the result; only a failing device is an error.
 pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
+    check_with_progress(device, &mut |_| {})
+}
+
+/// `check`, telling `progress` where it stands.
+pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Progress)) -> Result<FsckReport> {
     let mut report = FsckReport::default();
+    // A damaged or stale copy is not used while the other is good, but the next mount that
+    // loses the good one would fall back to it: a problem worth repairing now.
+    match Superblock::read_both(device.as_ref()) {
+        Ok(copies) => {
+            if let Some(problem) = copies.other_problem {
+                report.problem(format!("{problem} (copy {} is used)", copies.best_copy));
+            }
+        }
+        Err(error @ Error::Io { .. }) => return Err(error),
+        Err(_) => {} // open_volume below says it in its own words
+    }
+    progress(&Progress { phase: "replaying the log", done: 0, total: 1 });
     let options = LogOptions { flush_delay_us: u64::MAX, reserve_fraction: 0.5 };
     let (mut volume, _log, applier, mount) = match backend::open_volume(device, options, 1 << 16, false) {
         Ok(opened) => opened,
@@ -87,6 +120,9 @@ pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
     let mut queue = VecDeque::from([ROOT_INODE]);
     parent_of.insert(ROOT_INODE, ROOT_INODE);
     while let Some(directory) = queue.pop_front() {
+        if report.directories_checked.is_multiple_of(PROGRESS_STEP) {
+            progress(&Progress { phase: "checking directories", done: report.directories_checked, total: 0 });
+        }
         let inode = match volume.read_inode(directory) {
             Ok(inode) => inode,
             Err(error) => {
@@ -179,7 +215,11 @@ pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
 
     // Every allocated inode: reachable, link count, contents.
     let allocated: Vec<u64> = volume.inodes.iter_set().map(|bit| bit + 1).collect();
-    for number in allocated {
+    let total = allocated.len() as u64;
+    for (done, number) in allocated.into_iter().enumerate() {
+        if (done as u64).is_multiple_of(PROGRESS_STEP) {
+            progress(&Progress { phase: "checking inodes", done: done as u64, total });
+        }
         report.inodes_checked += 1;
         let inode = match volume.read_inode(number) {
             Ok(inode) => inode,
