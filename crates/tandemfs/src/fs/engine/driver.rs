@@ -106,10 +106,19 @@ impl FileSystem {
                 // Every pending write has its own record, and applying it makes that write and
                 // all earlier ones of the inode part of the home data. Other records need no
                 // visit: structural ones drop earlier writes when they are made.
-                if let Op::Write { inode, .. } = queued.op.as_ref() {
-                    if let Some(view) = front.views.get_mut(&inode.inode_number) {
-                        view.forget_writes_through(queued.lsn);
+                match queued.op.as_ref() {
+                    Op::Write { inode, .. } => {
+                        if let Some(view) = front.views.get_mut(&inode.inode_number) {
+                            view.forget_writes_through(queued.lsn);
+                            view.forget_blocks_through(queued.lsn);
+                        }
                     }
+                    Op::Range { inode, .. } => {
+                        if let Some(view) = front.views.get_mut(&inode.inode_number) {
+                            view.forget_blocks_through(queued.lsn);
+                        }
+                    }
+                    _ => {}
                 }
             }
             for (number, blocks) in owned {
