@@ -289,3 +289,55 @@ fn blocks_are_counted_at_once_for_fallocate_and_writes() {
     assert_eq!(fs.get_attributes(fresh).unwrap().blocks_512, 80);
     fs.unmount().unwrap();
 }
+
+/// Reading moves the access time as ext4's default `relatime` does: when it is not after the
+/// last change, and then not again until the file changes (or a day passes); it is recorded
+/// like any attribute change, so a remount keeps it. `noatime` never moves it.
+#[test]
+fn reads_move_the_access_time_under_relatime() {
+    let (_memory, device) = memory_volume(32 << 20, false);
+    let fs = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap().0;
+    let file = fs.create(ROOT_INODE, b"f", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(file, 0, b"a\n").unwrap();
+    let old = SetAttributes { access_time: Some(TimeToSet::Nanoseconds(1_000)), ..SetAttributes::default() };
+    fs.set_attributes(file, &old).unwrap();
+    let mut buffer = [0u8; 16];
+    assert_eq!(fs.read(file, 0, &mut buffer).unwrap(), 2);
+    let moved = fs.get_attributes(file).unwrap();
+    assert!(moved.access_time_ns > moved.change_time_ns, "atime after a read: {moved:?}");
+    let next_lsn = fs.log_statistics().next_lsn;
+    // Now after every change: further reads change nothing and append nothing.
+    for _ in 0..100 {
+        fs.read(file, 0, &mut buffer).unwrap();
+    }
+    assert_eq!(fs.get_attributes(file).unwrap().access_time_ns, moved.access_time_ns);
+    assert_eq!(fs.log_statistics().next_lsn, next_lsn, "reads appended records");
+    // A write makes the next read move it again.
+    fs.write(file, 2, b"b").unwrap();
+    fs.read(file, 0, &mut buffer).unwrap();
+    let again = fs.get_attributes(file).unwrap();
+    assert!(again.access_time_ns > again.modify_time_ns);
+    fs.unmount().unwrap();
+    let fs = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap().0;
+    assert_eq!(fs.get_attributes(file).unwrap().access_time_ns, again.access_time_ns, "lost at remount");
+    fs.set_attributes(file, &old).unwrap();
+    fs.unmount().unwrap();
+    let options = MountOptions { access_time: AccessTimeUpdates::Never, ..MountOptions::default() };
+    let fs = FileSystem::mount(device, &options).unwrap().0;
+    fs.read(file, 0, &mut buffer).unwrap();
+    assert_eq!(fs.get_attributes(file).unwrap().access_time_ns, 1_000, "noatime moved it");
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn relatime_moves_a_day_old_access_time_and_strictatime_moves_every_time() {
+    let day = RELATIME_INTERVAL_NS;
+    let now = 10 * day;
+    let relative = AccessTimeUpdates::Relative;
+    assert!(relative.read_moves(now - 5, now - 5, now - 5, now), "equal to mtime");
+    assert!(relative.read_moves(now - 9, now - 5, now - 9, now), "before mtime");
+    assert!(!relative.read_moves(now - 4, now - 5, now - 6, now), "after both, recent");
+    assert!(relative.read_moves(now - day, now - 2 * day, now - 2 * day, now), "a day old");
+    assert!(AccessTimeUpdates::Strict.read_moves(now - 1, 0, 0, now));
+    assert!(!AccessTimeUpdates::Never.read_moves(0, now, now, now));
+}

@@ -6,8 +6,42 @@ impl FileSystem {
     // ------------------------------------------------------------------ data
 
     /// Reads up to `buffer.len()` bytes at `offset`; returns bytes read (short at end of file).
+    /// Moves the access time as the mount's `access_time` policy says (relatime by default).
     pub fn read(&self, inode: InodeNumber, offset: u64, buffer: &mut [u8]) -> Result<usize> {
-        self.read_data(inode, offset, buffer, false)
+        let count = self.read_data(inode, offset, buffer, false)?;
+        if !buffer.is_empty() {
+            self.note_access(inode);
+        }
+        Ok(count)
+    }
+
+    /// Moves the access time of `inode` to now after a read, when the policy asks for it. The
+    /// check costs one probe of the view; a record is appended only when the time moves (under
+    /// relatime, once per change of the file or per day), like any other attribute change,
+    /// so it survives a remount. The read has succeeded already: a failure to record the
+    /// access (a full log that cannot drain, a failed or read-only volume) does not fail it.
+    fn note_access(&self, inode: InodeNumber) {
+        let policy = self.inner.options.access_time;
+        if policy == AccessTimeUpdates::Never {
+            return;
+        }
+        let _ = self.with_space(|| {
+            let mut front = self.inner.front.lock();
+            let view = self.view(&mut front, inode)?;
+            let now = now_ns();
+            let image = &view.attributes;
+            if !policy.read_moves(image.access_time_ns, image.modify_time_ns, image.change_time_ns, now) {
+                return Ok(Some(()));
+            }
+            let mut image = image.clone();
+            image.access_time_ns = now;
+            let op = Op::SetAttributes { inode: image.clone(), truncate: false };
+            let Some(lsn) = self.append(&mut front, op, 0)? else {
+                return Ok(None);
+            };
+            FileSystem::commit_view(&mut front, image, lsn, false);
+            Ok(Some(()))
+        });
     }
 
     pub(super) fn read_data(
