@@ -354,6 +354,9 @@ pub struct Front {
     pub image_budget_blocks: u64,
     /// The last refused append was refused for the backlog bound alone (see `with_space`).
     pub refused_for_backlog: bool,
+    /// Views dropped by `trim_views` so far: a caller that unlocked the front end can tell
+    /// that a view it saw was dropped and loaded again (its change counter restarted).
+    pub view_evictions: u64,
     pub use_clock: u64,
 }
 
@@ -386,6 +389,7 @@ impl Front {
         let excess = self.views.len() - VIEW_CACHE_LIMIT / 2;
         for (_, number) in candidates.into_iter().take(excess) {
             self.views.remove(&number);
+            self.view_evictions += 1;
         }
     }
 }

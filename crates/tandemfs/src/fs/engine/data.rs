@@ -1,6 +1,7 @@
 //! File data: read, write, truncate, insert, collapse, punch, zero and allocate.
 
 use super::*;
+use parking_lot::MutexGuard;
 
 impl FileSystem {
     // ------------------------------------------------------------------ data
@@ -146,24 +147,26 @@ impl FileSystem {
         let shared: Arc<[u8]> = Arc::from(data);
         self.with_space(|| {
             let mut front = self.inner.front.lock();
-            let view = self.regular_view(&mut front, inode)?;
-            let mut image = view.attributes.clone();
-            let now = now_ns();
-            image.size_bytes = image.size_bytes.max(offset + data.len() as u64);
-            image.modify_time_ns = now;
-            image.change_time_ns = now;
+            let size = self.regular_view(&mut front, inode)?.attributes.size_bytes;
             let end = offset + data.len() as u64;
             let all_blocks = (data.len() as u64).div_ceil(BLOCK_SIZE_U64);
             // Past the end of the file nothing is mapped (allocate keeps no blocks there), so
             // an append takes all its blocks and needs no look at the extent tree. Over the
             // file, blocks already written or fallocated, or filled by pending writes, are
             // overwritten in place and must not be asked for again: a full volume still takes
-            // writes into space it promised.
-            let new_blocks = if offset >= view.attributes.size_bytes {
+            // writes into space it promised. The tree is walked with the front end unlocked,
+            // so the view is read again afterwards.
+            let new_blocks = if offset >= size {
                 all_blocks
             } else {
-                self.blocks_to_fill(&mut front, inode, offset, end)?.unwrap_or(all_blocks)
+                self.blocks_to_fill(&mut front, inode, offset, end, true)?.unwrap_or(all_blocks)
             };
+            let view = self.regular_view(&mut front, inode)?;
+            let mut image = view.attributes.clone();
+            let now = now_ns();
+            image.size_bytes = image.size_bytes.max(end);
+            image.modify_time_ns = now;
+            image.change_time_ns = now;
             let op = Op::Write { inode: image.clone(), offset, data: shared.clone() };
             let Some(lsn) = self.append_reserving(&mut front, op, new_blocks, DATA_RESERVE_BLOCKS)? else {
                 return Ok(None);
@@ -238,7 +241,7 @@ impl FileSystem {
                         0
                     } else {
                         let all_blocks = (fill_end - offset).div_ceil(BLOCK_SIZE_U64);
-                        self.blocks_to_fill(&mut front, inode, offset, fill_end)?.unwrap_or(all_blocks)
+                        self.blocks_to_fill(&mut front, inode, offset, fill_end, false)?.unwrap_or(all_blocks)
                     }
                 }
                 _ => 0,
@@ -262,7 +265,20 @@ impl FileSystem {
     /// it, never more). `None` while a change of the file's shape (truncate, insert, collapse,
     /// punch, zero, allocate) is not applied, since the applied tree does not yet show the
     /// file as it will be, or when too many pending writes overlap the range to subtract.
-    fn blocks_to_fill(&self, front: &mut Front, inode: InodeNumber, start: u64, end: u64) -> Result<Option<u64>> {
+    ///
+    /// With `unlock`, the front end is unlocked while the tree is walked (a write over the file
+    /// then does not hold up every other caller while the back end holds the volume), and the
+    /// answer is `None` when the file changed meanwhile; the caller must read its view again.
+    /// Records the back end applies meanwhile do not matter: a pending write it applies is in
+    /// the tree instead of the list, and a change of shape appended meanwhile changes the view.
+    fn blocks_to_fill(
+        &self,
+        front: &mut MutexGuard<'_, Front>,
+        inode: InodeNumber,
+        start: u64,
+        end: u64,
+        unlock: bool,
+    ) -> Result<Option<u64>> {
         assert!(start < end, "an empty range takes no blocks");
         let applied = self.applied();
         let view = self.regular_view(front, inode)?;
@@ -281,26 +297,19 @@ impl FileSystem {
             }
         }
         let generation = view.attributes.generation;
-        let mut holes: Vec<(u64, u64)> = Vec::new();
-        {
-            let mut volume = self.inner.volume.lock();
-            let mut mapped_end = 0;
-            // Absent while the file's creation is not applied: then all of it is a hole.
-            if let Some(home) = FileSystem::home_inode(&mut volume, inode, generation)? {
-                let root = ExtentRoot::decode(&home.root_area)?;
-                mapped_end = root.length_bytes().min(end);
-                extent::extents_from(&mut *volume, &root, start.min(mapped_end), &mut |logical, length, at, _| {
-                    if logical >= mapped_end {
-                        return false;
-                    }
-                    if at.is_none() {
-                        holes.push((logical.max(start), (logical + length).min(mapped_end)));
-                    }
-                    true
-                })?;
-            }
-            if end > mapped_end {
-                holes.push((start.max(mapped_end), end));
+        let change_counter = view.change_counter;
+        let view_evictions = front.view_evictions;
+        let holes = if unlock {
+            MutexGuard::unlocked(front, || self.holes_in(inode, generation, start, end))?
+        } else {
+            self.holes_in(inode, generation, start, end)?
+        };
+        if unlock {
+            // A view dropped and loaded again starts its counter afresh: count evictions too.
+            let unchanged = front.view_evictions == view_evictions
+                && front.views.get(&inode).is_some_and(|view| view.change_counter == change_counter);
+            if !unchanged {
+                return Ok(None);
             }
         }
         filled.sort_unstable();
@@ -324,6 +333,34 @@ impl FileSystem {
             }
         }
         Ok(Some(blocks))
+    }
+
+    /// The holes in bytes `start..end` of the applied extent tree of `inode` (all of it while
+    /// the file's creation is not applied), past its end included.
+    fn holes_in(&self, inode: InodeNumber, generation: u64, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+        let mut holes: Vec<(u64, u64)> = Vec::new();
+        {
+            let mut volume = self.inner.volume.lock();
+            let mut mapped_end = 0;
+            // Absent while the file's creation is not applied: then all of it is a hole.
+            if let Some(home) = FileSystem::home_inode(&mut volume, inode, generation)? {
+                let root = ExtentRoot::decode(&home.root_area)?;
+                mapped_end = root.length_bytes().min(end);
+                extent::extents_from(&mut *volume, &root, start.min(mapped_end), &mut |logical, length, at, _| {
+                    if logical >= mapped_end {
+                        return false;
+                    }
+                    if at.is_none() {
+                        holes.push((logical.max(start), (logical + length).min(mapped_end)));
+                    }
+                    true
+                })?;
+            }
+            if end > mapped_end {
+                holes.push((start.max(mapped_end), end));
+            }
+        }
+        Ok(holes)
     }
 
     /// Inserts `length` bytes of hole at `offset` (≤ size), shifting later bytes up.

@@ -113,6 +113,7 @@ impl FileSystem {
             queued_image_blocks: 0,
             image_budget_blocks: image_budget_blocks(&log.usage()),
             refused_for_backlog: false,
+            view_evictions: 0,
             use_clock: 0,
         };
         let usage = log.usage();
