@@ -104,8 +104,9 @@ impl FileSystem {
                 front.reserved_blocks -= queued.reserved_blocks;
                 front.queued_image_blocks -= queued.image_blocks;
                 // Every pending write has its own record, and applying it makes that write and
-                // all earlier ones of the inode part of the home data. Other records need no
-                // visit: structural ones drop earlier writes when they are made.
+                // all earlier ones of the inode part of the home data; structural records drop
+                // earlier writes when they are made. Writes and range records (allocate, zero)
+                // also carry block estimates, which the volume's count below replaces.
                 match queued.op.as_ref() {
                     Op::Write { inode, .. } => {
                         if let Some(view) = front.views.get_mut(&inode.inode_number) {
