@@ -377,6 +377,101 @@ for mode in (0x20, 0x08):  # INSERT_RANGE, COLLAPSE_RANGE
 EOF
 }
 
+# posix_fallocate promises that later writes into the range do not fail for lack of space; on
+# a full volume, overwrites of written data take no new blocks either (both work on ext4).
+test_fallocated_space_on_full_volume() {
+    local image="$WORK/reserve.img" mountpoint="$WORK/reserve-mnt" log="$LOGS/reserve-mount.log"
+    mkdir -p "$mountpoint"
+    "$TANDEM" mkfs "$image" --size 128M
+    "$TANDEM" mount "$image" "$mountpoint" -d --log-file "$log" -o allow_other,default_permissions
+    fallocate -l $(( 128 * 1048576 * 6 / 10 )) "$mountpoint/A"
+    if dd if=/dev/zero of="$mountpoint/B" bs=1M count=200 2>"$WORK/fill.err"; then
+        echo "the volume never filled"
+        exit 1
+    fi
+    grep "No space left" "$WORK/fill.err"
+    head -c 4194304 /dev/urandom >"$LOCAL/reserve-data"
+    dd if="$LOCAL/reserve-data" of="$mountpoint/A" bs=1M count=4 conv=notrunc,fsync status=none
+    dd if="$LOCAL/reserve-data" of="$mountpoint/B" bs=1M count=2 seek=1 conv=notrunc,fsync status=none
+    cmp -n 4194304 "$LOCAL/reserve-data" "$mountpoint/A"
+    cmp -n 2097152 "$LOCAL/reserve-data" <(tail -c +1048577 "$mountpoint/B")
+    "$TANDEM" umount "$mountpoint"
+    if grep -q panicked "$log"; then grep -v '^  ' "$log"; exit 1; fi
+    "$TANDEM" fsck "$image"
+    rm -f "$image"
+}
+
+# st_blocks counts fallocated blocks at once, as on ext4 (2048 sectors for 1 MiB), not only
+# once the back end has applied the allocation.
+test_blocks_after_fallocate() {
+    fallocate -l 1M "$MNT/blocks-falloc"
+    test "$(stat -c %b "$MNT/blocks-falloc")" -eq 2048
+    head -c 8192 /dev/zero >>"$MNT/blocks-falloc"
+    test "$(stat -c %b "$MNT/blocks-falloc")" -eq 2064
+    rm "$MNT/blocks-falloc"
+}
+
+# relatime, ext4's default: a read moves an access time that is not after the last change,
+# and the moved time survives a remount.
+test_relatime() {
+    echo a >"$MNT/atime"
+    local before after
+    before=$(stat -c %x "$MNT/atime")
+    sleep 1.1
+    cat "$MNT/atime" >/dev/null
+    after=$(stat -c %x "$MNT/atime")
+    echo "before $before, after $after"
+    test "$after" != "$before"
+    unmount_volume
+    mount_volume
+    test "$(stat -c %x "$MNT/atime")" = "$after"
+    rm "$MNT/atime"
+}
+
+# SEEK_DATA and SEEK_HOLE before the start or at or past the end: ENXIO, as on ext4.
+test_seek_outside_the_file() {
+    printf 'some data' >"$MNT/seek"
+    python3 - "$MNT/seek" <<'PYTHON'
+import errno, os, sys
+descriptor = os.open(sys.argv[1], os.O_RDONLY)
+for whence in (os.SEEK_DATA, os.SEEK_HOLE):
+    for offset in (-1, 9, 100):
+        try:
+            os.lseek(descriptor, offset, whence)
+        except OSError as error:
+            assert error.errno == errno.ENXIO, (offset, whence, error)
+        else:
+            raise AssertionError(f"lseek({offset}, {whence}) succeeded")
+assert os.lseek(descriptor, 3, os.SEEK_DATA) == 3
+assert os.lseek(descriptor, 3, os.SEEK_HOLE) == 9
+PYTHON
+    rm "$MNT/seek"
+}
+
+# File handles (what an NFS export of the mount hands out) stay valid after the kernel has
+# dropped the inodes: open_by_handle_at then makes the kernel look up "." in the file's node
+# id, and ".." to reconnect a directory. A removed file's handle is stale.
+test_file_handles() {
+    cc -Wall -Wextra -Werror -o "$WORK/file_handles" "$TESTS/file_handles.c"
+    mkdir -p "$MNT/handles/deep/er"
+    echo "kept by handle" >"$MNT/handles/deep/er/file"
+    echo gone >"$MNT/handles/gone"
+    "$WORK/file_handles" save "$MNT/handles/deep/er/file" "$WORK/file.handle"
+    "$WORK/file_handles" save "$MNT/handles/deep/er" "$WORK/directory.handle"
+    "$WORK/file_handles" save "$MNT/handles/gone" "$WORK/gone.handle"
+    rm "$MNT/handles/gone"
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    test "$("$WORK/file_handles" open "$MNT" "$WORK/file.handle")" = "kept by handle"
+    echo 3 >/proc/sys/vm/drop_caches
+    "$WORK/file_handles" open "$MNT" "$WORK/directory.handle" | grep -qx file
+    echo 3 >/proc/sys/vm/drop_caches
+    local status=0
+    "$WORK/file_handles" open "$MNT" "$WORK/gone.handle" || status=$?
+    test "$status" -eq 3
+    rm -r "$MNT/handles"
+}
+
 test_random_io() {
     python3 "$TESTS/random_io.py" "$MNT/random-a.bin" 42 1500 &
     first=$!
@@ -1050,6 +1145,15 @@ run_test truncate test_truncate
 run_test dd test_dd
 run_test dd-sparse-over-4GiB test_large_sparse_file
 run_test fallocate-modes test_fallocate
+run_test fallocated-space-on-full-volume test_fallocated_space_on_full_volume
+run_test st-blocks-right-after-fallocate test_blocks_after_fallocate
+run_test relatime-read-moves-atime test_relatime
+run_test seek-data-hole-outside-file test_seek_outside_the_file
+if command -v cc >/dev/null; then
+    run_test file-handles-after-drop-caches test_file_handles
+else
+    skip_test file-handles-after-drop-caches "no C compiler"
+fi
 run_test random-io-vs-shadow test_random_io 180
 run_test parallel-writers-shared-dirs test_parallel_writers
 run_test xattr-set-get-list-remove test_xattrs

@@ -293,6 +293,11 @@ impl fuser::Filesystem for Adapter {
             InitFlags::FUSE_PARALLEL_DIROPS,
             // Symbolic links never change, so their targets may stay in the page cache.
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // File handles (name_to_handle_at, an NFS export) stay valid after the kernel
+            // forgot the inode: it then looks up "." in the handle's node id, and ".." to
+            // reconnect a directory. Node ids are inode numbers and generations come from
+            // the volume, so both answers are found without any memory of earlier lookups.
+            InitFlags::FUSE_EXPORT_SUPPORT,
         ] {
             if config.capabilities().contains(wish) {
                 let _ = config.add_capabilities(wish);
@@ -309,10 +314,18 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn lookup(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if let Err(errno) = self.check_access(&Caller::of(request), parent.0, EXECUTE) {
-            return reply.error(errno);
+        let name = name_bytes(name);
+        // "." and ".." come only from the kernel resolving a file handle (FUSE_EXPORT_SUPPORT),
+        // never from a path, and the kernel has already checked the caller's right to do that
+        // (open_by_handle_at needs CAP_DAC_READ_SEARCH); "." names any kind of node.
+        let from_handle = name == b"." || name == b"..";
+        if !from_handle {
+            if let Err(errno) = self.check_access(&Caller::of(request), parent.0, EXECUTE) {
+                return reply.error(errno);
+            }
         }
-        match self.fs.lookup(parent.0, name_bytes(name)) {
+        let found = if name == b"." { self.fs.get_attributes(parent.0) } else { self.fs.lookup(parent.0, name) };
+        match found {
             Ok(attributes) => reply.entry(&CACHE_TIMEOUT, &file_attr(&attributes), Generation(attributes.generation)),
             // A negative entry (inode 0) lets the kernel remember that the name does not
             // exist; creating it later goes through the kernel, which drops that memory.
@@ -937,23 +950,42 @@ impl fuser::Filesystem for Adapter {
             Ok(attributes) => attributes.size_bytes,
             Err(error) => return reply.error(fuse_errno(&error)),
         };
-        if offset < 0 {
-            return reply.error(Errno::EINVAL);
-        }
-        if offset as u64 >= size {
-            return reply.error(Errno::ENXIO);
-        }
-        match whence {
-            libc::SEEK_DATA => reply.offset(offset),
-            libc::SEEK_HOLE => reply.offset(size as i64),
-            _ => reply.error(Errno::EINVAL),
+        match seek_answer(offset, whence, size) {
+            Ok(found) => reply.offset(found),
+            Err(errno) => reply.error(errno),
         }
     }
+}
+
+/// SEEK_DATA and SEEK_HOLE over a file of `size` bytes that is all data. As on ext4, an offset
+/// before the start or at or past the end has no data and no hole after it: ENXIO, not EINVAL
+/// (which is for an unknown `whence`).
+fn seek_answer(offset: i64, whence: i32, size: u64) -> Result<i64, Errno> {
+    if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+        return Err(Errno::EINVAL);
+    }
+    if offset < 0 || offset as u64 >= size {
+        return Err(Errno::ENXIO);
+    }
+    Ok(if whence == libc::SEEK_DATA { offset } else { i64::try_from(size).unwrap_or(i64::MAX) })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seeking_outside_the_file_is_no_such_position() {
+        for offset in [-1, i64::MIN, 100, 101, i64::MAX] {
+            for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
+                assert_eq!(seek_answer(offset, whence, 100), Err(Errno::ENXIO), "{offset} {whence}");
+            }
+        }
+        assert_eq!(seek_answer(0, libc::SEEK_DATA, 0), Err(Errno::ENXIO));
+        assert_eq!(seek_answer(7, libc::SEEK_DATA, 100), Ok(7));
+        assert_eq!(seek_answer(7, libc::SEEK_HOLE, 100), Ok(100));
+        assert_eq!(seek_answer(7, libc::SEEK_SET, 100), Err(Errno::EINVAL));
+    }
 
     #[test]
     fn times_round_trip_through_system_time_including_before_1970() {

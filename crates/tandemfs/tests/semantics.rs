@@ -194,3 +194,150 @@ fn a_large_backlog_of_mkdirs_keeps_the_volume_usable_and_mountable() {
     assert!(fs.lookup(parent, format!("directory-{}", count - 1).as_bytes()).is_ok());
     fs.unmount().unwrap();
 }
+
+/// Writes `chunk_bytes` chunks to a new file until the volume refuses (NoSpace or a short
+/// write); returns the file and the bytes it holds. Bounded by the volume's size.
+fn fill_with_new_file(fs: &FileSystem, name: &[u8], volume_bytes: u64) -> (InodeNumber, u64) {
+    let file = fs.create(ROOT_INODE, name, FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    let chunk = vec![0xB0u8; 1 << 20];
+    let mut written = 0u64;
+    for _ in 0..=volume_bytes / chunk.len() as u64 {
+        match fs.write(file, written, &chunk) {
+            Ok(count) if count == chunk.len() => written += count as u64,
+            Ok(count) => {
+                written += count as u64;
+                break;
+            }
+            Err(Error::NoSpace) => break,
+            Err(error) => panic!("filling: {error}"),
+        }
+    }
+    (file, written)
+}
+
+/// posix_fallocate promises that later writes into the range do not fail for lack of space:
+/// on a full volume, writes into a fallocated range, and overwrites of data written earlier,
+/// take no new blocks and must succeed, as on ext4 (the 128 MiB reproduction:
+/// `fallocate -l 60% A`, fill with B until ENOSPC, `dd bs=1M count=4 conv=notrunc of=A`).
+#[test]
+fn fallocated_and_written_space_takes_writes_on_a_full_volume() {
+    for background in [true, false] {
+        let volume_bytes = 128u64 << 20;
+        let (_memory, device) = memory_volume(volume_bytes, false);
+        let options = MountOptions { background_backend: background, ..MountOptions::default() };
+        let fs = FileSystem::mount(device, &options).unwrap().0;
+        let reserved = fs.create(ROOT_INODE, b"A", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+        let reserved_bytes = volume_bytes * 6 / 10;
+        fs.allocate(reserved, 0, reserved_bytes, false).unwrap();
+        let (filler, filled_bytes) = fill_with_new_file(&fs, b"B", volume_bytes);
+        assert!(filled_bytes > 0 && filled_bytes < volume_bytes - reserved_bytes);
+        assert!(matches!(fs.write(filler, filled_bytes, &[1u8; 1 << 20]), Err(Error::NoSpace)), "not full");
+        // Into the fallocated range: 4 MiB at the start, and a piece at an odd offset.
+        let data: Vec<u8> = (0..4u32 << 20).map(|index| (index % 251) as u8).collect();
+        assert_eq!(fs.write(reserved, 0, &data).unwrap(), data.len(), "background {background}");
+        assert_eq!(fs.write(reserved, reserved_bytes - 100_001, &data[..100_000]).unwrap(), 100_000);
+        // Over data written earlier, in both files.
+        assert_eq!(fs.write(reserved, 1000, &data[..1 << 20]).unwrap(), 1 << 20);
+        assert_eq!(fs.write(filler, 4096 * 3 + 7, &data[..2 << 20]).unwrap(), 2 << 20);
+        fs.sync().unwrap();
+        let mut buffer = vec![0u8; 1 << 20];
+        fs.read(reserved, 1000, &mut buffer).unwrap();
+        assert!(buffer == data[..1 << 20]);
+        fs.read(filler, 4096 * 3 + 7, &mut buffer).unwrap();
+        assert!(buffer == data[..1 << 20]);
+        fs.read(reserved, (4 << 20) - 10, &mut buffer[..20]).unwrap();
+        assert_eq!(&buffer[..10], &data[(4 << 20) - 10..]);
+        assert_eq!(&buffer[10..20], &[0u8; 10]);
+        // A truncate (an extent-tree change, no new data) works on the full volume too.
+        let shrink = SetAttributes { size_bytes: Some(filled_bytes - 12_345), ..SetAttributes::default() };
+        fs.set_attributes(filler, &shrink).unwrap();
+        fs.unmount().unwrap();
+    }
+}
+
+/// `st_blocks` counts blocks a file owns as soon as the operation returns, before the back
+/// end has applied it, and the count agrees with the volume's afterwards (ext4: `xfs_io -f -c
+/// "falloc 0 1m" f; stat -c %b f` gives 2048).
+#[test]
+fn blocks_are_counted_at_once_for_fallocate_and_writes() {
+    let (_memory, device) = memory_volume(64 << 20, false);
+    let fs = FileSystem::mount(device, &inline_options()).unwrap().0;
+    let file = fs.create(ROOT_INODE, b"f", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.run_backend().unwrap();
+    fs.allocate(file, 0, 1 << 20, false).unwrap();
+    assert_eq!(fs.get_attributes(file).unwrap().blocks_512, 2048, "right after fallocate");
+    fs.run_backend().unwrap();
+    assert_eq!(fs.get_attributes(file).unwrap().blocks_512, 2048, "after the back end applied it");
+    // Appending 8 KiB past the end adds 16 sectors; KEEP_SIZE past the end adds nothing.
+    fs.write(file, 1 << 20, &[9u8; 8192]).unwrap();
+    fs.allocate(file, (1 << 20) + 8192, 1 << 20, true).unwrap();
+    assert_eq!(fs.get_attributes(file).unwrap().blocks_512, 2048 + 16, "after an append");
+    fs.run_backend().unwrap();
+    assert_eq!(fs.get_attributes(file).unwrap().blocks_512, 2048 + 16);
+    // Writing into the fallocated range takes no data blocks, before it is applied and after
+    // (then the volume may count an extent-tree node for the split, as ext4 counts its
+    // extent blocks in st_blocks).
+    fs.write(file, 4096, &[7u8; 65536]).unwrap();
+    assert_eq!(fs.get_attributes(file).unwrap().blocks_512, 2048 + 16, "write into fallocated space");
+    fs.run_backend().unwrap();
+    assert!(fs.get_attributes(file).unwrap().blocks_512 <= 2048 + 16 + 8);
+    // A second file fallocated right after its creation, before anything is applied.
+    let fresh = fs.create(ROOT_INODE, b"g", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.allocate(fresh, 0, 40960, false).unwrap();
+    assert_eq!(fs.get_attributes(fresh).unwrap().blocks_512, 80);
+    fs.run_backend().unwrap();
+    assert_eq!(fs.get_attributes(fresh).unwrap().blocks_512, 80);
+    fs.unmount().unwrap();
+}
+
+/// Reading moves the access time as ext4's default `relatime` does: when it is not after the
+/// last change, and then not again until the file changes (or a day passes); it is recorded
+/// like any attribute change, so a remount keeps it. `noatime` never moves it.
+#[test]
+fn reads_move_the_access_time_under_relatime() {
+    let (_memory, device) = memory_volume(32 << 20, false);
+    let fs = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap().0;
+    let file = fs.create(ROOT_INODE, b"f", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(file, 0, b"a\n").unwrap();
+    let old = SetAttributes { access_time: Some(TimeToSet::Nanoseconds(1_000)), ..SetAttributes::default() };
+    fs.set_attributes(file, &old).unwrap();
+    let mut buffer = [0u8; 16];
+    assert_eq!(fs.read(file, 0, &mut buffer).unwrap(), 2);
+    let moved = fs.get_attributes(file).unwrap();
+    assert!(moved.access_time_ns > moved.change_time_ns, "atime after a read: {moved:?}");
+    let next_lsn = fs.log_statistics().next_lsn;
+    // Now after every change: further reads change nothing and append nothing.
+    for _ in 0..100 {
+        fs.read(file, 0, &mut buffer).unwrap();
+    }
+    assert_eq!(fs.get_attributes(file).unwrap().access_time_ns, moved.access_time_ns);
+    assert_eq!(fs.log_statistics().next_lsn, next_lsn, "reads appended records");
+    // A write makes the next read move it again.
+    fs.write(file, 2, b"b").unwrap();
+    fs.read(file, 0, &mut buffer).unwrap();
+    let again = fs.get_attributes(file).unwrap();
+    assert!(again.access_time_ns > again.modify_time_ns);
+    fs.unmount().unwrap();
+    let fs = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap().0;
+    assert_eq!(fs.get_attributes(file).unwrap().access_time_ns, again.access_time_ns, "lost at remount");
+    fs.set_attributes(file, &old).unwrap();
+    fs.unmount().unwrap();
+    let options = MountOptions { access_time: AccessTimeUpdates::Never, ..MountOptions::default() };
+    let fs = FileSystem::mount(device, &options).unwrap().0;
+    fs.read(file, 0, &mut buffer).unwrap();
+    assert_eq!(fs.get_attributes(file).unwrap().access_time_ns, 1_000, "noatime moved it");
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn relatime_moves_a_day_old_access_time_and_strictatime_moves_every_time() {
+    let day = RELATIME_INTERVAL_NS;
+    let now = 10 * day;
+    let relative = AccessTimeUpdates::Relative;
+    assert!(relative.read_moves(now - 5, now - 5, now - 5, now), "equal to mtime");
+    assert!(relative.read_moves(now - 9, now - 5, now - 9, now), "before mtime");
+    assert!(!relative.read_moves(now - 4, now - 5, now - 6, now), "after both, recent");
+    assert!(relative.read_moves(now - day, now - 2 * day, now - 2 * day, now), "a day old");
+    assert!(AccessTimeUpdates::Strict.read_moves(now - 1, 0, 0, now));
+    assert!(!AccessTimeUpdates::Never.read_moves(0, now, now, now));
+}

@@ -70,6 +70,10 @@ pub struct InodeView {
     pub structural_lsn: u64,
     /// In lsn order: the back end trims the front as it applies.
     pub pending_writes: VecDeque<PendingWrite>,
+    /// (lsn, blocks) of the records not yet applied that give this file new blocks (writes,
+    /// allocate, zero range), in lsn order: `st_blocks` counts them at once, and applying the
+    /// record replaces its estimate with the volume's own count in `blocks_owned`.
+    pub pending_blocks: VecDeque<(u64, u64)>,
     pub open_count: u32,
     /// Unlinked while open: reclaimed at the last release.
     pub orphaned: bool,
@@ -95,6 +99,7 @@ impl InodeView {
             last_change_lsn: 0,
             structural_lsn: 0,
             pending_writes: VecDeque::new(),
+            pending_blocks: VecDeque::new(),
             open_count: 0,
             orphaned: false,
             reclaimed: false,
@@ -116,12 +121,26 @@ impl InodeView {
         }
     }
 
+    /// Drops the block estimates of records up to `lsn`, which the back end has applied.
+    pub fn forget_blocks_through(&mut self, lsn: u64) {
+        while self.pending_blocks.front().is_some_and(|(pending_lsn, _)| *pending_lsn <= lsn) {
+            self.pending_blocks.pop_front();
+        }
+    }
+
+    /// Records that the record `lsn` will give this file `blocks` new blocks.
+    pub fn add_pending_blocks(&mut self, lsn: u64, blocks: u64) {
+        assert!(self.pending_blocks.back().is_none_or(|(last, _)| *last < lsn), "block estimates in lsn order");
+        if blocks > 0 {
+            self.pending_blocks.push_back((lsn, blocks));
+        }
+    }
+
     pub fn to_attributes(&self) -> Attributes {
         let image = &self.attributes;
-        // Pending data is not placed yet; count it so that `du` and sparse-file heuristics see
-        // written bytes at once.
-        let pending_blocks: u64 =
-            self.pending_writes.iter().map(|write| (write.data.len() as u64).div_ceil(4096)).sum();
+        // Blocks of records not yet applied (written data, fallocated space) are the file's
+        // already, as on ext4: `du`, `stat` and sparse-file heuristics see them at once.
+        let pending_blocks: u64 = self.pending_blocks.iter().map(|(_, blocks)| blocks).sum();
         Attributes {
             inode: image.inode_number,
             generation: image.generation,
@@ -324,6 +343,9 @@ pub struct Front {
     pub reserved_blocks: u64,
     /// Blocks free in the volume as of the last applied batch.
     pub free_blocks: u64,
+    /// Blocks of `free_blocks` that only extent-tree reserves may promise (see
+    /// `engine::tree_pool_blocks`).
+    pub tree_pool_blocks: u64,
     /// Blocks freed but not reusable before the next checkpoint.
     pub pending_free_blocks: u64,
     /// Sum of the image-block bounds of the records not yet applied; `append` keeps it within
@@ -332,6 +354,9 @@ pub struct Front {
     pub image_budget_blocks: u64,
     /// The last refused append was refused for the backlog bound alone (see `with_space`).
     pub refused_for_backlog: bool,
+    /// Views dropped by `trim_views` so far: a caller that unlocked the front end can tell
+    /// that a view it saw was dropped and loaded again (its change counter restarted).
+    pub view_evictions: u64,
     pub use_clock: u64,
 }
 
@@ -364,6 +389,7 @@ impl Front {
         let excess = self.views.len() - VIEW_CACHE_LIMIT / 2;
         for (_, number) in candidates.into_iter().take(excess) {
             self.views.remove(&number);
+            self.view_evictions += 1;
         }
     }
 }

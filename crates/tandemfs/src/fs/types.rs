@@ -105,6 +105,40 @@ pub struct FormatOptions {
     pub root_owner: Option<(u32, u32)>,
 }
 
+/// When reading a file moves its access time: the mount options `relatime` (the default, as
+/// on ext4), `strictatime` and `noatime`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AccessTimeUpdates {
+    /// Only when the access time is not after the modification or change time, or is a day
+    /// old: `ls -lu` and mail readers can still tell whether a file was read since it last
+    /// changed, at the price of one attribute record per file per change or per day.
+    #[default]
+    Relative,
+    /// On every read: one attribute record per read.
+    Strict,
+    /// Never.
+    Never,
+}
+
+/// How old an access time may get before a read under `relatime` moves it anyway.
+pub const RELATIME_INTERVAL_NS: i64 = 24 * 3600 * 1_000_000_000;
+
+impl AccessTimeUpdates {
+    /// Whether a read at `now_ns` moves an access time of `access_ns`, given the file's
+    /// modification and change times.
+    pub fn read_moves(self, access_ns: i64, modify_ns: i64, change_ns: i64, now_ns: i64) -> bool {
+        match self {
+            AccessTimeUpdates::Never => false,
+            AccessTimeUpdates::Strict => access_ns != now_ns,
+            AccessTimeUpdates::Relative => {
+                access_ns <= modify_ns
+                    || access_ns <= change_ns
+                    || now_ns.saturating_sub(access_ns) >= RELATIME_INTERVAL_NS
+            }
+        }
+    }
+}
+
 /// Options of `FileSystem::mount`.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -114,11 +148,18 @@ pub struct MountOptions {
     pub cache_bytes: u64,
     /// Run the back end as a background thread (true) or only when called (tests).
     pub background_backend: bool,
+    /// When reads move access times.
+    pub access_time: AccessTimeUpdates,
 }
 
 impl Default for MountOptions {
     fn default() -> MountOptions {
-        MountOptions { flush_delay_us: 2_000, cache_bytes: 256 << 20, background_backend: true }
+        MountOptions {
+            flush_delay_us: 2_000,
+            cache_bytes: 256 << 20,
+            background_backend: true,
+            access_time: AccessTimeUpdates::default(),
+        }
     }
 }
 

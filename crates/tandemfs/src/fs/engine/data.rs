@@ -1,13 +1,48 @@
 //! File data: read, write, truncate, insert, collapse, punch, zero and allocate.
 
 use super::*;
+use parking_lot::MutexGuard;
 
 impl FileSystem {
     // ------------------------------------------------------------------ data
 
     /// Reads up to `buffer.len()` bytes at `offset`; returns bytes read (short at end of file).
+    /// Moves the access time as the mount's `access_time` policy says (relatime by default).
     pub fn read(&self, inode: InodeNumber, offset: u64, buffer: &mut [u8]) -> Result<usize> {
-        self.read_data(inode, offset, buffer, false)
+        let count = self.read_data(inode, offset, buffer, false)?;
+        if !buffer.is_empty() {
+            self.note_access(inode);
+        }
+        Ok(count)
+    }
+
+    /// Moves the access time of `inode` to now after a read, when the policy asks for it. The
+    /// check costs one probe of the view; a record is appended only when the time moves (under
+    /// relatime, once per change of the file or per day), like any other attribute change,
+    /// so it survives a remount. The read has succeeded already: a failure to record the
+    /// access (a full log that cannot drain, a failed or read-only volume) does not fail it.
+    fn note_access(&self, inode: InodeNumber) {
+        let policy = self.inner.options.access_time;
+        if policy == AccessTimeUpdates::Never {
+            return;
+        }
+        let _ = self.with_space(|| {
+            let mut front = self.inner.front.lock();
+            let view = self.view(&mut front, inode)?;
+            let now = now_ns();
+            let image = &view.attributes;
+            if !policy.read_moves(image.access_time_ns, image.modify_time_ns, image.change_time_ns, now) {
+                return Ok(Some(()));
+            }
+            let mut image = image.clone();
+            image.access_time_ns = now;
+            let op = Op::SetAttributes { inode: image.clone(), truncate: false };
+            let Some(lsn) = self.append(&mut front, op, 0)? else {
+                return Ok(None);
+            };
+            FileSystem::commit_view(&mut front, image, lsn, false);
+            Ok(Some(()))
+        });
     }
 
     pub(super) fn read_data(
@@ -112,23 +147,34 @@ impl FileSystem {
         let shared: Arc<[u8]> = Arc::from(data);
         self.with_space(|| {
             let mut front = self.inner.front.lock();
+            let size = self.regular_view(&mut front, inode)?.attributes.size_bytes;
+            let end = offset + data.len() as u64;
+            let all_blocks = (data.len() as u64).div_ceil(BLOCK_SIZE_U64);
+            // Past the end of the file nothing is mapped (allocate keeps no blocks there), so
+            // an append takes all its blocks and needs no look at the extent tree. Over the
+            // file, blocks already written or fallocated, or filled by pending writes, are
+            // overwritten in place and must not be asked for again: a full volume still takes
+            // writes into space it promised. The tree is walked with the front end unlocked,
+            // so the view is read again afterwards.
+            let new_blocks = if offset >= size {
+                all_blocks
+            } else {
+                self.blocks_to_fill(&mut front, inode, offset, end, true)?.unwrap_or(all_blocks)
+            };
             let view = self.regular_view(&mut front, inode)?;
             let mut image = view.attributes.clone();
             let now = now_ns();
-            image.size_bytes = image.size_bytes.max(offset + data.len() as u64);
+            image.size_bytes = image.size_bytes.max(end);
             image.modify_time_ns = now;
             image.change_time_ns = now;
-            let reserve = (data.len() as u64).div_ceil(BLOCK_SIZE_U64) + DATA_RESERVE_BLOCKS;
             let op = Op::Write { inode: image.clone(), offset, data: shared.clone() };
-            let Some(lsn) = self.append(&mut front, op, reserve)? else {
+            let Some(lsn) = self.append_reserving(&mut front, op, new_blocks, DATA_RESERVE_BLOCKS)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, false);
-            front.views.get_mut(&inode).unwrap().pending_writes.push_back(PendingWrite {
-                lsn,
-                offset,
-                data: shared.clone(),
-            });
+            let view = front.views.get_mut(&inode).unwrap();
+            view.pending_writes.push_back(PendingWrite { lsn, offset, data: shared.clone() });
+            view.add_pending_blocks(lsn, new_blocks);
             Ok(Some(()))
         })
     }
@@ -186,18 +232,135 @@ impl FileSystem {
             image.size_bytes = new_size;
             image.modify_time_ns = now;
             image.change_time_ns = now;
-            let reserve = match kind {
-                RangeKind::Allocate => length.div_ceil(BLOCK_SIZE_U64) + DATA_RESERVE_BLOCKS,
-                _ => DATA_RESERVE_BLOCKS,
+            // Allocate and zero range give the holes of the range (clipped to the new size)
+            // unwritten blocks; the other kinds take no data blocks.
+            let new_blocks = match kind {
+                RangeKind::Allocate | RangeKind::ZeroRange => {
+                    let fill_end = end.min(new_size);
+                    if offset >= fill_end {
+                        0
+                    } else {
+                        let all_blocks = (fill_end - offset).div_ceil(BLOCK_SIZE_U64);
+                        self.blocks_to_fill(&mut front, inode, offset, fill_end, false)?.unwrap_or(all_blocks)
+                    }
+                }
+                _ => 0,
             };
             let op = Op::Range { inode: image.clone(), kind, offset, length, keep_size };
-            let Some(lsn) = self.append(&mut front, op, reserve)? else {
+            let Some(lsn) = self.append_reserving(&mut front, op, new_blocks, DATA_RESERVE_BLOCKS)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, true);
-            front.views.get_mut(&inode).unwrap().forget_writes_through(lsn);
+            let view = front.views.get_mut(&inode).unwrap();
+            view.forget_writes_through(lsn);
+            view.add_pending_blocks(lsn, new_blocks);
             Ok(Some(()))
         })
+    }
+
+    /// How many new blocks filling bytes `start..end` of regular file `inode` takes once every
+    /// record before it is applied, at most: the holes of the applied extent tree in the range,
+    /// less the bytes that pending writes will have filled, each piece rounded up to whole
+    /// blocks (a hole is filled from fresh blocks, or from the unused end of the block before
+    /// it, never more). `None` while a change of the file's shape (truncate, insert, collapse,
+    /// punch, zero, allocate) is not applied, since the applied tree does not yet show the
+    /// file as it will be, or when too many pending writes overlap the range to subtract.
+    ///
+    /// With `unlock`, the front end is unlocked while the tree is walked (a write over the file
+    /// then does not hold up every other caller while the back end holds the volume), and the
+    /// answer is `None` when the file changed meanwhile; the caller must read its view again.
+    /// Records the back end applies meanwhile do not matter: a pending write it applies is in
+    /// the tree instead of the list, and a change of shape appended meanwhile changes the view.
+    fn blocks_to_fill(
+        &self,
+        front: &mut MutexGuard<'_, Front>,
+        inode: InodeNumber,
+        start: u64,
+        end: u64,
+        unlock: bool,
+    ) -> Result<Option<u64>> {
+        assert!(start < end, "an empty range takes no blocks");
+        let applied = self.applied();
+        let view = self.regular_view(front, inode)?;
+        if view.structural_lsn > applied {
+            return Ok(None);
+        }
+        // Every pending write came after the last change of shape (those drop earlier writes).
+        let mut filled: Vec<(u64, u64)> = Vec::new();
+        for write in &view.pending_writes {
+            let write_end = write.offset + write.data.len() as u64;
+            if write.offset < end && write_end > start {
+                if filled.len() == PENDING_OVERLAPS_MAX {
+                    return Ok(None);
+                }
+                filled.push((write.offset.max(start), write_end.min(end)));
+            }
+        }
+        let generation = view.attributes.generation;
+        let change_counter = view.change_counter;
+        let view_evictions = front.view_evictions;
+        let holes = if unlock {
+            MutexGuard::unlocked(front, || self.holes_in(inode, generation, start, end))?
+        } else {
+            self.holes_in(inode, generation, start, end)?
+        };
+        if unlock {
+            // A view dropped and loaded again starts its counter afresh: count evictions too.
+            let unchanged = front.view_evictions == view_evictions
+                && front.views.get(&inode).is_some_and(|view| view.change_counter == change_counter);
+            if !unchanged {
+                return Ok(None);
+            }
+        }
+        filled.sort_unstable();
+        let mut blocks = 0;
+        for (hole_start, hole_end) in holes {
+            let mut position = hole_start;
+            for &(filled_start, filled_end) in &filled {
+                if position >= hole_end {
+                    break;
+                }
+                if filled_end <= position || filled_start >= hole_end {
+                    continue;
+                }
+                if filled_start > position {
+                    blocks += (filled_start - position).div_ceil(BLOCK_SIZE_U64);
+                }
+                position = filled_end;
+            }
+            if position < hole_end {
+                blocks += (hole_end - position).div_ceil(BLOCK_SIZE_U64);
+            }
+        }
+        Ok(Some(blocks))
+    }
+
+    /// The holes in bytes `start..end` of the applied extent tree of `inode` (all of it while
+    /// the file's creation is not applied), past its end included.
+    fn holes_in(&self, inode: InodeNumber, generation: u64, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+        let mut holes: Vec<(u64, u64)> = Vec::new();
+        {
+            let mut volume = self.inner.backend.volume();
+            let mut mapped_end = 0;
+            // Absent while the file's creation is not applied: then all of it is a hole.
+            if let Some(home) = FileSystem::home_inode(&mut volume, inode, generation)? {
+                let root = ExtentRoot::decode(&home.root_area)?;
+                mapped_end = root.length_bytes().min(end);
+                extent::extents_from(&mut *volume, &root, start.min(mapped_end), &mut |logical, length, at, _| {
+                    if logical >= mapped_end {
+                        return false;
+                    }
+                    if at.is_none() {
+                        holes.push((logical.max(start), (logical + length).min(mapped_end)));
+                    }
+                    true
+                })?;
+            }
+            if end > mapped_end {
+                holes.push((start.max(mapped_end), end));
+            }
+        }
+        Ok(holes)
     }
 
     /// Inserts `length` bytes of hole at `offset` (≤ size), shifting later bytes up.

@@ -108,10 +108,12 @@ impl FileSystem {
             next_generation: volume.superblock.next_generation,
             reserved_blocks: 0,
             free_blocks: volume.free_blocks(),
+            tree_pool_blocks: tree_pool_blocks(volume.superblock.block_count),
             pending_free_blocks: 0,
             queued_image_blocks: 0,
             image_budget_blocks: image_budget_blocks(&log.usage()),
             refused_for_backlog: false,
+            view_evictions: 0,
             use_clock: 0,
         };
         let usage = log.usage();
@@ -119,7 +121,15 @@ impl FileSystem {
         let max_record_data_bytes = ((usage.data_bytes_normal / 16) as usize).clamp(4096, 1 << 20);
         let backend = Backend::new(volume, log.clone(), applier, last_lsn, options.background_backend);
         let inner =
-            Arc::new(Inner { device, log, backend, front: Mutex::new(front), inode_count, max_record_data_bytes });
+            Arc::new(Inner {
+            device,
+            log,
+            backend,
+            front: Mutex::new(front),
+            options: options.clone(),
+            inode_count,
+            max_record_data_bytes,
+        });
         let file_system = FileSystem { inner };
         if options.background_backend {
             file_system.inner.backend.start(Arc::new(file_system.clone()))?;
@@ -170,7 +180,10 @@ impl FileSystem {
             blocks_total: volume.superblock.block_count,
             // Freed blocks wait for a checkpoint before reuse, but they are free: `df` after `rm`
             // should say so at once.
-            blocks_free: (front.free_blocks + front.pending_free_blocks).saturating_sub(front.reserved_blocks),
+            // The tree pool is not free for new data (see `tree_pool_blocks`), as ext4 leaves
+            // its reserved clusters out of f_bavail.
+            blocks_free: (front.free_blocks + front.pending_free_blocks)
+                .saturating_sub(front.reserved_blocks + front.tree_pool_blocks),
             inodes_total: self.inner.inode_count,
             inodes_free: front.inode_numbers.free_count(),
             name_max_bytes: NAME_MAX_BYTES as u32,

@@ -62,12 +62,26 @@ const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 /// Extra blocks any data operation may need for the extent tree and split ends.
 const DATA_RESERVE_BLOCKS: u64 = 16;
 
+/// Blocks kept back from new data and new names so that the extent-tree reserve of operations
+/// that take no new data blocks (an overwrite, a write into fallocated space, a punch, a
+/// truncate) is there on a full volume: those must not fail for lack of space, as on ext4,
+/// whose `s_resv_clusters` (2% of the volume, at most 4096 clusters) serves the same purpose.
+/// The tree blocks such operations really take are rare and few, so the pool lasts.
+pub(super) fn tree_pool_blocks(block_count: u64) -> u64 {
+    (block_count / 50).clamp(4 * DATA_RESERVE_BLOCKS, 4096)
+}
+
+/// Pending writes overlapping a new one that `FileSystem::blocks_to_fill` subtracts from the
+/// holes it finds; past this many it answers "unknown" and the write counts all its blocks.
+const PENDING_OVERLAPS_MAX: usize = 64;
+
 struct Inner {
     device: Arc<dyn Device>,
     log: Arc<Log>,
     /// Owns the volume, the queue of unapplied records, the applied lsn and the failure latch.
     backend: Arc<Backend>,
     front: Mutex<Front>,
+    options: MountOptions,
     inode_count: u64,
     max_record_data_bytes: usize,
 }
@@ -221,12 +235,19 @@ impl FileSystem {
         }
     }
 
-    /// Reserves blocks for a record; false when the volume cannot promise them now.
-    pub(super) fn reserve(front: &mut Front, blocks: u64) -> bool {
-        if front.reserved_blocks + blocks > front.free_blocks {
+    /// Reserves blocks for a record: `new_blocks` that it certainly takes (file data, directory
+    /// and xattr blocks), which must leave the tree pool untouched, and `tree_blocks` that it may
+    /// take for extent-tree nodes, which may come out of the pool. False when the volume cannot
+    /// promise them now.
+    pub(super) fn reserve(front: &mut Front, new_blocks: u64, tree_blocks: u64) -> bool {
+        let after = front.reserved_blocks + new_blocks;
+        if after + tree_blocks > front.free_blocks {
             return false;
         }
-        front.reserved_blocks += blocks;
+        if new_blocks > 0 && after + front.tree_pool_blocks > front.free_blocks {
+            return false;
+        }
+        front.reserved_blocks = after + tree_blocks;
         true
     }
 
@@ -235,6 +256,19 @@ impl FileSystem {
     /// the caller's `with_space` drains the back end and tries again). Called with the front-end
     /// lock held, so appends and the queue stay in lsn order.
     pub(super) fn append(&self, front: &mut Front, op: Op, reserved_blocks: u64) -> Result<Option<u64>> {
+        self.append_reserving(front, op, reserved_blocks, 0)
+    }
+
+    /// `append` for a record that takes `new_blocks` and may take up to `tree_blocks` more for
+    /// its extent tree (see `reserve`).
+    pub(super) fn append_reserving(
+        &self,
+        front: &mut Front,
+        op: Op,
+        new_blocks: u64,
+        tree_blocks: u64,
+    ) -> Result<Option<u64>> {
+        let reserved_blocks = new_blocks + tree_blocks;
         // Every checkpoint writes its block images into the log's reserve, and while records
         // older than them wait, the tail cannot pass those images. A backlog whose application
         // dirties more than the reserve can hold would leave the back end (and a replay after a
@@ -245,7 +279,7 @@ impl FileSystem {
             front.refused_for_backlog = true;
             return Ok(None);
         }
-        if !FileSystem::reserve(front, reserved_blocks) {
+        if !FileSystem::reserve(front, new_blocks, tree_blocks) {
             return Ok(None);
         }
         let head = op.encode_head();
@@ -373,12 +407,22 @@ impl FrontSink for FileSystem {
             front.reserved_blocks -= queued.reserved_blocks;
             front.queued_image_blocks -= queued.image_blocks;
             // Every pending write has its own record, and applying it makes that write and all
-            // earlier ones of the inode part of the home data. Other records need no visit:
-            // structural ones drop earlier writes when they are made.
-            if let Op::Write { inode, .. } = queued.op.as_ref() {
-                if let Some(view) = front.views.get_mut(&inode.inode_number) {
-                    view.forget_writes_through(queued.lsn);
+            // earlier ones of the inode part of the home data; structural records drop earlier
+            // writes when they are made. Writes and range records (allocate, zero) also carry
+            // block estimates, which the volume's count below replaces.
+            match queued.op.as_ref() {
+                Op::Write { inode, .. } => {
+                    if let Some(view) = front.views.get_mut(&inode.inode_number) {
+                        view.forget_writes_through(queued.lsn);
+                        view.forget_blocks_through(queued.lsn);
+                    }
                 }
+                Op::Range { inode, .. } => {
+                    if let Some(view) = front.views.get_mut(&inode.inode_number) {
+                        view.forget_blocks_through(queued.lsn);
+                    }
+                }
+                _ => {}
             }
         }
         for &(number, blocks) in &summary.owned_blocks {

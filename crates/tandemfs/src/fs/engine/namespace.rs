@@ -90,9 +90,11 @@ impl FileSystem {
                 None => {}
             }
             image.change_time_ns = now;
-            let reserve = if truncate { DATA_RESERVE_BLOCKS } else { 0 };
+            // A truncate takes no new data blocks, only perhaps a split of the extent tree: it
+            // may use the tree pool, so shrinking a file on a full volume works.
+            let tree_reserve = if truncate { DATA_RESERVE_BLOCKS } else { 0 };
             let op = Op::SetAttributes { inode: image.clone(), truncate };
-            let Some(lsn) = self.append(&mut front, op, reserve)? else {
+            let Some(lsn) = self.append_reserving(&mut front, op, 0, tree_reserve)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(&mut front, image, lsn, truncate);
