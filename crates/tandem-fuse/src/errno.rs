@@ -30,7 +30,7 @@ pub fn errno_of(error: &Error) -> i32 {
         Error::Loop => libc::ELOOP,
         Error::ReadOnly => libc::EROFS,
         Error::NotPermitted => libc::EPERM,
-        Error::Busy => libc::EBUSY,
+        Error::Busy | Error::InUse(_) => libc::EBUSY,
         Error::NotSupported => libc::EOPNOTSUPP,
         Error::Shutdown => libc::EIO,
     }
