@@ -12,6 +12,7 @@ pub mod dir;
 pub mod error;
 pub mod extent;
 pub mod log;
+pub mod types;
 
 pub use error::{Error, Result};
 

@@ -6,7 +6,7 @@
 use crate::block::codec::{Decoder, Encoder};
 use crate::block::inode::Inode;
 use crate::error::{Error, Result};
-use crate::fs::types::{FileType, NAME_MAX_BYTES, SYMLINK_MAX_BYTES, XATTR_NAME_MAX_BYTES};
+use crate::types::{FileType, NAME_MAX_BYTES, SYMLINK_MAX_BYTES, XATTR_NAME_MAX_BYTES};
 use std::sync::Arc;
 
 /// Record kinds (the log header's `kind` field).

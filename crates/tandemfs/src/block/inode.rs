@@ -2,7 +2,7 @@
 
 use super::codec::*;
 use crate::error::{Error, Result};
-use crate::fs::types::FileType;
+use crate::types::FileType;
 
 pub const INODE_BYTES: usize = 256;
 pub const ROOT_AREA_BYTES: usize = 64;

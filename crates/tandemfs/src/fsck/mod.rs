@@ -11,8 +11,8 @@ use crate::device::Device;
 use crate::dir::{self, DirRoot};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot};
-use crate::fs::types::{FileType, ROOT_INODE};
 use crate::log::{Log, LogOptions, LogPosition};
+use crate::types::{FileType, ROOT_INODE};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 

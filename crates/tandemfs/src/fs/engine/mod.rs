@@ -1,0 +1,381 @@
+//! The `FileSystem` handle: the shared state and the front-end helpers every operation uses.
+//! The operations live in the files beside this one, one per section: `lifecycle` (format,
+//! mount, unmount, durability), `driver` (the back end's thread and checkpoint policy),
+//! `namespace`, `data` and `xattrs`.
+
+mod data;
+mod driver;
+mod lifecycle;
+mod namespace;
+mod xattrs;
+
+use super::front::{Front, InodeView, PendingWrite};
+use super::types::*;
+use crate::backend::record::{AttributeImage, Disposition, Op, RangeKind, RenameKind, XATTR_VALUE_MAX_BYTES};
+use crate::backend::{self, now_ns, Applier};
+use crate::block::bitmap::Bitmap;
+use crate::block::inode::Inode;
+use crate::block::meta::{BlockKind, BLOCK_SIZE_U64};
+use crate::block::superblock::{Superblock, STATE_CLEAN, STATE_MOUNTED};
+use crate::block::volume::{Volume, XATTR_BLOCK_PAYLOAD_BYTES};
+use crate::device::Device;
+use crate::dir::{self, DirRoot};
+use crate::error::{Error, Result};
+use crate::extent::{self, ExtentRoot, MAX_FILE_BYTES};
+use crate::log::{Log, LogOptions};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Records applied per back-end pass before the volume lock is let go: small enough that a
+/// front-end lookup waiting for the lock is not held up for long.
+const BATCH_RECORDS_MAX: usize = 32;
+/// Attempts of an operation that must wait for log space, its share of the backlog or free
+/// blocks: the first after a checkpoint of what is applied, the others after full drains. A
+/// drain lets one thread through; other threads may take the room again before this one
+/// retries, hence more than a few attempts. A volume that is really full answers NoSpace after
+/// this many drains (each cheap then).
+const SPACE_ATTEMPTS_MAX: usize = 64;
+/// Attempts of an optimistic read before it holds the front end still.
+const READ_ATTEMPTS_MAX: usize = 8;
+/// Symbolic links followed while resolving one path.
+const SYMLINK_FOLLOW_MAX: usize = 40;
+/// Directory levels walked looking for a rename loop.
+const DEPTH_WALK_MAX: usize = 1 << 16;
+/// A checkpoint is taken at least this often while records are applied.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
+/// Blocks besides its new ones that applying one record typically dirties: its inode's table
+/// block, its parent's leaf or index block, a bitmap block. A record's new metadata blocks are
+/// counted up to a namespace operation's reservation; file data goes home from the log's data
+/// ring, not through checkpoint images, and a write's worst-case extent-tree reservation is
+/// rarely used, so the budget below is an average bound with a margin, not a worst case.
+const IMAGE_BLOCKS_PER_RECORD: u64 = 3;
+
+/// How many image blocks the unapplied backlog may stand for: a quarter of the log's reserve, so
+/// that the images of the blocks already dirty (the back end checkpoints before they pass half
+/// the reserve) and those of the whole backlog fit in it together.
+fn image_budget_blocks(usage: &crate::log::LogUsage) -> u64 {
+    let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
+    (reserve_bytes / 4 / BLOCK_SIZE_U64).max(8 * (NAMESPACE_RESERVE_BLOCKS + IMAGE_BLOCKS_PER_RECORD))
+}
+
+/// Below this many free blocks, with frees pending, the back end checkpoints before it applies
+/// more: comfortably above what one batch of records allocates.
+const BACKEND_LOW_WATER_BLOCKS: u64 = 1024;
+/// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
+/// the new directory's first leaf or the symlink's data block, one spare.
+const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
+/// Extended attribute namespaces that `set_xattr` and friends accept.
+const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+/// Extra blocks any data operation may need for the extent tree and split ends.
+const DATA_RESERVE_BLOCKS: u64 = 16;
+
+struct Queued {
+    lsn: u64,
+    op: Arc<Op>,
+    reserved_blocks: u64,
+    /// Bound on the metadata blocks applying it may dirty (see `Front::queued_image_blocks`).
+    image_blocks: u64,
+}
+
+const STATE_RUNNING: u8 = 0;
+const STATE_UNMOUNTED: u8 = 1;
+const STATE_FAILED: u8 = 2;
+
+struct Inner {
+    device: Arc<dyn Device>,
+    log: Arc<Log>,
+    volume: Mutex<Volume>,
+    applier: Applier,
+    front: Mutex<Front>,
+    queue: Mutex<VecDeque<Queued>>,
+    queue_signal: Condvar,
+    applied_lsn: Mutex<u64>,
+    applied_signal: Condvar,
+    /// One back-end pass or checkpoint at a time, from the thread or from a waiting caller.
+    backend_lock: Mutex<BackendState>,
+    state: std::sync::atomic::AtomicU8,
+    failure: Mutex<Option<String>>,
+    stop: AtomicBool,
+    options: MountOptions,
+    inode_count: u64,
+    max_record_data_bytes: usize,
+    checkpoints: AtomicU64,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+struct BackendState {
+    last_checkpoint: Instant,
+    applied_since_checkpoint: u64,
+    /// Log data bytes of the records applied since the last checkpoint (approximate).
+    applied_bytes_since_checkpoint: u64,
+}
+
+/// Log bytes a record takes besides a write's data: its encoded attributes and names.
+const RECORD_OVERHEAD_BYTES: usize = 256;
+
+/// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
+#[derive(Clone)]
+pub struct FileSystem {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for FileSystem {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("FileSystem").field("inode_count", &self.inner.inode_count).finish_non_exhaustive()
+    }
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX_BYTES {
+        return Err(Error::NameTooLong);
+    }
+    // One pass for both forbidden bytes: two `contains` calls cost two memchr set-ups, which
+    // for a short name is most of a cached lookup's instructions.
+    if name.is_empty() || name == b"." || name == b".." || name.iter().any(|byte| *byte == b'/' || *byte == 0) {
+        return Err(Error::invalid(format!("{:?} is not a valid entry name", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    if let Ok(mut file) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        if file.read_exact(&mut bytes).is_ok() {
+            return bytes;
+        }
+    }
+    // No /dev/urandom: derive from the clock and the process; uniqueness is all that matters.
+    let mut state = now_ns() as u64 ^ ((std::process::id() as u64) << 32);
+    for byte in bytes.iter_mut() {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *byte = (state >> 33) as u8;
+    }
+    bytes
+}
+
+fn attributes_image_of(inode: &Inode) -> AttributeImage {
+    AttributeImage::from_inode(inode)
+}
+
+impl FileSystem {
+    // ------------------------------------------------------------------ front-end helpers
+
+    /// The view of `number`, loaded from the volume when absent.
+    pub(super) fn view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
+        if number == 0 || number > self.inner.inode_count {
+            return Err(Error::NotFound);
+        }
+        front.use_clock += 1;
+        let clock = front.use_clock;
+        let view = match front.views.entry(number) {
+            std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let mut volume = self.inner.volume.lock();
+                let inode = volume.read_inode(number)?;
+                let entry_count = if inode.file_type() == FileType::Directory {
+                    DirRoot::decode(&inode.root_area)?.entry_count()
+                } else {
+                    0
+                };
+                slot.insert(InodeView::new(attributes_image_of(&inode), inode.blocks_owned, entry_count))
+            }
+        };
+        if view.reclaimed {
+            return Err(Error::NotFound);
+        }
+        view.last_use = clock;
+        Ok(view)
+    }
+
+    pub(super) fn regular_view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
+        let view = self.view(front, number)?;
+        match view.file_type() {
+            FileType::Regular => Ok(view),
+            FileType::Directory => Err(Error::IsDirectory),
+            _ => Err(Error::invalid("not a regular file")),
+        }
+    }
+
+    pub(super) fn directory_view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
+        let view = self.view(front, number)?;
+        if view.file_type() != FileType::Directory {
+            return Err(Error::NotDirectory);
+        }
+        Ok(view)
+    }
+
+    /// Resolves a name in a directory: the name table (overlay and lookup cache, one probe),
+    /// then the applied H-tree.
+    pub(super) fn find_name(
+        &self,
+        front: &mut Front,
+        parent: InodeNumber,
+        name: &[u8],
+    ) -> Result<Option<(u64, FileType)>> {
+        let view = self.directory_view(front, parent)?;
+        let (generation, complete) = (view.attributes.generation, view.complete);
+        if let Some(entry) = front.names.get(parent, name) {
+            return Ok(entry.target);
+        }
+        if complete {
+            return Ok(None);
+        }
+        let found = self.find_applied_name(parent, generation, name)?;
+        front.make_room_for_name(self.applied());
+        front.names.cache_applied(parent, name, found);
+        Ok(found)
+    }
+
+    /// Looks a name up in the applied H-tree of `parent`.
+    pub(super) fn find_applied_name(
+        &self,
+        parent: InodeNumber,
+        generation: u64,
+        name: &[u8],
+    ) -> Result<Option<(u64, FileType)>> {
+        let mut volume = self.inner.volume.lock();
+        let Some(inode) = FileSystem::home_inode(&mut volume, parent, generation)? else {
+            // Created but not yet applied: every entry is still in the overlay.
+            return Ok(None);
+        };
+        let root = DirRoot::decode(&inode.root_area)?;
+        match dir::lookup(&mut *volume, &root, &self.inner.applier.hash_seed, name)? {
+            None => Ok(None),
+            Some((number, dirent_type)) => {
+                let file_type = FileType::from_dirent_type(dirent_type).ok_or_else(|| {
+                    Error::corruption(format!("directory {parent}: entry type {dirent_type} is unknown"))
+                })?;
+                Ok(Some((number, file_type)))
+            }
+        }
+    }
+
+    /// The applied inode `number` if it is the same inode as the view (same generation); `None`
+    /// while its creation is not applied yet, or while the number still holds a freed
+    /// predecessor.
+    pub(super) fn home_inode(volume: &mut Volume, number: u64, generation: u64) -> Result<Option<Inode>> {
+        match volume.read_inode(number) {
+            Ok(inode) if inode.generation == generation => Ok(Some(inode)),
+            Ok(_) | Err(Error::NotFound) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Reserves blocks for a record; false when the volume cannot promise them now.
+    pub(super) fn reserve(front: &mut Front, blocks: u64) -> bool {
+        if front.reserved_blocks + blocks > front.free_blocks {
+            return false;
+        }
+        front.reserved_blocks += blocks;
+        true
+    }
+
+    /// Reserves `reserved_blocks`, appends `op` and queues it for the back end; returns its lsn.
+    /// `None` when the volume cannot promise the blocks or the log is full (nothing is kept then;
+    /// the caller's `with_space` drains the back end and tries again). Called with the front-end
+    /// lock held, so appends and the queue stay in lsn order.
+    pub(super) fn append(&self, front: &mut Front, op: Op, reserved_blocks: u64) -> Result<Option<u64>> {
+        // Every checkpoint writes its block images into the log's reserve, and while records
+        // older than them wait, the tail cannot pass those images. A backlog whose application
+        // dirties more than the reserve can hold would leave the back end (and a replay after a
+        // crash) with nowhere to write a checkpoint. So the backlog is bounded by a budget of
+        // image blocks, as well as by log bytes: past it, the caller drains the back end.
+        let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
+        if front.queued_image_blocks > 0 && front.queued_image_blocks + image_blocks > front.image_budget_blocks {
+            front.refused_for_backlog = true;
+            return Ok(None);
+        }
+        if !FileSystem::reserve(front, reserved_blocks) {
+            return Ok(None);
+        }
+        let head = op.encode_head();
+        let lsn = match self.inner.log.append(op.kind(), &[&head, op.tail()]) {
+            Ok(Some(lsn)) => lsn,
+            Ok(None) => {
+                front.reserved_blocks -= reserved_blocks;
+                return Ok(None);
+            }
+            Err(error) => {
+                front.reserved_blocks -= reserved_blocks;
+                self.fail(&error);
+                return Err(error);
+            }
+        };
+        front.queued_image_blocks += image_blocks;
+        self.inner.queue.lock().push_back(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
+        Ok(Some(lsn))
+    }
+
+    /// Runs `attempt` until it gets log space and blocks. On `Ok(None)` it first checkpoints the
+    /// records applied since the last checkpoint, when they are many: that moves the log's tail
+    /// and makes freed blocks reusable without applying anything. Only if that was not enough
+    /// (or too little was applied) does it drain the whole back end and checkpoint.
+    pub(super) fn with_space<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        let mut checkpointed_applied = false;
+        for round in 0..SPACE_ATTEMPTS_MAX {
+            self.check_running()?;
+            if let Some(value) = attempt()? {
+                return Ok(value);
+            }
+            if round + 1 < SPACE_ATTEMPTS_MAX {
+                // Refused only because the backlog stands for too many checkpoint images:
+                // applying it is all that is needed, the back end checkpoints as it goes.
+                if std::mem::take(&mut self.inner.front.lock().refused_for_backlog) {
+                    self.drain()?;
+                } else if !checkpointed_applied && self.checkpoint_applied()? {
+                    checkpointed_applied = true;
+                } else {
+                    self.drain_and_checkpoint()?;
+                }
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// Checkpoints the records applied since the last checkpoint when they hold at least a
+    /// sixteenth of the log's normal share (records or bytes); false when they hold less, which
+    /// would not be worth a checkpoint's images.
+    pub(super) fn checkpoint_applied(&self) -> Result<bool> {
+        let usage = self.inner.log.usage();
+        let mut backend = self.inner.backend_lock.lock();
+        if backend.applied_since_checkpoint * 16 < usage.header_slots_normal
+            && backend.applied_bytes_since_checkpoint * 16 < usage.data_bytes_normal
+        {
+            return Ok(false);
+        }
+        self.maybe_checkpoint(&mut backend, true)?;
+        Ok(true)
+    }
+
+    /// Records a name change in the overlay; it replaces whatever the lookup cache held for the
+    /// name, since that H-tree answer is about to change.
+    pub(super) fn overlay_name(
+        &self,
+        front: &mut Front,
+        parent: u64,
+        name: &[u8],
+        target: Option<(u64, FileType)>,
+        lsn: u64,
+    ) {
+        front.make_room_for_name(self.applied());
+        front.names.set(parent, name, target, lsn);
+    }
+
+    pub(super) fn commit_view(front: &mut Front, image: AttributeImage, lsn: u64, structural: bool) {
+        let view = front.views.get_mut(&image.inode_number).expect("view loaded before the change");
+        view.attributes = image;
+        view.last_change_lsn = lsn;
+        if structural {
+            view.structural_lsn = lsn;
+        }
+        view.change_counter += 1;
+    }
+
+    pub(super) fn applied(&self) -> u64 {
+        *self.inner.applied_lsn.lock()
+    }
+}
