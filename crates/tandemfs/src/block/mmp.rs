@@ -209,8 +209,10 @@ pub fn check_wait(interval_ms: u32) -> Duration {
 
 /// How long a new owner waits before reading its stamp back: a mounter that read the block
 /// just before our write writes its own within this time, since it does not wait in between.
+/// Kept short because every mount pays it; a racer slower than this is caught by the first
+/// refresh instead, which fences the mount that lost (see `MmpKeeper`).
 pub fn race_wait(interval_ms: u32) -> Duration {
-    Duration::from_millis((u64::from(interval_ms) / 20).clamp(20, 1_000))
+    Duration::from_millis((u64::from(interval_ms) / 50).clamp(10, 200))
 }
 
 /// What a look at the block (no waiting) says, for `tandem stat` and fsck.
@@ -253,6 +255,26 @@ fn in_use(record: &MmpRecord) -> Error {
     ))
 }
 
+/// Keepers alive in this process. A stamp naming this process (pid and host) is either held by
+/// one of them or left by a mount of this process that ended without unmounting (a dropped
+/// `FileSystem`, a test's simulated crash): no need to wait to tell which.
+static LIVE_KEEPERS: Mutex<Vec<std::sync::Weak<KeeperShared>>> = Mutex::new(Vec::new());
+
+/// For a stamp made by this process: `Some(true)` when a live keeper of this process holds it,
+/// `Some(false)` when none does; `None` for another process's stamp.
+fn held_by_this_process(record: &MmpRecord) -> Option<bool> {
+    if record.pid != std::process::id() || record.host != host_name() {
+        return None;
+    }
+    let mut live = LIVE_KEEPERS.lock();
+    live.retain(|keeper| keeper.strong_count() > 0);
+    let held = live.iter().filter_map(std::sync::Weak::upgrade).any(|keeper| {
+        let last = keeper.last.lock();
+        !*keeper.lost.lock() && last.sequence == record.sequence
+    });
+    Some(held)
+}
+
 /// Waits for a block that is not clean to show whether its owner is alive. Returns the record
 /// when it moved (live owner), `None` when it did not (the owner is gone). `fallback_interval_ms`
 /// sets the wait when the block does not decode.
@@ -260,7 +282,11 @@ pub fn wait_for_owner(location: &MmpLocation, fallback_interval_ms: u32) -> Resu
     let before = location.read();
     let interval_ms = match &before {
         Ok(record) if record.is_clean() => return Ok(None),
-        Ok(record) => record.interval_ms,
+        Ok(record) => match held_by_this_process(record) {
+            Some(true) => return Ok(Some(record.clone())),
+            Some(false) => return Ok(None),
+            None => record.interval_ms,
+        },
         Err(error) if error.is_corruption() => fallback_interval_ms,
         Err(_) => return before.map(Some),
     };
@@ -286,17 +312,33 @@ pub fn refuse_if_live(location: &MmpLocation, fallback_interval_ms: u32) -> Resu
     }
 }
 
+/// What `claim` took.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The stamp written, for `MmpKeeper::start`.
+    pub record: MmpRecord,
+    /// The owner of a stamp left by a mount that ended without unmounting, if one was taken
+    /// over ("pid N on host H").
+    pub taken_over_from: Option<String>,
+}
+
 /// Takes the block for a read-write mount refreshing every `interval_ms`: waits out a live
 /// owner (refused) or a dead one (taken over), stamps it, and reads the stamp back after a
-/// short delay to catch a racing mounter. Returns the stamp written.
-pub fn claim(location: &MmpLocation, interval_ms: u32) -> Result<MmpRecord> {
+/// short delay to catch a racing mounter.
+pub fn claim(location: &MmpLocation, interval_ms: u32) -> Result<Claimed> {
     assert!((MIN_INTERVAL_MS..=MAX_INTERVAL_MS).contains(&interval_ms));
+    let taken_over_from = match location.read() {
+        Ok(record) if record.is_clean() => None,
+        Ok(record) => Some(record.owner()),
+        Err(error) if error.is_corruption() => Some("an unreadable MMP block".to_string()),
+        Err(error) => return Err(error),
+    };
     refuse_if_live(location, interval_ms)?;
     let ours = MmpRecord::ours(random_sequence(), interval_ms);
     location.write(&ours)?;
     std::thread::sleep(race_wait(interval_ms));
     match location.read() {
-        Ok(now) if now == ours => Ok(ours),
+        Ok(now) if now == ours => Ok(Claimed { record: ours, taken_over_from }),
         Ok(now) => Err(Error::InUse(format!(
             "volume is in use by {} (multi-mount protection: it took the volume while this mount did)",
             now.owner()
@@ -338,6 +380,7 @@ impl MmpKeeper {
             stop_signal: Condvar::new(),
             lost: Mutex::new(false),
         });
+        LIVE_KEEPERS.lock().push(Arc::downgrade(&shared));
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
             .name("tandem-mmp".into())
@@ -355,7 +398,11 @@ impl MmpKeeper {
         *self.shared.stop.lock() = true;
         self.shared.stop_signal.notify_all();
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // The refresh thread itself may drop the last handle of the mount (its lost
+            // handler), and with it this keeper: it must not wait for itself.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
         }
     }
 
@@ -364,7 +411,9 @@ impl MmpKeeper {
     pub fn stop_clean(mut self) -> Result<()> {
         self.stop_thread();
         if self.is_lost() {
-            return Err(Error::InUse("multi-mount protection: another mount took the volume; not marking it clean".into()));
+            return Err(Error::InUse(
+                "multi-mount protection: another mount took the volume; not marking it clean".into(),
+            ));
         }
         let last = self.shared.last.lock().clone();
         let now = self.shared.location.read()?;
@@ -429,7 +478,9 @@ fn refresh_once(shared: &KeeperShared) -> Result<()> {
     }
     let next = MmpRecord { sequence: next_sequence(last.sequence), time_ns: now_ns(), ..last.clone() };
     shared.location.write(&next).map_err(|error| {
-        Error::InUse(format!("multi-mount protection: cannot refresh the MMP block ({error}); this mount stops writing"))
+        Error::InUse(format!(
+            "multi-mount protection: cannot refresh the MMP block ({error}); this mount stops writing"
+        ))
     })?;
     *last = next;
     Ok(())
@@ -469,7 +520,7 @@ mod tests {
         let location = location();
         write_clean(&location, MIN_INTERVAL_MS).unwrap();
         assert_eq!(look(&location).unwrap(), Activity::Clean);
-        let claimed = claim(&location, MIN_INTERVAL_MS).unwrap();
+        let claimed = claim(&location, MIN_INTERVAL_MS).unwrap().record;
         assert!(matches!(look(&location).unwrap(), Activity::Recent { .. }));
         let keeper = MmpKeeper::start(location.clone(), claimed, Box::new(|_| {})).unwrap();
         keeper.stop_clean().unwrap();
@@ -480,7 +531,7 @@ mod tests {
     fn live_owner_refuses_and_dead_owner_is_taken_over() {
         let location = location();
         write_clean(&location, MIN_INTERVAL_MS).unwrap();
-        let claimed = claim(&location, MIN_INTERVAL_MS).unwrap();
+        let claimed = claim(&location, MIN_INTERVAL_MS).unwrap().record;
         let keeper = MmpKeeper::start(location.clone(), claimed, Box::new(|_| {})).unwrap();
         let refused = claim(&location, MIN_INTERVAL_MS).unwrap_err();
         let message = refused.to_string();
@@ -489,14 +540,15 @@ mod tests {
         // Dropping the keeper is a crash: the stamp stays, nobody refreshes it.
         drop(keeper);
         assert!(!look(&location).unwrap().eq(&Activity::Clean));
-        claim(&location, MIN_INTERVAL_MS).unwrap();
+        let taken = claim(&location, MIN_INTERVAL_MS).unwrap();
+        assert_eq!(taken.taken_over_from, Some(format!("pid {} on host {}", std::process::id(), host_name())));
     }
 
     #[test]
     fn keeper_latches_when_the_block_is_taken() {
         let location = location();
         write_clean(&location, MIN_INTERVAL_MS).unwrap();
-        let claimed = claim(&location, MIN_INTERVAL_MS).unwrap();
+        let claimed = claim(&location, MIN_INTERVAL_MS).unwrap().record;
         let (sender, receiver) = std::sync::mpsc::channel();
         let sender = Mutex::new(sender);
         let keeper = MmpKeeper::start(
@@ -514,6 +566,32 @@ mod tests {
         assert!(keeper.is_lost());
         assert!(keeper.stop_clean().is_err());
         assert_eq!(location.read().unwrap(), intruder);
+    }
+
+    #[test]
+    fn live_foreign_owner_is_waited_for_and_refused() {
+        let location = location();
+        let foreign = MmpRecord { sequence: 1, time_ns: 0, interval_ms: 50, pid: 4242, host: "elsewhere".into() };
+        location.write(&foreign).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (location, stop) = (location.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut record = foreign;
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    record.sequence += 1;
+                    location.write(&record).unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let message = claim(&location, MIN_INTERVAL_MS).unwrap_err().to_string();
+        assert!(message.contains("volume is in use by pid 4242 on host elsewhere"), "{message}");
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        writer.join().unwrap();
+        // Now nobody refreshes it: after the wait, it is taken over.
+        let taken = claim(&location, MIN_INTERVAL_MS).unwrap();
+        assert_eq!(taken.taken_over_from.as_deref(), Some("pid 4242 on host elsewhere"));
     }
 
     #[test]

@@ -252,7 +252,9 @@ impl Superblock {
             ));
         }
         if version != FORMAT_VERSION {
-            return fail(format!("format version {version} is newer than this build's {FORMAT_VERSION}; use a newer tandem"));
+            return fail(format!(
+                "format version {version} is newer than this build's {FORMAT_VERSION}; use a newer tandem"
+            ));
         }
         if bytes[OFFSET_MMP_INTERVAL_MS + 4..MMP_RESERVED_END].iter().any(|byte| *byte != 0) {
             return fail("reserved multi-mount protection bytes 308..320 are not zero".into());

@@ -227,6 +227,23 @@ impl FileDevice {
         }
         Ok(())
     }
+
+    fn worker_pool(&self) -> Option<&WorkerPool> {
+        self.workers
+            .get_or_init(|| {
+                let target: Arc<dyn Device> = self.shared.clone();
+                // Failing to start threads (resource limits) is not a reason to fail I/O: the
+                // batch then runs on the caller's thread, which gives the same results.
+                WorkerPool::start(
+                    target,
+                    self.async_options.worker_count,
+                    self.async_options.queue_depth_batches,
+                    "tandemfs-io",
+                )
+                .ok()
+            })
+            .as_ref()
+    }
 }
 
 /// Alignment of `O_DIRECT` transfers: a 4096-byte logical block covers every device we accept.
@@ -262,24 +279,6 @@ impl Drop for AlignedBuffer {
     }
 }
 
-    fn worker_pool(&self) -> Option<&WorkerPool> {
-        self.workers
-            .get_or_init(|| {
-                let target: Arc<dyn Device> = self.shared.clone();
-                // Failing to start threads (resource limits) is not a reason to fail I/O: the
-                // batch then runs on the caller's thread, which gives the same results.
-                WorkerPool::start(
-                    target,
-                    self.async_options.worker_count,
-                    self.async_options.queue_depth_batches,
-                    "tandemfs-io",
-                )
-                .ok()
-            })
-            .as_ref()
-    }
-}
-
 impl std::fmt::Debug for FileDevice {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
@@ -306,6 +305,10 @@ impl Device for FileDevice {
 
     fn flush(&self) -> Result<()> {
         self.shared.flush()
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.shared.read_only
     }
 
     fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {

@@ -4,10 +4,12 @@
 //! Nothing here knows about blocks, files or directories.
 
 mod file;
+mod gate;
 mod memory;
 mod worker;
 
 pub use file::{AsyncOptions, FileDevice, FileDeviceOptions};
+pub use gate::Gate;
 pub use memory::{CrashMode, Fault, FaultOperation, MemoryCounters, MemoryDevice, SECTOR_SIZE_BYTES};
 
 use crate::error::Result;
@@ -70,6 +72,10 @@ pub trait Device: Send + Sync {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> Result<()>;
+    /// Whether the medium refuses writes (opened without write permission).
+    fn is_read_only(&self) -> bool {
+        false
+    }
     /// Reads bytes as they are on the medium now, past any cache of this path that another path
     /// to the same bytes could leave stale (a block device's page cache, which a write through
     /// the image file behind a loop device does not update). Multi-mount protection reads its

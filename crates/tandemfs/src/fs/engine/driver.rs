@@ -248,6 +248,10 @@ impl FileSystem {
     /// Forces a checkpoint now (tests, `sync`-heavy tools).
     pub fn checkpoint(&self) -> Result<()> {
         self.check_running()?;
+        if self.is_read_only() {
+            // Nothing was changed, and a read-only mount writes nothing.
+            return Ok(());
+        }
         self.drain_and_checkpoint()
     }
 }
