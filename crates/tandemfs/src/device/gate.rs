@@ -195,6 +195,9 @@ impl Device for Gate {
     fn is_read_only(&self) -> bool {
         self.inner.is_read_only()
     }
+    fn reachable_by_other_processes(&self) -> bool {
+        self.inner.reachable_by_other_processes()
+    }
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
         if self.is_memory() || self.has_memory.load(Ordering::Acquire) {
             return IoTicket::ready(run_batch(self, batch));

@@ -72,6 +72,12 @@ pub trait Device: Send + Sync {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> Result<()>;
+    /// Whether another process could reach these bytes (a file, a block device). Multi-mount
+    /// protection skips its wait for racing mounters where none can (memory): the mounts of
+    /// this process it knows without waiting.
+    fn reachable_by_other_processes(&self) -> bool {
+        true
+    }
     /// Whether the medium refuses writes (opened without write permission).
     fn is_read_only(&self) -> bool {
         false
