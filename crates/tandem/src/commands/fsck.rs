@@ -31,6 +31,17 @@ pub fn check(path: &Path) -> CliResult<Verdict> {
             return Err(CliError::new(format!("{} holds {found}, not tandemfs", path.display())));
         }
     }
+    // The lock covers one path; the MMP block covers all. A read-only check of a volume that a
+    // live mount is writing goes on, but its findings may be changes in flight.
+    if let Ok(tandemfs::block::mmp::Activity::Recent { record, .. }) =
+        tandemfs::block::mmp::look_at_volume(device.clone())
+    {
+        eprintln!(
+            "{}: warning: volume is in use by {}; checking it read-only, but what a live mount is writing may show as problems",
+            path.display(),
+            record.owner()
+        );
+    }
     match tandemfs::fsck::check(device.clone()) {
         Ok(report) => {
             let summary = format!(

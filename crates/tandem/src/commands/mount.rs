@@ -261,8 +261,12 @@ fn open_medium(image_path: &Path) -> CliResult<std::sync::Arc<dyn tandemfs::devi
         tandemfs::device::FileDeviceOptions { create_size_bytes: None, lock_exclusive: true, read_only: false };
     match tandemfs::device::FileDevice::open(image_path, writable) {
         Ok(device) => Ok(std::sync::Arc::new(device)),
+        // EACCES and EPERM (an immutable file) are both PermissionDenied; EROFS is its own.
         Err(tandemfs::Error::Io { source, .. })
-            if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS)) =>
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+            ) =>
         {
             Ok(image::open(image_path, Access::CHECK)?)
         }

@@ -229,6 +229,30 @@ pub enum Activity {
     Damaged(String),
 }
 
+impl Activity {
+    /// One line for `tandem stat`.
+    pub fn describe(&self) -> String {
+        match self {
+            Activity::Clean => "not in use (never mounted, or cleanly unmounted)".into(),
+            Activity::Recent { record, age_ms } => {
+                format!("in use by {} (refreshed {:.1} s ago)", record.owner(), *age_ms as f64 / 1000.0)
+            }
+            Activity::Stale { record, age_ms } => format!(
+                "stamped by {}, not refreshed for {:.0} s: a mount that ended without unmounting; the next mount takes it over after waiting",
+                record.owner(),
+                *age_ms as f64 / 1000.0
+            ),
+            Activity::Damaged(what) => format!("{what}; the next mount waits, then rewrites it"),
+        }
+    }
+}
+
+/// Looks at the block of the volume on `device` once (reads the superblock for its place).
+pub fn look_at_volume(device: Arc<dyn Device>) -> Result<Activity> {
+    let superblock = Superblock::read_best(device.as_ref())?;
+    look(&MmpLocation::of(device, &superblock))
+}
+
 /// Looks at the block once.
 pub fn look(location: &MmpLocation) -> Result<Activity> {
     let record = match location.read() {

@@ -121,6 +121,17 @@ impl FileDevice {
         let metadata = file.metadata().map_err(|error| path_error("stat", 0, path, error))?;
         let file_type = metadata.file_type();
         let size_bytes = if file_type.is_block_device() {
+            // Linux lets a read-only block device (`losetup -r`, `blockdev --setro`) be opened
+            // for writing and fails each write instead: refuse the open, as for a read-only file,
+            // so that callers can fall back to a read-only open.
+            if !options.read_only && block_device_is_read_only(&file) {
+                return Err(path_error(
+                    "open",
+                    0,
+                    path,
+                    std::io::Error::new(ErrorKind::ReadOnlyFilesystem, "the block device is read-only"),
+                ));
+            }
             let size_bytes = block_device_size_bytes(&file, path)?;
             if let Some(wanted) = options.create_size_bytes {
                 if wanted > size_bytes {
@@ -472,6 +483,21 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
             _ => return Err(path_error("exclusive lock", 0, path, error)),
         }
     }
+}
+
+/// Whether the block device refuses writes (`BLKROGET`, `_IO(0x12, 94)`); false where unknown.
+#[cfg(target_os = "linux")]
+fn block_device_is_read_only(file: &File) -> bool {
+    const BLKROGET: u64 = (0x12 << 8) | 94;
+    let mut read_only: libc::c_int = 0;
+    // SAFETY: the kernel writes one int through the pointer, which outlives the call.
+    let status = unsafe { libc::ioctl(file.as_raw_fd(), BLKROGET as _, &mut read_only as *mut libc::c_int) };
+    status == 0 && read_only != 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn block_device_is_read_only(_file: &File) -> bool {
+    false
 }
 
 /// `BLKGETSIZE64` is `_IOR(0x12, 114, size_t)`; the encoding of the read direction differs on
