@@ -194,7 +194,10 @@ impl FileDevice {
     fn direct_transfer(&self, offset: u64, read_into: Option<&mut [u8]>, write_from: Option<&[u8]>) -> Result<()> {
         let length = read_into.as_ref().map_or_else(|| write_from.map_or(0, <[u8]>::len), |buffer| buffer.len());
         check_range(self.shared.size_bytes, offset, length, "uncached transfer")?;
-        if offset % DIRECT_ALIGNMENT_BYTES as u64 != 0 || length % DIRECT_ALIGNMENT_BYTES != 0 || length == 0 {
+        if !offset.is_multiple_of(DIRECT_ALIGNMENT_BYTES as u64)
+            || !length.is_multiple_of(DIRECT_ALIGNMENT_BYTES)
+            || length == 0
+        {
             return Err(Error::invalid(format!(
                 "uncached transfer of {length} bytes at {offset} is not in whole {DIRECT_ALIGNMENT_BYTES}-byte blocks"
             )));
@@ -268,7 +271,7 @@ struct AlignedBuffer {
 
 impl AlignedBuffer {
     fn new(length: usize) -> AlignedBuffer {
-        assert!(length > 0 && length % DIRECT_ALIGNMENT_BYTES == 0);
+        assert!(length > 0 && length.is_multiple_of(DIRECT_ALIGNMENT_BYTES));
         let layout = std::alloc::Layout::from_size_align(length, DIRECT_ALIGNMENT_BYTES).expect("valid layout");
         // SAFETY: the layout has a non-zero size; the memory is zeroed, so it is initialised.
         let pointer = unsafe { std::alloc::alloc_zeroed(layout) };
