@@ -1108,13 +1108,13 @@ test_dev_suid_for_root() {
 
 # mount(8) finds the helper for -t fuse.tandemfs and for fstab lines, and remounts through it.
 test_mount_helper() {
-    helper_installed_here=""
-    trap 'mmp_cleanup; test -z "$helper_installed_here" || rm -f /sbin/mount.fuse.tandemfs' EXIT
-    if [ -e /sbin/mount.fuse.tandemfs ]; then
-        echo "/sbin/mount.fuse.tandemfs exists already; not replacing it"; exit 1
+    # An installed helper is set aside for the test and put back afterwards.
+    helper_backup="$WORK/mount.fuse.tandemfs.installed"
+    trap 'mmp_cleanup; rm -f /sbin/mount.fuse.tandemfs; test ! -e "$helper_backup" && test ! -L "$helper_backup" || mv "$helper_backup" /sbin/mount.fuse.tandemfs' EXIT
+    if [ -e /sbin/mount.fuse.tandemfs ] || [ -L /sbin/mount.fuse.tandemfs ]; then
+        mv /sbin/mount.fuse.tandemfs "$helper_backup"
     fi
     ln -s "$TANDEM" /sbin/mount.fuse.tandemfs
-    helper_installed_here=1
     mmp_volume
     mount -t fuse.tandemfs "$MMP_IMG" "$MMP_A" -o noauto,_netdev,nofail,x-test.option=1
     awk -v point="$MMP_A" '$5 == point && / - fuse\.tandemfs / { found = 1 } END { exit !found }' \
