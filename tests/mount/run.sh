@@ -51,6 +51,8 @@ passed=0
 failed=0
 suite_start=$(date +%s)
 
+# usage: ONLY=REGEX tests/mount/run.sh PATH/TO/tandem runs only the tests whose names match.
+
 # Field 5 of mountinfo is the mount point; the type follows the " - " separator.
 is_mounted() {
     awk -v point="$MNT" '$5 == point && / - fuse/ { found = 1 } END { exit !found }' /proc/self/mountinfo
@@ -73,6 +75,8 @@ trap cleanup EXIT
 run_test() {
     local name=$1 function=$2 limit=${3:-120}
     local log="$LOGS/$name.log" start end status
+    # ONLY=REGEX runs just the matching tests (those that set up their own volume).
+    if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return 0; fi
     start=$(date +%s%N)
     timeout --kill-after=10 "$limit" bash -c 'set -e -o pipefail; "$@"' run_test "$function" \
         >"$log" 2>&1
@@ -1025,6 +1029,209 @@ test_mount_as_normal_user() {
     as_nobody "$TANDEM" umount "$home/mnt"
 }
 
+# ---------------------------------------------------------------- multi-mount protection, read-only
+
+# A volume of its own for these tests, so the main volume is not disturbed. Prints nothing.
+mmp_volume() {
+    MMP_IMG="$WORK/mmp.img"
+    MMP_A="$WORK/mmp-a"
+    MMP_B="$WORK/mmp-b"
+    mkdir -p "$MMP_A" "$MMP_B"
+    rm -f "$MMP_IMG"
+    "$TANDEM" mkfs "$MMP_IMG" --size 64M >/dev/null
+}
+
+# The pid a background mount printed ("... in the background (process N, ...").
+printed_pid() {
+    sed -n 's/.*in the background (process \([0-9]*\),.*/\1/p' <<<"$1"
+}
+
+# Removes the loop devices and mounts a test left behind.
+mmp_cleanup() {
+    local point
+    for point in "$WORK/mmp-a" "$WORK/mmp-b"; do
+        "$TANDEM" umount "$point" >/dev/null 2>&1 || umount -l "$point" 2>/dev/null || true
+    done
+    losetup -j "$WORK/mmp.img" -O NAME -n 2>/dev/null | while read -r device; do losetup -d "$device"; done
+    chattr -i "$WORK/mmp.img" 2>/dev/null || true
+}
+export -f mmp_volume printed_pid mmp_cleanup
+
+# Finding 1: the flock covers one path; a loop device is another path to the same bytes. The
+# second mount, through the loop device, must be refused with the first one's host and pid.
+test_mmp_loop_device_refused() {
+    trap mmp_cleanup EXIT
+    mmp_volume
+    output=$("$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log" -o mmp_interval_ms=200)
+    pid=$(printed_pid "$output")
+    test -n "$pid"
+    echo "through the image" >"$MMP_A/first"
+    loop=$(losetup -f --show "$MMP_IMG")
+    expect_failure "volume is in use by pid $pid on host $(hostname)" \
+        "$TANDEM" mount "$loop" "$MMP_B" -d --log-file "$LOGS/mmp-b.log"
+    if awk -v point="$MMP_B" '$5 == point { found = 1 } END { exit !found }' /proc/self/mountinfo; then
+        echo "the second mount went through"; exit 1
+    fi
+    # A hard link is a third path: the lock on the shared inode refuses it at once.
+    ln "$MMP_IMG" "$WORK/mmp-link.img"
+    expect_failure "in use" "$TANDEM" mount "$WORK/mmp-link.img" "$MMP_B" -d --log-file "$LOGS/mmp-b.log"
+    rm "$WORK/mmp-link.img"
+    # stat through the loop device says who holds the volume.
+    "$TANDEM" stat "$loop" | grep -i "in use by pid $pid"
+    "$TANDEM" umount "$MMP_A"
+    # Unmounted cleanly: the loop device mounts at once and sees what the first mount wrote.
+    "$TANDEM" mount "$loop" "$MMP_B" -d --log-file "$LOGS/mmp-b.log"
+    test "$(cat "$MMP_B/first")" = "through the image"
+    "$TANDEM" umount "$MMP_B"
+    losetup -d "$loop"
+    "$TANDEM" fsck "$MMP_IMG"
+}
+
+# A mount killed with SIGKILL leaves its MMP block stamped; the next mount (through another
+# path) waits long enough to see that nobody refreshes it, then takes the volume over.
+test_mmp_killed_mounter_taken_over() {
+    trap mmp_cleanup EXIT
+    mmp_volume
+    output=$("$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log" -o mmp_interval_ms=200)
+    pid=$(printed_pid "$output")
+    echo "acknowledged" >"$MMP_A/kept"
+    sync "$MMP_A/kept"
+    kill -KILL "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    "$TANDEM" umount "$MMP_A"
+    loop=$(losetup -f --show "$MMP_IMG")
+    start=$(date +%s%N)
+    output=$("$TANDEM" mount "$loop" "$MMP_B" -d --log-file "$LOGS/mmp-b.log")
+    echo "$output"
+    elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    grep -q "took the volume over from pid $pid on host $(hostname)" <<<"$output"
+    # It waited for at least twice the dead mount's interval.
+    test "$elapsed_ms" -ge 400
+    test "$(cat "$MMP_B/kept")" = "acknowledged"
+    "$TANDEM" umount "$MMP_B"
+    losetup -d "$loop"
+    "$TANDEM" fsck "$MMP_IMG"
+}
+
+# Finding 6: -o ro and read-only media write nothing, even when the log needs replay.
+test_read_only_writes_nothing() {
+    trap mmp_cleanup EXIT
+    mmp_volume
+    "$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log"
+    echo "checkpointed" >"$MMP_A/old"
+    "$TANDEM" umount "$MMP_A"
+    # A short MMP interval: the mounts below wait twice that to see the killed mount is gone.
+    "$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log" -o mmp_interval_ms=200 >/dev/null
+    pid=$(mount_pid_of "$MMP_A")
+    echo "only in the log" >"$MMP_A/pending"
+    sync "$MMP_A/pending"
+    kill -KILL "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    "$TANDEM" umount "$MMP_A"
+    before=$(sha256sum <"$MMP_IMG")
+
+    # -o ro on a writable image.
+    output=$("$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log" -o ro)
+    echo "$output"
+    grep -q "in memory only" <<<"$output"
+    test "$(cat "$MMP_A/pending")" = "only in the log"
+    test "$(cat "$MMP_A/old")" = "checkpointed"
+    expect_failure "Read-only" touch "$MMP_A/new"
+    "$TANDEM" umount "$MMP_A"
+    test "$(sha256sum <"$MMP_IMG")" = "$before"
+
+    # An immutable image mounts read-only by itself.
+    chattr +i "$MMP_IMG"
+    output=$("$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log")
+    echo "$output"
+    grep -q "mounting read-only" <<<"$output"
+    test "$(cat "$MMP_A/pending")" = "only in the log"
+    expect_failure "Read-only" touch "$MMP_A/new"
+    "$TANDEM" umount "$MMP_A"
+    chattr -i "$MMP_IMG"
+    test "$(sha256sum <"$MMP_IMG")" = "$before"
+
+    # So does a read-only loop device.
+    loop=$(losetup -r -f --show "$MMP_IMG")
+    output=$("$TANDEM" mount "$loop" "$MMP_A" -d --log-file "$LOGS/mmp-a.log")
+    echo "$output"
+    grep -q "mounting read-only" <<<"$output"
+    test "$(cat "$MMP_A/pending")" = "only in the log"
+    "$TANDEM" umount "$MMP_A"
+    losetup -d "$loop"
+    test "$(sha256sum <"$MMP_IMG")" = "$before"
+
+    # The replay is still due, and a read-write mount does it.
+    output=$("$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log")
+    grep -q "replayed" <<<"$output"
+    test "$(cat "$MMP_A/pending")" = "only in the log"
+    "$TANDEM" umount "$MMP_A"
+    "$TANDEM" fsck "$MMP_IMG"
+}
+
+# The pid serving the mount at $1.
+mount_pid_of() {
+    local directory arguments
+    for directory in /proc/[0-9]*; do
+        arguments=$(tr '\0' ' ' 2>/dev/null <"$directory/cmdline") || continue
+        case "$arguments" in
+        *" mount "*" $1 "*) echo "${directory#/proc/}"; return 0 ;;
+        esac
+    done
+    return 1
+}
+export -f mount_pid_of
+
+# dev and suid for root; refused with a clear message for anyone else.
+test_dev_suid_for_root() {
+    trap mmp_cleanup EXIT
+    mmp_volume
+    "$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log" -o dev,suid
+    options=$(awk -v point="$MMP_A" '$5 == point { print $6 }' /proc/self/mountinfo)
+    echo "mount options: $options"
+    if grep -qE 'nosuid|nodev' <<<"$options"; then echo "still nosuid/nodev"; exit 1; fi
+    mknod "$MMP_A/null" c 1 3
+    echo discarded >"$MMP_A/null"
+    "$TANDEM" umount "$MMP_A"
+    "$TANDEM" mount "$MMP_IMG" "$MMP_A" -d --log-file "$LOGS/mmp-a.log"
+    options=$(awk -v point="$MMP_A" '$5 == point { print $6 }' /proc/self/mountinfo)
+    grep -q nodev <<<"$options"
+    expect_failure "Permission denied" sh -c "echo x >'$MMP_A/null'"
+    "$TANDEM" umount "$MMP_A"
+    expect_failure "need root" as_nobody "$TANDEM" mount "$MMP_IMG" "$MMP_B" -o dev
+}
+
+# mount(8) finds the helper for -t fuse.tandemfs and for fstab lines, and remounts through it.
+test_mount_helper() {
+    # An installed helper is set aside for the test and put back afterwards.
+    helper_backup="$WORK/mount.fuse.tandemfs.installed"
+    trap 'mmp_cleanup; rm -f /sbin/mount.fuse.tandemfs; test ! -e "$helper_backup" && test ! -L "$helper_backup" || mv "$helper_backup" /sbin/mount.fuse.tandemfs' EXIT
+    if [ -e /sbin/mount.fuse.tandemfs ] || [ -L /sbin/mount.fuse.tandemfs ]; then
+        mv /sbin/mount.fuse.tandemfs "$helper_backup"
+    fi
+    ln -s "$TANDEM" /sbin/mount.fuse.tandemfs
+    mmp_volume
+    mount -t fuse.tandemfs "$MMP_IMG" "$MMP_A" -o noauto,_netdev,nofail,x-test.option=1
+    awk -v point="$MMP_A" '$5 == point && / - fuse\.tandemfs / { found = 1 } END { exit !found }' \
+        /proc/self/mountinfo
+    echo "through mount(8)" >"$MMP_A/file"
+    mount -o remount,ro "$MMP_A"
+    expect_failure "Read-only" touch "$MMP_A/refused"
+    # Remounted read-only: everything is on the image, checkpointed and clean.
+    "$TANDEM" stat "$MMP_IMG" | grep -E "state: +clean"
+    mount -o remount,rw "$MMP_A"
+    echo "after remount" >"$MMP_A/second"
+    expect_failure "unknown mount option" mount -t fuse.tandemfs -o nosuchoption "$MMP_IMG" "$MMP_B"
+    "$TANDEM" umount "$MMP_A"
+    # An fstab line.
+    echo "$MMP_IMG $MMP_A fuse.tandemfs defaults,noauto 0 0" >"$WORK/fstab"
+    mount -T "$WORK/fstab" "$MMP_A"
+    test "$(cat "$MMP_A/file" "$MMP_A/second")" = "through mount(8)
+after remount"
+    "$TANDEM" umount "$MMP_A"
+    "$TANDEM" fsck "$MMP_IMG"
+}
+
 # ---------------------------------------------------------------- torture: what outside suites run
 
 # fsx-style random operations on two files at once (writes, reads, truncation, fallocate modes,
@@ -1126,7 +1333,7 @@ export -f $(declare -F | awk '{print $3}' | grep -e '^test_' -e '^fsck_between_g
 # ---------------------------------------------------------------- the run
 
 run_test mkfs-and-mount test_mkfs_and_mount 60
-if ! is_mounted; then
+if [ -z "${ONLY:-}" ] && ! is_mounted; then
     echo "the volume did not mount; stopping"
     echo "$passed passed, $((failed + 1)) failed"
     exit 1
@@ -1197,6 +1404,11 @@ run_test rm-rf-usr-include-copy test_rm_rf_large_tree
 run_test enospc-small-volume test_no_space
 run_test fill-volume-nothing-lost test_fill_volume 180
 run_test mount-as-normal-user test_mount_as_normal_user
+run_test mmp-loop-device-refused test_mmp_loop_device_refused
+run_test mmp-killed-mounter-taken-over test_mmp_killed_mounter_taken_over
+run_test read-only-writes-nothing test_read_only_writes_nothing
+run_test dev-suid-for-root test_dev_suid_for_root
+run_test mount-helper-and-remount test_mount_helper
 run_test final-umount-and-fsck test_final_unmount_and_fsck
 
 echo "suite took $(( $(date +%s) - suite_start ))s"

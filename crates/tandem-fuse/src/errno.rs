@@ -30,7 +30,7 @@ pub fn errno_of(error: &Error) -> i32 {
         Error::Loop => libc::ELOOP,
         Error::ReadOnly => libc::EROFS,
         Error::NotPermitted => libc::EPERM,
-        Error::Busy => libc::EBUSY,
+        Error::Busy | Error::InUse(_) => libc::EBUSY,
         Error::NotSupported => libc::EOPNOTSUPP,
         Error::Shutdown => libc::EIO,
     }
@@ -66,6 +66,7 @@ mod tests {
             (Error::ReadOnly, libc::EROFS),
             (Error::NotPermitted, libc::EPERM),
             (Error::Busy, libc::EBUSY),
+            (Error::InUse("volume is in use by pid 1 on host h".into()), libc::EBUSY),
             (Error::NotSupported, libc::EOPNOTSUPP),
             (Error::Shutdown, libc::EIO),
         ];

@@ -13,4 +13,4 @@ mod mount;
 mod permissions;
 
 pub use errno::errno_of;
-pub use mount::{mount_background, mount_foreground, unmount, BackgroundMount, MountConfig};
+pub use mount::{mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig};

@@ -41,6 +41,13 @@ pub struct MountConfig {
     /// FUSE worker threads; at least 2 are used (see docs/FUSE.md).
     pub threads: usize,
     pub read_only: bool,
+    /// Honour device files (`dev`) and set-user/group-id bits (`suid`). FUSE mounts are
+    /// `nodev,nosuid` unless asked; only root may ask (the kernel refuses others).
+    pub dev: bool,
+    pub suid: bool,
+    /// `noexec` and `noatime`, as for any mount.
+    pub no_exec: bool,
+    pub no_atime: bool,
     /// The "source" column of /proc/mounts.
     pub volume_name: String,
 }
@@ -53,6 +60,10 @@ impl Default for MountConfig {
             default_permissions: true,
             threads: cores.clamp(2, 8),
             read_only: false,
+            dev: false,
+            suid: false,
+            no_exec: false,
+            no_atime: false,
             volume_name: "tandemfs".to_string(),
         }
     }
@@ -73,6 +84,19 @@ fn session_config(config: &MountConfig) -> fuser::Config {
         options.push(MountOption::DefaultPermissions);
     }
     options.push(if config.read_only { MountOption::RO } else { MountOption::RW });
+    // fuser adds nodev and nosuid unless these are present.
+    if config.dev {
+        options.push(MountOption::Dev);
+    }
+    if config.suid {
+        options.push(MountOption::Suid);
+    }
+    if config.no_exec {
+        options.push(MountOption::NoExec);
+    }
+    if config.no_atime {
+        options.push(MountOption::NoAtime);
+    }
     let mut session = fuser::Config::default();
     session.mount_options = options;
     session.acl = if config.allow_other { SessionACL::All } else { SessionACL::Owner };
@@ -167,7 +191,9 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
         }
     };
     let watcher = SignalWatcher::start(resolved_mountpoint)?;
+    let control = RemountControl::start(&marker, fs.clone())?;
     let served = session.run();
+    control.stop();
     watcher.stop();
     let synced = fs.sync();
     drop(blocked);
@@ -184,6 +210,7 @@ pub struct BackgroundMount {
     mountpoint: PathBuf,
     server: Option<JoinHandle<io::Result<()>>>,
     fs: FileSystem,
+    control: Option<RemountControl>,
     _marker: ServingMarker,
 }
 
@@ -194,8 +221,15 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     let marker = ServingMarker::claim(mountpoint)?;
     marker.mark_background();
     let session = start_session(fs.clone(), mountpoint, &resolved_mountpoint, config)?;
+    let control = RemountControl::start(&marker, fs.clone())?;
     let server = std::thread::Builder::new().name("tandemfs-fuse".to_string()).spawn(move || session.run())?;
-    Ok(BackgroundMount { mountpoint: resolved_mountpoint, server: Some(server), fs, _marker: marker })
+    Ok(BackgroundMount {
+        mountpoint: resolved_mountpoint,
+        server: Some(server),
+        fs,
+        control: Some(control),
+        _marker: marker,
+    })
 }
 
 impl BackgroundMount {
@@ -219,6 +253,9 @@ impl BackgroundMount {
             return Err(error);
         }
         let served = server.join().unwrap_or_else(|_| Err(io::Error::other("FUSE server thread panicked")));
+        if let Some(control) = self.control.take() {
+            control.stop();
+        }
         let synced = self.fs.sync();
         served?;
         synced.map_err(|error| io::Error::other(format!("final sync: {error}")))
@@ -490,6 +527,148 @@ impl Drop for ServingMarker {
 /// SIGINT, SIGTERM and SIGHUP blocked in the calling thread (and so in the FUSE worker
 /// threads it starts), so that only the watcher thread receives them. Restores the previous
 /// mask when dropped.
+/// Longest a remount waits for the server's answer: a remount read-write may wait for the
+/// multi-mount protection check (twice the longest interval and a margin).
+const REMOUNT_ANSWER_WAIT: Duration = Duration::from_secs(700);
+/// How often the control thread looks at its stop flag.
+const CONTROL_POLL: Duration = Duration::from_millis(200);
+const REMOUNT_READ_ONLY: &[u8] = b"remount-ro";
+const REMOUNT_READ_WRITE: &[u8] = b"remount-rw";
+
+/// Serves remount requests on the serving marker's socket: `tandem mount -o remount,ro|rw`
+/// (and `mount -o remount` through the helper) sends one datagram, and the serving process
+/// switches its `FileSystem` and answers `ok` or the error in words.
+struct RemountControl {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl RemountControl {
+    fn start(marker: &ServingMarker, fs: FileSystem) -> io::Result<RemountControl> {
+        let socket = marker.socket.as_ref().expect("a claimed marker holds its socket").try_clone()?;
+        socket.set_read_timeout(Some(CONTROL_POLL))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_seen = stop.clone();
+        let thread = std::thread::Builder::new().name("tandemfs-remount".to_string()).spawn(move || {
+            let mut buffer = [0u8; 64];
+            while !stop_seen.load(Ordering::Acquire) {
+                let Ok((length, peer)) = socket.recv_from(&mut buffer) else {
+                    continue;
+                };
+                let read_only = match &buffer[..length] {
+                    REMOUNT_READ_ONLY => true,
+                    REMOUNT_READ_WRITE => false,
+                    _ => continue,
+                };
+                let answer = match fs.set_read_only(read_only) {
+                    Ok(()) => "ok".to_string(),
+                    Err(error) => format!("error: {error}"),
+                };
+                log::info!("tandemfs: remount {}: {answer}", if read_only { "ro" } else { "rw" });
+                let _ = socket.send_to_addr(answer.as_bytes(), &peer);
+            }
+        })?;
+        Ok(RemountControl { stop, thread })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.thread.join();
+    }
+}
+
+/// Switches the tandemfs mounted at `mountpoint` to read-only or read-write: the serving
+/// process switches its volume (read-only: everything durable, checkpointed, marked clean and
+/// the MMP block let go; read-write: the MMP block taken again), and the kernel switches the
+/// mount. Read-only goes kernel first, so that no write arrives after the volume stopped
+/// taking them; read-write goes volume first, so that a refusal leaves the mount as it was.
+/// Root only: the kernel refuses a remount to anyone else.
+pub fn remount(mountpoint: &Path, read_only: bool) -> io::Result<()> {
+    let path = canonical_or_absolute(mountpoint);
+    match mounted_type(&path)? {
+        Some(found) if found == format!("fuse.{SUBTYPE}") => {}
+        Some(found) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is a {found} mount, not tandemfs", path.display()),
+            ))
+        }
+        None => {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a mount point", path.display())))
+        }
+    }
+    if read_only {
+        kernel_remount(&path, true)?;
+        ask_server(&path, REMOUNT_READ_ONLY)
+    } else {
+        ask_server(&path, REMOUNT_READ_WRITE)?;
+        kernel_remount(&path, false)
+    }
+}
+
+fn ask_server(mountpoint: &Path, request: &[u8]) -> io::Result<()> {
+    use std::os::linux::net::SocketAddrExt;
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let unique = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let reply_name = format!("tandemfs-remount-{}-{unique}", std::process::id());
+    let socket = UnixDatagram::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(reply_name.as_bytes())?)?;
+    let server = std::os::unix::net::SocketAddr::from_abstract_name(ServingMarker::name_for(mountpoint))?;
+    socket.send_to_addr(request, &server).map_err(|error| {
+        io::Error::new(error.kind(), format!("no tandemfs process serves {} ({error})", mountpoint.display()))
+    })?;
+    socket.set_read_timeout(Some(REMOUNT_ANSWER_WAIT))?;
+    let mut answer = [0u8; 1024];
+    let length = socket.recv(&mut answer).map_err(|error| {
+        io::Error::new(error.kind(), format!("the process serving {} did not answer: {error}", mountpoint.display()))
+    })?;
+    match std::str::from_utf8(&answer[..length]).unwrap_or("error: unreadable answer") {
+        "ok" => Ok(()),
+        other => Err(io::Error::other(other.trim_start_matches("error: ").to_string())),
+    }
+}
+
+/// `mount(2)` with `MS_REMOUNT`, keeping the mount's other flags (nosuid, nodev, noexec,
+/// noatime), which a remount would otherwise clear.
+fn kernel_remount(mountpoint: &Path, read_only: bool) -> io::Result<()> {
+    let c_path = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mount point contains NUL"))?;
+    // SAFETY: statvfs fills the zeroed struct; the path is NUL-terminated.
+    let mut status = unsafe { std::mem::zeroed::<libc::statvfs>() };
+    if unsafe { libc::statvfs(c_path.as_ptr(), &mut status) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let kept = [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+    ];
+    let mut flags = libc::MS_REMOUNT;
+    for (statvfs_flag, mount_flag) in kept {
+        if status.f_flag & statvfs_flag != 0 {
+            flags |= mount_flag;
+        }
+    }
+    if read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    // SAFETY: every pointer is a NUL-terminated string or null, valid for the call.
+    let result = unsafe { libc::mount(std::ptr::null(), c_path.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
+    if result != 0 {
+        let error = io::Error::last_os_error();
+        return Err(io::Error::new(
+            error.kind(),
+            format!(
+                "remounting {} {}: {error}",
+                mountpoint.display(),
+                if read_only { "read-only" } else { "read-write" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
 struct BlockedSignals {
     previous: libc::sigset_t,
 }

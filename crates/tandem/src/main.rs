@@ -141,6 +141,17 @@ fn main() {
     // Command-line tools should end quietly instead, as the default action does.
     // SAFETY: setting a signal disposition before any other thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // Installed (linked) as mount.fuse.tandemfs, this is mount(8)'s helper.
+    let invoked_as = std::env::args().next().unwrap_or_default();
+    let file_name = std::path::Path::new(&invoked_as).file_name().and_then(|name| name.to_str()).unwrap_or("");
+    if commands::mount::HELPER_NAMES.contains(&file_name) {
+        let arguments: Vec<String> = std::env::args().skip(1).collect();
+        let exit_code = commands::mount::run_helper(&arguments).unwrap_or_else(|error| {
+            eprintln!("{file_name}: {error}");
+            error.exit_code
+        });
+        std::process::exit(exit_code);
+    }
     let cli = parse_arguments();
     // The demo and the benchmarks mount and set up things they must take down again; a signal
     // makes them stop after the current step and clean up (see interrupt.rs).

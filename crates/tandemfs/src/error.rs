@@ -37,6 +37,9 @@ pub enum Error {
     /// The operation is not permitted on this object (a hard link to a directory).
     NotPermitted,
     Busy,
+    /// Another mount, in this or another process or host, holds the volume (multi-mount
+    /// protection); the words name it.
+    InUse(String),
     /// The operation is not supported on this kind of inode.
     NotSupported,
     /// The volume was shut down after an I/O error and accepts no more changes.
@@ -80,6 +83,7 @@ impl fmt::Display for Error {
             Error::ReadOnly => write!(f, "read-only volume"),
             Error::NotPermitted => write!(f, "operation not permitted"),
             Error::Busy => write!(f, "resource busy"),
+            Error::InUse(what) => write!(f, "{what}"),
             Error::NotSupported => write!(f, "operation not supported"),
             Error::Shutdown => write!(f, "volume shut down after an earlier I/O error"),
         }

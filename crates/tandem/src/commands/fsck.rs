@@ -105,6 +105,17 @@ fn refuse_foreign(path: &Path, device: &dyn tandemfs::device::Device) -> CliResu
 pub fn check(path: &Path) -> CliResult<Verdict> {
     let device = image::open(path, Access::CHECK)?;
     refuse_foreign(path, &*device)?;
+    // The lock covers one path; the MMP block covers all. A read-only check of a volume that a
+    // live mount is writing goes on, but its findings may be changes in flight.
+    if let Ok(tandemfs::block::mmp::Activity::Recent { record, .. }) =
+        tandemfs::block::mmp::look_at_volume(device.clone())
+    {
+        eprintln!(
+            "{}: warning: volume is in use by {}; checking it read-only, but what a live mount is writing may show as problems",
+            path.display(),
+            record.owner()
+        );
+    }
     let mut display = ProgressDisplay::new();
     let checked = tandemfs::fsck::check_with_progress(device.clone(), &mut |progress| display.update(progress));
     display.finish();
@@ -167,6 +178,19 @@ pub fn run(arguments: FsckArguments) -> CliResult<i32> {
 fn repair(path: &Path, write: bool, quiet: bool) -> CliResult<i32> {
     let device = image::open(path, if write { Access::WRITE } else { Access::CHECK })?;
     refuse_foreign(path, &*device)?;
+    // The lock covers one path; the MMP block covers every path to the same bytes. A repair
+    // under a live mount would fight it for every block it writes.
+    if let Ok(tandemfs::block::mmp::Activity::Recent { record, .. }) =
+        tandemfs::block::mmp::look_at_volume(device.clone())
+    {
+        if write {
+            return Err(CliError::new(format!(
+                "cannot repair {}: volume is in use by {}; unmount it first",
+                path.display(),
+                record.owner()
+            )));
+        }
+    }
     let mut display = ProgressDisplay::new();
     let repaired = tandemfs::fsck::repair(device.clone(), write, &mut |progress| display.update(progress));
     display.finish();

@@ -30,7 +30,11 @@ pub struct MountArguments {
     /// Run in the background; returns once the mount is visible
     #[arg(long = "daemon", short = 'd')]
     pub daemon: bool,
-    /// Comma-separated options: allow_other, default_permissions, ro, rw, threads=N
+    /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
+    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime, threads=N,
+    /// mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
+    /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Where a background mount writes its messages (default: in the tandem runtime directory)
@@ -55,7 +59,32 @@ pub struct ParsedOptions {
     pub default_permissions: bool,
     pub read_only: bool,
     pub threads: usize,
+    /// Device files and set-id bits work (root only).
+    pub dev: bool,
+    pub suid: bool,
+    pub no_exec: bool,
+    pub no_atime: bool,
+    /// Switch a mounted volume to `read_only` instead of mounting.
+    pub remount: bool,
+    pub mmp_interval_ms: Option<u32>,
 }
+
+/// Options mount(8) and /etc/fstab pass that mean nothing to a tandemfs mount (they steer
+/// mount(8) itself, or ask for what a tandemfs mount does anyway).
+const IGNORED_OPTIONS: [&str; 16] = [
+    "defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group", "_netdev", "nofail", "async", "exec",
+    "atime", "relatime", "nodev", "nosuid",
+];
+
+/// Options of a FUSE mount as the kernel lists them (`user_id=0,group_id=0,...`): mount(8)
+/// passes them back to the helper on `-o remount`; they are the mount's own and change nothing.
+const KERNEL_FUSE_OPTIONS: [&str; 8] =
+    ["user_id=", "group_id=", "rootmode=", "fd=", "max_read=", "blksize=", "subtype=", "fsname="];
+
+const KNOWN_OPTIONS: &str = "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, \
+     threads=N, mmp_interval_ms=N, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
+     kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
 pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
     let mut parsed = ParsedOptions::default();
@@ -65,6 +94,24 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
             "default_permissions" => parsed.default_permissions = true,
             "ro" => parsed.read_only = true,
             "rw" => parsed.read_only = false,
+            "remount" => parsed.remount = true,
+            "dev" => parsed.dev = true,
+            "suid" => parsed.suid = true,
+            "noexec" => parsed.no_exec = true,
+            "noatime" => parsed.no_atime = true,
+            _ if IGNORED_OPTIONS.contains(&item) => {
+                // `nodev`, `nosuid`, `exec`, `atime` and `relatime` undo an earlier opposite.
+                match item {
+                    "nodev" => parsed.dev = false,
+                    "nosuid" => parsed.suid = false,
+                    "exec" => parsed.no_exec = false,
+                    "atime" | "relatime" => parsed.no_atime = false,
+                    _ => {}
+                }
+            }
+            _ if item.starts_with("x-") || item.starts_with("comment=") => {}
+            // What the kernel shows for a FUSE mount, which mount(8) hands back on a remount.
+            _ if KERNEL_FUSE_OPTIONS.iter().any(|prefix| item.starts_with(prefix)) => {}
             _ => match item.split_once('=') {
                 Some(("threads", count)) => {
                     parsed.threads =
@@ -72,15 +119,32 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                             CliError::new(format!("-o threads={count}: expected a whole number from 1 to 1024"))
                         })?;
                 }
-                _ => {
-                    return Err(CliError::new(format!(
-                        "unknown mount option '{item}' (known: allow_other, default_permissions, ro, rw, threads=N)"
-                    )))
+                Some(("mmp_interval_ms", value)) => {
+                    let range = tandemfs::block::mmp::MIN_INTERVAL_MS..=tandemfs::block::mmp::MAX_INTERVAL_MS;
+                    parsed.mmp_interval_ms =
+                        Some(value.parse().ok().filter(|value| range.contains(value)).ok_or_else(|| {
+                            CliError::new(format!(
+                                "-o mmp_interval_ms={value}: expected milliseconds from {} to {}",
+                                range.start(),
+                                range.end()
+                            ))
+                        })?);
                 }
+                _ => return Err(CliError::new(format!("unknown mount option '{item}' (known: {KNOWN_OPTIONS})"))),
             },
         }
     }
     Ok(parsed)
+}
+
+/// `dev` and `suid` let files on the volume act as devices and set-id programs: the kernel
+/// allows it to root only, and saying so here beats its EPERM.
+fn check_privileged_options(options: &ParsedOptions) -> CliResult<()> {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if (options.dev || options.suid) && unsafe { libc::geteuid() } != 0 {
+        return Err(CliError::new("-o dev and -o suid need root: a FUSE mount by another user is always nodev,nosuid"));
+    }
+    Ok(())
 }
 
 /// Checks that the mount point is an existing directory and returns its canonical form (the form
@@ -146,10 +210,21 @@ pub fn describe_report(report: &MountReport) {
     if let Some(warning) = &report.superblock_warning {
         println!("warning: {warning}");
     }
+    if let Some(reason) = &report.forced_read_only {
+        println!("{reason}: mounting read-only");
+    }
+    if let Some(owner) = &report.mmp_taken_over_from {
+        println!("took the volume over from {owner}, which stopped without unmounting");
+    }
     if report.was_dirty {
         println!("the volume was not unmounted cleanly; recovering from the log");
     }
-    if report.records_replayed > 0 {
+    if report.replayed_in_memory {
+        println!(
+            "replayed {} log records in memory only (read-only mount: the volume is not changed; a read-write mount replays them on disk)",
+            format_count(report.records_replayed)
+        );
+    } else if report.records_replayed > 0 {
         println!("replayed {} log records", format_count(report.records_replayed));
     }
     if report.checkpoint_completed {
@@ -160,11 +235,47 @@ pub fn describe_report(report: &MountReport) {
     }
 }
 
-/// Opens and mounts the engine on `image`: the shared first half of every mount.
+/// Opens and mounts the engine on `image` with the default options.
 pub fn open_volume(image_path: &Path) -> CliResult<(FileSystem, MountReport)> {
-    let device = image::open(image_path, Access::WRITE)?;
-    FileSystem::mount(device, &MountOptions::default())
-        .map_err(|error| CliError::new(format!("cannot mount the volume on {}: {error}", image_path.display())))
+    open_volume_with(image_path, &ParsedOptions::default())
+}
+
+/// Opens and mounts the engine on `image`: the shared first half of every mount. A medium that
+/// refuses writes (no write permission, an immutable file, a read-only device or file system)
+/// is opened read-only, and the engine then mounts it read-only and says so in its report.
+pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult<(FileSystem, MountReport)> {
+    let device = open_medium(image_path)?;
+    let mount_options = MountOptions {
+        read_only: options.read_only,
+        mmp_interval_ms: options.mmp_interval_ms,
+        ..MountOptions::default()
+    };
+    FileSystem::mount(device, &mount_options).map_err(|error| match error {
+        tandemfs::Error::InUse(words) => CliError::new(format!("cannot mount {}: {words}", image_path.display())),
+        other => CliError::new(format!("cannot mount the volume on {}: {other}", image_path.display())),
+    })
+}
+
+/// The image opened for writing, or read-only when the medium refuses writes. Either way it
+/// holds the exclusive lock, the fast first check against a second mount of the same path.
+fn open_medium(image_path: &Path) -> CliResult<std::sync::Arc<dyn tandemfs::device::Device>> {
+    image::check_image_path(image_path)?;
+    let writable =
+        tandemfs::device::FileDeviceOptions { create_size_bytes: None, lock_exclusive: true, read_only: false };
+    match tandemfs::device::FileDevice::open(image_path, writable) {
+        Ok(device) => Ok(std::sync::Arc::new(device)),
+        // EACCES and EPERM (an immutable file) are both PermissionDenied; EROFS is its own.
+        Err(tandemfs::Error::Io { source, .. })
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+            ) =>
+        {
+            Ok(image::open(image_path, Access::CHECK)?)
+        }
+        // The shared opener words every other failure (missing, locked by a mount, ...).
+        Err(_) => Ok(image::open(image_path, Access::WRITE)?),
+    }
 }
 
 /// The adapter's configuration: its defaults (kernel permission checks on, a thread per core up
@@ -176,13 +287,21 @@ pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
         default_permissions: options.default_permissions || defaults.default_permissions,
         threads: if options.threads == 0 { defaults.threads } else { options.threads },
         read_only: options.read_only,
+        dev: options.dev,
+        suid: options.suid,
+        no_exec: options.no_exec,
+        no_atime: options.no_atime,
         volume_name: image.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or(defaults.volume_name),
     }
 }
 
 pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
     let options = parse_options(&arguments.options)?;
+    check_privileged_options(&options)?;
     let mountpoint = canonical_mountpoint(&arguments.mountpoint)?;
+    if options.remount {
+        return run_remount(&mountpoint, options.read_only);
+    }
     image::check_image_path(&arguments.image)?;
     require_fuse()?;
     if arguments.daemon {
@@ -192,9 +311,19 @@ pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
     }
 }
 
+/// `-o remount,ro` and `-o remount,rw` on a mounted volume.
+fn run_remount(mountpoint: &Path, read_only: bool) -> CliResult<i32> {
+    fuse_api::remount(mountpoint, read_only)
+        .map_err(|error| CliError::new(format!("cannot remount {}: {error}", mountpoint.display())))?;
+    println!("remounted {} {}", mountpoint.display(), if read_only { "read-only" } else { "read-write" });
+    Ok(EXIT_SUCCESS)
+}
+
 fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions) -> CliResult<i32> {
-    let (fs, report) = open_volume(image_path)?;
+    let (fs, report) = open_volume_with(image_path, options)?;
     describe_report(&report);
+    // A medium that refuses writes makes the mount read-only whatever -o said.
+    let options = &ParsedOptions { read_only: report.read_only, ..options.clone() };
     // The adapter reports nothing between "mounted" and "unmounted", so say what is about to
     // happen rather than claim it already has.
     let stop_hint = if std::env::var_os(BACKGROUND_CHILD_VARIABLE).is_some() {
@@ -303,6 +432,69 @@ fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult
     }
 }
 
+/// The names under which `tandem` acts as mount(8)'s helper: mount(8) runs
+/// `/sbin/mount.fuse.tandemfs SOURCE MOUNTPOINT [-sfnvrw] [-o OPTIONS]` for `-t fuse.tandemfs`
+/// and for fstab lines of that type.
+pub const HELPER_NAMES: [&str; 2] = ["mount.fuse.tandemfs", "mount.tandemfs"];
+
+/// mount(8)'s helper calling convention, mapped onto `tandem mount -d` (or a remount). The
+/// flags mount(8) may add: `-s` (sloppy: unknown options ignored), `-f` (fake: check and do
+/// nothing), `-n` (no mtab), `-v` (verbose), `-r` / `-w` (ro / rw), `-t TYPE`, `-N NAMESPACE`
+/// (refused: not supported).
+pub fn run_helper(arguments: &[String]) -> CliResult<i32> {
+    let mut positional = Vec::new();
+    let mut lists = Vec::new();
+    let mut sloppy = false;
+    let mut fake = false;
+    let mut index = 0;
+    while index < arguments.len() {
+        let argument = arguments[index].as_str();
+        let value = |index: usize| {
+            arguments.get(index + 1).cloned().ok_or_else(|| CliError::new(format!("{argument} needs a value")))
+        };
+        match argument {
+            "-o" => {
+                lists.push(value(index)?);
+                index += 1;
+            }
+            "-t" => index += 1,
+            "-N" => return Err(CliError::new("-N (mount namespaces) is not supported by the tandemfs mount helper")),
+            "-s" => sloppy = true,
+            "-f" => fake = true,
+            "-n" | "-v" => {}
+            "-r" => lists.push("ro".into()),
+            "-w" => lists.push("rw".into()),
+            _ if argument.starts_with("-o") && argument.len() > 2 => lists.push(argument[2..].to_string()),
+            _ if argument.starts_with('-') => return Err(CliError::new(format!("unknown helper flag {argument}"))),
+            _ => positional.push(argument.to_string()),
+        }
+        index += 1;
+    }
+    let [source, mountpoint] = positional.as_slice() else {
+        return Err(CliError::new("usage: mount.fuse.tandemfs IMAGE MOUNTPOINT [-o OPTIONS]"));
+    };
+    if sloppy {
+        // Sloppy: drop what this mount does not know instead of refusing it.
+        lists = lists
+            .iter()
+            .map(|list| {
+                list.split(',').filter(|item| parse_options(&[item.to_string()]).is_ok()).collect::<Vec<_>>().join(",")
+            })
+            .collect();
+    }
+    let options = parse_options(&lists)?;
+    if fake {
+        return Ok(EXIT_SUCCESS);
+    }
+    run_mount(MountArguments {
+        image: PathBuf::from(source),
+        mountpoint: PathBuf::from(mountpoint),
+        daemon: !options.remount,
+        options: lists,
+        log_file: None,
+    })
+}
+
 pub fn run_umount(arguments: UmountArguments) -> CliResult<i32> {
     // A mount whose process died answers "transport endpoint is not connected" to every lookup,
     // so canonicalize can fail exactly when umount is needed most: fall back to the plain path.
@@ -340,12 +532,28 @@ mod tests {
         let parsed = parse_options(&["allow_other,ro".into(), "threads=4".into()]).unwrap();
         assert_eq!(
             parsed,
-            ParsedOptions { allow_other: true, default_permissions: false, read_only: true, threads: 4 }
+            ParsedOptions { allow_other: true, read_only: true, threads: 4, ..ParsedOptions::default() }
         );
+        let from_fstab = parse_options(&["rw,noauto,user,_netdev,nofail,x-systemd.automount,dev,suid".into()]).unwrap();
+        assert!(from_fstab.dev && from_fstab.suid && !from_fstab.read_only);
+        let remount = parse_options(&["remount,ro,mmp_interval_ms=500".into()]).unwrap();
+        assert!(remount.remount && remount.read_only && remount.mmp_interval_ms == Some(500));
+        assert!(parse_options(&["mmp_interval_ms=1".into()]).is_err());
         assert!(parse_options(&["nosuch".into()]).is_err());
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert!(parse_options(&["threads=x".into()]).is_err());
         assert_eq!(parse_options(&[]).unwrap(), ParsedOptions::default());
+    }
+
+    #[test]
+    fn helper_refuses_bad_calls_before_touching_anything() {
+        assert!(run_helper(&["only-one".into()]).is_err());
+        assert!(run_helper(&["a".into(), "b".into(), "-o".into()]).is_err());
+        assert!(run_helper(&["a".into(), "b".into(), "-o".into(), "nosuch".into()]).is_err());
+        assert!(run_helper(&["a".into(), "b".into(), "-N".into(), "x".into()]).is_err());
+        // Fake mode checks the options and stops; sloppy drops the unknown one.
+        let fake = ["img", "dir", "-f", "-s", "-o", "rw,nosuch,noauto"].map(String::from);
+        assert_eq!(run_helper(&fake).unwrap(), EXIT_SUCCESS);
     }
 
     #[test]

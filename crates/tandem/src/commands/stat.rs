@@ -24,6 +24,11 @@ pub fn run(arguments: StatArguments) -> CliResult<i32> {
     let report = tandemfs::fsck::inspect(device.clone())
         .map_err(|error| CliError::new(format!("cannot read the volume on {}: {error}", arguments.image.display())))?;
     println!("{}", arguments.image.display());
-    print_aligned(&report.lines, "  ");
+    let mut lines = report.lines;
+    // Through any path (a loop device, a hard link), the MMP block says whether a mount holds it.
+    if let Ok(activity) = tandemfs::block::mmp::look_at_volume(device) {
+        lines.push(("multi-mount protection".into(), activity.describe()));
+    }
+    print_aligned(&lines, "  ");
     Ok(EXIT_SUCCESS)
 }

@@ -180,6 +180,14 @@ impl Backend {
         self.volume.lock()
     }
 
+    /// Runs `change` on the volume with no pass or checkpoint in progress (both take the policy
+    /// lock first): for superblock writes outside checkpoints (unmount, remount).
+    pub fn with_volume_quiet<T>(&self, change: impl FnOnce(&mut Volume) -> T) -> T {
+        let _policy = self.policy.lock();
+        let mut volume = self.volume.lock();
+        change(&mut volume)
+    }
+
     pub fn applier(&self) -> &Applier {
         &self.applier
     }

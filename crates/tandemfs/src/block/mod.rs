@@ -7,5 +7,6 @@ pub mod cache;
 pub mod codec;
 pub mod inode;
 pub mod meta;
+pub mod mmp;
 pub mod superblock;
 pub mod volume;

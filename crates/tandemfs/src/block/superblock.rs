@@ -56,8 +56,14 @@ pub const OFFSET_MOUNT_COUNT: usize = 256;
 pub const OFFSET_CHECKPOINT_COUNT: usize = 264;
 pub const OFFSET_FREE_BLOCKS: usize = 272;
 pub const OFFSET_FREE_INODES: usize = 280;
-/// Bytes 288..4092 are zero in version 1.
-pub const USED_BYTES: usize = 288;
+// Bytes 288..296 belong to the lazy inode table initialisation.
+/// Multi-mount protection (see `block::mmp`): the MMP block and its default refresh interval.
+pub const OFFSET_MMP_BLOCK: usize = 296;
+pub const OFFSET_MMP_INTERVAL_MS: usize = 304;
+/// Bytes 308..320 are reserved for multi-mount protection and zero.
+pub const MMP_RESERVED_END: usize = 320;
+/// Bytes from here to the checksum are zero.
+pub const USED_BYTES: usize = 320;
 pub const OFFSET_CRC: usize = 4092;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +100,11 @@ pub struct Superblock {
     pub checkpoint_count: u64,
     pub free_blocks: u64,
     pub free_inodes: u64,
+    /// The multi-mount protection block: right after the inode table, before the first data
+    /// block.
+    pub mmp_block: u64,
+    /// How often a mount refreshes the MMP block unless its options say otherwise.
+    pub mmp_interval_ms: u32,
 }
 
 impl Superblock {
@@ -130,7 +141,8 @@ impl Superblock {
         let block_bitmap_start = log_data_start + log_data_blocks;
         let inode_bitmap_start = block_bitmap_start + block_bitmap_blocks;
         let inode_table_start = inode_bitmap_start + inode_bitmap_blocks;
-        let first_data_block = inode_table_start + inode_table_blocks;
+        let mmp_block = inode_table_start + inode_table_blocks;
+        let first_data_block = mmp_block + 1;
         // Leave at least 1/8 of the volume for data and directories.
         if first_data_block.saturating_add(block_count / 8) > block_count {
             return Err(Error::invalid(format!(
@@ -170,6 +182,8 @@ impl Superblock {
             checkpoint_count: 0,
             free_blocks: block_count - first_data_block,
             free_inodes: inode_count,
+            mmp_block,
+            mmp_interval_ms: crate::block::mmp::DEFAULT_INTERVAL_MS,
         })
     }
 
@@ -213,6 +227,8 @@ impl Superblock {
         put_u64(bytes, OFFSET_CHECKPOINT_COUNT, self.checkpoint_count);
         put_u64(bytes, OFFSET_FREE_BLOCKS, self.free_blocks);
         put_u64(bytes, OFFSET_FREE_INODES, self.free_inodes);
+        put_u64(bytes, OFFSET_MMP_BLOCK, self.mmp_block);
+        put_u32(bytes, OFFSET_MMP_INTERVAL_MS, self.mmp_interval_ms);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(bytes, OFFSET_CRC, crc);
         block
@@ -230,11 +246,18 @@ impl Superblock {
             return fail(format!("checksum {:#010x} stored, {crc:#010x} computed", get_u32(bytes, OFFSET_CRC)));
         }
         let version = get_u32(bytes, OFFSET_VERSION);
-        if version != FORMAT_VERSION {
-            let age = if version < FORMAT_VERSION { "older than" } else { "newer than" };
+        if version < FORMAT_VERSION {
             return fail(format!(
-                "format version {version} is {age} this build's {FORMAT_VERSION}: this build cannot read it"
+                "format version {version} is older than this build's {FORMAT_VERSION}; mount it with the tandem that made it and copy the files to a volume made by this build's mkfs"
             ));
+        }
+        if version != FORMAT_VERSION {
+            return fail(format!(
+                "format version {version} is newer than this build's {FORMAT_VERSION}; use a newer tandem"
+            ));
+        }
+        if bytes[OFFSET_MMP_INTERVAL_MS + 4..MMP_RESERVED_END].iter().any(|byte| *byte != 0) {
+            return fail("reserved multi-mount protection bytes 308..320 are not zero".into());
         }
         if get_u32(bytes, OFFSET_BLOCK_SIZE) != BLOCK_SIZE as u32 {
             return fail(format!("block size {} is not {BLOCK_SIZE}", get_u32(bytes, OFFSET_BLOCK_SIZE)));
@@ -276,6 +299,8 @@ impl Superblock {
             checkpoint_count: get_u64(bytes, OFFSET_CHECKPOINT_COUNT),
             free_blocks: get_u64(bytes, OFFSET_FREE_BLOCKS),
             free_inodes: get_u64(bytes, OFFSET_FREE_INODES),
+            mmp_block: get_u64(bytes, OFFSET_MMP_BLOCK),
+            mmp_interval_ms: get_u32(bytes, OFFSET_MMP_INTERVAL_MS),
         };
         match superblock.validate(device_blocks) {
             Ok(()) => Ok(superblock),
@@ -314,6 +339,13 @@ impl Superblock {
             }
             expected_start = start + blocks;
         }
+        if self.mmp_block != expected_start {
+            return fail(format!("MMP block {} does not follow the inode table at {expected_start}", self.mmp_block));
+        }
+        if !(crate::block::mmp::MIN_INTERVAL_MS..=crate::block::mmp::MAX_INTERVAL_MS).contains(&self.mmp_interval_ms) {
+            return fail(format!("MMP interval {} ms is out of range", self.mmp_interval_ms));
+        }
+        expected_start += 1;
         if self.first_data_block != expected_start || self.first_data_block >= self.block_count {
             return fail(format!("first data block {} is not {expected_start}", self.first_data_block));
         }
@@ -423,7 +455,8 @@ mod tests {
     #[test]
     fn field_offsets_fit_and_do_not_overlap() {
         const { assert!(USED_BYTES <= OFFSET_CRC) };
-        assert_eq!(OFFSET_FREE_INODES + 8, USED_BYTES);
+        assert_eq!(OFFSET_FREE_INODES + 8 + 8, OFFSET_MMP_BLOCK);
+        assert_eq!(MMP_RESERVED_END, USED_BYTES);
         assert_eq!(BITS_PER_BITMAP_BLOCK, 32_640);
         assert_eq!(INODES_PER_BLOCK * 256, 3840);
     }

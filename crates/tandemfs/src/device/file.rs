@@ -54,6 +54,10 @@ pub struct FileDevice {
     workers: OnceLock<Option<WorkerPool>>,
     shared: Arc<FileShared>,
     async_options: AsyncOptions,
+    /// A second descriptor with `O_DIRECT`, for `read_uncached` and `write_through` on a block
+    /// device; opened on first use.
+    direct: OnceLock<std::result::Result<File, String>>,
+    is_block_device: bool,
 }
 
 /// What both the calling threads and the workers use: the open file and its fixed size.
@@ -117,6 +121,17 @@ impl FileDevice {
         let metadata = file.metadata().map_err(|error| path_error("stat", 0, path, error))?;
         let file_type = metadata.file_type();
         let size_bytes = if file_type.is_block_device() {
+            // Linux lets a read-only block device (`losetup -r`, `blockdev --setro`) be opened
+            // for writing and fails each write instead: refuse the open, as for a read-only file,
+            // so that callers can fall back to a read-only open.
+            if !options.read_only && block_device_is_read_only(&file) {
+                return Err(path_error(
+                    "open",
+                    0,
+                    path,
+                    std::io::Error::new(ErrorKind::ReadOnlyFilesystem, "the block device is read-only"),
+                ));
+            }
             let size_bytes = block_device_size_bytes(&file, path)?;
             if let Some(wanted) = options.create_size_bytes {
                 if wanted > size_bytes {
@@ -144,6 +159,8 @@ impl FileDevice {
             workers: OnceLock::new(),
             shared: Arc::new(FileShared { file, path: path.to_path_buf(), size_bytes, read_only: options.read_only }),
             async_options,
+            direct: OnceLock::new(),
+            is_block_device: file_type.is_block_device(),
         })
     }
 
@@ -154,6 +171,75 @@ impl FileDevice {
 
     pub fn is_read_only(&self) -> bool {
         self.shared.read_only
+    }
+
+    /// The `O_DIRECT` descriptor of a block device, opened once.
+    fn direct_file(&self) -> Result<&File> {
+        let opened = self.direct.get_or_init(|| {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .read(true)
+                .write(!self.shared.read_only)
+                .custom_flags(libc::O_DIRECT)
+                .open(&self.shared.path)
+                .map_err(|error| error.to_string())
+        });
+        opened.as_ref().map_err(|error| {
+            path_error("open with O_DIRECT", 0, &self.shared.path, std::io::Error::other(error.clone()))
+        })
+    }
+
+    /// One aligned transfer through the `O_DIRECT` descriptor: `length` bytes at `offset`, both
+    /// multiples of `DIRECT_ALIGNMENT_BYTES`.
+    fn direct_transfer(&self, offset: u64, read_into: Option<&mut [u8]>, write_from: Option<&[u8]>) -> Result<()> {
+        let length = read_into.as_ref().map_or_else(|| write_from.map_or(0, <[u8]>::len), |buffer| buffer.len());
+        check_range(self.shared.size_bytes, offset, length, "uncached transfer")?;
+        if !offset.is_multiple_of(DIRECT_ALIGNMENT_BYTES as u64)
+            || !length.is_multiple_of(DIRECT_ALIGNMENT_BYTES)
+            || length == 0
+        {
+            return Err(Error::invalid(format!(
+                "uncached transfer of {length} bytes at {offset} is not in whole {DIRECT_ALIGNMENT_BYTES}-byte blocks"
+            )));
+        }
+        let file = self.direct_file()?;
+        let mut aligned = AlignedBuffer::new(length);
+        let operation = if write_from.is_some() { "uncached write" } else { "uncached read" };
+        if let Some(data) = write_from {
+            aligned.bytes_mut().copy_from_slice(data);
+        }
+        let mut interrupted_retries = 0u32;
+        loop {
+            // One call moves the whole aligned buffer or fails: O_DIRECT transfers of a few
+            // blocks on a block device are not split short.
+            let moved = if write_from.is_some() {
+                file.write_at(aligned.bytes_mut(), offset)
+            } else {
+                file.read_at(aligned.bytes_mut(), offset)
+            };
+            match moved {
+                Ok(count) if count == length => break,
+                Ok(count) => {
+                    return Err(path_error(
+                        operation,
+                        offset,
+                        &self.shared.path,
+                        std::io::Error::new(ErrorKind::UnexpectedEof, format!("moved {count} of {length} bytes")),
+                    ))
+                }
+                Err(error) if error.kind() == ErrorKind::Interrupted => {
+                    interrupted_retries += 1;
+                    if interrupted_retries > MAXIMUM_INTERRUPTED_RETRIES {
+                        return Err(path_error(operation, offset, &self.shared.path, error));
+                    }
+                }
+                Err(error) => return Err(path_error(operation, offset, &self.shared.path, error)),
+            }
+        }
+        if let Some(buffer) = read_into {
+            buffer.copy_from_slice(aligned.bytes_mut());
+        }
+        Ok(())
     }
 
     fn worker_pool(&self) -> Option<&WorkerPool> {
@@ -171,6 +257,39 @@ impl FileDevice {
                 .ok()
             })
             .as_ref()
+    }
+}
+
+/// Alignment of `O_DIRECT` transfers: a 4096-byte logical block covers every device we accept.
+const DIRECT_ALIGNMENT_BYTES: usize = 4096;
+
+/// A heap buffer aligned for `O_DIRECT`.
+struct AlignedBuffer {
+    pointer: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuffer {
+    fn new(length: usize) -> AlignedBuffer {
+        assert!(length > 0 && length.is_multiple_of(DIRECT_ALIGNMENT_BYTES));
+        let layout = std::alloc::Layout::from_size_align(length, DIRECT_ALIGNMENT_BYTES).expect("valid layout");
+        // SAFETY: the layout has a non-zero size; the memory is zeroed, so it is initialised.
+        let pointer = unsafe { std::alloc::alloc_zeroed(layout) };
+        if pointer.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBuffer { pointer, layout }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `pointer` owns `layout.size()` initialised bytes for the buffer's lifetime.
+        unsafe { std::slice::from_raw_parts_mut(self.pointer, self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.pointer, self.layout) };
     }
 }
 
@@ -199,6 +318,34 @@ impl Device for FileDevice {
     }
 
     fn flush(&self) -> Result<()> {
+        self.shared.flush()
+    }
+
+    fn is_read_only(&self) -> bool {
+        self.shared.read_only
+    }
+
+    fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        // A regular file has one page cache, shared by every path to it (hard links, bind
+        // mounts, other processes, a loop device reading its backing file): a plain read is
+        // current. A block device's own page cache is not updated by writes through the file
+        // behind a loop device, so its reads go around it.
+        if self.is_block_device {
+            self.direct_transfer(offset, Some(buffer), None)
+        } else {
+            self.shared.read_at(offset, buffer)
+        }
+    }
+
+    fn write_through(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if self.shared.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if self.is_block_device {
+            self.direct_transfer(offset, None, Some(data))?;
+        } else {
+            self.shared.write_at(offset, data)?;
+        }
         self.shared.flush()
     }
 
@@ -339,6 +486,21 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
             _ => return Err(path_error("exclusive lock", 0, path, error)),
         }
     }
+}
+
+/// Whether the block device refuses writes (`BLKROGET`, `_IO(0x12, 94)`); false where unknown.
+#[cfg(target_os = "linux")]
+fn block_device_is_read_only(file: &File) -> bool {
+    const BLKROGET: u64 = (0x12 << 8) | 94;
+    let mut read_only: libc::c_int = 0;
+    // SAFETY: the kernel writes one int through the pointer, which outlives the call.
+    let status = unsafe { libc::ioctl(file.as_raw_fd(), BLKROGET as _, &mut read_only as *mut libc::c_int) };
+    status == 0 && read_only != 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn block_device_is_read_only(_file: &File) -> bool {
+    false
 }
 
 /// `BLKGETSIZE64` is `_IOR(0x12, 114, size_t)`; the encoding of the read direction differs on

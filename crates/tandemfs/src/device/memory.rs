@@ -516,6 +516,9 @@ impl std::fmt::Debug for MemoryDevice {
 }
 
 impl Device for MemoryDevice {
+    fn reachable_by_other_processes(&self) -> bool {
+        false
+    }
     fn size_bytes(&self) -> u64 {
         self.inner.image.length() as u64
     }

@@ -4,10 +4,12 @@
 //! Nothing here knows about blocks, files or directories.
 
 mod file;
+mod gate;
 mod memory;
 mod worker;
 
 pub use file::{AsyncOptions, FileDevice, FileDeviceOptions};
+pub use gate::Gate;
 pub use memory::{CrashMode, Fault, FaultOperation, MemoryCounters, MemoryDevice, SECTOR_SIZE_BYTES};
 
 use crate::error::Result;
@@ -70,6 +72,29 @@ pub trait Device: Send + Sync {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> Result<()>;
+    /// Whether another process could reach these bytes (a file, a block device). Multi-mount
+    /// protection skips its wait for racing mounters where none can (memory): the mounts of
+    /// this process it knows without waiting.
+    fn reachable_by_other_processes(&self) -> bool {
+        true
+    }
+    /// Whether the medium refuses writes (opened without write permission).
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    /// Reads bytes as they are on the medium now, past any cache of this path that another path
+    /// to the same bytes could leave stale (a block device's page cache, which a write through
+    /// the image file behind a loop device does not update). Multi-mount protection reads its
+    /// block this way. The default is `read_at`: right for devices with one path to their bytes.
+    fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.read_at(offset, buffer)
+    }
+    /// Writes bytes so that every other path to them sees them at once and a crash keeps them:
+    /// the counterpart of `read_uncached`. The default is `write_at` and `flush`.
+    fn write_through(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_at(offset, data)?;
+        self.flush()
+    }
     /// Submits a batch; requests run in order. The default runs them synchronously.
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
         IoTicket::ready(run_batch(self, batch))

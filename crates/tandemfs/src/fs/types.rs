@@ -150,6 +150,14 @@ pub struct MountOptions {
     pub background_backend: bool,
     /// When reads move access times.
     pub access_time: AccessTimeUpdates,
+    /// Mount read-only: nothing is written to the device, not even the superblock or the MMP
+    /// block; a log to replay is replayed in memory. A device that refuses writes
+    /// (`Device::is_read_only`) is mounted read-only whatever this says.
+    pub read_only: bool,
+    /// How often a read-write mount refreshes its multi-mount protection block; `None` takes
+    /// the interval mkfs recorded in the superblock (5 s). Another mounter waits about twice
+    /// this long before it takes over a volume whose mount ended without unmounting.
+    pub mmp_interval_ms: Option<u32>,
 }
 
 impl Default for MountOptions {
@@ -159,6 +167,8 @@ impl Default for MountOptions {
             cache_bytes: 256 << 20,
             background_backend: true,
             access_time: AccessTimeUpdates::default(),
+            read_only: false,
+            mmp_interval_ms: None,
         }
     }
 }
@@ -177,6 +187,16 @@ pub struct MountReport {
     /// One superblock copy is invalid, stale or foreign and the other was used: why, in words
     /// (`tandem fsck --repair` rewrites it). `None` when both copies are healthy.
     pub superblock_warning: Option<String>,
+    /// The mount is read-only.
+    pub read_only: bool,
+    /// Why a mount asked for read-write is read-only (the medium refuses writes), if it is.
+    pub forced_read_only: Option<String>,
+    /// A read-only mount replayed the log (or completed a checkpoint) in memory only: the
+    /// medium still needs the replay, which the next read-write mount does.
+    pub replayed_in_memory: bool,
+    /// A read-write mount took over the multi-mount protection block of a mount that ended
+    /// without unmounting: the owner it names.
+    pub mmp_taken_over_from: Option<String>,
 }
 
 /// The state of the operation log, for `tandem stat`.

@@ -2,6 +2,16 @@
 //! counts that keep unlinked inodes alive.
 
 use super::*;
+use crate::block::mmp::{self, MmpLocation};
+
+/// What `mount` settled before opening the volume.
+struct MountSetup {
+    medium: Arc<dyn Device>,
+    gate: Arc<Gate>,
+    read_only: bool,
+    interval_ms: u32,
+    medium_sequence: u64,
+}
 
 impl FileSystem {
     // ------------------------------------------------------------------ format and mount
@@ -63,6 +73,8 @@ impl FileSystem {
         superblock.next_generation = 2;
         superblock.free_blocks = volume.blocks.free_count();
         superblock.free_inodes = volume.inodes.free_count();
+        // The MMP block: clean, so that the first mount goes through without waiting.
+        mmp::write_clean(&MmpLocation::of(device.clone(), &superblock), superblock.mmp_interval_ms)?;
         device.flush()?;
         // Both copies, so that neither holds an older file system's superblock.
         superblock.sequence = 1;
@@ -72,27 +84,122 @@ impl FileSystem {
         device.flush()
     }
 
-    /// Opens the volume, replays the log if needed, reclaims orphans.
+    /// Opens the volume, replays the log if needed, reclaims orphans. A read-write mount first
+    /// takes the multi-mount protection block (`block::mmp`): it waits out a mount that ended
+    /// without unmounting, and refuses, naming host and pid, a mount that is alive. A read-only
+    /// mount (asked for, or forced by a medium that refuses writes) writes nothing to the
+    /// device: a log to replay is replayed in memory.
     pub fn mount(device: Arc<dyn Device>, options: &MountOptions) -> Result<(FileSystem, MountReport)> {
+        let forced_read_only = (!options.read_only && device.is_read_only()).then(|| {
+            "the medium refuses writes (no write permission, an immutable file or a read-only device)".to_string()
+        });
+        let read_only = options.read_only || forced_read_only.is_some();
+        let on_medium = Superblock::read_best(device.as_ref())?;
+        let interval_ms = options.mmp_interval_ms.unwrap_or(on_medium.mmp_interval_ms);
+        if !(mmp::MIN_INTERVAL_MS..=mmp::MAX_INTERVAL_MS).contains(&interval_ms) {
+            return Err(Error::invalid(format!(
+                "MMP interval {interval_ms} ms is outside {}..={} ms",
+                mmp::MIN_INTERVAL_MS,
+                mmp::MAX_INTERVAL_MS
+            )));
+        }
+        let location = MmpLocation::of(device.clone(), &on_medium);
+        let gate = Arc::new(if read_only { Gate::in_memory(device.clone()) } else { Gate::new(device.clone(), true) });
+        let latch = Arc::new(std::sync::OnceLock::new());
+        let mut taken_over_from = None;
+        let keeper = if read_only {
+            // Reading a volume that another mount is changing would give torn answers.
+            mmp::refuse_if_live(&location, interval_ms)?;
+            None
+        } else {
+            let claimed = mmp::claim(&location, interval_ms)?;
+            taken_over_from = claimed.taken_over_from;
+            // Refreshing starts before the replay: a long replay must not look like a dead mount.
+            Some(FileSystem::start_keeper(location, claimed.record, &gate, &latch)?)
+        };
+        let setup = MountSetup { medium: device, gate, read_only, interval_ms, medium_sequence: on_medium.sequence };
+        match FileSystem::open(setup, options, keeper) {
+            Ok((file_system, mut report)) => {
+                let _ = latch.set(Arc::downgrade(&file_system.inner));
+                report.read_only = read_only;
+                report.replayed_in_memory = read_only
+                    && (report.records_replayed > 0 || report.checkpoint_completed || report.orphans_reclaimed > 0);
+                report.forced_read_only = forced_read_only;
+                report.mmp_taken_over_from = taken_over_from;
+                Ok((file_system, report))
+            }
+            Err((error, keeper)) => {
+                if let Some(keeper) = keeper {
+                    // Nothing more will be written by this attempt: let the next one in at once.
+                    let _ = keeper.stop_clean();
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Starts the MMP refresh thread. When it finds the volume taken, it fences the gate (no
+    /// write of this mount reaches the device from then on) and fails the volume.
+    fn start_keeper(
+        location: MmpLocation,
+        claimed: mmp::MmpRecord,
+        gate: &Arc<Gate>,
+        latch: &Arc<std::sync::OnceLock<std::sync::Weak<Inner>>>,
+    ) -> Result<MmpKeeper> {
+        let gate = gate.clone();
+        let latch = latch.clone();
+        MmpKeeper::start(
+            location,
+            claimed,
+            Box::new(move |error: Error| {
+                gate.fence(error.to_string());
+                if let Some(inner) = latch.get().and_then(std::sync::Weak::upgrade) {
+                    inner.backend.fail(&error);
+                }
+            }),
+        )
+    }
+
+    /// The rest of `mount`, once the MMP block is taken (or checked). On failure it hands the
+    /// keeper back so that `mount` can release the block.
+    fn open(
+        setup: MountSetup,
+        options: &MountOptions,
+        keeper: Option<MmpKeeper>,
+    ) -> std::result::Result<(FileSystem, MountReport), (Error, Option<MmpKeeper>)> {
         let log_options = LogOptions {
             flush_delay_us: if options.background_backend { options.flush_delay_us } else { u64::MAX / 4 },
             reserve_fraction: 0.5,
         };
         let cache_blocks = (options.cache_bytes / BLOCK_SIZE_U64).max(64) as usize;
-        let (volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
-        let last_lsn = log.next_lsn() - 1;
-        let volume = Mutex::new(volume);
-        if report.records_replayed > 0 || report.orphans_reclaimed > 0 {
-            backend::checkpoint(&volume, &log, last_lsn, &|| None)?;
-        }
-        let mut volume = volume.into_inner();
-        let superblock = &mut volume.superblock;
-        superblock.state = STATE_MOUNTED;
-        superblock.mount_count += 1;
-        superblock.mount_time_ns = now_ns();
-        superblock.sequence += 1;
-        superblock.write(device.as_ref())?;
-        device.flush()?;
+        let device: Arc<dyn Device> = setup.gate.clone();
+        let opened = (|| {
+            let (volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
+            let last_lsn = log.next_lsn() - 1;
+            let volume = Mutex::new(volume);
+            if report.records_replayed > 0 || report.orphans_reclaimed > 0 {
+                // Read-only: into the gate's memory, like the replay itself.
+                backend::checkpoint(&volume, &log, last_lsn, &|| None)?;
+            }
+            let mut volume = volume.into_inner();
+            if setup.read_only {
+                // From here on nothing may change, not even in memory.
+                setup.gate.set_writable(false)?;
+            } else {
+                let superblock = &mut volume.superblock;
+                superblock.state = STATE_MOUNTED;
+                superblock.mount_count += 1;
+                superblock.mount_time_ns = now_ns();
+                superblock.sequence += 1;
+                superblock.write(device.as_ref())?;
+                device.flush()?;
+            }
+            Ok((volume, log, applier, report, last_lsn))
+        })();
+        let (volume, log, applier, report, last_lsn) = match opened {
+            Ok(parts) => parts,
+            Err(error) => return Err((error, keeper)),
+        };
 
         let inode_count = volume.superblock.inode_count;
         let mut inode_numbers = Bitmap::new(inode_count, BlockKind::InodeBitmap);
@@ -123,6 +230,12 @@ impl FileSystem {
         let inner =
             Arc::new(Inner {
             device,
+            gate: setup.gate,
+            medium: setup.medium,
+            read_only: AtomicBool::new(setup.read_only),
+            mmp: Mutex::new(keeper),
+            mmp_interval_ms: setup.interval_ms,
+            medium_sequence: AtomicU64::new(setup.medium_sequence),
             log,
             backend,
             front: Mutex::new(front),
@@ -132,40 +245,167 @@ impl FileSystem {
         });
         let file_system = FileSystem { inner };
         if options.background_backend {
-            file_system.inner.backend.start(Arc::new(file_system.clone()))?;
+            if let Err(error) = file_system.inner.backend.start(Arc::new(file_system.clone())) {
+                let keeper = file_system.inner.mmp.lock().take();
+                return Err((error, keeper));
+            }
         }
         Ok((file_system, report))
     }
 
-    /// Applies and checkpoints everything, marks the volume clean. Later calls fail with
-    /// `Shutdown`. A failed volume is left as the failure found it (the next mount replays), but
-    /// unmount still stops the back end and returns the failure.
+    /// Whether the mount refuses changes (mounted or remounted read-only).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only.load(Ordering::Acquire)
+    }
+
+    /// Switches a mounted volume between read-write and read-only (`mount -o remount,ro|rw`).
+    /// Read-only makes every change durable, checkpoints, marks the volume clean and lets go of
+    /// the MMP block; read-write needs a medium that takes writes, takes the MMP block again
+    /// (waiting as a mount does) and writes home what a read-only mount replayed in memory,
+    /// after checking that nobody changed the volume in between.
+    pub fn set_read_only(&self, read_only: bool) -> Result<()> {
+        self.check_running()?;
+        let mut keeper = self.inner.mmp.lock();
+        if read_only == self.is_read_only() {
+            return Ok(());
+        }
+        if read_only {
+            self.remount_read_only(&mut keeper)
+        } else {
+            self.remount_read_write(&mut keeper)
+        }
+    }
+
+    fn remount_read_only(&self, keeper: &mut Option<MmpKeeper>) -> Result<()> {
+        let inner = &self.inner;
+        {
+            let _front = inner.front.lock();
+            inner.read_only.store(true, Ordering::Release);
+        }
+        let flushed = (|| {
+            inner.log.flush()?;
+            self.drain_and_checkpoint()?;
+            inner.backend.with_volume_quiet(|volume| {
+                let superblock = &mut volume.superblock;
+                superblock.state = STATE_CLEAN;
+                superblock.sequence += 1;
+                superblock.write(inner.device.as_ref())?;
+                inner.device.flush()?;
+                inner.medium_sequence.store(superblock.sequence, Ordering::Release);
+                Ok(())
+            })
+        })();
+        if let Err(error) = flushed {
+            inner.read_only.store(false, Ordering::Release);
+            return Err(error);
+        }
+        inner.gate.set_writable(false)?;
+        match keeper.take() {
+            Some(keeper) => keeper.stop_clean(),
+            None => Ok(()),
+        }
+    }
+
+    fn remount_read_write(&self, keeper: &mut Option<MmpKeeper>) -> Result<()> {
+        let inner = &self.inner;
+        if inner.medium.is_read_only() {
+            return Err(Error::invalid(
+                "the medium was opened read-only (no write permission, an immutable file or a read-only device); it cannot be remounted read-write",
+            ));
+        }
+        let unchanged = || -> Result<()> {
+            let on_medium = Superblock::read_best(inner.medium.as_ref())?;
+            if on_medium.sequence != inner.medium_sequence.load(Ordering::Acquire) {
+                return Err(Error::InUse(
+                    "the volume was changed by another mount since this one became read-only; unmount and mount it again"
+                        .into(),
+                ));
+            }
+            Ok(())
+        };
+        unchanged()?;
+        let superblock = inner.backend.volume().superblock.clone();
+        let location = MmpLocation::of(inner.medium.clone(), &superblock);
+        let claimed = mmp::claim(&location, inner.mmp_interval_ms)?;
+        let latch = Arc::new(std::sync::OnceLock::new());
+        let _ = latch.set(Arc::downgrade(inner));
+        let new_keeper = FileSystem::start_keeper(location, claimed.record, &inner.gate, &latch)?;
+        let opened = (|| {
+            // Checked again now that the block is ours: a mount that came and went while we
+            // waited changed the superblock.
+            unchanged()?;
+            inner.gate.set_writable(true)?;
+            inner.gate.write_memory_home()?;
+            inner.backend.with_volume_quiet(|volume| {
+                let superblock = &mut volume.superblock;
+                superblock.state = STATE_MOUNTED;
+                superblock.mount_time_ns = now_ns();
+                superblock.sequence += 1;
+                superblock.write(inner.device.as_ref())?;
+                inner.device.flush()
+            })
+        })();
+        if let Err(error) = opened {
+            let _ = inner.gate.set_writable(false);
+            let _ = new_keeper.stop_clean();
+            return Err(error);
+        }
+        *keeper = Some(new_keeper);
+        let _front = inner.front.lock();
+        inner.read_only.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Applies and checkpoints everything, marks the volume clean and lets go of the MMP block.
+    /// A read-only mount just stops. Later calls fail with `Shutdown`. A failed volume is left
+    /// as the failure found it (the next mount replays), but unmount still stops the back end,
+    /// releases the MMP block and returns the failure.
     pub fn unmount(&self) -> Result<()> {
         let inner = &self.inner;
         let backend = &inner.backend;
         if backend.is_stopped() {
             return Ok(());
         }
+        let read_only = self.is_read_only();
         let result = (|| {
             self.check_running()?;
-            inner.log.flush()?;
-            self.drain_and_checkpoint()
+            if !read_only {
+                inner.log.flush()?;
+                self.drain_and_checkpoint()?;
+            }
+            Ok(())
         })();
         backend.stop();
-        if let Err(error) = result {
-            let _ = inner.log.shutdown();
-            return Err(match backend.failure() {
-                Some(reason) => Error::invalid(format!("volume failed earlier: {reason}")),
-                None => error,
-            });
-        }
-        let mut volume = backend.volume();
-        let superblock = &mut volume.superblock;
-        superblock.state = STATE_CLEAN;
-        superblock.sequence += 1;
-        superblock.write(inner.device.as_ref())?;
-        inner.device.flush()?;
-        inner.log.shutdown()?;
+        let closed = match result {
+            Err(error) => {
+                let _ = inner.log.shutdown();
+                Err(match backend.failure() {
+                    Some(reason) => Error::invalid(format!("volume failed earlier: {reason}")),
+                    None => error,
+                })
+            }
+            Ok(()) => (|| {
+                if !read_only {
+                    backend.with_volume_quiet(|volume| {
+                        let superblock = &mut volume.superblock;
+                        superblock.state = STATE_CLEAN;
+                        superblock.sequence += 1;
+                        superblock.write(inner.device.as_ref())?;
+                        inner.device.flush()
+                    })?;
+                }
+                inner.log.shutdown()
+            })(),
+        };
+        // Whatever happened, this mount writes nothing more: close the gate, then let the next
+        // mount in at once (unless another mount took the block, which `stop_clean` checks).
+        let _ = inner.gate.set_writable(false);
+        let released = match inner.mmp.lock().take() {
+            Some(keeper) => keeper.stop_clean(),
+            None => Ok(()),
+        };
+        closed?;
+        released?;
         backend.mark_stopped();
         Ok(())
     }
@@ -224,6 +464,9 @@ impl FileSystem {
     /// Returns once every change made before the call is durable.
     pub fn sync(&self) -> Result<()> {
         self.check_running()?;
+        if self.is_read_only() {
+            return Ok(());
+        }
         self.inner.log.flush()?;
         Ok(())
     }

@@ -17,14 +17,16 @@ use crate::backend::{self, now_ns};
 use crate::block::bitmap::Bitmap;
 use crate::block::inode::Inode;
 use crate::block::meta::{BlockKind, BLOCK_SIZE_U64};
+use crate::block::mmp::MmpKeeper;
 use crate::block::superblock::{Superblock, STATE_CLEAN, STATE_MOUNTED};
 use crate::block::volume::{Volume, XATTR_BLOCK_PAYLOAD_BYTES};
-use crate::device::Device;
+use crate::device::{Device, Gate};
 use crate::dir::{self, DirRoot};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot, MAX_FILE_BYTES};
 use crate::log::{Log, LogOptions};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Attempts of an operation that must wait for log space, its share of the backlog or free
@@ -76,7 +78,21 @@ pub(super) fn tree_pool_blocks(block_count: u64) -> u64 {
 const PENDING_OVERLAPS_MAX: usize = 64;
 
 struct Inner {
+    /// The gate (as a device) through which the log, the volume and the superblock write.
     device: Arc<dyn Device>,
+    /// The same gate, for switching between read-write, read-only and fenced.
+    gate: Arc<Gate>,
+    /// The device `mount` was given: multi-mount protection reads and writes its block there.
+    medium: Arc<dyn Device>,
+    /// Changes are refused with `ReadOnly` (checked in `append`, under the front-end lock).
+    read_only: AtomicBool,
+    /// The refresh thread of the multi-mount protection block, while mounted read-write.
+    mmp: Mutex<Option<MmpKeeper>>,
+    /// The refresh interval this mount uses.
+    mmp_interval_ms: u32,
+    /// The superblock sequence on the medium when this mount last left it read-only (opened
+    /// read-only, or remounted so): a remount read-write checks that nobody changed it since.
+    medium_sequence: AtomicU64,
     log: Arc<Log>,
     /// Owns the volume, the queue of unapplied records, the applied lsn and the failure latch.
     backend: Arc<Backend>,
@@ -269,6 +285,11 @@ impl FileSystem {
         tree_blocks: u64,
     ) -> Result<Option<u64>> {
         let reserved_blocks = new_blocks + tree_blocks;
+        // Every change passes here with the front end locked; a remount read-only sets the flag
+        // under the same lock, so no change slips in after it.
+        if self.inner.read_only.load(Ordering::Acquire) {
+            return Err(Error::ReadOnly);
+        }
         // Every checkpoint writes its block images into the log's reserve, and while records
         // older than them wait, the tail cannot pass those images. A backlog whose application
         // dirties more than the reserve can hold would leave the back end (and a replay after a
@@ -388,6 +409,10 @@ impl FileSystem {
     /// Forces a checkpoint now (tests, `sync`-heavy tools).
     pub fn checkpoint(&self) -> Result<()> {
         self.check_running()?;
+        if self.is_read_only() {
+            // Nothing was changed, and a read-only mount writes nothing.
+            return Ok(());
+        }
         self.drain_and_checkpoint()
     }
 
