@@ -247,3 +247,54 @@ fn mkfs_gives_the_root_directory_to_the_caller_or_to_root_owner() {
     }
     assert!(!scratch.join("bad.img").exists());
 }
+
+/// Finding 3 of issue 13: a 200 MiB file whose first MiB is zeros and which holds data further on
+/// was formatted (and shortened by --size) without --force.
+#[test]
+fn mkfs_never_destroys_data_past_the_first_mebibyte() {
+    use std::os::unix::fs::FileExt;
+    let scratch = Scratch::new("data-later");
+    let image = scratch.join("data.img");
+    let length_bytes = 200u64 << 20;
+    let file = std::fs::File::create(&image).unwrap();
+    file.set_len(length_bytes).unwrap();
+    let payload: Vec<u8> = (0..5000u32).map(|index| (index % 251) as u8 + 1).collect();
+    let payload_offset = (150u64 << 20) + 12_345;
+    file.write_all_at(&payload, payload_offset).unwrap();
+    drop(file);
+    let unchanged = || {
+        let bytes = std::fs::read(&image).unwrap();
+        assert_eq!(bytes.len() as u64, length_bytes, "the file kept its length");
+        assert_eq!(&bytes[payload_offset as usize..payload_offset as usize + payload.len()], &payload[..]);
+        assert!(bytes[..payload_offset as usize].iter().all(|&byte| byte == 0));
+    };
+
+    assert_one_line_failure(&tandem(&["mkfs", text(&image)]), "holds data (at byte 157298745)");
+    unchanged();
+    assert_one_line_failure(&tandem(&["mkfs", text(&image), "--size", "64M"]), "would shorten");
+    unchanged();
+
+    // --force with a smaller size formats the first 64 MiB and leaves the rest and the length.
+    let output = tandem(&["mkfs", text(&image), "--size", "64M", "--force"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let bytes = std::fs::read(&image).unwrap();
+    assert_eq!(bytes.len() as u64, length_bytes);
+    assert_eq!(&bytes[payload_offset as usize..payload_offset as usize + payload.len()], &payload[..]);
+    let check = tandem(&["fsck", text(&image)]);
+    assert_eq!(check.status.code(), Some(0), "{}{}", stdout(&check), stderr(&check));
+    // Now it holds tandemfs: refused again, by name.
+    assert_one_line_failure(&tandem(&["mkfs", text(&image)]), "tandemfs");
+
+    // Data at the very end of a fully written (not sparse) file is seen too.
+    let tail = scratch.join("tail.img");
+    let mut bytes = vec![0u8; 48 << 20];
+    *bytes.last_mut().unwrap() = 7;
+    std::fs::write(&tail, &bytes).unwrap();
+    assert_one_line_failure(&tandem(&["mkfs", text(&tail)]), "--force");
+    assert_eq!(std::fs::read(&tail).unwrap(), bytes);
+    // Growing a file is no loss: a zero file becomes larger and is formatted.
+    let zeros = scratch.join("zeros.img");
+    std::fs::File::create(&zeros).unwrap().set_len(32 << 20).unwrap();
+    assert_eq!(tandem(&["mkfs", text(&zeros), "--size", "48M"]).status.code(), Some(0));
+    assert_eq!(std::fs::metadata(&zeros).unwrap().len(), 48 << 20);
+}

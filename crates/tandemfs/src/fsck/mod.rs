@@ -16,7 +16,7 @@ use crate::log::{Log, LogOptions, LogPosition};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-mod probe;
+pub mod probe;
 pub use probe::probe;
 
 /// Problems listed before the rest are only counted: a badly damaged volume would otherwise
