@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Inode records per inode-table block (256-byte records in the 4080-byte payload).
 pub const INODES_PER_BLOCK: u64 = 15;
 /// Bits per bitmap block (the 4080-byte payload).
@@ -56,8 +56,11 @@ pub const OFFSET_MOUNT_COUNT: usize = 256;
 pub const OFFSET_CHECKPOINT_COUNT: usize = 264;
 pub const OFFSET_FREE_BLOCKS: usize = 272;
 pub const OFFSET_FREE_INODES: usize = 280;
-/// Bytes 288..4092 are zero in version 1.
-pub const USED_BYTES: usize = 288;
+/// Version 2: inode-table blocks from the table's start that hold valid contents (see
+/// `inode_table_initialized_blocks`).
+pub const OFFSET_INODE_TABLE_INITIALIZED_BLOCKS: usize = 288;
+/// Bytes 296..4092 are zero.
+pub const USED_BYTES: usize = 296;
 pub const OFFSET_CRC: usize = 4092;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +97,12 @@ pub struct Superblock {
     pub checkpoint_count: u64,
     pub free_blocks: u64,
     pub free_inodes: u64,
+    /// The lazy inode table (mke2fs's `lazy_itable_init`): inode-table blocks at index this or
+    /// later were never written by this file system and read as all free (zeros) without a
+    /// device read, so mkfs need not zero the table. Before a checkpoint writes an inode-table
+    /// block at or past the mark, the blocks between are zeroed on the device; the mark then
+    /// moves in the superblock the checkpoint writes after its images are home. Never shrinks.
+    pub inode_table_initialized_blocks: u64,
 }
 
 impl Superblock {
@@ -170,6 +179,7 @@ impl Superblock {
             checkpoint_count: 0,
             free_blocks: block_count - first_data_block,
             free_inodes: inode_count,
+            inode_table_initialized_blocks: 0,
         })
     }
 
@@ -213,6 +223,7 @@ impl Superblock {
         put_u64(bytes, OFFSET_CHECKPOINT_COUNT, self.checkpoint_count);
         put_u64(bytes, OFFSET_FREE_BLOCKS, self.free_blocks);
         put_u64(bytes, OFFSET_FREE_INODES, self.free_inodes);
+        put_u64(bytes, OFFSET_INODE_TABLE_INITIALIZED_BLOCKS, self.inode_table_initialized_blocks);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(bytes, OFFSET_CRC, crc);
         block
@@ -230,8 +241,16 @@ impl Superblock {
             return fail(format!("checksum {:#010x} stored, {crc:#010x} computed", get_u32(bytes, OFFSET_CRC)));
         }
         let version = get_u32(bytes, OFFSET_VERSION);
-        if version != FORMAT_VERSION {
-            return fail(format!("format version {version}; this build reads version {FORMAT_VERSION}"));
+        if version < FORMAT_VERSION {
+            return fail(format!(
+                "format version {version} is older than this build's {FORMAT_VERSION}: use the tandem that made it \
+                 (copy the files off, then mkfs again with this one)"
+            ));
+        }
+        if version > FORMAT_VERSION {
+            return fail(format!(
+                "format version {version} is newer than this build's {FORMAT_VERSION}: use a newer tandem"
+            ));
         }
         if get_u32(bytes, OFFSET_BLOCK_SIZE) != BLOCK_SIZE as u32 {
             return fail(format!("block size {} is not {BLOCK_SIZE}", get_u32(bytes, OFFSET_BLOCK_SIZE)));
@@ -273,6 +292,7 @@ impl Superblock {
             checkpoint_count: get_u64(bytes, OFFSET_CHECKPOINT_COUNT),
             free_blocks: get_u64(bytes, OFFSET_FREE_BLOCKS),
             free_inodes: get_u64(bytes, OFFSET_FREE_INODES),
+            inode_table_initialized_blocks: get_u64(bytes, OFFSET_INODE_TABLE_INITIALIZED_BLOCKS),
         };
         match superblock.validate(device_blocks) {
             Ok(()) => Ok(superblock),
@@ -325,6 +345,12 @@ impl Superblock {
             || self.inode_bitmap_blocks != self.inode_count.div_ceil(BITS_PER_BITMAP_BLOCK)
         {
             return fail(format!("inode count {} does not match its table and bitmap", self.inode_count));
+        }
+        if self.inode_table_initialized_blocks > self.inode_table_blocks {
+            return fail(format!(
+                "{} inode-table blocks are marked initialized in a table of {}",
+                self.inode_table_initialized_blocks, self.inode_table_blocks
+            ));
         }
         if self.log_tail_lsn == 0 || self.checkpoint_lsn + 1 != self.log_tail_lsn {
             return fail(format!("log tail {} does not follow checkpoint {}", self.log_tail_lsn, self.checkpoint_lsn));
@@ -385,7 +411,7 @@ mod tests {
     #[test]
     fn field_offsets_fit_and_do_not_overlap() {
         const { assert!(USED_BYTES <= OFFSET_CRC) };
-        assert_eq!(OFFSET_FREE_INODES + 8, USED_BYTES);
+        assert_eq!(OFFSET_INODE_TABLE_INITIALIZED_BLOCKS + 8, USED_BYTES);
         assert_eq!(BITS_PER_BITMAP_BLOCK, 32_640);
         assert_eq!(INODES_PER_BLOCK * 256, 3840);
     }
@@ -403,6 +429,17 @@ mod tests {
             damaged[bit / 8] ^= 1 << (bit % 8);
             assert!(Superblock::decode(&damaged, 0, blocks).unwrap_err().is_corruption());
         }
+    }
+
+    #[test]
+    fn an_older_format_version_is_named() {
+        let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
+        let mut bytes = Superblock::layout(blocks, None, None).unwrap().encode();
+        put_u32(&mut bytes[..], OFFSET_VERSION, 1);
+        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+        put_u32(&mut bytes[..], OFFSET_CRC, crc);
+        let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
+        assert!(error.contains("format version 1 is older than this build's 2"), "{error}");
     }
 
     #[test]
