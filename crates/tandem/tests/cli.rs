@@ -339,3 +339,172 @@ fn mkfs_of_a_terabyte_writes_megabytes_and_the_volume_works() {
     }
     fs.unmount().unwrap();
 }
+
+/// A volume mounted through FUSE for the length of a test (root and /dev/fuse needed, as for
+/// tests/mount; without them the test says so and passes, as the mount suite is skipped too).
+struct Mounted {
+    point: PathBuf,
+}
+
+impl Mounted {
+    fn new(scratch: &Scratch, size: &str) -> Option<Mounted> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+            eprintln!("skipped: needs root and /dev/fuse");
+            return None;
+        }
+        let image = scratch.join("volume.img");
+        let point = scratch.join("mnt");
+        std::fs::create_dir_all(&point).unwrap();
+        let made = tandem(&["mkfs", text(&image), "--size", size]);
+        assert_eq!(made.status.code(), Some(0), "{}", stderr(&made));
+        let log = scratch.join("mount.log");
+        let mounted = tandem(&["mount", text(&image), text(&point), "-d", "--log-file", text(&log)]);
+        assert_eq!(mounted.status.code(), Some(0), "{}", stderr(&mounted));
+        Some(Mounted { point })
+    }
+    fn join(&self, name: &str) -> PathBuf {
+        self.point.join(name)
+    }
+    /// Unmounts and checks the volume.
+    fn finish(self, scratch: &Scratch) {
+        let unmounted = tandem(&["umount", text(&self.point)]);
+        assert_eq!(unmounted.status.code(), Some(0), "{}", stderr(&unmounted));
+        std::mem::forget(self);
+        let check = tandem(&["fsck", text(&scratch.join("volume.img"))]);
+        assert_eq!(check.status.code(), Some(0), "{}{}", stdout(&check), stderr(&check));
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = tandem(&["umount", text(&self.point)]);
+    }
+}
+
+/// Runs tandem with a time limit; a run past it is killed and fails the test.
+fn tandem_within(arguments: &[&str], stdin: Option<&Path>, limit_s: u64) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tandem"));
+    command.args(arguments).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    if let Some(path) = stdin {
+        command.stdin(std::fs::File::open(path).unwrap());
+    }
+    let mut child = command.spawn().expect("run tandem");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(limit_s);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("tandem {arguments:?} ran past {limit_s} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn pattern_bytes(length: usize, seed: u32) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(2_654_435_761).max(1);
+    (0..length)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        })
+        .collect()
+}
+
+/// Finding 4 of issue 13: an insert on a nearly full volume failed part-way and left the file
+/// grown, part source bytes and part zeros, with a wrong byte count in the message.
+#[test]
+fn insert_that_runs_out_of_space_leaves_the_file_as_it_was() {
+    use std::io::Write;
+    let scratch = Scratch::new("insert-full");
+    let Some(mounted) = Mounted::new(&scratch, "64M") else { return };
+    let target = mounted.join("target");
+    let original = pattern_bytes(100_000, 1);
+    std::fs::write(&target, &original).unwrap();
+    // Fill the volume until it refuses, then give back a little: the insert gets part-way.
+    let mut fill = std::fs::File::create(mounted.join("fill")).unwrap();
+    let chunk = vec![0x5Au8; 1 << 20];
+    for _ in 0..200 {
+        if fill.write_all(&chunk).is_err() || fill.sync_all().is_err() {
+            break;
+        }
+    }
+    drop(fill);
+    let fill_length = std::fs::metadata(mounted.join("fill")).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(mounted.join("fill"))
+        .unwrap()
+        .set_len(fill_length - (3 << 20))
+        .unwrap();
+    let source = scratch.join("source.bin");
+    std::fs::write(&source, pattern_bytes(24 << 20, 2)).unwrap();
+
+    let output = tandem_within(&["insert", text(&target), "1000", "--from", text(&source)], None, 120);
+    assert_one_line_failure(&output, "nothing was inserted, the file is as it was");
+    assert!(stderr(&output).contains("No space left"), "{}", stderr(&output));
+    let after = std::fs::read(&target).unwrap();
+    assert_eq!(after.len(), original.len(), "the file changed size");
+    assert!(after == original, "the file's bytes changed");
+
+    // The space the failed insert took is back: a small insert works.
+    let small = scratch.join("small.bin");
+    std::fs::write(&small, b"hello").unwrap();
+    let output = tandem(&["insert", text(&target), "10", "--from", text(&small)]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(stdout(&output).contains("inserted 5 bytes"), "{}", stdout(&output));
+    let mut expected = original[..10].to_vec();
+    expected.extend_from_slice(b"hello");
+    expected.extend_from_slice(&original[10..]);
+    assert!(std::fs::read(&target).unwrap() == expected);
+    mounted.finish(&scratch);
+}
+
+/// Finding 5 of issue 13: `tandem insert FILE 0 --from FILE` grew the file until the volume was
+/// full. Through the same path, a hard link or standard input, it copies the file as it was.
+#[test]
+fn insert_of_a_file_into_itself_copies_it_once() {
+    let scratch = Scratch::new("insert-self");
+    let Some(mounted) = Mounted::new(&scratch, "128M") else { return };
+    let target = mounted.join("self");
+    // Larger than one chunk, with the insert offset inside a chunk, so that a read of the
+    // snapshot straddles the offset.
+    let original = pattern_bytes((2 << 20) + 12_345, 3);
+    std::fs::write(&target, &original).unwrap();
+    let offset = 1_500_000usize;
+    let output = tandem_within(&["insert", text(&target), "1500000", "--from", text(&target)], None, 60);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(stdout(&output).contains(&format!("size now {}", format_count(2 * original.len()))), "{}", stdout(&output));
+    let mut expected = original[..offset].to_vec();
+    expected.extend_from_slice(&original);
+    expected.extend_from_slice(&original[offset..]);
+    assert!(std::fs::read(&target).unwrap() == expected, "self-insert at {offset}");
+
+    let small = mounted.join("small");
+    std::fs::write(&small, b"abcdef").unwrap();
+    let link = mounted.join("link");
+    std::fs::hard_link(&small, &link).unwrap();
+    let output = tandem_within(&["insert", text(&small), "0", "--from", text(&link)], None, 60);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(std::fs::read(&small).unwrap(), b"abcdefabcdef");
+    let output = tandem_within(&["insert", text(&small), "3", "--from", "-"], Some(&small), 60);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(std::fs::read(&small).unwrap(), b"abcabcdefabcdefdefabcdef");
+    mounted.finish(&scratch);
+}
+
+/// Digits grouped by thousands, as tandem prints counts.
+fn format_count(value: usize) -> String {
+    let digits = value.to_string();
+    let mut grouped = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    grouped
+}
