@@ -508,3 +508,47 @@ fn format_count(value: usize) -> String {
     }
     grouped
 }
+
+/// Ctrl-C during `tandem insert --from -` (a pipe that has delivered some bytes and then waits):
+/// the bytes already inserted are taken out again and the file is as it was.
+#[test]
+fn insert_interrupted_by_a_signal_leaves_the_file_as_it_was() {
+    use std::io::Write;
+    let scratch = Scratch::new("insert-signal");
+    let Some(mounted) = Mounted::new(&scratch, "64M") else { return };
+    let target = mounted.join("target");
+    let original = pattern_bytes(50_000, 4);
+    std::fs::write(&target, &original).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["insert", text(&target), "777", "--from", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(&pattern_bytes(3 << 20, 5)).unwrap();
+    // Wait (bounded) until part of the input is in the file, then interrupt with the pipe open.
+    let mut grown = false;
+    for _ in 0..600 {
+        if std::fs::metadata(&target).unwrap().len() > original.len() as u64 {
+            grown = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(grown, "the insert never started");
+    // SAFETY: kill sends a signal to the child we started.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the interrupted insert did not end");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(input);
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "{}", stderr(&output));
+    assert!(stderr(&output).contains("nothing was inserted, the file is as it was"), "{}", stderr(&output));
+    assert!(std::fs::read(&target).unwrap() == original, "the file changed");
+    mounted.finish(&scratch);
+}
