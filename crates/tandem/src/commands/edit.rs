@@ -150,7 +150,13 @@ impl Edit<'_> {
             Ok(inserted) => return Ok(inserted),
             Err(error) => error,
         };
-        let what = if interrupt::interrupted() { "interrupted".to_string() } else { error.to_string() };
+        let what = if interrupt::interrupted() {
+            "interrupted".to_string()
+        } else if matches!(error.raw_os_error(), Some(libc::ENOTTY) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) {
+            "its FUSE file system does not support insert (is it tandemfs?)".to_string()
+        } else {
+            error.to_string()
+        };
         match self.undo() {
             Ok(()) => Err(CliError::new(format!(
                 "cannot insert into {}: {what}; nothing was inserted, the file is as it was",
@@ -228,10 +234,16 @@ impl Source {
                 .stream_position()
                 .map_err(|error| CliError::new(format!("cannot read {name}: {error}")))?
                 .min(target_metadata.len());
+            if start == target_metadata.len() {
+                return Err(CliError::new(format!("--from {name} is empty; nothing to insert")));
+            }
             return Ok(Source::Target { start, length: target_metadata.len() - start });
         }
         if metadata.is_dir() {
             return Err(CliError::new(format!("--from {name} is a directory")));
+        }
+        if metadata.is_file() && metadata.len() == 0 {
+            return Err(CliError::new(format!("--from {name} is empty; nothing to insert")));
         }
         Ok(Source::Stream { reader, name, regular: metadata.is_file() })
     }
