@@ -104,9 +104,12 @@ pub fn insert_zeros(file: &File, offset: u64, length: u64) -> io::Result<()> {
     issue(file, INSERT, &RangeRequest { offset, length, data: 0 })
 }
 
-/// Inserts `data` at `offset` of `file`, shifting later bytes up. One atomic engine operation
-/// when the server can read the caller's memory and the data is at most
-/// [`INLINE_INSERT_MAX_BYTES`]; otherwise a hole insert followed by a positioned write.
+/// Inserts `data` at `offset` of `file`, shifting later bytes up. One engine operation when the
+/// server can read the caller's memory and the data is at most [`INLINE_INSERT_MAX_BYTES`];
+/// otherwise a hole insert followed by a positioned write, whose failure collapses the hole out
+/// again. Either may fail part-way inside the server (no space after the hole went in): a
+/// caller that needs all-or-nothing compares the file size before and after and collapses the
+/// growth at `offset`, as `tandem insert` does.
 pub fn insert_data(file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
     if data.is_empty() {
         return Ok(());
@@ -120,7 +123,12 @@ pub fn insert_data(file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
         }
     }
     insert_zeros(file, offset, length)?;
-    file.write_all_at(data, offset)
+    if let Err(error) = file.write_all_at(data, offset) {
+        // All or nothing: take the hole out again, so the file is as it was.
+        collapse(file, offset, length)?;
+        return Err(error);
+    }
+    Ok(())
 }
 
 /// Removes `length` bytes at `offset` of `file`, shifting later bytes down.

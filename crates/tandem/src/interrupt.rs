@@ -1,5 +1,5 @@
 //! Ctrl-C and SIGTERM for commands that mount or set up things they must take down again (the
-//! demo, the benchmarks). The default action would kill the process on the spot and leave a dead
+//! demo, the benchmarks), or change a file in steps that must all happen or none (`insert`). The default action would kill the process on the spot and leave a dead
 //! FUSE mount, a mounted loop device or an image behind. Instead the signals are blocked in every
 //! thread and one watcher thread takes them and sets a flag that the long loops check between
 //! steps; they then fail with "interrupted" and the normal error path with its clean-up runs.
@@ -12,6 +12,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// While set, a second signal does not end the process: the command is putting something back
+/// (a partly done `tandem insert`) and ending half-way would leave what the undo is there to
+/// remove.
+static SECOND_SIGNAL_DEFERRED: AtomicBool = AtomicBool::new(false);
+
+/// Makes a second signal wait (`true`) for the command to finish its undo, or end the process
+/// at once again (`false`).
+pub fn defer_second_signal(deferred: bool) {
+    SECOND_SIGNAL_DEFERRED.store(deferred, Ordering::Relaxed);
+}
 
 /// Whether SIGINT, SIGTERM or SIGHUP arrived.
 pub fn interrupted() -> bool {
@@ -39,8 +49,15 @@ pub fn install() {
         if unsafe { libc::sigwait(&*set, &mut signal) } != 0 {
             continue;
         }
+        let deferred = SECOND_SIGNAL_DEFERRED.load(Ordering::Relaxed);
         if !INTERRUPTED.swap(true, Ordering::Relaxed) {
-            eprintln!("tandem: interrupted; cleaning up after the current step (Ctrl-C again stops at once)");
+            if deferred {
+                eprintln!("tandem: interrupted; putting the file back as it was after the current step");
+            } else {
+                eprintln!("tandem: interrupted; cleaning up after the current step (Ctrl-C again stops at once)");
+            }
+        } else if deferred {
+            eprintln!("tandem: still putting the file back as it was; it ends as soon as that is done");
         } else {
             // A second signal means the user will not wait: leave the way the default would.
             std::process::exit(130);

@@ -156,7 +156,7 @@ fn main() {
     // The demo and the benchmarks mount and set up things they must take down again; a signal
     // makes them stop after the current step and clean up (see interrupt.rs).
     match &cli.command {
-        Command::Demo(_) | Command::Bench(_) => interrupt::install(),
+        Command::Demo(_) | Command::Bench(_) | Command::Insert(_) | Command::Collapse(_) => interrupt::install(),
         // A foreground mount's engine threads start before the adapter watches for signals; with
         // the signals blocked first, only the adapter's watcher receives them (see interrupt.rs).
         Command::Mount(arguments) if !arguments.daemon => {

@@ -1,23 +1,30 @@
 //! `tandem mkfs`: writes an empty volume. It refuses to destroy anything it recognises (or any
-//! non-empty data) unless `--force` is given, because a mistyped path must not cost a disk.
+//! non-zero data wherever it looks: both ends, a spread between, and every data extent of a
+//! sparse file) unless `--force` is given, because a mistyped path must not cost a disk. It never
+//! shortens a file: `--force` with a `--size` below the file's length formats the first SIZE
+//! bytes and leaves the rest, and the length, as they were.
 
 use crate::error::{describe, CliError, CliResult, EXIT_SUCCESS};
 use crate::image::{self, Access};
 use crate::size::{format_bytes, parse_nonzero_size};
 use clap::Args;
 use std::fs::{File, OpenOptions};
-use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tandemfs::device::Device;
 use tandemfs::fs::FormatOptions;
+use tandemfs::fsck::probe::{first_nonzero, normalize_ranges, probe, sample_ranges};
 use tandemfs::FileSystem;
 
 #[derive(Args)]
 pub struct MkfsArguments {
     /// Image file (created when missing) or block device
     pub image: PathBuf,
-    /// Volume size, e.g. 512M, 2G, 1T; required for a new image, resizes an existing image file;
-    /// a block device always uses its whole size
+    /// Volume size, e.g. 512M, 2G, 1T; required for a new image, grows a shorter existing file
+    /// (never shortens one: with --force a smaller size formats only the file's first SIZE
+    /// bytes); a block device always uses its whole size
     #[arg(long, short = 's', value_parser = parse_nonzero_size)]
     pub size: Option<u64>,
     /// Number of inodes (default: one per 16 KiB of volume)
@@ -30,7 +37,7 @@ pub struct MkfsArguments {
     /// that whoever formats an image can write to it when mounting it as themselves
     #[arg(long, value_name = "UID:GID", value_parser = parse_owner)]
     pub root_owner: Option<(u32, u32)>,
-    /// Overwrite an existing file system or data
+    /// Overwrite an existing file system or data (mkfs otherwise refuses any non-zero bytes)
     #[arg(long, short = 'f')]
     pub force: bool,
 }
@@ -76,50 +83,117 @@ fn classify(path: &Path) -> CliResult<Target> {
     }
 }
 
-/// True when the first MiB is all zeros: a fresh `truncate`d file or a wiped disk, safe to use.
-fn starts_with_zeros(path: &Path) -> CliResult<bool> {
-    let mut file =
-        File::open(path).map_err(|error| CliError::new(format!("cannot read {}: {error}", path.display())))?;
-    let mut buffer = vec![0u8; 1 << 20];
-    let mut filled = 0;
-    while filled < buffer.len() {
-        match file.read(&mut buffer[filled..]) {
-            Ok(0) => break,
-            Ok(count) => filled += count,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(error) => return Err(CliError::new(format!("cannot read {}: {error}", path.display()))),
+/// Allocated bytes of a sparse file read in full before sampling takes over: a file with this
+/// little real content is checked byte for byte.
+const DATA_READ_IN_FULL_BYTES: u64 = 64 << 20;
+/// Data extents of a sparse file looked at (each at its start and end); more are not listed.
+const DATA_EXTENTS_MAX: usize = 4096;
+/// Bytes looked at from each end of a data extent when the file has more data than the above.
+const DATA_EXTENT_EDGE_BYTES: u64 = 64 * 1024;
+
+/// The data extents `(offset, length)` of a regular file, from SEEK_DATA and SEEK_HOLE: a
+/// sparse file's holes need no reading, and its data, wherever it is, gets looked at. At most
+/// `DATA_EXTENTS_MAX`; an empty list where the file system cannot say (then sampling alone).
+fn data_extents(file: &File, length_bytes: u64) -> Vec<(u64, u64)> {
+    let descriptor = file.as_raw_fd();
+    let mut extents = Vec::new();
+    let mut position: u64 = 0;
+    while position < length_bytes && extents.len() < DATA_EXTENTS_MAX {
+        // SAFETY: lseek on a descriptor we own; it only moves the file offset.
+        let data = unsafe { libc::lseek(descriptor, position as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            break; // ENXIO: only a hole follows; EINVAL: the file system cannot say.
         }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(descriptor, data, libc::SEEK_HOLE) };
+        let hole = if hole < 0 { length_bytes } else { (hole as u64).min(length_bytes) };
+        let data = data as u64;
+        if hole <= data {
+            break;
+        }
+        extents.push((data, hole - data));
+        position = hole;
     }
-    Ok(buffer[..filled].iter().all(|&byte| byte == 0))
+    extents
 }
 
-/// Refuses to overwrite a recognised file system or other data without `--force`.
-fn refuse_to_overwrite(path: &Path) -> CliResult<()> {
+/// Where to look for existing data on `path` of `size_bytes`: spread samples, plus the real data
+/// of a sparse regular file (all of it when it is small, else both ends of every extent).
+fn ranges_to_examine(path: &Path, size_bytes: u64, is_regular_file: bool) -> CliResult<Vec<(u64, u64)>> {
+    let mut ranges = sample_ranges(size_bytes);
+    if is_regular_file {
+        let file =
+            File::open(path).map_err(|error| CliError::new(format!("cannot read {}: {error}", path.display())))?;
+        let extents = data_extents(&file, size_bytes);
+        let data_bytes: u64 = extents.iter().map(|extent| extent.1).sum();
+        for (offset, length) in extents {
+            if data_bytes <= DATA_READ_IN_FULL_BYTES {
+                ranges.push((offset, length));
+            } else {
+                let edge = length.min(DATA_EXTENT_EDGE_BYTES);
+                ranges.push((offset, edge));
+                ranges.push((offset + length - edge, edge));
+            }
+        }
+    }
+    Ok(normalize_ranges(ranges))
+}
+
+/// Refuses to overwrite a recognised file system or other data without `--force`. A file or
+/// device that reads as zeros wherever it is looked at (a fresh `truncate`d file, a wiped disk)
+/// is fair game.
+fn refuse_to_overwrite(path: &Path, is_regular_file: bool) -> CliResult<()> {
     // Probe through the engine with a shared, read-only open: it knows tandemfs and the common
     // others, and the exclusive lock a mount holds must not make this step fail confusingly.
     let device = image::open(path, Access::LOOK)?;
-    let found = tandemfs::fsck::probe(&*device)
-        .map_err(|error| CliError::new(format!("cannot examine {}: {error}", path.display())))?;
-    drop(device);
-    if let Some(name) = found {
+    let size_bytes = tandemfs::device::Device::size_bytes(&*device);
+    let examine = |error: tandemfs::Error| CliError::new(format!("cannot examine {}: {error}", path.display()));
+    if let Some(name) = probe(&*device).map_err(examine)? {
         return Err(CliError::new(format!(
             "{} already holds something tandem recognises ({name}); add --force to overwrite it",
             path.display()
         )));
     }
-    if !starts_with_zeros(path)? {
+    let ranges = ranges_to_examine(path, size_bytes, is_regular_file)?;
+    if let Some(offset) = first_nonzero(&*device, &ranges).map_err(examine)? {
         return Err(CliError::new(format!(
-            "{} holds data that is not a file system tandem recognises; add --force to overwrite it",
+            "{} holds data (at byte {offset}) that is not a file system tandem recognises; add --force to overwrite it",
             path.display()
         )));
     }
     Ok(())
 }
 
+/// The first `size_bytes` of a device: `mkfs --force --size` smaller than an existing file
+/// formats this prefix and leaves the rest of the file, and its length, alone.
+struct Prefix {
+    inner: Arc<dyn Device>,
+    size_bytes: u64,
+}
+
+impl Device for Prefix {
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> tandemfs::Result<()> {
+        assert!(offset + buffer.len() as u64 <= self.size_bytes, "read past the formatted prefix");
+        self.inner.read_at(offset, buffer)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> tandemfs::Result<()> {
+        assert!(offset + data.len() as u64 <= self.size_bytes, "write past the formatted prefix");
+        self.inner.write_at(offset, data)
+    }
+    fn flush(&self) -> tandemfs::Result<()> {
+        self.inner.flush()
+    }
+}
+
 pub fn run(arguments: MkfsArguments) -> CliResult<i32> {
     let path = arguments.image.as_path();
     let target = classify(path)?;
     let mut created = false;
+    // The bytes to format, when less than the whole file (`--force --size` below its length).
+    let mut format_bytes_only = None;
     match target {
         Target::Missing => {
             let Some(size) = arguments.size else {
@@ -150,30 +224,51 @@ pub fn run(arguments: MkfsArguments) -> CliResult<i32> {
                     path.display()
                 )));
             }
-            if !arguments.force && length_bytes > 0 {
-                refuse_to_overwrite(path)?;
+            if let Some(size) = arguments.size.filter(|&size| size < length_bytes) {
+                // mkfs never shortens a file: what lies past the new size could be anything.
+                if !arguments.force {
+                    return Err(CliError::new(format!(
+                        "--size {} would shorten {} ({} bytes); give no --size to use the whole file, \
+                         or add --force to format its first {} and leave the rest",
+                        format_bytes(size),
+                        path.display(),
+                        length_bytes,
+                        format_bytes(size)
+                    )));
+                }
+                format_bytes_only = Some(size);
             }
-            if let Some(size) = arguments.size.filter(|&size| size != length_bytes) {
-                // Resize under the exclusive lock so a mounted image is never truncated.
+            if !arguments.force && length_bytes > 0 {
+                refuse_to_overwrite(path, true)?;
+            }
+            if let Some(size) = arguments.size.filter(|&size| size > length_bytes) {
+                // Grow under the exclusive lock so a mounted image is never changed under it.
                 let device = image::open(path, Access::WRITE)?;
                 let file = OpenOptions::new()
                     .write(true)
                     .open(path)
                     .map_err(|error| CliError::new(format!("cannot open {}: {error}", path.display())))?;
-                file.set_len(size).map_err(|error| {
-                    CliError::new(format!("cannot resize {} to {}: {error}", path.display(), format_bytes(size)))
-                })?;
+                let length_now = file
+                    .metadata()
+                    .map_err(|error| CliError::new(format!("cannot stat {}: {error}", path.display())))?
+                    .len();
+                // Checked again under the lock: set_len must only ever grow the file.
+                if length_now < size {
+                    file.set_len(size).map_err(|error| {
+                        CliError::new(format!("cannot grow {} to {}: {error}", path.display(), format_bytes(size)))
+                    })?;
+                }
                 drop(device);
             }
         }
         Target::BlockDevice => {
             if !arguments.force {
-                refuse_to_overwrite(path)?;
+                refuse_to_overwrite(path, false)?;
             }
         }
     }
 
-    let result = format(path, &arguments, matches!(target, Target::BlockDevice));
+    let result = format(path, &arguments, matches!(target, Target::BlockDevice), format_bytes_only);
     if result.is_err() && created {
         // Leave nothing behind from a failed first attempt; a retry with other sizes starts clean.
         let _ = std::fs::remove_file(path);
@@ -181,9 +276,18 @@ pub fn run(arguments: MkfsArguments) -> CliResult<i32> {
     result
 }
 
-fn format(path: &Path, arguments: &MkfsArguments, is_block_device: bool) -> CliResult<i32> {
-    let device = image::open(path, Access::WRITE)?;
-    let device_size = tandemfs::device::Device::size_bytes(&*device);
+fn format(
+    path: &Path,
+    arguments: &MkfsArguments,
+    is_block_device: bool,
+    format_bytes_only: Option<u64>,
+) -> CliResult<i32> {
+    let file_device = image::open(path, Access::WRITE)?;
+    let device: Arc<dyn Device> = match format_bytes_only {
+        Some(size_bytes) => Arc::new(Prefix { inner: file_device.clone(), size_bytes }),
+        None => file_device.clone(),
+    };
+    let device_size = device.size_bytes();
     if is_block_device {
         if let Some(size) = arguments.size.filter(|&size| size != device_size) {
             return Err(CliError::new(format!(
@@ -215,7 +319,14 @@ fn format(path: &Path, arguments: &MkfsArguments, is_block_device: bool) -> CliR
         CliError::new(format!("cannot create tandemfs on {}: {}", path.display(), describe(&error)))
     })?;
     println!("created tandemfs on {} ({})", path.display(), format_bytes(device_size));
+    if format_bytes_only.is_some() {
+        println!(
+            "  the file keeps its length; bytes past the first {} are left as they were",
+            format_bytes(device_size)
+        );
+    }
     drop(device);
+    drop(file_device);
     // Show the geometry the engine chose, so the user sees inode and log sizes without a second
     // command; a failure here is not a failure of mkfs.
     if let Ok(device) = image::open(path, Access::LOOK) {

@@ -409,7 +409,7 @@ pub fn checkpoint(
     let commit = encode_commit(covered_lsn, image_count, &superblock);
     let commit_lsn = log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;
     log.wait_durable(commit_lsn)?;
-    Volume::write_images_home(device.as_ref(), &images)?;
+    Volume::write_images_home(device.as_ref(), &mut superblock, &images)?;
     device.flush()?;
     // Every record before the tail is reflected at home: logical records up to `covered_lsn`
     // are applied, and the records after it are this checkpoint's own, unless a logical record
@@ -442,6 +442,7 @@ pub fn checkpoint(
     current.checkpoint_time_ns = superblock.checkpoint_time_ns;
     current.free_blocks = superblock.free_blocks;
     current.free_inodes = superblock.free_inodes;
+    current.inode_table_initialized_blocks = superblock.inode_table_initialized_blocks;
     volume.checkpoint_done(covered_lsn);
     Ok(())
 }
@@ -707,7 +708,7 @@ pub fn open_volume(
         superblock.orphan_head = last.orphan_head;
         superblock.next_generation = last.next_generation;
         for checkpoint in &plan.found {
-            Volume::write_images_home(device.as_ref(), &checkpoint.images)?;
+            Volume::write_images_home(device.as_ref(), &mut superblock, &checkpoint.images)?;
         }
         device.flush()?;
         let tail = log.position(base_lsn + 1);

@@ -56,7 +56,9 @@ pub const OFFSET_MOUNT_COUNT: usize = 256;
 pub const OFFSET_CHECKPOINT_COUNT: usize = 264;
 pub const OFFSET_FREE_BLOCKS: usize = 272;
 pub const OFFSET_FREE_INODES: usize = 280;
-// Bytes 288..296 belong to the lazy inode table initialisation.
+/// Version 2: inode-table blocks from the table's start that hold valid contents (see
+/// `inode_table_initialized_blocks`).
+pub const OFFSET_INODE_TABLE_INITIALIZED_BLOCKS: usize = 288;
 /// Multi-mount protection (see `block::mmp`): the MMP block and its default refresh interval.
 pub const OFFSET_MMP_BLOCK: usize = 296;
 pub const OFFSET_MMP_INTERVAL_MS: usize = 304;
@@ -100,6 +102,12 @@ pub struct Superblock {
     pub checkpoint_count: u64,
     pub free_blocks: u64,
     pub free_inodes: u64,
+    /// The lazy inode table (mke2fs's `lazy_itable_init`): inode-table blocks at index this or
+    /// later were never written by this file system and read as all free (zeros) without a
+    /// device read, so mkfs need not zero the table. Before a checkpoint writes an inode-table
+    /// block at or past the mark, the blocks between are zeroed on the device; the mark then
+    /// moves in the superblock the checkpoint writes after its images are home. Never shrinks.
+    pub inode_table_initialized_blocks: u64,
     /// The multi-mount protection block: right after the inode table, before the first data
     /// block.
     pub mmp_block: u64,
@@ -182,6 +190,7 @@ impl Superblock {
             checkpoint_count: 0,
             free_blocks: block_count - first_data_block,
             free_inodes: inode_count,
+            inode_table_initialized_blocks: 0,
             mmp_block,
             mmp_interval_ms: crate::block::mmp::DEFAULT_INTERVAL_MS,
         })
@@ -227,6 +236,7 @@ impl Superblock {
         put_u64(bytes, OFFSET_CHECKPOINT_COUNT, self.checkpoint_count);
         put_u64(bytes, OFFSET_FREE_BLOCKS, self.free_blocks);
         put_u64(bytes, OFFSET_FREE_INODES, self.free_inodes);
+        put_u64(bytes, OFFSET_INODE_TABLE_INITIALIZED_BLOCKS, self.inode_table_initialized_blocks);
         put_u64(bytes, OFFSET_MMP_BLOCK, self.mmp_block);
         put_u32(bytes, OFFSET_MMP_INTERVAL_MS, self.mmp_interval_ms);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
@@ -299,6 +309,7 @@ impl Superblock {
             checkpoint_count: get_u64(bytes, OFFSET_CHECKPOINT_COUNT),
             free_blocks: get_u64(bytes, OFFSET_FREE_BLOCKS),
             free_inodes: get_u64(bytes, OFFSET_FREE_INODES),
+            inode_table_initialized_blocks: get_u64(bytes, OFFSET_INODE_TABLE_INITIALIZED_BLOCKS),
             mmp_block: get_u64(bytes, OFFSET_MMP_BLOCK),
             mmp_interval_ms: get_u32(bytes, OFFSET_MMP_INTERVAL_MS),
         };
@@ -360,6 +371,12 @@ impl Superblock {
             || self.inode_bitmap_blocks != self.inode_count.div_ceil(BITS_PER_BITMAP_BLOCK)
         {
             return fail(format!("inode count {} does not match its table and bitmap", self.inode_count));
+        }
+        if self.inode_table_initialized_blocks > self.inode_table_blocks {
+            return fail(format!(
+                "{} inode-table blocks are marked initialized in a table of {}",
+                self.inode_table_initialized_blocks, self.inode_table_blocks
+            ));
         }
         if self.log_tail_lsn == 0 || self.checkpoint_lsn + 1 != self.log_tail_lsn {
             return fail(format!("log tail {} does not follow checkpoint {}", self.log_tail_lsn, self.checkpoint_lsn));
@@ -455,6 +472,7 @@ mod tests {
     #[test]
     fn field_offsets_fit_and_do_not_overlap() {
         const { assert!(USED_BYTES <= OFFSET_CRC) };
+        assert_eq!(OFFSET_INODE_TABLE_INITIALIZED_BLOCKS + 8, OFFSET_MMP_BLOCK);
         assert_eq!(OFFSET_FREE_INODES + 8 + 8, OFFSET_MMP_BLOCK);
         assert_eq!(MMP_RESERVED_END, USED_BYTES);
         assert_eq!(BITS_PER_BITMAP_BLOCK, 32_640);
@@ -474,6 +492,17 @@ mod tests {
             damaged[bit / 8] ^= 1 << (bit % 8);
             assert!(Superblock::decode(&damaged, 0, blocks).unwrap_err().is_corruption());
         }
+    }
+
+    #[test]
+    fn an_older_format_version_is_named() {
+        let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
+        let mut bytes = Superblock::layout(blocks, None, None).unwrap().encode();
+        put_u32(&mut bytes[..], OFFSET_VERSION, 1);
+        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+        put_u32(&mut bytes[..], OFFSET_CRC, crc);
+        let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
+        assert!(error.contains("format version 1 is older than this build's 2"), "{error}");
     }
 
     #[test]

@@ -133,7 +133,12 @@ impl Volume {
             return Ok(block);
         }
         let mut block = zeroed_block();
-        self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
+        // Past the initialized mark the device holds whatever was there before mkfs: the block
+        // is all free and is not read (see `Superblock::inode_table_initialized_blocks`).
+        let index = block_number - self.superblock.inode_table_start;
+        if index < self.superblock.inode_table_initialized_blocks {
+            self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
+        }
         // Inode-table blocks are written lazily: an all-zero block holds only free inodes.
         if block.iter().any(|byte| *byte != 0) {
             verify_block(&block, BlockKind::InodeTable, block_number)?;
@@ -316,31 +321,78 @@ impl Volume {
         }
     }
 
-    /// Writes images to their home blocks, joining neighbours into one write.
-    pub fn write_images_home(device: &dyn Device, images: &[Image]) -> Result<()> {
-        let mut index = 0;
-        while index < images.len() {
-            let mut end = index + 1;
-            while end < images.len()
-                && images[end].block_number == images[end - 1].block_number + 1
-                && end - index < 256
-            {
-                end += 1;
-            }
-            if end - index == 1 {
-                device.write_at(images[index].block_number * BLOCK_SIZE_U64, &images[index].block[..])?;
-            } else {
-                let mut buffer = Vec::with_capacity((end - index) * BLOCK_SIZE);
-                for image in &images[index..end] {
-                    buffer.extend_from_slice(&image.block[..]);
-                }
-                device.write_at(images[index].block_number * BLOCK_SIZE_U64, &buffer)?;
-            }
-            index = end;
-        }
+    /// Writes images to their home blocks, joining neighbours into one write. Inode-table images
+    /// at or past `superblock`'s initialized mark first get the blocks between the mark and them
+    /// zeroed, and the mark in `superblock` moves past them: the caller writes that superblock
+    /// after flushing, so the mark only ever covers blocks that are zero or valid on the device.
+    /// A crash before it is written leaves the old mark, which ignores what was written past it;
+    /// completing the checkpoint at the next mount writes the images and moves the mark again.
+    pub fn write_images_home(device: &dyn Device, superblock: &mut Superblock, images: &[Image]) -> Result<()> {
+        let new_mark = initialize_inode_table(device, superblock, images)?;
+        write_images(device, images)?;
+        superblock.inode_table_initialized_blocks = new_mark;
         Ok(())
     }
+}
 
+/// Zeroes the inode-table blocks from `superblock`'s initialized mark up to the last inode-table
+/// image, except the images' own blocks, and returns the mark that covers them all.
+fn initialize_inode_table(device: &dyn Device, superblock: &Superblock, images: &[Image]) -> Result<u64> {
+    let table_start = superblock.inode_table_start;
+    let table = table_start..table_start + superblock.inode_table_blocks;
+    let mark = superblock.inode_table_initialized_blocks;
+    assert!(mark <= superblock.inode_table_blocks);
+    let beyond: std::collections::BTreeSet<u64> = images
+        .iter()
+        .map(|image| image.block_number)
+        .filter(|number| table.contains(number) && number - table_start >= mark)
+        .map(|number| number - table_start)
+        .collect();
+    let Some(&last) = beyond.iter().max() else { return Ok(mark) };
+    let zeros = vec![0u8; ZEROING_CHUNK_BLOCKS as usize * BLOCK_SIZE];
+    let mut index = mark;
+    // Bounded by the table: each pass moves `index` past at least one block.
+    while index <= last {
+        if beyond.contains(&index) {
+            index += 1;
+            continue;
+        }
+        let mut end = index + 1;
+        while end <= last && end - index < ZEROING_CHUNK_BLOCKS && !beyond.contains(&end) {
+            end += 1;
+        }
+        let bytes = ((end - index) * BLOCK_SIZE_U64) as usize;
+        device.write_at((table_start + index) * BLOCK_SIZE_U64, &zeros[..bytes])?;
+        index = end;
+    }
+    Ok(last + 1)
+}
+
+/// Largest piece of the inode table zeroed in one write.
+const ZEROING_CHUNK_BLOCKS: u64 = 256;
+
+fn write_images(device: &dyn Device, images: &[Image]) -> Result<()> {
+    let mut index = 0;
+    while index < images.len() {
+        let mut end = index + 1;
+        while end < images.len() && images[end].block_number == images[end - 1].block_number + 1 && end - index < 256 {
+            end += 1;
+        }
+        if end - index == 1 {
+            device.write_at(images[index].block_number * BLOCK_SIZE_U64, &images[index].block[..])?;
+        } else {
+            let mut buffer = Vec::with_capacity((end - index) * BLOCK_SIZE);
+            for image in &images[index..end] {
+                buffer.extend_from_slice(&image.block[..]);
+            }
+            device.write_at(images[index].block_number * BLOCK_SIZE_U64, &buffer)?;
+        }
+        index = end;
+    }
+    Ok(())
+}
+
+impl Volume {
     /// The checkpoint covering records up to `lsn` is durable: frees up to it become reusable.
     pub fn checkpoint_done(&mut self, lsn: u64) {
         self.blocks.release_checkpointed(lsn);
@@ -414,5 +466,53 @@ impl DataStore for Volume {
             return Err(Error::corruption(format!("free of data block {first} inside the fixed regions")));
         }
         self.blocks.free_range(first, count, self.current_lsn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+
+    fn image(block_number: u64, fill: u8) -> Image {
+        Image { block_number, block: Arc::new(Box::new([fill; BLOCK_SIZE])) }
+    }
+
+    #[test]
+    fn images_past_the_mark_zero_the_gap_and_move_the_mark() {
+        let device = MemoryDevice::from_bytes(vec![0xEE; 64 << 20]);
+        let mut superblock = Superblock::layout((64 << 20) / BLOCK_SIZE_U64, None, None).unwrap();
+        superblock.inode_table_initialized_blocks = 2;
+        let start = superblock.inode_table_start;
+        // Images at table blocks 5 and 7 and one data block; blocks 2, 3, 4 and 6 must be zeroed.
+        let images = [image(start + 5, 5), image(start + 7, 7), image(superblock.first_data_block, 9)];
+        Volume::write_images_home(&device, &mut superblock, &images).unwrap();
+        assert_eq!(superblock.inode_table_initialized_blocks, 8);
+        let block_at = |index: u64| {
+            let mut bytes = vec![0u8; BLOCK_SIZE];
+            device.read_at((start + index) * BLOCK_SIZE_U64, &mut bytes).unwrap();
+            bytes
+        };
+        for (index, expected) in [(0, 0xEE), (1, 0xEE), (2, 0), (3, 0), (4, 0), (5, 5), (6, 0), (7, 7), (8, 0xEE)] {
+            assert!(block_at(index).iter().all(|&byte| byte == expected), "table block {index}");
+        }
+        // Images below the mark move nothing.
+        Volume::write_images_home(&device, &mut superblock, &[image(start + 3, 3)]).unwrap();
+        assert_eq!(superblock.inode_table_initialized_blocks, 8);
+    }
+
+    #[test]
+    fn table_blocks_past_the_mark_are_not_read() {
+        let device = Arc::new(MemoryDevice::from_bytes(vec![0xEE; 64 << 20]));
+        let mut superblock = Superblock::layout((64 << 20) / BLOCK_SIZE_U64, None, None).unwrap();
+        superblock.inode_table_initialized_blocks = 1;
+        let mut volume = Volume::new_empty(device, superblock, 64);
+        // Inode 16 lives in table block 1, past the mark: free, although the device holds junk.
+        volume.inodes.set_range(15, 1);
+        let error = volume.read_inode(16).unwrap_err();
+        assert!(error.to_string().contains("record is empty"), "{error}");
+        // Block 0 is below the mark and read: the junk there is corruption.
+        volume.inodes.set_range(0, 1);
+        assert!(volume.read_inode(1).unwrap_err().is_corruption());
     }
 }

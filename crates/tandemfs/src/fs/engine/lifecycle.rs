@@ -28,17 +28,8 @@ impl FileSystem {
         let now = now_ns();
         superblock.format_time_ns = now;
         Log::format(device.as_ref(), &superblock.log_geometry())?;
-        // Old contents of the inode table would not parse: zero it. Other regions are either
-        // written here (bitmaps) or allocated before use.
-        let zeros = vec![0u8; 1 << 20];
-        let table_start = superblock.inode_table_start * BLOCK_SIZE_U64;
-        let table_end = table_start + superblock.inode_table_blocks * BLOCK_SIZE_U64;
-        let mut position = table_start;
-        while position < table_end {
-            let length = (table_end - position).min(zeros.len() as u64) as usize;
-            device.write_at(position, &zeros[..length])?;
-            position += length as u64;
-        }
+        // The inode table is not zeroed: its initialized mark starts at 0, so old contents are
+        // never read. Other regions are written here (bitmaps) or allocated before use.
         let mut volume = Volume::new_empty(device.clone(), superblock.clone(), 1024);
         volume.blocks.set_range(0, superblock.first_data_block);
         volume.blocks.mark_all_dirty();
@@ -67,9 +58,9 @@ impl FileSystem {
         };
         volume.create_inode(&root_inode)?;
         let images = volume.snapshot_images();
-        Volume::write_images_home(device.as_ref(), &images)?;
-        volume.images_home(&images);
         let mut superblock = volume.superblock.clone();
+        Volume::write_images_home(device.as_ref(), &mut superblock, &images)?;
+        volume.images_home(&images);
         superblock.next_generation = 2;
         superblock.free_blocks = volume.blocks.free_count();
         superblock.free_inodes = volume.inodes.free_count();
