@@ -8,7 +8,7 @@ mod common;
 use common::ops::{Driver, Workload};
 use common::*;
 use std::sync::Arc;
-use tandemfs::device::{CrashMode, Device};
+use tandemfs::device::CrashMode;
 use tandemfs::fsck;
 use tandemfs::FileSystem;
 
@@ -22,7 +22,7 @@ fn run(seed: u64, operations: u64, workload: Workload, remount_every: u64) {
         // Only a crash can leave a state an operation passed through; none happens here.
         driver.passed_through.clear();
         if (index + 1) % remount_every == 0 {
-            if (index + 1) / remount_every % 2 == 0 {
+            if ((index + 1) / remount_every).is_multiple_of(2) {
                 fs.unmount().unwrap();
             } else {
                 // A killed mount: everything acknowledged is durable and every write issued so
