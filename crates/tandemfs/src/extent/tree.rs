@@ -400,38 +400,45 @@ impl<'s> Tree<'s> {
         Ok(())
     }
 
-    /// The entries for the bytes `right_address..right_address + right_length` of extent `entry`
-    /// that stay behind its first `left_length` bytes. If the right part would begin inside the
-    /// left part's last block, that block's right-hand bytes are copied into a new block at the
-    /// same offset, so the two parts never share a block (the ownership rule).
-    fn right_part(
-        &mut self,
-        entry: Entry,
-        left_length: u64,
-        right_address: u64,
-        right_length: u64,
-    ) -> Result<Vec<Entry>> {
+    /// The entries that replace extent `entry` when its first `left_length` bytes and its bytes
+    /// `right_address..right_address + right_length` (up to its end) stay. If the right part
+    /// begins inside the left part's last block, the left part's bytes of that block are copied
+    /// into a new block at the same offsets and the right part keeps the block, so the two parts
+    /// never share a block (the ownership rule).
+    ///
+    /// Copying the left bytes, not the right ones, is what makes replay repeatable: the bytes
+    /// read here become room before the right part's first byte, which nothing writes until the
+    /// block is freed, and a freed block is not reused before a checkpoint covers this record.
+    /// So a replay of this record reads the same bytes as its first application, whatever later
+    /// records did in place. (Copying the right bytes left the left part free room in the old
+    /// block; a later hole fill wrote there and changed the source of this copy.)
+    fn cut(&mut self, entry: Entry, left_length: u64, right_address: u64, right_length: u64) -> Result<Vec<Entry>> {
         assert!(!entry.is_hole() && left_length > 0 && right_length > 0);
         assert!(right_address >= entry.address + left_length);
         assert!(right_address + right_length == entry.address + entry.length);
-        let left_last_block = (entry.address + left_length - 1) / BLOCK_SIZE_U64;
-        let shared_block = right_address / BLOCK_SIZE_U64;
-        let in_block = (right_address % BLOCK_SIZE_U64) as usize;
-        if shared_block != left_last_block {
-            return Ok(vec![Entry::data(right_address, right_length, entry.unwritten)]);
+        let left_end = entry.address + left_length;
+        let shared_block = (left_end - 1) / BLOCK_SIZE_U64;
+        let right = Entry::data(right_address, right_length, entry.unwritten);
+        if right_address / BLOCK_SIZE_U64 != shared_block {
+            return Ok(vec![Entry::data(entry.address, left_length, entry.unwritten), right]);
         }
-        assert!(in_block != 0);
-        let piece = right_length.min((BLOCK_SIZE - in_block) as u64);
-        let (copy_block, _) = self.allocate_data(shared_block + 1, 1)?;
+        let block_start = shared_block * BLOCK_SIZE_U64;
+        let copy_start = entry.address.max(block_start);
+        let in_block = (copy_start - block_start) as usize;
+        let piece = left_end - copy_start;
+        assert!(in_block as u64 + piece < BLOCK_SIZE_U64);
+        let (copy_block, _) = self.allocate_data(shared_block, 1)?;
         if !entry.unwritten {
             let mut bytes = vec![0u8; piece as usize];
             self.store.read_data(shared_block, in_block, &mut bytes)?;
             self.store.write_data(copy_block, in_block, &bytes)?;
         }
-        let mut pieces = vec![Entry::data(copy_block * BLOCK_SIZE_U64 + in_block as u64, piece, entry.unwritten)];
-        if right_length > piece {
-            pieces.push(Entry::data((shared_block + 1) * BLOCK_SIZE_U64, right_length - piece, entry.unwritten));
+        let mut pieces = Vec::with_capacity(3);
+        if copy_start > entry.address {
+            pieces.push(Entry::data(entry.address, copy_start - entry.address, entry.unwritten));
         }
+        pieces.push(Entry::data(copy_block * BLOCK_SIZE_U64 + in_block as u64, piece, entry.unwritten));
+        pieces.push(right);
         Ok(pieces)
     }
 
@@ -449,7 +456,7 @@ impl<'s> Tree<'s> {
     }
 
     /// Makes `position` the start of an entry. Cutting an extent inside a block copies the
-    /// second part's bytes of that block into a new block, so that the two parts never share
+    /// first part's bytes of that block into a new block, so that the two parts never share
     /// a block (the ownership rule); a cut on a block boundary copies nothing.
     pub fn split_at(&mut self, position: u64) -> Result<()> {
         if position >= self.length {
@@ -467,9 +474,7 @@ impl<'s> Tree<'s> {
             pieces.push(Entry::hole(cut));
             pieces.push(Entry::hole(rest));
         } else {
-            pieces.push(Entry::data(entry.address, cut, entry.unwritten));
-            let right = self.right_part(entry, cut, entry.address + cut, rest)?;
-            pieces.extend(right);
+            pieces.extend(self.cut(entry, cut, entry.address + cut, rest)?);
         }
         self.splice(&location.path, location.index(), 1, &pieces)
     }
@@ -546,10 +551,8 @@ impl<'s> Tree<'s> {
                     if right_first_block > left_last_block + 1 {
                         self.release_blocks(left_last_block + 1, right_first_block - left_last_block - 1)?;
                     }
-                    let mut pieces = vec![Entry::data(entry.address, offset, entry.unwritten)];
-                    pieces.extend(self.right_part(entry, offset, right_address, right_length)?);
                     remaining = 0;
-                    pieces
+                    self.cut(entry, offset, right_address, right_length)?
                 };
                 self.splice(&location.path, index, 1, &replacement)?;
                 continue;
