@@ -229,6 +229,7 @@ impl FileSystem {
         };
         let cache_blocks = (options.cache_bytes / BLOCK_SIZE_U64).max(64) as usize;
         let (volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
+        volume.check_bitmaps_trusted()?;
         let last_lsn = log.next_lsn() - 1;
         let volume = Mutex::new(volume);
         if report.records_replayed > 0 || report.orphans_reclaimed > 0 {
@@ -820,8 +821,12 @@ impl FileSystem {
             let up = self.directory_view(&mut front, parent)?.attributes.parent;
             return Ok(self.view(&mut front, up)?.to_attributes());
         }
-        let (number, _) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
-        Ok(self.view(&mut front, number)?.to_attributes())
+        let (number, entry_type) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
+        let view = self
+            .view(&mut front, number)
+            .map_err(|error| crate::block::inode::entry_target_error(parent, name, number, error))?;
+        crate::block::inode::check_entry_type(parent, name, entry_type, view.file_type())?;
+        Ok(view.to_attributes())
     }
 
     pub fn get_attributes(&self, inode: InodeNumber) -> Result<Attributes> {
@@ -976,6 +981,7 @@ impl FileSystem {
             let reserve = NAMESPACE_RESERVE_BLOCKS;
             // No preferred number: the allocator goes on from where it last stopped.
             let number = front.inode_numbers.allocate(u64::MAX, 1, 0)?.0 + 1;
+            self.inner.volume.lock().check_inode_free(number)?;
             let generation = front.next_generation;
             let now = now_ns();
             let mut mode = file_type.mode_bits() | permissions;
@@ -1644,7 +1650,8 @@ impl FileSystem {
         let home = volume.read_inode(inode)?;
         let root = DirRoot::decode(&home.root_area)?;
         let mut failure = None;
-        dir::readdir(&mut *volume, &root, after_cookie.max(2), &mut |entry| {
+        let seed = self.inner.applier.hash_seed;
+        dir::readdir(&mut *volume, &root, &seed, after_cookie.max(2), &mut |entry| {
             let Some(file_type) = FileType::from_dirent_type(entry.file_type) else {
                 failure =
                     Some(Error::corruption(format!("directory {inode}: entry type {} is unknown", entry.file_type)));

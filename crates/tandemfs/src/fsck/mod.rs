@@ -62,6 +62,9 @@ pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
         }
     };
     report.log_records_pending = mount.records_replayed;
+    if let Some(disagreement) = &volume.bitmap_disagreement {
+        report.problem(disagreement.clone());
+    }
     let seed = applier.hash_seed;
     let superblock = volume.superblock.clone();
     let block_count = superblock.block_count;
@@ -181,7 +184,9 @@ pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
     let allocated: Vec<u64> = volume.inodes.iter_set().map(|bit| bit + 1).collect();
     for number in allocated {
         report.inodes_checked += 1;
-        let inode = match volume.read_inode(number) {
+        // The record alone: a size that disagrees with the tree is reported below, and the
+        // tree's blocks are still claimed.
+        let inode = match volume.read_inode_record(number) {
             Ok(inode) => inode,
             Err(error) => {
                 report.problem(format!("inode {number}: {error}"));
