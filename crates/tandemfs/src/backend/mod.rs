@@ -352,6 +352,10 @@ impl Applier {
             }
             let head = volume.superblock.orphan_head;
             let mut touched = Touched::new();
+            // Only an inode without names is an orphan: a damaged list must not free a live file.
+            if touched.get(volume, head)?.link_count != 0 {
+                return Err(Error::corruption(format!("orphan list names inode {head}, which still has names")));
+            }
             self.remove_orphan(volume, &mut touched, head)?;
             self.free_inode(volume, &mut touched, head)?;
             touched.write_back(volume)?;

@@ -196,6 +196,14 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
                     record.region_hash()
                 )));
             }
+            // A name belongs to the last region whose hash is at or below its own: an index
+            // that sent this hash to an earlier region is damaged, and a lookup would miss.
+            if record.region_hash() <= hash {
+                return Err(Error::corruption(format!(
+                    "directory index sends hash {hash:#x} to region {region_hash:#x}, but region {:#x} follows",
+                    record.region_hash()
+                )));
+            }
             break;
         }
         if !previous_leaf_is_member {
