@@ -688,3 +688,165 @@ fn fields_changed_behind_a_valid_checksum() {
     }
     assert!(failures.is_empty(), "{} of {trials} trials failed; first: {}", failures.len(), failures[0]);
 }
+
+// ---------------------------------------------------------------- allocation and bitmaps
+
+/// A small volume: file "a" of known bytes, directory "d" with files, for the bitmap tests.
+/// Returns the image, the inode of "a" and its bytes.
+fn small_volume() -> (Vec<u8>, u64, Vec<u8>) {
+    let (memory, device) = memory_volume(VOLUME_BYTES, false);
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let mut rng = rng(41);
+    let data = pattern(&mut rng, 40_000);
+    let a = fs.create(ROOT_INODE, b"a", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.write(a.inode, 0, &data).unwrap();
+    let d = fs.make_directory(ROOT_INODE, b"d", 0o755, 0, 0).unwrap();
+    for file in 0..10u8 {
+        let made = fs.create(d.inode, &[b'f', b'0' + file], FileType::Regular, 0o644, 0, 0, 0).unwrap();
+        fs.write(made.inode, 0, &[file; 3000]).unwrap();
+    }
+    fs.unmount().unwrap();
+    (memory.to_bytes(), a.inode, data)
+}
+
+fn superblock_of(image: &[u8]) -> tandemfs::block::superblock::Superblock {
+    let device = MemoryDevice::from_bytes(image.to_vec());
+    tandemfs::block::superblock::Superblock::read_best(&device).unwrap()
+}
+
+/// Clears bit `bit` of the bitmap region starting at `start` and re-seals its block.
+fn clear_bitmap_bit(image: &mut [u8], start: u64, bit: u64) {
+    let bits_per_block = 4080 * 8;
+    let block = start + bit / bits_per_block;
+    let within = (bit % bits_per_block) as usize;
+    let byte = block as usize * BLOCK_SIZE + within / 8;
+    assert!(image[byte] & (1 << (within % 8)) != 0, "bit {bit} is set before the test clears it");
+    image[byte] &= !(1 << (within % 8));
+    seal(image, block);
+}
+
+/// Both superblock copies say "mounted, not cleanly unmounted", with `free_change` added to
+/// their free counts of blocks (`blocks`) or inodes: the bitmaps then agree with the counts,
+/// as when a crash leaves nothing to compare them with.
+fn mark_crashed(image: &mut [u8], blocks: bool, free_change: u64) {
+    use tandemfs::block::superblock::{OFFSET_FREE_BLOCKS, OFFSET_FREE_INODES, OFFSET_STATE};
+    for copy in 0..2u64 {
+        let base = copy as usize * BLOCK_SIZE;
+        write_le(&mut image[base..], OFFSET_STATE, 4, 2);
+        let offset = if blocks { OFFSET_FREE_BLOCKS } else { OFFSET_FREE_INODES };
+        let count = read_le(&image[base..], offset, 8);
+        write_le(&mut image[base..], offset, 8, count + free_change);
+        seal(image, copy);
+    }
+}
+
+fn read_whole(fs: &FileSystem, path: &str) -> Result<Vec<u8>, Error> {
+    let attributes = fs.resolve_path(path.as_bytes())?;
+    let mut data = vec![0u8; attributes.size_bytes as usize];
+    let read = fs.read(attributes.inode, 0, &mut data)?;
+    data.truncate(read);
+    Ok(data)
+}
+
+/// Creates files until one fails; returns the error (the volume has room for all of them).
+fn create_files(fs: &FileSystem, count: usize) -> Option<Error> {
+    for file in 0..count {
+        let made = match fs.create(ROOT_INODE, format!("new{file}").as_bytes(), FileType::Regular, 0o644, 0, 0, 0) {
+            Ok(made) => made,
+            Err(error) => return Some(error),
+        };
+        if let Err(error) = fs.write(made.inode, 0, &[0xAB; 9000]).and_then(|_| fs.sync()) {
+            return Some(error);
+        }
+    }
+    None
+}
+
+/// The device after a failed attempt, with the superblocks, the log and the bitmaps taken back
+/// from the undamaged image (what a repair of the bitmaps gives): every file must read back as
+/// it was, so nothing live was overwritten in between.
+fn check_nothing_overwritten(after: Vec<u8>, original: &[u8], expected: &[(String, Vec<u8>)]) {
+    let superblock = superblock_of(original);
+    let mut repaired = after;
+    let fixed_end = superblock.inode_table_start as usize * BLOCK_SIZE;
+    repaired[..fixed_end].copy_from_slice(&original[..fixed_end]);
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::from_bytes(repaired));
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    for (path, bytes) in expected {
+        assert_eq!(&read_whole(&fs, path).unwrap(), bytes, "{path}");
+    }
+    let root_names = fs.read_directory(ROOT_INODE, 0, &mut |_| true);
+    assert!(root_names.is_ok());
+}
+
+fn expected_files(data: &[u8]) -> Vec<(String, Vec<u8>)> {
+    (0..10u8).map(|file| (format!("d/f{file}"), vec![file; 3000])).chain([("a".to_string(), data.to_vec())]).collect()
+}
+
+#[test]
+fn a_live_inode_cleared_in_the_inode_bitmap_is_never_reused() {
+    let (image, a, data) = small_volume();
+    let superblock = superblock_of(&image);
+    let mut damaged = image.clone();
+    clear_bitmap_bit(&mut damaged, superblock.inode_bitmap_start, a - 1);
+
+    // Cleanly unmounted: the inode bitmap disagrees with the superblock's count.
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::from_bytes(damaged.clone()));
+    assert!(!fsck::check(device.clone()).unwrap().is_clean());
+    let error = FileSystem::mount(device, &inline_options()).err().expect("the mount is refused");
+    assert!(error.is_corruption(), "{error:?}");
+
+    // As after a crash, counts agreeing: the allocator reaches the cleared number and finds its
+    // record in use. Creating is refused; reading "a" is a corruption error, not another file.
+    mark_crashed(&mut damaged, false, 1);
+    let memory = MemoryDevice::from_bytes(damaged);
+    let device: Arc<dyn Device> = Arc::new(memory.clone());
+    assert!(!fsck::check(device.clone()).unwrap().is_clean(), "fsck reports the inode bitmap");
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let error = create_files(&fs, 5).expect("a create reaches the cleared number");
+    assert!(error.is_corruption(), "{error:?}");
+    let error = read_whole(&fs, "a").expect_err("inode a is free in the bitmap");
+    assert!(error.is_corruption(), "{error:?}");
+    drop(fs);
+    check_nothing_overwritten(memory.to_bytes(), &image, &expected_files(&data));
+}
+
+#[test]
+fn a_live_block_cleared_in_the_block_bitmap_is_never_reused() {
+    let (image, _, data) = small_volume();
+    let superblock = superblock_of(&image);
+    let expected = expected_files(&data);
+    // The first data block holds the root directory's leaf; the first block of "a" is data.
+    let leaf_block = superblock.first_data_block;
+    assert_eq!(trailer_kind(&image, leaf_block), Some(BlockKind::DirLeaf));
+    let data_block = (superblock.first_data_block..superblock.block_count)
+        .find(|block| trailer_kind(&image, *block).is_none() && block_of(&image, *block)[..64] == data[..64])
+        .expect("the first block of a");
+
+    for (block, what) in [(leaf_block, "a directory leaf"), (data_block, "a block of file data")] {
+        let mut damaged = image.clone();
+        clear_bitmap_bit(&mut damaged, superblock.block_bitmap_start, block);
+        // The bitmap disagrees with the superblock's count: the mount is refused before
+        // anything is allocated, and fsck reports it.
+        let memory = MemoryDevice::from_bytes(damaged.clone());
+        let device: Arc<dyn Device> = Arc::new(memory.clone());
+        assert!(!fsck::check(device.clone()).unwrap().is_clean(), "{what}: fsck");
+        let error = FileSystem::mount(device, &inline_options()).err().expect("the mount is refused");
+        assert!(error.is_corruption(), "{what}: {error:?}");
+        check_nothing_overwritten(memory.to_bytes(), &image, &expected);
+    }
+
+    // Counts agreeing (after a crash, say): the leaf, free in the bitmap, is read by nobody
+    // (a corruption error), so every change through it fails and nothing is overwritten.
+    let mut damaged = image.clone();
+    clear_bitmap_bit(&mut damaged, superblock.block_bitmap_start, leaf_block);
+    mark_crashed(&mut damaged, true, 1);
+    let memory = MemoryDevice::from_bytes(damaged);
+    let device: Arc<dyn Device> = Arc::new(memory.clone());
+    assert!(!fsck::check(device.clone()).unwrap().is_clean(), "fsck reports the block bitmap");
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let error = create_files(&fs, 20).expect("creating in the root reads the leaf");
+    assert!(error.is_corruption(), "{error:?}");
+    drop(fs);
+    check_nothing_overwritten(memory.to_bytes(), &image, &expected);
+}

@@ -543,6 +543,10 @@ pub fn open_volume(
             Volume::write_images_home(device.as_ref(), &checkpoint.images)?;
         }
         device.flush()?;
+        // The superblock records the free counts of the bitmaps now home: mount compares them.
+        let home = Volume::load(device.clone(), superblock.clone(), 64)?;
+        superblock.free_blocks = home.blocks.free_count();
+        superblock.free_inodes = home.inodes.free_count();
         let tail = log.position(base_lsn + 1);
         superblock.sequence += 1;
         superblock.checkpoint_lsn = base_lsn;

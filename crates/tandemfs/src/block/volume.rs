@@ -35,7 +35,7 @@ pub struct Volume {
     cache: BlockCache,
     /// The record being applied; frees are tagged with it.
     pub current_lsn: u64,
-    /// Set at load when the bitmaps disagree with the clean superblock's free counts.
+    /// Set at load when the bitmaps disagree with the superblock's free counts.
     pub bitmap_disagreement: Option<String>,
 }
 
@@ -106,16 +106,13 @@ impl Volume {
         }
     }
 
-    /// Allocation never trusts a bitmap alone. On a cleanly unmounted volume the superblock's
-    /// free counts were computed from the very bitmaps the last checkpoint wrote, so a bitmap
-    /// block that lost a write, or a bit changed behind a valid checksum, shows as a count that
-    /// disagrees; handing out such a bit could overwrite a live file. After a crash the counts
-    /// may lag the bitmaps (a checkpoint's images home, its superblock not yet), so only a
-    /// clean volume is checked; see docs/FORMAT.md, *Bitmaps*, for what else allocation checks.
+    /// Allocation never trusts a bitmap alone. The superblock's free counts were computed from
+    /// the very bitmaps the checkpoint it records wrote home (bitmaps reach home only through
+    /// checkpoints), so a bitmap block that lost a write, or a bit changed behind a valid
+    /// checksum, shows as a count that disagrees; handing out such a bit could overwrite a live
+    /// file. (Mount completing an interrupted checkpoint writes the counts of the bitmaps it
+    /// put home.) See docs/FORMAT.md, *Bitmaps*, for what else allocation checks.
     fn compare_free_counts(&self) -> Option<String> {
-        if self.superblock.state != super::superblock::STATE_CLEAN {
-            return None;
-        }
         [
             ("block", self.blocks.free_count(), self.superblock.free_blocks),
             ("inode", self.inodes.free_count(), self.superblock.free_inodes),
@@ -123,10 +120,7 @@ impl Volume {
         .into_iter()
         .find(|(_, counted, recorded)| counted != recorded)
         .map(|(name, counted, recorded)| {
-            format!(
-                "the {name} bitmap counts {counted} free, the cleanly unmounted superblock {recorded}: \
-                 a bitmap block is damaged"
-            )
+            format!("the {name} bitmap counts {counted} free, the superblock {recorded}: a bitmap block is damaged")
         })
     }
 
@@ -168,7 +162,9 @@ impl Volume {
     /// Allocation never trusts the block bitmap alone: blocks it just handed out must not be
     /// in the metadata cache, which holds only blocks in use (a freed block leaves it). A hit
     /// means the bitmap lost the block's bit while something still uses it; the caller fails
-    /// with corruption instead of overwriting it. The check costs a hash probe per block.
+    /// with corruption instead of overwriting it. The check costs a hash probe per block. (A
+    /// block free on disk never gets here: `read_meta` refuses it, and mount compares the
+    /// bitmaps' counts; this guards the bitmaps in memory.)
     fn check_allocated_unused(&self, first: u64, count: u64) -> Result<()> {
         match (first..first + count).find(|block| self.cache.holds(*block)) {
             Some(block) => Err(Error::corruption(format!(
