@@ -850,3 +850,58 @@ fn a_live_block_cleared_in_the_block_bitmap_is_never_reused() {
     drop(fs);
     check_nothing_overwritten(memory.to_bytes(), &image, &expected);
 }
+
+// ---------------------------------------------------------------- single findings
+
+/// Changes the 8-byte field at `offset` of inode `inode`'s record and re-seals its block.
+fn set_inode_field(image: &mut [u8], inode: u64, offset: usize, value: u64) {
+    let superblock = superblock_of(image);
+    let block = superblock.inode_table_start + (inode - 1) / 15;
+    let base = block as usize * BLOCK_SIZE + ((inode - 1) % 15) as usize * 256;
+    write_le(&mut image[base..], offset, 8, value);
+    seal(image, block);
+}
+
+#[test]
+fn a_size_beyond_the_extent_tree_is_corruption_not_endless_zeros() {
+    let (mut image, a, _) = small_volume();
+    set_inode_field(&mut image, a, tandemfs::block::inode::OFFSET_SIZE, 1 << 40);
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::from_bytes(image));
+    let report = fsck::check(device.clone()).unwrap();
+    assert!(report.problems.iter().any(|problem| problem.contains("extent tree maps")), "{:?}", report.problems);
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let error = fs.lookup(ROOT_INODE, b"a").expect_err("stat of a");
+    assert!(error.is_corruption(), "{error:?}");
+    let error = fs.get_attributes(a).expect_err("stat by number");
+    assert!(error.is_corruption(), "{error:?}");
+    let mut buffer = [0u8; 4096];
+    let error = fs.read(a, 1 << 30, &mut buffer).expect_err("a read past what the tree maps");
+    assert!(error.is_corruption(), "{error:?}");
+}
+
+#[test]
+fn an_entry_naming_a_free_or_out_of_range_inode_is_corruption_not_enoent() {
+    let (image, a, _) = small_volume();
+    let superblock = superblock_of(&image);
+    // The root's leaf holds the entry "a"; point it at a free number, then past the last.
+    let leaf = superblock.first_data_block;
+    let slot = leaf_records(block_of(&image, leaf))
+        .into_iter()
+        .find(|slot| {
+            let base = leaf as usize * BLOCK_SIZE + slot * 16;
+            image[base + 26] == 1 && image[base + 27..base + 28] == *b"a" && image[base + 24] == 1
+        })
+        .expect("the entry of a");
+    for target in [superblock.inode_count - 1, superblock.inode_count + 1] {
+        let mut damaged = image.clone();
+        let base = leaf as usize * BLOCK_SIZE + slot * 16;
+        assert_eq!(read_le(&damaged[base..], 16, 8), a);
+        write_le(&mut damaged[base..], 16, 8, target);
+        seal(&mut damaged, leaf);
+        let device: Arc<dyn Device> = Arc::new(MemoryDevice::from_bytes(damaged));
+        assert!(!fsck::check(device.clone()).unwrap().is_clean());
+        let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+        let error = fs.lookup(ROOT_INODE, b"a").expect_err("lookup of a");
+        assert!(error.is_corruption(), "inode {target}: {error:?}");
+    }
+}
