@@ -793,7 +793,7 @@ fn a_live_inode_cleared_in_the_inode_bitmap_is_never_reused() {
     // Cleanly unmounted: the inode bitmap disagrees with the superblock's count.
     let device: Arc<dyn Device> = Arc::new(MemoryDevice::from_bytes(damaged.clone()));
     assert!(!fsck::check(device.clone()).unwrap().is_clean());
-    let error = FileSystem::mount(device, &inline_options()).err().expect("the mount is refused");
+    let Err(error) = FileSystem::mount(device, &inline_options()) else { panic!("the mount is refused") };
     assert!(error.is_corruption(), "{error:?}");
 
     // As after a crash, counts agreeing: the allocator reaches the cleared number and finds its
@@ -831,7 +831,7 @@ fn a_live_block_cleared_in_the_block_bitmap_is_never_reused() {
         let memory = MemoryDevice::from_bytes(damaged.clone());
         let device: Arc<dyn Device> = Arc::new(memory.clone());
         assert!(!fsck::check(device.clone()).unwrap().is_clean(), "{what}: fsck");
-        let error = FileSystem::mount(device, &inline_options()).err().expect("the mount is refused");
+        let Err(error) = FileSystem::mount(device, &inline_options()) else { panic!("the mount is refused") };
         assert!(error.is_corruption(), "{what}: {error:?}");
         check_nothing_overwritten(memory.to_bytes(), &image, &expected);
     }
