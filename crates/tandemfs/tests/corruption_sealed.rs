@@ -905,3 +905,19 @@ fn an_entry_naming_a_free_or_out_of_range_inode_is_corruption_not_enoent() {
         assert!(error.is_corruption(), "inode {target}: {error:?}");
     }
 }
+
+#[test]
+fn a_device_number_given_for_a_fifo_is_not_stored() {
+    let (memory, device) = memory_volume(VOLUME_BYTES, false);
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let fifo = fs.create(ROOT_INODE, b"fifo", FileType::Fifo, 0o644, 0, 0, 0x0103).unwrap();
+    let file = fs.create(ROOT_INODE, b"file", FileType::Regular, 0o644, 0, 0, 0x0103).unwrap();
+    assert_eq!((fifo.rdev, file.rdev), (0, 0));
+    fs.unmount().unwrap();
+    // After the round trip through the log and the inode table both read back.
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::from_bytes(memory.to_bytes()));
+    assert!(fsck::check(device.clone()).unwrap().is_clean());
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    assert_eq!(fs.lookup(ROOT_INODE, b"fifo").unwrap().rdev, 0);
+    assert_eq!(fs.lookup(ROOT_INODE, b"file").unwrap().rdev, 0);
+}

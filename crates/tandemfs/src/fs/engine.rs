@@ -994,6 +994,8 @@ impl FileSystem {
                     mode |= 0o2000;
                 }
             }
+            // Only devices keep a device number (as ext4); the decoders refuse one elsewhere.
+            let rdev = if matches!(file_type, FileType::CharDevice | FileType::BlockDevice) { rdev } else { 0 };
             let image = AttributeImage {
                 inode_number: number,
                 generation,
