@@ -354,6 +354,10 @@ impl Applier {
             }
             let head = volume.superblock.orphan_head;
             let mut touched = Touched::new();
+            // Only an inode without names is an orphan: a damaged list must not free a live file.
+            if touched.get(volume, head)?.link_count != 0 {
+                return Err(Error::corruption(format!("orphan list names inode {head}, which still has names")));
+            }
             self.remove_orphan(volume, &mut touched, head)?;
             self.free_inode(volume, &mut touched, head)?;
             touched.write_back(volume)?;
@@ -711,6 +715,10 @@ pub fn open_volume(
             Volume::write_images_home(device.as_ref(), &mut superblock, &checkpoint.images)?;
         }
         device.flush()?;
+        // The superblock records the free counts of the bitmaps now home: mount compares them.
+        let home = Volume::load(device.clone(), superblock.clone(), 64)?;
+        superblock.free_blocks = home.blocks.free_count();
+        superblock.free_inodes = home.inodes.free_count();
         let tail = log.position(base_lsn + 1);
         superblock.sequence += 1;
         superblock.checkpoint_lsn = base_lsn;

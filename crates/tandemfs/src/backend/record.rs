@@ -120,6 +120,16 @@ impl AttributeImage {
             parent: decoder.u64()?,
             flags: decoder.u32()?,
         };
+        // The same rules as `Inode::decode` and `Volume::check_inode_contents`: replay must not
+        // write an inode that its next read refuses.
+        let file_type = FileType::from_mode(image.mode);
+        let is_device = matches!(file_type, Some(FileType::CharDevice | FileType::BlockDevice));
+        if image.flags != 0 || (!is_device && image.rdev != 0) {
+            return Err(Error::corruption(format!(
+                "log record: attribute image of inode {} with flags {:#x}, device {:#x}",
+                image.inode_number, image.flags, image.rdev
+            )));
+        }
         if image.inode_number == 0 || !inode::mode_is_valid(image.mode) {
             return Err(Error::corruption(format!(
                 "log record: attribute image of inode {} with mode {:#o}",
@@ -549,6 +559,22 @@ mod tests {
         let parent_beyond = AttributeImage { parent: 101, ..image(2) };
         assert!(Op::SetAttributes { inode: parent_beyond, truncate: false }.check(100).is_err());
         assert!(Op::decode(55, &[]).unwrap_err().is_corruption());
+    }
+
+    #[test]
+    fn images_an_inode_read_would_refuse_are_corruption() {
+        let mut bad_mode = image(2);
+        bad_mode.mode = 0o100644 | 0o200000; // a bit beyond the type and permissions
+        let mut bad_flags = image(2);
+        bad_flags.flags = 1;
+        let mut bad_rdev = image(2);
+        bad_rdev.rdev = 5; // a device number on a regular file
+        for bad in [bad_mode, bad_flags, bad_rdev] {
+            let op = Op::SetAttributes { inode: bad, truncate: false };
+            let mut payload = op.encode_head();
+            payload.extend_from_slice(op.tail());
+            assert!(Op::decode(op.kind(), &payload).unwrap_err().is_corruption());
+        }
     }
 
     #[test]

@@ -59,6 +59,11 @@ impl BlockCache {
         Some(shared)
     }
 
+    /// Whether the block is cached as any kind: then something in memory uses it.
+    pub fn holds(&self, block_number: u64) -> bool {
+        self.entries.contains_key(&block_number)
+    }
+
     /// Whether the block is cached with this kind (no use recorded).
     pub fn contains(&self, block_number: u64, kind: BlockKind) -> bool {
         self.entries.get(&block_number).is_some_and(|entry| entry.kind == kind)

@@ -24,6 +24,9 @@ pub const OFFSET_PARENT: usize = 88;
 pub const OFFSET_ORPHAN_NEXT: usize = 96;
 pub const OFFSET_XATTR_BLOCK: usize = 104;
 pub const OFFSET_FLAGS: usize = 112;
+/// Bytes 116..120 are zero.
+pub const OFFSET_RESERVED: usize = 116;
+pub const RESERVED_BYTES: usize = 4;
 pub const OFFSET_ROOT_AREA: usize = 120;
 /// Bytes 184..256 are zero in format version 1.
 pub const USED_BYTES: usize = OFFSET_ROOT_AREA + ROOT_AREA_BYTES;
@@ -117,7 +120,13 @@ impl Inode {
         if !parent_is_valid(parent, inode_count) || orphan_next > inode_count {
             return fail(format!("parent {parent} or orphan link {orphan_next} is not an inode"));
         }
-        if bytes[USED_BYTES..].iter().any(|byte| *byte != 0) {
+        let flags = get_u32(bytes, OFFSET_FLAGS);
+        if flags != 0 {
+            return fail(format!("flags {flags:#x}: none are defined"));
+        }
+        if bytes[OFFSET_RESERVED..OFFSET_RESERVED + RESERVED_BYTES].iter().any(|byte| *byte != 0)
+            || bytes[USED_BYTES..].iter().any(|byte| *byte != 0)
+        {
             return fail("reserved bytes are not zero".into());
         }
         Ok(Some(Inode {
@@ -137,10 +146,34 @@ impl Inode {
             parent,
             orphan_next,
             xattr_block: get_u64(bytes, OFFSET_XATTR_BLOCK),
-            flags: get_u32(bytes, OFFSET_FLAGS),
+            flags,
             root_area: bytes[OFFSET_ROOT_AREA..OFFSET_ROOT_AREA + ROOT_AREA_BYTES].try_into().unwrap(),
         }))
     }
+}
+
+/// What a lookup answers when the inode a directory entry names cannot be loaded: the entry is
+/// in the directory, so a free or out-of-range inode behind it is a dangling entry, which is
+/// corruption (EIO, as ext4 answers), not a missing name (ENOENT).
+pub fn entry_target_error(directory: u64, name: &[u8], inode_number: u64, error: Error) -> Error {
+    match error {
+        Error::NotFound => Error::corruption(format!(
+            "directory {directory}: entry {:?} names inode {inode_number}, which is free or out of range",
+            String::from_utf8_lossy(name)
+        )),
+        other => other,
+    }
+}
+
+/// The file type a directory entry stores must be the type of the inode it names.
+pub fn check_entry_type(directory: u64, name: &[u8], entry_type: FileType, inode_type: FileType) -> Result<()> {
+    if entry_type != inode_type {
+        return Err(Error::corruption(format!(
+            "directory {directory}: entry {:?} says {entry_type:?}, its inode is a {inode_type:?}",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

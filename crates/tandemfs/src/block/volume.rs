@@ -9,11 +9,22 @@ use super::meta::*;
 use super::superblock::{Superblock, INODES_PER_BLOCK};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::fs::types::FileType;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Largest total size of one inode's extended attributes (names, values and their lengths).
 pub const XATTR_BLOCK_PAYLOAD_BYTES: usize = META_PAYLOAD_BYTES;
+
+/// The namespaces an extended attribute name may have (the front end admits no others).
+pub const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+
+/// A name the front end admits: a known namespace and a non-empty name after it, no NUL.
+pub fn xattr_name_is_valid(name: &[u8]) -> bool {
+    !name.contains(&0)
+        && name.len() <= crate::fs::types::XATTR_NAME_MAX_BYTES
+        && XATTR_NAMESPACES.iter().any(|prefix| name.strip_prefix(*prefix).is_some_and(|rest| !rest.is_empty()))
+}
 
 pub struct Volume {
     pub device: Arc<dyn Device>,
@@ -24,6 +35,8 @@ pub struct Volume {
     cache: BlockCache,
     /// The record being applied; frees are tagged with it.
     pub current_lsn: u64,
+    /// Set at load when the bitmaps disagree with the superblock's free counts.
+    pub bitmap_disagreement: Option<String>,
 }
 
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
@@ -38,7 +51,15 @@ impl Volume {
     pub fn new_empty(device: Arc<dyn Device>, superblock: Superblock, cache_blocks: usize) -> Volume {
         let blocks = Bitmap::new(superblock.block_count, BlockKind::BlockBitmap);
         let inodes = Bitmap::new(superblock.inode_count, BlockKind::InodeBitmap);
-        Volume { device, superblock, blocks, inodes, cache: BlockCache::new(cache_blocks), current_lsn: 0 }
+        Volume {
+            device,
+            superblock,
+            blocks,
+            inodes,
+            cache: BlockCache::new(cache_blocks),
+            current_lsn: 0,
+            bitmap_disagreement: None,
+        }
     }
 
     /// Loads the bitmaps of a formatted volume.
@@ -71,7 +92,36 @@ impl Volume {
                 return Err(Error::corruption(format!("block bitmap: fixed-region block {block} is marked free")));
             }
         }
+        volume.bitmap_disagreement = volume.compare_free_counts();
         Ok(volume)
+    }
+
+    /// Refuses to hand out anything from bitmaps known to disagree with the superblock (see
+    /// `compare_free_counts`). Mount calls this; fsck reports the disagreement and goes on, so
+    /// that a repair can rebuild the bitmaps.
+    pub fn check_bitmaps_trusted(&self) -> Result<()> {
+        match &self.bitmap_disagreement {
+            Some(what) => Err(Error::corruption(what.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Allocation never trusts a bitmap alone. The superblock's free counts were computed from
+    /// the very bitmaps the checkpoint it records wrote home (bitmaps reach home only through
+    /// checkpoints), so a bitmap block that lost a write, or a bit changed behind a valid
+    /// checksum, shows as a count that disagrees; handing out such a bit could overwrite a live
+    /// file. (Mount completing an interrupted checkpoint writes the counts of the bitmaps it
+    /// put home.) See docs/FORMAT.md, *Bitmaps*, for what else allocation checks.
+    fn compare_free_counts(&self) -> Option<String> {
+        [
+            ("block", self.blocks.free_count(), self.superblock.free_blocks),
+            ("inode", self.inodes.free_count(), self.superblock.free_inodes),
+        ]
+        .into_iter()
+        .find(|(_, counted, recorded)| counted != recorded)
+        .map(|(name, counted, recorded)| {
+            format!("the {name} bitmap counts {counted} free, the superblock {recorded}: a bitmap block is damaged")
+        })
     }
 
     pub fn cache_dirty_count(&self) -> usize {
@@ -106,6 +156,21 @@ impl Volume {
             _ => Err(Error::corruption(format!(
                 "data range of {length} bytes at block {block_number} + {offset_in_block} lies outside the data region"
             ))),
+        }
+    }
+
+    /// Allocation never trusts the block bitmap alone: blocks it just handed out must not be
+    /// in the metadata cache, which holds only blocks in use (a freed block leaves it). A hit
+    /// means the bitmap lost the block's bit while something still uses it; the caller fails
+    /// with corruption instead of overwriting it. The check costs a hash probe per block. (A
+    /// block free on disk never gets here: `read_meta` refuses it, and mount compares the
+    /// bitmaps' counts; this guards the bitmaps in memory.)
+    fn check_allocated_unused(&self, first: u64, count: u64) -> Result<()> {
+        match (first..first + count).find(|block| self.cache.holds(*block)) {
+            Some(block) => Err(Error::corruption(format!(
+                "block {block} is free in the block bitmap but in use as metadata: not reused"
+            ))),
+            None => Ok(()),
         }
     }
 
@@ -156,15 +221,34 @@ impl Volume {
         Ok(self.cache.modify(block_number, BlockKind::InodeTable).expect("inode block cached by the read above"))
     }
 
-    /// Reads an allocated inode. A free inode is `NotFound`; an allocated inode whose record is
-    /// missing or wrong is corruption.
+    /// Reads an allocated inode and checks its record against what it refers to (see
+    /// `check_inode_contents`). A free inode is `NotFound`; an allocated inode whose record is
+    /// missing or wrong, or a free one whose record is in use, is corruption.
     pub fn read_inode(&mut self, inode_number: u64) -> Result<Inode> {
+        let inode = self.read_inode_record(inode_number)?;
+        self.check_inode_contents(&inode)?;
+        Ok(inode)
+    }
+
+    /// Reads an allocated inode's record, checked on its own (`Inode::decode`) but not against
+    /// its extent root: for fsck, which reports a size that disagrees with the tree itself.
+    pub fn read_inode_record(&mut self, inode_number: u64) -> Result<Inode> {
         let (block_number, offset) = self.inode_location(inode_number)?;
-        if !self.inodes.is_set(inode_number - 1) {
+        let allocated = self.inodes.is_set(inode_number - 1);
+        let block = self.read_inode_block(block_number)?;
+        let record = &block[offset..offset + INODE_BYTES];
+        if !allocated {
+            // A free number's record is all zero (`delete_inode` clears it). A record in use
+            // under a clear bit means the bitmap lost a write: an entry naming it is not a
+            // dangling name but a live file the bitmap forgot.
+            if record.iter().any(|byte| *byte != 0) {
+                return Err(Error::corruption(format!(
+                    "inode {inode_number} is free in the inode bitmap but its record is in use"
+                )));
+            }
             return Err(Error::NotFound);
         }
-        let block = self.read_inode_block(block_number)?;
-        match Inode::decode(&block[offset..offset + INODE_BYTES], inode_number, self.superblock.inode_count)? {
+        match Inode::decode(record, inode_number, self.superblock.inode_count)? {
             Some(inode) => Ok(inode),
             None => Err(Error::corruption(format!("inode {inode_number} is allocated but its record is empty"))),
         }
@@ -186,6 +270,65 @@ impl Volume {
         Ok(())
     }
 
+    /// Checks an inode's fields against the volume and its own root area: the size of a file or
+    /// symbolic link is the length its extent tree maps (a larger size would be served as
+    /// endless zeros), an inode without data has an empty root and size, and the xattr block
+    /// lies in the data region. Cheap: no block is read.
+    pub fn check_inode_contents(&self, inode: &Inode) -> Result<()> {
+        let number = inode.inode_number;
+        let fail = |what: String| Err(Error::corruption(format!("inode {number}: {what}")));
+        match inode.file_type() {
+            FileType::Regular | FileType::Symlink => {
+                let root = crate::extent::ExtentRoot::decode(&inode.root_area)?;
+                if root.length_bytes() != inode.size_bytes {
+                    return fail(format!(
+                        "size {} but its extent tree maps {} bytes",
+                        inode.size_bytes,
+                        root.length_bytes()
+                    ));
+                }
+                if inode.file_type() == FileType::Symlink && !(1..=4095).contains(&inode.size_bytes) {
+                    return fail(format!("symbolic link of {} bytes", inode.size_bytes));
+                }
+            }
+            FileType::Directory => {}
+            _ => {
+                if inode.size_bytes != 0 || inode.root_area.iter().any(|byte| *byte != 0) {
+                    return fail("a special file with a size or a root area".into());
+                }
+            }
+        }
+        let is_device = matches!(inode.file_type(), FileType::CharDevice | FileType::BlockDevice);
+        if !is_device && inode.rdev != 0 {
+            return fail(format!("device number {:#x} on a file that is not a device", inode.rdev));
+        }
+        let data_region = self.superblock.first_data_block..self.superblock.block_count;
+        if inode.xattr_block != 0 && !data_region.contains(&inode.xattr_block) {
+            return fail(format!("xattr block {} lies outside the data region", inode.xattr_block));
+        }
+        Ok(())
+    }
+
+    /// Allocation never trusts the inode bitmap alone: before the front end hands out number
+    /// `inode_number`, which the bitmaps call free, its record must be free too. A record in use
+    /// means the bitmap lost a write, and handing the number out would overwrite a live inode.
+    /// A number the applied bitmap still holds is being freed by a record not yet applied (the
+    /// back end frees it first, in log order) and is not checked here; `create_inode` checks it
+    /// again when the create is applied.
+    pub fn check_inode_free(&mut self, inode_number: u64) -> Result<()> {
+        let (block_number, offset) = self.inode_location(inode_number)?;
+        if self.inodes.is_set(inode_number - 1) {
+            return Ok(());
+        }
+        let block = self.read_inode_block(block_number)?;
+        if block[offset..offset + INODE_BYTES].iter().any(|byte| *byte != 0) {
+            return Err(Error::corruption(format!(
+                "inode {inode_number} is free in the inode bitmap but its record is in use: not reused"
+            )));
+        }
+        Ok(())
+    }
+
     /// Writes an inode's record in place in the cached inode-table block (no block copy).
     pub fn write_inode(&mut self, inode: &Inode) -> Result<()> {
         let (block_number, offset) = self.inode_location(inode.inode_number)?;
@@ -201,6 +344,7 @@ impl Volume {
         if self.inodes.is_set(number - 1) {
             return Err(Error::corruption(format!("inode {number} created while allocated")));
         }
+        self.check_inode_free(number)?;
         self.inodes.set_range(number - 1, 1);
         self.write_inode(inode)
     }
@@ -244,9 +388,22 @@ impl Volume {
             position += name_length;
             let value = block[position..position + value_length].to_vec();
             position += value_length;
-            if attributes.insert(name, value).is_some() {
-                return fail("duplicate name");
+            if !xattr_name_is_valid(&name) {
+                return fail("a name the front end would never store");
             }
+            if value_length > crate::backend::record::XATTR_VALUE_MAX_BYTES {
+                return fail("value longer than any the front end stores");
+            }
+            // Written sorted by name: anything else is damage (and would hide a duplicate).
+            if attributes.last_key_value().is_some_and(|(last, _)| *last >= name) {
+                return fail("names out of order");
+            }
+            attributes.insert(name, value);
+        }
+        // `write_xattrs` zeroes what follows the list: a count that lost entries, or a length
+        // that moved where the list ends, leaves bytes here.
+        if block[position..META_PAYLOAD_BYTES].iter().any(|byte| *byte != 0) {
+            return fail("bytes after the last entry are not zero");
         }
         Ok(attributes)
     }
@@ -433,6 +590,7 @@ impl MetaStore for Volume {
 
     fn allocate_meta(&mut self, near: u64) -> Result<u64> {
         let (block, _) = self.blocks.allocate(near, 1, self.superblock.first_data_block)?;
+        self.check_allocated_unused(block, 1)?;
         Ok(block)
     }
 
@@ -458,7 +616,9 @@ impl DataStore for Volume {
     }
 
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
-        self.blocks.allocate(near, count, self.superblock.first_data_block)
+        let (first, given) = self.blocks.allocate(near, count, self.superblock.first_data_block)?;
+        self.check_allocated_unused(first, given)?;
+        Ok((first, given))
     }
 
     fn free_data(&mut self, first: u64, count: u64) -> Result<()> {

@@ -196,6 +196,14 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
                     record.region_hash()
                 )));
             }
+            // A name belongs to the last region whose hash is at or below its own: an index
+            // that sent this hash to an earlier region is damaged, and a lookup would miss.
+            if record.region_hash() <= hash {
+                return Err(Error::corruption(format!(
+                    "directory index sends hash {hash:#x} to region {region_hash:#x}, but region {:#x} follows",
+                    record.region_hash()
+                )));
+            }
             break;
         }
         if !previous_leaf_is_member {
@@ -672,9 +680,14 @@ pub fn replace(
     })
 }
 
+/// Lists the entries after `after_cookie` in key order until `visit` returns false. Every
+/// entry listed is one a lookup finds: its key's hash is its name's, and its name is a valid
+/// name; a full listing holds as many entries as the root counts. So a damaged key, name, seed
+/// or list link is a corruption error here, not a name that readdir shows and lookup denies.
 pub fn readdir(
     store: &mut dyn MetaStore,
     root: &DirRoot,
+    seed: &HashSeed,
     after_cookie: u64,
     visit: &mut dyn FnMut(&DirEntry) -> bool,
 ) -> Result<()> {
@@ -690,6 +703,7 @@ pub fn readdir(
     let mut position = start;
     let mut last_key: Option<u64> = None;
     let mut steps = 0u64;
+    let mut listed = 0u64;
     while position != 0 {
         steps += 1;
         if steps > root.list_length_bound() {
@@ -703,6 +717,8 @@ pub fn readdir(
                 }
             }
             last_key = Some(record.key);
+            check_listed_entry(seed, &record)?;
+            listed += 1;
             if record.key > after_cookie {
                 let entry = DirEntry {
                     name: record.name,
@@ -711,11 +727,34 @@ pub fn readdir(
                     cookie: record.key,
                 };
                 if !visit(&entry) {
-                    break;
+                    return Ok(());
                 }
             }
         }
         position = record.next;
+    }
+    if start == root.head_position() && listed != root.entry_count() {
+        return Err(Error::corruption(format!(
+            "directory list holds {listed} entries, its root counts {}",
+            root.entry_count()
+        )));
+    }
+    Ok(())
+}
+
+/// A listed entry's name is a valid name and hashes to its key.
+fn check_listed_entry(seed: &HashSeed, record: &format::Record) -> Result<()> {
+    let shown = || String::from_utf8_lossy(&record.name).into_owned();
+    if record.name.iter().any(|byte| *byte == 0 || *byte == b'/') || record.name == b"." || record.name == b".." {
+        return Err(Error::corruption(format!("directory entry {:?} is not a valid name", shown())));
+    }
+    let hash = name_order_hash(seed, &record.name);
+    if key_hash(record.key) != hash {
+        return Err(Error::corruption(format!(
+            "directory entry {:?}: key {:#x} does not match its name's hash {hash:#x}",
+            shown(),
+            record.key
+        )));
     }
     Ok(())
 }

@@ -34,7 +34,7 @@ fn random_name(rng: &mut SmallRng) -> Vec<u8> {
 
 fn list_all(store: &mut MemoryStore, root: &DirRoot) -> Vec<DirEntry> {
     let mut entries = Vec::new();
-    readdir(store, root, 0, &mut |entry| {
+    readdir(store, root, &SEED, 0, &mut |entry| {
         entries.push(entry.clone());
         true
     })
@@ -264,7 +264,7 @@ fn readdir_cookies_survive_splits_and_merges() {
         pages += 1;
         assert!(pages < 10_000);
         let mut returned = 0;
-        readdir(&mut store, &root, cookie, &mut |entry| {
+        readdir(&mut store, &root, &SEED, cookie, &mut |entry| {
             *seen.entry(entry.name.clone()).or_default() += 1;
             cookie = entry.cookie;
             returned += 1;
@@ -355,7 +355,7 @@ fn lookup_cost_is_bounded() {
         }
         // Present names: list a sample and look each up.
         let mut sample = Vec::new();
-        readdir(&mut store, &root, 0, &mut |entry| {
+        readdir(&mut store, &root, &SEED, 0, &mut |entry| {
             if rng.gen_ratio(1, (size / 1000) as u32) {
                 sample.push(entry.name.clone());
             }
@@ -486,8 +486,8 @@ fn corrupt_blocks_give_errors_not_panics() {
         for name in names.iter().step_by(97) {
             outcomes.push(lookup(&mut store, &root, &SEED, name).map(|_| ()));
         }
-        outcomes.push(readdir(&mut store, &root, 0, &mut |_| true));
-        outcomes.push(readdir(&mut store, &root, (trial as u64) << 40, &mut |_| true));
+        outcomes.push(readdir(&mut store, &root, &SEED, 0, &mut |_| true));
+        outcomes.push(readdir(&mut store, &root, &SEED, (trial as u64) << 40, &mut |_| true));
         for index in 0..20 {
             let name = format!("new-{trial}-{index}").into_bytes();
             outcomes.push(insert(&mut store, &mut root, &SEED, &name, 1, 1));
@@ -524,7 +524,7 @@ fn corrupt_blocks_give_errors_not_panics() {
             continue;
         };
         let _ = lookup(&mut store, &root, &SEED, &names[trial as usize]);
-        let _ = readdir(&mut store, &root, 0, &mut |_| true);
+        let _ = readdir(&mut store, &root, &SEED, 0, &mut |_| true);
         let _ = insert(&mut store, &mut root, &SEED, b"fresh", 1, 1);
         for name in names.iter().take(200) {
             let _ = remove(&mut store, &mut root, &SEED, name);

@@ -98,6 +98,9 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
         }
     };
     report.log_records_pending = mount.records_replayed;
+    if let Some(disagreement) = &volume.bitmap_disagreement {
+        report.problem(disagreement.clone());
+    }
     let seed = applier.hash_seed;
     let superblock = volume.superblock.clone();
     let block_count = superblock.block_count;
@@ -224,7 +227,9 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
             progress(&Progress { phase: "checking inodes", done: done as u64, total });
         }
         report.inodes_checked += 1;
-        let inode = match volume.read_inode(number) {
+        // The record alone: a size that disagrees with the tree is reported below, and the
+        // tree's blocks are still claimed.
+        let inode = match volume.read_inode_record(number) {
             Ok(inode) => inode,
             Err(error) => {
                 report.problem(format!("inode {number}: {error}"));

@@ -166,6 +166,7 @@ impl FileSystem {
         let device: Arc<dyn Device> = setup.gate.clone();
         let opened = (|| {
             let (volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
+            volume.check_bitmaps_trusted()?;
             let last_lsn = log.next_lsn() - 1;
             let volume = Mutex::new(volume);
             if report.records_replayed > 0 || report.orphans_reclaimed > 0 {

@@ -22,8 +22,12 @@ impl FileSystem {
             let up = self.directory_view(&mut front, parent)?.attributes.parent;
             return Ok(self.view(&mut front, up)?.to_attributes());
         }
-        let (number, _) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
-        Ok(self.view(&mut front, number)?.to_attributes())
+        let (number, entry_type) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
+        let view = self
+            .view(&mut front, number)
+            .map_err(|error| crate::block::inode::entry_target_error(parent, name, number, error))?;
+        crate::block::inode::check_entry_type(parent, name, entry_type, view.file_type())?;
+        Ok(view.to_attributes())
     }
 
     pub fn get_attributes(&self, inode: InodeNumber) -> Result<Attributes> {
@@ -180,6 +184,9 @@ impl FileSystem {
             let reserve = NAMESPACE_RESERVE_BLOCKS;
             // No preferred number: the allocator goes on from where it last stopped.
             let number = front.inode_numbers.allocate(u64::MAX, 1, 0)?.0 + 1;
+            self.inner.backend.volume().check_inode_free(number)?;
+            // Only devices keep a device number (as ext4); the decoders refuse one elsewhere.
+            let rdev = if matches!(file_type, FileType::CharDevice | FileType::BlockDevice) { rdev } else { 0 };
             let generation = front.next_generation;
             let now = now_ns();
             let mut mode = file_type.mode_bits() | permissions;
@@ -624,7 +631,8 @@ impl FileSystem {
         let home = volume.read_inode(inode)?;
         let root = DirRoot::decode(&home.root_area)?;
         let mut failure = None;
-        dir::readdir(&mut *volume, &root, after_cookie.max(2), &mut |entry| {
+        let seed = self.inner.backend.applier().hash_seed;
+        dir::readdir(&mut *volume, &root, &seed, after_cookie.max(2), &mut |entry| {
             let Some(file_type) = FileType::from_dirent_type(entry.file_type) else {
                 failure =
                     Some(Error::corruption(format!("directory {inode}: entry type {} is unknown", entry.file_type)));
