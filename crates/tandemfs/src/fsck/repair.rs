@@ -88,6 +88,19 @@ pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Pr
         must_write = true;
     }
 
+    // 0. Damage in the log: keep the records before the first one replay cannot use and say
+    // what each later one was. What is left replays below.
+    match backend::discard_damaged_log(device.clone()) {
+        Ok(lost) => {
+            for record in &lost {
+                report.change(format!("log: record {} ({}) follows damage in the log: lost", record.lsn, record.what));
+            }
+            must_write |= !lost.is_empty();
+        }
+        Err(error @ Error::Io { .. }) => return Err(error),
+        Err(error) => report.notes.push(format!("log: the damage cannot be cut out alone ({error})")),
+    }
+
     // 1. The log, as a mount would replay it.
     progress(&Progress { phase: "replaying the log", done: 0, total: 1 });
     let replay_error = match backend::open_volume(device.clone(), LOG_OPTIONS, REPAIR_CACHE_BLOCKS, true) {
@@ -134,11 +147,11 @@ pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Pr
     Ok(report)
 }
 
-/// The one place where repair gives up log records it cannot apply. Today it can only drop
-/// every record after the checkpoint (the checkpoint that ends the repair moves the tail past
-/// them), or empty a log it cannot read at all. A finer discard (keep the records before a
-/// damaged one) belongs here. Returns the log to append the repair's checkpoint to, and whether
-/// records were dropped.
+/// Where repair gives up log records that still cannot be applied after
+/// `backend::discard_damaged_log` cut the damage out (step 0): it drops every record after the
+/// checkpoint (the checkpoint that ends the repair moves the tail past them), or empties a log it
+/// cannot read at all. Returns the log to append the repair's checkpoint to, and whether records
+/// were dropped.
 fn discard_unreplayable_log(
     device: Arc<dyn Device>,
     superblock: &Superblock,
