@@ -87,7 +87,9 @@ pub struct InodeView {
     /// neither does not exist and needs no H-tree walk. True for directories made since mount
     /// (they start empty); cleared whenever the lookup cache is emptied.
     pub complete: bool,
-    pub last_use: u64,
+    /// The front end's use clock when the view was last used; written under the shared lock
+    /// by readers (a relaxed store to the view's own line, so readers share nothing).
+    pub last_use: std::sync::atomic::AtomicU64,
 }
 
 impl InodeView {
@@ -106,7 +108,7 @@ impl InodeView {
             xattrs: None,
             change_counter: 0,
             complete: false,
-            last_use: 0,
+            last_use: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -383,7 +385,7 @@ impl Front {
             .filter(|(_, view)| {
                 view.last_change_lsn <= applied_lsn && view.open_count == 0 && view.pending_writes.is_empty()
             })
-            .map(|(number, view)| (view.last_use, *number))
+            .map(|(number, view)| (view.last_use.load(std::sync::atomic::Ordering::Relaxed), *number))
             .collect();
         candidates.sort_unstable();
         let excess = self.views.len() - VIEW_CACHE_LIMIT / 2;

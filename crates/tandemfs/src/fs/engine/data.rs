@@ -1,7 +1,7 @@
 //! File data: read, write, truncate, insert, collapse, punch, zero and allocate.
 
 use super::*;
-use parking_lot::MutexGuard;
+use parking_lot::RwLockWriteGuard;
 
 impl FileSystem {
     // ------------------------------------------------------------------ data
@@ -27,7 +27,7 @@ impl FileSystem {
             return;
         }
         let _ = self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let view = self.view(&mut front, inode)?;
             let now = now_ns();
             let image = &view.attributes;
@@ -55,7 +55,7 @@ impl FileSystem {
         for attempt in 0..=READ_ATTEMPTS_MAX {
             // The last attempt holds the front end still so that no change can race it.
             let hold = attempt == READ_ATTEMPTS_MAX;
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let view = self.view(&mut front, inode)?;
             match view.file_type() {
                 FileType::Regular => {}
@@ -108,7 +108,7 @@ impl FileSystem {
                 drop(guard);
                 return Ok(length);
             }
-            let front = self.inner.front.lock();
+            let front = self.inner.front.write();
             if front.views.get(&inode).is_some_and(|view| view.change_counter == counter) {
                 return Ok(length);
             }
@@ -146,7 +146,7 @@ impl FileSystem {
     pub(super) fn write_record(&self, inode: InodeNumber, offset: u64, data: &[u8]) -> Result<()> {
         let shared: Arc<[u8]> = Arc::from(data);
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let size = self.regular_view(&mut front, inode)?.attributes.size_bytes;
             let end = offset + data.len() as u64;
             let all_blocks = (data.len() as u64).div_ceil(BLOCK_SIZE_U64);
@@ -192,7 +192,7 @@ impl FileSystem {
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooLarge)?;
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let view = self.regular_view(&mut front, inode)?;
             let mut image = view.attributes.clone();
             let size = image.size_bytes;
@@ -273,7 +273,7 @@ impl FileSystem {
     /// the tree instead of the list, and a change of shape appended meanwhile changes the view.
     fn blocks_to_fill(
         &self,
-        front: &mut MutexGuard<'_, Front>,
+        front: &mut RwLockWriteGuard<'_, Front>,
         inode: InodeNumber,
         start: u64,
         end: u64,
@@ -300,7 +300,7 @@ impl FileSystem {
         let change_counter = view.change_counter;
         let view_evictions = front.view_evictions;
         let holes = if unlock {
-            MutexGuard::unlocked(front, || self.holes_in(inode, generation, start, end))?
+            RwLockWriteGuard::unlocked(front, || self.holes_in(inode, generation, start, end))?
         } else {
             self.holes_in(inode, generation, start, end)?
         };

@@ -219,8 +219,7 @@ impl FileSystem {
         // A record must fit the log many times over; a write larger than this is split.
         let max_record_data_bytes = ((usage.data_bytes_normal / 16) as usize).clamp(4096, 1 << 20);
         let backend = Backend::new(volume, log.clone(), applier, last_lsn, options.background_backend);
-        let inner =
-            Arc::new(Inner {
+        let inner = Arc::new(Inner {
             device,
             gate: setup.gate,
             medium: setup.medium,
@@ -230,7 +229,7 @@ impl FileSystem {
             medium_sequence: AtomicU64::new(setup.medium_sequence),
             log,
             backend,
-            front: Mutex::new(front),
+            front: RwLock::new(front),
             options: options.clone(),
             inode_count,
             max_record_data_bytes,
@@ -271,7 +270,7 @@ impl FileSystem {
     fn remount_read_only(&self, keeper: &mut Option<MmpKeeper>) -> Result<()> {
         let inner = &self.inner;
         {
-            let _front = inner.front.lock();
+            let _front = inner.front.write();
             inner.read_only.store(true, Ordering::Release);
         }
         let flushed = (|| {
@@ -343,7 +342,7 @@ impl FileSystem {
             return Err(error);
         }
         *keeper = Some(new_keeper);
-        let _front = inner.front.lock();
+        let _front = inner.front.write();
         inner.read_only.store(false, Ordering::Release);
         Ok(())
     }
@@ -405,7 +404,7 @@ impl FileSystem {
     // ------------------------------------------------------------------ volume
 
     pub fn statistics(&self) -> Result<VolumeStatistics> {
-        let front = self.inner.front.lock();
+        let front = self.inner.front.write();
         let volume = self.inner.backend.volume();
         Ok(VolumeStatistics {
             block_size_bytes: BLOCK_SIZE_U64 as u32,
@@ -444,7 +443,7 @@ impl FileSystem {
     pub fn fsync(&self, inode: InodeNumber, _data_only: bool) -> Result<()> {
         self.check_running()?;
         let lsn = {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             self.view(&mut front, inode)?.last_change_lsn
         };
         if lsn > 0 {
@@ -465,7 +464,7 @@ impl FileSystem {
 
     /// Keeps an inode alive while open even if its last name is unlinked.
     pub fn open_inode(&self, inode: InodeNumber) -> Result<()> {
-        let mut front = self.inner.front.lock();
+        let mut front = self.inner.front.write();
         let view = self.view(&mut front, inode)?;
         view.open_count = view.open_count.checked_add(1).ok_or(Error::Busy)?;
         Ok(())
@@ -474,7 +473,7 @@ impl FileSystem {
     /// Ends one `open_inode`; an unlinked inode is reclaimed after its last release.
     pub fn release_inode(&self, inode: InodeNumber) -> Result<()> {
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let view = self.view(&mut front, inode)?;
             if view.open_count == 0 {
                 return Err(Error::invalid(format!("inode {inode} released more often than opened")));

@@ -25,7 +25,7 @@ use crate::dir::{self, DirRoot};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot, MAX_FILE_BYTES};
 use crate::log::{Log, LogOptions};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -96,7 +96,9 @@ struct Inner {
     log: Arc<Log>,
     /// Owns the volume, the queue of unapplied records, the applied lsn and the failure latch.
     backend: Arc<Backend>,
-    front: Mutex<Front>,
+    /// Shared by stat and lookup hits (`attributes_if_loaded`, `lookup_if_known`), exclusive
+    /// for everything that changes the front end.
+    front: RwLock<Front>,
     options: MountOptions,
     inode_count: u64,
     max_record_data_bytes: usize,
@@ -173,8 +175,41 @@ impl FileSystem {
         if view.reclaimed {
             return Err(Error::NotFound);
         }
-        view.last_use = clock;
+        view.last_use.store(clock, Ordering::Relaxed);
         Ok(view)
+    }
+
+    /// The attributes of a loaded view, under the shared lock: stats of unrelated inodes never
+    /// wait for each other, only for a writer holding the front end. `None` when the view is
+    /// not loaded (or freed): the caller takes the exclusive path, which loads it.
+    pub(super) fn attributes_if_loaded(front: &Front, number: InodeNumber) -> Option<Attributes> {
+        let view = front.views.get(&number).filter(|view| !view.reclaimed)?;
+        view.last_use.store(front.use_clock, Ordering::Relaxed);
+        Some(view.to_attributes())
+    }
+
+    /// A lookup answered from the name table and loaded views under the shared lock, as the
+    /// exclusive path would answer it; `None` when that path must load or walk something.
+    pub(super) fn lookup_if_known(front: &Front, parent: InodeNumber, name: &[u8]) -> Option<Result<Attributes>> {
+        let directory = front.views.get(&parent).filter(|view| !view.reclaimed)?;
+        if directory.file_type() != FileType::Directory {
+            return Some(Err(Error::NotDirectory));
+        }
+        let target = match front.names.get(parent, name) {
+            Some(entry) => entry.target,
+            None if directory.complete => None,
+            None => return None,
+        };
+        directory.last_use.store(front.use_clock, Ordering::Relaxed);
+        let Some((number, entry_type)) = target else {
+            return Some(Err(Error::NotFound));
+        };
+        let view = front.views.get(&number).filter(|view| !view.reclaimed)?;
+        view.last_use.store(front.use_clock, Ordering::Relaxed);
+        if let Err(error) = crate::block::inode::check_entry_type(parent, name, entry_type, view.file_type()) {
+            return Some(Err(error));
+        }
+        Some(Ok(view.to_attributes()))
     }
 
     pub(super) fn regular_view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
@@ -336,7 +371,7 @@ impl FileSystem {
             if round + 1 < SPACE_ATTEMPTS_MAX {
                 // Refused only because the backlog stands for too many checkpoint images:
                 // applying it is all that is needed, the back end checkpoints as it goes.
-                if std::mem::take(&mut self.inner.front.lock().refused_for_backlog) {
+                if std::mem::take(&mut self.inner.front.write().refused_for_backlog) {
                     self.drain()?;
                 } else if !checkpointed_applied && self.checkpoint_applied()? {
                     checkpointed_applied = true;
@@ -425,7 +460,7 @@ impl FileSystem {
 /// The front end's bookkeeping after the back end applied a batch or checkpointed.
 impl FrontSink for FileSystem {
     fn batch_applied(&self, summary: &BatchSummary<'_>) {
-        let mut front = self.inner.front.lock();
+        let mut front = self.inner.front.write();
         for queued in summary.records {
             // Names need nothing: an entry of the name table whose record is applied is a
             // lookup-cache entry from now on (its lsn is at most the applied lsn).
@@ -461,7 +496,7 @@ impl FrontSink for FileSystem {
     }
 
     fn space_changed(&self, free_blocks: u64, pending_free_blocks: u64) {
-        let mut front = self.inner.front.lock();
+        let mut front = self.inner.front.write();
         front.free_blocks = free_blocks;
         front.pending_free_blocks = pending_free_blocks;
     }

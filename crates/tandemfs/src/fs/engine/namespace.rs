@@ -13,8 +13,11 @@ impl FileSystem {
         if !dots {
             // Before the lock: the front end is held only for the probes.
             check_name(name)?;
+            if let Some(answer) = FileSystem::lookup_if_known(&self.inner.front.read(), parent, name) {
+                return answer;
+            }
         }
-        let mut front = self.inner.front.lock();
+        let mut front = self.inner.front.write();
         if name == b"." {
             return Ok(self.directory_view(&mut front, parent)?.to_attributes());
         }
@@ -31,7 +34,10 @@ impl FileSystem {
     }
 
     pub fn get_attributes(&self, inode: InodeNumber) -> Result<Attributes> {
-        let mut front = self.inner.front.lock();
+        if let Some(attributes) = FileSystem::attributes_if_loaded(&self.inner.front.read(), inode) {
+            return Ok(attributes);
+        }
+        let mut front = self.inner.front.write();
         Ok(self.view(&mut front, inode)?.to_attributes())
     }
 
@@ -42,7 +48,7 @@ impl FileSystem {
             }
         }
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let view = self.view(&mut front, inode)?;
             let mut image = view.attributes.clone();
             let file_type = view.file_type();
@@ -169,7 +175,7 @@ impl FileSystem {
             return Err(Error::invalid(format!("mode {permissions:#o} has bits beyond 0o7777")));
         }
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let parent_view = self.directory_view(&mut front, parent)?;
             if parent_view.attributes.link_count == 0 {
                 return Err(Error::NotFound);
@@ -265,7 +271,7 @@ impl FileSystem {
 
     pub fn read_link(&self, inode: InodeNumber) -> Result<Vec<u8>> {
         let size = {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let view = self.view(&mut front, inode)?;
             if view.file_type() != FileType::Symlink {
                 return Err(Error::invalid("not a symbolic link"));
@@ -284,7 +290,7 @@ impl FileSystem {
     pub fn link(&self, inode: InodeNumber, new_parent: InodeNumber, new_name: &[u8]) -> Result<Attributes> {
         check_name(new_name)?;
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let view = self.view(&mut front, inode)?;
             if view.file_type() == FileType::Directory {
                 return Err(Error::NotPermitted);
@@ -363,7 +369,7 @@ impl FileSystem {
         }
         check_name(name)?;
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let mut parent_image = self.directory_view(&mut front, parent)?.attributes.clone();
             let (number, file_type) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
             let view = self.view(&mut front, number)?;
@@ -423,7 +429,7 @@ impl FileSystem {
         check_name(name)?;
         check_name(new_name)?;
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             self.directory_view(&mut front, parent)?;
             if self.directory_view(&mut front, new_parent)?.attributes.link_count == 0 {
                 return Err(Error::NotFound);
@@ -607,7 +613,7 @@ impl FileSystem {
         visit: &mut dyn FnMut(&DirectoryEntry) -> bool,
     ) -> Result<()> {
         let (structural, parent) = {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             let view = self.directory_view(&mut front, inode)?;
             (view.structural_lsn, view.attributes.parent)
         };

@@ -47,7 +47,7 @@ impl FileSystem {
             return Err(Error::NoSpace);
         }
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             self.load_xattrs(&mut front, inode)?;
             let view = front.views.get_mut(&inode).unwrap();
             let attributes = view.xattrs.as_ref().unwrap();
@@ -76,13 +76,13 @@ impl FileSystem {
 
     pub fn get_xattr(&self, inode: InodeNumber, name: &[u8]) -> Result<Vec<u8>> {
         FileSystem::check_xattr_name(name)?;
-        let mut front = self.inner.front.lock();
+        let mut front = self.inner.front.write();
         self.load_xattrs(&mut front, inode)?;
         front.views[&inode].xattrs.as_ref().unwrap().get(name).cloned().ok_or(Error::NoData)
     }
 
     pub fn list_xattr(&self, inode: InodeNumber) -> Result<Vec<Vec<u8>>> {
-        let mut front = self.inner.front.lock();
+        let mut front = self.inner.front.write();
         self.load_xattrs(&mut front, inode)?;
         Ok(front.views[&inode].xattrs.as_ref().unwrap().keys().cloned().collect())
     }
@@ -90,7 +90,7 @@ impl FileSystem {
     pub fn remove_xattr(&self, inode: InodeNumber, name: &[u8]) -> Result<()> {
         FileSystem::check_xattr_name(name)?;
         self.with_space(|| {
-            let mut front = self.inner.front.lock();
+            let mut front = self.inner.front.write();
             self.load_xattrs(&mut front, inode)?;
             let view = front.views.get_mut(&inode).unwrap();
             if !view.xattrs.as_ref().unwrap().contains_key(name) {
