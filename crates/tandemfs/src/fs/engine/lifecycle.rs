@@ -219,8 +219,7 @@ impl FileSystem {
         // A record must fit the log many times over; a write larger than this is split.
         let max_record_data_bytes = ((usage.data_bytes_normal / 16) as usize).clamp(4096, 1 << 20);
         let backend = Backend::new(volume, log.clone(), applier, last_lsn, options.background_backend);
-        let inner =
-            Arc::new(Inner {
+        let inner = Arc::new(Inner {
             device,
             gate: setup.gate,
             medium: setup.medium,
