@@ -104,7 +104,13 @@ fn insert_that_fills_the_volume_fails_instead_of_leaving_zeros() {
             assert_eq!(&buffer[..4], b"head");
             assert!(buffer[4..4 + data.len()].iter().all(|byte| *byte == 0xC3), "insert reported success with zeros");
         }
-        Err(Error::NoSpace) => {}
+        Err(Error::NoSpace) => {
+            // All or nothing: the file is exactly as it was.
+            assert_eq!(fs.get_attributes(file).unwrap().size_bytes, 9);
+            let mut buffer = [0u8; 9];
+            assert_eq!(fs.read(file, 0, &mut buffer).unwrap(), 9);
+            assert_eq!(&buffer, b"head-tail");
+        }
         Err(error) => panic!("unexpected error {error}"),
     }
     fs.unmount().unwrap();

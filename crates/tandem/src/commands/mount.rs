@@ -18,7 +18,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tandemfs::fs::{MountOptions, MountReport};
+use tandemfs::fs::{AccessTimeUpdates, MountOptions, MountReport};
 use tandemfs::FileSystem;
 
 #[derive(Args)]
@@ -31,7 +31,7 @@ pub struct MountArguments {
     #[arg(long = "daemon", short = 'd')]
     pub daemon: bool,
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
-    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime, threads=N,
+    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N,
     /// mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
@@ -64,6 +64,8 @@ pub struct ParsedOptions {
     pub suid: bool,
     pub no_exec: bool,
     pub no_atime: bool,
+    /// Every read moves the access time (`strictatime`); otherwise relatime, unless `noatime`.
+    pub strict_atime: bool,
     /// Switch a mounted volume to `read_only` instead of mounting.
     pub remount: bool,
     pub mmp_interval_ms: Option<u32>,
@@ -81,7 +83,8 @@ const IGNORED_OPTIONS: [&str; 16] = [
 const KERNEL_FUSE_OPTIONS: [&str; 8] =
     ["user_id=", "group_id=", "rootmode=", "fd=", "max_read=", "blksize=", "subtype=", "fsname="];
 
-const KNOWN_OPTIONS: &str = "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, \
+const KNOWN_OPTIONS: &str =
+    "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
      threads=N, mmp_interval_ms=N, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
@@ -99,13 +102,20 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
             "suid" => parsed.suid = true,
             "noexec" => parsed.no_exec = true,
             "noatime" => parsed.no_atime = true,
+            "strictatime" => {
+                parsed.strict_atime = true;
+                parsed.no_atime = false;
+            }
             _ if IGNORED_OPTIONS.contains(&item) => {
                 // `nodev`, `nosuid`, `exec`, `atime` and `relatime` undo an earlier opposite.
                 match item {
                     "nodev" => parsed.dev = false,
                     "nosuid" => parsed.suid = false,
                     "exec" => parsed.no_exec = false,
-                    "atime" | "relatime" => parsed.no_atime = false,
+                    "atime" | "relatime" => {
+                        parsed.no_atime = false;
+                        parsed.strict_atime = false;
+                    }
                     _ => {}
                 }
             }
@@ -245,9 +255,15 @@ pub fn open_volume(image_path: &Path) -> CliResult<(FileSystem, MountReport)> {
 /// is opened read-only, and the engine then mounts it read-only and says so in its report.
 pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult<(FileSystem, MountReport)> {
     let device = open_medium(image_path)?;
+    let access_time = match (options.no_atime, options.strict_atime) {
+        (true, _) => AccessTimeUpdates::Never,
+        (false, true) => AccessTimeUpdates::Strict,
+        (false, false) => AccessTimeUpdates::Relative,
+    };
     let mount_options = MountOptions {
         read_only: options.read_only,
         mmp_interval_ms: options.mmp_interval_ms,
+        access_time,
         ..MountOptions::default()
     };
     FileSystem::mount(device, &mount_options).map_err(|error| match error {

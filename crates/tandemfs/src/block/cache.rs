@@ -64,6 +64,12 @@ impl BlockCache {
         self.entries.contains_key(&block_number)
     }
 
+    /// Drops every clean block for which `in_use` says no (fsck's repair, after it rebuilt the
+    /// bitmaps: what it read of blocks that turned out unreferenced must not look in use).
+    pub fn forget_clean_unless(&mut self, in_use: impl Fn(u64) -> bool) {
+        self.entries.retain(|block_number, entry| entry.dirty || in_use(*block_number));
+    }
+
     /// Whether the block is cached with this kind (no use recorded).
     pub fn contains(&self, block_number: u64, kind: BlockKind) -> bool {
         self.entries.get(&block_number).is_some_and(|entry| entry.kind == kind)

@@ -165,6 +165,13 @@ impl Volume {
     /// with corruption instead of overwriting it. The check costs a hash probe per block. (A
     /// block free on disk never gets here: `read_meta` refuses it, and mount compares the
     /// bitmaps' counts; this guards the bitmaps in memory.)
+    /// Drops cached clean blocks that the block bitmap calls free (after fsck's repair rebuilt
+    /// it), so that `check_allocated_unused` sees only blocks in use.
+    pub fn forget_cached_free_blocks(&mut self) {
+        let blocks = &self.blocks;
+        self.cache.forget_clean_unless(|block| blocks.is_set(block));
+    }
+
     fn check_allocated_unused(&self, first: u64, count: u64) -> Result<()> {
         match (first..first + count).find(|block| self.cache.holds(*block)) {
             Some(block) => Err(Error::corruption(format!(

@@ -750,6 +750,9 @@ impl<'a> Repairer<'a> {
         self.compare_bitmap(&inodes, superblock.inode_bitmap_start, "inode")?;
         self.volume.blocks = blocks;
         self.volume.inodes = inodes;
+        // Blocks read while scanning that nothing references are free now; cached, they would
+        // look in use to the allocator's check when the repair allocates.
+        self.volume.forget_cached_free_blocks();
         Ok(())
     }
 

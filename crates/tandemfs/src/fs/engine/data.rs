@@ -368,14 +368,28 @@ impl FileSystem {
         self.range_operation(inode, RangeKind::Insert, offset, length, false)
     }
 
-    /// Inserts `data` at `offset` (≤ size), shifting later bytes up.
+    /// Inserts `data` at `offset` (≤ size), shifting later bytes up. All or nothing while the
+    /// volume runs: when the bytes cannot be written (no space, an I/O error), the range made
+    /// for them is collapsed out again and the file is as it was.
     pub fn insert(&self, inode: InodeNumber, offset: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
-        self.insert_range(inode, offset, data.len() as u64)?;
+        let length = data.len() as u64;
+        self.insert_range(inode, offset, length)?;
         // Not `write`: a short write would leave zeros in the inserted range and report success.
-        self.write_records(inode, offset, data, &mut 0)
+        let written = self.write_records(inode, offset, data, &mut 0);
+        if let Err(error) = written {
+            // A collapse needs no new blocks beyond the tree reserve, which the insert's own
+            // reserve returned; if even that fails the volume has failed and says why.
+            self.collapse_range(inode, offset, length).map_err(|undo| {
+                Error::invalid(format!(
+                    "insert of {length} bytes at {offset} failed ({error}) and could not be undone ({undo}): the range holds zeros"
+                ))
+            })?;
+            return Err(error);
+        }
+        Ok(())
     }
 
     /// Removes `length` bytes at `offset` (offset + length ≤ size), shifting later bytes down.
