@@ -125,27 +125,7 @@ impl Applier {
         match op {
             Op::Create { parent, name, inode: image, symlink_target } => {
                 let file_type = image.file_type();
-                let mut inode = Inode {
-                    inode_number: image.inode_number,
-                    generation: image.generation,
-                    mode: image.mode,
-                    link_count: 0,
-                    uid: 0,
-                    gid: 0,
-                    size_bytes: 0,
-                    blocks_owned: 0,
-                    access_time_ns: 0,
-                    modify_time_ns: 0,
-                    change_time_ns: 0,
-                    birth_time_ns: 0,
-                    rdev: 0,
-                    parent: 0,
-                    orphan_next: 0,
-                    xattr_block: 0,
-                    flags: 0,
-                    root_area: [0; 64],
-                };
-                image.apply_to(&mut inode);
+                let mut inode = image.to_new_inode();
                 match file_type {
                     FileType::Directory => inode.root_area = dir::create(volume)?.encode(),
                     FileType::Regular | FileType::Symlink => {

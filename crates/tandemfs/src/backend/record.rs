@@ -66,6 +66,33 @@ impl AttributeImage {
             flags: inode.flags,
         }
     }
+    /// A new inode with these attributes and nothing of the back end's yet: no blocks, no
+    /// xattr block, an empty root area.
+    pub fn to_new_inode(&self) -> Inode {
+        let mut inode = Inode {
+            inode_number: self.inode_number,
+            generation: self.generation,
+            mode: self.mode,
+            link_count: 0,
+            uid: 0,
+            gid: 0,
+            size_bytes: 0,
+            blocks_owned: 0,
+            access_time_ns: 0,
+            modify_time_ns: 0,
+            change_time_ns: 0,
+            birth_time_ns: 0,
+            rdev: 0,
+            parent: 0,
+            orphan_next: 0,
+            xattr_block: 0,
+            flags: 0,
+            root_area: [0; 64],
+        };
+        self.apply_to(&mut inode);
+        inode
+    }
+
     /// Copies these attributes into `inode`, leaving the back end's fields alone.
     pub fn apply_to(&self, inode: &mut Inode) {
         assert_eq!(self.inode_number, inode.inode_number);
@@ -525,27 +552,7 @@ mod tests {
             let mut bytes = [0u8; crate::block::inode::INODE_BYTES];
             let mut inode_image = image(2);
             inode_image.mode = mode;
-            let mut inode = Inode {
-                inode_number: 2,
-                generation: 0,
-                mode: 0o100644,
-                link_count: 0,
-                uid: 0,
-                gid: 0,
-                size_bytes: 0,
-                blocks_owned: 0,
-                access_time_ns: 0,
-                modify_time_ns: 0,
-                change_time_ns: 0,
-                birth_time_ns: 0,
-                rdev: 0,
-                parent: 0,
-                orphan_next: 0,
-                xattr_block: 0,
-                flags: 0,
-                root_area: [0; 64],
-            };
-            inode_image.apply_to(&mut inode);
+            let inode = inode_image.to_new_inode();
             inode.encode(&mut bytes);
             assert!(Inode::decode(&bytes, 2, 100).is_err(), "the inode decoder agrees about {mode:#o}");
         }

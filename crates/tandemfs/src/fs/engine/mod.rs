@@ -19,7 +19,7 @@ use crate::block::inode::Inode;
 use crate::block::meta::{BlockKind, BLOCK_SIZE_U64};
 use crate::block::mmp::MmpKeeper;
 use crate::block::superblock::{Superblock, STATE_CLEAN, STATE_MOUNTED};
-use crate::block::volume::{Volume, XATTR_BLOCK_PAYLOAD_BYTES};
+use crate::block::volume::{Volume, XATTR_BLOCK_PAYLOAD_BYTES, XATTR_NAMESPACES};
 use crate::device::{Device, Gate};
 use crate::dir::{self, DirRoot};
 use crate::error::{Error, Result};
@@ -59,8 +59,6 @@ fn image_budget_blocks(usage: &crate::log::LogUsage) -> u64 {
 /// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
 /// the new directory's first leaf or the symlink's data block, one spare.
 const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
-/// Extended attribute namespaces that `set_xattr` and friends accept.
-const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 /// Extra blocks any data operation may need for the extent tree and split ends.
 const DATA_RESERVE_BLOCKS: u64 = 16;
 
