@@ -73,6 +73,32 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// A directory record with no entries yet (`root_area` empty until its H-tree is made),
+    /// owned by root, with every time set to `now_ns`: mkfs's root and fsck's /lost+found.
+    pub fn empty_directory(inode_number: u64, generation: u64, permissions: u32, parent: u64, now_ns: i64) -> Inode {
+        assert!(permissions & !0o7777 == 0, "permission bits only");
+        Inode {
+            inode_number,
+            generation,
+            mode: FileType::Directory.mode_bits() | permissions,
+            link_count: 2,
+            uid: 0,
+            gid: 0,
+            size_bytes: 0,
+            blocks_owned: 0,
+            access_time_ns: now_ns,
+            modify_time_ns: now_ns,
+            change_time_ns: now_ns,
+            birth_time_ns: now_ns,
+            rdev: 0,
+            parent,
+            orphan_next: 0,
+            xattr_block: 0,
+            flags: 0,
+            root_area: [0; 64],
+        }
+    }
+
     pub fn file_type(&self) -> FileType {
         FileType::from_mode(self.mode).expect("validated on decode")
     }

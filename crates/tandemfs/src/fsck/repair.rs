@@ -628,26 +628,8 @@ impl<'a> Repairer<'a> {
         let superblock = &mut self.volume.superblock;
         let generation = superblock.next_generation;
         superblock.next_generation += 1;
-        let inode = Inode {
-            inode_number: number,
-            generation,
-            mode: if number == ROOT_INODE { 0o040755 } else { LOST_AND_FOUND_MODE },
-            link_count: 2,
-            uid: 0,
-            gid: 0,
-            size_bytes: 0,
-            blocks_owned: 0,
-            access_time_ns: now,
-            modify_time_ns: now,
-            change_time_ns: now,
-            birth_time_ns: now,
-            rdev: 0,
-            parent,
-            orphan_next: 0,
-            xattr_block: 0,
-            flags: 0,
-            root_area: [0; 64],
-        };
+        let permissions = if number == ROOT_INODE { 0o755 } else { LOST_AND_FOUND_MODE & 0o7777 };
+        let inode = Inode::empty_directory(number, generation, permissions, parent, now);
         self.inodes.insert(number, inode);
         self.dirty_inodes.insert(number);
         self.entries.insert(number, Vec::new());

@@ -36,26 +36,10 @@ impl FileSystem {
         volume.inodes.mark_all_dirty();
         volume.current_lsn = 0;
         let root = dir::create(&mut volume)?;
-        let root_inode = Inode {
-            inode_number: ROOT_INODE,
-            generation: 1,
-            mode: FileType::Directory.mode_bits() | 0o755,
-            link_count: 2,
-            uid: options.root_owner.map_or(0, |(uid, _)| uid),
-            gid: options.root_owner.map_or(0, |(_, gid)| gid),
-            size_bytes: 0,
-            blocks_owned: 0,
-            access_time_ns: now,
-            modify_time_ns: now,
-            change_time_ns: now,
-            birth_time_ns: now,
-            rdev: 0,
-            parent: ROOT_INODE,
-            orphan_next: 0,
-            xattr_block: 0,
-            flags: 0,
-            root_area: root.encode(),
-        };
+        let mut root_inode = Inode::empty_directory(ROOT_INODE, 1, 0o755, ROOT_INODE, now);
+        root_inode.uid = options.root_owner.map_or(0, |(uid, _)| uid);
+        root_inode.gid = options.root_owner.map_or(0, |(_, gid)| gid);
+        root_inode.root_area = root.encode();
         volume.create_inode(&root_inode)?;
         let images = volume.snapshot_images();
         let mut superblock = volume.superblock.clone();
