@@ -130,17 +130,52 @@ pub trait DataStore {
 
 /// A `MetaStore` + `DataStore` in memory for unit tests of the structures: every block is kept,
 /// trailers are sealed and verified as on a volume, and frees of unallocated blocks are caught.
+/// With a crash model (`with_crash_model`), frees leave the bytes behind as a device does, and
+/// `crash` puts the tree blocks and the allocation back to the last `checkpoint` while the data
+/// blocks keep what was written since: replay tests run against that.
 #[derive(Default)]
 pub struct MemoryStore {
     pub meta: std::collections::HashMap<u64, BlockBuf>,
     pub data: std::collections::HashMap<u64, BlockBuf>,
     pub allocated: std::collections::BTreeSet<u64>,
     next_block: u64,
+    crash_model: bool,
+    checkpoint: Option<MemoryStoreCheckpoint>,
+}
+
+/// What `MemoryStore::crash` goes back to.
+struct MemoryStoreCheckpoint {
+    meta: std::collections::HashMap<u64, BlockBuf>,
+    allocated: std::collections::BTreeSet<u64>,
+    next_block: u64,
 }
 
 impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore { next_block: 1, ..Default::default() }
+    }
+
+    pub fn with_crash_model() -> MemoryStore {
+        MemoryStore { crash_model: true, ..MemoryStore::new() }
+    }
+
+    /// Remembers the tree blocks and the allocation, as a checkpoint makes them durable.
+    pub fn checkpoint(&mut self) {
+        assert!(self.crash_model, "checkpoints need the crash model");
+        let (meta, allocated, next_block) = (self.meta.clone(), self.allocated.clone(), self.next_block);
+        self.checkpoint = Some(MemoryStoreCheckpoint { meta, allocated, next_block });
+    }
+
+    /// Back to the checkpoint's tree blocks and allocation. With `same_blocks` the allocator
+    /// hands out the blocks it handed out after the checkpoint again (so replay lands on the
+    /// blocks the first run wrote); otherwise it goes on with blocks never used.
+    pub fn crash(&mut self, same_blocks: bool) {
+        let checkpoint = self.checkpoint.as_ref().expect("a checkpoint was taken");
+        self.meta = checkpoint.meta.clone();
+        self.allocated = checkpoint.allocated.clone();
+        if same_blocks {
+            self.next_block = checkpoint.next_block;
+        }
     }
     fn allocate_one(&mut self) -> u64 {
         let block = self.next_block;
@@ -175,7 +210,9 @@ impl MetaStore for MemoryStore {
     }
     fn free_meta(&mut self, block_number: u64) -> Result<()> {
         assert!(self.allocated.remove(&block_number), "double free of metadata block {block_number}");
-        self.meta.remove(&block_number);
+        if !self.crash_model {
+            self.meta.remove(&block_number);
+        }
         Ok(())
     }
 }
@@ -224,7 +261,9 @@ impl DataStore for MemoryStore {
     fn free_data(&mut self, first: u64, count: u64) -> Result<()> {
         for block in first..first + count {
             assert!(self.allocated.remove(&block), "double free of data block {block}");
-            self.data.remove(&block);
+            if !self.crash_model {
+                self.data.remove(&block);
+            }
         }
         Ok(())
     }

@@ -763,117 +763,6 @@ fn extents_from_starts_at_the_extent_holding_the_offset() {
     assert!(none);
 }
 
-/// A store as the volume behaves across a crash: freeing a block leaves its bytes (a block is
-/// reused only after a checkpoint), and `crash` puts the tree blocks and the allocation back to
-/// the last checkpoint while the data blocks keep every write made since.
-struct CrashStore {
-    meta: std::collections::HashMap<u64, crate::block::meta::BlockBuf>,
-    data: std::collections::HashMap<u64, crate::block::meta::BlockBuf>,
-    allocated: std::collections::BTreeSet<u64>,
-    next_block: u64,
-    checkpoint: Option<CrashStoreCheckpoint>,
-}
-
-struct CrashStoreCheckpoint {
-    meta: std::collections::HashMap<u64, crate::block::meta::BlockBuf>,
-    allocated: std::collections::BTreeSet<u64>,
-    next_block: u64,
-}
-
-impl CrashStore {
-    fn new() -> CrashStore {
-        CrashStore {
-            meta: Default::default(),
-            data: Default::default(),
-            allocated: Default::default(),
-            next_block: 1,
-            checkpoint: None,
-        }
-    }
-    fn checkpoint(&mut self) {
-        let (meta, allocated, next_block) = (self.meta.clone(), self.allocated.clone(), self.next_block);
-        self.checkpoint = Some(CrashStoreCheckpoint { meta, allocated, next_block });
-    }
-    /// Back to the checkpoint's tree blocks and allocation. With `same_blocks` the allocator
-    /// hands out the blocks it handed out after the checkpoint again (so replay lands on the
-    /// blocks the first run wrote); otherwise it goes on with blocks never used.
-    fn crash(&mut self, same_blocks: bool) {
-        let checkpoint = self.checkpoint.as_ref().expect("a checkpoint was taken");
-        self.meta = checkpoint.meta.clone();
-        self.allocated = checkpoint.allocated.clone();
-        if same_blocks {
-            self.next_block = checkpoint.next_block;
-        }
-    }
-}
-
-impl MetaStore for CrashStore {
-    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<SharedBlock> {
-        let block = self.meta.get(&block_number).expect("tree block written before it is read");
-        crate::block::meta::verify_block(block, kind, block_number)?;
-        Ok(std::sync::Arc::new(block.clone()))
-    }
-    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> crate::Result<()> {
-        assert!(self.allocated.contains(&block_number));
-        let mut copy = (*block).clone();
-        seal_block(&mut copy, kind, block_number);
-        self.meta.insert(block_number, copy);
-        Ok(())
-    }
-    fn allocate_meta(&mut self, near: u64) -> crate::Result<u64> {
-        Ok(self.allocate_data(near, 1)?.0)
-    }
-    fn free_meta(&mut self, block_number: u64) -> crate::Result<()> {
-        assert!(self.allocated.remove(&block_number), "double free of tree block {block_number}");
-        Ok(())
-    }
-}
-
-impl DataStore for CrashStore {
-    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> crate::Result<()> {
-        let mut done = 0;
-        let (mut block, mut offset) = (block_number, offset_in_block);
-        while done < buffer.len() {
-            let take = (BLOCK_SIZE - offset).min(buffer.len() - done);
-            assert!(self.allocated.contains(&block), "read of unallocated data block {block}");
-            match self.data.get(&block) {
-                Some(bytes) => buffer[done..done + take].copy_from_slice(&bytes[offset..offset + take]),
-                None => buffer[done..done + take].fill(0),
-            }
-            done += take;
-            (block, offset) = (block + 1, 0);
-        }
-        Ok(())
-    }
-    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> crate::Result<()> {
-        let mut done = 0;
-        let (mut block, mut offset) = (block_number, offset_in_block);
-        while done < data.len() {
-            let take = (BLOCK_SIZE - offset).min(data.len() - done);
-            assert!(self.allocated.contains(&block), "write to unallocated data block {block}");
-            let bytes = self.data.entry(block).or_insert_with(crate::block::meta::zeroed_block);
-            bytes[offset..offset + take].copy_from_slice(&data[done..done + take]);
-            done += take;
-            (block, offset) = (block + 1, 0);
-        }
-        Ok(())
-    }
-    fn allocate_data(&mut self, _near: u64, count: u64) -> crate::Result<(u64, u64)> {
-        let first = self.next_block;
-        for block in first..first + count {
-            assert!(self.allocated.insert(block), "block {block} handed out twice");
-        }
-        self.next_block += count;
-        Ok((first, count))
-    }
-    fn free_data(&mut self, first: u64, count: u64) -> crate::Result<()> {
-        for block in first..first + count {
-            assert!(self.allocated.remove(&block), "double free of data block {block}");
-        }
-        Ok(())
-    }
-}
-
 /// Replay after a crash: random operations after a checkpoint, the tree put back to the
 /// checkpoint with the data blocks as the operations left them, the same operations applied
 /// again. The contents must then equal the model: no operation may read bytes that a later
@@ -882,7 +771,7 @@ fn replay_run(seed: u64, same_blocks: bool) {
     println!("extent replay test: seed {seed}");
     let shape = Shape { small_bytes: 3000, large_bytes: 40_000, soft_limit_bytes: 300_000, grow: false };
     let mut random = SmallRng::seed_from_u64(seed);
-    let mut store = CrashStore::new();
+    let mut store = MemoryStore::with_crash_model();
     let mut root = ExtentRoot::empty();
     let mut model = Vec::new();
     for round in 0..20 {
