@@ -30,10 +30,17 @@ const BACKEND_LOW_WATER_BLOCKS: u64 = 1024;
 /// Log bytes a record takes besides a write's data: its encoded attributes and names.
 const RECORD_OVERHEAD_BYTES: usize = 256;
 /// Passes of a drain before it declares the back end stuck: each pass applies at least one
-/// record, and the queue holds at most what the log holds.
+/// record, and the queue holds at most what the log holds. A pass that applies nothing waits
+/// `IDLE_PASS_WAIT` first, so a drain gives up after minutes, not after a burst of spinning.
 const DRAIN_PASSES_MAX: usize = 1 << 20;
+/// What a drain waits after a pass that applied nothing although records are missing: a
+/// record before them is still between its append and its deposit.
+const IDLE_PASS_WAIT: Duration = Duration::from_micros(100);
 /// How long a waiter sleeps between looks at the latch (a lost wake-up costs this much).
 const WAIT_SLICE: Duration = Duration::from_millis(50);
+/// How long the thread sleeps when the next record to apply is durable but its appender has
+/// not deposited it yet (it is between its append and its deposit, a few instructions).
+const DEPOSIT_WAIT: Duration = Duration::from_millis(1);
 
 const STATE_RUNNING: u8 = 0;
 const STATE_STOPPED: u8 = 1;
@@ -47,6 +54,89 @@ pub struct Queued {
     pub reserved_blocks: u64,
     /// Bound on the metadata blocks applying it may dirty (the front end's image budget).
     pub image_blocks: u64,
+}
+
+/// Records appended and waiting to be applied, indexed by lsn. Appenders deposit their record
+/// after their own append returned, in any order; the back end takes the contiguous prefix.
+/// An lsn with no record is either a record still being deposited or one that never will be
+/// (the back end's own checkpoint records, appended with `append_reserved`): the log tells
+/// which ([`Log::appended_with_reserve`]), so a gap is never skipped while its record is on
+/// the way.
+struct DepositRing {
+    /// Every lsn at or below it was taken by a pass or is not a logical record.
+    consumed_lsn: u64,
+    /// Entry `i` stands for lsn `consumed_lsn + 1 + i`.
+    entries: VecDeque<Option<Queued>>,
+}
+
+impl DepositRing {
+    fn deposit(&mut self, queued: Queued) {
+        assert!(queued.lsn > self.consumed_lsn, "record {} deposited after it was consumed", queued.lsn);
+        let index = (queued.lsn - self.consumed_lsn - 1) as usize;
+        if index >= self.entries.len() {
+            self.entries.resize_with(index + 1, || None);
+        }
+        assert!(self.entries[index].is_none(), "record {} deposited twice", queued.lsn);
+        self.entries[index] = Some(queued);
+    }
+
+    /// Whether the lsn after `consumed_lsn` can be passed over: no logical record has it, or
+    /// it lies before the log's tail (a checkpoint moved the tail past it, so it was not an
+    /// unapplied logical record).
+    fn next_is_not_logical(&self, log: &Log) -> bool {
+        log.appended_with_reserve(self.consumed_lsn + 1) != Some(false)
+    }
+
+    /// Takes up to `max` records in lsn order, none after `durable_lsn`, stopping at a record
+    /// still being deposited.
+    fn take_prefix(&mut self, durable_lsn: u64, max: usize, log: &Log) -> Vec<Queued> {
+        let mut batch = Vec::new();
+        while batch.len() < max && self.consumed_lsn < durable_lsn {
+            match self.entries.front_mut().and_then(Option::take) {
+                Some(queued) => batch.push(queued),
+                None if self.next_is_not_logical(log) => {}
+                None => break,
+            }
+            self.entries.pop_front();
+            self.consumed_lsn += 1;
+        }
+        batch
+    }
+
+    /// Puts back the tail of a batch that was not applied: it precedes everything deposited
+    /// since. The lsns between them that were passed over are looked at again.
+    fn put_back(&mut self, leftover: Vec<Queued>) {
+        let Some(first) = leftover.first() else { return };
+        let new_consumed = first.lsn - 1;
+        assert!(new_consumed < self.consumed_lsn, "put back records that were not taken");
+        let mut front: VecDeque<Option<Queued>> = (new_consumed..self.consumed_lsn).map(|_| None).collect();
+        for queued in leftover {
+            let index = (queued.lsn - new_consumed - 1) as usize;
+            front[index] = Some(queued);
+        }
+        front.append(&mut self.entries);
+        self.entries = front;
+        self.consumed_lsn = new_consumed;
+    }
+
+    /// The lowest lsn of a logical record appended and not yet taken: deposited, or still on
+    /// its way from its appender. Looks at lsns before the log's next one.
+    fn first_unapplied(&self, log: &Log) -> Option<u64> {
+        let next_lsn = log.next_lsn();
+        for lsn in self.consumed_lsn + 1..next_lsn {
+            let index = (lsn - self.consumed_lsn - 1) as usize;
+            if matches!(self.entries.get(index), Some(Some(_))) || log.appended_with_reserve(lsn) == Some(false) {
+                return Some(lsn);
+            }
+        }
+        None
+    }
+
+    /// The lowest deposited lsn, if any.
+    fn first_deposited(&self) -> Option<u64> {
+        let index = self.entries.iter().position(Option::is_some)?;
+        Some(self.consumed_lsn + 1 + index as u64)
+    }
 }
 
 /// What one applied batch changed that the front end keeps in its own state.
@@ -99,13 +189,14 @@ pub struct Backend {
     log: Arc<Log>,
     volume: Mutex<Volume>,
     applier: Applier,
-    queue: Mutex<VecDeque<Queued>>,
+    queue: Mutex<DepositRing>,
     queue_signal: Condvar,
     applied_lsn: Mutex<u64>,
     /// Mirrors `applied_lsn` for readers that need no wait.
     applied_lsn_fast: AtomicU64,
-    /// The last record queued: a drain is done when the applied lsn reaches it (an empty queue
-    /// is not enough: the thread may hold a batch it has taken but not yet applied).
+    /// The highest record deposited: a drain is done when the applied lsn reaches it (an empty
+    /// queue is not enough: the thread may hold a batch it has taken but not yet applied).
+    /// Records apply in lsn order, so every record deposited before it is applied then too.
     last_queued_lsn: AtomicU64,
     applied_signal: Condvar,
     /// One pass or checkpoint at a time, from the thread or from a waiting caller.
@@ -125,7 +216,7 @@ impl Backend {
             log,
             volume: Mutex::new(volume),
             applier,
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(DepositRing { consumed_lsn: applied_lsn, entries: VecDeque::new() }),
             queue_signal: Condvar::new(),
             applied_lsn: Mutex::new(applied_lsn),
             applied_lsn_fast: AtomicU64::new(applied_lsn),
@@ -250,9 +341,12 @@ impl Backend {
 
     // ------------------------------------------------------------------ appends
 
-    /// Appends a record through `append_to_log` and queues it, both under the queue lock, so
-    /// the queue stays in lsn order and a checkpoint asking for the first unapplied record
-    /// never misses one appended but not yet queued. `None` when the log is full.
+    /// Appends a record through `append_to_log` (which must use `Log::append`, never
+    /// `append_reserved`: reserve records are the back end's own and are never queued), then
+    /// deposits it at its lsn. Safe to call from many threads at once: no lock is held while
+    /// the log copies the record, and the deposit takes the queue lock only to store it. Until
+    /// the deposit, the log knows the lsn as a logical record, so neither a pass nor a
+    /// checkpoint's "first unapplied record" passes over it. `None` when the log is full.
     pub fn enqueue(
         &self,
         op: Op,
@@ -260,19 +354,16 @@ impl Backend {
         image_blocks: u64,
         append_to_log: impl FnOnce(&Op) -> Result<Option<u64>>,
     ) -> Result<Option<u64>> {
-        let mut queue = self.queue.lock();
         let lsn = match append_to_log(&op) {
             Ok(Some(lsn)) => lsn,
             Ok(None) => return Ok(None),
             Err(error) => {
-                drop(queue);
                 self.fail(&error);
                 return Err(error);
             }
         };
-        assert!(queue.back().is_none_or(|last| last.lsn < lsn), "queue in lsn order");
-        queue.push_back(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
-        self.last_queued_lsn.store(lsn, Ordering::Release);
+        self.queue.lock().deposit(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
+        self.last_queued_lsn.fetch_max(lsn, Ordering::AcqRel);
         Ok(Some(lsn))
     }
 
@@ -286,7 +377,7 @@ impl Backend {
                 Err(_) => return,
             }
             let durable = self.log.durable_lsn();
-            let waiting = self.queue.lock().front().map(|queued| queued.lsn);
+            let waiting = self.queue.lock().first_deposited();
             match waiting {
                 // Records are waiting to become durable: the log's flusher makes them so.
                 Some(lsn) if lsn > durable => {
@@ -295,10 +386,17 @@ impl Backend {
                         return;
                     }
                 }
-                Some(_) => {}
+                // Durable, yet the pass took nothing: a record before it is still on its way
+                // from its appender to the queue.
+                Some(_) => {
+                    let mut queue = self.queue.lock();
+                    if !self.stop.load(Ordering::Acquire) && !self.is_failed() {
+                        self.queue_signal.wait_for(&mut queue, DEPOSIT_WAIT);
+                    }
+                }
                 None => {
                     let mut queue = self.queue.lock();
-                    if queue.is_empty() && !self.stop.load(Ordering::Acquire) && !self.is_failed() {
+                    if queue.first_deposited().is_none() && !self.stop.load(Ordering::Acquire) && !self.is_failed() {
                         self.queue_signal.wait_for(&mut queue, Duration::from_millis(200));
                     }
                 }
@@ -316,14 +414,7 @@ impl Backend {
             return Err(Error::Shutdown);
         }
         let durable = self.log.durable_lsn();
-        let mut batch: Vec<Queued> = {
-            let mut queue = self.queue.lock();
-            let mut batch = Vec::new();
-            while batch.len() < BATCH_RECORDS_MAX && queue.front().is_some_and(|queued| queued.lsn <= durable) {
-                batch.push(queue.pop_front().unwrap());
-            }
-            batch
-        };
+        let mut batch: Vec<Queued> = self.queue.lock().take_prefix(durable, BATCH_RECORDS_MAX, &self.log);
         if batch.is_empty() {
             self.maybe_checkpoint(&mut policy, false, sink)?;
             return Ok(false);
@@ -334,10 +425,7 @@ impl Backend {
         if space_low {
             // Back to the head of the queue, in lsn order: they precede everything queued since.
             let leftover = batch.split_off(applied_count);
-            let mut queue = self.queue.lock();
-            for queued in leftover.into_iter().rev() {
-                queue.push_front(queued);
-            }
+            self.queue.lock().put_back(leftover);
         }
         let last_lsn = batch.last().expect("at least one record is applied per pass").lsn;
         sink.batch_applied(&BatchSummary { records: &batch, owned_blocks, free_blocks, pending_free_blocks, last_lsn });
@@ -421,9 +509,9 @@ impl Backend {
             return Ok(());
         }
         let applied = *self.applied_lsn.lock();
-        // `enqueue` appends and queues under the queue lock: taking it gives a consistent
-        // answer to "which appended record is the first not yet applied".
-        let first_unapplied = || self.queue.lock().front().map(|queued| queued.lsn);
+        // No pass runs (the policy lock), so nothing is taken and unapplied: the first
+        // unapplied record is the first deposited or still being deposited after the cursor.
+        let first_unapplied = || self.queue.lock().first_unapplied(&self.log);
         if let Err(error) = checkpoint(&self.volume, &self.log, applied, &first_unapplied) {
             self.fail(&error);
             return Err(error);
@@ -454,7 +542,9 @@ impl Backend {
             if self.applied_lsn() >= target_lsn {
                 return Ok(());
             }
-            self.pass(sink)?;
+            if !self.pass(sink)? {
+                std::thread::sleep(IDLE_PASS_WAIT);
+            }
         }
         let error = Error::invalid("back end made no progress while draining");
         self.fail(&error);
@@ -496,6 +586,7 @@ impl Backend {
                     return Ok(());
                 }
                 if !self.pass(sink)? {
+                    std::thread::sleep(IDLE_PASS_WAIT);
                     self.log.flush()?;
                 }
             }

@@ -22,11 +22,12 @@ mod recover;
 mod tests;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -36,8 +37,20 @@ pub use recover::LogDamage;
 
 /// Appended-but-unflushed payload bytes above which `append` first flushes what is pending.
 pub const MAX_PENDING_DATA_BYTES: usize = 8 << 20;
-/// Appended-but-unflushed records above which `append` first flushes what is pending.
+/// Appended-but-unflushed records above which `append` first flushes what is pending. Also the
+/// number of stage slots: record `lsn` is staged in slot `lsn % MAX_PENDING_RECORDS`.
 pub const MAX_PENDING_RECORDS: usize = 16 << 10;
+const STAGE_SLOTS: u64 = MAX_PENDING_RECORDS as u64;
+/// A stage slot keeps its payload buffer for the next record up to this capacity; larger
+/// payloads get a fresh buffer each time, so the stage holds at most
+/// `MAX_PENDING_RECORDS * SLOT_KEEP_BYTES` (16 MiB) between flushes besides what is pending.
+const SLOT_KEEP_BYTES: usize = 1024;
+/// How long a flusher sleeps between looks at the state while it waits (a lost wake-up costs
+/// this much, never a hang).
+const WAIT_SLICE: Duration = Duration::from_millis(10);
+/// Rounds of "stage full, flush, try again" before an append gives up: each round flushes
+/// everything reserved, so only appenders refilling the whole stage in between can repeat it.
+const RESERVE_ATTEMPTS_MAX: usize = 1 << 16;
 
 /// Where a record starts: its lsn and the data position of its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,23 +139,26 @@ pub struct LogStats {
     pub background_flushes: u64,
 }
 
+/// The log head and the group-commit state. Appenders hold its lock only to reserve (lsn, data
+/// position); they copy their record into its stage slot after letting it go.
 struct State {
+    /// The lsn and data position the next reservation gets.
     next_lsn: u64,
     next_position: u64,
     tail: LogPosition,
     durable_lsn: u64,
+    /// Data position just after the last durable record.
+    durable_position: u64,
     /// Data positions of the records `tail.lsn .. next_lsn`.
     positions: VecDeque<u64>,
-    /// Encoded (unsealed) headers of records not yet taken by a leader.
-    headers: Vec<u8>,
-    /// Payload bytes of those records.
-    data: Vec<u8>,
-    /// Empty buffers with capacity, swapped in when a leader takes the pending ones.
+    /// Whether each of those records was appended with `append_reserved`.
+    reserve_flags: VecDeque<bool>,
+    /// Empty batch buffers with capacity, reused by each leader.
     spare_headers: Vec<u8>,
     spare_data: Vec<u8>,
     /// A leader is writing a batch.
     flushing: bool,
-    /// When the oldest record in `headers` was appended.
+    /// When the oldest record not yet taken by a leader was appended (about).
     pending_since: Option<Instant>,
     appended_since_check: bool,
     flusher_idle: bool,
@@ -154,6 +170,23 @@ struct State {
     stats: LogStats,
 }
 
+/// One record between its reservation and the group commit that writes it.
+#[repr(align(128))] // one appender per slot at a time: keep neighbours off its cache lines
+struct Slot {
+    /// The lsn whose header and payload the slot holds complete: the record is published.
+    /// Older lsns of the slot (`lsn - k * STAGE_SLOTS`) mean "not yet".
+    filled_lsn: AtomicU64,
+    /// Written by the appender that reserved the lsn, then read by the leader once published:
+    /// never contended, the lock only makes the hand-over safe Rust.
+    bytes: Mutex<SlotBytes>,
+}
+
+struct SlotBytes {
+    /// The encoded header, its CRC and batch field left for the leader.
+    header: [u8; HEADER_SIZE],
+    payload: Vec<u8>,
+}
+
 struct Inner {
     device: Arc<dyn Device>,
     geometry: LogGeometry,
@@ -161,10 +194,23 @@ struct Inner {
     normal_slots: u64,
     normal_data: u64,
     state: Mutex<State>,
-    /// Signalled when `durable_lsn` advances, a flush ends, or the log stops.
+    /// The stage: `STAGE_SLOTS` slots, record `lsn` in slot `lsn % STAGE_SLOTS`. A reservation
+    /// is refused (flush first) while `STAGE_SLOTS` records are not durable, so a slot is
+    /// reused only after its previous record was written.
+    slots: Box<[Slot]>,
+    /// The highest published lsn: `flush` makes everything up to it durable (every append
+    /// that returned before `flush` was called is at or below it).
+    published_max: AtomicU64,
+    /// Flushers waiting for the record after the durable lsn to be published.
+    stall_waiters: AtomicU32,
+    /// Signalled when `durable_lsn` advances, a flush ends, a record a flusher waits for is
+    /// published, or the log stops.
     durable_changed: Condvar,
     /// Wakes the background flusher.
     flusher_wake: Condvar,
+    /// Test hook: runs in `append` after the reservation, before the copy.
+    #[cfg(test)]
+    copy_hook: Mutex<Option<Arc<dyn Fn(u64) + Send + Sync>>>,
 }
 
 /// The operation log. `Send + Sync`; share it through the `Arc` that `recover` returns.
@@ -217,9 +263,9 @@ impl Log {
             next_position: scan.end.data_position,
             tail,
             durable_lsn: scan.end.lsn - 1,
+            durable_position: scan.end.data_position,
+            reserve_flags: scan.reserve_flags.into(),
             positions: scan.positions.into(),
-            headers: Vec::new(),
-            data: Vec::new(),
             spare_headers: Vec::new(),
             spare_data: Vec::new(),
             flushing: false,
@@ -238,8 +284,18 @@ impl Log {
             normal_slots,
             normal_data,
             state: Mutex::new(state),
+            slots: (0..STAGE_SLOTS)
+                .map(|_| Slot {
+                    filled_lsn: AtomicU64::new(0),
+                    bytes: Mutex::new(SlotBytes { header: [0; HEADER_SIZE], payload: Vec::new() }),
+                })
+                .collect(),
+            published_max: AtomicU64::new(scan.end.lsn - 1),
+            stall_waiters: AtomicU32::new(0),
             durable_changed: Condvar::new(),
             flusher_wake: Condvar::new(),
+            #[cfg(test)]
+            copy_hook: Mutex::new(None),
         });
         let flusher = match inner.flush_delay {
             Some(delay) => {
@@ -337,10 +393,23 @@ impl Log {
         self.inner.flush_to(lsn).map(|_| ())
     }
 
-    /// Makes everything appended so far durable; returns the durable lsn.
+    /// Makes every append that returned before this call durable; returns the durable lsn.
+    /// An append still copying its record and every one after it need not be included.
     pub fn flush(&self) -> Result<u64> {
-        let target = self.inner.state.lock().next_lsn - 1;
+        let target = self.inner.published_max.load(Ordering::Acquire);
         self.inner.flush_to(target)
+    }
+
+    /// Whether record `lsn` was appended with `append_reserved` (true) or `append` (false),
+    /// known from its reservation on, before its appender returns; `None` for an lsn outside
+    /// `[tail.lsn, next_lsn)`. The back end tells its own checkpoint records from logical
+    /// records still being appended with it.
+    pub fn appended_with_reserve(&self, lsn: u64) -> Option<bool> {
+        let state = self.inner.state.lock();
+        if lsn < state.tail.lsn || lsn >= state.next_lsn {
+            return None;
+        }
+        Some(state.reserve_flags[(lsn - state.tail.lsn) as usize])
     }
 
     /// The highest lsn known durable (the tail's lsn - 1 when nothing is).
@@ -404,6 +473,7 @@ impl Log {
         );
         let drop_count = (new_tail.lsn - state.tail.lsn) as usize;
         state.positions.drain(..drop_count);
+        state.reserve_flags.drain(..drop_count);
         state.tail = new_tail;
     }
 
@@ -497,7 +567,31 @@ impl Drop for Log {
     }
 }
 
+/// Unpublished reservation: if the appender unwinds between reserving its lsn and publishing
+/// the record, the log latches failed, so that no flush waits for a record that never comes.
+struct PublishGuard<'a> {
+    inner: &'a Inner,
+    published: bool,
+}
+
+impl Drop for PublishGuard<'_> {
+    fn drop(&mut self) {
+        if !self.published {
+            self.inner.state.lock().failed = true;
+            self.inner.durable_changed.notify_all();
+        }
+    }
+}
+
 impl Inner {
+    fn slot(&self, lsn: u64) -> &Slot {
+        &self.slots[(lsn % STAGE_SLOTS) as usize]
+    }
+
+    fn is_published(&self, lsn: u64) -> bool {
+        self.slot(lsn).filled_lsn.load(Ordering::SeqCst) == lsn
+    }
+
     fn append(&self, kind: u16, parts: &[&[u8]], reserved: bool) -> Result<Option<u64>> {
         let mut length: u64 = 0;
         for part in parts {
@@ -514,12 +608,57 @@ impl Inner {
         for part in parts {
             payload_crc = tandem_accel::crc32c(payload_crc, part);
         }
+        let Some((lsn, position)) = self.reserve(length, reserved)? else {
+            return Ok(None);
+        };
+        // From here on the record is published or the log latches failed (the guard).
+        let mut guard = PublishGuard { inner: self, published: false };
+        #[cfg(test)]
+        self.run_copy_hook(lsn);
+        let header = RecordHeader {
+            kind,
+            flags: if reserved { format::FLAG_RESERVE } else { 0 },
+            lsn,
+            data_position: position,
+            payload_length: length as u32,
+            payload_crc,
+            batch_first_lsn: 0, // set by the flush leader, which knows the batch
+        };
+        let slot = self.slot(lsn);
+        {
+            // Nobody else touches this slot: the leader reads it only once it is published,
+            // and the reservation bound keeps lsn + STAGE_SLOTS from being reserved before
+            // this record is durable.
+            let mut bytes = slot.bytes.lock();
+            assert!(slot.filled_lsn.load(Ordering::Acquire) < lsn, "log stage slot of lsn {lsn} still in use");
+            header.encode_unsealed(&mut bytes.header);
+            bytes.payload.clear();
+            for part in parts {
+                bytes.payload.extend_from_slice(part);
+            }
+        }
+        // SeqCst: pairs with the stall waiter's SeqCst count-then-check in `flush_to`.
+        slot.filled_lsn.store(lsn, Ordering::SeqCst);
+        guard.published = true;
+        self.published_max.fetch_max(lsn, Ordering::AcqRel);
+        if self.stall_waiters.load(Ordering::SeqCst) > 0 {
+            // A flusher waits for this very record; take the lock so the wake-up cannot fall
+            // between its check and its wait.
+            drop(self.state.lock());
+            self.durable_changed.notify_all();
+        }
+        Ok(Some(lsn))
+    }
+
+    /// The short critical section of an append: checks space, assigns the lsn and the data
+    /// position, and advances the head. Flushes first when too much is pending.
+    fn reserve(&self, length: u64, reserved: bool) -> Result<Option<(u64, u64)>> {
         let (slot_limit, data_limit) = if reserved {
             (self.geometry.header_slots, self.geometry.data_bytes)
         } else {
             (self.normal_slots, self.normal_data)
         };
-        loop {
+        for _ in 0..RESERVE_ATTEMPTS_MAX {
             let mut state = self.state.lock();
             if state.failed || state.closed {
                 return Err(Error::Shutdown);
@@ -529,10 +668,13 @@ impl Inner {
             {
                 return Ok(None);
             }
-            if !state.headers.is_empty()
-                && (state.data.len() + length as usize > MAX_PENDING_DATA_BYTES
-                    || state.headers.len() >= MAX_PENDING_RECORDS * HEADER_SIZE)
+            let pending_records = state.next_lsn - 1 - state.durable_lsn;
+            let pending_bytes = state.next_position - state.durable_position;
+            if pending_records > 0
+                && (pending_records >= MAX_PENDING_RECORDS as u64
+                    || pending_bytes + length > MAX_PENDING_DATA_BYTES as u64)
             {
+                // The stage is full: a flush frees it (its slots are reused by lsn).
                 let target = state.next_lsn - 1;
                 drop(state);
                 self.flush_to(target)?;
@@ -543,22 +685,8 @@ impl Inner {
             let Some(next_position) = position.checked_add(length) else {
                 return Err(Error::NoSpace);
             };
-            let header = RecordHeader {
-                kind,
-                flags: if reserved { format::FLAG_RESERVE } else { 0 },
-                lsn,
-                data_position: position,
-                payload_length: length as u32,
-                payload_crc,
-                batch_first_lsn: 0, // set by the flush leader, which knows the batch
-            };
-            let at = state.headers.len();
-            state.headers.resize(at + HEADER_SIZE, 0);
-            header.encode_unsealed(&mut state.headers[at..]);
-            for part in parts {
-                state.data.extend_from_slice(part);
-            }
             state.positions.push_back(position);
+            state.reserve_flags.push_back(reserved);
             state.next_lsn = lsn + 1;
             state.next_position = next_position;
             state.appended_since_check = true;
@@ -570,11 +698,14 @@ impl Inner {
             if wake {
                 self.flusher_wake.notify_one();
             }
-            return Ok(Some(lsn));
+            return Ok(Some((lsn, position)));
         }
+        Err(Error::invalid("log append found the stage full after every flush: other appenders keep refilling it"))
     }
 
-    /// Makes every record up to `target` durable, leading a flush or following one.
+    /// Makes every record up to `target` durable, leading a flush or following one. Waits for
+    /// an appender still copying a record at or below `target` (durability covers prefixes),
+    /// never for one above it.
     fn flush_to(&self, target: u64) -> Result<u64> {
         let mut state = self.state.lock();
         loop {
@@ -591,50 +722,89 @@ impl Inner {
                 )));
             }
             if state.flushing {
-                self.durable_changed.wait(&mut state);
+                self.durable_changed.wait_for(&mut state, WAIT_SLICE);
                 continue;
             }
-            // Lead: take everything pending. Not flushing and not durable means it is pending.
-            debug_assert!(!state.headers.is_empty());
-            let count = (state.headers.len() / HEADER_SIZE) as u64;
-            let first_lsn = state.next_lsn - count;
-            let first_position = state.next_position - state.data.len() as u64;
-            let last_lsn = state.next_lsn - 1;
-            let mut headers = std::mem::take(&mut state.spare_headers);
-            let mut data = std::mem::take(&mut state.spare_data);
-            std::mem::swap(&mut headers, &mut state.headers);
-            std::mem::swap(&mut data, &mut state.data);
-            state.pending_since = None;
-            state.flushing = true;
-            drop(state);
-
-            let mut writes = 0;
-            let result = self.write_batch(first_lsn, first_position, &mut headers, &data, &mut writes);
-            headers.clear();
-            data.clear();
-
-            state = self.state.lock();
-            state.flushing = false;
-            state.spare_headers = headers;
-            state.spare_data = data;
-            state.stats.flushes += 1;
-            state.stats.device_writes += writes;
-            let outcome = match result {
-                Ok(()) => {
-                    state.durable_lsn = last_lsn;
-                    Ok(())
+            let first_lsn = state.durable_lsn + 1;
+            if !self.is_published(first_lsn) {
+                // Its appender is still copying it. Count ourselves first, then look again:
+                // either the appender sees the count and wakes us under the lock, or we see
+                // the record published.
+                self.stall_waiters.fetch_add(1, Ordering::SeqCst);
+                if !self.is_published(first_lsn) {
+                    self.durable_changed.wait_for(&mut state, WAIT_SLICE);
                 }
-                Err(error) => {
-                    state.failed = true;
-                    state.headers.clear();
-                    state.data.clear();
-                    state.pending_since = None;
-                    Err(error)
-                }
-            };
-            self.durable_changed.notify_all();
-            outcome?;
+                self.stall_waiters.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
+            let (relocked, result) = self.lead(state);
+            state = relocked;
+            result?;
         }
+    }
+
+    /// One group commit: takes the published prefix after the durable lsn, writes it, flushes
+    /// once and publishes the new durable lsn (or latches the failure and returns the error to
+    /// the leader). The first record after the durable lsn must be published.
+    fn lead<'a>(&'a self, mut state: MutexGuard<'a, State>) -> (MutexGuard<'a, State>, Result<()>) {
+        debug_assert!(!state.flushing);
+        let first_lsn = state.durable_lsn + 1;
+        let first_position = state.durable_position;
+        let reserved_end = state.next_lsn;
+        let mut headers = std::mem::take(&mut state.spare_headers);
+        let mut data = std::mem::take(&mut state.spare_data);
+        state.pending_since = None;
+        state.flushing = true;
+        drop(state);
+
+        let last_lsn = self.gather_published(first_lsn, reserved_end, &mut headers, &mut data);
+        let mut writes = 0;
+        let result = self.write_batch(first_lsn, first_position, &mut headers, &data, &mut writes);
+        let batch_bytes = data.len() as u64;
+        headers.clear();
+        data.clear();
+
+        let mut state = self.state.lock();
+        state.flushing = false;
+        state.spare_headers = headers;
+        state.spare_data = data;
+        state.stats.flushes += 1;
+        state.stats.device_writes += writes;
+        match &result {
+            Ok(()) => {
+                state.durable_lsn = last_lsn;
+                state.durable_position = first_position + batch_bytes;
+                if state.next_lsn - 1 > last_lsn && state.pending_since.is_none() && self.flush_delay.is_some() {
+                    // Records reserved before this batch but not yet published when it was
+                    // taken: the background flush still owes them.
+                    state.pending_since = Some(Instant::now());
+                }
+            }
+            Err(_) => {
+                state.failed = true;
+                state.pending_since = None;
+            }
+        }
+        self.durable_changed.notify_all();
+        (state, result)
+    }
+
+    /// Copies the published records `first_lsn ..` (up to the first one not yet published, at
+    /// most to `reserved_end`) out of the stage into the batch buffers; returns the last lsn.
+    fn gather_published(&self, first_lsn: u64, reserved_end: u64, headers: &mut Vec<u8>, data: &mut Vec<u8>) -> u64 {
+        let mut lsn = first_lsn;
+        while lsn < reserved_end && self.is_published(lsn) {
+            let mut bytes = self.slot(lsn).bytes.lock();
+            headers.extend_from_slice(&bytes.header);
+            data.extend_from_slice(&bytes.payload);
+            if bytes.payload.capacity() > SLOT_KEEP_BYTES {
+                // A large payload: do not keep its buffer for the slot's next record.
+                bytes.payload = Vec::new();
+            }
+            lsn += 1;
+        }
+        assert!(lsn > first_lsn, "a group commit leads only with the next record published");
+        lsn - 1
     }
 
     /// Seals the headers, writes both buffers (split only at a ring wrap) and flushes once.
@@ -701,7 +871,14 @@ impl Inner {
                         self.flusher_wake.wait_until(&mut state, deadline);
                     }
                     Some(_) => {
-                        let target = state.next_lsn - 1;
+                        // Only what is published: a record still being copied is its
+                        // appender's to finish, and waiting for it here would stall the
+                        // flusher. Look again after `delay` if nothing is published yet.
+                        let target = self.published_max.load(Ordering::Acquire);
+                        if target <= state.durable_lsn {
+                            self.flusher_wake.wait_for(&mut state, delay);
+                            continue;
+                        }
                         state.stats.background_flushes += 1;
                         drop(state);
                         let _ = self.flush_to(target); // a failure is recorded in the state
@@ -716,6 +893,14 @@ impl Inner {
                 self.flusher_wake.wait(&mut state);
                 state.flusher_idle = false;
             }
+        }
+    }
+
+    #[cfg(test)]
+    fn run_copy_hook(&self, lsn: u64) {
+        let hook = self.copy_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook(lsn);
         }
     }
 }

@@ -15,6 +15,8 @@ pub(crate) struct Scan {
     pub records: Vec<Record>,
     /// Data positions of the records, in lsn order.
     pub positions: Vec<u64>,
+    /// Whether each record carries `FLAG_RESERVE`, in lsn order.
+    pub reserve_flags: Vec<bool>,
     /// Where the next record goes.
     pub end: LogPosition,
     /// Set when the record at `end` is damaged rather than torn.
@@ -102,6 +104,7 @@ pub(crate) fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPositio
     let mut reader = HeaderReader::new(device, geometry);
     let mut records = Vec::new();
     let mut positions = Vec::new();
+    let mut reserve_flags = Vec::new();
     let mut expected = tail;
     let mut used_bytes: u64 = 0;
     let mut previous_batch: Option<u64> = None;
@@ -112,13 +115,17 @@ pub(crate) fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPositio
         let header = match RecordHeader::decode(bytes) {
             Ok(header) if header.lsn == lsn => header,
             // A slot never written, a stale header of an earlier lap, or a torn header.
-            Ok(_) => return finish_at(&mut reader, tail, expected, records, positions, "another lsn in its slot"),
-            Err(_) => return finish_at(&mut reader, tail, expected, records, positions, "no valid header"),
+            Ok(_) => {
+                return finish_at(&mut reader, tail, expected, records, (positions, reserve_flags), "another lsn in its slot")
+            }
+            Err(_) => {
+                return finish_at(&mut reader, tail, expected, records, (positions, reserve_flags), "no valid header")
+            }
         };
         if let Some(why) = impossible_value(bytes, &header, expected, previous_batch, geometry.data_bytes - used_bytes)
         {
             let damage = LogDamage { lsn, slot, why, later_lsn: None };
-            return Ok(Scan { records, positions, end: expected, damage: Some(damage) });
+            return Ok(Scan { records, positions, reserve_flags, end: expected, damage: Some(damage) });
         }
         let length = header.payload_length as u64;
         let next_position = expected.data_position + length; // checked by impossible_value
@@ -126,15 +133,17 @@ pub(crate) fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPositio
         read_data(device, geometry, header.data_position, &mut payload)?;
         if tandem_accel::crc32c(0, &payload) != header.payload_crc {
             // Torn or lost payload (never acknowledged), unless a later batch follows.
-            return finish_at(&mut reader, tail, expected, records, positions, "payload checksum mismatch");
+            let found = (positions, reserve_flags);
+            return finish_at(&mut reader, tail, expected, records, found, "payload checksum mismatch");
         }
         records.push(Record { lsn, kind: header.kind, payload });
         positions.push(header.data_position);
+        reserve_flags.push(header.flags & format::FLAG_RESERVE != 0);
         used_bytes += length;
         previous_batch = Some(header.batch_first_lsn);
         expected = LogPosition { lsn: lsn + 1, data_position: next_position };
     }
-    Ok(Scan { records, positions, end: expected, damage: None })
+    Ok(Scan { records, positions, reserve_flags, end: expected, damage: None })
 }
 
 /// What is impossible about a CRC-valid header with the expected lsn, if anything: no writer
@@ -186,7 +195,7 @@ fn finish_at(
     tail: LogPosition,
     end: LogPosition,
     records: Vec<Record>,
-    positions: Vec<u64>,
+    (positions, reserve_flags): (Vec<u64>, Vec<bool>),
     why: &str,
 ) -> Result<Scan> {
     let slots = reader.geometry.header_slots;
@@ -201,7 +210,7 @@ fn finish_at(
             break;
         }
     }
-    Ok(Scan { records, positions, end, damage })
+    Ok(Scan { records, positions, reserve_flags, end, damage })
 }
 
 /// Zeroes every header slot that holds a CRC-valid header of lsn `end_lsn` or later, then

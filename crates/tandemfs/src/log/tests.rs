@@ -925,3 +925,185 @@ fn damage_before_a_later_group_commit_is_refused_and_can_be_discarded() {
     let (_, records) = open(&TestDevice::from_image(image), g, LogPosition::START, no_background(0.0));
     assert_eq!(records.len(), 4);
 }
+
+/// Many appenders at once over rings small enough that appends find the log full and the
+/// tail is released as they go (the rings wrap): recovery returns exactly the appended records,
+/// in lsn order, each with its payload, and no lsn was handed out twice.
+#[test]
+fn parallel_appends_with_log_full_recover_exactly() {
+    let (g, size) = geometry(256, 32 << 10);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let options = LogOptions { flush_delay_us: 100, reserve_fraction: 0.1 };
+    let (log, _) = open(&device, g, LogPosition::START, options);
+    let appended: Mutex<HashMap<u64, (u16, Vec<u8>)>> = Mutex::new(HashMap::new());
+    let superblock_tail = Mutex::new(LogPosition::START);
+    let log_full = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let threads = 8u64;
+    std::thread::scope(|scope| {
+        let mut appenders = Vec::new();
+        for t in 0..threads {
+            let (log, appended, log_full) = (&log, &appended, &log_full);
+            appenders.push(scope.spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(500 + t);
+                let mut count = 0;
+                for _ in 0..1_000_000 {
+                    if count == 1500 {
+                        break;
+                    }
+                    let length = if rng.gen_ratio(1, 8) { 4096 } else { rng.gen_range(0..200) };
+                    let bytes = payload(&mut rng, length);
+                    match log.append(t as u16, &[&bytes[..length / 2], &bytes[length / 2..]]).unwrap() {
+                        Some(lsn) => {
+                            assert!(appended.lock().insert(lsn, (t as u16, bytes)).is_none(), "lsn {lsn} twice");
+                            if rng.gen_ratio(1, 4) {
+                                log.wait_durable(lsn).unwrap();
+                                assert!(log.durable_lsn() >= lsn);
+                            }
+                            count += 1;
+                        }
+                        None => {
+                            log_full.fetch_add(1, Ordering::Relaxed);
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+                assert_eq!(count, 1500, "appender {t} starved");
+            }));
+        }
+        let (log, superblock_tail, done) = (&log, &superblock_tail, &done);
+        scope.spawn(move || {
+            // Releases only once the normal share is nearly full, so appenders meet a full log.
+            while !done.load(Ordering::SeqCst) {
+                let usage = log.usage();
+                if usage.header_slots_used * 10 > usage.header_slots_normal * 9
+                    || usage.data_bytes_used * 10 > usage.data_bytes_normal * 9
+                {
+                    let durable = log.flush().unwrap();
+                    let new_tail = log.position(durable + 1);
+                    *superblock_tail.lock() = new_tail; // "written and flushed"
+                    log.release(new_tail);
+                }
+                std::thread::yield_now();
+            }
+        });
+        for appender in appenders {
+            appender.join().unwrap();
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    log.shutdown().unwrap();
+    assert!(log_full.load(Ordering::Relaxed) > 0, "no append found the log full");
+    let next = log.next_lsn();
+    assert!(next > 4 * g.header_slots, "the rings wrapped");
+    let tail = *superblock_tail.lock();
+    let (_, records) = open(&device, g, tail, no_background(0.1));
+    let appended = appended.lock();
+    assert_eq!(appended.len() as u64, next - 1, "every lsn handed out belongs to one append");
+    assert_eq!(records.len() as u64, next - tail.lsn);
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record.lsn, tail.lsn + i as u64);
+        let (kind, bytes) = &appended[&record.lsn];
+        assert!(record.kind == *kind && record.payload == *bytes, "record {} differs", record.lsn);
+    }
+}
+
+/// Makes the appender of lsn `slow` stop after its reservation, before it copies its record,
+/// until `proceed` is passed; `reached` is passed once it stopped there.
+fn stall_copier_of(log: &Log, slow: u64, reached: Arc<std::sync::Barrier>, proceed: Arc<std::sync::Barrier>) {
+    let hook: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |lsn| {
+        if lsn == slow {
+            reached.wait();
+            proceed.wait();
+        }
+    });
+    *log.inner.copy_hook.lock() = Some(hook);
+}
+
+/// A thread that reserved a record and is slow to copy it holds up neither a flush of the
+/// records before it nor appends after it; only records after it wait for it to be durable.
+#[test]
+fn a_flush_does_not_wait_for_a_slow_copier_after_its_records() {
+    let (g, size) = geometry(64, 8192);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let (log, _) = open(&device, g, LogPosition::START, no_background(0.1));
+    let first = log.append(1, &[b"first"]).unwrap().unwrap();
+    let reached = Arc::new(std::sync::Barrier::new(2));
+    let proceed = Arc::new(std::sync::Barrier::new(2));
+    stall_copier_of(&log, first + 1, reached.clone(), proceed.clone());
+    let slow = {
+        let log = log.clone();
+        std::thread::spawn(move || log.append(2, &[b"slow"]).unwrap().unwrap())
+    };
+    reached.wait();
+    // The slow record is reserved, not copied: everything before it flushes without it.
+    assert_eq!(log.flush().unwrap(), first);
+    log.wait_durable(first).unwrap();
+    let third = log.append(3, &[b"third"]).unwrap().unwrap();
+    assert_eq!(third, first + 2);
+    // The third returned, so `flush` now owes it, and durability covers prefixes: it would
+    // wait for the slow one. Nothing after `first` is durable yet.
+    assert_eq!(log.durable_lsn(), first);
+    assert_eq!(log.usage().records_not_durable, 2);
+    // A waiter for the third record leads once the slow one is published.
+    let waiter = {
+        let log = log.clone();
+        std::thread::spawn(move || log.wait_durable(third))
+    };
+    proceed.wait();
+    assert_eq!(slow.join().unwrap(), first + 1);
+    waiter.join().unwrap().unwrap();
+    assert_eq!(log.durable_lsn(), third);
+    log.shutdown().unwrap();
+    let (_, records) = open(&device, g, LogPosition::START, no_background(0.1));
+    let kinds: Vec<(u64, u16, &[u8])> = records.iter().map(|r| (r.lsn, r.kind, &r.payload[..])).collect();
+    assert_eq!(kinds, vec![(first, 1, &b"first"[..]), (first + 1, 2, &b"slow"[..]), (third, 3, &b"third"[..])]);
+}
+
+/// An appender that dies between its reservation and its copy latches the log failed, so that
+/// nobody waits for its record: flushes past it, waits and appends return `Shutdown`.
+#[test]
+fn an_appender_dying_before_it_publishes_fails_the_log() {
+    let (g, size) = geometry(64, 8192);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let (log, _) = open(&device, g, LogPosition::START, LogOptions { flush_delay_us: 200, reserve_fraction: 0.1 });
+    let first = log.append(1, &[b"first"]).unwrap().unwrap();
+    let hook: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |lsn| {
+        if lsn == first + 1 {
+            panic!("injected: appender dies before copying");
+        }
+    });
+    *log.inner.copy_hook.lock() = Some(hook);
+    let dying = {
+        let log = log.clone();
+        std::thread::spawn(move || log.append(2, &[b"never"]))
+    };
+    assert!(dying.join().is_err());
+    log.wait_durable(first).unwrap();
+    assert!(matches!(log.wait_durable(first + 1), Err(Error::Shutdown)));
+    assert!(matches!(log.append(3, &[b"late"]), Err(Error::Shutdown)));
+    assert!(matches!(log.wait_for_durable_above(first, Duration::from_secs(5)), Err(Error::Shutdown)));
+}
+
+/// Each reserved record carries the way it was appended, from its reservation on and after a
+/// recovery: the back end tells its checkpoint records from logical ones with it.
+#[test]
+fn reserve_flags_are_known_per_lsn() {
+    let (g, size) = geometry(64, 8192);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let (log, _) = open(&device, g, LogPosition::START, no_background(0.1));
+    let normal = log.append(1, &[b"normal"]).unwrap().unwrap();
+    let reserved = log.append_reserved(2, &[b"reserved"]).unwrap().unwrap();
+    assert_eq!(log.appended_with_reserve(normal), Some(false));
+    assert_eq!(log.appended_with_reserve(reserved), Some(true));
+    assert_eq!(log.appended_with_reserve(reserved + 1), None);
+    assert_eq!(log.appended_with_reserve(normal - 1), None);
+    log.shutdown().unwrap();
+    let (log, _) = open(&device, g, LogPosition::START, no_background(0.1));
+    assert_eq!(log.appended_with_reserve(normal), Some(false));
+    assert_eq!(log.appended_with_reserve(reserved), Some(true));
+}
