@@ -647,6 +647,92 @@ mod tests {
         backend.enqueue(op, 0, 0, |op| log.append(op.kind(), &[&head, op.tail()])).unwrap().unwrap()
     }
 
+    struct QuietSink;
+
+    impl FrontSink for QuietSink {
+        fn batch_applied(&self, _summary: &BatchSummary<'_>) {}
+        fn space_changed(&self, _free_blocks: u64, _pending_free_blocks: u64) {}
+    }
+
+    /// Enqueues a root touch whose appender stops between its append and its deposit until
+    /// `proceed` is passed (`reached` is passed once it got its lsn).
+    fn enqueue_root_touch_stalled(
+        backend: &Backend,
+        reached: &std::sync::Barrier,
+        proceed: &std::sync::Barrier,
+    ) -> Option<u64> {
+        let root = backend.volume().read_inode(ROOT_INODE).unwrap();
+        let op = Op::SetAttributes { inode: AttributeImage::from_inode(&root), truncate: false };
+        let head = op.encode_head();
+        let log = backend.log().clone();
+        let append = |op: &Op| {
+            let appended = log.append(op.kind(), &[&head, op.tail()]);
+            reached.wait();
+            proceed.wait();
+            appended
+        };
+        backend.enqueue(op, 0, 0, append).unwrap()
+    }
+
+    /// A record appended but not yet deposited holds up the records after it: a pass applies
+    /// none of them, and a checkpoint's "first unapplied record" names it, not a later one.
+    /// Appending does not hold the queue: others enqueue meanwhile.
+    #[test]
+    fn a_record_on_its_way_to_the_queue_is_not_passed_over() {
+        let backend = backend_on_fresh_volume(false);
+        let before = backend.applied_lsn();
+        let reached = std::sync::Barrier::new(2);
+        let proceed = std::sync::Barrier::new(2);
+        std::thread::scope(|scope| {
+            let stalled = scope.spawn(|| enqueue_root_touch_stalled(&backend, &reached, &proceed));
+            reached.wait();
+            let later = enqueue_root_touch(&backend);
+            backend.log().flush().unwrap();
+            assert!(backend.log().durable_lsn() >= later);
+            assert!(!backend.pass(&QuietSink).unwrap(), "a pass skipped the record on its way");
+            assert_eq!(backend.applied_lsn(), before);
+            let first_unapplied = backend.queue.lock().first_unapplied(backend.log());
+            assert_eq!(first_unapplied, Some(later - 1));
+            proceed.wait();
+            let stalled_lsn = stalled.join().unwrap().unwrap();
+            assert_eq!(stalled_lsn, later - 1);
+            backend.drain(&QuietSink).unwrap();
+            assert_eq!(backend.applied_lsn(), later);
+        });
+    }
+
+    /// Many threads enqueue at once while checkpoints append their own records in between:
+    /// the back end applies every record, in lsn order, and a drain means all of them.
+    #[test]
+    fn parallel_enqueues_apply_in_lsn_order_around_checkpoints() {
+        let backend = backend_on_fresh_volume(true);
+        let applied: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(Vec::new()));
+        struct RecordingSink(Arc<Mutex<Vec<u64>>>);
+        impl FrontSink for RecordingSink {
+            fn batch_applied(&self, summary: &BatchSummary<'_>) {
+                self.0.lock().extend(summary.records.iter().map(|queued| queued.lsn));
+            }
+            fn space_changed(&self, _free_blocks: u64, _pending_free_blocks: u64) {}
+        }
+        let sink = Arc::new(RecordingSink(applied.clone()));
+        backend.start(sink.clone()).unwrap();
+        let mut lsns: Vec<u64> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..6)
+                .map(|_| scope.spawn(|| (0..150).map(|_| enqueue_root_touch(&backend)).collect::<Vec<u64>>()))
+                .collect();
+            for _ in 0..5 {
+                backend.drain_and_checkpoint(sink.as_ref()).unwrap();
+            }
+            workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect()
+        });
+        backend.drain_and_checkpoint(sink.as_ref()).unwrap();
+        assert!(backend.checkpoints() >= 1);
+        lsns.sort_unstable();
+        assert_eq!(*applied.lock(), lsns, "applied in lsn order, each once");
+        assert_eq!(backend.applied_lsn(), *lsns.last().unwrap());
+        backend.stop();
+    }
+
     #[test]
     fn a_panic_in_the_backend_thread_latches_and_wakes_waiters() {
         let backend = backend_on_fresh_volume(true);

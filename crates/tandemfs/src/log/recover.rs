@@ -116,7 +116,14 @@ pub(crate) fn scan(device: &dyn Device, geometry: &LogGeometry, tail: LogPositio
             Ok(header) if header.lsn == lsn => header,
             // A slot never written, a stale header of an earlier lap, or a torn header.
             Ok(_) => {
-                return finish_at(&mut reader, tail, expected, records, (positions, reserve_flags), "another lsn in its slot")
+                return finish_at(
+                    &mut reader,
+                    tail,
+                    expected,
+                    records,
+                    (positions, reserve_flags),
+                    "another lsn in its slot",
+                )
             }
             Err(_) => {
                 return finish_at(&mut reader, tail, expected, records, (positions, reserve_flags), "no valid header")
