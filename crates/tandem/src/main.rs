@@ -66,6 +66,8 @@ enum BenchCommand {
     Meta(bench::meta::MetaArguments),
     /// The same workload and large sequential I/O through a FUSE mount, beside ext4
     Mount(bench::mount::MountBenchArguments),
+    /// Appends to the operation log from many threads, with and without fsync
+    Log(bench::log::LogBenchArguments),
     /// The accelerator's storage services (CRC32C, AES-XTS, Reed-Solomon), CPU and GPU engines;
     /// every argument, --help included, goes to the accelerator's benchmark
     #[command(disable_help_flag = true)]
@@ -85,6 +87,7 @@ fn run(cli: Cli) -> CliResult<i32> {
         Command::Bench(bench) => match bench.which {
             BenchCommand::Meta(arguments) => bench::meta::run(arguments),
             BenchCommand::Mount(arguments) => bench::mount::run(arguments),
+            BenchCommand::Log(arguments) => bench::log::run(arguments),
             BenchCommand::Services(arguments) => bench::run_services(arguments),
         },
     }
