@@ -1071,6 +1071,7 @@ fn an_appender_dying_before_it_publishes_fails_the_log() {
     Log::format(device.as_ref(), &g).unwrap();
     let (log, _) = open(&device, g, LogPosition::START, LogOptions { flush_delay_us: 200, reserve_fraction: 0.1 });
     let first = log.append(1, &[b"first"]).unwrap().unwrap();
+    log.wait_durable(first).unwrap();
     let hook: Arc<dyn Fn(u64) + Send + Sync> = Arc::new(move |lsn| {
         if lsn == first + 1 {
             panic!("injected: appender dies before copying");
