@@ -170,6 +170,10 @@ struct State {
     stats: LogStats,
 }
 
+/// Test hook run by `append` between the reservation of an lsn and the copy of its record.
+#[cfg(test)]
+type CopyHook = Arc<dyn Fn(u64) + Send + Sync>;
+
 /// One record between its reservation and the group commit that writes it.
 #[repr(align(128))] // one appender per slot at a time: keep neighbours off its cache lines
 struct Slot {
@@ -210,7 +214,7 @@ struct Inner {
     flusher_wake: Condvar,
     /// Test hook: runs in `append` after the reservation, before the copy.
     #[cfg(test)]
-    copy_hook: Mutex<Option<Arc<dyn Fn(u64) + Send + Sync>>>,
+    copy_hook: Mutex<Option<CopyHook>>,
 }
 
 /// The operation log. `Send + Sync`; share it through the `Arc` that `recover` returns.
