@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ops;
+pub mod threads;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
