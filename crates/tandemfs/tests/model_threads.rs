@@ -68,6 +68,8 @@ fn run(seed: u64, backend_workers: usize) {
         for state in &states {
             state.check(&fs, shared, &format!("{what}, live"));
         }
+        let subdirectories: usize = states.iter().map(|state| state.shared.directories.len()).sum();
+        check_shared_link_count(&fs, shared, subdirectories, &format!("{what}, live"));
         if phase % 2 == 0 {
             fs.unmount().unwrap();
         } else {
@@ -84,6 +86,7 @@ fn run(seed: u64, backend_workers: usize) {
         for state in &states {
             state.check(&fs, shared, &format!("{what}, remounted"));
         }
+        check_shared_link_count(&fs, shared, subdirectories, &format!("{what}, remounted"));
     }
     fs.unmount().unwrap();
     let report = fsck::check(device).unwrap();

@@ -6,6 +6,7 @@
 use super::ops::{Driver, Step, Workload};
 use super::*;
 use rand::Rng;
+use std::collections::BTreeSet;
 
 /// The directory every thread also works in.
 pub const SHARED_DIRECTORY: &str = "shared";
@@ -37,16 +38,18 @@ fn outcome<T>(what: &str, result: Result<T, Error>) -> Result<T, Error> {
     }
 }
 
-/// One thread's files in the shared directory: name → contents.
+/// One thread's files in the shared directory (name → contents) and its empty directories
+/// there (which move the shared directory's link count, a field every thread changes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SharedFiles {
     pub thread: u64,
     pub files: BTreeMap<String, Vec<u8>>,
+    pub directories: BTreeSet<String>,
 }
 
 impl SharedFiles {
     pub fn new(thread: u64) -> SharedFiles {
-        SharedFiles { thread, files: BTreeMap::new() }
+        SharedFiles { thread, files: BTreeMap::new(), directories: BTreeSet::new() }
     }
 
     fn prefix(thread: u64) -> String {
@@ -65,7 +68,24 @@ impl SharedFiles {
     /// One random operation on the thread's names in the shared directory `directory`.
     pub fn step(&mut self, fs: &FileSystem, rng: &mut SmallRng, directory: u64) -> Step {
         let thread = self.thread;
-        match rng.gen_range(0..6) {
+        match rng.gen_range(0..8) {
+            6 => {
+                let name = format!("{}d{}", SharedFiles::prefix(thread), rng.gen_range(0..SHARED_NAMES_PER_THREAD));
+                let what = format!("thread {thread}: mkdir shared {name}");
+                match fs.make_directory(directory, name.as_bytes(), 0o755, 0, 0) {
+                    Ok(_) => assert!(self.directories.insert(name), "{what}: succeeded over an existing name"),
+                    Err(Error::Exists) => assert!(self.directories.contains(&name), "{what}: Exists"),
+                    Err(error) => outcome(&what, Err(error))?,
+                }
+            }
+            7 => {
+                let names: Vec<&String> = self.directories.iter().collect();
+                let Some(name) = (!names.is_empty()).then(|| names[rng.gen_range(0..names.len())].clone()) else {
+                    return Ok(());
+                };
+                outcome(&format!("thread {thread}: rmdir {name}"), fs.remove_directory(directory, name.as_bytes()))?;
+                self.directories.remove(&name);
+            }
             0 => {
                 let name = self.random_name(rng);
                 let result = fs.create(directory, name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0);
@@ -133,8 +153,14 @@ impl SharedFiles {
             true
         })?;
         let mut files = BTreeMap::new();
+        let mut directories = BTreeSet::new();
         for name in names {
             let attributes = fs.lookup(directory, &name)?;
+            if attributes.file_type == FileType::Directory {
+                assert_eq!(attributes.link_count, 2, "{name:?}: link count of an empty directory");
+                directories.insert(String::from_utf8(name).expect("test names are UTF-8"));
+                continue;
+            }
             assert_eq!(attributes.file_type, FileType::Regular);
             assert_eq!(attributes.link_count, 1, "{name:?}: link count");
             let mut data = vec![0u8; attributes.size_bytes as usize];
@@ -143,7 +169,7 @@ impl SharedFiles {
             let name = String::from_utf8(name).expect("test names are UTF-8");
             assert!(files.insert(name.clone(), data).is_none(), "{name}: listed twice");
         }
-        Ok(SharedFiles { thread, files })
+        Ok(SharedFiles { thread, files, directories })
     }
 
     pub fn difference(&self, other: &SharedFiles) -> String {
@@ -156,10 +182,10 @@ impl SharedFiles {
                 _ => {}
             }
         }
-        match other.files.keys().find(|name| !self.files.contains_key(*name)) {
-            Some(name) => format!("{name} only in the second"),
-            None => "none".into(),
+        if let Some(name) = other.files.keys().find(|name| !self.files.contains_key(*name)) {
+            return format!("{name} only in the second");
         }
+        format!("directories {:?} vs {:?}", self.directories, other.directories)
     }
 }
 
@@ -208,4 +234,10 @@ impl ThreadState {
         );
         assert!(shared == self.shared, "{what}: thread {thread}: shared files: {}", self.shared.difference(&shared));
     }
+}
+
+/// The shared directory's link count: every thread's subdirectories there move it.
+pub fn check_shared_link_count(fs: &FileSystem, shared_directory: u64, subdirectories: usize, what: &str) {
+    let attributes = fs.get_attributes(shared_directory).unwrap_or_else(|error| panic!("{what}: {error}"));
+    assert_eq!(attributes.link_count as usize, 2 + subdirectories, "{what}: link count of the shared directory");
 }
