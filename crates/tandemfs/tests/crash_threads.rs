@@ -16,6 +16,7 @@ use common::threads::*;
 use common::*;
 use rand::Rng;
 use std::sync::Arc;
+use std::time::Duration;
 use tandemfs::device::{CrashMode, Device, Fault, FaultOperation, MemoryDevice};
 use tandemfs::fs::MountOptions;
 use tandemfs::{fsck, FileSystem};
@@ -25,6 +26,8 @@ const ROUNDS_PER_SEED: u64 = 8;
 const SEEDS: u64 = 60;
 /// Operations per thread and round, at most; a round also ends at the first failure.
 const OPERATIONS_PER_ROUND_MAX: u64 = 60;
+/// A crash at a random instant comes within this many microseconds of the round's start.
+const CRASH_DELAY_US_MAX: u64 = 6_000;
 /// The device fails from a write drawn below this on.
 const FAULT_AFTER_WRITES_MAX: u64 = 200;
 /// As in `model_threads`: the back end has one apply thread and no option to choose more;
@@ -47,7 +50,7 @@ type Candidate = (Model, SharedFiles);
 #[derive(Debug, Default)]
 struct Tally {
     crash_points: u64,
-    /// Rounds in which some thread saw the device fail.
+    /// Rounds in which some thread saw the device fail (or the power go).
     rounds_failed: u64,
     /// Threads whose part came back past their last acknowledged state.
     found_past_acknowledged: u64,
@@ -62,8 +65,8 @@ fn thread_round(fs: &FileSystem, state: &mut ThreadState, shared: u64) -> (Vec<C
     for _ in 0..operations {
         let outcome = match state.rng.gen_range(0..16) {
             // Everything this thread did before the call is durable once sync returns.
-            0 => fs.sync().map(|()| candidates = vec![(state.driver.model.clone(), state.shared.clone())]),
-            1 => fs.checkpoint(),
+            0 | 1 => fs.sync().map(|()| candidates = vec![(state.driver.model.clone(), state.shared.clone())]),
+            2 => fs.checkpoint(),
             _ => {
                 let outcome = state.step(fs, shared);
                 for passed in state.driver.passed_through.drain(..) {
@@ -95,12 +98,27 @@ fn crash_run(seed: u64, backend_workers: usize, tally: &mut Tally) {
     for round in 0..ROUNDS_PER_SEED {
         let what = format!("seed {seed} round {round} ({backend_workers} back-end workers)");
         let fs = mount(&memory, &options, &what);
-        memory.inject(Fault {
-            operation: FaultOperation::Write,
-            after_operations: rng.gen_range(1..FAULT_AFTER_WRITES_MAX),
-            repeat: true,
-            range: None,
-        });
+        // Mostly power loss (unflushed writes torn or lost); sometimes a killed mount, whose
+        // writes all reach the medium, so that replay runs over data the back end applied.
+        let mode = match rng.gen_range(0..8) {
+            0 | 1 => CrashMode::KeepAll,
+            2 => CrashMode::DropAll,
+            _ => CrashMode::Random,
+        };
+        let crash_seed: u64 = rng.gen();
+        // The crash point: half the time a device that fails from a random write on (the
+        // threads stop at their first error, then the power goes), half the time the power
+        // goes at a random instant while the threads run. A sync that returned success must
+        // be in the image either way: after the crash the device fails every flush.
+        let crash_after = rng.gen_bool(0.5).then(|| Duration::from_micros(rng.gen_range(0..CRASH_DELAY_US_MAX)));
+        if crash_after.is_none() {
+            memory.inject(Fault {
+                operation: FaultOperation::Write,
+                after_operations: rng.gen_range(1..FAULT_AFTER_WRITES_MAX),
+                repeat: true,
+                range: None,
+            });
+        }
         let handles: Vec<_> = states
             .into_iter()
             .map(|mut state| {
@@ -111,18 +129,15 @@ fn crash_run(seed: u64, backend_workers: usize, tally: &mut Tally) {
                 })
             })
             .collect();
+        let survivor = crash_after.map(|delay| {
+            std::thread::sleep(delay);
+            memory.crash(crash_seed, mode)
+        });
         let finished: Vec<(ThreadState, Vec<Candidate>, bool)> =
             handles.into_iter().map(|handle| handle.join().expect("a thread failed")).collect();
         tally.rounds_failed += u64::from(finished.iter().any(|(_, _, failed)| *failed));
         tally.writes += memory.counters().writes;
-        // Mostly power loss (unflushed writes torn or lost); sometimes a killed mount, whose
-        // writes all reach the medium, so that replay runs over data the back end applied.
-        let mode = match rng.gen_range(0..8) {
-            0 | 1 => CrashMode::KeepAll,
-            2 => CrashMode::DropAll,
-            _ => CrashMode::Random,
-        };
-        memory = memory.crash(rng.gen(), mode);
+        memory = survivor.unwrap_or_else(|| memory.crash(crash_seed, mode));
         // Stops the back-end thread and the multi-mount keeper; the old device is dead, so
         // nothing this does reaches the image, and it may fail.
         let _ = fs.unmount();
