@@ -156,22 +156,19 @@ fn assert_same(what: &str, seed: u64, expected: &Tree, got: &Tree) {
     assert!(expected == got, "seed {seed}: {what}: {}", first_difference(expected, got));
 }
 
-/// The outcome a racing operation may have: success or an error another thread's change can
-/// cause. Anything else (I/O, corruption, shutdown, no space) fails the test.
-fn allowed(what: &str, result: Result<(), Error>) {
-    match result {
-        Ok(())
-        | Err(
-            Error::NotFound
+/// Whether an error is one another thread's change can cause. Anything else (I/O, corruption,
+/// shutdown, no space) fails the test.
+fn allowed(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::NotFound
             | Error::Exists
             | Error::NotDirectory
             | Error::IsDirectory
             | Error::NotEmpty
             | Error::InvalidArgument(_)
-            | Error::NoData,
-        ) => {}
-        Err(error) => panic!("{what}: {error:?}"),
-    }
+            | Error::NoData
+    )
 }
 
 fn name(rng: &mut SmallRng) -> String {
@@ -361,9 +358,10 @@ impl Worker {
                 None => Ok(()),
             },
         };
-        let succeeded = result.is_ok();
-        allowed(&what, result);
-        if succeeded {
+        if let Err(error) = &result {
+            assert!(allowed(error), "{what}: {error:?} (the volume's failure: {:?})", fs.failure());
+        }
+        if result.is_ok() {
             self.tally[kind].0 += 1;
         } else {
             self.tally[kind].1 += 1;
