@@ -62,7 +62,7 @@ fn operation(
             let length = rng.gen_range(1..=16_384);
             let bytes = pattern(rng, length);
             fs.write(file.inode, rng.gen_range(0..32_768), &bytes)?;
-            if serial % 8 == 0 {
+            if serial.is_multiple_of(8) {
                 fs.fsync(file.inode, false)?;
             }
         }
@@ -84,7 +84,7 @@ fn operation(
             }
         }
         7 => {
-            if serial % 4 == 0 {
+            if serial.is_multiple_of(4) {
                 fs.sync()?;
             }
         }

@@ -70,7 +70,7 @@ fn run(seed: u64, backend_workers: usize) {
         }
         let subdirectories: usize = states.iter().map(|state| state.shared.directories.len()).sum();
         check_shared_link_count(&fs, shared, subdirectories, &format!("{what}, live"));
-        if phase % 2 == 0 {
+        if phase.is_multiple_of(2) {
             fs.unmount().unwrap();
         } else {
             // A killed mount: everything acknowledged is durable and every write issued so far
