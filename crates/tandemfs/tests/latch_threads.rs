@@ -29,6 +29,9 @@ const WORK_BEFORE_FAULT: Duration = Duration::from_millis(400);
 /// broken: the back end fails at its next write home (a checkpoint, due after a few MiB of
 /// log), and every later change must fail.
 const OPERATIONS_AFTER_FAULT_MAX: u64 = 200_000;
+/// Names per thread in each directory: few enough that the live data (at most 48 KiB a file)
+/// stays far below the volume, so that no error but the fault's can come.
+const NAMES_PER_THREAD: u64 = 20;
 /// Bound on a thread's loop before the fault (the fault comes after `WORK_BEFORE_FAULT`).
 const OPERATIONS_BEFORE_FAULT_MAX: u64 = 10_000_000;
 
@@ -50,7 +53,7 @@ fn operation(
     directories: &[u64],
 ) -> Result<(), Error> {
     let directory = directories[rng.gen_range(0..directories.len())];
-    let name = format!("t{thread}-{}", rng.gen_range(0..40));
+    let name = format!("t{thread}-{}", rng.gen_range(0..NAMES_PER_THREAD));
     let lookup = fs.lookup(directory, name.as_bytes());
     match rng.gen_range(0..10) {
         0..=2 => {
@@ -68,7 +71,7 @@ fn operation(
         }
         3 | 4 => {
             let target = directories[rng.gen_range(0..directories.len())];
-            let target_name = format!("t{thread}-{}", rng.gen_range(0..40));
+            let target_name = format!("t{thread}-{}", rng.gen_range(0..NAMES_PER_THREAD));
             match fs.rename(directory, name.as_bytes(), target, target_name.as_bytes(), RenameMode::Replace) {
                 Ok(()) | Err(Error::NotFound) => {}
                 Err(error) => return Err(error),
