@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ops;
+pub mod threads;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -108,15 +109,21 @@ impl Model {
 /// Reads the whole volume into a model (paths, contents, symlink targets, xattrs) and checks
 /// link counts and readdir on the way.
 pub fn read_back(fs: &FileSystem) -> Result<Model, Error> {
+    read_back_under(fs, ROOT_INODE)
+}
+
+/// Reads the subtree under the directory `top` into a model whose root is `top`. Hard links
+/// must stay inside the subtree (link counts are checked against the names found in it).
+pub fn read_back_under(fs: &FileSystem, top: u64) -> Result<Model, Error> {
     let mut model = Model::new();
     let mut root_xattrs = BTreeMap::new();
-    for name in fs.list_xattr(ROOT_INODE)? {
-        let value = fs.get_xattr(ROOT_INODE, &name)?;
+    for name in fs.list_xattr(top)? {
+        let value = fs.get_xattr(top, &name)?;
         root_xattrs.insert(name, value);
     }
     model.nodes.insert(String::new(), Node::Directory { xattrs: root_xattrs });
     let mut inode_paths: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-    let mut stack = vec![(String::new(), ROOT_INODE)];
+    let mut stack = vec![(String::new(), top)];
     while let Some((path, inode)) = stack.pop() {
         let mut entries = Vec::new();
         fs.read_directory(inode, 0, &mut |entry| {

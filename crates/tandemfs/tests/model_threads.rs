@@ -1,0 +1,107 @@
+//! The model test with several front-end threads: each thread drives its own private subtree
+//! against its own reference model (every read, listing and error compared as it goes) and a
+//! few thread-unique names in one shared directory, all at once on one mount whose back end
+//! runs in its own thread. Between phases the threads stop, every thread's part of the volume
+//! is compared with its model, and the volume is remounted (a clean unmount, or a killed mount
+//! whose log is replayed over what the back end applied) and checked by fsck.
+//! `TANDEM_SEED=n cargo test --release --test model_threads` runs one seed.
+
+mod common;
+
+use common::ops::Workload;
+use common::threads::*;
+use common::*;
+use std::sync::Arc;
+use tandemfs::device::CrashMode;
+use tandemfs::fs::MountOptions;
+use tandemfs::{fsck, FileSystem};
+
+const THREADS: u64 = 6;
+const PHASES: u64 = 4;
+const OPERATIONS_PER_THREAD_PER_PHASE: u64 = 5_000;
+/// The back-end worker counts to run with. The back end has one apply thread today and
+/// `MountOptions` has no worker count; when it gains one (issue 7 item 5), list the counts
+/// here (e.g. 1, 2, 4) and set it in `mount_options`.
+const BACKEND_WORKER_COUNTS: &[usize] = &[1];
+
+fn mount_options(backend_workers: usize) -> MountOptions {
+    assert_eq!(backend_workers, 1, "no mount option chooses the back end's worker count yet");
+    MountOptions::default()
+}
+
+fn workload() -> Workload {
+    Workload {
+        names_per_directory: 16,
+        write_bytes_max: 12_000,
+        file_bytes_max: 100_000,
+        create_weight: 6,
+        flat: false,
+    }
+}
+
+fn run(seed: u64, backend_workers: usize) {
+    println!("model with threads: seed {seed}, {backend_workers} back-end workers");
+    let options = mount_options(backend_workers);
+    let (mut memory, mut device) = memory_volume(256 << 20, false);
+    let (mut fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
+    let shared = make_directories(&fs, THREADS);
+    let mut states: Vec<ThreadState> = (0..THREADS).map(|thread| ThreadState::new(seed, thread, workload())).collect();
+    for phase in 0..PHASES {
+        let handles: Vec<_> = states
+            .into_iter()
+            .map(|mut state| {
+                let fs = fs.clone();
+                std::thread::spawn(move || {
+                    for index in 0..OPERATIONS_PER_THREAD_PER_PHASE {
+                        state.step(&fs, shared).unwrap_or_else(|error| {
+                            panic!("seed {seed} phase {phase} thread {} operation {index}: {error}", state.thread)
+                        });
+                        state.driver.passed_through.clear();
+                    }
+                    state
+                })
+            })
+            .collect();
+        states = handles.into_iter().map(|handle| handle.join().expect("a model thread failed")).collect();
+        let what = format!("seed {seed} phase {phase}");
+        assert_eq!(fs.failure(), None, "{what}");
+        for state in &states {
+            state.check(&fs, shared, &format!("{what}, live"));
+        }
+        let subdirectories: usize = states.iter().map(|state| state.shared.directories.len()).sum();
+        check_shared_link_count(&fs, shared, subdirectories, &format!("{what}, live"));
+        if phase.is_multiple_of(2) {
+            fs.unmount().unwrap();
+        } else {
+            // A killed mount: everything acknowledged is durable and every write issued so far
+            // is kept; the next mount replays the log over what the back end already applied.
+            fs.sync().unwrap();
+            memory = memory.crash(seed, CrashMode::KeepAll);
+            device = Arc::new(memory.clone());
+            let _ = fs.unmount();
+        }
+        let report = fsck::check(device.clone()).unwrap();
+        assert!(report.is_clean(), "{what}: fsck: {:#?}", report.problems);
+        fs = FileSystem::mount(device.clone(), &options).unwrap().0;
+        for state in &states {
+            state.check(&fs, shared, &format!("{what}, remounted"));
+        }
+        check_shared_link_count(&fs, shared, subdirectories, &format!("{what}, remounted"));
+    }
+    fs.unmount().unwrap();
+    let report = fsck::check(device).unwrap();
+    assert!(report.is_clean(), "seed {seed}: fsck at the end: {:#?}", report.problems);
+}
+
+#[test]
+fn threads_each_follow_their_model() {
+    let seeds: Vec<u64> = match std::env::var("TANDEM_SEED") {
+        Ok(seed) => vec![seed.parse().expect("TANDEM_SEED is a number")],
+        Err(_) => vec![0, 1, 2],
+    };
+    for &backend_workers in BACKEND_WORKER_COUNTS {
+        for &seed in &seeds {
+            run(seed, backend_workers);
+        }
+    }
+}
