@@ -284,7 +284,11 @@ fn superblock_fields() -> Vec<Field> {
     fields.push(field("free_blocks", 272, 8, Free));
     fields.push(field("free_inodes", 280, 8, Free));
     // 288..320 belong to other parts of issue 13 (lazy inode table, multi-mount protection).
-    fields.push(field("reserved", 320, 8, Checked));
+    fields.push(field("generation_table_start", 320, 8, Checked));
+    fields.push(field("generation_table_blocks", 328, 8, Checked));
+    // The top generation-table block must carry this generation: any change is stale.
+    fields.push(field("metadata_generation", 336, 8, Checked));
+    fields.push(field("reserved", 344, 8, Checked));
     fields.push(field("reserved", 4084, 8, Checked));
     fields
 }
@@ -352,7 +356,7 @@ fn extent_entry_fields(fields: &mut Vec<Field>, name: &str, base: usize) {
 fn leaf_records(block: &[u8; BLOCK_SIZE]) -> Vec<usize> {
     let mut starts = Vec::new();
     let mut slot = 4;
-    while slot < 255 {
+    while slot < tandemfs::block::meta::META_PAYLOAD_BYTES / 16 {
         if block[32 + slot / 8] & (1 << (slot % 8)) == 0 {
             slot += 1;
             continue;
@@ -378,14 +382,23 @@ fn targets(image: &[u8], rng: &mut SmallRng) -> Vec<Target> {
         let (name, fields): (&'static str, Vec<Field>) = match kind {
             BlockKind::BlockBitmap | BlockKind::InodeBitmap => {
                 // Words holding allocated bits, the first free word, and the last word.
-                let words: Vec<usize> = (0..510).collect();
+                let words: Vec<usize> = (0..508).collect();
                 let used: Vec<usize> = words.iter().copied().filter(|w| read_le(block, w * 8, 8) != 0).collect();
                 let free = words.iter().copied().find(|w| read_le(block, w * 8, 8) == 0);
                 let mut chosen: Vec<usize> = used.iter().copied().step_by((used.len() / 6).max(1)).collect();
                 chosen.extend(free);
-                chosen.push(509);
+                chosen.push(507);
                 let name = if kind == BlockKind::BlockBitmap { "block bitmap" } else { "inode bitmap" };
                 (name, chosen.into_iter().map(|w| field(format!("word {w}"), w * 8, 8, Checked)).collect())
+            }
+            BlockKind::GenerationTable => {
+                // Expected generations of blocks in use: any change makes a block look stale.
+                let used: Vec<usize> = (0..508).filter(|w| read_le(block, w * 8, 8) != 0).collect();
+                let chosen: Vec<usize> = used.iter().copied().step_by((used.len() / 4).max(1)).collect();
+                (
+                    "generation table",
+                    chosen.into_iter().map(|w| field(format!("generation {w}"), w * 8, 8, Checked)).collect(),
+                )
             }
             BlockKind::InodeTable => {
                 let live: Vec<usize> =
@@ -716,7 +729,7 @@ fn superblock_of(image: &[u8]) -> tandemfs::block::superblock::Superblock {
 
 /// Clears bit `bit` of the bitmap region starting at `start` and re-seals its block.
 fn clear_bitmap_bit(image: &mut [u8], start: u64, bit: u64) {
-    let bits_per_block = 4080 * 8;
+    let bits_per_block = tandemfs::block::superblock::BITS_PER_BITMAP_BLOCK;
     let block = start + bit / bits_per_block;
     let within = (bit % bits_per_block) as usize;
     let byte = block as usize * BLOCK_SIZE + within / 8;

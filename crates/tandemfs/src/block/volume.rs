@@ -4,9 +4,10 @@
 
 use super::bitmap::Bitmap;
 use super::cache::BlockCache;
+use super::codec::{get_u64, put_u64};
 use super::inode::{Inode, INODE_BYTES};
 use super::meta::*;
-use super::superblock::{Superblock, INODES_PER_BLOCK};
+use super::superblock::{generation_table_levels, Superblock, GENERATIONS_PER_TABLE_BLOCK, INODES_PER_BLOCK};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::fs::types::FileType;
@@ -37,6 +38,8 @@ pub struct Volume {
     pub current_lsn: u64,
     /// Set at load when the bitmaps disagree with the superblock's free counts.
     pub bitmap_disagreement: Option<String>,
+    /// The generation table's levels (`superblock::generation_table_levels`), lowest first.
+    table_levels: Vec<(u64, u64)>,
 }
 
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
@@ -51,6 +54,7 @@ impl Volume {
     pub fn new_empty(device: Arc<dyn Device>, superblock: Superblock, cache_blocks: usize) -> Volume {
         let blocks = Bitmap::new(superblock.block_count, BlockKind::BlockBitmap);
         let inodes = Bitmap::new(superblock.inode_count, BlockKind::InodeBitmap);
+        let table_levels = generation_table_levels(superblock.block_count);
         Volume {
             device,
             superblock,
@@ -59,6 +63,7 @@ impl Volume {
             cache: BlockCache::new(cache_blocks),
             current_lsn: 0,
             bitmap_disagreement: None,
+            table_levels,
         }
     }
 
@@ -81,6 +86,8 @@ impl Volume {
                     let bytes: &[u8; BLOCK_SIZE] =
                         buffer[(offset as usize) * BLOCK_SIZE..(offset as usize + 1) * BLOCK_SIZE].try_into().unwrap();
                     verify_block(bytes, kind, start + index + offset)?;
+                    let expected = volume.expected_generation(0, start + index + offset)?;
+                    verify_generation(bytes, kind, start + index + offset, expected)?;
                     let bitmap = if kind == BlockKind::BlockBitmap { &mut volume.blocks } else { &mut volume.inodes };
                     bitmap.decode_block(index + offset, bytes)?;
                 }
@@ -136,7 +143,8 @@ impl Volume {
             BlockKind::InodeTable => (self.superblock.inode_table_start
                 ..self.superblock.inode_table_start + self.superblock.inode_table_blocks)
                 .contains(&block_number),
-            BlockKind::BlockBitmap | BlockKind::InodeBitmap => false,
+            // Bitmaps are loaded whole at mount; generation-table blocks go through `table_block`.
+            BlockKind::BlockBitmap | BlockKind::InodeBitmap | BlockKind::GenerationTable => false,
             _ => (self.superblock.first_data_block..self.superblock.block_count).contains(&block_number),
         };
         if !allowed {
@@ -211,9 +219,18 @@ impl Volume {
         if index < self.superblock.inode_table_initialized_blocks {
             self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
         }
-        // Inode-table blocks are written lazily: an all-zero block holds only free inodes.
-        if block.iter().any(|byte| *byte != 0) {
-            verify_block(&block, BlockKind::InodeTable, block_number)?;
+        // Inode-table blocks are written lazily: an all-zero block holds only free inodes, and
+        // is what mkfs and the mark's zeroing leave, never a checkpoint (it seals every image).
+        if index < self.superblock.inode_table_initialized_blocks {
+            let expected = self.expected_generation(0, block_number)?;
+            if block.iter().any(|byte| *byte != 0) {
+                verify_block(&block, BlockKind::InodeTable, block_number)?;
+                verify_generation(&block, BlockKind::InodeTable, block_number, expected)?;
+            } else if expected != 0 {
+                return Err(Error::corruption(format!(
+                    "InodeTable block {block_number}: all zero, generation {expected} expected (a stale block: a write was lost)"
+                )));
+            }
         }
         let block = Arc::new(block);
         self.cache.insert_clean(block_number, BlockKind::InodeTable, block.clone());
@@ -454,16 +471,113 @@ impl Volume {
 
     /// Sealed images of every changed metadata block, for a checkpoint that writes them while
     /// the volume stays readable: cache blocks stay dirty (pinned) until `images_home`.
-    pub fn snapshot_images(&mut self) -> Vec<Image> {
+    ///
+    /// Every image carries the checkpoint's generation (`metadata_generation + 1`) in its
+    /// trailer, and the generation table records it as what a read of that block must find:
+    /// the table blocks this changes are images of the same checkpoint, level by level up to
+    /// the top block, whose generation the superblock this checkpoint writes records
+    /// (`metadata_generation` moves now; the blocks that disagree with the device until the
+    /// images are home stay pinned in the cache, so no read meets the difference).
+    pub fn snapshot_images(&mut self) -> Result<Vec<Image>> {
+        let generation = self.superblock.metadata_generation + 1;
+        let dirty_bitmaps = [self.blocks.take_dirty_blocks(), self.inodes.take_dirty_blocks()];
+        let mut items: Vec<u64> = self
+            .cache
+            .dirty_blocks()
+            .into_iter()
+            .filter(|(_, kind)| *kind != BlockKind::GenerationTable)
+            .map(|(number, _)| number)
+            .collect();
+        items.extend(dirty_bitmaps[0].iter().map(|index| self.superblock.block_bitmap_start + index));
+        items.extend(dirty_bitmaps[1].iter().map(|index| self.superblock.inode_bitmap_start + index));
+        let table_start = self.superblock.generation_table_start;
+        for level in 0..self.table_levels.len() {
+            for item in &items {
+                self.set_expected_generation(level, *item, generation)?;
+            }
+            // The blocks of this level now dirty (changed above, or left by a checkpoint that
+            // failed) are the items of the next level.
+            let (start, blocks) = self.table_levels[level];
+            let range = table_start + start..table_start + start + blocks;
+            items = self
+                .cache
+                .dirty_blocks()
+                .into_iter()
+                .filter(|(number, kind)| *kind == BlockKind::GenerationTable && range.contains(number))
+                .map(|(number, _)| number - range.start)
+                .collect();
+        }
         let mut images: Vec<Image> = self
             .cache
-            .seal_dirty(&mut |block_number, kind, block| seal_block(block, kind, block_number))
+            .seal_dirty(&mut |block_number, kind, block| seal_block_generation(block, kind, block_number, generation))
             .into_iter()
             .map(|(block_number, block)| Image { block_number, block })
             .collect();
-        self.append_bitmap_images(&mut images);
+        self.append_bitmap_images(&mut images, dirty_bitmaps, generation);
+        if !images.is_empty() {
+            self.superblock.metadata_generation = generation;
+        }
         images.sort_by_key(|image| image.block_number);
-        images
+        Ok(images)
+    }
+
+    // ---- generation table ----
+
+    /// Checks the generation of a block read from the device outside the cache (fsck's repair
+    /// compares the bitmaps on disk) against the generation table.
+    pub fn check_generation(&mut self, block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64) -> Result<()> {
+        let expected = self.expected_generation(0, block_number)?;
+        verify_generation(block, kind, block_number, expected)
+    }
+
+    /// The generation a read of item `index` of `level` must find: level 0's items are the
+    /// volume's blocks, level k's the blocks of table level k − 1.
+    fn expected_generation(&mut self, level: usize, index: u64) -> Result<u64> {
+        let (_, block) = self.table_block(level, index / GENERATIONS_PER_TABLE_BLOCK)?;
+        Ok(get_u64(&block[..], (index % GENERATIONS_PER_TABLE_BLOCK) as usize * 8))
+    }
+
+    /// Records `generation` for item `index` of `level` (see `expected_generation`).
+    fn set_expected_generation(&mut self, level: usize, index: u64, generation: u64) -> Result<()> {
+        let (number, block) = self.table_block(level, index / GENERATIONS_PER_TABLE_BLOCK)?;
+        let offset = (index % GENERATIONS_PER_TABLE_BLOCK) as usize * 8;
+        if get_u64(&block[..], offset) != generation {
+            drop(block);
+            let block =
+                self.cache.modify(number, BlockKind::GenerationTable).expect("table block cached by the read above");
+            put_u64(&mut block[..], offset, generation);
+        }
+        Ok(())
+    }
+
+    /// Block `index` of table level `level`, checked against the generation the level above
+    /// (or, for the top block, the superblock) expects. A block expected at generation 0 was
+    /// never written (the table is written lazily, like the inode table): it is all zeros and
+    /// not read.
+    fn table_block(&mut self, level: usize, index: u64) -> Result<(u64, SharedBlock)> {
+        assert!(level < self.table_levels.len());
+        let (start, blocks) = self.table_levels[level];
+        if index >= blocks {
+            return Err(Error::corruption(format!("generation table level {level} has no block {index}")));
+        }
+        let number = self.superblock.generation_table_start + start + index;
+        if let Some(block) = self.cache.get(number, BlockKind::GenerationTable) {
+            return Ok((number, block));
+        }
+        let expected = if level + 1 == self.table_levels.len() {
+            self.superblock.metadata_generation
+        } else {
+            self.expected_generation(level + 1, index)?
+        };
+        let mut block = zeroed_block();
+        if expected != 0 {
+            self.device.read_at(number * BLOCK_SIZE_U64, &mut block[..])?;
+            verify_block(&block, BlockKind::GenerationTable, number)?;
+            verify_generation(&block, BlockKind::GenerationTable, number, expected)?;
+        }
+        let block = Arc::new(block);
+        self.cache.insert_clean(number, BlockKind::GenerationTable, block.clone());
+        Ok((number, block))
     }
 
     /// The images from `snapshot_images` are home.
@@ -472,14 +586,16 @@ impl Volume {
         self.cache.mark_clean(&numbers);
     }
 
-    fn append_bitmap_images(&mut self, images: &mut Vec<Image>) {
+    fn append_bitmap_images(&mut self, images: &mut Vec<Image>, dirty: [Vec<u64>; 2], generation: u64) {
         let superblock = &self.superblock;
-        for (bitmap, start) in
+        for ((bitmap, start), dirty) in
             [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)]
+                .into_iter()
+                .zip(dirty)
         {
-            for index in bitmap.take_dirty_blocks() {
+            for index in dirty {
                 let mut block = bitmap.encode_block(index);
-                seal_block(&mut block, bitmap.kind, start + index);
+                seal_block_generation(&mut block, bitmap.kind, start + index, generation);
                 images.push(Image { block_number: start + index, block: Arc::new(block) });
             }
         }
@@ -491,10 +607,18 @@ impl Volume {
     /// after flushing, so the mark only ever covers blocks that are zero or valid on the device.
     /// A crash before it is written leaves the old mark, which ignores what was written past it;
     /// completing the checkpoint at the next mount writes the images and moves the mark again.
+    ///
+    /// The images include the top generation-table block, whose generation `superblock` then
+    /// records (`metadata_generation`): a mount completing an interrupted checkpoint learns it
+    /// this way.
     pub fn write_images_home(device: &dyn Device, superblock: &mut Superblock, images: &[Image]) -> Result<()> {
         let new_mark = initialize_inode_table(device, superblock, images)?;
         write_images(device, images)?;
         superblock.inode_table_initialized_blocks = new_mark;
+        let top = superblock.generation_table_start + superblock.generation_table_blocks - 1;
+        if let Some(image) = images.iter().find(|image| image.block_number == top) {
+            superblock.metadata_generation = block_generation(&image.block);
+        }
         Ok(())
     }
 }
@@ -583,6 +707,8 @@ impl MetaStore for Volume {
         let mut block = zeroed_block();
         self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
         verify_block(&block, kind, block_number)?;
+        let expected = self.expected_generation(0, block_number)?;
+        verify_generation(&block, kind, block_number, expected)?;
         let block = Arc::new(block);
         self.cache.insert_clean(block_number, kind, block.clone());
         Ok(block)

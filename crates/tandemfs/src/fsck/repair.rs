@@ -746,8 +746,9 @@ impl<'a> Repairer<'a> {
         for index in 0..rebuilt.bitmap_blocks() {
             let mut block = Box::new([0u8; BLOCK_SIZE]);
             self.volume.device.read_at((start + index) * BLOCK_SIZE_U64, &mut block[..])?;
-            let readable =
-                verify_block(&block, rebuilt.kind, start + index).and_then(|()| on_disk.decode_block(index, &block));
+            let readable = verify_block(&block, rebuilt.kind, start + index)
+                .and_then(|()| self.volume.check_generation(&block, rebuilt.kind, start + index))
+                .and_then(|()| on_disk.decode_block(index, &block));
             if let Err(error) = readable {
                 self.change(format!("{what} bitmap block {}: {error}; rebuilt", start + index));
                 damaged += 1;
