@@ -30,7 +30,7 @@ pub const TRAILER_BLOCK_OFFSET: usize = TRAILER_CRC_OFFSET + 4;
 pub const TRAILER_GENERATION_OFFSET: usize = TRAILER_BLOCK_OFFSET + 8;
 pub const TRAILER_RESERVED_OFFSET: usize = TRAILER_GENERATION_OFFSET + 8;
 const _: () = assert!(TRAILER_RESERVED_OFFSET + 8 == BLOCK_SIZE);
-const _: () = assert!(META_PAYLOAD_BYTES % 16 == 0);
+const _: () = assert!(META_PAYLOAD_BYTES.is_multiple_of(16));
 
 /// A whole 4 KiB block in memory.
 pub type BlockBuf = Box<[u8; BLOCK_SIZE]>;

@@ -794,6 +794,66 @@ mod tests {
         assert_eq!(superblock.inode_table_initialized_blocks, 8);
     }
 
+    /// One checkpoint of `volume`'s changes, written home as `backend::checkpoint` does, with the
+    /// superblock's generation taken from the images as a mount completing it would.
+    fn checkpoint(volume: &mut Volume, device: &MemoryDevice) -> Vec<Image> {
+        let images = volume.snapshot_images().unwrap();
+        let mut superblock = volume.superblock.clone();
+        if !images.is_empty() {
+            superblock.metadata_generation = 0;
+        }
+        Volume::write_images_home(device, &mut superblock, &images).unwrap();
+        assert_eq!(superblock.metadata_generation, volume.superblock.metadata_generation);
+        volume.images_home(&images);
+        images
+    }
+
+    #[test]
+    fn a_block_put_back_older_is_stale() {
+        let device = Arc::new(MemoryDevice::from_bytes(vec![0; 64 << 20]));
+        let superblock = Superblock::layout((64 << 20) / BLOCK_SIZE_U64, None, None).unwrap();
+        let mut volume = Volume::new_empty(device.clone(), superblock.clone(), 64);
+        volume.blocks.set_range(0, superblock.first_data_block);
+        let block = volume.allocate_meta(0).unwrap();
+        let mut older = None;
+        for generation in 1..=3u64 {
+            let mut payload = zeroed_block();
+            payload[0] = generation as u8;
+            volume.write_meta(block, BlockKind::Xattr, Arc::new(payload)).unwrap();
+            let images = checkpoint(&mut volume, &device);
+            assert_eq!(volume.superblock.metadata_generation, generation);
+            // The block, the bitmap blocks and the table blocks up to the top carry the generation.
+            assert!(images.iter().all(|image| block_generation(&image.block) == generation));
+            let top = superblock.generation_table_start + superblock.generation_table_blocks - 1;
+            assert!(images.iter().any(|image| image.block_number == top));
+            if generation == 2 {
+                older = Some(images.iter().find(|image| image.block_number == block).unwrap().block.clone());
+            }
+        }
+        // A checkpoint with nothing to write takes no generation.
+        assert!(checkpoint(&mut volume, &device).is_empty());
+        assert_eq!(volume.superblock.metadata_generation, 3);
+        let fresh = |superblock: &Superblock| {
+            let mut volume = Volume::new_empty(device.clone(), superblock.clone(), 64);
+            volume.blocks.set_range(0, superblock.block_count);
+            volume
+        };
+        assert_eq!(fresh(&volume.superblock).read_meta(block, BlockKind::Xattr).unwrap()[0], 3);
+        // The lost write of generation 3 leaves generation 2's valid block behind.
+        device.write_at(block * BLOCK_SIZE_U64, &older.unwrap()[..]).unwrap();
+        let error = fresh(&volume.superblock).read_meta(block, BlockKind::Xattr).unwrap_err();
+        assert!(error.is_corruption());
+        assert!(
+            error.to_string().contains(&format!("Xattr block {block}: generation 2 stored, 3 expected")),
+            "{error}"
+        );
+        // A superblock that expects another generation of the top table block fails every read.
+        let mut wrong = volume.superblock.clone();
+        wrong.metadata_generation = 2;
+        let error = fresh(&wrong).read_meta(block, BlockKind::Xattr).unwrap_err();
+        assert!(error.to_string().contains("GenerationTable block"), "{error}");
+    }
+
     #[test]
     fn table_blocks_past_the_mark_are_not_read() {
         let device = Arc::new(MemoryDevice::from_bytes(vec![0xEE; 64 << 20]));
