@@ -735,6 +735,11 @@ impl<'a> Repairer<'a> {
         // Blocks read while scanning that nothing references are free now; cached, they would
         // look in use to the allocator's check when the repair allocates.
         self.volume.forget_cached_free_blocks();
+        // So would their entries in the generation table.
+        let cleared = self.volume.forget_generations_of_free_blocks()?;
+        if cleared > 0 {
+            self.change(format!("generation table: {cleared} free blocks were recorded as metadata; cleared"));
+        }
         Ok(())
     }
 
