@@ -125,6 +125,11 @@ pub fn verify_block(block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64
     Ok(())
 }
 
+/// What the generation table records for a block that holds file data (no checkpoint
+/// generation ever reaches it): a metadata read of such a block fails its generation check,
+/// and the allocator never hands it out.
+pub const GENERATION_DATA: u64 = u64::MAX;
+
 /// The generation stored in a block's trailer (not checked: see `verify_generation`).
 pub fn block_generation(block: &[u8; BLOCK_SIZE]) -> u64 {
     u64::from_le_bytes(block[TRAILER_GENERATION_OFFSET..TRAILER_GENERATION_OFFSET + 8].try_into().unwrap())
@@ -135,6 +140,11 @@ pub fn block_generation(block: &[u8; BLOCK_SIZE]) -> u64 {
 /// and is corruption, not the truth.
 pub fn verify_generation(block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64, expected: u64) -> Result<()> {
     let stored = block_generation(block);
+    if expected == GENERATION_DATA {
+        return Err(Error::corruption(format!(
+            "{kind:?} block {block_number}: the generation table records file data there, not metadata"
+        )));
+    }
     if stored != expected {
         return Err(Error::corruption(format!(
             "{kind:?} block {block_number}: generation {stored} stored, {expected} expected (a stale block: a write was lost)"

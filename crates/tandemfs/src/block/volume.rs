@@ -43,6 +43,9 @@ pub struct Volume {
     /// Metadata blocks freed since the last checkpoint's images: it records generation 0 for
     /// them, so that the table names only blocks that hold metadata (see `check_allocated_unused`).
     freed_metadata: Vec<u64>,
+    /// Runs of data blocks handed out (true) or freed (false) since the last checkpoint's
+    /// images, in order: it records `GENERATION_DATA` or 0 for them.
+    data_changes: Vec<(u64, u64, bool)>,
 }
 
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
@@ -68,6 +71,7 @@ impl Volume {
             bitmap_disagreement: None,
             table_levels,
             freed_metadata: Vec::new(),
+            data_changes: Vec::new(),
         }
     }
 
@@ -202,6 +206,11 @@ impl Volume {
             let end = (first + count).min((block / GENERATIONS_PER_TABLE_BLOCK + 1) * GENERATIONS_PER_TABLE_BLOCK);
             for number in block..end {
                 let generation = get_u64(&table[..], (number % GENERATIONS_PER_TABLE_BLOCK) as usize * 8);
+                if generation == GENERATION_DATA {
+                    return Err(Error::corruption(format!(
+                        "block {number} is free in the block bitmap but the generation table records file data there: not reused"
+                    )));
+                }
                 if generation != 0 {
                     return Err(Error::corruption(format!(
                         "block {number} is free in the block bitmap but the generation table records metadata of generation {generation} there: not reused"
@@ -211,6 +220,21 @@ impl Volume {
             block = end;
         }
         Ok(())
+    }
+
+    /// Records `GENERATION_DATA` for every block of `runs` (fsck's repair: the file data it
+    /// keeps) that the table does not record as data. Returns how many entries it changed.
+    pub fn record_data_blocks(&mut self, runs: &[(u64, u64)]) -> Result<u64> {
+        let mut changed = 0;
+        for (first, count) in runs {
+            for block in *first..first + count {
+                if self.expected_generation(0, block)? != GENERATION_DATA {
+                    self.set_expected_generation(0, block, GENERATION_DATA)?;
+                    changed += 1;
+                }
+            }
+        }
+        Ok(changed)
     }
 
     /// Records generation 0 for every block the block bitmap calls free (fsck's repair, after
@@ -542,6 +566,13 @@ impl Volume {
         for block in std::mem::take(&mut self.freed_metadata) {
             self.set_expected_generation(0, block, 0)?;
         }
+        // In order: a run handed out and freed again since the last checkpoint ends free.
+        for (first, count, in_use) in std::mem::take(&mut self.data_changes) {
+            let value = if in_use { GENERATION_DATA } else { 0 };
+            for block in first..first + count {
+                self.set_expected_generation(0, block, value)?;
+            }
+        }
         let table_start = self.superblock.generation_table_start;
         for level in 0..self.table_levels.len() {
             for item in &items {
@@ -804,6 +835,7 @@ impl DataStore for Volume {
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
         let (first, given) = self.blocks.allocate(near, count, self.superblock.first_data_block)?;
         self.check_allocated_unused(first, given)?;
+        self.data_changes.push((first, given, true));
         Ok((first, given))
     }
 
@@ -811,7 +843,9 @@ impl DataStore for Volume {
         if first < self.superblock.first_data_block {
             return Err(Error::corruption(format!("free of data block {first} inside the fixed regions")));
         }
-        self.blocks.free_range(first, count, self.current_lsn)
+        self.blocks.free_range(first, count, self.current_lsn)?;
+        self.data_changes.push((first, count, false));
+        Ok(())
     }
 }
 
