@@ -568,10 +568,7 @@ impl Volume {
         }
         // In order: a run handed out and freed again since the last checkpoint ends free.
         for (first, count, in_use) in std::mem::take(&mut self.data_changes) {
-            let value = if in_use { GENERATION_DATA } else { 0 };
-            for block in first..first + count {
-                self.set_expected_generation(0, block, value)?;
-            }
+            self.set_expected_range(first, count, if in_use { GENERATION_DATA } else { 0 })?;
         }
         let table_start = self.superblock.generation_table_start;
         for level in 0..self.table_levels.len() {
@@ -629,6 +626,33 @@ impl Volume {
             let block =
                 self.cache.modify(number, BlockKind::GenerationTable).expect("table block cached by the read above");
             put_u64(&mut block[..], offset, generation);
+        }
+        Ok(())
+    }
+
+    /// Records `value` for volume blocks `first..first + count`, one table block at a time (a
+    /// large write hands out thousands of blocks between checkpoints).
+    fn set_expected_range(&mut self, first: u64, count: u64, value: u64) -> Result<()> {
+        let end = first + count;
+        let mut block = first;
+        // Bounded by `count`: each pass moves past one table block's worth of blocks.
+        while block < end {
+            let index = block / GENERATIONS_PER_TABLE_BLOCK;
+            let base = index * GENERATIONS_PER_TABLE_BLOCK;
+            let stop = end.min(base + GENERATIONS_PER_TABLE_BLOCK);
+            let (number, table) = self.table_block(0, index)?;
+            let differs = (block..stop).any(|entry| get_u64(&table[..], (entry - base) as usize * 8) != value);
+            drop(table);
+            if differs {
+                let table = self
+                    .cache
+                    .modify(number, BlockKind::GenerationTable)
+                    .expect("table block cached by the read above");
+                for entry in block..stop {
+                    put_u64(&mut table[..], (entry - base) as usize * 8, value);
+                }
+            }
+            block = stop;
         }
         Ok(())
     }
