@@ -372,7 +372,7 @@ pub fn checkpoint(
 ) -> Result<()> {
     let (images, mut superblock, device) = {
         let mut volume = volume.lock();
-        (volume.snapshot_images(), volume.superblock.clone(), volume.device.clone())
+        (volume.snapshot_images()?, volume.superblock.clone(), volume.device.clone())
     };
     let covered_bytes = covered_lsn.to_le_bytes();
     let mut image_count = 0u64;
@@ -464,6 +464,8 @@ fn image_kinds(superblock: &Superblock, block_number: u64) -> Option<&'static [B
         Some(&[BlockKind::InodeBitmap])
     } else if within(superblock.inode_table_start, superblock.inode_table_blocks) {
         Some(&[BlockKind::InodeTable])
+    } else if within(superblock.generation_table_start, superblock.generation_table_blocks) {
+        Some(&[BlockKind::GenerationTable])
     } else if block_number >= superblock.first_data_block && block_number < superblock.block_count {
         Some(&[
             BlockKind::DirLeaf,

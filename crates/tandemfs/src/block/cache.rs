@@ -142,6 +142,14 @@ impl BlockCache {
         self.dirty_count
     }
 
+    /// The numbers and kinds of every dirty block, in block order.
+    pub fn dirty_blocks(&self) -> Vec<(u64, BlockKind)> {
+        let mut dirty: Vec<(u64, BlockKind)> =
+            self.entries.iter().filter(|(_, entry)| entry.dirty).map(|(number, entry)| (*number, entry.kind)).collect();
+        dirty.sort_unstable_by_key(|(number, _)| *number);
+        dirty
+    }
+
     /// Every dirty block, sealed in place by `seal` (the trailer is no part of the payload, so
     /// sealing the cached block changes nothing a reader sees), as shared references: no copy.
     /// They stay dirty, so that they cannot be evicted and read back stale before their images

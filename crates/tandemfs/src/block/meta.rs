@@ -1,26 +1,36 @@
 //! The interface between the block layer and the structures built from blocks (`dir`, `extent`).
 //!
-//! Every metadata block is 4 KiB and ends in a 16-byte trailer that the block layer owns:
+//! Every metadata block is 4 KiB and ends in a 32-byte trailer that the block layer owns:
 //!
-//! | offset | size | name         | meaning                                              |
-//! |--------|------|--------------|------------------------------------------------------|
-//! | 4080   | 4    | kind         | [`BlockKind`] of the block, checked on every read    |
-//! | 4084   | 4    | crc32c       | CRC32C of the whole block with this field zeroed     |
-//! | 4088   | 8    | block_number | the block's own address, catches misdirected writes  |
+//! | offset | size | name         | meaning                                                      |
+//! |--------|------|--------------|--------------------------------------------------------------|
+//! | 4064   | 4    | kind         | [`BlockKind`] of the block, checked on every read            |
+//! | 4068   | 4    | crc32c       | CRC32C of the whole block with this field zeroed             |
+//! | 4072   | 8    | block_number | the block's own address, catches misdirected writes          |
+//! | 4080   | 8    | generation   | the checkpoint that wrote the block home, catches stale ones |
+//! | 4088   | 8    | reserved     | zero                                                         |
 //!
-//! Structures use bytes `0..META_PAYLOAD_BYTES` and never touch the trailer: `write_meta` fills
-//! it, `read_meta` checks it and turns any mismatch into `Error::Corruption`.
+//! Structures use bytes `0..META_PAYLOAD_BYTES` and never touch the trailer: the volume seals
+//! it when a checkpoint takes the block's image, `read_meta` checks it (the generation against
+//! the generation table, `block::volume`) and turns any mismatch into `Error::Corruption`.
 
 use crate::error::{Error, Result};
 
 pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK_SIZE_U64: u64 = BLOCK_SIZE as u64;
-pub const TRAILER_BYTES: usize = 16;
+/// Version 3 grew the trailer from 16 to 32 bytes for the generation. Every layout inside a
+/// metadata block (directory slots and index fanout, extent node fanout, inodes and bitmap
+/// bits per block, xattr blocks, the generation table) derives from `META_PAYLOAD_BYTES`.
+pub const TRAILER_BYTES: usize = 32;
 /// Bytes of a metadata block a structure may use.
 pub const META_PAYLOAD_BYTES: usize = BLOCK_SIZE - TRAILER_BYTES;
-pub const TRAILER_KIND_OFFSET: usize = 4080;
-pub const TRAILER_CRC_OFFSET: usize = 4084;
-pub const TRAILER_BLOCK_OFFSET: usize = 4088;
+pub const TRAILER_KIND_OFFSET: usize = META_PAYLOAD_BYTES;
+pub const TRAILER_CRC_OFFSET: usize = TRAILER_KIND_OFFSET + 4;
+pub const TRAILER_BLOCK_OFFSET: usize = TRAILER_CRC_OFFSET + 4;
+pub const TRAILER_GENERATION_OFFSET: usize = TRAILER_BLOCK_OFFSET + 8;
+pub const TRAILER_RESERVED_OFFSET: usize = TRAILER_GENERATION_OFFSET + 8;
+const _: () = assert!(TRAILER_RESERVED_OFFSET + 8 == BLOCK_SIZE);
+const _: () = assert!(META_PAYLOAD_BYTES.is_multiple_of(16));
 
 /// A whole 4 KiB block in memory.
 pub type BlockBuf = Box<[u8; BLOCK_SIZE]>;
@@ -38,18 +48,19 @@ pub fn zeroed_block() -> BlockBuf {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum BlockKind {
-    BlockBitmap = 0x424D_4150,    // "BMAP"
-    InodeBitmap = 0x494D_4150,    // "IMAP"
-    InodeTable = 0x494E_4F44,     // "INOD"
-    DirLeaf = 0x444C_4541,        // "DLEA"
-    DirIndex = 0x4449_4458,       // "DIDX"
-    ExtentLeaf = 0x454C_4541,     // "ELEA"
-    ExtentInternal = 0x4549_4E54, // "EINT"
-    Xattr = 0x5841_5454,          // "XATT"
+    BlockBitmap = 0x424D_4150,     // "BMAP"
+    InodeBitmap = 0x494D_4150,     // "IMAP"
+    InodeTable = 0x494E_4F44,      // "INOD"
+    DirLeaf = 0x444C_4541,         // "DLEA"
+    DirIndex = 0x4449_4458,        // "DIDX"
+    ExtentLeaf = 0x454C_4541,      // "ELEA"
+    ExtentInternal = 0x4549_4E54,  // "EINT"
+    Xattr = 0x5841_5454,           // "XATT"
+    GenerationTable = 0x4754_4142, // "GTAB"
 }
 
 impl BlockKind {
-    pub const ALL: [BlockKind; 8] = [
+    pub const ALL: [BlockKind; 9] = [
         BlockKind::BlockBitmap,
         BlockKind::InodeBitmap,
         BlockKind::InodeTable,
@@ -58,15 +69,26 @@ impl BlockKind {
         BlockKind::ExtentLeaf,
         BlockKind::ExtentInternal,
         BlockKind::Xattr,
+        BlockKind::GenerationTable,
     ];
     pub fn from_u32(value: u32) -> Option<BlockKind> {
         BlockKind::ALL.iter().copied().find(|kind| *kind as u32 == value)
     }
 }
 
-/// Fills the trailer of `block` for address `block_number`.
+/// Fills the trailer of `block` for address `block_number`, keeping the generation the trailer
+/// already holds (a block never sealed holds 0). Checkpoints use `seal_block_generation`.
 pub fn seal_block(block: &mut [u8; BLOCK_SIZE], kind: BlockKind, block_number: u64) {
+    let generation = block_generation(block);
+    seal_block_generation(block, kind, block_number, generation);
+}
+
+/// Fills the trailer of `block` for address `block_number`, written home by checkpoint
+/// `generation`.
+pub fn seal_block_generation(block: &mut [u8; BLOCK_SIZE], kind: BlockKind, block_number: u64, generation: u64) {
     block[TRAILER_KIND_OFFSET..TRAILER_KIND_OFFSET + 4].copy_from_slice(&(kind as u32).to_le_bytes());
+    block[TRAILER_GENERATION_OFFSET..TRAILER_GENERATION_OFFSET + 8].copy_from_slice(&generation.to_le_bytes());
+    block[TRAILER_RESERVED_OFFSET..TRAILER_RESERVED_OFFSET + 8].copy_from_slice(&[0; 8]);
     block[TRAILER_CRC_OFFSET..TRAILER_CRC_OFFSET + 4].copy_from_slice(&[0; 4]);
     block[TRAILER_BLOCK_OFFSET..TRAILER_BLOCK_OFFSET + 8].copy_from_slice(&block_number.to_le_bytes());
     let crc = tandem_accel::crc32c(0, &block[..]);
@@ -95,6 +117,37 @@ pub fn verify_block(block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64
     if stored_number != block_number {
         return Err(Error::corruption(format!(
             "metadata block {block_number}: trailer names block {stored_number} (misdirected write)"
+        )));
+    }
+    if block[TRAILER_RESERVED_OFFSET..].iter().any(|byte| *byte != 0) {
+        return Err(Error::corruption(format!("metadata block {block_number}: reserved trailer bytes are not zero")));
+    }
+    Ok(())
+}
+
+/// What the generation table records for a block that holds file data (no checkpoint
+/// generation ever reaches it): a metadata read of such a block fails its generation check,
+/// and the allocator never hands it out.
+pub const GENERATION_DATA: u64 = u64::MAX;
+
+/// The generation stored in a block's trailer (not checked: see `verify_generation`).
+pub fn block_generation(block: &[u8; BLOCK_SIZE]) -> u64 {
+    u64::from_le_bytes(block[TRAILER_GENERATION_OFFSET..TRAILER_GENERATION_OFFSET + 8].try_into().unwrap())
+}
+
+/// Checks a block that passed `verify_block` against the generation whatever refers to it
+/// expects: an older (or newer) valid block is what a lost or misplaced write leaves behind,
+/// and is corruption, not the truth.
+pub fn verify_generation(block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64, expected: u64) -> Result<()> {
+    let stored = block_generation(block);
+    if expected == GENERATION_DATA {
+        return Err(Error::corruption(format!(
+            "{kind:?} block {block_number}: the generation table records file data there, not metadata"
+        )));
+    }
+    if stored != expected {
+        return Err(Error::corruption(format!(
+            "{kind:?} block {block_number}: generation {stored} stored, {expected} expected (a stale block: a write was lost)"
         )));
     }
     Ok(())

@@ -8,11 +8,17 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 2;
-/// Inode records per inode-table block (256-byte records in the 4080-byte payload).
+pub const FORMAT_VERSION: u32 = 3;
+/// Inode records per inode-table block (256-byte records in the 4064-byte payload).
 pub const INODES_PER_BLOCK: u64 = 15;
-/// Bits per bitmap block (the 4080-byte payload).
+/// Bits per bitmap block (the 4064-byte payload).
 pub const BITS_PER_BITMAP_BLOCK: u64 = (META_PAYLOAD_BYTES * 8) as u64;
+/// Expected generations (u64) per generation-table block (the 4064-byte payload).
+pub const GENERATIONS_PER_TABLE_BLOCK: u64 = (META_PAYLOAD_BYTES / 8) as u64;
+/// Levels of the generation table at most: 508^8 blocks is far more than a volume holds.
+pub const MAX_GENERATION_TABLE_LEVELS: usize = 8;
+const _: () = assert!(INODES_PER_BLOCK as usize * 256 <= META_PAYLOAD_BYTES);
+const _: () = assert!(GENERATIONS_PER_TABLE_BLOCK as usize * 8 == META_PAYLOAD_BYTES);
 /// Smallest volume mkfs accepts.
 pub const MIN_VOLUME_BYTES: u64 = 16 << 20;
 pub const MIN_LOG_BYTES: u64 = 4 << 20;
@@ -64,8 +70,13 @@ pub const OFFSET_MMP_BLOCK: usize = 296;
 pub const OFFSET_MMP_INTERVAL_MS: usize = 304;
 /// Bytes 308..320 are reserved for multi-mount protection and zero.
 pub const MMP_RESERVED_END: usize = 320;
+/// Version 3: the generation table (see `generation_table_levels`) and the generation of the
+/// last checkpoint that wrote metadata home, which its top block carries.
+pub const OFFSET_GENERATION_TABLE_START: usize = 320;
+pub const OFFSET_GENERATION_TABLE_BLOCKS: usize = 328;
+pub const OFFSET_METADATA_GENERATION: usize = 336;
 /// Bytes from here to the checksum are zero.
-pub const USED_BYTES: usize = 320;
+pub const USED_BYTES: usize = 344;
 pub const OFFSET_CRC: usize = 4092;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +124,37 @@ pub struct Superblock {
     pub mmp_block: u64,
     /// How often a mount refreshes the MMP block unless its options say otherwise.
     pub mmp_interval_ms: u32,
+    /// The generation table: for every block of the volume, the generation its metadata image
+    /// last went home with (see `block::volume`, *Generation table*). Right after the MMP block.
+    pub generation_table_start: u64,
+    pub generation_table_blocks: u64,
+    /// The generation of the last checkpoint that wrote metadata home: the generation the top
+    /// generation-table block carries; the next checkpoint writes with one more. 0: none yet.
+    pub metadata_generation: u64,
+}
+
+/// The generation table's levels, lowest first, as (first block relative to the table's start,
+/// blocks): level 0 holds one generation per volume block, level k + 1 one per block of level k,
+/// and the last level is one block, whose generation the superblock holds.
+pub fn generation_table_levels(block_count: u64) -> Vec<(u64, u64)> {
+    let mut levels = Vec::with_capacity(MAX_GENERATION_TABLE_LEVELS);
+    let mut covered = block_count.max(1);
+    let mut start = 0;
+    for _ in 0..MAX_GENERATION_TABLE_LEVELS {
+        let blocks = covered.div_ceil(GENERATIONS_PER_TABLE_BLOCK);
+        levels.push((start, blocks));
+        start += blocks;
+        if blocks == 1 {
+            return levels;
+        }
+        covered = blocks;
+    }
+    unreachable!("a volume of {block_count} blocks needs more than {MAX_GENERATION_TABLE_LEVELS} table levels");
+}
+
+/// Blocks of the generation table of a volume of `block_count` blocks.
+pub fn generation_table_blocks(block_count: u64) -> u64 {
+    generation_table_levels(block_count).iter().map(|(_, blocks)| blocks).sum()
 }
 
 impl Superblock {
@@ -150,7 +192,9 @@ impl Superblock {
         let inode_bitmap_start = block_bitmap_start + block_bitmap_blocks;
         let inode_table_start = inode_bitmap_start + inode_bitmap_blocks;
         let mmp_block = inode_table_start + inode_table_blocks;
-        let first_data_block = mmp_block + 1;
+        let generation_table_start = mmp_block + 1;
+        let generation_table_blocks = generation_table_blocks(block_count);
+        let first_data_block = generation_table_start + generation_table_blocks;
         // Leave at least 1/8 of the volume for data and directories.
         if first_data_block.saturating_add(block_count / 8) > block_count {
             return Err(Error::invalid(format!(
@@ -193,6 +237,9 @@ impl Superblock {
             inode_table_initialized_blocks: 0,
             mmp_block,
             mmp_interval_ms: crate::block::mmp::DEFAULT_INTERVAL_MS,
+            generation_table_start,
+            generation_table_blocks,
+            metadata_generation: 0,
         })
     }
 
@@ -239,6 +286,9 @@ impl Superblock {
         put_u64(bytes, OFFSET_INODE_TABLE_INITIALIZED_BLOCKS, self.inode_table_initialized_blocks);
         put_u64(bytes, OFFSET_MMP_BLOCK, self.mmp_block);
         put_u32(bytes, OFFSET_MMP_INTERVAL_MS, self.mmp_interval_ms);
+        put_u64(bytes, OFFSET_GENERATION_TABLE_START, self.generation_table_start);
+        put_u64(bytes, OFFSET_GENERATION_TABLE_BLOCKS, self.generation_table_blocks);
+        put_u64(bytes, OFFSET_METADATA_GENERATION, self.metadata_generation);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(bytes, OFFSET_CRC, crc);
         block
@@ -312,6 +362,9 @@ impl Superblock {
             inode_table_initialized_blocks: get_u64(bytes, OFFSET_INODE_TABLE_INITIALIZED_BLOCKS),
             mmp_block: get_u64(bytes, OFFSET_MMP_BLOCK),
             mmp_interval_ms: get_u32(bytes, OFFSET_MMP_INTERVAL_MS),
+            generation_table_start: get_u64(bytes, OFFSET_GENERATION_TABLE_START),
+            generation_table_blocks: get_u64(bytes, OFFSET_GENERATION_TABLE_BLOCKS),
+            metadata_generation: get_u64(bytes, OFFSET_METADATA_GENERATION),
         };
         match superblock.validate(device_blocks) {
             Ok(()) => Ok(superblock),
@@ -357,6 +410,15 @@ impl Superblock {
             return fail(format!("MMP interval {} ms is out of range", self.mmp_interval_ms));
         }
         expected_start += 1;
+        if self.generation_table_start != expected_start
+            || self.generation_table_blocks != generation_table_blocks(self.block_count)
+        {
+            return fail(format!(
+                "generation table at block {} with {} blocks does not follow the MMP block or cover the volume",
+                self.generation_table_start, self.generation_table_blocks
+            ));
+        }
+        expected_start += self.generation_table_blocks;
         if self.first_data_block != expected_start || self.first_data_block >= self.block_count {
             return fail(format!("first data block {} is not {expected_start}", self.first_data_block));
         }
@@ -474,8 +536,10 @@ mod tests {
         const { assert!(USED_BYTES <= OFFSET_CRC) };
         assert_eq!(OFFSET_INODE_TABLE_INITIALIZED_BLOCKS + 8, OFFSET_MMP_BLOCK);
         assert_eq!(OFFSET_FREE_INODES + 8 + 8, OFFSET_MMP_BLOCK);
-        assert_eq!(MMP_RESERVED_END, USED_BYTES);
-        assert_eq!(BITS_PER_BITMAP_BLOCK, 32_640);
+        assert_eq!(MMP_RESERVED_END, OFFSET_GENERATION_TABLE_START);
+        assert_eq!(OFFSET_METADATA_GENERATION + 8, USED_BYTES);
+        assert_eq!(BITS_PER_BITMAP_BLOCK, 32_512);
+        assert_eq!(GENERATIONS_PER_TABLE_BLOCK, 508);
         assert_eq!(INODES_PER_BLOCK * 256, 3840);
     }
 
@@ -498,11 +562,24 @@ mod tests {
     fn an_older_format_version_is_named() {
         let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
         let mut bytes = Superblock::layout(blocks, None, None).unwrap().encode();
-        put_u32(&mut bytes[..], OFFSET_VERSION, 1);
-        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
-        put_u32(&mut bytes[..], OFFSET_CRC, crc);
-        let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-        assert!(error.contains("format version 1 is older than this build's 2"), "{error}");
+        for version in [1, 2] {
+            put_u32(&mut bytes[..], OFFSET_VERSION, version);
+            let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+            put_u32(&mut bytes[..], OFFSET_CRC, crc);
+            let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
+            assert!(error.contains(&format!("format version {version} is older than this build's 3")), "{error}");
+        }
+    }
+
+    #[test]
+    fn generation_table_size() {
+        // 16 MiB: 4096 blocks, 9 level-0 blocks and the top.
+        assert_eq!(generation_table_levels(4096), vec![(0, 9), (9, 1)]);
+        // 1 TiB: 2^28 blocks, 528,417 + 1,041 + 3 + 1 blocks: about 2 GiB, 0.2% of the volume,
+        // written lazily (a block no checkpoint wrote is not read).
+        let levels = generation_table_levels(1 << 28);
+        assert_eq!(levels.iter().map(|(_, blocks)| *blocks).collect::<Vec<_>>(), vec![528_417, 1_041, 3, 1]);
+        assert_eq!(generation_table_blocks(1), 1);
     }
 
     #[test]

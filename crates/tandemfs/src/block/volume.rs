@@ -4,9 +4,10 @@
 
 use super::bitmap::Bitmap;
 use super::cache::BlockCache;
+use super::codec::{get_u64, put_u64};
 use super::inode::{Inode, INODE_BYTES};
 use super::meta::*;
-use super::superblock::{Superblock, INODES_PER_BLOCK};
+use super::superblock::{generation_table_levels, Superblock, GENERATIONS_PER_TABLE_BLOCK, INODES_PER_BLOCK};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::fs::types::FileType;
@@ -37,6 +38,14 @@ pub struct Volume {
     pub current_lsn: u64,
     /// Set at load when the bitmaps disagree with the superblock's free counts.
     pub bitmap_disagreement: Option<String>,
+    /// The generation table's levels (`superblock::generation_table_levels`), lowest first.
+    table_levels: Vec<(u64, u64)>,
+    /// Metadata blocks freed since the last checkpoint's images: it records generation 0 for
+    /// them, so that the table names only blocks that hold metadata (see `check_allocated_unused`).
+    freed_metadata: Vec<u64>,
+    /// Runs of data blocks handed out (true) or freed (false) since the last checkpoint's
+    /// images, in order: it records `GENERATION_DATA` or 0 for them.
+    data_changes: Vec<(u64, u64, bool)>,
 }
 
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
@@ -51,6 +60,7 @@ impl Volume {
     pub fn new_empty(device: Arc<dyn Device>, superblock: Superblock, cache_blocks: usize) -> Volume {
         let blocks = Bitmap::new(superblock.block_count, BlockKind::BlockBitmap);
         let inodes = Bitmap::new(superblock.inode_count, BlockKind::InodeBitmap);
+        let table_levels = generation_table_levels(superblock.block_count);
         Volume {
             device,
             superblock,
@@ -59,6 +69,9 @@ impl Volume {
             cache: BlockCache::new(cache_blocks),
             current_lsn: 0,
             bitmap_disagreement: None,
+            table_levels,
+            freed_metadata: Vec::new(),
+            data_changes: Vec::new(),
         }
     }
 
@@ -81,6 +94,8 @@ impl Volume {
                     let bytes: &[u8; BLOCK_SIZE] =
                         buffer[(offset as usize) * BLOCK_SIZE..(offset as usize + 1) * BLOCK_SIZE].try_into().unwrap();
                     verify_block(bytes, kind, start + index + offset)?;
+                    let expected = volume.expected_generation(0, start + index + offset)?;
+                    verify_generation(bytes, kind, start + index + offset, expected)?;
                     let bitmap = if kind == BlockKind::BlockBitmap { &mut volume.blocks } else { &mut volume.inodes };
                     bitmap.decode_block(index + offset, bytes)?;
                 }
@@ -136,7 +151,8 @@ impl Volume {
             BlockKind::InodeTable => (self.superblock.inode_table_start
                 ..self.superblock.inode_table_start + self.superblock.inode_table_blocks)
                 .contains(&block_number),
-            BlockKind::BlockBitmap | BlockKind::InodeBitmap => false,
+            // Bitmaps are loaded whole at mount; generation-table blocks go through `table_block`.
+            BlockKind::BlockBitmap | BlockKind::InodeBitmap | BlockKind::GenerationTable => false,
             _ => (self.superblock.first_data_block..self.superblock.block_count).contains(&block_number),
         };
         if !allowed {
@@ -172,13 +188,76 @@ impl Volume {
         self.cache.forget_clean_unless(|block| blocks.is_set(block));
     }
 
-    fn check_allocated_unused(&self, first: u64, count: u64) -> Result<()> {
-        match (first..first + count).find(|block| self.cache.holds(*block)) {
-            Some(block) => Err(Error::corruption(format!(
+    ///
+    /// The generation table is checked the same way: it records a generation only for blocks
+    /// that hold metadata (a checkpoint records 0 for the blocks freed since the last one), so
+    /// a nonzero entry under a free bit is metadata that the bitmap lost, even when it is not
+    /// cached. It costs one table lookup per block, one table block per 508.
+    fn check_allocated_unused(&mut self, first: u64, count: u64) -> Result<()> {
+        if let Some(block) = (first..first + count).find(|block| self.cache.holds(*block)) {
+            return Err(Error::corruption(format!(
                 "block {block} is free in the block bitmap but in use as metadata: not reused"
-            ))),
-            None => Ok(()),
+            )));
         }
+        let mut block = first;
+        // Bounded by `count`: each pass moves past one table block's worth of blocks.
+        while block < first + count {
+            let (_, table) = self.table_block(0, block / GENERATIONS_PER_TABLE_BLOCK)?;
+            let end = (first + count).min((block / GENERATIONS_PER_TABLE_BLOCK + 1) * GENERATIONS_PER_TABLE_BLOCK);
+            for number in block..end {
+                let generation = get_u64(&table[..], (number % GENERATIONS_PER_TABLE_BLOCK) as usize * 8);
+                if generation == GENERATION_DATA {
+                    return Err(Error::corruption(format!(
+                        "block {number} is free in the block bitmap but the generation table records file data there: not reused"
+                    )));
+                }
+                if generation != 0 {
+                    return Err(Error::corruption(format!(
+                        "block {number} is free in the block bitmap but the generation table records metadata of generation {generation} there: not reused"
+                    )));
+                }
+            }
+            block = end;
+        }
+        Ok(())
+    }
+
+    /// Records `GENERATION_DATA` for every block of `runs` (fsck's repair: the file data it
+    /// keeps) that the table does not record as data. Returns how many entries it changed.
+    pub fn record_data_blocks(&mut self, runs: &[(u64, u64)]) -> Result<u64> {
+        let mut changed = 0;
+        for (first, count) in runs {
+            for block in *first..first + count {
+                if self.expected_generation(0, block)? != GENERATION_DATA {
+                    self.set_expected_generation(0, block, GENERATION_DATA)?;
+                    changed += 1;
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Records generation 0 for every block the block bitmap calls free (fsck's repair, after
+    /// it rebuilt the bitmap: blocks it stopped using were not freed one by one). Returns how
+    /// many entries it cleared.
+    pub fn forget_generations_of_free_blocks(&mut self) -> Result<u64> {
+        let (_, level_blocks) = self.table_levels[0];
+        let mut cleared = 0;
+        for index in 0..level_blocks {
+            let (_, table) = self.table_block(0, index)?;
+            let first = index * GENERATIONS_PER_TABLE_BLOCK;
+            let free: Vec<u64> = (first..(first + GENERATIONS_PER_TABLE_BLOCK).min(self.superblock.block_count))
+                .filter(|number| {
+                    get_u64(&table[..], (number - first) as usize * 8) != 0 && !self.blocks.is_set(*number)
+                })
+                .collect();
+            drop(table);
+            for number in free {
+                self.set_expected_generation(0, number, 0)?;
+                cleared += 1;
+            }
+        }
+        Ok(cleared)
     }
 
     // ---- inode table ----
@@ -211,9 +290,18 @@ impl Volume {
         if index < self.superblock.inode_table_initialized_blocks {
             self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
         }
-        // Inode-table blocks are written lazily: an all-zero block holds only free inodes.
-        if block.iter().any(|byte| *byte != 0) {
-            verify_block(&block, BlockKind::InodeTable, block_number)?;
+        // Inode-table blocks are written lazily: an all-zero block holds only free inodes, and
+        // is what mkfs and the mark's zeroing leave, never a checkpoint (it seals every image).
+        if index < self.superblock.inode_table_initialized_blocks {
+            let expected = self.expected_generation(0, block_number)?;
+            if block.iter().any(|byte| *byte != 0) {
+                verify_block(&block, BlockKind::InodeTable, block_number)?;
+                verify_generation(&block, BlockKind::InodeTable, block_number, expected)?;
+            } else if expected != 0 {
+                return Err(Error::corruption(format!(
+                    "InodeTable block {block_number}: all zero, generation {expected} expected (a stale block: a write was lost)"
+                )));
+            }
         }
         let block = Arc::new(block);
         self.cache.insert_clean(block_number, BlockKind::InodeTable, block.clone());
@@ -454,16 +542,149 @@ impl Volume {
 
     /// Sealed images of every changed metadata block, for a checkpoint that writes them while
     /// the volume stays readable: cache blocks stay dirty (pinned) until `images_home`.
-    pub fn snapshot_images(&mut self) -> Vec<Image> {
+    ///
+    /// Every image carries the checkpoint's generation (`metadata_generation + 1`) in its
+    /// trailer, and the generation table records it as what a read of that block must find:
+    /// the table blocks this changes are images of the same checkpoint, level by level up to
+    /// the top block, whose generation the superblock this checkpoint writes records
+    /// (`metadata_generation` moves now; the blocks that disagree with the device until the
+    /// images are home stay pinned in the cache, so no read meets the difference).
+    pub fn snapshot_images(&mut self) -> Result<Vec<Image>> {
+        let generation = self.superblock.metadata_generation + 1;
+        let dirty_bitmaps = [self.blocks.take_dirty_blocks(), self.inodes.take_dirty_blocks()];
+        let mut items: Vec<u64> = self
+            .cache
+            .dirty_blocks()
+            .into_iter()
+            .filter(|(_, kind)| *kind != BlockKind::GenerationTable)
+            .map(|(number, _)| number)
+            .collect();
+        items.extend(dirty_bitmaps[0].iter().map(|index| self.superblock.block_bitmap_start + index));
+        items.extend(dirty_bitmaps[1].iter().map(|index| self.superblock.inode_bitmap_start + index));
+        // A freed block is not reused before this checkpoint is durable, so it cannot be among
+        // the items too.
+        for block in std::mem::take(&mut self.freed_metadata) {
+            self.set_expected_generation(0, block, 0)?;
+        }
+        // In order: a run handed out and freed again since the last checkpoint ends free.
+        for (first, count, in_use) in std::mem::take(&mut self.data_changes) {
+            self.set_expected_range(first, count, if in_use { GENERATION_DATA } else { 0 })?;
+        }
+        let table_start = self.superblock.generation_table_start;
+        for level in 0..self.table_levels.len() {
+            for item in &items {
+                self.set_expected_generation(level, *item, generation)?;
+            }
+            // The blocks of this level now dirty (changed above, or left by a checkpoint that
+            // failed) are the items of the next level.
+            let (start, blocks) = self.table_levels[level];
+            let range = table_start + start..table_start + start + blocks;
+            items = self
+                .cache
+                .dirty_blocks()
+                .into_iter()
+                .filter(|(number, kind)| *kind == BlockKind::GenerationTable && range.contains(number))
+                .map(|(number, _)| number - range.start)
+                .collect();
+        }
         let mut images: Vec<Image> = self
             .cache
-            .seal_dirty(&mut |block_number, kind, block| seal_block(block, kind, block_number))
+            .seal_dirty(&mut |block_number, kind, block| seal_block_generation(block, kind, block_number, generation))
             .into_iter()
             .map(|(block_number, block)| Image { block_number, block })
             .collect();
-        self.append_bitmap_images(&mut images);
+        self.append_bitmap_images(&mut images, dirty_bitmaps, generation);
+        if !images.is_empty() {
+            self.superblock.metadata_generation = generation;
+        }
         images.sort_by_key(|image| image.block_number);
-        images
+        Ok(images)
+    }
+
+    // ---- generation table ----
+
+    /// Checks the generation of a block read from the device outside the cache (fsck's repair
+    /// compares the bitmaps on disk) against the generation table.
+    pub fn check_generation(&mut self, block: &[u8; BLOCK_SIZE], kind: BlockKind, block_number: u64) -> Result<()> {
+        let expected = self.expected_generation(0, block_number)?;
+        verify_generation(block, kind, block_number, expected)
+    }
+
+    /// The generation a read of item `index` of `level` must find: level 0's items are the
+    /// volume's blocks, level k's the blocks of table level k − 1.
+    fn expected_generation(&mut self, level: usize, index: u64) -> Result<u64> {
+        let (_, block) = self.table_block(level, index / GENERATIONS_PER_TABLE_BLOCK)?;
+        Ok(get_u64(&block[..], (index % GENERATIONS_PER_TABLE_BLOCK) as usize * 8))
+    }
+
+    /// Records `generation` for item `index` of `level` (see `expected_generation`).
+    fn set_expected_generation(&mut self, level: usize, index: u64, generation: u64) -> Result<()> {
+        let (number, block) = self.table_block(level, index / GENERATIONS_PER_TABLE_BLOCK)?;
+        let offset = (index % GENERATIONS_PER_TABLE_BLOCK) as usize * 8;
+        if get_u64(&block[..], offset) != generation {
+            drop(block);
+            let block =
+                self.cache.modify(number, BlockKind::GenerationTable).expect("table block cached by the read above");
+            put_u64(&mut block[..], offset, generation);
+        }
+        Ok(())
+    }
+
+    /// Records `value` for volume blocks `first..first + count`, one table block at a time (a
+    /// large write hands out thousands of blocks between checkpoints).
+    fn set_expected_range(&mut self, first: u64, count: u64, value: u64) -> Result<()> {
+        let end = first + count;
+        let mut block = first;
+        // Bounded by `count`: each pass moves past one table block's worth of blocks.
+        while block < end {
+            let index = block / GENERATIONS_PER_TABLE_BLOCK;
+            let base = index * GENERATIONS_PER_TABLE_BLOCK;
+            let stop = end.min(base + GENERATIONS_PER_TABLE_BLOCK);
+            let (number, table) = self.table_block(0, index)?;
+            let differs = (block..stop).any(|entry| get_u64(&table[..], (entry - base) as usize * 8) != value);
+            drop(table);
+            if differs {
+                let table = self
+                    .cache
+                    .modify(number, BlockKind::GenerationTable)
+                    .expect("table block cached by the read above");
+                for entry in block..stop {
+                    put_u64(&mut table[..], (entry - base) as usize * 8, value);
+                }
+            }
+            block = stop;
+        }
+        Ok(())
+    }
+
+    /// Block `index` of table level `level`, checked against the generation the level above
+    /// (or, for the top block, the superblock) expects. A block expected at generation 0 was
+    /// never written (the table is written lazily, like the inode table): it is all zeros and
+    /// not read.
+    fn table_block(&mut self, level: usize, index: u64) -> Result<(u64, SharedBlock)> {
+        assert!(level < self.table_levels.len());
+        let (start, blocks) = self.table_levels[level];
+        if index >= blocks {
+            return Err(Error::corruption(format!("generation table level {level} has no block {index}")));
+        }
+        let number = self.superblock.generation_table_start + start + index;
+        if let Some(block) = self.cache.get(number, BlockKind::GenerationTable) {
+            return Ok((number, block));
+        }
+        let expected = if level + 1 == self.table_levels.len() {
+            self.superblock.metadata_generation
+        } else {
+            self.expected_generation(level + 1, index)?
+        };
+        let mut block = zeroed_block();
+        if expected != 0 {
+            self.device.read_at(number * BLOCK_SIZE_U64, &mut block[..])?;
+            verify_block(&block, BlockKind::GenerationTable, number)?;
+            verify_generation(&block, BlockKind::GenerationTable, number, expected)?;
+        }
+        let block = Arc::new(block);
+        self.cache.insert_clean(number, BlockKind::GenerationTable, block.clone());
+        Ok((number, block))
     }
 
     /// The images from `snapshot_images` are home.
@@ -472,14 +693,16 @@ impl Volume {
         self.cache.mark_clean(&numbers);
     }
 
-    fn append_bitmap_images(&mut self, images: &mut Vec<Image>) {
+    fn append_bitmap_images(&mut self, images: &mut Vec<Image>, dirty: [Vec<u64>; 2], generation: u64) {
         let superblock = &self.superblock;
-        for (bitmap, start) in
+        for ((bitmap, start), dirty) in
             [(&mut self.blocks, superblock.block_bitmap_start), (&mut self.inodes, superblock.inode_bitmap_start)]
+                .into_iter()
+                .zip(dirty)
         {
-            for index in bitmap.take_dirty_blocks() {
+            for index in dirty {
                 let mut block = bitmap.encode_block(index);
-                seal_block(&mut block, bitmap.kind, start + index);
+                seal_block_generation(&mut block, bitmap.kind, start + index, generation);
                 images.push(Image { block_number: start + index, block: Arc::new(block) });
             }
         }
@@ -491,10 +714,18 @@ impl Volume {
     /// after flushing, so the mark only ever covers blocks that are zero or valid on the device.
     /// A crash before it is written leaves the old mark, which ignores what was written past it;
     /// completing the checkpoint at the next mount writes the images and moves the mark again.
+    ///
+    /// The images include the top generation-table block, whose generation `superblock` then
+    /// records (`metadata_generation`): a mount completing an interrupted checkpoint learns it
+    /// this way.
     pub fn write_images_home(device: &dyn Device, superblock: &mut Superblock, images: &[Image]) -> Result<()> {
         let new_mark = initialize_inode_table(device, superblock, images)?;
         write_images(device, images)?;
         superblock.inode_table_initialized_blocks = new_mark;
+        let top = superblock.generation_table_start + superblock.generation_table_blocks - 1;
+        if let Some(image) = images.iter().find(|image| image.block_number == top) {
+            superblock.metadata_generation = block_generation(&image.block);
+        }
         Ok(())
     }
 }
@@ -583,6 +814,8 @@ impl MetaStore for Volume {
         let mut block = zeroed_block();
         self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
         verify_block(&block, kind, block_number)?;
+        let expected = self.expected_generation(0, block_number)?;
+        verify_generation(&block, kind, block_number, expected)?;
         let block = Arc::new(block);
         self.cache.insert_clean(block_number, kind, block.clone());
         Ok(block)
@@ -607,6 +840,7 @@ impl MetaStore for Volume {
         }
         self.blocks.free_range(block_number, 1, self.current_lsn)?;
         self.cache.remove(block_number);
+        self.freed_metadata.push(block_number);
         Ok(())
     }
 }
@@ -625,6 +859,7 @@ impl DataStore for Volume {
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
         let (first, given) = self.blocks.allocate(near, count, self.superblock.first_data_block)?;
         self.check_allocated_unused(first, given)?;
+        self.data_changes.push((first, given, true));
         Ok((first, given))
     }
 
@@ -632,7 +867,9 @@ impl DataStore for Volume {
         if first < self.superblock.first_data_block {
             return Err(Error::corruption(format!("free of data block {first} inside the fixed regions")));
         }
-        self.blocks.free_range(first, count, self.current_lsn)
+        self.blocks.free_range(first, count, self.current_lsn)?;
+        self.data_changes.push((first, count, false));
+        Ok(())
     }
 }
 
@@ -666,6 +903,66 @@ mod tests {
         // Images below the mark move nothing.
         Volume::write_images_home(&device, &mut superblock, &[image(start + 3, 3)]).unwrap();
         assert_eq!(superblock.inode_table_initialized_blocks, 8);
+    }
+
+    /// One checkpoint of `volume`'s changes, written home as `backend::checkpoint` does, with the
+    /// superblock's generation taken from the images as a mount completing it would.
+    fn checkpoint(volume: &mut Volume, device: &MemoryDevice) -> Vec<Image> {
+        let images = volume.snapshot_images().unwrap();
+        let mut superblock = volume.superblock.clone();
+        if !images.is_empty() {
+            superblock.metadata_generation = 0;
+        }
+        Volume::write_images_home(device, &mut superblock, &images).unwrap();
+        assert_eq!(superblock.metadata_generation, volume.superblock.metadata_generation);
+        volume.images_home(&images);
+        images
+    }
+
+    #[test]
+    fn a_block_put_back_older_is_stale() {
+        let device = Arc::new(MemoryDevice::from_bytes(vec![0; 64 << 20]));
+        let superblock = Superblock::layout((64 << 20) / BLOCK_SIZE_U64, None, None).unwrap();
+        let mut volume = Volume::new_empty(device.clone(), superblock.clone(), 64);
+        volume.blocks.set_range(0, superblock.first_data_block);
+        let block = volume.allocate_meta(0).unwrap();
+        let mut older = None;
+        for generation in 1..=3u64 {
+            let mut payload = zeroed_block();
+            payload[0] = generation as u8;
+            volume.write_meta(block, BlockKind::Xattr, Arc::new(payload)).unwrap();
+            let images = checkpoint(&mut volume, &device);
+            assert_eq!(volume.superblock.metadata_generation, generation);
+            // The block, the bitmap blocks and the table blocks up to the top carry the generation.
+            assert!(images.iter().all(|image| block_generation(&image.block) == generation));
+            let top = superblock.generation_table_start + superblock.generation_table_blocks - 1;
+            assert!(images.iter().any(|image| image.block_number == top));
+            if generation == 2 {
+                older = Some(images.iter().find(|image| image.block_number == block).unwrap().block.clone());
+            }
+        }
+        // A checkpoint with nothing to write takes no generation.
+        assert!(checkpoint(&mut volume, &device).is_empty());
+        assert_eq!(volume.superblock.metadata_generation, 3);
+        let fresh = |superblock: &Superblock| {
+            let mut volume = Volume::new_empty(device.clone(), superblock.clone(), 64);
+            volume.blocks.set_range(0, superblock.block_count);
+            volume
+        };
+        assert_eq!(fresh(&volume.superblock).read_meta(block, BlockKind::Xattr).unwrap()[0], 3);
+        // The lost write of generation 3 leaves generation 2's valid block behind.
+        device.write_at(block * BLOCK_SIZE_U64, &older.unwrap()[..]).unwrap();
+        let error = fresh(&volume.superblock).read_meta(block, BlockKind::Xattr).unwrap_err();
+        assert!(error.is_corruption());
+        assert!(
+            error.to_string().contains(&format!("Xattr block {block}: generation 2 stored, 3 expected")),
+            "{error}"
+        );
+        // A superblock that expects another generation of the top table block fails every read.
+        let mut wrong = volume.superblock.clone();
+        wrong.metadata_generation = 2;
+        let error = fresh(&wrong).read_meta(block, BlockKind::Xattr).unwrap_err();
+        assert!(error.to_string().contains("GenerationTable block"), "{error}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub const ROOT_RESERVED_BYTES: usize = 8;
 /// A position in the list is `block_number << POSITION_SLOT_BITS | slot`; 0 is "none".
 pub const POSITION_SLOT_BITS: u32 = 8;
 pub const SLOT_BYTES: usize = 16;
-/// 16-byte slots of a block's payload: 4080 / 16.
+/// 16-byte slots of a block's payload: 4064 / 16.
 pub const SLOTS_PER_BLOCK: usize = META_PAYLOAD_BYTES / SLOT_BYTES;
 /// Largest block number a position can carry.
 pub const MAX_POSITION_BLOCK: u64 = u64::MAX >> POSITION_SLOT_BITS;
@@ -656,13 +656,13 @@ mod tests {
         assert_eq!(ROOT_RESERVED_OFFSET + ROOT_RESERVED_BYTES, DIR_ROOT_BYTES);
         assert_eq!(LEAF_BITMAP_OFFSET + LEAF_BITMAP_BYTES, LEAF_HEADER_BYTES);
         const _: () = assert!(LEAF_BITMAP_BYTES * 8 >= SLOTS_PER_BLOCK);
-        assert_eq!(SLOTS_PER_BLOCK, 255);
+        assert_eq!(SLOTS_PER_BLOCK, 254);
         assert_eq!(FIRST_ENTRY_SLOT, 4);
         assert_eq!(entry_slots(0) * SLOT_BYTES, DUMMY_BYTES);
         assert_eq!(entry_slots(MAX_NAME_BYTES), 18);
         assert_eq!(entry_slots(5), 2);
         assert_eq!(entry_slots(6), 3);
-        assert_eq!(INDEX_CAPACITY, 254);
+        assert_eq!(INDEX_CAPACITY, 253);
         assert_eq!(INDEX_HEADER_BYTES + INDEX_CAPACITY * INDEX_ENTRY_BYTES, META_PAYLOAD_BYTES);
         assert_eq!(INDEX_ENTRY_TARGET_OFFSET + 8, INDEX_ENTRY_BYTES);
         assert_eq!(ENTRY_NAME_OFFSET, ENTRY_KIND_OFFSET + 1);

@@ -51,7 +51,7 @@ pub const ENTRY_UNWRITTEN_FLAG: u64 = 1 << 63;
 /// Bits that hold the length; the bits between it and the flag are reserved and must be zero.
 pub const ENTRY_LENGTH_MASK: u64 = (1 << 61) - 1;
 
-/// Entries per tree block: (4080 - 16) / 16 = 254.
+/// Entries per tree block: (4064 - 16) / 16 = 253.
 pub const NODE_CAPACITY: usize = (META_PAYLOAD_BYTES - NODE_HEADER_BYTES) / ENTRY_BYTES;
 /// A non-root node below this many entries is merged with or refilled from a sibling.
 pub const NODE_MIN_ENTRIES: usize = NODE_CAPACITY / 4;

@@ -207,7 +207,7 @@ fn on_disk_sizes() {
     assert_eq!(ROOT_CAPACITY, 3);
     assert_eq!(NODE_HEADER_BYTES, NODE_LENGTH_OFFSET + 8);
     assert_eq!(ENTRY_BYTES, ENTRY_LENGTH_OFFSET + 8);
-    assert_eq!(NODE_CAPACITY, 254);
+    assert_eq!(NODE_CAPACITY, 253);
     assert_eq!(ExtentRoot::empty().encode(), [0u8; EXTENT_ROOT_BYTES]);
     assert_eq!(ExtentRoot::decode(&[0u8; EXTENT_ROOT_BYTES]).unwrap(), ExtentRoot::empty());
 }
@@ -513,9 +513,13 @@ fn corrupt_tree_blocks_give_errors_not_panics() {
         blocks.sort_unstable();
         for _ in 0..random.gen_range(1..4) {
             let block = blocks[random.gen_range(0..blocks.len())];
-            let kind =
-                BlockKind::from_u32(u32::from_le_bytes(store.inner.meta[&block][4080..4084].try_into().unwrap()))
-                    .unwrap();
+            let kind = BlockKind::from_u32(u32::from_le_bytes(
+                store.inner.meta[&block]
+                    [crate::block::meta::TRAILER_KIND_OFFSET..crate::block::meta::TRAILER_KIND_OFFSET + 4]
+                    .try_into()
+                    .unwrap(),
+            ))
+            .unwrap();
             let bytes = store.inner.meta.get_mut(&block).unwrap();
             for _ in 0..random.gen_range(1..4) {
                 // Mostly the header and the first entries, where one flip matters most.

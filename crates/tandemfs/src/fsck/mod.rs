@@ -338,13 +338,17 @@ pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
         ("inodes", format!("{} total, {} used", superblock.inode_count, superblock.inode_count - volume.inodes.free_count())),
         ("log", format!("{} header slots, {} data", usage.header_slots_capacity, mebibytes(usage.data_bytes_capacity / BLOCK_SIZE_U64))),
         ("log records pending", format!("{} ({} bytes)", records.len(), usage.data_bytes_used)),
-        ("checkpoint", format!("lsn {}, {} checkpoints", superblock.checkpoint_lsn, superblock.checkpoint_count)),
+        ("checkpoint", format!(
+            "lsn {}, {} checkpoints, metadata generation {}",
+            superblock.checkpoint_lsn, superblock.checkpoint_count, superblock.metadata_generation
+        )),
         ("mounts", superblock.mount_count.to_string()),
         ("regions", format!(
-            "log headers {}+{}, log data {}+{}, block bitmap {}+{}, inode bitmap {}+{}, inode table {}+{}, data from {}",
+            "log headers {}+{}, log data {}+{}, block bitmap {}+{}, inode bitmap {}+{}, inode table {}+{}, MMP {}, generation table {}+{}, data from {}",
             superblock.log_header_start, superblock.log_header_blocks, superblock.log_data_start, superblock.log_data_blocks,
             superblock.block_bitmap_start, superblock.block_bitmap_blocks, superblock.inode_bitmap_start,
             superblock.inode_bitmap_blocks, superblock.inode_table_start, superblock.inode_table_blocks,
+            superblock.mmp_block, superblock.generation_table_start, superblock.generation_table_blocks,
             superblock.first_data_block
         )),
     ];

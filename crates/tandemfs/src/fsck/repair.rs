@@ -214,6 +214,8 @@ struct Repairer<'a> {
     lost_and_found: Option<u64>,
     /// Anything changed that a checkpoint must take home.
     changed: bool,
+    /// The data blocks of the files kept, as claimed: the generation table records them.
+    data_runs: Vec<(u64, u64)>,
 }
 
 impl<'a> Repairer<'a> {
@@ -241,6 +243,7 @@ impl<'a> Repairer<'a> {
             subdirectories: HashMap::new(),
             lost_and_found: None,
             changed: false,
+            data_runs: Vec::new(),
         }
     }
 
@@ -371,6 +374,7 @@ impl<'a> Repairer<'a> {
                     match self.claim(number, &runs) {
                         Err(why) => Some(why),
                         Ok(()) => {
+                            self.data_runs.extend(checked.data_blocks.iter().copied());
                             if inode.size_bytes != root.length_bytes() {
                                 self.change(format!(
                                     "inode {number}: size {} but its extent tree maps {} bytes; size corrected",
@@ -735,6 +739,16 @@ impl<'a> Repairer<'a> {
         // Blocks read while scanning that nothing references are free now; cached, they would
         // look in use to the allocator's check when the repair allocates.
         self.volume.forget_cached_free_blocks();
+        // So would their entries in the generation table; and the file data kept must be
+        // recorded there, so that the allocator never hands it out again.
+        let cleared = self.volume.forget_generations_of_free_blocks()?;
+        if cleared > 0 {
+            self.change(format!("generation table: {cleared} free blocks were recorded as in use; cleared"));
+        }
+        let recorded = self.volume.record_data_blocks(&std::mem::take(&mut self.data_runs))?;
+        if recorded > 0 {
+            self.change(format!("generation table: {recorded} blocks of file data were not recorded; recorded"));
+        }
         Ok(())
     }
 
@@ -746,8 +760,9 @@ impl<'a> Repairer<'a> {
         for index in 0..rebuilt.bitmap_blocks() {
             let mut block = Box::new([0u8; BLOCK_SIZE]);
             self.volume.device.read_at((start + index) * BLOCK_SIZE_U64, &mut block[..])?;
-            let readable =
-                verify_block(&block, rebuilt.kind, start + index).and_then(|()| on_disk.decode_block(index, &block));
+            let readable = verify_block(&block, rebuilt.kind, start + index)
+                .and_then(|()| self.volume.check_generation(&block, rebuilt.kind, start + index))
+                .and_then(|()| on_disk.decode_block(index, &block));
             if let Err(error) = readable {
                 self.change(format!("{what} bitmap block {}: {error}; rebuilt", start + index));
                 damaged += 1;

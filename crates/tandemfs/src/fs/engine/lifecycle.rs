@@ -41,7 +41,7 @@ impl FileSystem {
         root_inode.gid = options.root_owner.map_or(0, |(_, gid)| gid);
         root_inode.root_area = root.encode();
         volume.create_inode(&root_inode)?;
-        let images = volume.snapshot_images();
+        let images = volume.snapshot_images()?;
         let mut superblock = volume.superblock.clone();
         Volume::write_images_home(device.as_ref(), &mut superblock, &images)?;
         volume.images_home(&images);
