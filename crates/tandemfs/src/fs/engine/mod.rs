@@ -539,6 +539,8 @@ struct ViewUpdate {
     blocks_through: u64,
     /// The blocks the inode owns now.
     owned_blocks: Option<u64>,
+    /// A record up to this lsn freed the inode.
+    reclaimed_through: u64,
 }
 
 /// The front end's bookkeeping after the back end applied a batch or checkpointed. It touches
@@ -558,6 +560,15 @@ impl FrontSink for FileSystem {
             // earlier ones of the inode part of the home data; structural records drop earlier
             // writes when they are made. Writes and range records (allocate, zero) also carry
             // block estimates, which the volume's count below replaces.
+            // A view of an inode freed by an applied record is dropped (the volume answers
+            // NotFound from now on), so freed inodes do not crowd live ones out of the cache.
+            let mut reclaimed = |number: u64| updates.entry(number).or_default().reclaimed_through = queued.lsn;
+            match queued.op.as_ref() {
+                Op::Unlink { inode, disposition: Disposition::Reclaim, .. } => reclaimed(inode.inode_number),
+                Op::Reclaim { inode_number } => reclaimed(*inode_number),
+                Op::Rename { replaced: Some((number, Disposition::Reclaim)), .. } => reclaimed(*number),
+                _ => {}
+            }
             match queued.op.as_ref() {
                 Op::Write { inode, .. } => {
                     let update = updates.entry(inode.inode_number).or_default();
@@ -578,6 +589,13 @@ impl FrontSink for FileSystem {
             let Some(view) = shard.views.get_mut(&number) else {
                 continue;
             };
+            // Still the freed inode (a create may have reused the number since) and nothing
+            // about it pending: drop it.
+            if view.reclaimed && update.reclaimed_through > 0 && view.last_change_lsn <= update.reclaimed_through {
+                shard.views.remove(&number);
+                shard.evictions += 1;
+                continue;
+            }
             view.forget_writes_through(update.writes_through);
             view.forget_blocks_through(update.blocks_through);
             if let Some(blocks) = update.owned_blocks {
