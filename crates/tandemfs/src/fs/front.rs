@@ -348,6 +348,18 @@ impl NameTable {
         self.entries.len() < before
     }
 
+    /// Drops the entry of a name that the record `lsn`, now applied, removed, unless a later
+    /// record set it again: the H-tree says "absent" as well now, and such entries would fill
+    /// the table with the names of deleted files. Returns whether it dropped the entry.
+    pub fn forget_removed(&mut self, parent: u64, name: &[u8], lsn: u64) -> bool {
+        let key = &(parent, name) as &dyn NameKeyParts;
+        if self.entries.get(key).is_some_and(|entry| entry.target.is_none() && entry.lsn <= lsn) {
+            self.entries.remove(key);
+            return true;
+        }
+        false
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -800,6 +812,10 @@ impl Front {
         self.view_shards[Front::view_shard_index(number)].0.write()
     }
 
+    pub fn write_names(&self, directory: u64) -> RwLockWriteGuard<'_, NameShard> {
+        self.name_shards[Front::name_shard_index(directory)].0.write()
+    }
+
     pub fn read_names(&self, directory: u64) -> RwLockReadGuard<'_, NameShard> {
         self.name_shards[Front::name_shard_index(directory)].0.read()
     }
@@ -865,8 +881,10 @@ impl Front {
         self.count_names(shard);
     }
 
-    /// Brings `names_total` up to date with `shard`; returns the new total.
-    fn count_names(&self, shard: &mut NameShard) -> i64 {
+    /// Brings `names_total` up to date with `shard`; returns the new total. Called where a
+    /// shard grows past its share and wherever entries are dropped, so the total may lag
+    /// behind growth below the share but never counts entries that are gone.
+    pub fn count_names(&self, shard: &mut NameShard) -> i64 {
         let delta = shard.table.len() as i64 - shard.counted as i64;
         shard.counted = shard.table.len();
         self.names_total.fetch_add(delta, Ordering::AcqRel) + delta
@@ -901,6 +919,18 @@ mod tests {
         table.set(7, &past_bound, Some((13, FileType::Regular)), 4);
         assert_eq!(table.get(7, &at_bound).unwrap().target, Some((12, FileType::Regular)));
         assert_eq!(table.get(7, &past_bound).unwrap().target, Some((13, FileType::Regular)));
+    }
+
+    #[test]
+    fn an_applied_removal_drops_the_name_unless_set_again() {
+        let mut table = NameTable::default();
+        table.set(1, b"gone", None, 5);
+        table.set(1, b"back", None, 6);
+        table.set(1, b"back", Some((9, FileType::Regular)), 8);
+        assert!(table.forget_removed(1, b"gone", 5));
+        assert!(!table.forget_removed(1, b"back", 6), "set again by a later record");
+        assert!(table.get(1, b"gone").is_none());
+        assert_eq!(table.get(1, b"back").unwrap().target, Some((9, FileType::Regular)));
     }
 
     #[test]

@@ -551,9 +551,16 @@ impl FrontSink for FileSystem {
         let front = &self.inner.front;
         let mut updates: crate::FastHashMap<u64, ViewUpdate> = Default::default();
         let (mut returned_blocks, mut image_blocks) = (0, 0);
+        // Names removed by the batch: (directory, name, lsn).
+        let mut removed: Vec<(u64, &[u8], u64)> = Vec::new();
         for queued in summary.records {
-            // Names need nothing: an entry of the name table whose record is applied is a
-            // lookup-cache entry from now on (its lsn is at most the applied lsn).
+            match queued.op.as_ref() {
+                Op::Unlink { parent, name, .. } => removed.push((parent.inode_number, name, queued.lsn)),
+                Op::Rename { parent, name, kind: RenameKind::Move, .. } => removed.push((*parent, name, queued.lsn)),
+                _ => {}
+            }
+            // Other names need nothing: an entry of the name table whose record is applied is
+            // a lookup-cache entry from now on (its lsn is at most the applied lsn).
             returned_blocks += queued.reserved_blocks;
             image_blocks += queued.image_blocks;
             // Every pending write has its own record, and applying it makes that write and all
@@ -600,6 +607,14 @@ impl FrontSink for FileSystem {
             view.forget_blocks_through(update.blocks_through);
             if let Some(blocks) = update.owned_blocks {
                 view.blocks_owned = blocks;
+            }
+        }
+        // A removed name's entry says what the H-tree now says: dropped, so that the names of
+        // deleted files do not fill the table (each directory's shard, one at a time).
+        for (directory, name, lsn) in removed {
+            let mut shard = front.write_names(directory);
+            if shard.table.forget_removed(directory, name, lsn) {
+                front.count_names(&mut shard);
             }
         }
         front.space.applied(returned_blocks, summary.free_blocks, summary.pending_free_blocks);
