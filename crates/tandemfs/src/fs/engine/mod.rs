@@ -163,21 +163,22 @@ impl FileSystem {
     pub(super) fn load_view<'a>(&self, shard: &'a mut ViewShard, number: InodeNumber) -> Result<&'a mut InodeView> {
         self.check_number(number)?;
         let front = &self.inner.front;
-        let clock = if shard.views.contains_key(&number) {
-            front.clock()
-        } else {
-            let mut volume = self.inner.backend.volume();
-            let inode = volume.read_inode(number)?;
-            let entry_count = if inode.file_type() == FileType::Directory {
-                DirRoot::decode(&inode.root_area)?.entry_count()
-            } else {
-                0
-            };
-            drop(volume);
-            shard.views.insert(number, InodeView::new(attributes_image_of(&inode), inode.blocks_owned, entry_count));
-            front.tick()
+        let clock = match shard.views.entry(number) {
+            std::collections::hash_map::Entry::Occupied(_) => front.clock(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let mut volume = self.inner.backend.volume();
+                let inode = volume.read_inode(number)?;
+                let entry_count = if inode.file_type() == FileType::Directory {
+                    DirRoot::decode(&inode.root_area)?.entry_count()
+                } else {
+                    0
+                };
+                drop(volume);
+                slot.insert(InodeView::new(attributes_image_of(&inode), inode.blocks_owned, entry_count));
+                front.tick()
+            }
         };
-        let view = shard.views.get_mut(&number).expect("inserted above");
+        let view = shard.views.get_mut(&number).expect("present or inserted above");
         if view.reclaimed {
             return Err(Error::NotFound);
         }
