@@ -11,20 +11,24 @@
 //! only ever the case when nothing about that inode is pending.
 
 use crate::backend::record::AttributeImage;
-use crate::block::bitmap::Bitmap;
 use crate::fs::types::{Attributes, FileType};
 use crate::FastHashMap;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Views kept without pending changes before the least recently used are dropped.
-pub const VIEW_CACHE_LIMIT: usize = 200_000;
+/// Views kept, over all shards, before the least recently used without pending changes are
+/// dropped. A view takes about 300 bytes with its slot (`InodeView` is 256), so this bounds
+/// them at about 120 MiB; it holds the working set of 16 threads with 20,000 files each, whose
+/// stats would otherwise each load a view under the volume lock.
+pub const VIEW_CACHE_LIMIT: usize = 400_000;
 
-/// Hashes an inode number so that neighbouring numbers land in neighbouring slots of a table:
-/// the low bits (which choose the slot) are the number itself, the top bits (which hashbrown
-/// keeps as a tag to tell slots apart) are mixed from it. Numbers are handed out in order, so
-/// the views of files made together, and stat'ed together, share cache lines and pages instead
-/// of costing a cache miss each.
+/// Hashes an inode number so that neighbouring numbers of a view shard land in neighbouring
+/// slots of its table: the low bits (which choose the slot) are the number without its shard
+/// bits, the top bits (which hashbrown keeps as a tag to tell slots apart) are mixed from it.
+/// Numbers are handed out in order, so the views of files made together, and stat'ed together,
+/// share pages instead of costing a cache miss each.
 #[derive(Default, Clone, Copy)]
 pub struct InodeNumberHasher {
     hash: u64,
@@ -43,8 +47,12 @@ impl std::hash::Hasher for InodeNumberHasher {
     }
 
     fn write_u64(&mut self, number: u64) {
+        // The view map is sharded by bits just above a run's (`Front::view_shard_index`), so
+        // all numbers of one shard share them: they are dropped here, or the numbers of a
+        // shard would all land in one sixty-fourth of its table's slots.
+        let within_shard = ((number >> (SHARD_BITS + VIEW_RUN_BITS)) << VIEW_RUN_BITS) | (number & (VIEW_RUN - 1));
         let tag = number.wrapping_mul(0x9e37_79b9_7f4a_7c15) & 0xfe00_0000_0000_0000;
-        self.hash = (number & !0xfe00_0000_0000_0000) | tag;
+        self.hash = (within_shard & !0xfe00_0000_0000_0000) | tag;
     }
 }
 
@@ -84,12 +92,14 @@ pub struct InodeView {
     /// Changes with every record, so a reader can tell that its snapshot went stale.
     pub change_counter: u64,
     /// Directories: every entry is in the name overlay or the lookup cache, so a name found in
-    /// neither does not exist and needs no H-tree walk. True for directories made since mount
-    /// (they start empty); cleared whenever the lookup cache is emptied.
-    pub complete: bool,
-    /// The front end's use clock when the view was last used; written under the shared lock
-    /// by readers (a relaxed store to the view's own line, so readers share nothing).
-    pub last_use: std::sync::atomic::AtomicU64,
+    /// neither does not exist and needs no H-tree walk, while this equals the epoch of the
+    /// directory's name shard (`NameShard::epoch`). Set for directories made since mount (they
+    /// start empty); a shard that drops entries moves its epoch on, which ends the completeness
+    /// of all its directories at once without touching their views. 0: not complete.
+    pub complete_epoch: u64,
+    /// The front end's use clock when the view was last used; written under a shard's shared
+    /// lock by readers (a relaxed store to the view's own line, so readers share nothing).
+    pub last_use: AtomicU64,
 }
 
 impl InodeView {
@@ -107,8 +117,8 @@ impl InodeView {
             reclaimed: false,
             xattrs: None,
             change_counter: 0,
-            complete: false,
-            last_use: std::sync::atomic::AtomicU64::new(0),
+            complete_epoch: 0,
+            last_use: AtomicU64::new(0),
         }
     }
 
@@ -266,11 +276,24 @@ pub struct NameEntry {
     pub lsn: u64,
 }
 
-/// Entries kept before the applied ones are dropped. Each entry is a table slot of about 64
-/// bytes (names longer than 22 bytes add a heap copy), so the table holds about 32 MiB of short
-/// names at this bound. Entries of records not yet applied are never dropped (they are the
-/// truth until then); the log's size bounds them, and the table then holds at most twice them.
+/// Entries kept, over all name shards, before the applied ones are dropped. Each entry is a
+/// table slot of about 64 bytes (names longer than 22 bytes add a heap copy), so the tables
+/// hold about 32 MiB of short names at this bound. Entries of records not yet applied are never
+/// dropped (they are the truth until then); the log's size bounds them, and a shard then holds
+/// at most twice them.
 pub const LOOKUP_CACHE_LIMIT: usize = 500_000;
+
+/// Shards of the view map and of the name table. Views are sharded by inode number, names by
+/// their directory's number, so that one directory's names live in one shard.
+pub const SHARD_COUNT: usize = 1 << SHARD_BITS;
+const SHARD_BITS: u32 = 6;
+/// Consecutive inode numbers whose views share a shard (see `Front::view_shard_index`).
+const VIEW_RUN: u64 = 1 << VIEW_RUN_BITS;
+const VIEW_RUN_BITS: u32 = 4;
+/// A name shard's share of `LOOKUP_CACHE_LIMIT`: past it, the shard looks at the total.
+const NAME_SHARD_SHARE: usize = LOOKUP_CACHE_LIMIT / SHARD_COUNT;
+/// A view shard's share of `VIEW_CACHE_LIMIT`.
+const VIEW_SHARD_LIMIT: usize = VIEW_CACHE_LIMIT / SHARD_COUNT;
 
 /// The name overlay and the lookup cache in one table, so that resolving a name is a single
 /// probe with a borrowed key: no allocation, no H-tree walk. A name change replaces the entry
@@ -283,7 +306,7 @@ pub struct NameTable {
 
 impl Default for NameTable {
     fn default() -> NameTable {
-        NameTable { entries: Default::default(), trim_at: LOOKUP_CACHE_LIMIT }
+        NameTable { entries: Default::default(), trim_at: NAME_SHARD_SHARE }
     }
 }
 
@@ -313,16 +336,28 @@ impl NameTable {
 
     /// When the table is at its bound, drops every entry whose record is applied (records up to
     /// `applied_lsn`); returns whether it dropped any. Pending entries stay; if they alone fill
-    /// the table, the bound moves to twice their number so that the scan is not repeated for
-    /// every new entry.
-    fn make_room(&mut self, applied_lsn: u64) -> bool {
+    /// the table, the bound moves to twice their number (and at least `floor`) so that the scan
+    /// is not repeated for every new entry.
+    fn make_room(&mut self, applied_lsn: u64, floor: usize) -> bool {
         if self.entries.len() < self.trim_at {
             return false;
         }
         let before = self.entries.len();
         self.entries.retain(|_, entry| entry.lsn > applied_lsn);
-        self.trim_at = LOOKUP_CACHE_LIMIT.max(self.entries.len() * 2);
+        self.trim_at = floor.max(self.entries.len() * 2);
         self.entries.len() < before
+    }
+
+    /// Drops the entry of a name that the record `lsn`, now applied, removed, unless a later
+    /// record set it again: the H-tree says "absent" as well now, and such entries would fill
+    /// the table with the names of deleted files. Returns whether it dropped the entry.
+    pub fn forget_removed(&mut self, parent: u64, name: &[u8], lsn: u64) -> bool {
+        let key = &(parent, name) as &dyn NameKeyParts;
+        if self.entries.get(key).is_some_and(|entry| entry.target.is_none() && entry.lsn <= lsn) {
+            self.entries.remove(key);
+            return true;
+        }
+        false
     }
 
     pub fn len(&self) -> usize {
@@ -334,65 +369,525 @@ impl NameTable {
     }
 }
 
-pub struct Front {
+/// Keeps each shard's lock on cache lines of its own, so that threads working in different
+/// shards never bounce one line between their cores.
+#[repr(align(128))]
+pub struct Padded<T>(pub T);
+
+/// One shard of the view map: the views of the inode numbers that fall into it.
+pub struct ViewShard {
     pub views: ViewMap,
-    /// The name overlay and the lookup cache.
-    pub names: NameTable,
-    /// Inode numbers the front end may hand out (bit n - 1 is inode n).
-    pub inode_numbers: Bitmap,
-    pub next_generation: u64,
-    /// Blocks promised to records not yet applied.
-    pub reserved_blocks: u64,
-    /// Blocks free in the volume as of the last applied batch.
-    pub free_blocks: u64,
-    /// Blocks of `free_blocks` that only extent-tree reserves may promise (see
-    /// `engine::tree_pool_blocks`).
-    pub tree_pool_blocks: u64,
-    /// Blocks freed but not reusable before the next checkpoint.
-    pub pending_free_blocks: u64,
-    /// Sum of the image-block bounds of the records not yet applied; `append` keeps it within
-    /// `image_budget_blocks`, so a checkpoint covering the whole backlog fits in the log.
-    pub queued_image_blocks: u64,
-    pub image_budget_blocks: u64,
-    /// The last refused append was refused for the backlog bound alone (see `with_space`).
-    pub refused_for_backlog: bool,
-    /// Views dropped by `trim_views` so far: a caller that unlocked the front end can tell
-    /// that a view it saw was dropped and loaded again (its change counter restarted).
-    pub view_evictions: u64,
-    pub use_clock: u64,
+    /// Views this shard dropped so far: a caller that let go of the shard can tell that a view
+    /// it saw was dropped and loaded again (its change counter restarted).
+    pub evictions: u64,
+    /// Size past which `trim` looks for views to drop.
+    trim_at: usize,
 }
 
-impl Front {
-    /// Makes room in the name table before an entry is added: drops the lookup cache when it
-    /// is full (names of records up to `applied_lsn`). Directories can then no longer be
-    /// complete, since the names they had there are gone.
-    pub fn make_room_for_name(&mut self, applied_lsn: u64) {
-        if self.names.make_room(applied_lsn) {
-            for view in self.views.values_mut() {
-                view.complete = false;
-            }
-        }
+impl ViewShard {
+    fn new() -> ViewShard {
+        ViewShard { views: Default::default(), evictions: 0, trim_at: VIEW_SHARD_LIMIT }
     }
 
-    /// Drops views with nothing pending, least recently used first, down to half the limit.
-    pub fn trim_views(&mut self, applied_lsn: u64) {
-        if self.views.len() <= VIEW_CACHE_LIMIT {
+    /// When the shard is past its share of `VIEW_CACHE_LIMIT`, drops views with nothing
+    /// pending, least recently used first, down to half the share; never those in `keep` (the
+    /// caller holds them). If pending views alone fill the shard, the next scan waits until it
+    /// has doubled, so that it is not repeated for every new view.
+    pub fn trim(&mut self, applied_lsn: u64, keep: &[u64]) {
+        if self.views.len() <= self.trim_at {
             return;
         }
         let mut candidates: Vec<(u64, u64)> = self
             .views
             .iter()
-            .filter(|(_, view)| {
-                view.last_change_lsn <= applied_lsn && view.open_count == 0 && view.pending_writes.is_empty()
+            .filter(|(number, view)| {
+                view.last_change_lsn <= applied_lsn
+                    && view.open_count == 0
+                    && view.pending_writes.is_empty()
+                    && !keep.contains(number)
             })
-            .map(|(number, view)| (view.last_use.load(std::sync::atomic::Ordering::Relaxed), *number))
+            .map(|(number, view)| (view.last_use.load(Ordering::Relaxed), *number))
             .collect();
         candidates.sort_unstable();
-        let excess = self.views.len() - VIEW_CACHE_LIMIT / 2;
+        let excess = self.views.len().saturating_sub(VIEW_SHARD_LIMIT / 2);
         for (_, number) in candidates.into_iter().take(excess) {
             self.views.remove(&number);
-            self.view_evictions += 1;
+            self.evictions += 1;
         }
+        self.trim_at = VIEW_SHARD_LIMIT.max(self.views.len() * 2);
+    }
+}
+
+/// One shard of the name table: the names of the directories whose numbers fall into it.
+#[derive(Default)]
+pub struct NameShard {
+    pub table: NameTable,
+    /// The entries this shard last counted into `Front::names_total`.
+    counted: usize,
+}
+
+/// The blocks the front end may promise, as atomics: a reservation is a compare-and-swap on
+/// `available` and never takes more than is free; the back end's reports move `available` by
+/// one `fetch_add` each, so the two never disagree even for a moment.
+pub struct Space {
+    /// Blocks free in the volume as of the last applied batch, less those promised to records
+    /// not yet applied. Signed: the back end may take blocks that nobody reserved (extent-tree
+    /// nodes beyond the reserve) and so report fewer free blocks than were promised.
+    available: AtomicI64,
+    /// Blocks promised to records not yet applied (for `statfs`).
+    reserved: AtomicU64,
+    /// Blocks free in the volume as of the last applied batch.
+    free: AtomicU64,
+    /// Blocks freed but not reusable before the next checkpoint.
+    pending_free: AtomicU64,
+    /// Blocks of `free` that only extent-tree reserves may promise (see
+    /// `engine::tree_pool_blocks`).
+    pub tree_pool_blocks: u64,
+    /// Sum of the image-block bounds of the records not yet applied; `admit_images` keeps it
+    /// within `image_budget_blocks`, so a checkpoint covering the whole backlog fits in the log.
+    queued_image_blocks: AtomicU64,
+    pub image_budget_blocks: u64,
+    /// The last refused append was refused for the backlog bound alone (see `with_space`).
+    pub refused_for_backlog: AtomicBool,
+}
+
+impl Space {
+    pub fn new(free_blocks: u64, tree_pool_blocks: u64, image_budget_blocks: u64) -> Space {
+        Space {
+            available: AtomicI64::new(free_blocks as i64),
+            reserved: AtomicU64::new(0),
+            free: AtomicU64::new(free_blocks),
+            pending_free: AtomicU64::new(0),
+            tree_pool_blocks,
+            queued_image_blocks: AtomicU64::new(0),
+            image_budget_blocks,
+            refused_for_backlog: AtomicBool::new(false),
+        }
+    }
+
+    /// Reserves `new_blocks` that a record certainly takes, which must leave the tree pool
+    /// untouched, and `tree_blocks` that it may take for extent-tree nodes, which may come out
+    /// of the pool. False when the volume cannot promise them now.
+    pub fn reserve(&self, new_blocks: u64, tree_blocks: u64) -> bool {
+        let total = (new_blocks + tree_blocks) as i64;
+        let needed = if new_blocks > 0 { total.max((new_blocks + self.tree_pool_blocks) as i64) } else { total };
+        let taken = self.available.fetch_update(Ordering::AcqRel, Ordering::Acquire, |available| {
+            (available >= needed).then_some(available - total)
+        });
+        if taken.is_err() {
+            return false;
+        }
+        self.reserved.fetch_add(new_blocks + tree_blocks, Ordering::Relaxed);
+        true
+    }
+
+    /// Returns a reservation that was not used (the append was refused).
+    pub fn unreserve(&self, blocks: u64) {
+        self.reserved.fetch_sub(blocks, Ordering::Relaxed);
+        self.available.fetch_add(blocks as i64, Ordering::AcqRel);
+    }
+
+    /// Counts `image_blocks` into the backlog's image budget; false when they do not fit. An
+    /// empty backlog always takes one record, so that a record larger than the budget is not
+    /// refused for ever.
+    pub fn admit_images(&self, image_blocks: u64) -> bool {
+        let budget = self.image_budget_blocks;
+        let admitted = self.queued_image_blocks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+            (queued == 0 || queued + image_blocks <= budget).then_some(queued + image_blocks)
+        });
+        admitted.is_ok()
+    }
+
+    pub fn release_images(&self, image_blocks: u64) {
+        let before = self.queued_image_blocks.fetch_sub(image_blocks, Ordering::AcqRel);
+        assert!(before >= image_blocks, "image budget released more often than admitted");
+    }
+
+    /// The back end applied records that had `returned_blocks` reserved, and the volume now
+    /// has `free_blocks` free and `pending_free_blocks` waiting for a checkpoint.
+    pub fn applied(&self, returned_blocks: u64, free_blocks: u64, pending_free_blocks: u64) {
+        let previous_free = self.free.swap(free_blocks, Ordering::AcqRel);
+        self.reserved.fetch_sub(returned_blocks, Ordering::Relaxed);
+        let delta = returned_blocks as i64 + free_blocks as i64 - previous_free as i64;
+        self.available.fetch_add(delta, Ordering::AcqRel);
+        self.pending_free.store(pending_free_blocks, Ordering::Release);
+    }
+
+    /// Blocks `statfs` reports free: freed blocks wait for a checkpoint before reuse, but they
+    /// are free (`df` after `rm` should say so at once); the tree pool is not free for new
+    /// data, as ext4 leaves its reserved clusters out of f_bavail.
+    pub fn statfs_free_blocks(&self) -> u64 {
+        let free = self.free.load(Ordering::Acquire) + self.pending_free.load(Ordering::Acquire);
+        free.saturating_sub(self.reserved.load(Ordering::Acquire) + self.tree_pool_blocks)
+    }
+}
+
+/// Table blocks per allocation group (at least; larger volumes get larger groups).
+const GROUP_TABLE_BLOCKS: u64 = 64;
+/// Most allocation groups: past this, groups grow instead.
+const GROUPS_MAX: u64 = 1024;
+
+/// The inode numbers of one allocation group: numbers `first_number..first_number + count`,
+/// whole inode-table blocks.
+struct InodeGroup {
+    first_number: u64,
+    count: u64,
+    /// Bit n set: number `first_number + n` is in use (or refused, see `take`).
+    in_use: Vec<u64>,
+    free: u64,
+    /// Where the next search starts (up to `count`): numbers are handed out in order, not
+    /// reused at once.
+    cursor: u64,
+    /// Bit b set: the free numbers of the group's table block b have been checked to have
+    /// free (all-zero) records on the volume.
+    verified: Vec<u64>,
+}
+
+fn bit(words: &[u64], index: u64) -> bool {
+    words[(index / 64) as usize] & (1 << (index % 64)) != 0
+}
+
+fn set_bit(words: &mut [u64], index: u64, value: bool) {
+    let mask = 1u64 << (index % 64);
+    if value {
+        words[(index / 64) as usize] |= mask;
+    } else {
+        words[(index / 64) as usize] &= !mask;
+    }
+}
+
+/// Checks the on-volume records of free inode numbers before they are handed out; answers the
+/// numbers whose record is in use, each with its error; an error when it could not look.
+pub type VerifyFree<'a> = dyn FnMut(&[u64]) -> crate::error::Result<Vec<(u64, crate::error::Error)>> + 'a;
+
+impl InodeGroup {
+    /// Hands out the next free number from the cursor on, or `None` when there is none up to
+    /// the group's end (with `wrap`, up to the cursor again): numbers go out in order and a
+    /// freed one is not reused until the allocator comes round again, as a single next-fit
+    /// bitmap would do it.
+    /// The first number taken from a table block has the block checked first: every free
+    /// number of it must have an all-zero record on the volume (a record in use under a clear
+    /// bit means the bitmap lost a write). Numbers that fail are never handed out, and the
+    /// first failure is returned.
+    fn take(&mut self, verify: &mut VerifyFree<'_>, wrap: bool) -> crate::error::Result<Option<u64>> {
+        if self.free == 0 {
+            return Ok(None);
+        }
+        let span = if wrap { self.count } else { self.count - self.cursor };
+        let mut offset = None;
+        for step in 0..span {
+            let candidate = (self.cursor + step) % self.count;
+            if !bit(&self.in_use, candidate) {
+                offset = Some(candidate);
+                break;
+            }
+        }
+        let Some(offset) = offset else {
+            return Ok(None);
+        };
+        let block = offset / crate::block::superblock::INODES_PER_BLOCK;
+        if !bit(&self.verified, block) {
+            let first = block * crate::block::superblock::INODES_PER_BLOCK;
+            let end = (first + crate::block::superblock::INODES_PER_BLOCK).min(self.count);
+            let free_numbers: Vec<u64> = (first..end)
+                .filter(|index| !bit(&self.in_use, *index))
+                .map(|index| self.first_number + index)
+                .collect();
+            let refused = verify(&free_numbers)?;
+            set_bit(&mut self.verified, block, true);
+            let mut first_error = None;
+            for (number, error) in refused {
+                let index = number - self.first_number;
+                assert!(index < self.count && !bit(&self.in_use, index), "only free numbers are checked");
+                set_bit(&mut self.in_use, index, true);
+                self.free -= 1;
+                first_error.get_or_insert(error);
+            }
+            if let Some(error) = first_error {
+                return Err(error);
+            }
+        }
+        set_bit(&mut self.in_use, offset, true);
+        self.free -= 1;
+        self.cursor = offset + 1;
+        Ok(Some(self.first_number + offset))
+    }
+}
+
+thread_local! {
+    /// The allocator (by address) and group this thread last took a number from: where it
+    /// goes on when its parent's group is full, so that threads spread over groups.
+    static GROUP_HINT: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, usize::MAX)) };
+}
+
+/// Inode numbers the front end may hand out, in allocation groups (as XFS and ext4 have them),
+/// each behind its own mutex: creators in different groups never wait for each other. A
+/// number is taken from the parent's group, else from the group this thread last used, else
+/// from a group nobody has used yet, else from any group with room.
+pub struct InodeGroups {
+    groups: Box<[Padded<Mutex<InodeGroup>>]>,
+    group_inodes: u64,
+    /// The first group no number has been taken from since mount (nor was in use at mount).
+    frontier: AtomicUsize,
+}
+
+impl InodeGroups {
+    /// Groups over `inode_count` numbers; `in_use(number)` says which are taken at mount.
+    pub fn new(inode_count: u64, in_use: impl Fn(u64) -> bool) -> InodeGroups {
+        let per_block = crate::block::superblock::INODES_PER_BLOCK;
+        let least = per_block * GROUP_TABLE_BLOCKS;
+        let group_inodes = inode_count.div_ceil(GROUPS_MAX).div_ceil(least).max(1) * least;
+        let group_count = inode_count.div_ceil(group_inodes);
+        let mut frontier = 0;
+        let groups: Vec<Padded<Mutex<InodeGroup>>> = (0..group_count)
+            .map(|index| {
+                let first_number = index * group_inodes + 1;
+                let count = group_inodes.min(inode_count - index * group_inodes);
+                let mut group = InodeGroup {
+                    first_number,
+                    count,
+                    in_use: vec![0; count.div_ceil(64) as usize],
+                    free: count,
+                    cursor: 0,
+                    verified: vec![0; count.div_ceil(per_block).div_ceil(64) as usize],
+                };
+                for offset in 0..count {
+                    if in_use(first_number + offset) {
+                        set_bit(&mut group.in_use, offset, true);
+                        group.free -= 1;
+                        frontier = index as usize + 1;
+                    }
+                }
+                Padded(Mutex::new(group))
+            })
+            .collect();
+        InodeGroups { groups: groups.into_boxed_slice(), group_inodes, frontier: AtomicUsize::new(frontier) }
+    }
+
+    fn group_of(&self, number: u64) -> usize {
+        assert!(number > 0, "inode numbers start at 1");
+        ((number - 1) / self.group_inodes) as usize
+    }
+
+    /// Takes a free number, starting in the group of `near` (the parent directory).
+    pub fn allocate(&self, near: u64, verify: &mut VerifyFree<'_>) -> crate::error::Result<u64> {
+        let group_count = self.groups.len();
+        let identity = self as *const InodeGroups as usize;
+        let start = self.group_of(near).min(group_count - 1);
+        let try_group = |index: usize, verify: &mut VerifyFree<'_>, wrap: bool| -> crate::error::Result<Option<u64>> {
+            let taken = self.groups[index].0.lock().take(verify, wrap)?;
+            if taken.is_some() {
+                GROUP_HINT.with(|hint| hint.set((identity, index)));
+            }
+            Ok(taken)
+        };
+        if let Some(number) = try_group(start, verify, false)? {
+            return Ok(number);
+        }
+        let (owner, hinted) = GROUP_HINT.with(|hint| hint.get());
+        if owner == identity && hinted < group_count && hinted != start {
+            if let Some(number) = try_group(hinted, verify, false)? {
+                return Ok(number);
+            }
+        }
+        for _ in 0..group_count {
+            let fresh = self.frontier.fetch_add(1, Ordering::AcqRel);
+            if fresh >= group_count {
+                self.frontier.store(group_count, Ordering::Release);
+                break;
+            }
+            if let Some(number) = try_group(fresh, verify, false)? {
+                return Ok(number);
+            }
+        }
+        // Every group is used: come round again, from the parent's group on.
+        for step in 0..group_count {
+            if let Some(number) = try_group((start + step) % group_count, verify, true)? {
+                return Ok(number);
+            }
+        }
+        Err(crate::error::Error::NoSpace)
+    }
+
+    /// Returns a number for reuse.
+    pub fn free_now(&self, number: u64) {
+        let mut group = self.groups[self.group_of(number)].0.lock();
+        let offset = number - group.first_number;
+        assert!(offset < group.count && bit(&group.in_use, offset), "inode {number} freed while free");
+        set_bit(&mut group.in_use, offset, false);
+        group.free += 1;
+    }
+
+    /// Numbers free now (for `statfs`: takes each group's lock in turn).
+    pub fn free_count(&self) -> u64 {
+        self.groups.iter().map(|group| group.0.lock().free).sum()
+    }
+}
+
+/// Write locks on a set of name shards, taken in index order (see `Front::lock_names`).
+pub struct NameLocks<'a> {
+    guards: Vec<(usize, RwLockWriteGuard<'a, NameShard>)>,
+}
+
+impl NameLocks<'_> {
+    /// The locked shard holding the names of `directory`.
+    pub fn shard(&mut self, directory: u64) -> &mut NameShard {
+        let index = Front::name_shard_index(directory);
+        let (_, guard) = self.guards.iter_mut().find(|(held, _)| *held == index).expect("name shard locked");
+        guard
+    }
+}
+
+/// Write locks on a set of view shards, taken in index order (see `Front::lock_views`).
+pub struct ViewLocks<'a> {
+    guards: Vec<(usize, RwLockWriteGuard<'a, ViewShard>)>,
+}
+
+impl<'a> ViewLocks<'a> {
+    /// The locked shard holding the view of `number`.
+    pub fn shard(&mut self, number: u64) -> &mut ViewShard {
+        let index = Front::view_shard_index(number);
+        let (_, guard) = self.guards.iter_mut().find(|(held, _)| *held == index).expect("view shard locked");
+        guard
+    }
+
+    /// The loaded view of `number` (loaded by the caller under these locks).
+    pub fn get(&mut self, number: u64) -> &mut InodeView {
+        self.shard(number).views.get_mut(&number).expect("view loaded under the lock")
+    }
+}
+
+/// The front end's state, in shards. Lock order: the rename lock, then name shards by index,
+/// then view shards by index, then allocation groups (then the back end's queue and log, in
+/// `Backend::enqueue`). Nothing here is held while waiting for the back end.
+pub struct Front {
+    view_shards: Box<[Padded<RwLock<ViewShard>>]>,
+    name_shards: Box<[Padded<RwLock<NameShard>>]>,
+    /// Each name shard's epoch (see `InodeView::complete_epoch`), changed under its write lock
+    /// and read without it by a create that marks a new directory complete.
+    name_epochs: Box<[AtomicU64]>,
+    /// Entries in all name shards, as last counted by each (see `make_room_for_name`).
+    names_total: AtomicI64,
+    /// Cross-directory renames, one at a time (as Linux's `s_vfs_rename_mutex`): while one
+    /// checks that a directory is not moved into itself, no other moves a directory.
+    pub rename_lock: Mutex<()>,
+    pub inode_numbers: InodeGroups,
+    pub next_generation: AtomicU64,
+    pub space: Space,
+    /// The recency clock: moves on when a view is loaded; uses store its value in the view.
+    use_clock: AtomicU64,
+}
+
+impl Front {
+    pub fn new(inode_numbers: InodeGroups, next_generation: u64, space: Space) -> Front {
+        Front {
+            view_shards: (0..SHARD_COUNT).map(|_| Padded(RwLock::new(ViewShard::new()))).collect(),
+            name_shards: (0..SHARD_COUNT).map(|_| Padded(RwLock::new(NameShard::default()))).collect(),
+            name_epochs: (0..SHARD_COUNT).map(|_| AtomicU64::new(1)).collect(),
+            names_total: AtomicI64::new(0),
+            rename_lock: Mutex::new(()),
+            inode_numbers,
+            next_generation: AtomicU64::new(next_generation),
+            space,
+            use_clock: AtomicU64::new(1),
+        }
+    }
+
+    /// Runs of `VIEW_RUN` consecutive numbers share a shard: files made together are
+    /// numbered together and stat'ed together, and a run keeps their views side by side in one
+    /// table (one shard per number costs a third of the one-thread stat rate in cache misses).
+    pub fn view_shard_index(number: u64) -> usize {
+        ((number >> VIEW_RUN_BITS) % SHARD_COUNT as u64) as usize
+    }
+
+    pub fn name_shard_index(directory: u64) -> usize {
+        (directory % SHARD_COUNT as u64) as usize
+    }
+
+    pub fn read_views(&self, number: u64) -> RwLockReadGuard<'_, ViewShard> {
+        self.view_shards[Front::view_shard_index(number)].0.read()
+    }
+
+    pub fn write_views(&self, number: u64) -> RwLockWriteGuard<'_, ViewShard> {
+        self.view_shards[Front::view_shard_index(number)].0.write()
+    }
+
+    pub fn write_names(&self, directory: u64) -> RwLockWriteGuard<'_, NameShard> {
+        self.name_shards[Front::name_shard_index(directory)].0.write()
+    }
+
+    pub fn read_names(&self, directory: u64) -> RwLockReadGuard<'_, NameShard> {
+        self.name_shards[Front::name_shard_index(directory)].0.read()
+    }
+
+    /// Write locks on the name shards of `directories`, in index order.
+    pub fn lock_names(&self, directories: &[u64]) -> NameLocks<'_> {
+        let mut indexes: Vec<usize> = directories.iter().map(|number| Front::name_shard_index(*number)).collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        NameLocks { guards: indexes.into_iter().map(|index| (index, self.name_shards[index].0.write())).collect() }
+    }
+
+    /// Write locks on the view shards of `numbers`, in index order.
+    pub fn lock_views(&self, numbers: &[u64]) -> ViewLocks<'_> {
+        let mut indexes: Vec<usize> = numbers.iter().map(|number| Front::view_shard_index(*number)).collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        ViewLocks { guards: indexes.into_iter().map(|index| (index, self.view_shards[index].0.write())).collect() }
+    }
+
+    /// Takes and lets go of every view shard in turn: a change that held one when the caller
+    /// began has appended its record when this returns.
+    pub fn wait_for_changes_in_flight(&self) {
+        for shard in self.view_shards.iter() {
+            drop(shard.0.write());
+        }
+    }
+
+    /// The recency clock's value, for stamping a view used.
+    pub fn clock(&self) -> u64 {
+        self.use_clock.load(Ordering::Relaxed)
+    }
+
+    /// Moves the recency clock on (a view is loaded) and returns the new value.
+    pub fn tick(&self) -> u64 {
+        self.use_clock.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The epoch of the name shard of `directory` (see `InodeView::complete_epoch`).
+    pub fn name_epoch(&self, directory: u64) -> u64 {
+        self.name_epochs[Front::name_shard_index(directory)].load(Ordering::Acquire)
+    }
+
+    /// Makes room in the name shard of `directory` before an entry is added. A shard past its
+    /// share of `LOOKUP_CACHE_LIMIT` brings the total up to date; when all shards together are
+    /// at the bound, it drops its applied entries (records up to `applied_lsn`). Its
+    /// directories can then no longer be complete, since the names they had there are gone:
+    /// its epoch moves on. So no shard trims while the table as a whole has room (one large
+    /// directory may hold most of it), and the shards together hold at most about twice the
+    /// bound (each counts itself only when past its share).
+    pub fn make_room_for_name(&self, directory: u64, shard: &mut NameShard, applied_lsn: u64) {
+        if shard.table.len() < shard.table.trim_at {
+            return;
+        }
+        let total = self.count_names(shard);
+        if total < LOOKUP_CACHE_LIMIT as i64 {
+            shard.table.trim_at = shard.table.len() + NAME_SHARD_SHARE / 8;
+            return;
+        }
+        if shard.table.make_room(applied_lsn, NAME_SHARD_SHARE) {
+            self.name_epochs[Front::name_shard_index(directory)].fetch_add(1, Ordering::AcqRel);
+        }
+        self.count_names(shard);
+    }
+
+    /// Brings `names_total` up to date with `shard`; returns the new total. Called where a
+    /// shard grows past its share and wherever entries are dropped, so the total may lag
+    /// behind growth below the share but never counts entries that are gone.
+    pub fn count_names(&self, shard: &mut NameShard) -> i64 {
+        let delta = shard.table.len() as i64 - shard.counted as i64;
+        shard.counted = shard.table.len();
+        self.names_total.fetch_add(delta, Ordering::AcqRel) + delta
     }
 }
 
@@ -427,6 +922,18 @@ mod tests {
     }
 
     #[test]
+    fn an_applied_removal_drops_the_name_unless_set_again() {
+        let mut table = NameTable::default();
+        table.set(1, b"gone", None, 5);
+        table.set(1, b"back", None, 6);
+        table.set(1, b"back", Some((9, FileType::Regular)), 8);
+        assert!(table.forget_removed(1, b"gone", 5));
+        assert!(!table.forget_removed(1, b"back", 6), "set again by a later record");
+        assert!(table.get(1, b"gone").is_none());
+        assert_eq!(table.get(1, b"back").unwrap().target, Some((9, FileType::Regular)));
+    }
+
+    #[test]
     fn a_change_replaces_the_cached_answer() {
         let mut table = NameTable::default();
         table.cache_applied(1, b"a", Some((5, FileType::Regular)));
@@ -443,12 +950,12 @@ mod tests {
             table.set(1, *name, Some((10 + index as u64, FileType::Regular)), 10 + index as u64);
         }
         // Records up to 10 applied: "h" (from the H-tree) and "a" may go, "b" and "c" stay.
-        assert!(table.make_room(10));
+        assert!(table.make_room(10, 4));
         assert_eq!(table.len(), 2);
         assert!(table.get(1, b"a").is_none() && table.get(1, b"h").is_none());
         assert!(table.get(1, b"b").is_some() && table.get(1, b"c").is_some());
         // Below the bound nothing is dropped, applied or not.
-        assert!(!table.make_room(100));
+        assert!(!table.make_room(100, 4));
         assert_eq!(table.len(), 2);
     }
 
@@ -457,17 +964,30 @@ mod tests {
         let mut table = table_with_limit(2);
         table.set(1, b"a", None, 5);
         table.set(1, b"b", None, 6);
-        assert!(!table.make_room(1));
+        assert!(!table.make_room(1, 2));
         assert_eq!(table.len(), 2);
         assert!(table.trim_at >= 4, "the next scan waits until the table has doubled");
     }
 
     #[test]
-    fn neighbouring_inode_numbers_hash_to_neighbouring_slots() {
+    fn neighbouring_inode_numbers_of_a_shard_hash_to_neighbouring_slots() {
         use std::hash::{BuildHasher, BuildHasherDefault};
         let build = BuildHasherDefault::<InodeNumberHasher>::default();
         let low_bits = |number: u64| build.hash_one(number) & 0xffff;
-        assert_eq!(low_bits(1000) + 1, low_bits(1001));
-        assert_ne!(build.hash_one(1000u64) >> 57, build.hash_one(1001u64) >> 57);
+        // Neighbours in a run share a shard and take neighbouring slots.
+        assert_eq!(Front::view_shard_index(1024), Front::view_shard_index(1025));
+        assert_eq!(low_bits(1024) + 1, low_bits(1025));
+        assert_ne!(build.hash_one(1024u64) >> 57, build.hash_one(1025u64) >> 57);
+        // The next run of the same shard follows the last one.
+        let next_run = 1024 + VIEW_RUN * SHARD_COUNT as u64;
+        assert_eq!(Front::view_shard_index(1024), Front::view_shard_index(next_run));
+        assert_eq!(low_bits(1024 + VIEW_RUN - 1) + 1, low_bits(next_run));
+        // The numbers of one shard spread over all slots, not a sixty-fourth of them.
+        let slots: std::collections::BTreeSet<u64> = (0..1024u64)
+            .filter(|number| Front::view_shard_index(*number) == 0)
+            .chain((0..1024u64).map(|index| index * VIEW_RUN * SHARD_COUNT as u64))
+            .map(|number| low_bits(number) % 16)
+            .collect();
+        assert_eq!(slots.len(), 16);
     }
 }

@@ -1,7 +1,6 @@
 //! File data: read, write, truncate, insert, collapse, punch, zero and allocate.
 
 use super::*;
-use parking_lot::RwLockWriteGuard;
 
 impl FileSystem {
     // ------------------------------------------------------------------ data
@@ -27,8 +26,8 @@ impl FileSystem {
             return;
         }
         let _ = self.with_space(|| {
-            let mut front = self.inner.front.write();
-            let view = self.view(&mut front, inode)?;
+            let mut shard = self.lock_view(inode)?;
+            let view = shard.views.get_mut(&inode).expect("loaded by lock_view");
             let now = now_ns();
             let image = &view.attributes;
             if !policy.read_moves(image.access_time_ns, image.modify_time_ns, image.change_time_ns, now) {
@@ -37,10 +36,10 @@ impl FileSystem {
             let mut image = image.clone();
             image.access_time_ns = now;
             let op = Op::SetAttributes { inode: image.clone(), truncate: false };
-            let Some(lsn) = self.append(&mut front, op, 0)? else {
+            let Some(lsn) = self.append(op, 0)? else {
                 return Ok(None);
             };
-            FileSystem::commit_view(&mut front, image, lsn, false);
+            FileSystem::commit_view(view, image, lsn, false);
             Ok(Some(()))
         });
     }
@@ -53,10 +52,11 @@ impl FileSystem {
         allow_symlink: bool,
     ) -> Result<usize> {
         for attempt in 0..=READ_ATTEMPTS_MAX {
-            // The last attempt holds the front end still so that no change can race it.
+            // The last attempt holds the inode's view shard (shared) so that no change can race
+            // it.
             let hold = attempt == READ_ATTEMPTS_MAX;
-            let mut front = self.inner.front.write();
-            let view = self.view(&mut front, inode)?;
+            let shard = self.read_view(inode)?;
+            let view = shard.views.get(&inode).expect("loaded by read_view");
             match view.file_type() {
                 FileType::Regular => {}
                 FileType::Symlink if allow_symlink => {}
@@ -66,8 +66,9 @@ impl FileSystem {
             let size = view.attributes.size_bytes;
             let structural = view.structural_lsn;
             let counter = view.change_counter;
+            let evictions = shard.evictions;
             if structural > self.applied() {
-                drop(front);
+                drop(shard);
                 self.wait_applied(structural)?;
                 continue;
             }
@@ -85,9 +86,9 @@ impl FileSystem {
                 .map(|write| (write.offset, write.data.clone()))
                 .collect();
             let guard = if hold {
-                Some(front)
+                Some(shard)
             } else {
-                drop(front);
+                drop(shard);
                 None
             };
             let target = &mut buffer[..length];
@@ -108,8 +109,11 @@ impl FileSystem {
                 drop(guard);
                 return Ok(length);
             }
-            let front = self.inner.front.write();
-            if front.views.get(&inode).is_some_and(|view| view.change_counter == counter) {
+            // A view dropped and loaded again starts its counter afresh: count evictions too.
+            let shard = self.inner.front.read_views(inode);
+            if shard.evictions == evictions
+                && shard.views.get(&inode).is_some_and(|view| view.change_counter == counter)
+            {
                 return Ok(length);
             }
         }
@@ -146,33 +150,33 @@ impl FileSystem {
     pub(super) fn write_record(&self, inode: InodeNumber, offset: u64, data: &[u8]) -> Result<()> {
         let shared: Arc<[u8]> = Arc::from(data);
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            let size = self.regular_view(&mut front, inode)?.attributes.size_bytes;
+            let mut shard = self.lock_view(inode)?;
+            let size = FileSystem::regular_view(shard.views.get_mut(&inode).expect("loaded"))?.attributes.size_bytes;
             let end = offset + data.len() as u64;
             let all_blocks = (data.len() as u64).div_ceil(BLOCK_SIZE_U64);
             // Past the end of the file nothing is mapped (allocate keeps no blocks there), so
             // an append takes all its blocks and needs no look at the extent tree. Over the
             // file, blocks already written or fallocated, or filled by pending writes, are
             // overwritten in place and must not be asked for again: a full volume still takes
-            // writes into space it promised. The tree is walked with the front end unlocked,
+            // writes into space it promised. The tree is walked with the view shard unlocked,
             // so the view is read again afterwards.
             let new_blocks = if offset >= size {
                 all_blocks
             } else {
-                self.blocks_to_fill(&mut front, inode, offset, end, true)?.unwrap_or(all_blocks)
+                self.blocks_to_fill(&mut shard, inode, offset, end, true)?.unwrap_or(all_blocks)
             };
-            let view = self.regular_view(&mut front, inode)?;
+            // Loaded again if it was dropped while the shard was unlocked.
+            let view = FileSystem::regular_view(self.load_view(&mut shard, inode)?)?;
             let mut image = view.attributes.clone();
             let now = now_ns();
             image.size_bytes = image.size_bytes.max(end);
             image.modify_time_ns = now;
             image.change_time_ns = now;
             let op = Op::Write { inode: image.clone(), offset, data: shared.clone() };
-            let Some(lsn) = self.append_reserving(&mut front, op, new_blocks, DATA_RESERVE_BLOCKS)? else {
+            let Some(lsn) = self.append_reserving(op, new_blocks, DATA_RESERVE_BLOCKS)? else {
                 return Ok(None);
             };
-            FileSystem::commit_view(&mut front, image, lsn, false);
-            let view = front.views.get_mut(&inode).unwrap();
+            FileSystem::commit_view(view, image, lsn, false);
             view.pending_writes.push_back(PendingWrite { lsn, offset, data: shared.clone() });
             view.add_pending_blocks(lsn, new_blocks);
             Ok(Some(()))
@@ -192,8 +196,8 @@ impl FileSystem {
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooLarge)?;
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            let view = self.regular_view(&mut front, inode)?;
+            let mut shard = self.lock_view(inode)?;
+            let view = FileSystem::regular_view(shard.views.get_mut(&inode).expect("loaded by lock_view"))?;
             let mut image = view.attributes.clone();
             let size = image.size_bytes;
             let new_size = match kind {
@@ -241,17 +245,17 @@ impl FileSystem {
                         0
                     } else {
                         let all_blocks = (fill_end - offset).div_ceil(BLOCK_SIZE_U64);
-                        self.blocks_to_fill(&mut front, inode, offset, fill_end, false)?.unwrap_or(all_blocks)
+                        self.blocks_to_fill(&mut shard, inode, offset, fill_end, false)?.unwrap_or(all_blocks)
                     }
                 }
                 _ => 0,
             };
             let op = Op::Range { inode: image.clone(), kind, offset, length, keep_size };
-            let Some(lsn) = self.append_reserving(&mut front, op, new_blocks, DATA_RESERVE_BLOCKS)? else {
+            let Some(lsn) = self.append_reserving(op, new_blocks, DATA_RESERVE_BLOCKS)? else {
                 return Ok(None);
             };
-            FileSystem::commit_view(&mut front, image, lsn, true);
-            let view = front.views.get_mut(&inode).unwrap();
+            let view = shard.views.get_mut(&inode).expect("held under the lock");
+            FileSystem::commit_view(view, image, lsn, true);
             view.forget_writes_through(lsn);
             view.add_pending_blocks(lsn, new_blocks);
             Ok(Some(()))
@@ -266,14 +270,15 @@ impl FileSystem {
     /// punch, zero, allocate) is not applied, since the applied tree does not yet show the
     /// file as it will be, or when too many pending writes overlap the range to subtract.
     ///
-    /// With `unlock`, the front end is unlocked while the tree is walked (a write over the file
-    /// then does not hold up every other caller while the back end holds the volume), and the
-    /// answer is `None` when the file changed meanwhile; the caller must read its view again.
+    /// With `unlock`, the inode's view shard is unlocked while the tree is walked (a write over
+    /// the file then does not hold up the shard's other callers while the back end holds the
+    /// volume), and the answer is `None` when the file changed meanwhile; the caller must read
+    /// its view again.
     /// Records the back end applies meanwhile do not matter: a pending write it applies is in
     /// the tree instead of the list, and a change of shape appended meanwhile changes the view.
     fn blocks_to_fill(
         &self,
-        front: &mut RwLockWriteGuard<'_, Front>,
+        shard: &mut RwLockWriteGuard<'_, ViewShard>,
         inode: InodeNumber,
         start: u64,
         end: u64,
@@ -281,7 +286,7 @@ impl FileSystem {
     ) -> Result<Option<u64>> {
         assert!(start < end, "an empty range takes no blocks");
         let applied = self.applied();
-        let view = self.regular_view(front, inode)?;
+        let view = FileSystem::regular_view(shard.views.get_mut(&inode).expect("caller holds the view"))?;
         if view.structural_lsn > applied {
             return Ok(None);
         }
@@ -298,16 +303,16 @@ impl FileSystem {
         }
         let generation = view.attributes.generation;
         let change_counter = view.change_counter;
-        let view_evictions = front.view_evictions;
+        let view_evictions = shard.evictions;
         let holes = if unlock {
-            RwLockWriteGuard::unlocked(front, || self.holes_in(inode, generation, start, end))?
+            RwLockWriteGuard::unlocked(shard, || self.holes_in(inode, generation, start, end))?
         } else {
             self.holes_in(inode, generation, start, end)?
         };
         if unlock {
             // A view dropped and loaded again starts its counter afresh: count evictions too.
-            let unchanged = front.view_evictions == view_evictions
-                && front.views.get(&inode).is_some_and(|view| view.change_counter == change_counter);
+            let unchanged = shard.evictions == view_evictions
+                && shard.views.get(&inode).is_some_and(|view| view.change_counter == change_counter);
             if !unchanged {
                 return Ok(None);
             }

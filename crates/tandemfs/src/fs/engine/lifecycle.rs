@@ -178,27 +178,13 @@ impl FileSystem {
         };
 
         let inode_count = volume.superblock.inode_count;
-        let mut inode_numbers = Bitmap::new(inode_count, BlockKind::InodeBitmap);
-        for bit in 0..inode_count {
-            if volume.inodes.is_set(bit) {
-                inode_numbers.set_range(bit, 1);
-            }
-        }
-        let front = Front {
-            views: Default::default(),
-            names: Default::default(),
-            inode_numbers,
-            next_generation: volume.superblock.next_generation,
-            reserved_blocks: 0,
-            free_blocks: volume.free_blocks(),
-            tree_pool_blocks: tree_pool_blocks(volume.superblock.block_count),
-            pending_free_blocks: 0,
-            queued_image_blocks: 0,
-            image_budget_blocks: image_budget_blocks(&log.usage()),
-            refused_for_backlog: false,
-            view_evictions: 0,
-            use_clock: 0,
-        };
+        let inode_numbers = InodeGroups::new(inode_count, |number| volume.inodes.is_set(number - 1));
+        let space = Space::new(
+            volume.free_blocks(),
+            tree_pool_blocks(volume.superblock.block_count),
+            image_budget_blocks(&log.usage()),
+        );
+        let front = Front::new(inode_numbers, volume.superblock.next_generation, space);
         let usage = log.usage();
         // A record must fit the log many times over; a write larger than this is split.
         let max_record_data_bytes = ((usage.data_bytes_normal / 16) as usize).clamp(4096, 1 << 20);
@@ -213,7 +199,7 @@ impl FileSystem {
             medium_sequence: AtomicU64::new(setup.medium_sequence),
             log,
             backend,
-            front: RwLock::new(front),
+            front,
             options: options.clone(),
             inode_count,
             max_record_data_bytes,
@@ -253,10 +239,11 @@ impl FileSystem {
 
     fn remount_read_only(&self, keeper: &mut Option<MmpKeeper>) -> Result<()> {
         let inner = &self.inner;
-        {
-            let _front = inner.front.write();
-            inner.read_only.store(true, Ordering::Release);
-        }
+        // Every change checks the flag with a view shard locked: once each shard has been taken
+        // after the store, every change that missed the flag has appended its record, and the
+        // drain below applies it.
+        inner.read_only.store(true, Ordering::SeqCst);
+        inner.front.wait_for_changes_in_flight();
         let flushed = (|| {
             inner.log.flush()?;
             self.drain_and_checkpoint()?;
@@ -271,7 +258,7 @@ impl FileSystem {
             })
         })();
         if let Err(error) = flushed {
-            inner.read_only.store(false, Ordering::Release);
+            inner.read_only.store(false, Ordering::SeqCst);
             return Err(error);
         }
         inner.gate.set_writable(false)?;
@@ -326,8 +313,7 @@ impl FileSystem {
             return Err(error);
         }
         *keeper = Some(new_keeper);
-        let _front = inner.front.write();
-        inner.read_only.store(false, Ordering::Release);
+        inner.read_only.store(false, Ordering::SeqCst);
         Ok(())
     }
 
@@ -388,17 +374,12 @@ impl FileSystem {
     // ------------------------------------------------------------------ volume
 
     pub fn statistics(&self) -> Result<VolumeStatistics> {
-        let front = self.inner.front.write();
-        let volume = self.inner.backend.volume();
+        let front = &self.inner.front;
+        let blocks_total = self.inner.backend.volume().superblock.block_count;
         Ok(VolumeStatistics {
             block_size_bytes: BLOCK_SIZE_U64 as u32,
-            blocks_total: volume.superblock.block_count,
-            // Freed blocks wait for a checkpoint before reuse, but they are free: `df` after `rm`
-            // should say so at once.
-            // The tree pool is not free for new data (see `tree_pool_blocks`), as ext4 leaves
-            // its reserved clusters out of f_bavail.
-            blocks_free: (front.free_blocks + front.pending_free_blocks)
-                .saturating_sub(front.reserved_blocks + front.tree_pool_blocks),
+            blocks_total,
+            blocks_free: front.space.statfs_free_blocks(),
             inodes_total: self.inner.inode_count,
             inodes_free: front.inode_numbers.free_count(),
             name_max_bytes: NAME_MAX_BYTES as u32,
@@ -426,10 +407,7 @@ impl FileSystem {
     /// Returns once every change to `inode` made before the call is durable.
     pub fn fsync(&self, inode: InodeNumber, _data_only: bool) -> Result<()> {
         self.check_running()?;
-        let lsn = {
-            let mut front = self.inner.front.write();
-            self.view(&mut front, inode)?.last_change_lsn
-        };
+        let lsn = self.with_view(inode, |view| view.last_change_lsn)?;
         if lsn > 0 {
             self.inner.log.wait_durable(lsn)?;
         }
@@ -448,8 +426,8 @@ impl FileSystem {
 
     /// Keeps an inode alive while open even if its last name is unlinked.
     pub fn open_inode(&self, inode: InodeNumber) -> Result<()> {
-        let mut front = self.inner.front.write();
-        let view = self.view(&mut front, inode)?;
+        let mut shard = self.lock_view(inode)?;
+        let view = shard.views.get_mut(&inode).expect("loaded by lock_view");
         view.open_count = view.open_count.checked_add(1).ok_or(Error::Busy)?;
         Ok(())
     }
@@ -457,8 +435,8 @@ impl FileSystem {
     /// Ends one `open_inode`; an unlinked inode is reclaimed after its last release.
     pub fn release_inode(&self, inode: InodeNumber) -> Result<()> {
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            let view = self.view(&mut front, inode)?;
+            let mut shard = self.lock_view(inode)?;
+            let view = shard.views.get_mut(&inode).expect("loaded by lock_view");
             if view.open_count == 0 {
                 return Err(Error::invalid(format!("inode {inode} released more often than opened")));
             }
@@ -466,14 +444,13 @@ impl FileSystem {
                 view.open_count -= 1;
                 return Ok(Some(()));
             }
-            let Some(lsn) = self.append(&mut front, Op::Reclaim { inode_number: inode }, 0)? else {
+            let Some(lsn) = self.append(Op::Reclaim { inode_number: inode }, 0)? else {
                 return Ok(None);
             };
-            let view = front.views.get_mut(&inode).unwrap();
             view.open_count = 0;
             view.orphaned = false;
             view.last_change_lsn = lsn;
-            FileSystem::settle(&mut front, inode, Disposition::Reclaim);
+            self.settle(view, Disposition::Reclaim);
             Ok(Some(()))
         })
     }

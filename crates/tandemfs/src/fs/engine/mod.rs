@@ -9,14 +9,14 @@ mod lifecycle;
 mod namespace;
 mod xattrs;
 
-use super::front::{Front, InodeView, PendingWrite};
+use super::front::NameEntry;
+use super::front::{Front, InodeGroups, InodeView, NameShard, PendingWrite, Space, ViewLocks, ViewShard};
 use super::types::*;
 use crate::backend::driver::{Backend, BatchSummary, FrontSink};
 use crate::backend::record::{AttributeImage, Disposition, Op, RangeKind, RenameKind, XATTR_VALUE_MAX_BYTES};
 use crate::backend::{self, now_ns};
-use crate::block::bitmap::Bitmap;
 use crate::block::inode::Inode;
-use crate::block::meta::{BlockKind, BLOCK_SIZE_U64};
+use crate::block::meta::BLOCK_SIZE_U64;
 use crate::block::mmp::MmpKeeper;
 use crate::block::superblock::{Superblock, STATE_CLEAN, STATE_MOUNTED};
 use crate::block::volume::{Volume, XATTR_BLOCK_PAYLOAD_BYTES, XATTR_NAMESPACES};
@@ -25,7 +25,7 @@ use crate::dir::{self, DirRoot};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot, MAX_FILE_BYTES};
 use crate::log::{Log, LogOptions};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -82,7 +82,8 @@ struct Inner {
     gate: Arc<Gate>,
     /// The device `mount` was given: multi-mount protection reads and writes its block there.
     medium: Arc<dyn Device>,
-    /// Changes are refused with `ReadOnly` (checked in `append`, under the front-end lock).
+    /// Changes are refused with `ReadOnly` (checked in `append`, with the changed inode's view
+    /// shard locked; see `remount_read_only`).
     read_only: AtomicBool,
     /// The refresh thread of the multi-mount protection block, while mounted read-write.
     mmp: Mutex<Option<MmpKeeper>>,
@@ -94,9 +95,9 @@ struct Inner {
     log: Arc<Log>,
     /// Owns the volume, the queue of unapplied records, the applied lsn and the failure latch.
     backend: Arc<Backend>,
-    /// Shared by stat and lookup hits (`attributes_if_loaded`, `lookup_if_known`), exclusive
-    /// for everything that changes the front end.
-    front: RwLock<Front>,
+    /// The front end's state in shards (views by inode, names by directory), allocation groups
+    /// and atomic counters: no lock covers all of it (see `fs::front`).
+    front: Front,
     options: MountOptions,
     inode_count: u64,
     max_record_data_bytes: usize,
@@ -150,15 +151,20 @@ fn attributes_image_of(inode: &Inode) -> AttributeImage {
 impl FileSystem {
     // ------------------------------------------------------------------ front-end helpers
 
-    /// The view of `number`, loaded from the volume when absent.
-    pub(super) fn view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
+    fn check_number(&self, number: InodeNumber) -> Result<()> {
         if number == 0 || number > self.inner.inode_count {
             return Err(Error::NotFound);
         }
-        front.use_clock += 1;
-        let clock = front.use_clock;
-        let view = match front.views.entry(number) {
-            std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
+        Ok(())
+    }
+
+    /// The view of `number` in `shard` (whose write lock the caller holds), loaded from the
+    /// volume when absent. `NotFound` for a freed inode.
+    pub(super) fn load_view<'a>(&self, shard: &'a mut ViewShard, number: InodeNumber) -> Result<&'a mut InodeView> {
+        self.check_number(number)?;
+        let front = &self.inner.front;
+        let clock = match shard.views.entry(number) {
+            std::collections::hash_map::Entry::Occupied(_) => front.clock(),
             std::collections::hash_map::Entry::Vacant(slot) => {
                 let mut volume = self.inner.backend.volume();
                 let inode = volume.read_inode(number)?;
@@ -167,9 +173,12 @@ impl FileSystem {
                 } else {
                     0
                 };
-                slot.insert(InodeView::new(attributes_image_of(&inode), inode.blocks_owned, entry_count))
+                drop(volume);
+                slot.insert(InodeView::new(attributes_image_of(&inode), inode.blocks_owned, entry_count));
+                front.tick()
             }
         };
+        let view = shard.views.get_mut(&number).expect("present or inserted above");
         if view.reclaimed {
             return Err(Error::NotFound);
         }
@@ -177,41 +186,122 @@ impl FileSystem {
         Ok(view)
     }
 
-    /// The attributes of a loaded view, under the shared lock: stats of unrelated inodes never
-    /// wait for each other, only for a writer holding the front end. `None` when the view is
-    /// not loaded (or freed): the caller takes the exclusive path, which loads it.
-    pub(super) fn attributes_if_loaded(front: &Front, number: InodeNumber) -> Option<Attributes> {
-        let view = front.views.get(&number).filter(|view| !view.reclaimed)?;
-        view.last_use.store(front.use_clock, Ordering::Relaxed);
-        Some(view.to_attributes())
+    /// Write locks on the view shards of `lock`, with the views of `load` loaded (a subset:
+    /// a create locks the shard of a number whose view it is about to make). Shards past their
+    /// bound drop old views, never those of `lock`.
+    pub(super) fn lock_views(&self, lock: &[InodeNumber], load: &[InodeNumber]) -> Result<ViewLocks<'_>> {
+        let mut locks = self.inner.front.lock_views(lock);
+        for &number in load {
+            assert!(lock.contains(&number), "a view is loaded only under its shard's lock");
+            self.load_view(locks.shard(number), number)?;
+        }
+        let applied = self.applied();
+        for &number in lock {
+            locks.shard(number).trim(applied, lock);
+        }
+        Ok(locks)
     }
 
-    /// A lookup answered from the name table and loaded views under the shared lock, as the
-    /// exclusive path would answer it; `None` when that path must load or walk something.
-    pub(super) fn lookup_if_known(front: &Front, parent: InodeNumber, name: &[u8]) -> Option<Result<Attributes>> {
-        let directory = front.views.get(&parent).filter(|view| !view.reclaimed)?;
+    /// The write lock on the view shard of `number`, its view loaded.
+    pub(super) fn lock_view(&self, number: InodeNumber) -> Result<RwLockWriteGuard<'_, ViewShard>> {
+        self.check_number(number)?;
+        let mut shard = self.inner.front.write_views(number);
+        self.load_view(&mut shard, number)?;
+        shard.trim(self.applied(), &[number]);
+        Ok(shard)
+    }
+
+    /// The read lock on the view shard of `number`, its view loaded: stats and reads of
+    /// unrelated inodes never wait for each other, only for a change in the same shard.
+    pub(super) fn read_view(&self, number: InodeNumber) -> Result<RwLockReadGuard<'_, ViewShard>> {
+        self.check_number(number)?;
+        let front = &self.inner.front;
+        let shard = front.read_views(number);
+        match shard.views.get(&number) {
+            Some(view) if view.reclaimed => return Err(Error::NotFound),
+            Some(view) => {
+                let clock = front.clock();
+                // Only a stamp that moves is written: readers dirty no line needlessly.
+                if view.last_use.load(Ordering::Relaxed) != clock {
+                    view.last_use.store(clock, Ordering::Relaxed);
+                }
+                return Ok(shard);
+            }
+            None => {}
+        }
+        drop(shard);
+        Ok(RwLockWriteGuard::downgrade(self.lock_view(number)?))
+    }
+
+    /// Runs `read` on the view of `number` under its shard's read lock.
+    pub(super) fn with_view<T>(&self, number: InodeNumber, read: impl FnOnce(&InodeView) -> T) -> Result<T> {
+        let shard = self.read_view(number)?;
+        Ok(read(shard.views.get(&number).expect("loaded by read_view")))
+    }
+
+    /// What a change needs to know of a directory before it locks its views, copied out under
+    /// the read lock; `NotDirectory` for anything else.
+    pub(super) fn directory_info(&self, number: InodeNumber) -> Result<DirectoryInfo> {
+        self.with_view(number, |view| {
+            if view.file_type() != FileType::Directory {
+                return Err(Error::NotDirectory);
+            }
+            Ok(DirectoryInfo {
+                generation: view.attributes.generation,
+                link_count: view.attributes.link_count,
+                complete_epoch: view.complete_epoch,
+                parent: view.attributes.parent,
+            })
+        })?
+    }
+
+    /// The locked view of a directory a change was validated against: `NotFound` when it was
+    /// removed (or its number reused) since `info` was taken.
+    pub(super) fn locked_directory<'a>(
+        views: &'a mut ViewLocks<'_>,
+        number: InodeNumber,
+        info: &DirectoryInfo,
+    ) -> Result<&'a mut InodeView> {
+        let view = views.get(number);
+        if view.reclaimed || view.attributes.generation != info.generation || view.attributes.link_count == 0 {
+            return Err(Error::NotFound);
+        }
+        Ok(view)
+    }
+
+    /// A lookup answered under read locks from the name table and loaded views, as the slow
+    /// path would answer it; `None` when that path must load or walk something. A name that
+    /// points somewhere needs no look at the directory: a directory with an entry is alive.
+    pub(super) fn lookup_if_known(&self, parent: InodeNumber, name: &[u8]) -> Option<Result<Attributes>> {
+        let front = &self.inner.front;
+        let names = front.read_names(parent);
+        let entry = names.table.get(parent, name).copied();
+        if let Some(NameEntry { target: Some((number, entry_type)), .. }) = entry {
+            let views = front.read_views(number);
+            let view = views.views.get(&number).filter(|view| !view.reclaimed)?;
+            let clock = front.clock();
+            if view.last_use.load(Ordering::Relaxed) != clock {
+                view.last_use.store(clock, Ordering::Relaxed);
+            }
+            if let Err(error) = crate::block::inode::check_entry_type(parent, name, entry_type, view.file_type()) {
+                return Some(Err(error));
+            }
+            return Some(Ok(view.to_attributes()));
+        }
+        let views = front.read_views(parent);
+        let directory = views.views.get(&parent).filter(|view| !view.reclaimed)?;
         if directory.file_type() != FileType::Directory {
             return Some(Err(Error::NotDirectory));
         }
-        let target = match front.names.get(parent, name) {
-            Some(entry) => entry.target,
-            None if directory.complete => None,
-            None => return None,
-        };
-        directory.last_use.store(front.use_clock, Ordering::Relaxed);
-        let Some((number, entry_type)) = target else {
-            return Some(Err(Error::NotFound));
-        };
-        let view = front.views.get(&number).filter(|view| !view.reclaimed)?;
-        view.last_use.store(front.use_clock, Ordering::Relaxed);
-        if let Err(error) = crate::block::inode::check_entry_type(parent, name, entry_type, view.file_type()) {
-            return Some(Err(error));
+        let complete = directory.complete_epoch != 0 && directory.complete_epoch == front.name_epoch(parent);
+        match entry {
+            Some(_) => Some(Err(Error::NotFound)),
+            None if complete => Some(Err(Error::NotFound)),
+            None => None,
         }
-        Some(Ok(view.to_attributes()))
     }
 
-    pub(super) fn regular_view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
-        let view = self.view(front, number)?;
+    pub(super) fn regular_view(view: &mut InodeView) -> Result<&mut InodeView> {
         match view.file_type() {
             FileType::Regular => Ok(view),
             FileType::Directory => Err(Error::IsDirectory),
@@ -219,33 +309,25 @@ impl FileSystem {
         }
     }
 
-    pub(super) fn directory_view<'a>(&self, front: &'a mut Front, number: InodeNumber) -> Result<&'a mut InodeView> {
-        let view = self.view(front, number)?;
-        if view.file_type() != FileType::Directory {
-            return Err(Error::NotDirectory);
-        }
-        Ok(view)
-    }
-
-    /// Resolves a name in a directory: the name table (overlay and lookup cache, one probe),
-    /// then the applied H-tree.
+    /// Resolves a name in a directory whose name shard the caller holds: the name table
+    /// (overlay and lookup cache, one probe), then the applied H-tree.
     pub(super) fn find_name(
         &self,
-        front: &mut Front,
+        names: &mut NameShard,
         parent: InodeNumber,
+        info: &DirectoryInfo,
         name: &[u8],
     ) -> Result<Option<(u64, FileType)>> {
-        let view = self.directory_view(front, parent)?;
-        let (generation, complete) = (view.attributes.generation, view.complete);
-        if let Some(entry) = front.names.get(parent, name) {
+        if let Some(entry) = names.table.get(parent, name) {
             return Ok(entry.target);
         }
-        if complete {
+        let front = &self.inner.front;
+        if info.complete_epoch != 0 && info.complete_epoch == front.name_epoch(parent) {
             return Ok(None);
         }
-        let found = self.find_applied_name(parent, generation, name)?;
-        front.make_room_for_name(self.applied());
-        front.names.cache_applied(parent, name, found);
+        let found = self.find_applied_name(parent, info.generation, name)?;
+        front.make_room_for_name(parent, names, self.applied());
+        names.table.cache_applied(parent, name, found);
         Ok(found)
     }
 
@@ -284,75 +366,48 @@ impl FileSystem {
         }
     }
 
-    /// Reserves blocks for a record: `new_blocks` that it certainly takes (file data, directory
-    /// and xattr blocks), which must leave the tree pool untouched, and `tree_blocks` that it may
-    /// take for extent-tree nodes, which may come out of the pool. False when the volume cannot
-    /// promise them now.
-    pub(super) fn reserve(front: &mut Front, new_blocks: u64, tree_blocks: u64) -> bool {
-        let after = front.reserved_blocks + new_blocks;
-        if after + tree_blocks > front.free_blocks {
-            return false;
-        }
-        if new_blocks > 0 && after + front.tree_pool_blocks > front.free_blocks {
-            return false;
-        }
-        front.reserved_blocks = after + tree_blocks;
-        true
-    }
-
     /// Reserves `reserved_blocks`, appends `op` and queues it for the back end; returns its lsn.
     /// `None` when the volume cannot promise the blocks or the log is full (nothing is kept then;
-    /// the caller's `with_space` drains the back end and tries again). Called with the front-end
-    /// lock held, so appends and the queue stay in lsn order.
-    pub(super) fn append(&self, front: &mut Front, op: Op, reserved_blocks: u64) -> Result<Option<u64>> {
-        self.append_reserving(front, op, reserved_blocks, 0)
+    /// the caller's `with_space` drains the back end and tries again). Called with the locks of
+    /// every name and view shard the record changes held, so records that touch a common inode
+    /// or directory get lsns in the order in which they were validated.
+    pub(super) fn append(&self, op: Op, reserved_blocks: u64) -> Result<Option<u64>> {
+        self.append_reserving(op, reserved_blocks, 0)
     }
 
     /// `append` for a record that takes `new_blocks` and may take up to `tree_blocks` more for
-    /// its extent tree (see `reserve`).
-    pub(super) fn append_reserving(
-        &self,
-        front: &mut Front,
-        op: Op,
-        new_blocks: u64,
-        tree_blocks: u64,
-    ) -> Result<Option<u64>> {
+    /// its extent tree (see `Space::reserve`).
+    pub(super) fn append_reserving(&self, op: Op, new_blocks: u64, tree_blocks: u64) -> Result<Option<u64>> {
         let reserved_blocks = new_blocks + tree_blocks;
-        // Every change passes here with the front end locked; a remount read-only sets the flag
-        // under the same lock, so no change slips in after it.
-        if self.inner.read_only.load(Ordering::Acquire) {
+        // Every change passes here with a view shard locked; a remount read-only sets the flag
+        // and then takes every view shard once, so no change slips in after it.
+        if self.inner.read_only.load(Ordering::SeqCst) {
             return Err(Error::ReadOnly);
         }
+        let space = &self.inner.front.space;
         // Every checkpoint writes its block images into the log's reserve, and while records
         // older than them wait, the tail cannot pass those images. A backlog whose application
         // dirties more than the reserve can hold would leave the back end (and a replay after a
         // crash) with nowhere to write a checkpoint. So the backlog is bounded by a budget of
         // image blocks, as well as by log bytes: past it, the caller drains the back end.
         let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
-        if front.queued_image_blocks > 0 && front.queued_image_blocks + image_blocks > front.image_budget_blocks {
-            front.refused_for_backlog = true;
+        if !space.admit_images(image_blocks) {
+            space.refused_for_backlog.store(true, Ordering::Release);
             return Ok(None);
         }
-        if !FileSystem::reserve(front, new_blocks, tree_blocks) {
+        if !space.reserve(new_blocks, tree_blocks) {
+            space.release_images(image_blocks);
             return Ok(None);
         }
         let head = op.encode_head();
         let log = &self.inner.log;
         let append_to_log = |op: &Op| log.append(op.kind(), &[&head, op.tail()]);
         let appended = self.inner.backend.enqueue(op, reserved_blocks, image_blocks, append_to_log);
-        let lsn = match appended {
-            Ok(Some(lsn)) => lsn,
-            Ok(None) => {
-                front.reserved_blocks -= reserved_blocks;
-                return Ok(None);
-            }
-            Err(error) => {
-                front.reserved_blocks -= reserved_blocks;
-                return Err(error);
-            }
-        };
-        front.queued_image_blocks += image_blocks;
-        Ok(Some(lsn))
+        if !matches!(appended, Ok(Some(_))) {
+            space.unreserve(reserved_blocks);
+            space.release_images(image_blocks);
+        }
+        appended
     }
 
     /// Runs `attempt` until it gets log space and blocks. On `Ok(None)` it first checkpoints the
@@ -369,7 +424,7 @@ impl FileSystem {
             if round + 1 < SPACE_ATTEMPTS_MAX {
                 // Refused only because the backlog stands for too many checkpoint images:
                 // applying it is all that is needed, the back end checkpoints as it goes.
-                if std::mem::take(&mut self.inner.front.write().refused_for_backlog) {
+                if self.inner.front.space.refused_for_backlog.swap(false, Ordering::AcqRel) {
                     self.drain()?;
                 } else if !checkpointed_applied && self.checkpoint_applied()? {
                     checkpointed_applied = true;
@@ -388,28 +443,49 @@ impl FileSystem {
         self.inner.backend.checkpoint_applied(self)
     }
 
-    /// Records a name change in the overlay; it replaces whatever the lookup cache held for the
-    /// name, since that H-tree answer is about to change.
+    /// Records a name change in the overlay (the caller holds the directory's name shard); it
+    /// replaces whatever the lookup cache held for the name, since that H-tree answer is about
+    /// to change.
     pub(super) fn overlay_name(
         &self,
-        front: &mut Front,
+        names: &mut NameShard,
         parent: u64,
         name: &[u8],
         target: Option<(u64, FileType)>,
         lsn: u64,
     ) {
-        front.make_room_for_name(self.applied());
-        front.names.set(parent, name, target, lsn);
+        self.inner.front.make_room_for_name(parent, names, self.applied());
+        names.table.set(parent, name, target, lsn);
     }
 
-    pub(super) fn commit_view(front: &mut Front, image: AttributeImage, lsn: u64, structural: bool) {
-        let view = front.views.get_mut(&image.inode_number).expect("view loaded before the change");
+    pub(super) fn commit_view(view: &mut InodeView, image: AttributeImage, lsn: u64, structural: bool) {
+        assert_eq!(view.attributes.inode_number, image.inode_number, "an image commits to its own view");
         view.attributes = image;
         view.last_change_lsn = lsn;
         if structural {
             view.structural_lsn = lsn;
         }
         view.change_counter += 1;
+    }
+
+    /// Takes a free inode number for a new inode in `parent`, from the parent's allocation
+    /// group when it has room. A table block's free records are checked to be free on the
+    /// volume once, when its first number is taken (see `InodeGroups`), so a create takes the
+    /// volume lock once per table block, not once per inode.
+    pub(super) fn allocate_inode(&self, parent: InodeNumber) -> Result<InodeNumber> {
+        let backend = &self.inner.backend;
+        self.inner.front.inode_numbers.allocate(parent, &mut |numbers| {
+            let mut volume = backend.volume();
+            let mut refused = Vec::new();
+            for &number in numbers {
+                match volume.check_inode_free(number) {
+                    Ok(()) => {}
+                    Err(error @ Error::Corruption { .. }) => refused.push((number, error)),
+                    Err(error) => return Err(error),
+                }
+            }
+            Ok(refused)
+        })
     }
 
     pub(super) fn applied(&self) -> u64 {
@@ -455,47 +531,107 @@ impl FileSystem {
     }
 }
 
-/// The front end's bookkeeping after the back end applied a batch or checkpointed.
+/// What one applied batch changed in the view of one inode.
+#[derive(Default)]
+struct ViewUpdate {
+    /// Pending writes of records up to this lsn are home now.
+    writes_through: u64,
+    /// Block estimates of records up to this lsn are replaced by the volume's count.
+    blocks_through: u64,
+    /// The blocks the inode owns now.
+    owned_blocks: Option<u64>,
+    /// A record up to this lsn freed the inode.
+    reclaimed_through: u64,
+}
+
+/// The front end's bookkeeping after the back end applied a batch or checkpointed. It touches
+/// the view shards of the batch's inodes one at a time, briefly, and the counters (atomics):
+/// readers elsewhere never wait for it.
 impl FrontSink for FileSystem {
     fn batch_applied(&self, summary: &BatchSummary<'_>) {
-        let mut front = self.inner.front.write();
+        let front = &self.inner.front;
+        let mut updates: crate::FastHashMap<u64, ViewUpdate> = Default::default();
+        let (mut returned_blocks, mut image_blocks) = (0, 0);
+        // Names removed by the batch: (directory, name, lsn).
+        let mut removed: Vec<(u64, &[u8], u64)> = Vec::new();
         for queued in summary.records {
-            // Names need nothing: an entry of the name table whose record is applied is a
-            // lookup-cache entry from now on (its lsn is at most the applied lsn).
-            front.reserved_blocks -= queued.reserved_blocks;
-            front.queued_image_blocks -= queued.image_blocks;
+            match queued.op.as_ref() {
+                Op::Unlink { parent, name, .. } => removed.push((parent.inode_number, name, queued.lsn)),
+                Op::Rename { parent, name, kind: RenameKind::Move, .. } => removed.push((*parent, name, queued.lsn)),
+                _ => {}
+            }
+            // Other names need nothing: an entry of the name table whose record is applied is
+            // a lookup-cache entry from now on (its lsn is at most the applied lsn).
+            returned_blocks += queued.reserved_blocks;
+            image_blocks += queued.image_blocks;
             // Every pending write has its own record, and applying it makes that write and all
             // earlier ones of the inode part of the home data; structural records drop earlier
             // writes when they are made. Writes and range records (allocate, zero) also carry
             // block estimates, which the volume's count below replaces.
+            // A view of an inode freed by an applied record is dropped (the volume answers
+            // NotFound from now on), so freed inodes do not crowd live ones out of the cache.
+            let mut reclaimed = |number: u64| updates.entry(number).or_default().reclaimed_through = queued.lsn;
+            match queued.op.as_ref() {
+                Op::Unlink { inode, disposition: Disposition::Reclaim, .. } => reclaimed(inode.inode_number),
+                Op::Reclaim { inode_number } => reclaimed(*inode_number),
+                Op::Rename { replaced: Some((number, Disposition::Reclaim)), .. } => reclaimed(*number),
+                _ => {}
+            }
             match queued.op.as_ref() {
                 Op::Write { inode, .. } => {
-                    if let Some(view) = front.views.get_mut(&inode.inode_number) {
-                        view.forget_writes_through(queued.lsn);
-                        view.forget_blocks_through(queued.lsn);
-                    }
+                    let update = updates.entry(inode.inode_number).or_default();
+                    update.writes_through = queued.lsn;
+                    update.blocks_through = queued.lsn;
                 }
-                Op::Range { inode, .. } => {
-                    if let Some(view) = front.views.get_mut(&inode.inode_number) {
-                        view.forget_blocks_through(queued.lsn);
-                    }
-                }
+                Op::Range { inode, .. } => updates.entry(inode.inode_number).or_default().blocks_through = queued.lsn,
                 _ => {}
             }
         }
         for &(number, blocks) in &summary.owned_blocks {
-            if let Some(view) = front.views.get_mut(&number) {
+            updates.entry(number).or_default().owned_blocks = Some(blocks);
+        }
+        // One view at a time, each with its estimates and its count together, so that a stat
+        // never sees the estimate gone and the count not yet in.
+        for (number, update) in updates {
+            let mut shard = front.write_views(number);
+            let Some(view) = shard.views.get_mut(&number) else {
+                continue;
+            };
+            // Still the freed inode (a create may have reused the number since) and nothing
+            // about it pending: drop it.
+            if view.reclaimed && update.reclaimed_through > 0 && view.last_change_lsn <= update.reclaimed_through {
+                shard.views.remove(&number);
+                shard.evictions += 1;
+                continue;
+            }
+            view.forget_writes_through(update.writes_through);
+            view.forget_blocks_through(update.blocks_through);
+            if let Some(blocks) = update.owned_blocks {
                 view.blocks_owned = blocks;
             }
         }
-        front.free_blocks = summary.free_blocks;
-        front.pending_free_blocks = summary.pending_free_blocks;
-        front.trim_views(summary.last_lsn);
+        // A removed name's entry says what the H-tree now says: dropped, so that the names of
+        // deleted files do not fill the table (each directory's shard, one at a time).
+        for (directory, name, lsn) in removed {
+            let mut shard = front.write_names(directory);
+            if shard.table.forget_removed(directory, name, lsn) {
+                front.count_names(&mut shard);
+            }
+        }
+        front.space.applied(returned_blocks, summary.free_blocks, summary.pending_free_blocks);
+        front.space.release_images(image_blocks);
     }
 
     fn space_changed(&self, free_blocks: u64, pending_free_blocks: u64) {
-        let mut front = self.inner.front.write();
-        front.free_blocks = free_blocks;
-        front.pending_free_blocks = pending_free_blocks;
+        self.inner.front.space.applied(0, free_blocks, pending_free_blocks);
     }
+}
+
+/// A directory as a change saw it before locking its views (see `directory_info`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DirectoryInfo {
+    pub generation: u64,
+    pub link_count: u32,
+    pub complete_epoch: u64,
+    pub parent: u64,
 }

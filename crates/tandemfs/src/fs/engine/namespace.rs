@@ -1,6 +1,30 @@
 //! Namespace operations: lookup, create, link, unlink, rename, symlinks, paths, readdir.
+//!
+//! A change to a directory takes the directory's name shard (write) first, resolves the names
+//! it needs there, then takes the view shards of every inode it changes in index order,
+//! validates again against the locked views, appends and commits (see `fs::front`).
 
 use super::*;
+
+/// What `create_node` makes.
+struct NewNode<'a> {
+    name: &'a [u8],
+    file_type: FileType,
+    permissions: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u64,
+    symlink_target: &'a [u8],
+}
+
+/// The two names of a rename.
+#[derive(Clone, Copy)]
+struct RenameNames<'a> {
+    parent: u64,
+    name: &'a [u8],
+    new_parent: u64,
+    new_name: &'a [u8],
+}
 
 impl FileSystem {
     // ------------------------------------------------------------------ namespace
@@ -9,36 +33,37 @@ impl FileSystem {
         if name.len() > NAME_MAX_BYTES {
             return Err(Error::NameTooLong);
         }
-        let dots = name == b"." || name == b"..";
-        if !dots {
-            // Before the lock: the front end is held only for the probes.
-            check_name(name)?;
-            if let Some(answer) = FileSystem::lookup_if_known(&self.inner.front.read(), parent, name) {
-                return answer;
-            }
-        }
-        let mut front = self.inner.front.write();
         if name == b"." {
-            return Ok(self.directory_view(&mut front, parent)?.to_attributes());
+            return self.with_view(parent, |view| {
+                if view.file_type() != FileType::Directory {
+                    return Err(Error::NotDirectory);
+                }
+                Ok(view.to_attributes())
+            })?;
         }
         if name == b".." {
-            let up = self.directory_view(&mut front, parent)?.attributes.parent;
-            return Ok(self.view(&mut front, up)?.to_attributes());
+            let up = self.directory_info(parent)?.parent;
+            return self.with_view(up, |view| view.to_attributes());
         }
-        let (number, entry_type) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
-        let view = self
-            .view(&mut front, number)
+        // Before any lock: the shards are held only for the probes.
+        check_name(name)?;
+        if let Some(answer) = self.lookup_if_known(parent, name) {
+            return answer;
+        }
+        // The directory's name shard stays locked until the target is read, so the name
+        // cannot move meanwhile.
+        let mut names = self.inner.front.lock_names(&[parent]);
+        let info = self.directory_info(parent)?;
+        let (number, entry_type) = self.find_name(names.shard(parent), parent, &info, name)?.ok_or(Error::NotFound)?;
+        let (file_type, attributes) = self
+            .with_view(number, |view| (view.file_type(), view.to_attributes()))
             .map_err(|error| crate::block::inode::entry_target_error(parent, name, number, error))?;
-        crate::block::inode::check_entry_type(parent, name, entry_type, view.file_type())?;
-        Ok(view.to_attributes())
+        crate::block::inode::check_entry_type(parent, name, entry_type, file_type)?;
+        Ok(attributes)
     }
 
     pub fn get_attributes(&self, inode: InodeNumber) -> Result<Attributes> {
-        if let Some(attributes) = FileSystem::attributes_if_loaded(&self.inner.front.read(), inode) {
-            return Ok(attributes);
-        }
-        let mut front = self.inner.front.write();
-        Ok(self.view(&mut front, inode)?.to_attributes())
+        self.with_view(inode, |view| view.to_attributes())
     }
 
     pub fn set_attributes(&self, inode: InodeNumber, changes: &SetAttributes) -> Result<Attributes> {
@@ -48,8 +73,8 @@ impl FileSystem {
             }
         }
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            let view = self.view(&mut front, inode)?;
+            let mut shard = self.lock_view(inode)?;
+            let view = shard.views.get_mut(&inode).expect("loaded by lock_view");
             let mut image = view.attributes.clone();
             let file_type = view.file_type();
             let now = now_ns();
@@ -104,11 +129,10 @@ impl FileSystem {
             // may use the tree pool, so shrinking a file on a full volume works.
             let tree_reserve = if truncate { DATA_RESERVE_BLOCKS } else { 0 };
             let op = Op::SetAttributes { inode: image.clone(), truncate };
-            let Some(lsn) = self.append_reserving(&mut front, op, 0, tree_reserve)? else {
+            let Some(lsn) = self.append_reserving(op, 0, tree_reserve)? else {
                 return Ok(None);
             };
-            FileSystem::commit_view(&mut front, image, lsn, truncate);
-            let view = front.views.get_mut(&inode).unwrap();
+            FileSystem::commit_view(view, image, lsn, truncate);
             if truncate {
                 // Writes before the truncate are applied before it: reads wait for it anyway.
                 view.forget_writes_through(lsn);
@@ -174,80 +198,108 @@ impl FileSystem {
         if permissions & !0o7777 != 0 {
             return Err(Error::invalid(format!("mode {permissions:#o} has bits beyond 0o7777")));
         }
+        let node = NewNode { name, file_type, permissions, uid, gid, rdev, symlink_target };
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            let parent_view = self.directory_view(&mut front, parent)?;
-            if parent_view.attributes.link_count == 0 {
+            let front = &self.inner.front;
+            let mut names = front.lock_names(&[parent]);
+            let info = self.directory_info(parent)?;
+            if info.link_count == 0 {
                 return Err(Error::NotFound);
             }
-            let mut parent_image = parent_view.attributes.clone();
-            if self.find_name(&mut front, parent, name)?.is_some() {
+            if self.find_name(names.shard(parent), parent, &info, name)?.is_some() {
                 return Err(Error::Exists);
             }
-            if file_type == FileType::Directory && parent_image.link_count >= LINK_MAX {
+            if file_type == FileType::Directory && info.link_count >= LINK_MAX {
                 return Err(Error::TooManyLinks);
             }
-            let reserve = NAMESPACE_RESERVE_BLOCKS;
-            // No preferred number: the allocator goes on from where it last stopped.
-            let number = front.inode_numbers.allocate(u64::MAX, 1, 0)?.0 + 1;
-            self.inner.backend.volume().check_inode_free(number)?;
-            // Only devices keep a device number (as ext4); the decoders refuse one elsewhere.
-            let rdev = if matches!(file_type, FileType::CharDevice | FileType::BlockDevice) { rdev } else { 0 };
-            let generation = front.next_generation;
-            let now = now_ns();
-            let mut mode = file_type.mode_bits() | permissions;
-            let mut gid = gid;
-            // A set-group-ID directory passes its group on, and its set-group-ID bit to
-            // subdirectories.
-            if parent_image.mode & 0o2000 != 0 {
-                gid = parent_image.gid;
-                if file_type == FileType::Directory {
-                    mode |= 0o2000;
-                }
+            let number = self.allocate_inode(parent)?;
+            let made = self.create_locked(names.shard(parent), parent, &info, number, &node);
+            if !matches!(made, Ok(Some(_))) {
+                front.inode_numbers.free_now(number);
             }
-            let image = AttributeImage {
-                inode_number: number,
-                generation,
-                mode,
-                link_count: if file_type == FileType::Directory { 2 } else { 1 },
-                uid,
-                gid,
-                size_bytes: symlink_target.len() as u64,
-                access_time_ns: now,
-                modify_time_ns: now,
-                change_time_ns: now,
-                birth_time_ns: now,
-                rdev,
-                parent: if file_type == FileType::Directory { parent } else { 0 },
-                flags: 0,
-            };
-            parent_image.modify_time_ns = now;
-            parent_image.change_time_ns = now;
-            if file_type == FileType::Directory {
-                parent_image.link_count += 1;
-            }
-            let op = Op::Create {
-                parent: parent_image.clone(),
-                name: name.to_vec(),
-                inode: image.clone(),
-                symlink_target: symlink_target.to_vec(),
-            };
-            let Some(lsn) = self.append(&mut front, op, reserve)? else {
-                front.inode_numbers.free_now(number - 1, 1);
-                return Ok(None);
-            };
-            front.next_generation += 1;
-            FileSystem::commit_view(&mut front, parent_image, lsn, true);
-            front.views.get_mut(&parent).unwrap().entry_count += 1;
-            let mut view = InodeView::new(image, 0, 0);
-            view.last_change_lsn = lsn;
-            view.structural_lsn = lsn;
-            view.complete = file_type == FileType::Directory;
-            let attributes = view.to_attributes();
-            front.views.insert(number, view);
-            self.overlay_name(&mut front, parent, name, Some((number, file_type)), lsn);
-            Ok(Some(attributes))
+            made
         })
+    }
+
+    /// The rest of `create_node` once the parent's name shard is held and `number` taken.
+    fn create_locked(
+        &self,
+        names: &mut NameShard,
+        parent: InodeNumber,
+        info: &DirectoryInfo,
+        number: InodeNumber,
+        node: &NewNode<'_>,
+    ) -> Result<Option<Attributes>> {
+        let front = &self.inner.front;
+        let file_type = node.file_type;
+        let mut views = self.lock_views(&[parent, number], &[parent])?;
+        let parent_view = FileSystem::locked_directory(&mut views, parent, info)?;
+        let mut parent_image = parent_view.attributes.clone();
+        if file_type == FileType::Directory && parent_image.link_count >= LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        // Only devices keep a device number (as ext4); the decoders refuse one elsewhere.
+        let rdev = if matches!(file_type, FileType::CharDevice | FileType::BlockDevice) { node.rdev } else { 0 };
+        // Generations only have to grow: one taken by a create that then fails is skipped.
+        let generation = front.next_generation.fetch_add(1, Ordering::AcqRel);
+        let now = now_ns();
+        let mut mode = file_type.mode_bits() | node.permissions;
+        let mut gid = node.gid;
+        // A set-group-ID directory passes its group on, and its set-group-ID bit to
+        // subdirectories.
+        if parent_image.mode & 0o2000 != 0 {
+            gid = parent_image.gid;
+            if file_type == FileType::Directory {
+                mode |= 0o2000;
+            }
+        }
+        let image = AttributeImage {
+            inode_number: number,
+            generation,
+            mode,
+            link_count: if file_type == FileType::Directory { 2 } else { 1 },
+            uid: node.uid,
+            gid,
+            size_bytes: node.symlink_target.len() as u64,
+            access_time_ns: now,
+            modify_time_ns: now,
+            change_time_ns: now,
+            birth_time_ns: now,
+            rdev,
+            parent: if file_type == FileType::Directory { parent } else { 0 },
+            flags: 0,
+        };
+        parent_image.modify_time_ns = now;
+        parent_image.change_time_ns = now;
+        if file_type == FileType::Directory {
+            parent_image.link_count += 1;
+        }
+        let op = Op::Create {
+            parent: parent_image.clone(),
+            name: node.name.to_vec(),
+            inode: image.clone(),
+            symlink_target: node.symlink_target.to_vec(),
+        };
+        let Some(lsn) = self.append(op, NAMESPACE_RESERVE_BLOCKS)? else {
+            return Ok(None);
+        };
+        let parent_view = views.get(parent);
+        FileSystem::commit_view(parent_view, parent_image, lsn, true);
+        parent_view.entry_count += 1;
+        let mut view = InodeView::new(image, 0, 0);
+        view.last_change_lsn = lsn;
+        view.structural_lsn = lsn;
+        view.last_use.store(front.tick(), Ordering::Relaxed);
+        if file_type == FileType::Directory {
+            // Made empty now: every name it will have goes through its name shard.
+            view.complete_epoch = front.name_epoch(number);
+        }
+        let attributes = view.to_attributes();
+        let shard = views.shard(number);
+        shard.views.insert(number, view);
+        shard.trim(self.applied(), &[parent, number]);
+        self.overlay_name(names, parent, node.name, Some((number, file_type)), lsn);
+        Ok(Some(attributes))
     }
 
     /// `mkdir -p` in one call: `path` is relative to the root, components separated by '/'.
@@ -270,14 +322,12 @@ impl FileSystem {
     }
 
     pub fn read_link(&self, inode: InodeNumber) -> Result<Vec<u8>> {
-        let size = {
-            let mut front = self.inner.front.write();
-            let view = self.view(&mut front, inode)?;
+        let size = self.with_view(inode, |view| {
             if view.file_type() != FileType::Symlink {
                 return Err(Error::invalid("not a symbolic link"));
             }
-            view.attributes.size_bytes as usize
-        };
+            Ok(view.attributes.size_bytes as usize)
+        })??;
         if size > SYMLINK_MAX_BYTES {
             return Err(Error::corruption(format!("symbolic link {inode} is {size} bytes long")));
         }
@@ -290,8 +340,17 @@ impl FileSystem {
     pub fn link(&self, inode: InodeNumber, new_parent: InodeNumber, new_name: &[u8]) -> Result<Attributes> {
         check_name(new_name)?;
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            let view = self.view(&mut front, inode)?;
+            let mut names = self.inner.front.lock_names(&[new_parent]);
+            let info = self.directory_info(new_parent)?;
+            if info.link_count == 0 {
+                return Err(Error::NotFound);
+            }
+            let names = names.shard(new_parent);
+            if self.find_name(names, new_parent, &info, new_name)?.is_some() {
+                return Err(Error::Exists);
+            }
+            let mut views = self.lock_views(&[inode, new_parent], &[inode, new_parent])?;
+            let view = views.get(inode);
             if view.file_type() == FileType::Directory {
                 return Err(Error::NotPermitted);
             }
@@ -302,15 +361,7 @@ impl FileSystem {
                 return Err(Error::TooManyLinks);
             }
             let mut image = view.attributes.clone();
-            let parent_view = self.directory_view(&mut front, new_parent)?;
-            if parent_view.attributes.link_count == 0 {
-                return Err(Error::NotFound);
-            }
-            let mut parent_image = parent_view.attributes.clone();
-            if self.find_name(&mut front, new_parent, new_name)?.is_some() {
-                return Err(Error::Exists);
-            }
-            let reserve = NAMESPACE_RESERVE_BLOCKS;
+            let mut parent_image = FileSystem::locked_directory(&mut views, new_parent, &info)?.attributes.clone();
             let now = now_ns();
             image.link_count += 1;
             image.change_time_ns = now;
@@ -318,14 +369,17 @@ impl FileSystem {
             parent_image.change_time_ns = now;
             let file_type = image.file_type();
             let op = Op::Link { parent: parent_image.clone(), name: new_name.to_vec(), inode: image.clone() };
-            let Some(lsn) = self.append(&mut front, op, reserve)? else {
+            let Some(lsn) = self.append(op, NAMESPACE_RESERVE_BLOCKS)? else {
                 return Ok(None);
             };
-            FileSystem::commit_view(&mut front, parent_image, lsn, true);
-            front.views.get_mut(&new_parent).unwrap().entry_count += 1;
-            FileSystem::commit_view(&mut front, image, lsn, false);
-            self.overlay_name(&mut front, new_parent, new_name, Some((inode, file_type)), lsn);
-            Ok(Some(front.views[&inode].to_attributes()))
+            let parent_view = views.get(new_parent);
+            FileSystem::commit_view(parent_view, parent_image, lsn, true);
+            parent_view.entry_count += 1;
+            let view = views.get(inode);
+            FileSystem::commit_view(view, image, lsn, false);
+            let attributes = view.to_attributes();
+            self.overlay_name(names, new_parent, new_name, Some((inode, file_type)), lsn);
+            Ok(Some(attributes))
         })
     }
 
@@ -346,16 +400,17 @@ impl FileSystem {
         }
     }
 
-    /// Records the fate of an inode that lost its last name.
-    pub(super) fn settle(front: &mut Front, number: u64, disposition: Disposition) {
-        let view = front.views.get_mut(&number).unwrap();
+    /// Records the fate of an inode that lost its last name (the caller holds its view).
+    pub(super) fn settle(&self, view: &mut InodeView, disposition: Disposition) {
         match disposition {
             Disposition::Keep => {}
             Disposition::Orphan => view.orphaned = true,
             Disposition::Reclaim => {
                 view.reclaimed = true;
-                // Records apply in log order, so a later create may reuse the number at once.
-                front.inode_numbers.free_now(number - 1, 1);
+                // The reclaim's lsn is assigned already, so a create that takes the number now
+                // gets a later one: records apply in lsn order, and the number may be reused
+                // at once.
+                self.inner.front.inode_numbers.free_now(view.attributes.inode_number);
             }
         }
     }
@@ -369,10 +424,12 @@ impl FileSystem {
         }
         check_name(name)?;
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            let mut parent_image = self.directory_view(&mut front, parent)?.attributes.clone();
-            let (number, file_type) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
-            let view = self.view(&mut front, number)?;
+            let mut names = self.inner.front.lock_names(&[parent]);
+            let info = self.directory_info(parent)?;
+            let names = names.shard(parent);
+            let (number, file_type) = self.find_name(names, parent, &info, name)?.ok_or(Error::NotFound)?;
+            let mut views = self.lock_views(&[parent, number], &[parent, number])?;
+            let view = views.get(number);
             match (directory, file_type == FileType::Directory) {
                 (false, true) => return Err(Error::IsDirectory),
                 (true, false) => return Err(Error::NotDirectory),
@@ -384,6 +441,11 @@ impl FileSystem {
             image.link_count = if directory { 0 } else { image.link_count.saturating_sub(1) };
             image.change_time_ns = now;
             let disposition = FileSystem::disposition(view, image.link_count);
+            let parent_view = views.get(parent);
+            if parent_view.reclaimed || parent_view.attributes.generation != info.generation {
+                return Err(Error::NotFound);
+            }
+            let mut parent_image = parent_view.attributes.clone();
             parent_image.modify_time_ns = now;
             parent_image.change_time_ns = now;
             if directory {
@@ -391,20 +453,23 @@ impl FileSystem {
             }
             let op =
                 Op::Unlink { parent: parent_image.clone(), name: name.to_vec(), inode: image.clone(), disposition };
-            let Some(lsn) = self.append(&mut front, op, 0)? else {
+            let Some(lsn) = self.append(op, 0)? else {
                 return Ok(None);
             };
-            FileSystem::commit_view(&mut front, parent_image, lsn, true);
-            front.views.get_mut(&parent).unwrap().entry_count -= 1;
-            FileSystem::commit_view(&mut front, image, lsn, false);
-            FileSystem::settle(&mut front, number, disposition);
-            self.overlay_name(&mut front, parent, name, None, lsn);
+            let parent_view = views.get(parent);
+            FileSystem::commit_view(parent_view, parent_image, lsn, true);
+            parent_view.entry_count -= 1;
+            let view = views.get(number);
+            FileSystem::commit_view(view, image, lsn, false);
+            self.settle(view, disposition);
+            self.overlay_name(names, parent, name, None, lsn);
             Ok(Some(()))
         })
     }
 
     /// True when `ancestor` is `directory` or one of its ancestors.
-    pub(super) fn is_ancestor(&self, front: &mut Front, ancestor: u64, directory: u64) -> Result<bool> {
+    /// The caller holds the rename lock, so no directory's parent changes meanwhile.
+    pub(super) fn is_ancestor(&self, ancestor: u64, directory: u64) -> Result<bool> {
         let mut current = directory;
         for _ in 0..DEPTH_WALK_MAX {
             if current == ancestor {
@@ -413,7 +478,7 @@ impl FileSystem {
             if current == ROOT_INODE {
                 return Ok(false);
             }
-            current = self.view(front, current)?.attributes.parent;
+            current = self.with_view(current, |view| view.attributes.parent)?;
         }
         Err(Error::corruption("directory parent chain does not reach the root"))
     }
@@ -429,13 +494,19 @@ impl FileSystem {
         check_name(name)?;
         check_name(new_name)?;
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            self.directory_view(&mut front, parent)?;
-            if self.directory_view(&mut front, new_parent)?.attributes.link_count == 0 {
+            // A move between directories takes the rename lock first: the check that a
+            // directory is not moved into its own subtree walks parents that only such moves
+            // change.
+            let _moves = (parent != new_parent).then(|| self.inner.front.rename_lock.lock());
+            let mut names = self.inner.front.lock_names(&[parent, new_parent]);
+            let info = self.directory_info(parent)?;
+            let new_info = self.directory_info(new_parent)?;
+            if new_info.link_count == 0 {
                 return Err(Error::NotFound);
             }
-            let (source, source_type) = self.find_name(&mut front, parent, name)?.ok_or(Error::NotFound)?;
-            let target = self.find_name(&mut front, new_parent, new_name)?;
+            let (source, source_type) =
+                self.find_name(names.shard(parent), parent, &info, name)?.ok_or(Error::NotFound)?;
+            let target = self.find_name(names.shard(new_parent), new_parent, &new_info, new_name)?;
             if parent == new_parent && name == new_name {
                 return if mode == RenameMode::Exchange || mode == RenameMode::Replace {
                     Ok(Some(()))
@@ -455,120 +526,147 @@ impl FileSystem {
                 }
             }
             let source_is_dir = source_type == FileType::Directory;
-            if source_is_dir && parent != new_parent && self.is_ancestor(&mut front, source, new_parent)? {
+            if source_is_dir && parent != new_parent && self.is_ancestor(source, new_parent)? {
                 return Err(Error::invalid("cannot move a directory into itself"));
             }
-            let now = now_ns();
-            // Working copies of every inode involved; several may be the same inode.
-            let mut images: Vec<AttributeImage> = Vec::new();
-            let image_of = |front: &mut Front, number: u64, images: &mut Vec<AttributeImage>| -> Result<usize> {
-                if let Some(index) = images.iter().position(|image| image.inode_number == number) {
-                    return Ok(index);
+            if let (RenameMode::Exchange, Some((other, FileType::Directory))) = (mode, target) {
+                if parent != new_parent && self.is_ancestor(other, parent)? {
+                    return Err(Error::invalid("cannot move a directory into itself"));
                 }
-                images.push(self.view(front, number)?.attributes.clone());
-                Ok(images.len() - 1)
-            };
-            let parent_index = image_of(&mut front, parent, &mut images)?;
-            let new_parent_index = image_of(&mut front, new_parent, &mut images)?;
-            let source_index = image_of(&mut front, source, &mut images)?;
-            for index in [parent_index, new_parent_index] {
-                images[index].modify_time_ns = now;
-                images[index].change_time_ns = now;
             }
-            images[source_index].change_time_ns = now;
-            let mut replaced = None;
-            let kind;
-            let mut entry_delta_parent: i64 = 0;
-            let mut entry_delta_new_parent: i64 = 0;
-            match (mode, target) {
-                (RenameMode::Exchange, Some((other, other_type))) => {
-                    kind = RenameKind::Exchange;
-                    let other_is_dir = other_type == FileType::Directory;
-                    if other_is_dir && parent != new_parent && self.is_ancestor(&mut front, other, parent)? {
-                        return Err(Error::invalid("cannot move a directory into itself"));
+            let mut involved = vec![parent, new_parent, source];
+            involved.extend(target.map(|(other, _)| other));
+            let mut views = self.lock_views(&involved, &involved)?;
+            FileSystem::locked_directory(&mut views, parent, &info)?;
+            FileSystem::locked_directory(&mut views, new_parent, &new_info)?;
+            let names_of = RenameNames { parent, name, new_parent, new_name };
+            self.rename_locked(&mut views, &names_of, (source, source_type), target, mode).map(|appended| {
+                appended.map(|(lsn, kind)| {
+                    match (kind, target) {
+                        (RenameKind::Exchange, Some(other)) => {
+                            self.overlay_name(names.shard(parent), parent, name, Some(other), lsn)
+                        }
+                        _ => self.overlay_name(names.shard(parent), parent, name, None, lsn),
                     }
-                    let other_index = image_of(&mut front, other, &mut images)?;
-                    images[other_index].change_time_ns = now;
-                    if parent != new_parent {
-                        if source_is_dir {
-                            images[source_index].parent = new_parent;
-                            images[parent_index].link_count -= 1;
-                            images[new_parent_index].link_count += 1;
-                        }
-                        if other_is_dir {
-                            images[other_index].parent = parent;
-                            images[new_parent_index].link_count -= 1;
-                            images[parent_index].link_count += 1;
-                        }
-                    }
-                }
-                (_, target) => {
-                    kind = RenameKind::Move;
-                    entry_delta_parent -= 1;
-                    entry_delta_new_parent += 1;
-                    if let Some((other, other_type)) = target {
-                        let other_is_dir = other_type == FileType::Directory;
-                        let other_view = self.view(&mut front, other)?;
-                        match (source_is_dir, other_is_dir) {
-                            (true, false) => return Err(Error::NotDirectory),
-                            (false, true) => return Err(Error::IsDirectory),
-                            (true, true) if other_view.entry_count > 0 => return Err(Error::NotEmpty),
-                            _ => {}
-                        }
-                        let other_index = image_of(&mut front, other, &mut images)?;
-                        let link_count = if other_is_dir { 0 } else { images[other_index].link_count - 1 };
-                        images[other_index].link_count = link_count;
-                        images[other_index].change_time_ns = now;
-                        if other_is_dir {
-                            images[new_parent_index].link_count -= 1;
-                        }
-                        let disposition = FileSystem::disposition(&front.views[&other], link_count);
-                        replaced = Some((other, disposition));
-                        entry_delta_new_parent -= 1;
-                    }
-                    if source_is_dir && parent != new_parent {
+                    self.overlay_name(names.shard(new_parent), new_parent, new_name, Some((source, source_type)), lsn);
+                })
+            })
+        })
+    }
+
+    /// The rest of `rename` once every shard it changes is locked and the views are loaded:
+    /// computes the new images, appends and commits them; returns the record's lsn and kind
+    /// (`None` when there was no room).
+    fn rename_locked(
+        &self,
+        views: &mut ViewLocks<'_>,
+        names: &RenameNames<'_>,
+        (source, source_type): (u64, FileType),
+        target: Option<(u64, FileType)>,
+        mode: RenameMode,
+    ) -> Result<Option<(u64, RenameKind)>> {
+        let RenameNames { parent, name, new_parent, new_name } = *names;
+        let source_is_dir = source_type == FileType::Directory;
+        let now = now_ns();
+        // Working copies of every inode involved; several may be the same inode.
+        let mut images: Vec<AttributeImage> = Vec::new();
+        let mut image_of = |views: &mut ViewLocks<'_>, number: u64| -> usize {
+            if let Some(index) = images.iter().position(|image| image.inode_number == number) {
+                return index;
+            }
+            images.push(views.get(number).attributes.clone());
+            images.len() - 1
+        };
+        let parent_index = image_of(views, parent);
+        let new_parent_index = image_of(views, new_parent);
+        let source_index = image_of(views, source);
+        let other_index = target.map(|(other, _)| image_of(views, other));
+        for index in [parent_index, new_parent_index] {
+            images[index].modify_time_ns = now;
+            images[index].change_time_ns = now;
+        }
+        images[source_index].change_time_ns = now;
+        let mut replaced = None;
+        let kind;
+        let mut entry_delta_parent: i64 = 0;
+        let mut entry_delta_new_parent: i64 = 0;
+        match (mode, target, other_index) {
+            (RenameMode::Exchange, Some((_, other_type)), Some(other_index)) => {
+                kind = RenameKind::Exchange;
+                let other_is_dir = other_type == FileType::Directory;
+                images[other_index].change_time_ns = now;
+                if parent != new_parent {
+                    if source_is_dir {
                         images[source_index].parent = new_parent;
                         images[parent_index].link_count -= 1;
                         images[new_parent_index].link_count += 1;
                     }
+                    if other_is_dir {
+                        images[other_index].parent = parent;
+                        images[new_parent_index].link_count -= 1;
+                        images[parent_index].link_count += 1;
+                    }
                 }
             }
-            // A directory moved in adds a link to its new parent: refused at the limit, as
-            // make_directory is (EMLINK).
-            if parent != new_parent && images[new_parent_index].link_count > LINK_MAX {
-                return Err(Error::TooManyLinks);
+            _ => {
+                kind = RenameKind::Move;
+                entry_delta_parent -= 1;
+                entry_delta_new_parent += 1;
+                if let (Some((other, other_type)), Some(other_index)) = (target, other_index) {
+                    let other_is_dir = other_type == FileType::Directory;
+                    let other_view = views.get(other);
+                    match (source_is_dir, other_is_dir) {
+                        (true, false) => return Err(Error::NotDirectory),
+                        (false, true) => return Err(Error::IsDirectory),
+                        (true, true) if other_view.entry_count > 0 => return Err(Error::NotEmpty),
+                        _ => {}
+                    }
+                    let link_count = if other_is_dir { 0 } else { images[other_index].link_count - 1 };
+                    images[other_index].link_count = link_count;
+                    images[other_index].change_time_ns = now;
+                    if other_is_dir {
+                        images[new_parent_index].link_count -= 1;
+                    }
+                    let disposition = FileSystem::disposition(other_view, link_count);
+                    replaced = Some((other, disposition));
+                    entry_delta_new_parent -= 1;
+                }
+                if source_is_dir && parent != new_parent {
+                    images[source_index].parent = new_parent;
+                    images[parent_index].link_count -= 1;
+                    images[new_parent_index].link_count += 1;
+                }
             }
-            let reserve = NAMESPACE_RESERVE_BLOCKS;
-            let op = Op::Rename {
-                parent,
-                name: name.to_vec(),
-                new_parent,
-                new_name: new_name.to_vec(),
-                kind,
-                replaced,
-                images: images.clone(),
-            };
-            let Some(lsn) = self.append(&mut front, op, reserve)? else {
-                return Ok(None);
-            };
-            for image in images {
-                let number = image.inode_number;
-                let structural = number == parent || number == new_parent;
-                FileSystem::commit_view(&mut front, image, lsn, structural);
-            }
-            let adjust = |view: &mut InodeView, delta: i64| view.entry_count = (view.entry_count as i64 + delta) as u64;
-            adjust(front.views.get_mut(&parent).unwrap(), entry_delta_parent);
-            adjust(front.views.get_mut(&new_parent).unwrap(), entry_delta_new_parent);
-            if let Some((other, disposition)) = replaced {
-                FileSystem::settle(&mut front, other, disposition);
-            }
-            match (kind, target) {
-                (RenameKind::Exchange, Some(other)) => self.overlay_name(&mut front, parent, name, Some(other), lsn),
-                _ => self.overlay_name(&mut front, parent, name, None, lsn),
-            }
-            self.overlay_name(&mut front, new_parent, new_name, Some((source, source_type)), lsn);
-            Ok(Some(()))
-        })
+        }
+        // A directory moved in adds a link to its new parent: refused at the limit, as
+        // make_directory is (EMLINK).
+        if parent != new_parent && images[new_parent_index].link_count > LINK_MAX {
+            return Err(Error::TooManyLinks);
+        }
+        let op = Op::Rename {
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            kind,
+            replaced,
+            images: images.clone(),
+        };
+        let Some(lsn) = self.append(op, NAMESPACE_RESERVE_BLOCKS)? else {
+            return Ok(None);
+        };
+        for image in images {
+            let number = image.inode_number;
+            let structural = number == parent || number == new_parent;
+            FileSystem::commit_view(views.get(number), image, lsn, structural);
+        }
+        let adjust = |view: &mut InodeView, delta: i64| view.entry_count = (view.entry_count as i64 + delta) as u64;
+        adjust(views.get(parent), entry_delta_parent);
+        adjust(views.get(new_parent), entry_delta_new_parent);
+        if let Some((other, disposition)) = replaced {
+            self.settle(views.get(other), disposition);
+        }
+        Ok(Some((lsn, kind)))
     }
 
     /// Resolves a '/'-separated path from the root, following symbolic links in all but the
@@ -612,11 +710,12 @@ impl FileSystem {
         after_cookie: u64,
         visit: &mut dyn FnMut(&DirectoryEntry) -> bool,
     ) -> Result<()> {
-        let (structural, parent) = {
-            let mut front = self.inner.front.write();
-            let view = self.directory_view(&mut front, inode)?;
-            (view.structural_lsn, view.attributes.parent)
-        };
+        let (structural, parent) = self.with_view(inode, |view| {
+            if view.file_type() != FileType::Directory {
+                return Err(Error::NotDirectory);
+            }
+            Ok((view.structural_lsn, view.attributes.parent))
+        })??;
         self.wait_applied(structural)?;
         if after_cookie < 1
             && !visit(&DirectoryEntry { name: b".".to_vec(), inode, file_type: FileType::Directory, cookie: 1 })

@@ -5,8 +5,10 @@ use super::*;
 impl FileSystem {
     // ------------------------------------------------------------------ extended attributes
 
-    pub(super) fn load_xattrs(&self, front: &mut Front, inode: InodeNumber) -> Result<()> {
-        let view = self.view(front, inode)?;
+    /// The write lock on the view shard of `inode`, its view's extended attributes loaded.
+    pub(super) fn lock_xattrs(&self, inode: InodeNumber) -> Result<RwLockWriteGuard<'_, ViewShard>> {
+        let mut shard = self.lock_view(inode)?;
+        let view = shard.views.get_mut(&inode).expect("loaded by lock_view");
         let generation = view.attributes.generation;
         if view.xattrs.is_none() {
             let mut volume = self.inner.backend.volume();
@@ -16,9 +18,9 @@ impl FileSystem {
                 None => Default::default(),
             };
             drop(volume);
-            front.views.get_mut(&inode).unwrap().xattrs = Some(attributes);
+            view.xattrs = Some(attributes);
         }
-        Ok(())
+        Ok(shard)
     }
 
     pub(super) fn check_xattr_name(name: &[u8]) -> Result<()> {
@@ -47,10 +49,9 @@ impl FileSystem {
             return Err(Error::NoSpace);
         }
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            self.load_xattrs(&mut front, inode)?;
-            let view = front.views.get_mut(&inode).unwrap();
-            let attributes = view.xattrs.as_ref().unwrap();
+            let mut shard = self.lock_xattrs(inode)?;
+            let view = shard.views.get_mut(&inode).expect("loaded by lock_xattrs");
+            let attributes = view.xattrs.as_ref().expect("loaded by lock_xattrs");
             match (mode, attributes.contains_key(name)) {
                 (XattrMode::Create, true) => return Err(Error::Exists),
                 (XattrMode::Replace, false) => return Err(Error::NoData),
@@ -65,45 +66,42 @@ impl FileSystem {
             image.change_time_ns = now_ns();
             let reserve = 1;
             let op = Op::SetXattr { inode: image.clone(), name: name.to_vec(), value: value.to_vec() };
-            let Some(lsn) = self.append(&mut front, op, reserve)? else {
+            let Some(lsn) = self.append(op, reserve)? else {
                 return Ok(None);
             };
-            FileSystem::commit_view(&mut front, image, lsn, false);
-            front.views.get_mut(&inode).unwrap().xattrs = Some(updated);
+            FileSystem::commit_view(view, image, lsn, false);
+            view.xattrs = Some(updated);
             Ok(Some(()))
         })
     }
 
     pub fn get_xattr(&self, inode: InodeNumber, name: &[u8]) -> Result<Vec<u8>> {
         FileSystem::check_xattr_name(name)?;
-        let mut front = self.inner.front.write();
-        self.load_xattrs(&mut front, inode)?;
-        front.views[&inode].xattrs.as_ref().unwrap().get(name).cloned().ok_or(Error::NoData)
+        let shard = self.lock_xattrs(inode)?;
+        shard.views[&inode].xattrs.as_ref().expect("loaded").get(name).cloned().ok_or(Error::NoData)
     }
 
     pub fn list_xattr(&self, inode: InodeNumber) -> Result<Vec<Vec<u8>>> {
-        let mut front = self.inner.front.write();
-        self.load_xattrs(&mut front, inode)?;
-        Ok(front.views[&inode].xattrs.as_ref().unwrap().keys().cloned().collect())
+        let shard = self.lock_xattrs(inode)?;
+        Ok(shard.views[&inode].xattrs.as_ref().expect("loaded").keys().cloned().collect())
     }
 
     pub fn remove_xattr(&self, inode: InodeNumber, name: &[u8]) -> Result<()> {
         FileSystem::check_xattr_name(name)?;
         self.with_space(|| {
-            let mut front = self.inner.front.write();
-            self.load_xattrs(&mut front, inode)?;
-            let view = front.views.get_mut(&inode).unwrap();
-            if !view.xattrs.as_ref().unwrap().contains_key(name) {
+            let mut shard = self.lock_xattrs(inode)?;
+            let view = shard.views.get_mut(&inode).expect("loaded by lock_xattrs");
+            if !view.xattrs.as_ref().expect("loaded").contains_key(name) {
                 return Err(Error::NoData);
             }
             let mut image = view.attributes.clone();
             image.change_time_ns = now_ns();
             let op = Op::RemoveXattr { inode: image.clone(), name: name.to_vec() };
-            let Some(lsn) = self.append(&mut front, op, 0)? else {
+            let Some(lsn) = self.append(op, 0)? else {
                 return Ok(None);
             };
-            FileSystem::commit_view(&mut front, image, lsn, false);
-            front.views.get_mut(&inode).unwrap().xattrs.as_mut().unwrap().remove(name);
+            FileSystem::commit_view(view, image, lsn, false);
+            view.xattrs.as_mut().expect("loaded").remove(name);
             Ok(Some(()))
         })
     }
