@@ -68,6 +68,8 @@ enum BenchCommand {
     Mount(bench::mount::MountBenchArguments),
     /// Appends to the operation log from many threads, with and without fsync
     Log(bench::log::LogBenchArguments),
+    /// Memory of the front end's caches as files and threads grow (bounded caches level off)
+    Memory(bench::memory::MemoryBenchArguments),
     /// The accelerator's storage services (CRC32C, AES-XTS, Reed-Solomon), CPU and GPU engines;
     /// every argument, --help included, goes to the accelerator's benchmark
     #[command(disable_help_flag = true)]
@@ -88,6 +90,7 @@ fn run(cli: Cli) -> CliResult<i32> {
             BenchCommand::Meta(arguments) => bench::meta::run(arguments),
             BenchCommand::Mount(arguments) => bench::mount::run(arguments),
             BenchCommand::Log(arguments) => bench::log::run(arguments),
+            BenchCommand::Memory(arguments) => bench::memory::run(arguments),
             BenchCommand::Services(arguments) => bench::run_services(arguments),
         },
     }

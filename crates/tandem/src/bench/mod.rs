@@ -1,10 +1,11 @@
-//! Benchmarks: `meta` (library path), `mount` (through FUSE), `log` (parallel log appends) and
-//! `services` (the accelerator).
+//! Benchmarks: `meta` (library path), `mount` (through FUSE), `log` (parallel log appends),
+//! `memory` (the front end's caches) and `services` (the accelerator).
 //! Each compares tandemfs with ext4 on the same medium; docs/BENCHMARKS.md says how to read them.
 
 pub mod ext4;
 pub mod library;
 pub mod log;
+pub mod memory;
 pub mod meta;
 pub mod mount;
 pub mod passthrough;

@@ -778,7 +778,41 @@ pub struct Front {
     use_clock: AtomicU64,
 }
 
+/// Bytes a hash table with room for `capacity` entries of type `T` has allocated: hashbrown
+/// keeps at most 7 of every 8 buckets full, with one control byte per bucket.
+fn table_bytes<T>(capacity: usize) -> u64 {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = (capacity * 8 / 7).next_power_of_two();
+    (buckets * (std::mem::size_of::<T>() + 1)) as u64
+}
+
 impl Front {
+    /// Counts the cached views and names and the bytes of their tables, one shard at a time.
+    pub fn cache_statistics(&self) -> crate::fs::types::CacheStatistics {
+        let mut statistics = crate::fs::types::CacheStatistics::default();
+        for shard in self.view_shards.iter() {
+            let shard = shard.0.read();
+            statistics.views += shard.views.len() as u64;
+            statistics.view_table_bytes += table_bytes::<(u64, InodeView)>(shard.views.capacity());
+        }
+        for shard in self.name_shards.iter() {
+            let shard = shard.0.read();
+            let entries = &shard.table.entries;
+            statistics.names += entries.len() as u64;
+            statistics.name_table_bytes += table_bytes::<(NameKey, NameEntry)>(entries.capacity());
+            statistics.name_heap_bytes += entries
+                .keys()
+                .map(|key| match &key.name {
+                    NameBytes::Inline { .. } => 0,
+                    NameBytes::Heap(bytes) => bytes.len() as u64,
+                })
+                .sum::<u64>();
+        }
+        statistics
+    }
+
     pub fn new(inode_numbers: InodeGroups, next_generation: u64, space: Space) -> Front {
         Front {
             view_shards: (0..SHARD_COUNT).map(|_| Padded(RwLock::new(ViewShard::new()))).collect(),

@@ -88,6 +88,23 @@ pub struct VolumeStatistics {
     pub name_max_bytes: u32,
 }
 
+/// What the front end's caches hold and what their tables take (`FileSystem::cache_statistics`,
+/// `tandem bench memory`). Table bytes count the slots of the hash tables as allocated (a slot
+/// per bucket plus one control byte), not what each entry may own besides.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheStatistics {
+    /// Inode views cached, pending and clean.
+    pub views: u64,
+    /// Bytes of the view tables' slots.
+    pub view_table_bytes: u64,
+    /// Names cached: the overlay and the lookup cache.
+    pub names: u64,
+    /// Bytes of the name tables' slots.
+    pub name_table_bytes: u64,
+    /// Bytes of names too long to sit in their slot.
+    pub name_heap_bytes: u64,
+}
+
 /// Options of `FileSystem::format` (mkfs).
 #[derive(Debug, Clone, Default)]
 pub struct FormatOptions {

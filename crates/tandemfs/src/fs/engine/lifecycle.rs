@@ -373,6 +373,11 @@ impl FileSystem {
 
     // ------------------------------------------------------------------ volume
 
+    /// What the front end's caches hold now (views, names and the bytes of their tables).
+    pub fn cache_statistics(&self) -> CacheStatistics {
+        self.inner.front.cache_statistics()
+    }
+
     pub fn statistics(&self) -> Result<VolumeStatistics> {
         let front = &self.inner.front;
         let blocks_total = self.inner.backend.volume().superblock.block_count;
