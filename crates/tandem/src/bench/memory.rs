@@ -146,7 +146,7 @@ fn print_samples(samples: &[Sample], before_mount: u64) {
         .collect();
     print_table(&header, &rows);
     let last = samples.last().expect("at least the sample before the first step");
-    let per = |bytes: u64, count: u64| if count == 0 { 0 } else { bytes / count };
+    let per = |bytes: u64, count: u64| bytes.checked_div(count).unwrap_or(0);
     println!(
         "\nper cached view: {} bytes of table slot; per cached name: {} bytes of table slot (+{} on the heap on average)",
         per(last.caches.view_table_bytes, last.caches.views),
