@@ -657,6 +657,88 @@ impl Volume {
         Ok(())
     }
 
+    /// fsck's repair: checks every block of the generation table, top level first, and rebuilds
+    /// each one that fails its check (zeroed, damaged, stale) from the trailers of the blocks it
+    /// covers: a block that is valid metadata at its own address is recorded with the
+    /// generation in its trailer (if no newer than the volume's), anything else with 0 (file
+    /// data is recorded again from the files kept, free blocks are cleared, by the repair).
+    /// The rebuilt blocks are dirty in the cache: the repair's checkpoint takes them home with
+    /// a fresh generation and records that one level up. Returns a line per rebuilt block.
+    /// What a rebuild cannot know: a stale block under a rebuilt table block looks current.
+    pub fn rebuild_damaged_generation_table(&mut self) -> Result<Vec<String>> {
+        let mut rebuilt = Vec::new();
+        // Children that a rebuilt block of the level above found damaged: rebuilt directly.
+        let mut damaged_children: Vec<u64> = Vec::new();
+        for level in (0..self.table_levels.len()).rev() {
+            let (_, blocks) = self.table_levels[level];
+            let mut damaged_below = Vec::new();
+            for index in 0..blocks {
+                let why = if damaged_children.contains(&index) {
+                    Some("its own block is not a valid table block".to_string())
+                } else {
+                    match self.table_block(level, index) {
+                        Ok(_) => None,
+                        Err(Error::Corruption { what }) => Some(what),
+                        Err(other) => return Err(other),
+                    }
+                };
+                let Some(why) = why else { continue };
+                let (covered, invalid) = self.rebuild_table_block(level, index)?;
+                rebuilt.push(format!(
+                    "generation table level {level} block {index}: {why}; rebuilt from the trailers of the {covered} blocks it covers"
+                ));
+                if level > 0 {
+                    damaged_below.extend(invalid);
+                }
+            }
+            damaged_children = damaged_below;
+        }
+        Ok(rebuilt)
+    }
+
+    /// Rebuilds table block `index` of `level` from the blocks it covers (see
+    /// `rebuild_damaged_generation_table`); returns how many it covers and, for a level above
+    /// 0, the covered table blocks that are not valid (their entries are 0 here).
+    fn rebuild_table_block(&mut self, level: usize, index: u64) -> Result<(u64, Vec<u64>)> {
+        let (start, blocks) = self.table_levels[level];
+        let number = self.superblock.generation_table_start + start + index;
+        let items = if level == 0 { self.superblock.block_count } else { self.table_levels[level - 1].1 };
+        let first = index * GENERATIONS_PER_TABLE_BLOCK;
+        let end = items.min(first + GENERATIONS_PER_TABLE_BLOCK);
+        assert!(index < blocks && first < end, "table block {index} of level {level} covers nothing");
+        let item_base =
+            if level == 0 { 0 } else { self.superblock.generation_table_start + self.table_levels[level - 1].0 };
+        let mut buffer = vec![0u8; ((end - first) * BLOCK_SIZE_U64) as usize];
+        self.device.read_at((item_base + first) * BLOCK_SIZE_U64, &mut buffer)?;
+        let mut table = zeroed_block();
+        let mut invalid = Vec::new();
+        for item in first..end {
+            let at = ((item - first) as usize) * BLOCK_SIZE;
+            let bytes: &[u8; BLOCK_SIZE] = buffer[at..at + BLOCK_SIZE].try_into().expect("one block");
+            let kind = if level == 0 {
+                let value = u32::from_le_bytes(bytes[TRAILER_KIND_OFFSET..TRAILER_KIND_OFFSET + 4].try_into().unwrap());
+                BlockKind::from_u32(value)
+            } else {
+                Some(BlockKind::GenerationTable)
+            };
+            let generation = match kind {
+                Some(kind) if verify_block(bytes, kind, item_base + item).is_ok() => block_generation(bytes),
+                _ => 0,
+            };
+            let generation = if generation <= self.superblock.metadata_generation { generation } else { 0 };
+            if level > 0 && generation == 0 && bytes.iter().any(|byte| *byte != 0) {
+                invalid.push(item);
+            }
+            put_u64(&mut table[..], ((item - first) as usize) * 8, generation);
+        }
+        if self.cache.get(number, BlockKind::GenerationTable).is_none() {
+            self.cache.insert_clean(number, BlockKind::GenerationTable, Arc::new(zeroed_block()));
+        }
+        let cached = self.cache.modify(number, BlockKind::GenerationTable).expect("table block cached just above");
+        cached[..META_PAYLOAD_BYTES].copy_from_slice(&table[..META_PAYLOAD_BYTES]);
+        Ok((end - first, invalid))
+    }
+
     /// Block `index` of table level `level`, checked against the generation the level above
     /// (or, for the top block, the superblock) expects. A block expected at generation 0 was
     /// never written (the table is written lazily, like the inode table): it is all zeros and

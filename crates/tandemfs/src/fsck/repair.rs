@@ -125,6 +125,7 @@ pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Pr
 
     // 2..4. The home structures.
     let mut repairer = Repairer::new(device.clone(), superblock, &mut report);
+    repairer.rebuild_generation_table()?;
     repairer.scan_inode_table(progress)?;
     repairer.scan_contents(progress)?;
     repairer.walk_namespace()?;
@@ -250,6 +251,16 @@ impl<'a> Repairer<'a> {
     fn change(&mut self, what: String) {
         self.changed = true;
         self.report.change(what);
+    }
+
+    /// A damaged generation-table block would make every block it covers fail its check and
+    /// be lost with it: rebuild it from their trailers first (see
+    /// `Volume::rebuild_damaged_generation_table`).
+    fn rebuild_generation_table(&mut self) -> Result<()> {
+        for line in self.volume.rebuild_damaged_generation_table()? {
+            self.change(format!("{line} (a stale block under it can no longer be told from a current one)"));
+        }
+        Ok(())
     }
 
     /// Reads every inode record; a table block that fails its checks loses its inodes.
