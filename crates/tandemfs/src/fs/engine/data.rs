@@ -387,16 +387,20 @@ impl FileSystem {
         if let Err(error) = written {
             // A collapse needs no new blocks beyond the tree reserve, which the insert's own
             // reserve returned; if even that fails the volume has failed and says why.
-            // The undo fails only when the volume itself failed: an I/O error (EIO), not a
-            // bad argument, whatever the first error was.
-            self.collapse_range(inode, offset, length).map_err(|undo| Error::Io {
-                operation: "insert",
-                offset,
-                source: std::io::Error::other(format!(
-                    "insert of {length} bytes at {offset} failed ({error}) and could not be undone ({undo}): the range holds zeros"
-                )),
-            })?;
-            return Err(error);
+            return match self.collapse_range(inode, offset, length) {
+                Ok(()) => Err(error),
+                // The file was removed meanwhile (by another thread): nothing is left to undo.
+                Err(Error::NotFound) => Err(error),
+                // Otherwise the undo fails only when the volume itself failed: an I/O error
+                // (EIO), not a bad argument, whatever the first error was.
+                Err(undo) => Err(Error::Io {
+                    operation: "insert",
+                    offset,
+                    source: std::io::Error::other(format!(
+                        "insert of {length} bytes at {offset} failed ({error}) and could not be undone ({undo}): the range holds zeros"
+                    )),
+                }),
+            };
         }
         Ok(())
     }
