@@ -90,10 +90,7 @@ fn crash_run(seed: u64) -> u64 {
 
 #[test]
 fn crashes_lose_nothing_acknowledged() {
-    let seeds: Vec<u64> = match std::env::var("TANDEM_SEED") {
-        Ok(seed) => vec![seed.parse().unwrap()],
-        Err(_) => (0..110).collect(),
-    };
+    let seeds = seeds(0..110);
     let mut crash_points = 0;
     for seed in seeds {
         crash_points += crash_run(seed);

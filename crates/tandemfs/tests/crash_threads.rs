@@ -171,10 +171,7 @@ fn crash_run(seed: u64, backend_workers: usize, tally: &mut Tally) {
 
 #[test]
 fn threads_lose_nothing_acknowledged_in_a_crash() {
-    let seeds: Vec<u64> = match std::env::var("TANDEM_SEED") {
-        Ok(seed) => vec![seed.parse().expect("TANDEM_SEED is a number")],
-        Err(_) => (0..SEEDS).collect(),
-    };
+    let seeds = seeds(0..SEEDS);
     let mut tally = Tally::default();
     for &backend_workers in BACKEND_WORKER_COUNTS {
         for &seed in &seeds {

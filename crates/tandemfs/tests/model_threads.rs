@@ -11,8 +11,6 @@ mod common;
 use common::ops::Workload;
 use common::threads::*;
 use common::*;
-use std::sync::Arc;
-use tandemfs::device::CrashMode;
 use tandemfs::fs::MountOptions;
 use tandemfs::{fsck, FileSystem};
 
@@ -70,19 +68,7 @@ fn run(seed: u64, backend_workers: usize) {
         }
         let subdirectories: usize = states.iter().map(|state| state.shared.directories.len()).sum();
         check_shared_link_count(&fs, shared, subdirectories, &format!("{what}, live"));
-        if phase.is_multiple_of(2) {
-            fs.unmount().unwrap();
-        } else {
-            // A killed mount: everything acknowledged is durable and every write issued so far
-            // is kept; the next mount replays the log over what the back end already applied.
-            fs.sync().unwrap();
-            memory = memory.crash(seed, CrashMode::KeepAll);
-            device = Arc::new(memory.clone());
-            let _ = fs.unmount();
-        }
-        let report = fsck::check(device.clone()).unwrap();
-        assert!(report.is_clean(), "{what}: fsck: {:#?}", report.problems);
-        fs = FileSystem::mount(device.clone(), &options).unwrap().0;
+        (fs, device) = remount(fs, &mut memory, device, !phase.is_multiple_of(2), seed, &options, &what);
         for state in &states {
             state.check(&fs, shared, &format!("{what}, remounted"));
         }
@@ -95,10 +81,7 @@ fn run(seed: u64, backend_workers: usize) {
 
 #[test]
 fn threads_each_follow_their_model() {
-    let seeds: Vec<u64> = match std::env::var("TANDEM_SEED") {
-        Ok(seed) => vec![seed.parse().expect("TANDEM_SEED is a number")],
-        Err(_) => vec![0, 1, 2],
-    };
+    let seeds = seeds([0, 1, 2]);
     for &backend_workers in BACKEND_WORKER_COUNTS {
         for &seed in &seeds {
             run(seed, backend_workers);

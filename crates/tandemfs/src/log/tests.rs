@@ -858,12 +858,25 @@ fn concurrent_appends_checkpoints_and_recovery() {
     let next = log.next_lsn();
     assert!(next > 4 * g.header_slots, "the rings wrapped");
     let tail = *superblock_tail.lock();
-    let (_, records) = open(&device, g, tail, no_background(0.1));
+    assert_recovered_exactly(&device, g, tail, next, &appended.lock(), Some(7));
+}
+
+/// Recovery from `tail` returns every record from it to `next` - 1, in lsn order, each with
+/// the kind and payload `appended` holds for its lsn (records of `unlisted_kind` are not in
+/// `appended`: checkpoint records the test appended itself).
+fn assert_recovered_exactly(
+    device: &Arc<TestDevice>,
+    g: LogGeometry,
+    tail: LogPosition,
+    next: u64,
+    appended: &HashMap<u64, (u16, Vec<u8>)>,
+    unlisted_kind: Option<u16>,
+) {
+    let (_, records) = open(device, g, tail, no_background(0.1));
     assert_eq!(records.len() as u64, next - tail.lsn);
-    let appended = appended.lock();
     for (i, record) in records.iter().enumerate() {
         assert_eq!(record.lsn, tail.lsn + i as u64);
-        if record.kind != 7 {
+        if Some(record.kind) != unlisted_kind {
             let (kind, bytes) = &appended[&record.lsn];
             assert!(record.kind == *kind && record.payload == *bytes, "record {} differs", record.lsn);
         }
@@ -998,15 +1011,9 @@ fn parallel_appends_with_log_full_recover_exactly() {
     let next = log.next_lsn();
     assert!(next > 4 * g.header_slots, "the rings wrapped");
     let tail = *superblock_tail.lock();
-    let (_, records) = open(&device, g, tail, no_background(0.1));
     let appended = appended.lock();
     assert_eq!(appended.len() as u64, next - 1, "every lsn handed out belongs to one append");
-    assert_eq!(records.len() as u64, next - tail.lsn);
-    for (i, record) in records.iter().enumerate() {
-        assert_eq!(record.lsn, tail.lsn + i as u64);
-        let (kind, bytes) = &appended[&record.lsn];
-        assert!(record.kind == *kind && record.payload == *bytes, "record {} differs", record.lsn);
-    }
+    assert_recovered_exactly(&device, g, tail, next, &appended, None);
 }
 
 /// Makes the appender of lsn `slow` stop after its reservation, before it copies its record,

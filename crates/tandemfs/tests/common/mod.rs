@@ -243,6 +243,45 @@ pub fn inline_options() -> MountOptions {
     MountOptions { background_backend: false, ..MountOptions::default() }
 }
 
+/// The seeds a seeded test runs: the one in `TANDEM_SEED` when set (to reproduce a failure),
+/// else `default`.
+pub fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    match std::env::var("TANDEM_SEED") {
+        Ok(seed) => vec![seed.parse().expect("TANDEM_SEED is a number")],
+        Err(_) => default.into_iter().collect(),
+    }
+}
+
+/// Takes `fs` down and mounts the volume in `memory` again once fsck finds it clean. `killed`
+/// false is a clean unmount; true is a killed mount: everything acknowledged is durable and
+/// every write issued so far is kept, wherever the back end was (applying, half way through a
+/// checkpoint), so the next mount replays the log over what the back end already applied.
+/// Returns the new mount and the device it is on (a new one after a kill).
+pub fn remount(
+    fs: FileSystem,
+    memory: &mut MemoryDevice,
+    device: Arc<dyn Device>,
+    killed: bool,
+    seed: u64,
+    options: &MountOptions,
+    what: &str,
+) -> (FileSystem, Arc<dyn Device>) {
+    let device = if killed {
+        fs.sync().unwrap();
+        *memory = memory.crash(seed, tandemfs::device::CrashMode::KeepAll);
+        // Stops the back-end thread; the old device is dead, so this fails.
+        let _ = fs.unmount();
+        Arc::new(memory.clone()) as Arc<dyn Device>
+    } else {
+        fs.unmount().unwrap();
+        device
+    };
+    let report = tandemfs::fsck::check(device.clone()).unwrap();
+    assert!(report.is_clean(), "{what}: fsck: {:#?}", report.problems);
+    let (fs, _) = FileSystem::mount(device.clone(), options).unwrap();
+    (fs, device)
+}
+
 pub fn rng(seed: u64) -> SmallRng {
     SmallRng::seed_from_u64(seed)
 }
