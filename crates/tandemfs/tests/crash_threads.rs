@@ -30,13 +30,12 @@ const OPERATIONS_PER_ROUND_MAX: u64 = 60;
 const CRASH_DELAY_US_MAX: u64 = 6_000;
 /// The device fails from a write drawn below this on.
 const FAULT_AFTER_WRITES_MAX: u64 = 200;
-/// As in `model_threads`: the back end has one apply thread and no option to choose more;
-/// list the counts here and set them in `mount_options` once `MountOptions` has one.
-const BACKEND_WORKER_COUNTS: &[usize] = &[1];
+/// As in `model_threads`: one applier, then several.
+const BACKEND_WORKER_COUNTS: &[usize] = &[1, 4];
 
 fn mount_options(backend_workers: usize) -> MountOptions {
-    assert_eq!(backend_workers, 1, "no mount option chooses the back end's worker count yet");
-    MountOptions::default()
+    assert!(backend_workers >= 1);
+    MountOptions { backend_workers, ..MountOptions::default() }
 }
 
 fn workload() -> Workload {

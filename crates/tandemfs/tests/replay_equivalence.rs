@@ -371,8 +371,9 @@ impl Worker {
 
 fn mount(device: &MemoryDevice) -> (FileSystem, MountReport) {
     let device: Arc<dyn Device> = Arc::new(device.clone());
-    // Reads move no access times: recording the tree must not change it.
-    let options = MountOptions { access_time: AccessTimeUpdates::Never, ..MountOptions::default() };
+    // Reads move no access times: recording the tree must not change it. Four apply workers,
+    // whatever the machine has, so that records apply side by side.
+    let options = MountOptions { access_time: AccessTimeUpdates::Never, backend_workers: 4, ..MountOptions::default() };
     FileSystem::mount(device, &options).expect("mount")
 }
 

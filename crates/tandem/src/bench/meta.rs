@@ -50,6 +50,9 @@ pub struct MetaArguments {
     /// With --threads: files each thread creates, stats and unlinks per round
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     pub files_per_thread: u64,
+    /// With --threads: the back end's apply workers (0: one per core, as a mount takes)
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
+    pub backend_workers: u64,
 }
 
 /// A list of thread counts (its own type, so that clap takes the list as one value).
@@ -199,6 +202,7 @@ fn run_scaling(arguments: &MetaArguments, threads: Threads) -> CliResult<i32> {
     let run = super::scaling::ScalingRun {
         threads,
         files_per_thread: arguments.files_per_thread,
+        backend_workers: arguments.backend_workers as usize,
         rounds: arguments.rounds as usize,
         volume_bytes: arguments.size,
         scratch,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 use tandemfs::device::{Device, FileDevice, FileDeviceOptions};
-use tandemfs::fs::{FileType, FormatOptions, MountOptions, ROOT_INODE};
+use tandemfs::fs::{BackendStatistics, FileType, FormatOptions, MountOptions, ROOT_INODE};
 use tandemfs::FileSystem;
 
 /// Most threads a run may ask for: a bound on what the table and the volumes are sized for.
@@ -195,20 +195,28 @@ fn measure(
 pub struct ScalingRun {
     pub threads: Vec<usize>,
     pub files_per_thread: u64,
+    /// The back end's apply workers (0: the mount's default, one per core).
+    pub backend_workers: usize,
     pub rounds: usize,
     pub volume_bytes: u64,
     pub scratch: PathBuf,
     pub with_ext4: bool,
 }
 
-fn library_target(image: &Path, volume_bytes: u64, inodes: u64) -> Result<(Arc<Library>, FileSystem), String> {
+fn library_target(
+    image: &Path,
+    volume_bytes: u64,
+    inodes: u64,
+    backend_workers: usize,
+) -> Result<(Arc<Library>, FileSystem), String> {
     let options = FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
     let device: Arc<dyn Device> = Arc::new(
         FileDevice::open(image, options).map_err(|error| format!("cannot create {}: {error}", image.display()))?,
     );
     let format = FormatOptions { inode_count: Some(inodes), ..Default::default() };
     FileSystem::format(device.clone(), &format).map_err(|error| format!("mkfs: {error}"))?;
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).map_err(|error| format!("mount: {error}"))?;
+    let options = MountOptions { backend_workers, ..MountOptions::default() };
+    let (fs, _) = FileSystem::mount(device, &options).map_err(|error| format!("mount: {error}"))?;
     Ok((Arc::new(Library { fs: fs.clone() }), fs))
 }
 
@@ -219,10 +227,10 @@ impl ScalingRun {
     }
 
     /// Measures every thread count for one layout on a fresh tandemfs and a fresh ext4.
-    fn measure_layout(&self, layout: Layout) -> Result<Vec<(usize, PhaseSeconds, Option<PhaseSeconds>)>, String> {
+    fn measure_layout(&self, layout: Layout) -> Result<(Rows, BackendStatistics), String> {
         let image =
             super::ScratchFile { path: self.scratch.join(format!("tandem-scaling-{}.img", std::process::id())) };
-        let (library, fs) = library_target(&image.path, self.volume_bytes, self.inodes())?;
+        let (library, fs) = library_target(&image.path, self.volume_bytes, self.inodes(), self.backend_workers)?;
         let ext4 = if self.with_ext4 {
             let path = self.scratch.join(format!("tandem-scaling-ext4-{}.img", std::process::id()));
             let volume = Ext4Volume::create(&path, self.volume_bytes, self.inodes())?;
@@ -245,31 +253,63 @@ impl ScalingRun {
             };
             rows.push((threads, ours, theirs));
         }
+        let statistics = fs.backend_statistics();
         fs.unmount().map_err(|error| format!("unmount: {error}"))?;
         drop(ext4);
         drop(image);
-        Ok(rows)
+        Ok((rows, statistics))
     }
 
     pub fn run(&self) -> Result<(), String> {
         println!(
-            "thread scaling: {} files per thread, threads {:?}, warm-up then median of {} round{}; medium {}",
+            "thread scaling: {} files per thread, threads {:?}, {} back-end workers, warm-up then median of {} round{}; medium {}",
             format_count(self.files_per_thread),
             self.threads,
+            match self.backend_workers {
+                0 => tandemfs::backend::parallel::default_workers(),
+                count => count,
+            },
             self.rounds,
             if self.rounds == 1 { "" } else { "s" },
             self.scratch.display()
         );
         for layout in [Layout::Private, Layout::Shared] {
-            let rows = self.measure_layout(layout)?;
+            let (rows, statistics) = self.measure_layout(layout)?;
             println!("\n{}:", layout.label());
             print_layout(&rows, self.files_per_thread);
+            print_backend(&statistics);
         }
         if !self.with_ext4 {
             println!("ext4 skipped");
         }
         Ok(())
     }
+}
+
+/// Rows of one layout: thread count, tandemfs's phases and ext4's.
+type Rows = Vec<(usize, PhaseSeconds, Option<PhaseSeconds>)>;
+
+/// How the back end applied the layout's records: side by side or with the volume held.
+fn print_backend(statistics: &BackendStatistics) {
+    let groups_per_batch = match statistics.parallel_batches {
+        0 => 0.0,
+        batches => statistics.parallel_groups as f64 / batches as f64,
+    };
+    println!(
+        "back end: {} workers; {} records applied side by side in {} batches ({:.1} groups each, {:.1} workers busy), {} with the volume held; {} checkpoints; applying {:.2} s; {} drains waited {:.2} s, {} waits for room {:.2} s",
+        statistics.workers,
+        format_count(statistics.parallel_records),
+        format_count(statistics.parallel_batches),
+        groups_per_batch,
+        statistics.worker_busy_ns as f64 / statistics.parallel_ns.max(1) as f64,
+        format_count(statistics.held_records),
+        statistics.checkpoints,
+        statistics.apply_ns as f64 / 1e9,
+        format_count(statistics.drains),
+        statistics.drain_ns as f64 / 1e9,
+        format_count(statistics.room_waits),
+        statistics.room_wait_ns as f64 / 1e9
+    );
 }
 
 fn rate(threads: usize, files_per_thread: u64, seconds: f64) -> f64 {
@@ -365,7 +405,7 @@ mod tests {
         let directory = std::env::temp_dir().join(format!("tandem-scaling-test-{}", std::process::id()));
         std::fs::create_dir_all(&directory).unwrap();
         let image = directory.join("v.img");
-        let (library, fs) = library_target(&image, 64 << 20, 8192).unwrap();
+        let (library, fs) = library_target(&image, 64 << 20, 8192, 2).unwrap();
         for layout in [Layout::Private, Layout::Shared] {
             let seconds = measure(library.clone(), 3, 200, layout, 1).unwrap();
             assert!(seconds.create > 0.0 && seconds.stat > 0.0 && seconds.unlink > 0.0);

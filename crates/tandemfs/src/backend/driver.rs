@@ -7,6 +7,7 @@
 //! the back end failed, keeps the first reason, and wakes every waiter. Every wait here is
 //! bounded or wakes on the latch, so callers get `Error::Shutdown`, never a hang.
 
+use super::parallel::{self, ApplyPool, Job};
 use super::{checkpoint, Applier};
 use crate::backend::record::Op;
 use crate::block::meta::BLOCK_SIZE_U64;
@@ -19,9 +20,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Records applied per back-end pass before the volume lock is let go: small enough that a
+/// Records applied with the volume lock held before it is let go: small enough that a
 /// front-end lookup waiting for the lock is not held up for long.
 const BATCH_RECORDS_MAX: usize = 32;
+/// Records per pass with several apply workers: enough that the groups of independent records
+/// keep every worker busy, few enough that a pass (and so `wait_applied`) stays short. Workers
+/// hold the volume lock only per block, so the batch does not hold up readers.
+const PARALLEL_BATCH_RECORDS_MAX: usize = 1024;
 /// A checkpoint is taken at least this often while records are applied.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 /// Below this many free blocks, with frees pending, the back end checkpoints before it applies
@@ -38,6 +43,9 @@ const DRAIN_PASSES_MAX: usize = 1 << 20;
 const IDLE_PASS_WAIT: Duration = Duration::from_micros(100);
 /// How long a waiter sleeps between looks at the latch (a lost wake-up costs this much).
 const WAIT_SLICE: Duration = Duration::from_millis(50);
+/// How long a caller refused for a full backlog waits for the back-end thread to apply a
+/// batch before it drains in its own thread (a batch takes milliseconds; a checkpoint longer).
+const ROOM_WAIT_MAX: Duration = Duration::from_secs(2);
 /// How long the thread sleeps when the next record to apply is durable but its appender has
 /// not deposited it yet (it is between its append and its deposit, a few instructions).
 const DEPOSIT_WAIT: Duration = Duration::from_millis(1);
@@ -139,6 +147,35 @@ impl DepositRing {
     }
 }
 
+/// What the back end has applied since mount, and how.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendStatistics {
+    /// Apply workers (1: every record applies in the pass's own thread).
+    pub workers: u64,
+    /// Records applied by the workers side by side, and the batches and groups they came in.
+    pub parallel_records: u64,
+    pub parallel_batches: u64,
+    pub parallel_groups: u64,
+    /// Wall time of the parallel batches, and the time the workers were busy in them (summed
+    /// over workers), in nanoseconds: their ratio is how many workers were busy on average.
+    pub parallel_ns: u64,
+    pub worker_busy_ns: u64,
+    /// Records applied with the volume held throughout: one worker, a batch of one group, a
+    /// batch with a record that reaches beyond its inodes, or free space running low.
+    pub held_records: u64,
+    pub checkpoints: u64,
+    /// Time spent applying batches (both ways), in nanoseconds.
+    pub apply_ns: u64,
+    /// Drains asked for by callers (a full backlog, a full log, unmount), and the time they
+    /// waited in all, in nanoseconds.
+    pub drains: u64,
+    pub drain_ns: u64,
+    /// Callers that waited for the back-end thread to apply a batch (their backlog share was
+    /// full), and the time they waited in all, in nanoseconds.
+    pub room_waits: u64,
+    pub room_wait_ns: u64,
+}
+
 /// What one applied batch changed that the front end keeps in its own state.
 pub struct BatchSummary<'a> {
     /// The applied records, in lsn order.
@@ -187,8 +224,10 @@ impl Drop for PanicLatch<'_> {
 
 pub struct Backend {
     log: Arc<Log>,
-    volume: Mutex<Volume>,
+    volume: Arc<Mutex<Volume>>,
     applier: Applier,
+    /// Apply workers besides the pass's own thread; `None` with one worker.
+    pool: Option<ApplyPool>,
     queue: Mutex<DepositRing>,
     queue_signal: Condvar,
     applied_lsn: Mutex<u64>,
@@ -207,15 +246,38 @@ pub struct Backend {
     /// Records are applied by the back-end thread; otherwise by callers that need a result.
     background: bool,
     checkpoints: AtomicU64,
+    /// Counters for `statistics`.
+    parallel_records: AtomicU64,
+    parallel_batches: AtomicU64,
+    parallel_groups: AtomicU64,
+    parallel_ns: AtomicU64,
+    worker_busy_ns: AtomicU64,
+    held_records: AtomicU64,
+    apply_ns: AtomicU64,
+    drains: AtomicU64,
+    drain_ns: AtomicU64,
+    room_waits: AtomicU64,
+    room_wait_ns: AtomicU64,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Backend {
-    pub fn new(volume: Volume, log: Arc<Log>, applier: Applier, applied_lsn: u64, background: bool) -> Arc<Backend> {
-        Arc::new(Backend {
+    /// A back end with `workers` appliers (see `parallel`); one applies every record in the
+    /// pass's own thread with the volume held, as a single back end does.
+    pub fn new(
+        volume: Volume,
+        log: Arc<Log>,
+        applier: Applier,
+        applied_lsn: u64,
+        background: bool,
+        workers: usize,
+    ) -> Result<Arc<Backend>> {
+        let pool = if workers > 1 { Some(ApplyPool::start(workers)?) } else { None };
+        Ok(Arc::new(Backend {
             log,
-            volume: Mutex::new(volume),
+            volume: Arc::new(Mutex::new(volume)),
             applier,
+            pool,
             queue: Mutex::new(DepositRing { consumed_lsn: applied_lsn, entries: VecDeque::new() }),
             queue_signal: Condvar::new(),
             applied_lsn: Mutex::new(applied_lsn),
@@ -232,8 +294,24 @@ impl Backend {
             stop: AtomicBool::new(false),
             background,
             checkpoints: AtomicU64::new(0),
+            parallel_records: AtomicU64::new(0),
+            parallel_batches: AtomicU64::new(0),
+            parallel_groups: AtomicU64::new(0),
+            parallel_ns: AtomicU64::new(0),
+            worker_busy_ns: AtomicU64::new(0),
+            held_records: AtomicU64::new(0),
+            apply_ns: AtomicU64::new(0),
+            drains: AtomicU64::new(0),
+            drain_ns: AtomicU64::new(0),
+            room_waits: AtomicU64::new(0),
+            room_wait_ns: AtomicU64::new(0),
             thread: Mutex::new(None),
-        })
+        }))
+    }
+
+    /// How many appliers this back end runs.
+    pub fn workers(&self) -> usize {
+        self.pool.as_ref().map_or(1, ApplyPool::workers)
     }
 
     /// Starts the back-end thread (background mode only). A panic in it latches the failure.
@@ -265,6 +343,9 @@ impl Backend {
         if let Some(handle) = self.thread.lock().take() {
             let _ = handle.join();
         }
+        if let Some(pool) = &self.pool {
+            pool.stop();
+        }
     }
 
     pub fn volume(&self) -> MutexGuard<'_, Volume> {
@@ -293,6 +374,24 @@ impl Backend {
 
     pub fn checkpoints(&self) -> u64 {
         self.checkpoints.load(Ordering::Relaxed)
+    }
+
+    pub fn statistics(&self) -> BackendStatistics {
+        BackendStatistics {
+            workers: self.workers() as u64,
+            parallel_records: self.parallel_records.load(Ordering::Relaxed),
+            parallel_batches: self.parallel_batches.load(Ordering::Relaxed),
+            parallel_groups: self.parallel_groups.load(Ordering::Relaxed),
+            parallel_ns: self.parallel_ns.load(Ordering::Relaxed),
+            worker_busy_ns: self.worker_busy_ns.load(Ordering::Relaxed),
+            held_records: self.held_records.load(Ordering::Relaxed),
+            checkpoints: self.checkpoints(),
+            apply_ns: self.apply_ns.load(Ordering::Relaxed),
+            drains: self.drains.load(Ordering::Relaxed),
+            drain_ns: self.drain_ns.load(Ordering::Relaxed),
+            room_waits: self.room_waits.load(Ordering::Relaxed),
+            room_wait_ns: self.room_wait_ns.load(Ordering::Relaxed),
+        }
     }
 
     // ------------------------------------------------------------------ the latch
@@ -414,7 +513,8 @@ impl Backend {
             return Err(Error::Shutdown);
         }
         let durable = self.log.durable_lsn();
-        let mut batch: Vec<Queued> = self.queue.lock().take_prefix(durable, BATCH_RECORDS_MAX, &self.log);
+        let batch_max = if self.pool.is_some() { PARALLEL_BATCH_RECORDS_MAX } else { BATCH_RECORDS_MAX };
+        let mut batch: Vec<Queued> = self.queue.lock().take_prefix(durable, batch_max, &self.log);
         if batch.is_empty() {
             self.maybe_checkpoint(&mut policy, false, sink)?;
             return Ok(false);
@@ -443,13 +543,80 @@ impl Backend {
         Ok(true)
     }
 
-    /// Applies a batch under the volume lock; returns how many records it applied (at least
-    /// one), the blocks owned by the inodes they touched, and the free and pending-free counts.
+    /// Applies a batch: on the workers when it splits into independent groups, otherwise in
+    /// this thread with the volume held. Returns how many records it applied (at least one),
+    /// the blocks owned by the inodes they touched, and the free and pending-free counts.
     fn apply_batch(&self, batch: &[Queued]) -> Result<AppliedBatch> {
+        let started = Instant::now();
+        let applied = self.apply_batch_either_way(batch);
+        self.apply_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        applied
+    }
+
+    fn apply_batch_either_way(&self, batch: &[Queued]) -> Result<AppliedBatch> {
+        if let Some(pool) = &self.pool {
+            let groups = parallel::group_by_inode(batch);
+            if groups.len() > 1 && !batch.iter().any(|queued| parallel::needs_whole_volume(&queued.op)) {
+                if let Some(applied) = self.apply_batch_parallel(pool, batch, groups)? {
+                    return Ok(applied);
+                }
+            }
+        }
+        self.apply_batch_held(batch)
+    }
+
+    /// Applies the whole batch on the workers, unless free blocks run so low that the batch
+    /// might need a checkpoint half way (`None`: the caller applies it record by record).
+    fn apply_batch_parallel(
+        &self,
+        pool: &ApplyPool,
+        batch: &[Queued],
+        groups: Vec<Vec<u32>>,
+    ) -> Result<Option<AppliedBatch>> {
+        let images_bound: u64 = batch.iter().map(|queued| queued.image_blocks).sum();
+        {
+            let volume = self.volume.lock();
+            if volume.free_blocks() < BACKEND_LOW_WATER_BLOCKS + images_bound && volume.blocks.pending_free_count() > 0
+            {
+                return Ok(None);
+            }
+        }
+        let group_count = groups.len() as u64;
+        let job = Arc::new(Job::new(self.volume.clone(), self.applier.clone(), batch, groups));
+        let started = Instant::now();
+        let owned_blocks = match pool.run(job) {
+            Ok((owned, busy_ns)) => {
+                self.parallel_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                self.worker_busy_ns.fetch_add(busy_ns, Ordering::Relaxed);
+                owned
+            }
+            Err(error) => {
+                self.fail(&error);
+                return Err(error);
+            }
+        };
+        self.parallel_records.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.parallel_batches.fetch_add(1, Ordering::Relaxed);
+        self.parallel_groups.fetch_add(group_count, Ordering::Relaxed);
+        let volume = self.volume.lock();
+        Ok(Some(AppliedBatch {
+            applied_count: batch.len(),
+            owned_blocks,
+            free_blocks: volume.free_blocks(),
+            pending_free_blocks: volume.blocks.pending_free_count(),
+        }))
+    }
+
+    /// Applies a batch in this thread, holding the volume lock for `BATCH_RECORDS_MAX` records
+    /// at a time; stops early when free blocks run low (see below).
+    fn apply_batch_held(&self, batch: &[Queued]) -> Result<AppliedBatch> {
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let mut applied_count = 0;
         let mut volume = self.volume.lock();
         for queued in batch {
+            if applied_count > 0 && applied_count % BATCH_RECORDS_MAX == 0 {
+                MutexGuard::bump(&mut volume);
+            }
             // Blocks the back end frees (leaves that compaction empties, for one) are reusable
             // only after a checkpoint records the free. When free blocks run low while some are
             // pending, stop the batch and checkpoint first, rather than fail an allocation that
@@ -461,7 +628,7 @@ impl Backend {
             {
                 break;
             }
-            match self.applier.apply(&mut volume, queued.lsn, &queued.op) {
+            match self.applier.apply(&mut *volume, queued.lsn, &queued.op) {
                 Ok(written) => owned.extend(written),
                 Err(error) => {
                     drop(volume);
@@ -471,6 +638,7 @@ impl Backend {
             }
             applied_count += 1;
         }
+        self.held_records.fetch_add(applied_count as u64, Ordering::Relaxed);
         Ok(AppliedBatch {
             applied_count,
             owned_blocks: owned,
@@ -533,6 +701,14 @@ impl Backend {
     /// Makes every appended record durable and applies all of them; checkpoints only where the
     /// back end's own rules call for one.
     pub fn drain(&self, sink: &dyn FrontSink) -> Result<()> {
+        let started = Instant::now();
+        let drained = self.drain_all(sink);
+        self.drains.fetch_add(1, Ordering::Relaxed);
+        self.drain_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        drained
+    }
+
+    fn drain_all(&self, sink: &dyn FrontSink) -> Result<()> {
         // Checkpoint records never enter the queue: once the applied lsn reaches the last
         // queued record, every logical record appended before the call is applied. A pass
         // waits for one the thread is running, so this also waits for a batch in flight.
@@ -549,6 +725,37 @@ impl Backend {
         let error = Error::invalid("back end made no progress while draining");
         self.fail(&error);
         Err(error)
+    }
+
+    /// Waits until the back end has applied something more (the caller's append was refused
+    /// because the backlog is full: applying any batch releases its share). The log is flushed
+    /// first, since the back end applies only durable records. Without a back-end thread, or
+    /// when the thread makes no progress for `ROOM_WAIT_MAX`, drains in this thread instead.
+    /// Unlike `drain`, this does not wait for the whole backlog: many threads refused at once
+    /// all go on as soon as the next batch is applied, instead of taking turns at draining.
+    pub fn wait_for_room(&self, sink: &dyn FrontSink) -> Result<()> {
+        if !self.background {
+            return self.drain(sink);
+        }
+        let started = Instant::now();
+        let before = self.applied_lsn();
+        self.log.flush()?;
+        self.queue_signal.notify_all();
+        {
+            let mut applied = self.applied_lsn.lock();
+            while *applied == before && started.elapsed() < ROOM_WAIT_MAX {
+                if self.is_failed() || self.stop.load(Ordering::Acquire) {
+                    return Err(Error::Shutdown);
+                }
+                self.applied_signal.wait_for(&mut applied, WAIT_SLICE);
+            }
+            if *applied != before {
+                self.room_waits.fetch_add(1, Ordering::Relaxed);
+                self.room_wait_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        self.drain(sink)
     }
 
     /// Drains, then checkpoints: frees log space, returns reserved blocks and makes freed
@@ -635,7 +842,7 @@ mod tests {
         let log_options = LogOptions { flush_delay_us: 1_000, reserve_fraction: 0.5 };
         let (volume, log, applier, _) = open_volume(device, log_options, 1024, true).unwrap();
         let applied_lsn = log.next_lsn() - 1;
-        Backend::new(volume, log, applier, applied_lsn, background)
+        Backend::new(volume, log, applier, applied_lsn, background, 1).unwrap()
     }
 
     /// Appends an attribute record for the root that changes nothing.

@@ -13,7 +13,9 @@
 //! finds the commit, writes its images home again and finishes step 4.
 
 pub mod driver;
+pub mod parallel;
 pub mod record;
+pub mod store;
 
 use crate::block::codec::Decoder;
 use crate::block::inode::Inode;
@@ -29,6 +31,7 @@ use crate::types::FileType;
 use record::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use store::ApplyStore;
 
 /// Images per checkpoint record: 64 blocks keeps a record at 260 KiB.
 const IMAGES_PER_RECORD: usize = 64;
@@ -52,7 +55,7 @@ impl Touched {
     fn new() -> Touched {
         Touched { inodes: BTreeMap::new(), deleted: Vec::new() }
     }
-    fn get<'a>(&'a mut self, volume: &mut Volume, inode_number: u64) -> Result<&'a mut Inode> {
+    fn get<'a>(&'a mut self, volume: &mut dyn ApplyStore, inode_number: u64) -> Result<&'a mut Inode> {
         match self.inodes.entry(inode_number) {
             std::collections::btree_map::Entry::Occupied(slot) => Ok(slot.into_mut()),
             std::collections::btree_map::Entry::Vacant(slot) => {
@@ -66,7 +69,7 @@ impl Touched {
             }
         }
     }
-    fn image(&mut self, volume: &mut Volume, image: &AttributeImage) -> Result<()> {
+    fn image(&mut self, volume: &mut dyn ApplyStore, image: &AttributeImage) -> Result<()> {
         let inode = self.get(volume, image.inode_number)?;
         if inode.generation != image.generation || FileType::from_mode(inode.mode) != FileType::from_mode(image.mode) {
             return Err(Error::corruption(format!(
@@ -78,7 +81,7 @@ impl Touched {
         Ok(())
     }
     /// Writes the touched inodes back; returns (inode, blocks owned) of each one still in use.
-    fn write_back(self, volume: &mut Volume) -> Result<Vec<(u64, u64)>> {
+    fn write_back(self, volume: &mut dyn ApplyStore) -> Result<Vec<(u64, u64)>> {
         let mut owned = Vec::with_capacity(self.inodes.len());
         for (inode_number, inode) in &self.inodes {
             if !self.deleted.contains(inode_number) {
@@ -110,6 +113,7 @@ fn set_extent_root(inode: &mut Inode, root: &ExtentRoot) {
 }
 
 /// Everything the back end keeps besides the volume.
+#[derive(Clone)]
 pub struct Applier {
     pub hash_seed: HashSeed,
 }
@@ -118,8 +122,8 @@ impl Applier {
     /// Applies one durable record and returns (inode, blocks owned) of every inode it wrote. An
     /// error here means the volume and the log disagree (corruption) or the device failed; the
     /// caller stops accepting changes.
-    pub fn apply(&self, volume: &mut Volume, lsn: u64, op: &Op) -> Result<Vec<(u64, u64)>> {
-        volume.current_lsn = lsn;
+    pub fn apply(&self, volume: &mut dyn ApplyStore, lsn: u64, op: &Op) -> Result<Vec<(u64, u64)>> {
+        volume.begin_record(lsn);
         let seed = self.hash_seed;
         let mut touched = Touched::new();
         match op {
@@ -138,8 +142,7 @@ impl Applier {
                     _ => {}
                 }
                 volume.create_inode(&inode)?;
-                let superblock = &mut volume.superblock;
-                superblock.next_generation = superblock.next_generation.max(image.generation + 1);
+                volume.raise_next_generation(image.generation + 1);
                 let parent_inode = touched.get(volume, parent.inode_number)?;
                 let mut root = dir_root(parent_inode)?;
                 dir::insert(volume, &mut root, &seed, name, image.inode_number, file_type.dirent_type())?;
@@ -267,7 +270,7 @@ impl Applier {
 
     fn dispose(
         &self,
-        volume: &mut Volume,
+        volume: &mut dyn ApplyStore,
         touched: &mut Touched,
         inode_number: u64,
         disposition: Disposition,
@@ -275,9 +278,9 @@ impl Applier {
         match disposition {
             Disposition::Keep => Ok(()),
             Disposition::Orphan => {
-                let head = volume.superblock.orphan_head;
+                let head = volume.orphan_head();
                 touched.get(volume, inode_number)?.orphan_next = head;
-                volume.superblock.orphan_head = inode_number;
+                volume.set_orphan_head(inode_number);
                 Ok(())
             }
             Disposition::Reclaim => self.free_inode(volume, touched, inode_number),
@@ -285,7 +288,7 @@ impl Applier {
     }
 
     /// Frees everything an inode owns and the inode itself.
-    fn free_inode(&self, volume: &mut Volume, touched: &mut Touched, inode_number: u64) -> Result<()> {
+    fn free_inode(&self, volume: &mut dyn ApplyStore, touched: &mut Touched, inode_number: u64) -> Result<()> {
         let inode = touched.get(volume, inode_number)?.clone();
         match inode.file_type() {
             FileType::Directory => dir::destroy(volume, dir_root(&inode)?)?,
@@ -293,7 +296,6 @@ impl Applier {
             _ => {}
         }
         if inode.xattr_block != 0 {
-            use crate::block::meta::MetaStore;
             volume.free_meta(inode.xattr_block)?;
         }
         volume.delete_inode(inode_number)?;
@@ -301,19 +303,19 @@ impl Applier {
         Ok(())
     }
 
-    fn remove_orphan(&self, volume: &mut Volume, touched: &mut Touched, inode_number: u64) -> Result<()> {
+    fn remove_orphan(&self, volume: &mut dyn ApplyStore, touched: &mut Touched, inode_number: u64) -> Result<()> {
         let mut previous: Option<u64> = None;
-        let mut current = volume.superblock.orphan_head;
+        let mut current = volume.orphan_head();
         let mut steps = 0u64;
         while current != 0 {
             steps += 1;
-            if steps > ORPHAN_WALK_MAX.min(volume.superblock.inode_count + 1) {
+            if steps > ORPHAN_WALK_MAX.min(volume.inode_count() + 1) {
                 return Err(Error::corruption("orphan list has a cycle"));
             }
             let next = touched.get(volume, current)?.orphan_next;
             if current == inode_number {
                 match previous {
-                    None => volume.superblock.orphan_head = next,
+                    None => volume.set_orphan_head(next),
                     Some(previous) => touched.get(volume, previous)?.orphan_next = next,
                 }
                 touched.get(volume, current)?.orphan_next = 0;

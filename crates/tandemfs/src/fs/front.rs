@@ -15,7 +15,7 @@ use crate::fs::types::{Attributes, FileType};
 use crate::FastHashMap;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Views kept, over all shards, before the least recently used without pending changes are
@@ -447,8 +447,6 @@ pub struct Space {
     /// within `image_budget_blocks`, so a checkpoint covering the whole backlog fits in the log.
     queued_image_blocks: AtomicU64,
     pub image_budget_blocks: u64,
-    /// The last refused append was refused for the backlog bound alone (see `with_space`).
-    pub refused_for_backlog: AtomicBool,
 }
 
 impl Space {
@@ -461,7 +459,6 @@ impl Space {
             tree_pool_blocks,
             queued_image_blocks: AtomicU64::new(0),
             image_budget_blocks,
-            refused_for_backlog: AtomicBool::new(false),
         }
     }
 

@@ -105,6 +105,8 @@ pub struct CacheStatistics {
     pub name_heap_bytes: u64,
 }
 
+pub use crate::backend::driver::BackendStatistics;
+
 /// Options of `FileSystem::format` (mkfs).
 #[derive(Debug, Clone, Default)]
 pub struct FormatOptions {
@@ -175,6 +177,9 @@ pub struct MountOptions {
     /// the interval mkfs recorded in the superblock (5 s). Another mounter waits about twice
     /// this long before it takes over a volume whose mount ended without unmounting.
     pub mmp_interval_ms: Option<u32>,
+    /// Back-end apply workers (records on disjoint inodes apply side by side); 0 takes one per
+    /// core (`backend::parallel::default_workers`), at most `backend::parallel::WORKERS_MAX`.
+    pub backend_workers: usize,
 }
 
 impl Default for MountOptions {
@@ -186,6 +191,7 @@ impl Default for MountOptions {
             access_time: AccessTimeUpdates::default(),
             read_only: false,
             mmp_interval_ms: None,
+            backend_workers: 0,
         }
     }
 }

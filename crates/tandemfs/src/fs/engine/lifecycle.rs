@@ -65,6 +65,13 @@ impl FileSystem {
     /// mount (asked for, or forced by a medium that refuses writes) writes nothing to the
     /// device: a log to replay is replayed in memory.
     pub fn mount(device: Arc<dyn Device>, options: &MountOptions) -> Result<(FileSystem, MountReport)> {
+        if options.backend_workers > crate::backend::parallel::WORKERS_MAX {
+            return Err(Error::invalid(format!(
+                "{} back-end workers asked for; at most {} are supported",
+                options.backend_workers,
+                crate::backend::parallel::WORKERS_MAX
+            )));
+        }
         let forced_read_only = (!options.read_only && device.is_read_only()).then(|| {
             "the medium refuses writes (no write permission, an immutable file or a read-only device)".to_string()
         });
@@ -188,7 +195,14 @@ impl FileSystem {
         let usage = log.usage();
         // A record must fit the log many times over; a write larger than this is split.
         let max_record_data_bytes = ((usage.data_bytes_normal / 16) as usize).clamp(4096, 1 << 20);
-        let backend = Backend::new(volume, log.clone(), applier, last_lsn, options.background_backend);
+        let workers = match options.backend_workers {
+            0 => crate::backend::parallel::default_workers(),
+            count => count,
+        };
+        let backend = match Backend::new(volume, log.clone(), applier, last_lsn, options.background_backend, workers) {
+            Ok(backend) => backend,
+            Err(error) => return Err((error, keeper)),
+        };
         let inner = Arc::new(Inner {
             device,
             gate: setup.gate,
@@ -376,6 +390,11 @@ impl FileSystem {
     /// What the front end's caches hold now (views, names and the bytes of their tables).
     pub fn cache_statistics(&self) -> CacheStatistics {
         self.inner.front.cache_statistics()
+    }
+
+    /// How the back end has applied records since mount (see `BackendStatistics`).
+    pub fn backend_statistics(&self) -> BackendStatistics {
+        self.inner.backend.statistics()
     }
 
     pub fn statistics(&self) -> Result<VolumeStatistics> {

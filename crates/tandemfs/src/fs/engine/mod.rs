@@ -48,6 +48,13 @@ const DEPTH_WALK_MAX: usize = 1 << 16;
 /// rarely used, so the budget below is an average bound with a margin, not a worst case.
 const IMAGE_BLOCKS_PER_RECORD: u64 = 3;
 
+thread_local! {
+    /// This thread's last refused append was refused for the backlog bound alone (see
+    /// `with_space`). Per thread: with many threads refused at once, one thread's reason must
+    /// not be taken, or cleared, by another.
+    static REFUSED_FOR_BACKLOG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// How many image blocks the unapplied backlog may stand for: a quarter of the log's reserve, so
 /// that the images of the blocks already dirty (the back end checkpoints before they pass half
 /// the reserve) and those of the whole backlog fit in it together.
@@ -392,7 +399,7 @@ impl FileSystem {
         // image blocks, as well as by log bytes: past it, the caller drains the back end.
         let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
         if !space.admit_images(image_blocks) {
-            space.refused_for_backlog.store(true, Ordering::Release);
+            REFUSED_FOR_BACKLOG.set(true);
             return Ok(None);
         }
         if !space.reserve(new_blocks, tree_blocks) {
@@ -418,14 +425,16 @@ impl FileSystem {
         let mut checkpointed_applied = false;
         for round in 0..SPACE_ATTEMPTS_MAX {
             self.check_running()?;
+            REFUSED_FOR_BACKLOG.set(false);
             if let Some(value) = attempt()? {
                 return Ok(value);
             }
             if round + 1 < SPACE_ATTEMPTS_MAX {
                 // Refused only because the backlog stands for too many checkpoint images:
-                // applying it is all that is needed, the back end checkpoints as it goes.
-                if self.inner.front.space.refused_for_backlog.swap(false, Ordering::AcqRel) {
-                    self.drain()?;
+                // applying part of it is all that is needed (the back end checkpoints as it
+                // goes), so wait for the next batch rather than for the whole backlog.
+                if REFUSED_FOR_BACKLOG.replace(false) {
+                    self.inner.backend.wait_for_room(self)?;
                 } else if !checkpointed_applied && self.checkpoint_applied()? {
                     checkpointed_applied = true;
                 } else {
@@ -490,10 +499,6 @@ impl FileSystem {
 
     pub(super) fn applied(&self) -> u64 {
         self.inner.backend.applied_lsn()
-    }
-
-    pub(super) fn drain(&self) -> Result<()> {
-        self.inner.backend.drain(self)
     }
 
     pub(super) fn drain_and_checkpoint(&self) -> Result<()> {

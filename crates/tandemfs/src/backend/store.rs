@@ -1,0 +1,354 @@
+//! What applying a record needs from the volume ([`ApplyStore`]), and the two ways to give it:
+//! the volume itself, for one applier holding the volume lock across a batch, and
+//! [`RecordStore`], for one of several apply workers that share the volume.
+//!
+//! A `RecordStore` takes the volume lock only for a moment per block or inode, so workers on
+//! disjoint inodes run side by side. Readers of the volume (the front end's lookups, other
+//! workers) must still never see half of a record: a directory whose leaf split is half
+//! written, an index that points at a block already freed. So everything a record changes that
+//! others can reach — metadata blocks, inode records, frees — is kept in the store and goes to
+//! the volume in one step under one lock hold at [`RecordStore::commit`]. What others cannot
+//! reach before then goes at once: allocations (a new block is reachable only through the
+//! changes held back) and file data (the front end serves unapplied writes from its own state).
+//!
+//! A worker keeps one store for all the records of its group, and the store remembers the
+//! blocks it read or wrote: while the batch runs, nobody else changes them (the group holds
+//! every record that names their inodes, the front end only reads the volume, and no
+//! checkpoint runs), so the worker reads each block from the shared volume once per batch
+//! instead of once per record. That keeps the volume lock out of the inner loop of a directory
+//! walk.
+
+use crate::block::inode::Inode;
+use crate::block::meta::{BlockKind, DataStore, MetaStore, SharedBlock};
+use crate::block::volume::Volume;
+use crate::error::{Error, Result};
+use crate::extent;
+use crate::FastHashMap;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+
+/// Extended attributes of one inode, by name.
+pub type Xattrs = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// The volume as the record appliers see it: blocks for the directory and extent trees, inode
+/// records, extended attributes and the few superblock fields a record changes.
+pub trait ApplyStore: extent::Store {
+    /// The record being applied: frees are tagged with it.
+    fn begin_record(&mut self, lsn: u64);
+    fn read_inode(&mut self, inode_number: u64) -> Result<Inode>;
+    fn write_inode(&mut self, inode: &Inode) -> Result<()>;
+    fn create_inode(&mut self, inode: &Inode) -> Result<()>;
+    fn delete_inode(&mut self, inode_number: u64) -> Result<()>;
+    fn read_xattrs(&mut self, block_number: u64) -> Result<Xattrs>;
+    fn write_xattrs(&mut self, inode: &mut Inode, attributes: &Xattrs) -> Result<()>;
+    /// Raises the superblock's next inode generation to at least `generation`.
+    fn raise_next_generation(&mut self, generation: u64);
+    fn orphan_head(&mut self) -> u64;
+    fn set_orphan_head(&mut self, inode_number: u64);
+    fn inode_count(&mut self) -> u64;
+}
+
+impl ApplyStore for Volume {
+    fn begin_record(&mut self, lsn: u64) {
+        self.current_lsn = lsn;
+    }
+    fn read_inode(&mut self, inode_number: u64) -> Result<Inode> {
+        Volume::read_inode(self, inode_number)
+    }
+    fn write_inode(&mut self, inode: &Inode) -> Result<()> {
+        Volume::write_inode(self, inode)
+    }
+    fn create_inode(&mut self, inode: &Inode) -> Result<()> {
+        Volume::create_inode(self, inode)
+    }
+    fn delete_inode(&mut self, inode_number: u64) -> Result<()> {
+        Volume::delete_inode(self, inode_number)
+    }
+    fn read_xattrs(&mut self, block_number: u64) -> Result<Xattrs> {
+        Volume::read_xattrs(self, block_number)
+    }
+    fn write_xattrs(&mut self, inode: &mut Inode, attributes: &Xattrs) -> Result<()> {
+        Volume::write_xattrs(self, inode, attributes)
+    }
+    fn raise_next_generation(&mut self, generation: u64) {
+        self.superblock.next_generation = self.superblock.next_generation.max(generation);
+    }
+    fn orphan_head(&mut self) -> u64 {
+        self.superblock.orphan_head
+    }
+    fn set_orphan_head(&mut self, inode_number: u64) {
+        self.superblock.orphan_head = inode_number;
+    }
+    fn inode_count(&mut self) -> u64 {
+        self.superblock.inode_count
+    }
+}
+
+/// An inode change held until commit, in the order the record made it.
+enum InodeChange {
+    Create(Inode),
+    Write(Inode),
+    Delete(u64),
+}
+
+/// Blocks a store remembers at most; past it, it forgets them all and reads them again.
+const KNOWN_BLOCKS_MAX: usize = 8192;
+
+/// One worker's view of the shared volume while it applies the records of one group, one
+/// record at a time (see the module comment). Records that change the orphan list or extended attributes are not applied
+/// through it: the dispatcher applies batches holding them with the volume lock held
+/// throughout (`parallel::needs_whole_volume`), because those changes reach inodes and blocks
+/// beyond the record's own.
+pub struct RecordStore<'a> {
+    volume: &'a Mutex<Volume>,
+    lsn: u64,
+    /// Metadata blocks written, by number: read back by this record, never yet by others.
+    blocks: BTreeMap<u64, (BlockKind, SharedBlock)>,
+    /// Blocks read from the volume or committed to it by this store: what the volume holds
+    /// for them until the batch ends.
+    known: FastHashMap<u64, (BlockKind, SharedBlock)>,
+    inodes: Vec<InodeChange>,
+    freed_meta: Vec<u64>,
+    freed_data: Vec<(u64, u64)>,
+    next_generation: u64,
+}
+
+impl<'a> RecordStore<'a> {
+    pub fn new(volume: &'a Mutex<Volume>) -> RecordStore<'a> {
+        RecordStore {
+            volume,
+            lsn: 0,
+            blocks: BTreeMap::new(),
+            known: FastHashMap::default(),
+            inodes: Vec::new(),
+            freed_meta: Vec::new(),
+            freed_data: Vec::new(),
+            next_generation: 0,
+        }
+    }
+
+    /// Hands the record's changes to the volume in one lock hold, in the order a single
+    /// applier makes them: inodes created, blocks, inode records, then frees. The store is
+    /// empty again afterwards, ready for the next record.
+    pub fn commit(&mut self) -> Result<()> {
+        assert!(self.lsn != 0, "commit without a record");
+        let mut volume = self.volume.lock();
+        volume.current_lsn = self.lsn;
+        if self.known.len() + self.blocks.len() > KNOWN_BLOCKS_MAX {
+            self.known.clear();
+        }
+        for (block_number, (kind, block)) in std::mem::take(&mut self.blocks) {
+            volume.write_meta(block_number, kind, block.clone())?;
+            self.known.insert(block_number, (kind, block));
+        }
+        for change in std::mem::take(&mut self.inodes) {
+            match change {
+                InodeChange::Create(inode) => volume.create_inode(&inode)?,
+                InodeChange::Write(inode) => volume.write_inode(&inode)?,
+                InodeChange::Delete(inode_number) => volume.delete_inode(inode_number)?,
+            }
+        }
+        for block_number in std::mem::take(&mut self.freed_meta) {
+            volume.free_meta(block_number)?;
+        }
+        for (first, count) in std::mem::take(&mut self.freed_data) {
+            volume.free_data(first, count)?;
+        }
+        let generation = std::mem::take(&mut self.next_generation);
+        volume.superblock.next_generation = volume.superblock.next_generation.max(generation);
+        Ok(())
+    }
+
+    /// The last change of `inode_number` held back, if any.
+    fn held_inode(&self, inode_number: u64) -> Option<Result<Inode>> {
+        self.inodes.iter().rev().find_map(|change| match change {
+            InodeChange::Create(inode) | InodeChange::Write(inode) if inode.inode_number == inode_number => {
+                Some(Ok(inode.clone()))
+            }
+            InodeChange::Delete(number) if *number == inode_number => Some(Err(Error::NotFound)),
+            _ => None,
+        })
+    }
+}
+
+impl MetaStore for RecordStore<'_> {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock> {
+        if let Some((held_kind, block)) = self.blocks.get(&block_number) {
+            if *held_kind != kind {
+                return Err(Error::corruption(format!(
+                    "block {block_number} is read as {kind:?} after this record wrote it as {held_kind:?}"
+                )));
+            }
+            return Ok(block.clone());
+        }
+        assert!(!self.freed_meta.contains(&block_number), "block {block_number} read after its free");
+        if let Some((known_kind, block)) = self.known.get(&block_number) {
+            if *known_kind == kind {
+                return Ok(block.clone());
+            }
+        }
+        let block = self.volume.lock().read_meta(block_number, kind)?;
+        if self.known.len() >= KNOWN_BLOCKS_MAX {
+            self.known.clear();
+        }
+        self.known.insert(block_number, (kind, block.clone()));
+        Ok(block)
+    }
+
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> Result<()> {
+        assert!(!self.freed_meta.contains(&block_number), "block {block_number} written after its free");
+        self.blocks.insert(block_number, (kind, block));
+        Ok(())
+    }
+
+    fn allocate_meta(&mut self, near: u64) -> Result<u64> {
+        let mut volume = self.volume.lock();
+        volume.current_lsn = self.lsn;
+        volume.allocate_meta(near)
+    }
+
+    fn free_meta(&mut self, block_number: u64) -> Result<()> {
+        self.blocks.remove(&block_number);
+        self.known.remove(&block_number);
+        self.freed_meta.push(block_number);
+        Ok(())
+    }
+}
+
+impl DataStore for RecordStore<'_> {
+    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()> {
+        self.volume.lock().read_data(block_number, offset_in_block, buffer)
+    }
+
+    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()> {
+        self.volume.lock().write_data(block_number, offset_in_block, data)
+    }
+
+    fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
+        let mut volume = self.volume.lock();
+        volume.current_lsn = self.lsn;
+        volume.allocate_data(near, count)
+    }
+
+    fn free_data(&mut self, first: u64, count: u64) -> Result<()> {
+        self.freed_data.push((first, count));
+        Ok(())
+    }
+}
+
+impl ApplyStore for RecordStore<'_> {
+    fn begin_record(&mut self, lsn: u64) {
+        assert!(
+            self.blocks.is_empty()
+                && self.inodes.is_empty()
+                && self.freed_meta.is_empty()
+                && self.freed_data.is_empty(),
+            "record {lsn} begun before the previous one was committed"
+        );
+        self.lsn = lsn;
+    }
+    fn read_inode(&mut self, inode_number: u64) -> Result<Inode> {
+        match self.held_inode(inode_number) {
+            Some(held) => held,
+            None => self.volume.lock().read_inode(inode_number),
+        }
+    }
+    fn write_inode(&mut self, inode: &Inode) -> Result<()> {
+        self.inodes.push(InodeChange::Write(inode.clone()));
+        Ok(())
+    }
+    fn create_inode(&mut self, inode: &Inode) -> Result<()> {
+        self.inodes.push(InodeChange::Create(inode.clone()));
+        Ok(())
+    }
+    fn delete_inode(&mut self, inode_number: u64) -> Result<()> {
+        self.inodes.push(InodeChange::Delete(inode_number));
+        Ok(())
+    }
+    fn read_xattrs(&mut self, _block_number: u64) -> Result<Xattrs> {
+        unreachable!("records that change extended attributes are applied with the volume held")
+    }
+    fn write_xattrs(&mut self, _inode: &mut Inode, _attributes: &Xattrs) -> Result<()> {
+        unreachable!("records that change extended attributes are applied with the volume held")
+    }
+    fn raise_next_generation(&mut self, generation: u64) {
+        self.next_generation = self.next_generation.max(generation);
+    }
+    fn orphan_head(&mut self) -> u64 {
+        unreachable!("records that change the orphan list are applied with the volume held")
+    }
+    fn set_orphan_head(&mut self, _inode_number: u64) {
+        unreachable!("records that change the orphan list are applied with the volume held")
+    }
+    fn inode_count(&mut self) -> u64 {
+        self.volume.lock().superblock.inode_count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::meta::zeroed_block;
+    use crate::block::superblock::Superblock;
+    use crate::device::MemoryDevice;
+    use std::sync::Arc;
+
+    fn volume() -> Mutex<Volume> {
+        let device = Arc::new(MemoryDevice::new(64 << 20));
+        let superblock = Superblock::layout((64 << 20) / 4096, None, None).unwrap();
+        let mut volume = Volume::new_empty(device, superblock.clone(), 64);
+        volume.blocks.set_range(0, superblock.first_data_block);
+        Mutex::new(volume)
+    }
+
+    fn block_of(fill: u8) -> SharedBlock {
+        let mut block = zeroed_block();
+        block[0] = fill;
+        Arc::new(block)
+    }
+
+    /// Nothing a record writes or frees reaches the shared volume before its commit, and all of
+    /// it does at the commit: a reader holding the volume lock never sees half a record.
+    #[test]
+    fn a_record_reaches_the_volume_whole_at_its_commit() {
+        let shared = volume();
+        let kept = shared.lock().allocate_meta(0).unwrap();
+        let freed = shared.lock().allocate_meta(0).unwrap();
+        for (block, fill) in [(kept, 1), (freed, 2)] {
+            shared.lock().write_meta(block, BlockKind::Xattr, block_of(fill)).unwrap();
+        }
+        let mut store = RecordStore::new(&shared);
+        store.begin_record(7);
+        assert_eq!(store.read_meta(kept, BlockKind::Xattr).unwrap()[0], 1);
+        store.write_meta(kept, BlockKind::Xattr, block_of(3)).unwrap();
+        store.free_meta(freed).unwrap();
+        // The record sees its own change; the volume still holds the old state.
+        assert_eq!(store.read_meta(kept, BlockKind::Xattr).unwrap()[0], 3);
+        assert_eq!(shared.lock().read_meta(kept, BlockKind::Xattr).unwrap()[0], 1);
+        assert_eq!(shared.lock().read_meta(freed, BlockKind::Xattr).unwrap()[0], 2);
+        assert_eq!(shared.lock().blocks.pending_free_count(), 0);
+        store.commit().unwrap();
+        assert_eq!(shared.lock().read_meta(kept, BlockKind::Xattr).unwrap()[0], 3);
+        assert!(shared.lock().read_meta(freed, BlockKind::Xattr).is_err(), "freed at the commit");
+        assert_eq!(shared.lock().blocks.pending_free_count(), 1);
+        // The next record starts empty and reads the committed block from what it remembers.
+        store.begin_record(8);
+        assert_eq!(store.read_meta(kept, BlockKind::Xattr).unwrap()[0], 3);
+    }
+
+    #[test]
+    fn a_record_reads_back_the_inodes_it_changed() {
+        let shared = volume();
+        let mut store = RecordStore::new(&shared);
+        store.begin_record(1);
+        let mut inode = Inode::empty_directory(5, 1, 0o755, 1, 0);
+        store.create_inode(&inode).unwrap();
+        assert_eq!(store.read_inode(5).unwrap(), inode);
+        inode.link_count = 2;
+        store.write_inode(&inode).unwrap();
+        assert_eq!(store.read_inode(5).unwrap().link_count, 2);
+        assert!(matches!(shared.lock().read_inode(5), Err(Error::NotFound)), "not on the volume before the commit");
+        store.delete_inode(5).unwrap();
+        assert!(matches!(store.read_inode(5), Err(Error::NotFound)));
+    }
+}
