@@ -31,8 +31,8 @@ pub struct MountArguments {
     #[arg(long = "daemon", short = 'd')]
     pub daemon: bool,
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
-    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N,
-    /// mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads),
+    /// backend_workers=N (threads applying the log; default one per core), mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -69,6 +69,8 @@ pub struct ParsedOptions {
     /// Switch a mounted volume to `read_only` instead of mounting.
     pub remount: bool,
     pub mmp_interval_ms: Option<u32>,
+    /// Threads applying the log to the volume (0: one per core).
+    pub backend_workers: usize,
 }
 
 /// Options mount(8) and /etc/fstab pass that mean nothing to a tandemfs mount (they steer
@@ -85,7 +87,7 @@ const KERNEL_FUSE_OPTIONS: [&str; 8] =
 
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, mmp_interval_ms=N, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, backend_workers=N, mmp_interval_ms=N, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -127,6 +129,15 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                     parsed.threads =
                         count.parse().ok().filter(|&value: &usize| (1..=1024).contains(&value)).ok_or_else(|| {
                             CliError::new(format!("-o threads={count}: expected a whole number from 1 to 1024"))
+                        })?;
+                }
+                Some(("backend_workers", count)) => {
+                    let most = tandemfs::backend::parallel::WORKERS_MAX;
+                    parsed.backend_workers =
+                        count.parse().ok().filter(|value: &usize| (1..=most).contains(value)).ok_or_else(|| {
+                            CliError::new(format!(
+                                "-o backend_workers={count}: expected a whole number from 1 to {most}"
+                            ))
                         })?;
                 }
                 Some(("mmp_interval_ms", value)) => {
@@ -264,6 +275,7 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
         read_only: options.read_only,
         mmp_interval_ms: options.mmp_interval_ms,
         access_time,
+        backend_workers: options.backend_workers,
         ..MountOptions::default()
     };
     FileSystem::mount(device, &mount_options).map_err(|error| match error {
@@ -555,6 +567,11 @@ mod tests {
         let remount = parse_options(&["remount,ro,mmp_interval_ms=500".into()]).unwrap();
         assert!(remount.remount && remount.read_only && remount.mmp_interval_ms == Some(500));
         assert!(parse_options(&["mmp_interval_ms=1".into()]).is_err());
+        assert_eq!(parse_options(&["backend_workers=3".into()]).unwrap().backend_workers, 3);
+        for wrong in ["backend_workers=0", "backend_workers=65", "backend_workers=x"] {
+            let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
+            assert!(error.contains("expected a whole number from 1 to 64"), "{wrong}: {error}");
+        }
         assert!(parse_options(&["nosuch".into()]).is_err());
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert!(parse_options(&["threads=x".into()]).is_err());

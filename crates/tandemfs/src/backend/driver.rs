@@ -8,6 +8,7 @@
 //! bounded or wakes on the latch, so callers get `Error::Shutdown`, never a hang.
 
 use super::parallel::{self, ApplyPool, Job};
+use super::store::Memo;
 use super::{checkpoint, Applier};
 use crate::backend::record::Op;
 use crate::block::meta::BLOCK_SIZE_U64;
@@ -228,6 +229,8 @@ pub struct Backend {
     applier: Applier,
     /// Apply workers besides the pass's own thread; `None` with one worker.
     pool: Option<ApplyPool>,
+    /// What the workers' stores last read or committed (see `store::Memo`).
+    memo: Arc<Memo>,
     queue: Mutex<DepositRing>,
     queue_signal: Condvar,
     applied_lsn: Mutex<u64>,
@@ -278,6 +281,7 @@ impl Backend {
             volume: Arc::new(Mutex::new(volume)),
             applier,
             pool,
+            memo: Arc::new(Memo::default()),
             queue: Mutex::new(DepositRing { consumed_lsn: applied_lsn, entries: VecDeque::new() }),
             queue_signal: Condvar::new(),
             applied_lsn: Mutex::new(applied_lsn),
@@ -582,7 +586,7 @@ impl Backend {
             }
         }
         let group_count = groups.len() as u64;
-        let job = Arc::new(Job::new(self.volume.clone(), self.applier.clone(), batch, groups));
+        let job = Arc::new(Job::new(self.volume.clone(), self.memo.clone(), self.applier.clone(), batch, groups));
         let started = Instant::now();
         let owned_blocks = match pool.run(job) {
             Ok((owned, busy_ns)) => {
@@ -610,6 +614,8 @@ impl Backend {
     /// Applies a batch in this thread, holding the volume lock for `BATCH_RECORDS_MAX` records
     /// at a time; stops early when free blocks run low (see below).
     fn apply_batch_held(&self, batch: &[Queued]) -> Result<AppliedBatch> {
+        // Changes made with the volume held do not pass through the workers' memo.
+        self.memo.clear();
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let mut applied_count = 0;
         let mut volume = self.volume.lock();
@@ -680,6 +686,10 @@ impl Backend {
         // No pass runs (the policy lock), so nothing is taken and unapplied: the first
         // unapplied record is the first deposited or still being deposited after the cursor.
         let first_unapplied = || self.queue.lock().first_unapplied(&self.log);
+        // A checkpoint seals the cached blocks in place: the memo must not keep the blocks
+        // it shared with the cache across it (their payload is the same, but nothing is
+        // gained by reasoning about that).
+        self.memo.clear();
         if let Err(error) = checkpoint(&self.volume, &self.log, applied, &first_unapplied) {
             self.fail(&error);
             return Err(error);

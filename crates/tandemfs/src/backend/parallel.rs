@@ -17,7 +17,7 @@
 
 use super::driver::Queued;
 use super::record::{Disposition, Op};
-use super::store::RecordStore;
+use super::store::{Memo, RecordStore};
 use super::Applier;
 use crate::block::volume::Volume;
 use crate::error::{Error, Result};
@@ -30,6 +30,10 @@ use std::time::{Duration, Instant};
 /// Most apply workers a back end runs, whatever the machine has: the volume lock they share
 /// stops paying beyond this.
 pub const WORKERS_MAX: usize = 64;
+/// Records a worker applies before it hands their changes to the volume in one lock hold: the
+/// volume lock is taken once per this many records, and a store holds at most this many
+/// records' changes.
+const COMMIT_RECORDS_MAX: usize = 32;
 /// How long an idle worker sleeps between looks at the stop flag.
 const IDLE_WAIT: Duration = Duration::from_millis(100);
 /// How long the dispatcher waits for the workers to finish one batch before it declares them
@@ -120,6 +124,7 @@ pub fn group_by_inode(records: &[Queued]) -> Vec<Vec<u32>> {
 /// One batch handed to the workers.
 pub struct Job {
     volume: Arc<Mutex<Volume>>,
+    memo: Arc<Memo>,
     applier: Applier,
     records: Vec<(u64, Arc<Op>)>,
     groups: Vec<Vec<u32>>,
@@ -140,10 +145,17 @@ struct Outcome {
 }
 
 impl Job {
-    pub fn new(volume: Arc<Mutex<Volume>>, applier: Applier, batch: &[Queued], groups: Vec<Vec<u32>>) -> Job {
+    pub fn new(
+        volume: Arc<Mutex<Volume>>,
+        memo: Arc<Memo>,
+        applier: Applier,
+        batch: &[Queued],
+        groups: Vec<Vec<u32>>,
+    ) -> Job {
         assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), batch.len(), "every record is in one group");
         Job {
             volume,
+            memo,
             applier,
             records: batch.iter().map(|queued| (queued.lsn, queued.op.clone())).collect(),
             groups,
@@ -195,13 +207,21 @@ impl Job {
 
     fn apply_group(&self, places: &[u32]) -> Result<Vec<(u64, u64)>> {
         let mut owned = Vec::new();
-        let mut store = RecordStore::new(&self.volume);
+        let mut store = RecordStore::new(&self.volume, &self.memo);
+        let mut uncommitted = 0;
         for &place in places {
             if self.stop.load(Ordering::Acquire) {
                 break;
             }
             let (lsn, op) = &self.records[place as usize];
             owned.extend(self.applier.apply(&mut store, *lsn, op)?);
+            uncommitted += 1;
+            if uncommitted == COMMIT_RECORDS_MAX {
+                store.commit()?;
+                uncommitted = 0;
+            }
+        }
+        if uncommitted > 0 {
             store.commit()?;
         }
         Ok(owned)

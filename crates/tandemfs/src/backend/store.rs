@@ -11,12 +11,13 @@
 //! reach before then goes at once: allocations (a new block is reachable only through the
 //! changes held back) and file data (the front end serves unapplied writes from its own state).
 //!
-//! A worker keeps one store for all the records of its group, and the store remembers the
-//! blocks it read or wrote: while the batch runs, nobody else changes them (the group holds
-//! every record that names their inodes, the front end only reads the volume, and no
-//! checkpoint runs), so the worker reads each block from the shared volume once per batch
-//! instead of once per record. That keeps the volume lock out of the inner loop of a directory
-//! walk.
+//! The stores share a [`Memo`] of the blocks and inodes they read or committed, so that the
+//! volume lock stays out of the inner loop of a directory walk. It is right because only
+//! records change the blocks and inodes of a file (the front end only reads the volume), and a
+//! record that changes them is applied by a store, which updates the memo at its commit, and
+//! only one store at a time applies records that name a given inode. Whatever changes the
+//! volume another way (a batch applied with the volume held, a checkpoint's sealing) clears
+//! the memo first.
 
 use crate::block::inode::Inode;
 use crate::block::meta::{BlockKind, DataStore, MetaStore, SharedBlock};
@@ -91,22 +92,88 @@ enum InodeChange {
     Delete(u64),
 }
 
-/// Blocks a store remembers at most; past it, it forgets them all and reads them again.
-const KNOWN_BLOCKS_MAX: usize = 8192;
+/// Shards of the memo, and what each holds at most before it forgets everything it holds:
+/// 16,384 blocks (64 MiB at worst, but mostly shared with the block cache) and 65,536 inodes.
+const MEMO_SHARDS: usize = 64;
+const MEMO_BLOCKS_PER_SHARD: usize = 256;
+const MEMO_INODES_PER_SHARD: usize = 1024;
 
-/// One worker's view of the shared volume while it applies the records of one group, one
-/// record at a time (see the module comment). Records that change the orphan list or extended attributes are not applied
+/// Blocks and inodes as the apply workers last read or committed them (see the module
+/// comment). Sharded by number, so that workers on different files do not meet.
+pub struct Memo {
+    blocks: Vec<Mutex<FastHashMap<u64, (BlockKind, SharedBlock)>>>,
+    inodes: Vec<Mutex<FastHashMap<u64, Inode>>>,
+}
+
+impl Default for Memo {
+    fn default() -> Memo {
+        Memo {
+            blocks: (0..MEMO_SHARDS).map(|_| Mutex::new(FastHashMap::default())).collect(),
+            inodes: (0..MEMO_SHARDS).map(|_| Mutex::new(FastHashMap::default())).collect(),
+        }
+    }
+}
+
+impl Memo {
+    fn shard_of(number: u64) -> usize {
+        (number.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % MEMO_SHARDS
+    }
+
+    fn block(&self, block_number: u64, kind: BlockKind) -> Option<SharedBlock> {
+        let shard = self.blocks[Self::shard_of(block_number)].lock();
+        shard.get(&block_number).filter(|(known_kind, _)| *known_kind == kind).map(|(_, block)| block.clone())
+    }
+
+    fn put_block(&self, block_number: u64, kind: BlockKind, block: SharedBlock) {
+        let mut shard = self.blocks[Self::shard_of(block_number)].lock();
+        if shard.len() >= MEMO_BLOCKS_PER_SHARD && !shard.contains_key(&block_number) {
+            shard.clear();
+        }
+        shard.insert(block_number, (kind, block));
+    }
+
+    fn forget_block(&self, block_number: u64) {
+        self.blocks[Self::shard_of(block_number)].lock().remove(&block_number);
+    }
+
+    fn inode(&self, inode_number: u64) -> Option<Inode> {
+        self.inodes[Self::shard_of(inode_number)].lock().get(&inode_number).cloned()
+    }
+
+    fn put_inode(&self, inode: &Inode) {
+        let mut shard = self.inodes[Self::shard_of(inode.inode_number)].lock();
+        if shard.len() >= MEMO_INODES_PER_SHARD && !shard.contains_key(&inode.inode_number) {
+            shard.clear();
+        }
+        shard.insert(inode.inode_number, inode.clone());
+    }
+
+    fn forget_inode(&self, inode_number: u64) {
+        self.inodes[Self::shard_of(inode_number)].lock().remove(&inode_number);
+    }
+
+    /// Forgets everything: the volume is about to change in a way the memo does not see.
+    pub fn clear(&self) {
+        for shard in &self.blocks {
+            shard.lock().clear();
+        }
+        for shard in &self.inodes {
+            shard.lock().clear();
+        }
+    }
+}
+
+/// One worker's view of the shared volume while it applies the records of one group, in lsn
+/// order, committing them a few at a time (see the module comment). Records that change the orphan list or extended attributes are not applied
 /// through it: the dispatcher applies batches holding them with the volume lock held
 /// throughout (`parallel::needs_whole_volume`), because those changes reach inodes and blocks
 /// beyond the record's own.
 pub struct RecordStore<'a> {
     volume: &'a Mutex<Volume>,
+    memo: &'a Memo,
     lsn: u64,
     /// Metadata blocks written, by number: read back by this record, never yet by others.
     blocks: BTreeMap<u64, (BlockKind, SharedBlock)>,
-    /// Blocks read from the volume or committed to it by this store: what the volume holds
-    /// for them until the batch ends.
-    known: FastHashMap<u64, (BlockKind, SharedBlock)>,
     inodes: Vec<InodeChange>,
     freed_meta: Vec<u64>,
     freed_data: Vec<(u64, u64)>,
@@ -114,12 +181,12 @@ pub struct RecordStore<'a> {
 }
 
 impl<'a> RecordStore<'a> {
-    pub fn new(volume: &'a Mutex<Volume>) -> RecordStore<'a> {
+    pub fn new(volume: &'a Mutex<Volume>, memo: &'a Memo) -> RecordStore<'a> {
         RecordStore {
             volume,
+            memo,
             lsn: 0,
             blocks: BTreeMap::new(),
-            known: FastHashMap::default(),
             inodes: Vec::new(),
             freed_meta: Vec::new(),
             freed_data: Vec::new(),
@@ -127,29 +194,38 @@ impl<'a> RecordStore<'a> {
         }
     }
 
-    /// Hands the record's changes to the volume in one lock hold, in the order a single
-    /// applier makes them: inodes created, blocks, inode records, then frees. The store is
-    /// empty again afterwards, ready for the next record.
+    /// Hands the changes of the records applied since the last commit to the volume in one
+    /// lock hold, in the order a single applier makes them: blocks, inode records (created,
+    /// written, deleted, in record order), then frees, tagged with the last record's lsn (a
+    /// free becomes reusable after a checkpoint covering its record; a later tag only waits
+    /// longer). A reader of the volume sees none or all of these records.
     pub fn commit(&mut self) -> Result<()> {
         assert!(self.lsn != 0, "commit without a record");
         let mut volume = self.volume.lock();
         volume.current_lsn = self.lsn;
-        if self.known.len() + self.blocks.len() > KNOWN_BLOCKS_MAX {
-            self.known.clear();
-        }
         for (block_number, (kind, block)) in std::mem::take(&mut self.blocks) {
             volume.write_meta(block_number, kind, block.clone())?;
-            self.known.insert(block_number, (kind, block));
+            self.memo.put_block(block_number, kind, block);
         }
         for change in std::mem::take(&mut self.inodes) {
             match change {
-                InodeChange::Create(inode) => volume.create_inode(&inode)?,
-                InodeChange::Write(inode) => volume.write_inode(&inode)?,
-                InodeChange::Delete(inode_number) => volume.delete_inode(inode_number)?,
+                InodeChange::Create(inode) => {
+                    volume.create_inode(&inode)?;
+                    self.memo.put_inode(&inode);
+                }
+                InodeChange::Write(inode) => {
+                    volume.write_inode(&inode)?;
+                    self.memo.put_inode(&inode);
+                }
+                InodeChange::Delete(inode_number) => {
+                    volume.delete_inode(inode_number)?;
+                    self.memo.forget_inode(inode_number);
+                }
             }
         }
         for block_number in std::mem::take(&mut self.freed_meta) {
             volume.free_meta(block_number)?;
+            self.memo.forget_block(block_number);
         }
         for (first, count) in std::mem::take(&mut self.freed_data) {
             volume.free_data(first, count)?;
@@ -182,16 +258,11 @@ impl MetaStore for RecordStore<'_> {
             return Ok(block.clone());
         }
         assert!(!self.freed_meta.contains(&block_number), "block {block_number} read after its free");
-        if let Some((known_kind, block)) = self.known.get(&block_number) {
-            if *known_kind == kind {
-                return Ok(block.clone());
-            }
+        if let Some(block) = self.memo.block(block_number, kind) {
+            return Ok(block);
         }
         let block = self.volume.lock().read_meta(block_number, kind)?;
-        if self.known.len() >= KNOWN_BLOCKS_MAX {
-            self.known.clear();
-        }
-        self.known.insert(block_number, (kind, block.clone()));
+        self.memo.put_block(block_number, kind, block.clone());
         Ok(block)
     }
 
@@ -209,7 +280,6 @@ impl MetaStore for RecordStore<'_> {
 
     fn free_meta(&mut self, block_number: u64) -> Result<()> {
         self.blocks.remove(&block_number);
-        self.known.remove(&block_number);
         self.freed_meta.push(block_number);
         Ok(())
     }
@@ -238,20 +308,19 @@ impl DataStore for RecordStore<'_> {
 
 impl ApplyStore for RecordStore<'_> {
     fn begin_record(&mut self, lsn: u64) {
-        assert!(
-            self.blocks.is_empty()
-                && self.inodes.is_empty()
-                && self.freed_meta.is_empty()
-                && self.freed_data.is_empty(),
-            "record {lsn} begun before the previous one was committed"
-        );
+        assert!(lsn > self.lsn, "record {lsn} after record {}: a group applies in lsn order", self.lsn);
         self.lsn = lsn;
     }
     fn read_inode(&mut self, inode_number: u64) -> Result<Inode> {
-        match self.held_inode(inode_number) {
-            Some(held) => held,
-            None => self.volume.lock().read_inode(inode_number),
+        if let Some(held) = self.held_inode(inode_number) {
+            return held;
         }
+        if let Some(inode) = self.memo.inode(inode_number) {
+            return Ok(inode);
+        }
+        let inode = self.volume.lock().read_inode(inode_number)?;
+        self.memo.put_inode(&inode);
+        Ok(inode)
     }
     fn write_inode(&mut self, inode: &Inode) -> Result<()> {
         self.inodes.push(InodeChange::Write(inode.clone()));
@@ -317,7 +386,8 @@ mod tests {
         for (block, fill) in [(kept, 1), (freed, 2)] {
             shared.lock().write_meta(block, BlockKind::Xattr, block_of(fill)).unwrap();
         }
-        let mut store = RecordStore::new(&shared);
+        let memo = Memo::default();
+        let mut store = RecordStore::new(&shared, &memo);
         store.begin_record(7);
         assert_eq!(store.read_meta(kept, BlockKind::Xattr).unwrap()[0], 1);
         store.write_meta(kept, BlockKind::Xattr, block_of(3)).unwrap();
@@ -339,7 +409,8 @@ mod tests {
     #[test]
     fn a_record_reads_back_the_inodes_it_changed() {
         let shared = volume();
-        let mut store = RecordStore::new(&shared);
+        let memo = Memo::default();
+        let mut store = RecordStore::new(&shared, &memo);
         store.begin_record(1);
         let mut inode = Inode::empty_directory(5, 1, 0o755, 1, 0);
         store.create_inode(&inode).unwrap();
