@@ -13,6 +13,8 @@
 
 use std::sync::OnceLock;
 
+use zeroize::Zeroize;
+
 /// The storage sector size the services use.
 pub const SECTOR_SIZE_BYTES: usize = 4096;
 pub const AES_BLOCK_BYTES: usize = 16;
@@ -126,6 +128,8 @@ fn expand_key(key: &[u8; 32]) -> RoundKeys {
             round_key[4 * column..4 * column + 4].copy_from_slice(&words[4 * round + column].to_le_bytes());
         }
     }
+    // The schedule words are the key itself in another layout.
+    words.zeroize();
     round_keys
 }
 
@@ -156,7 +160,9 @@ fn decryption_keys(encryption: &RoundKeys) -> RoundKeys {
     keys
 }
 
-/// An AES-256-XTS key: 64 bytes, the data key then the tweak key.
+/// An AES-256-XTS key: 64 bytes, the data key then the tweak key. The round keys are wiped
+/// when it is dropped (copies that moves leave on the stack, and the round keys the CPU paths
+/// and the GPU kernels load into registers and kernel parameters, are not).
 #[derive(Clone)]
 pub struct XtsKey {
     pub data_encrypt: RoundKeys,
@@ -168,6 +174,14 @@ impl std::fmt::Debug for XtsKey {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print key material.
         formatter.write_str("XtsKey(..)")
+    }
+}
+
+impl Drop for XtsKey {
+    fn drop(&mut self) {
+        self.data_encrypt.zeroize();
+        self.data_decrypt.zeroize();
+        self.tweak_encrypt.zeroize();
     }
 }
 
@@ -586,6 +600,19 @@ mod tests {
                 process_unit_with(implementation, &key, Direction::Decrypt, sector, &mut buffer);
                 assert_eq!(buffer, plain);
             }
+        }
+    }
+
+    /// Dropping a key wipes its round keys (issue 8: keys are zeroed when dropped).
+    #[test]
+    fn dropped_key_is_zeroed() {
+        let mut key = std::mem::ManuallyDrop::new(XtsKey::new(&[0xA5; 64]));
+        assert!(key.data_encrypt.iter().flatten().any(|&byte| byte != 0));
+        // SAFETY: the key is dropped once and never used as a key again; its storage stays
+        // allocated inside the ManuallyDrop, so reading the plain byte arrays back is sound.
+        unsafe { std::mem::ManuallyDrop::drop(&mut key) };
+        for round_keys in [&key.data_encrypt, &key.data_decrypt, &key.tweak_encrypt] {
+            assert!(round_keys.iter().flatten().all(|&byte| byte == 0), "round keys survive the drop");
         }
     }
 
