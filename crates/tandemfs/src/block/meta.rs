@@ -57,10 +57,11 @@ pub enum BlockKind {
     ExtentInternal = 0x4549_4E54,  // "EINT"
     Xattr = 0x5841_5454,           // "XATT"
     GenerationTable = 0x4754_4142, // "GTAB"
+    DataChecksum = 0x4443_534D,    // "DCSM"
 }
 
 impl BlockKind {
-    pub const ALL: [BlockKind; 9] = [
+    pub const ALL: [BlockKind; 10] = [
         BlockKind::BlockBitmap,
         BlockKind::InodeBitmap,
         BlockKind::InodeTable,
@@ -70,6 +71,7 @@ impl BlockKind {
         BlockKind::ExtentInternal,
         BlockKind::Xattr,
         BlockKind::GenerationTable,
+        BlockKind::DataChecksum,
     ];
     pub fn from_u32(value: u32) -> Option<BlockKind> {
         BlockKind::ALL.iter().copied().find(|kind| *kind as u32 == value)
