@@ -877,7 +877,16 @@ impl<'s> Tree<'s> {
                     target.fill(0);
                 } else {
                     let address = entry.address + skip;
-                    self.store.read_data(address / BLOCK_SIZE_U64, (address % BLOCK_SIZE_U64) as usize, target)?;
+                    // A damaged data block is reported with where it lies in the file.
+                    self.store
+                        .read_data(address / BLOCK_SIZE_U64, (address % BLOCK_SIZE_U64) as usize, target)
+                        .map_err(|error| match error {
+                            Error::Corruption { what } => Error::corruption(format!(
+                                "file bytes {piece_position}..{}: {what}",
+                                piece_position + count
+                            )),
+                            other => other,
+                        })?;
                 }
             }
             position = piece_position;
