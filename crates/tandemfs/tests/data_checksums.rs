@@ -131,6 +131,45 @@ fn a_damaged_checksum_table_block_fails_reads_and_fsck() {
     );
     let fs = mount(&memory);
     assert!(read_all(&fs, file, 0, 10).unwrap_err().is_corruption());
+    fs.unmount().unwrap();
+    drop(fs);
+    // The repair rebuilds the table block from the data as it is now, and says the old
+    // checksums were lost; the file reads back.
+    let repaired = fsck::repair(Arc::new(memory.clone()), true, &mut |_| {}).unwrap();
+    assert!(
+        repaired.changes.iter().any(|change| change.contains(&format!("data checksum table block {table_block}"))
+            && change.contains("3 data blocks")
+            && change.contains("lost")),
+        "{:#?}",
+        repaired.changes
+    );
+    assert!(repaired.after.is_clean(), "{:#?}", repaired.after.problems);
+    let fs = mount(&memory);
+    assert_eq!(read_all(&fs, file, 0, data.len()).unwrap(), data);
+}
+
+#[test]
+fn repair_reports_damaged_data_it_cannot_recover() {
+    let (memory, _) = memory_volume(VOLUME_BYTES, false);
+    let data = random_bytes(11, 2 * BLOCK_SIZE);
+    let fs = mount(&memory);
+    let file = fs.create(ROOT_INODE, b"f", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(file, 0, &data).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let block = block_holding(&memory, &data[BLOCK_SIZE..]);
+    flip_bit(&memory, block * BLOCK_SIZE_U64 + 17, 2);
+    let repaired = fsck::repair(Arc::new(memory.clone()), true, &mut |_| {}).unwrap();
+    let problems = &repaired.after.problems;
+    assert!(
+        problems.len() == 1
+            && problems[0].contains(&format!("inode {file}: file offset {BLOCK_SIZE}: data block {block}")),
+        "{problems:#?}"
+    );
+    // Still an error, never the damaged bytes; the block before it reads.
+    let fs = mount(&memory);
+    assert!(read_all(&fs, file, BLOCK_SIZE as u64, 10).unwrap_err().is_corruption());
+    assert_eq!(read_all(&fs, file, 0, BLOCK_SIZE).unwrap(), data[..BLOCK_SIZE]);
 }
 
 /// One change to the file and to its model.

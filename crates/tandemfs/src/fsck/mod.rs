@@ -101,6 +101,14 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
     if let Some(disagreement) = &volume.bitmap_disagreement {
         report.problem(disagreement.clone());
     }
+    // A damaged checksum-table block loses the checksums of the data under it (reads of that
+    // data fail), and an allocation under it would fail too.
+    for (index, why) in volume.damaged_checksum_table_blocks()? {
+        report.problem(format!(
+            "data checksum table block {}: {why} (the checksums of the data under it are lost)",
+            volume.superblock.checksum_table_start + index
+        ));
+    }
     let seed = applier.hash_seed;
     let superblock = volume.superblock.clone();
     let block_count = superblock.block_count;

@@ -323,6 +323,47 @@ impl Volume {
     }
 }
 
+impl Volume {
+    /// fsck: every checksum-table block that fails its checks (damaged, stale), as (index in
+    /// the table, why). A block never written (generation 0) is not read.
+    pub fn damaged_checksum_table_blocks(&mut self) -> Result<Vec<(u64, String)>> {
+        let mut damaged = Vec::new();
+        for index in 0..self.superblock.checksum_table_blocks {
+            match self.checksum_table_block(index) {
+                Ok(_) => {}
+                Err(Error::Corruption { what }) => damaged.push((index, what)),
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(damaged)
+    }
+
+    /// fsck --repair: replaces checksum-table block `index` by one that holds, for each block
+    /// of `written` (the blocks under it that hold written data of the files kept), the CRC32C
+    /// of what the device holds now, and no checksum for the rest. The old checksums are lost:
+    /// damage those blocks took before now can no longer be detected, which the repair says.
+    /// The block is dirty in the cache; the repair's checkpoint takes it home.
+    pub fn rebuild_checksum_table_block(&mut self, index: u64, written: &[u64]) -> Result<()> {
+        assert!(index < self.superblock.checksum_table_blocks);
+        let base = index * CHECKSUMS_PER_TABLE_BLOCK;
+        let mut table = zeroed_block();
+        let mut bytes = zeroed_block();
+        for block in written {
+            assert!((base..base + CHECKSUMS_PER_TABLE_BLOCK).contains(block), "block {block} is not under {index}");
+            self.check_data_range(*block, 0, BLOCK_SIZE)?;
+            self.device.read_at(block * BLOCK_SIZE_U64, &mut bytes[..])?;
+            let crc = self.block_checksums(&bytes[..])[0];
+            put_u32(&mut table[..], (block - base) as usize * 4, checksum_entry(crc));
+        }
+        let number = self.superblock.checksum_table_start + index;
+        self.cache.remove(number);
+        self.cache.insert_clean(number, BlockKind::DataChecksum, Arc::new(zeroed_block()));
+        let cached = self.cache.modify(number, BlockKind::DataChecksum).expect("table block cached just above");
+        cached[..META_PAYLOAD_BYTES].copy_from_slice(&table[..META_PAYLOAD_BYTES]);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
