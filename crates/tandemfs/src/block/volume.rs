@@ -16,7 +16,9 @@ use std::sync::Arc;
 use tandem_accel::runtime::Accelerator;
 
 mod checksums;
-pub use checksums::{checksum_entry, checksum_matches, default_accelerator, ChecksumMismatch, NO_CHECKSUM};
+pub use checksums::{
+    checksum_entry, checksum_matches, default_accelerator, ChecksumMismatch, DataChecksumStatistics, NO_CHECKSUM,
+};
 
 /// Largest total size of one inode's extended attributes (names, values and their lengths).
 pub const XATTR_BLOCK_PAYLOAD_BYTES: usize = META_PAYLOAD_BYTES;
@@ -54,6 +56,7 @@ pub struct Volume {
     accelerator: Arc<Accelerator>,
     /// The log is being replayed: see `set_replaying`.
     replaying: bool,
+    checksum_statistics: DataChecksumStatistics,
 }
 
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
@@ -82,6 +85,7 @@ impl Volume {
             data_changes: Vec::new(),
             accelerator: default_accelerator(),
             replaying: false,
+            checksum_statistics: DataChecksumStatistics::default(),
         }
     }
 

@@ -51,6 +51,15 @@ pub fn default_accelerator() -> Arc<Accelerator> {
 /// Largest run of data blocks fsck reads and checks at once.
 const CHECK_CHUNK_BLOCKS: u64 = 256;
 
+/// Bytes checksummed, in how many batches, and the time the checksums took (for `tandem bench`:
+/// the share of a run's time that data checksums cost, without a switch that turns them off).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataChecksumStatistics {
+    pub bytes: u64,
+    pub batches: u64,
+    pub nanoseconds: u64,
+}
+
 /// A data block whose contents disagree with its checksum (fsck).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChecksumMismatch {
@@ -78,12 +87,22 @@ impl Volume {
     /// CRC32C of each 4 KiB block of `data` (a whole number of blocks), in one batch through
     /// the accelerator; on the CPU directly if the runtime fails (a GPU error is no reason to
     /// fail a read).
-    pub(super) fn block_checksums(&self, data: &[u8]) -> Vec<u32> {
+    pub(super) fn block_checksums(&mut self, data: &[u8]) -> Vec<u32> {
         assert!(data.len().is_multiple_of(BLOCK_SIZE));
-        match self.accelerator.crc32c_blocks(data) {
+        let started = std::time::Instant::now();
+        let checksums = match self.accelerator.crc32c_blocks(data) {
             Ok(checksums) if checksums.len() == data.len() / BLOCK_SIZE => checksums,
             _ => data.chunks_exact(BLOCK_SIZE).map(|block| tandem_accel::crc32c(0, block)).collect(),
-        }
+        };
+        self.checksum_statistics.bytes += data.len() as u64;
+        self.checksum_statistics.batches += 1;
+        self.checksum_statistics.nanoseconds += started.elapsed().as_nanos() as u64;
+        checksums
+    }
+
+    /// What data checksums have cost since the volume was opened.
+    pub fn checksum_statistics(&self) -> DataChecksumStatistics {
+        self.checksum_statistics.clone()
     }
 
     /// Checksum-table block `index`, checked against the generation table. A block expected
