@@ -42,10 +42,17 @@ pub fn checksum_matches(stored: u32, computed: u32) -> bool {
 
 /// The process's accelerator runtime, made once from `RuntimeConfig::default()`: the GPU runs
 /// batches at least as large as its calibrated threshold when one is present, the CPU engine
-/// everything else.
+/// everything else. The CPU engine runs a batch on the calling thread (`cpu_threads: 1`): a
+/// batch here is one read or write (at most a few MiB), which one core checksums in tens of
+/// microseconds, about what starting the engine's helper threads costs; the file system's own
+/// threads are where the parallelism is. (With every core, 1 MiB batches ran at half the
+/// speed of one thread on the 2-core development machine, and far worse while FUSE threads
+/// competed for the cores.)
 pub fn default_accelerator() -> Arc<Accelerator> {
     static SHARED: OnceLock<Arc<Accelerator>> = OnceLock::new();
-    SHARED.get_or_init(|| Arc::new(Accelerator::new(RuntimeConfig::default()))).clone()
+    SHARED
+        .get_or_init(|| Arc::new(Accelerator::new(RuntimeConfig { cpu_threads: 1, ..RuntimeConfig::default() })))
+        .clone()
 }
 
 /// Largest run of data blocks fsck reads and checks at once.
