@@ -270,3 +270,43 @@ fn data_moved_between_blocks_keeps_its_checksums() {
         assert!(back == model, "step {step}: the file differs from its model");
     }
 }
+
+/// An insert inside a damaged block copies part of it to a block of its own: the back end goes
+/// on (the volume does not fail over one damaged block), and the damage travels with the copy,
+/// so both parts read as errors, never as the damaged bytes.
+#[test]
+fn an_insert_inside_a_damaged_block_keeps_the_volume_and_the_damage() {
+    let (memory, _) = memory_volume(VOLUME_BYTES, false);
+    let data = random_bytes(12, 3 * BLOCK_SIZE);
+    let fs = mount(&memory);
+    let file = fs.create(ROOT_INODE, b"f", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    let other = fs.create(ROOT_INODE, b"g", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(file, 0, &data).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let block = block_holding(&memory, &data[BLOCK_SIZE..2 * BLOCK_SIZE]);
+    flip_bit(&memory, block * BLOCK_SIZE_U64 + 100, 1);
+    let fs = mount(&memory);
+    let middle = BLOCK_SIZE as u64 + 2000;
+    fs.insert(file, middle, b"inserted").unwrap();
+    fs.run_backend().unwrap();
+    // The bytes before the insert (copied out, damaged byte among them) and after it both fail.
+    assert!(read_all(&fs, file, BLOCK_SIZE as u64, 10).unwrap_err().is_corruption());
+    assert!(read_all(&fs, file, middle + 8, 10).unwrap_err().is_corruption());
+    assert_eq!(read_all(&fs, file, 0, BLOCK_SIZE).unwrap(), data[..BLOCK_SIZE]);
+    // The inserted bytes may share the copy's block (it fills the room after the copied
+    // bytes): right, or an error, never other bytes.
+    match read_all(&fs, file, middle, 8) {
+        Ok(bytes) => assert_eq!(bytes, b"inserted"),
+        Err(error) => assert!(error.is_corruption(), "{error:?}"),
+    }
+    // The volume still takes changes.
+    fs.write(other, 0, b"still working").unwrap();
+    fs.sync().unwrap();
+    fs.run_backend().unwrap();
+    assert_eq!(read_all(&fs, other, 0, 13).unwrap(), b"still working");
+    fs.unmount().unwrap();
+    drop(fs);
+    let report = fsck::check(Arc::new(memory.clone())).unwrap();
+    assert_eq!(report.problems.len(), 2, "{:#?}", report.problems);
+}
