@@ -53,7 +53,9 @@ pub struct Volume {
     /// images, in order: it records `GENERATION_DATA` or 0 for them.
     data_changes: Vec<(u64, u64, bool)>,
     /// Computes the data checksums (`checksums`): the GPU for large batches when present.
-    accelerator: Arc<Accelerator>,
+    /// Taken at the first checksum, so that a volume that never touches data (mkfs, stat)
+    /// never starts the runtime (on a GPU host: the driver and a calibration).
+    accelerator: Option<Arc<Accelerator>>,
     /// The log is being replayed: see `set_replaying`.
     replaying: bool,
     checksum_statistics: DataChecksumStatistics,
@@ -83,7 +85,7 @@ impl Volume {
             table_levels,
             freed_metadata: Vec::new(),
             data_changes: Vec::new(),
-            accelerator: default_accelerator(),
+            accelerator: None,
             replaying: false,
             checksum_statistics: DataChecksumStatistics::default(),
         }

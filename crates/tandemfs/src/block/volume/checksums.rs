@@ -86,7 +86,7 @@ pub struct ChecksumMismatch {
 impl Volume {
     /// Uses `accelerator` for data checksums from now on (the default is the shared runtime).
     pub fn set_accelerator(&mut self, accelerator: Arc<Accelerator>) {
-        self.accelerator = accelerator;
+        self.accelerator = Some(accelerator);
     }
 
     /// Set while the log is replayed at mount: a partial-block write then computes the block's
@@ -106,7 +106,8 @@ impl Volume {
     pub(super) fn block_checksums(&mut self, data: &[u8]) -> Vec<u32> {
         assert!(data.len().is_multiple_of(BLOCK_SIZE));
         let started = std::time::Instant::now();
-        let checksums = match self.accelerator.crc32c_blocks(data) {
+        let accelerator = self.accelerator.get_or_insert_with(default_accelerator);
+        let checksums = match accelerator.crc32c_blocks(data) {
             Ok(checksums) if checksums.len() == data.len() / BLOCK_SIZE => checksums,
             _ => data.chunks_exact(BLOCK_SIZE).map(|block| tandem_accel::crc32c(0, block)).collect(),
         };
