@@ -336,11 +336,13 @@ fn check_file_data(volume: &mut Volume, root: &ExtentRoot, inode: u64, report: &
         report.problem(format!("inode {inode}: {error}"));
         return Ok(());
     }
+    let mut unchecked = 0;
     for (logical, address, length) in written {
         let first = address / BLOCK_SIZE_U64;
         let count = (address + length - 1) / BLOCK_SIZE_U64 - first + 1;
         match volume.check_data_blocks(first, count) {
-            Ok(mismatches) => {
+            Ok((mismatches, lost)) => {
+                unchecked += lost;
                 for mismatch in mismatches {
                     // The file offset of the block's first byte (of the extent's, for its first block).
                     let offset = logical + (mismatch.block_number * BLOCK_SIZE_U64).saturating_sub(address);
@@ -350,6 +352,11 @@ fn check_file_data(volume: &mut Volume, root: &ExtentRoot, inode: u64, report: &
             Err(error @ Error::Io { .. }) => return Err(error),
             Err(error) => report.problem(format!("inode {inode}: data at file offset {logical}: {error}")),
         }
+    }
+    if unchecked > 0 {
+        report.problem(format!(
+            "inode {inode}: {unchecked} data blocks cannot be checked or read: the checksum table block that holds their checksums is damaged"
+        ));
     }
     Ok(())
 }

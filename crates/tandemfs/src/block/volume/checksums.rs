@@ -356,20 +356,32 @@ impl Volume {
     }
 
     /// fsck: reads data blocks `first..first + count` and checks each against its entry, in
-    /// batches of `CHECK_CHUNK_BLOCKS`. Returns the blocks that fail, with why.
-    pub fn check_data_blocks(&mut self, first: u64, count: u64) -> Result<Vec<ChecksumMismatch>> {
+    /// batches of at most `CHECK_CHUNK_BLOCKS` that do not cross a table block. Returns the
+    /// blocks that fail, with why, and how many blocks were not checked because the table block
+    /// holding their checksums fails its own checks (reported once, as that block).
+    pub fn check_data_blocks(&mut self, first: u64, count: u64) -> Result<(Vec<ChecksumMismatch>, u64)> {
         let mut mismatches = Vec::new();
+        let mut unchecked = 0;
         let mut block = first;
         let end = first + count;
         let mut buffer = vec![0u8; (CHECK_CHUNK_BLOCKS * BLOCK_SIZE_U64) as usize];
-        // Bounded by `count`: each pass checks up to CHECK_CHUNK_BLOCKS blocks.
+        // Bounded by `count`: each pass moves past at least one block.
         while block < end {
-            let blocks = (end - block).min(CHECK_CHUNK_BLOCKS);
+            let table_end = (block / CHECKSUMS_PER_TABLE_BLOCK + 1) * CHECKSUMS_PER_TABLE_BLOCK;
+            let blocks = (end - block).min(CHECK_CHUNK_BLOCKS).min(table_end - block);
+            let stored = match self.data_checksums(block, blocks) {
+                Ok(stored) => stored,
+                Err(Error::Corruption { .. }) => {
+                    unchecked += blocks;
+                    block += blocks;
+                    continue;
+                }
+                Err(other) => return Err(other),
+            };
             let bytes = &mut buffer[..(blocks * BLOCK_SIZE_U64) as usize];
             self.check_data_range(block, 0, bytes.len())?;
             self.device.read_at(block * BLOCK_SIZE_U64, bytes)?;
             let computed = self.block_checksums(bytes);
-            let stored = self.data_checksums(block, blocks)?;
             for (index, (stored, crc)) in stored.into_iter().zip(computed).enumerate() {
                 if !checksum_matches(stored, crc) {
                     let number = block + index as u64;
@@ -380,7 +392,7 @@ impl Volume {
             }
             block += blocks;
         }
-        Ok(mismatches)
+        Ok((mismatches, unchecked))
     }
 }
 
@@ -473,10 +485,9 @@ mod tests {
         assert!(volume.read_data(first, 0, &mut buffer).unwrap_err().is_corruption());
         let mut buffer = vec![0u8; BLOCK_SIZE];
         volume.read_data(first + 3, 0, &mut buffer).unwrap();
-        assert_eq!(
-            volume.check_data_blocks(first, 8).unwrap().iter().map(|m| m.block_number).collect::<Vec<_>>(),
-            vec![first + 2]
-        );
+        let (mismatches, unchecked) = volume.check_data_blocks(first, 8).unwrap();
+        assert_eq!(mismatches.iter().map(|m| m.block_number).collect::<Vec<_>>(), vec![first + 2]);
+        assert_eq!(unchecked, 0);
     }
 
     #[test]
