@@ -556,6 +556,27 @@ mod tests {
     }
 
     #[test]
+    fn checksums_go_through_the_given_runtime_in_one_batch_per_request() {
+        use tandem_accel::runtime::Mode;
+        let (_device, mut volume, first) = volume();
+        // GPU mode on a machine without one runs on the CPU engine: same checksums.
+        let accelerator = Accelerator::new(RuntimeConfig { mode: Mode::Gpu, ..RuntimeConfig::default() });
+        volume.set_accelerator(Arc::new(accelerator));
+        let data = pattern(8 * BLOCK_SIZE, 7);
+        volume.write_data(first, 0, &data).unwrap();
+        let expected: Vec<u32> = data.chunks_exact(BLOCK_SIZE).map(|block| tandem_accel::crc32c(0, block)).collect();
+        assert_eq!(
+            volume.data_checksums(first, 8).unwrap(),
+            expected.iter().map(|crc| checksum_entry(*crc)).collect::<Vec<_>>()
+        );
+        let before = volume.checksum_statistics();
+        let mut buffer = vec![0u8; 8 * BLOCK_SIZE];
+        volume.read_data(first, 0, &mut buffer).unwrap();
+        let after = volume.checksum_statistics();
+        assert_eq!((after.bytes - before.bytes, after.batches - before.batches), (8 * BLOCK_SIZE_U64, 1));
+    }
+
+    #[test]
     fn the_zero_crc_has_an_entry() {
         assert_eq!(checksum_entry(0), ZERO_CRC_STORED);
         assert!(checksum_matches(ZERO_CRC_STORED, 0));
