@@ -626,7 +626,7 @@ fn stale_blocks_are_errors_never_wrong_answers() {
             }
         }
     }
-    assert_eq!(kinds.len(), 10, "stale versions of only {kinds:?}");
+    assert_eq!(kinds.len(), 11, "stale versions of only {kinds:?}");
 }
 
 /// A damaged generation-table block would make every metadata block it covers fail its check;
