@@ -59,6 +59,8 @@ pub struct Volume {
     /// The log is being replayed: see `set_replaying`.
     replaying: bool,
     checksum_statistics: DataChecksumStatistics,
+    /// The data blocks partially written last (`checksums::RecentBlocks`).
+    recent_blocks: checksums::RecentBlocks,
 }
 
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
@@ -88,6 +90,7 @@ impl Volume {
             accelerator: None,
             replaying: false,
             checksum_statistics: DataChecksumStatistics::default(),
+            recent_blocks: checksums::RecentBlocks::default(),
         }
     }
 

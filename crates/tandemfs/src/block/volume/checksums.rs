@@ -64,6 +64,76 @@ pub fn default_accelerator() -> Arc<Accelerator> {
         .clone()
 }
 
+/// Data blocks the volume partially wrote last, remembered whole with the entry it gave them:
+/// small appends write the same block again and again, and a write to a remembered block whose
+/// entry is still the one recorded (no free, no other write since) needs neither a device read
+/// nor the old block's checksum. The bytes are the ones the volume wrote, so a later change on
+/// the device (damage) still disagrees with the entry computed from them.
+#[derive(Default)]
+pub(super) struct RecentBlocks {
+    blocks: Vec<RecentBlock>,
+    next_victim: usize,
+}
+
+pub(super) struct RecentBlock {
+    block_number: u64,
+    bytes: BlockBuf,
+    entry: u32,
+}
+
+/// Blocks `RecentBlocks` remembers: appends to a few files at once.
+const RECENT_BLOCKS: usize = 8;
+
+impl RecentBlocks {
+    /// The remembered block `block_number` with `data` merged at `offset_in_block`, if it is
+    /// remembered with entry `stored` (its entry must then be set by the caller).
+    fn merge(
+        &mut self,
+        block_number: u64,
+        stored: u32,
+        offset_in_block: usize,
+        data: &[u8],
+    ) -> Option<&mut RecentBlock> {
+        let recent = self.blocks.iter_mut().find(|recent| recent.block_number == block_number)?;
+        if recent.entry != stored || stored == NO_CHECKSUM {
+            return None;
+        }
+        recent.bytes[offset_in_block..offset_in_block + data.len()].copy_from_slice(data);
+        Some(recent)
+    }
+
+    fn remember(&mut self, block_number: u64, bytes: BlockBuf, entry: u32) {
+        let recent = RecentBlock { block_number, bytes, entry };
+        if let Some(slot) = self.blocks.iter().position(|old| old.block_number == block_number) {
+            self.blocks[slot] = recent;
+        } else if self.blocks.len() < RECENT_BLOCKS {
+            self.blocks.push(recent);
+        } else {
+            self.blocks[self.next_victim] = recent;
+            self.next_victim = (self.next_victim + 1) % RECENT_BLOCKS;
+        }
+    }
+}
+
+/// `Volume::block_checksums` on the fields it uses, so that a caller may hold another field.
+fn checksum_blocks(
+    accelerator: &mut Option<Arc<Accelerator>>,
+    statistics: &mut DataChecksumStatistics,
+    data: &[u8],
+) -> Vec<u32> {
+    assert!(data.len().is_multiple_of(BLOCK_SIZE));
+    let started = std::time::Instant::now();
+    let accelerator = accelerator.get_or_insert_with(default_accelerator);
+    let checksums = match accelerator.crc32c_blocks(data) {
+        Ok(checksums) if checksums.len() == data.len() / BLOCK_SIZE => checksums,
+        _ => data.chunks_exact(BLOCK_SIZE).map(|block| tandem_accel::crc32c(0, block)).collect(),
+    };
+    statistics.bytes += data.len() as u64;
+    statistics.batches += 1;
+    statistics.nanoseconds += started.elapsed().as_nanos() as u64;
+    checksums
+}
+
 /// Largest run of data blocks fsck reads and checks at once.
 const CHECK_CHUNK_BLOCKS: u64 = 256;
 
@@ -104,17 +174,7 @@ impl Volume {
     /// the accelerator; on the CPU directly if the runtime fails (a GPU error is no reason to
     /// fail a read).
     pub(super) fn block_checksums(&mut self, data: &[u8]) -> Vec<u32> {
-        assert!(data.len().is_multiple_of(BLOCK_SIZE));
-        let started = std::time::Instant::now();
-        let accelerator = self.accelerator.get_or_insert_with(default_accelerator);
-        let checksums = match accelerator.crc32c_blocks(data) {
-            Ok(checksums) if checksums.len() == data.len() / BLOCK_SIZE => checksums,
-            _ => data.chunks_exact(BLOCK_SIZE).map(|block| tandem_accel::crc32c(0, block)).collect(),
-        };
-        self.checksum_statistics.bytes += data.len() as u64;
-        self.checksum_statistics.batches += 1;
-        self.checksum_statistics.nanoseconds += started.elapsed().as_nanos() as u64;
-        checksums
+        checksum_blocks(&mut self.accelerator, &mut self.checksum_statistics, data)
     }
 
     /// What data checksums have cost since the volume was opened.
@@ -319,15 +379,26 @@ impl Volume {
     fn partial_block_entry(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<u32> {
         assert!(offset_in_block + data.len() <= BLOCK_SIZE);
         let stored = self.data_checksums(block_number, 1)?[0];
+        if let Some(recent) = self.recent_blocks.merge(block_number, stored, offset_in_block, data) {
+            let crc = checksum_blocks(&mut self.accelerator, &mut self.checksum_statistics, &recent.bytes[..])[0];
+            recent.entry = checksum_entry(crc);
+            return Ok(recent.entry);
+        }
         let mut block = zeroed_block();
         self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
-        let old_crc = self.block_checksums(&block[..])[0];
+        let old_crc =
+            if self.replaying || stored == NO_CHECKSUM { None } else { Some(self.block_checksums(&block[..])[0]) };
         block[offset_in_block..offset_in_block + data.len()].copy_from_slice(data);
         let new_crc = self.block_checksums(&block[..])[0];
-        if self.replaying || stored == NO_CHECKSUM || checksum_matches(stored, old_crc) {
-            return Ok(checksum_entry(new_crc));
+        let entry = match old_crc {
+            Some(old_crc) if !checksum_matches(stored, old_crc) => checksum_entry(stored ^ old_crc ^ new_crc),
+            _ => checksum_entry(new_crc),
+        };
+        // Only a block whose bytes agree with its entry is worth remembering.
+        if entry == checksum_entry(new_crc) && !self.replaying {
+            self.recent_blocks.remember(block_number, block, entry);
         }
-        Ok(checksum_entry(stored ^ old_crc ^ new_crc))
+        Ok(entry)
     }
 
     /// Copies bytes of `from_block` into `to_block` at the same offset (a cut inside a block,
@@ -540,6 +611,36 @@ mod tests {
         // A later partial write into the copy keeps it failing.
         volume.write_data(first + 2, 0, &[1, 2, 3]).unwrap();
         assert!(volume.read_data(first + 2, 0, &mut buffer).unwrap_err().is_corruption());
+    }
+
+    #[test]
+    fn small_writes_to_a_remembered_block_read_back_and_keep_damage_detected() {
+        let (device, mut volume, first) = volume();
+        let mut expected = vec![0u8; BLOCK_SIZE];
+        device.read_at(first * BLOCK_SIZE_U64, &mut expected).unwrap();
+        // Appends of 100 bytes: the first reads the block, the rest use the remembered bytes.
+        for index in 0..10usize {
+            let bytes = pattern(100, index as u8);
+            volume.write_data(first, index * 100, &bytes).unwrap();
+            expected[index * 100..index * 100 + 100].copy_from_slice(&bytes);
+            let mut buffer = vec![0u8; BLOCK_SIZE];
+            volume.read_data(first, 0, &mut buffer).unwrap();
+            assert_eq!(buffer, expected, "after append {index}");
+        }
+        // A whole-block write changes the entry: the remembered bytes are not used after it.
+        let whole = pattern(BLOCK_SIZE, 77);
+        volume.write_data(first, 0, &whole).unwrap();
+        volume.write_data(first, 5, &[1, 2, 3]).unwrap();
+        let mut expected = whole;
+        expected[5..8].copy_from_slice(&[1, 2, 3]);
+        let mut buffer = vec![0u8; BLOCK_SIZE];
+        volume.read_data(first, 0, &mut buffer).unwrap();
+        assert_eq!(buffer, expected);
+        // Damage on the device under a remembered block: the next small write does not read
+        // it, and its entry, computed from the bytes written, disagrees with the device.
+        device.write_at(first * BLOCK_SIZE_U64 + 3000, &[expected[3000] ^ 0x40]).unwrap();
+        volume.write_data(first, 8, &[4, 5]).unwrap();
+        assert!(volume.read_data(first, 0, &mut buffer).unwrap_err().is_corruption());
     }
 
     #[test]
