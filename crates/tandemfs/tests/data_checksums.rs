@@ -89,6 +89,11 @@ fn a_flipped_bit_in_file_data_is_an_error_never_wrong_bytes() {
             "{text}"
         );
     }
+    // Not even the buffer of a failed read holds the damaged byte.
+    let mut buffer = vec![0u8; data.len()];
+    assert!(fs.read(file, 0, &mut buffer).unwrap_err().is_corruption());
+    let damaged_at = 3 * BLOCK_SIZE + 1234;
+    assert_ne!(buffer[damaged_at], data[damaged_at] ^ (1 << 5), "the damaged byte reached the caller");
     // The blocks around it read right.
     for (offset, length) in
         [(0, 3 * BLOCK_SIZE), (4 * BLOCK_SIZE, data.len() - 4 * BLOCK_SIZE), (3 * BLOCK_SIZE - 7, 7)]

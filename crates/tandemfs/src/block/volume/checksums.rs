@@ -320,13 +320,22 @@ impl Volume {
     /// range may run on into the following blocks) and checks every block it touches whole:
     /// the whole blocks inside the range are read straight into `buffer` and checked in one
     /// batch; a partial block at either end is read whole into a scratch block. A mismatch is
-    /// a corruption error naming the block; `buffer` then holds nothing to use.
+    /// a corruption error naming the block, and `buffer` is zeroed: no damaged byte reaches a
+    /// caller that looks at it despite the error.
     pub(super) fn read_data_checked(
         &mut self,
         block_number: u64,
         offset_in_block: usize,
         buffer: &mut [u8],
     ) -> Result<()> {
+        let read = self.read_data_unzeroed(block_number, offset_in_block, buffer);
+        if matches!(read, Err(Error::Corruption { .. })) {
+            buffer.fill(0);
+        }
+        read
+    }
+
+    fn read_data_unzeroed(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()> {
         assert!(offset_in_block < BLOCK_SIZE && !buffer.is_empty());
         let end_bytes = offset_in_block + buffer.len();
         let block_span = end_bytes.div_ceil(BLOCK_SIZE) as u64;
@@ -594,6 +603,7 @@ mod tests {
         assert!(error.is_corruption() && error.to_string().contains(&format!("data block {}", first + 2)), "{error}");
         let mut buffer = vec![0u8; 8 * BLOCK_SIZE];
         assert!(volume.read_data(first, 0, &mut buffer).unwrap_err().is_corruption());
+        assert!(buffer.iter().all(|byte| *byte == 0), "a failed read leaves bytes in the buffer");
         let mut buffer = vec![0u8; BLOCK_SIZE];
         volume.read_data(first + 3, 0, &mut buffer).unwrap();
         let (mismatches, unchecked) = volume.check_data_blocks(first, 8).unwrap();
