@@ -1,7 +1,7 @@
 //! Corruption behind a valid checksum. `corruption.rs` flips bits and leaves the CRC alone, so
 //! every flip stops at the checksum; here each field of every metadata block kind (superblock,
 //! block and inode bitmaps, inode table, directory leaves and index blocks, extent nodes,
-//! xattr blocks) is changed to 0, to its maximum, by one either way, to an out-of-range value,
+//! xattr blocks, data checksum table) is changed to 0, to its maximum, by one either way, to an out-of-range value,
 //! reserved bytes to nonzero, and the block is RE-SEALED. Then fsck, mount, a full read-back
 //! (walk, stat, readdir, lookup, read, readlink, listxattr) and a few writes followed by a second
 //! read-back. Required: never a panic, never a hang (a watchdog bounds every trial), never wrong
@@ -288,7 +288,9 @@ fn superblock_fields() -> Vec<Field> {
     fields.push(field("generation_table_blocks", 328, 8, Checked));
     // The top generation-table block must carry this generation: any change is stale.
     fields.push(field("metadata_generation", 336, 8, Checked));
-    fields.push(field("reserved", 344, 8, Checked));
+    fields.push(field("checksum_table_start", 344, 8, Checked));
+    fields.push(field("checksum_table_blocks", 352, 8, Checked));
+    fields.push(field("reserved", 360, 8, Checked));
     fields.push(field("reserved", 4084, 8, Checked));
     fields
 }
@@ -398,6 +400,15 @@ fn targets(image: &[u8], rng: &mut SmallRng) -> Vec<Target> {
                 (
                     "generation table",
                     chosen.into_iter().map(|w| field(format!("generation {w}"), w * 8, 8, Checked)).collect(),
+                )
+            }
+            BlockKind::DataChecksum => {
+                // Checksums of data blocks in use: a changed one fails the reads of its block.
+                let used: Vec<usize> = (0..1016).filter(|w| read_le(block, w * 4, 4) != 0).collect();
+                let chosen: Vec<usize> = used.iter().copied().step_by((used.len() / 4).max(1)).collect();
+                (
+                    "data checksum table",
+                    chosen.into_iter().map(|w| field(format!("checksum {w}"), w * 4, 4, Checked)).collect(),
                 )
             }
             BlockKind::InodeTable => {
@@ -633,6 +644,7 @@ fn fields_changed_behind_a_valid_checksum() {
         "extent leaf",
         "extent internal",
         "xattr",
+        "data checksum table",
     ] {
         assert!(by_kind.contains_key(kind), "the volume has no {kind} block");
     }

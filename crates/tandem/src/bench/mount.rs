@@ -16,6 +16,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+use tandemfs::block::volume::DataChecksumStatistics;
 use tandemfs::device::{FileDevice, FileDeviceOptions};
 
 /// Column label of libfuse's passthrough example over ext4.
@@ -109,19 +110,50 @@ fn sequential(root: &Path, bytes: u64, rounds: usize) -> Result<(f64, f64, bool)
 
 type Measured = (Vec<(Operation, f64)>, (f64, f64, bool));
 
+/// The data checksum statistics of the tandemfs volume under the mount, for the run that has
+/// one.
+type ChecksumProbe<'a> = &'a dyn Fn() -> DataChecksumStatistics;
+
 fn run_workload(
     root: &Path,
     size: WorkloadSize,
     arguments: &MountBenchArguments,
     label: &str,
+    checksums: ChecksumProbe<'_>,
 ) -> Result<Measured, String> {
     let rounds = arguments.rounds as usize;
     let mut target = SystemTarget::new(root)?;
     let metadata = measure(&mut target, size, rounds, label)?;
     drop(target);
     eprintln!("  {label}: sequential {} in 1 MiB requests", format_bytes(arguments.sequential_size));
+    let before = checksums();
     let sequential = sequential(root, arguments.sequential_size, rounds)?;
+    let after = checksums();
+    if after.bytes > before.bytes {
+        report_checksum_share(label, &before, &after, rounds, sequential.0 + sequential.1);
+    }
     Ok((metadata, sequential))
+}
+
+/// Every data block written to or read from the device through tandemfs is checksummed
+/// (CRC32C through the accelerator runtime, in line on the back end's writes and on reads):
+/// says how long that took during the sequential rounds against their time (rounds × the
+/// median round), which bounds what checksums cost the throughput. No switch turns them off.
+fn report_checksum_share(
+    label: &str,
+    before: &DataChecksumStatistics,
+    after: &DataChecksumStatistics,
+    rounds: usize,
+    median_round_seconds: f64,
+) {
+    let seconds = (after.nanoseconds - before.nanoseconds) as f64 / 1e9;
+    let total_seconds = median_round_seconds * rounds as f64;
+    eprintln!(
+        "  {label}: data checksums {} in {} batches took {seconds:.3} s, about {:.1}% of the sequential rounds' {total_seconds:.2} s",
+        format_bytes(after.bytes - before.bytes),
+        after.batches - before.batches,
+        if total_seconds > 0.0 { 100.0 * seconds / total_seconds } else { 0.0 }
+    );
 }
 
 fn measure_tandemfs(
@@ -139,7 +171,8 @@ fn measure_tandemfs(
     let config = MountConfig { volume_name: "tandem-bench".into(), threads: 4, ..Default::default() };
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {
         Ok(mut mount) => {
-            let measured = run_workload(&mountpoint, size, arguments, "tandemfs FUSE");
+            let measured =
+                run_workload(&mountpoint, size, arguments, "tandemfs FUSE", &|| fs.data_checksum_statistics());
             let unmounted = mount.unmount().map_err(|error| format!("unmount: {error}"));
             measured.and_then(|measured| unmounted.map(|_| measured))
         }
@@ -207,7 +240,7 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
         let path = scratch.join(format!("tandem-bench-ext4-{}.img", std::process::id()));
         match Ext4Volume::create(&path, volume_bytes, inode_count(size)) {
             Ok(volume) => {
-                match run_workload(volume.mountpoint(), size, &arguments, "ext4") {
+                match run_workload(volume.mountpoint(), size, &arguments, "ext4", &DataChecksumStatistics::default) {
                     Ok((metadata, sequential)) => {
                         columns.push(Column { label: "ext4".into(), medians: Some(metadata) });
                         sequential_results.push(("ext4", sequential));
@@ -248,7 +281,13 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
                         })
                         .and_then(|_| Passthrough::start(&source))
                         .and_then(|passthrough| {
-                            run_workload(passthrough.mountpoint(), passthrough_size, &arguments, PASSTHROUGH)
+                            run_workload(
+                                passthrough.mountpoint(),
+                                passthrough_size,
+                                &arguments,
+                                PASSTHROUGH,
+                                &DataChecksumStatistics::default,
+                            )
                         });
                     match result {
                         Ok((metadata, sequential)) => {

@@ -468,6 +468,8 @@ fn image_kinds(superblock: &Superblock, block_number: u64) -> Option<&'static [B
         Some(&[BlockKind::InodeTable])
     } else if within(superblock.generation_table_start, superblock.generation_table_blocks) {
         Some(&[BlockKind::GenerationTable])
+    } else if within(superblock.checksum_table_start, superblock.checksum_table_blocks) {
+        Some(&[BlockKind::DataChecksum])
     } else if block_number >= superblock.first_data_block && block_number < superblock.block_count {
         Some(&[
             BlockKind::DirLeaf,
@@ -714,6 +716,8 @@ pub fn open_volume(
     }
     let mut volume = Volume::load(device.clone(), superblock.clone(), cache_blocks)?;
     let applier = Applier { hash_seed: superblock.hash_seed };
+    // The data checksums on disk are the checkpoint's; replayed writes recompute them.
+    volume.set_replaying(true);
     for record in &records {
         if record.lsn <= base_lsn || record.kind == KIND_CHECKPOINT_IMAGES || record.kind == KIND_CHECKPOINT_COMMIT {
             continue;
@@ -722,6 +726,7 @@ pub fn open_volume(
         applier.apply(&mut volume, record.lsn, &op)?;
         report.records_replayed += 1;
     }
+    volume.set_replaying(false);
     report.orphans_reclaimed = applier.reclaim_orphans(&mut volume)?;
     Ok((volume, log, applier, report))
 }

@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// Inode records per inode-table block (256-byte records in the 4064-byte payload).
 pub const INODES_PER_BLOCK: u64 = 15;
 /// Bits per bitmap block (the 4064-byte payload).
@@ -19,6 +19,10 @@ pub const GENERATIONS_PER_TABLE_BLOCK: u64 = (META_PAYLOAD_BYTES / 8) as u64;
 pub const MAX_GENERATION_TABLE_LEVELS: usize = 8;
 const _: () = assert!(INODES_PER_BLOCK as usize * 256 <= META_PAYLOAD_BYTES);
 const _: () = assert!(GENERATIONS_PER_TABLE_BLOCK as usize * 8 == META_PAYLOAD_BYTES);
+/// Data checksums (CRC32C, u32) per checksum-table block (the 4064-byte payload).
+pub const CHECKSUMS_PER_TABLE_BLOCK: u64 = (META_PAYLOAD_BYTES / 4) as u64;
+const _: () = assert!(CHECKSUMS_PER_TABLE_BLOCK as usize * 4 == META_PAYLOAD_BYTES);
+const _: () = assert!(CHECKSUMS_PER_TABLE_BLOCK == 1016);
 /// Smallest volume mkfs accepts.
 pub const MIN_VOLUME_BYTES: u64 = 16 << 20;
 pub const MIN_LOG_BYTES: u64 = 4 << 20;
@@ -75,8 +79,11 @@ pub const MMP_RESERVED_END: usize = 320;
 pub const OFFSET_GENERATION_TABLE_START: usize = 320;
 pub const OFFSET_GENERATION_TABLE_BLOCKS: usize = 328;
 pub const OFFSET_METADATA_GENERATION: usize = 336;
+/// Version 4: the data checksum table (see `checksum_table_blocks`).
+pub const OFFSET_CHECKSUM_TABLE_START: usize = 344;
+pub const OFFSET_CHECKSUM_TABLE_BLOCKS: usize = 352;
 /// Bytes from here to the checksum are zero.
-pub const USED_BYTES: usize = 344;
+pub const USED_BYTES: usize = 360;
 pub const OFFSET_CRC: usize = 4092;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +138,15 @@ pub struct Superblock {
     /// The generation of the last checkpoint that wrote metadata home: the generation the top
     /// generation-table block carries; the next checkpoint writes with one more. 0: none yet.
     pub metadata_generation: u64,
+    /// The data checksum table: a CRC32C for every volume block that holds file data (see
+    /// `block::volume`, *Data checksum table*). Right after the generation table.
+    pub checksum_table_start: u64,
+    pub checksum_table_blocks: u64,
+}
+
+/// Blocks of the data checksum table of a volume of `block_count` blocks: one u32 per block.
+pub fn checksum_table_blocks(block_count: u64) -> u64 {
+    block_count.max(1).div_ceil(CHECKSUMS_PER_TABLE_BLOCK)
 }
 
 /// The generation table's levels, lowest first, as (first block relative to the table's start,
@@ -194,7 +210,9 @@ impl Superblock {
         let mmp_block = inode_table_start + inode_table_blocks;
         let generation_table_start = mmp_block + 1;
         let generation_table_blocks = generation_table_blocks(block_count);
-        let first_data_block = generation_table_start + generation_table_blocks;
+        let checksum_table_start = generation_table_start + generation_table_blocks;
+        let checksum_table_blocks = checksum_table_blocks(block_count);
+        let first_data_block = checksum_table_start + checksum_table_blocks;
         // Leave at least 1/8 of the volume for data and directories.
         if first_data_block.saturating_add(block_count / 8) > block_count {
             return Err(Error::invalid(format!(
@@ -240,6 +258,8 @@ impl Superblock {
             generation_table_start,
             generation_table_blocks,
             metadata_generation: 0,
+            checksum_table_start,
+            checksum_table_blocks,
         })
     }
 
@@ -289,6 +309,8 @@ impl Superblock {
         put_u64(bytes, OFFSET_GENERATION_TABLE_START, self.generation_table_start);
         put_u64(bytes, OFFSET_GENERATION_TABLE_BLOCKS, self.generation_table_blocks);
         put_u64(bytes, OFFSET_METADATA_GENERATION, self.metadata_generation);
+        put_u64(bytes, OFFSET_CHECKSUM_TABLE_START, self.checksum_table_start);
+        put_u64(bytes, OFFSET_CHECKSUM_TABLE_BLOCKS, self.checksum_table_blocks);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(bytes, OFFSET_CRC, crc);
         block
@@ -365,6 +387,8 @@ impl Superblock {
             generation_table_start: get_u64(bytes, OFFSET_GENERATION_TABLE_START),
             generation_table_blocks: get_u64(bytes, OFFSET_GENERATION_TABLE_BLOCKS),
             metadata_generation: get_u64(bytes, OFFSET_METADATA_GENERATION),
+            checksum_table_start: get_u64(bytes, OFFSET_CHECKSUM_TABLE_START),
+            checksum_table_blocks: get_u64(bytes, OFFSET_CHECKSUM_TABLE_BLOCKS),
         };
         match superblock.validate(device_blocks) {
             Ok(()) => Ok(superblock),
@@ -419,6 +443,15 @@ impl Superblock {
             ));
         }
         expected_start += self.generation_table_blocks;
+        if self.checksum_table_start != expected_start
+            || self.checksum_table_blocks != checksum_table_blocks(self.block_count)
+        {
+            return fail(format!(
+                "data checksum table at block {} with {} blocks does not follow the generation table or cover the volume",
+                self.checksum_table_start, self.checksum_table_blocks
+            ));
+        }
+        expected_start += self.checksum_table_blocks;
         if self.first_data_block != expected_start || self.first_data_block >= self.block_count {
             return fail(format!("first data block {} is not {expected_start}", self.first_data_block));
         }
@@ -537,7 +570,8 @@ mod tests {
         assert_eq!(OFFSET_INODE_TABLE_INITIALIZED_BLOCKS + 8, OFFSET_MMP_BLOCK);
         assert_eq!(OFFSET_FREE_INODES + 8 + 8, OFFSET_MMP_BLOCK);
         assert_eq!(MMP_RESERVED_END, OFFSET_GENERATION_TABLE_START);
-        assert_eq!(OFFSET_METADATA_GENERATION + 8, USED_BYTES);
+        assert_eq!(OFFSET_METADATA_GENERATION + 8, OFFSET_CHECKSUM_TABLE_START);
+        assert_eq!(OFFSET_CHECKSUM_TABLE_BLOCKS + 8, USED_BYTES);
         assert_eq!(BITS_PER_BITMAP_BLOCK, 32_512);
         assert_eq!(GENERATIONS_PER_TABLE_BLOCK, 508);
         assert_eq!(INODES_PER_BLOCK * 256, 3840);
@@ -562,12 +596,12 @@ mod tests {
     fn an_older_format_version_is_named() {
         let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
         let mut bytes = Superblock::layout(blocks, None, None).unwrap().encode();
-        for version in [1, 2] {
+        for version in [1, 2, 3] {
             put_u32(&mut bytes[..], OFFSET_VERSION, version);
             let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
             put_u32(&mut bytes[..], OFFSET_CRC, crc);
             let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-            assert!(error.contains(&format!("format version {version} is older than this build's 3")), "{error}");
+            assert!(error.contains(&format!("format version {version} is older than this build's 4")), "{error}");
         }
     }
 
@@ -580,6 +614,17 @@ mod tests {
         let levels = generation_table_levels(1 << 28);
         assert_eq!(levels.iter().map(|(_, blocks)| *blocks).collect::<Vec<_>>(), vec![528_417, 1_041, 3, 1]);
         assert_eq!(generation_table_blocks(1), 1);
+    }
+
+    #[test]
+    fn checksum_table_size() {
+        // 16 MiB: 4096 blocks, 5 table blocks right after the generation table.
+        assert_eq!(checksum_table_blocks(4096), 5);
+        let superblock = Superblock::layout(4096, None, None).unwrap();
+        assert_eq!(superblock.checksum_table_start, superblock.generation_table_start + 10);
+        assert_eq!(superblock.first_data_block, superblock.checksum_table_start + 5);
+        // 1 TiB: 2^28 blocks, 264,209 table blocks (about 1 GiB, 0.1% of the volume).
+        assert_eq!(checksum_table_blocks(1 << 28), 264_209);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use super::bitmap::Bitmap;
 use super::cache::BlockCache;
-use super::codec::{get_u64, put_u64};
+use super::codec::{get_u32, get_u64, put_u32, put_u64};
 use super::inode::{Inode, INODE_BYTES};
 use super::meta::*;
 use super::superblock::{generation_table_levels, Superblock, GENERATIONS_PER_TABLE_BLOCK, INODES_PER_BLOCK};
@@ -13,6 +13,12 @@ use crate::error::{Error, Result};
 use crate::fs::types::FileType;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use tandem_accel::runtime::Accelerator;
+
+mod checksums;
+pub use checksums::{
+    checksum_entry, checksum_matches, default_accelerator, ChecksumMismatch, DataChecksumStatistics, NO_CHECKSUM,
+};
 
 /// Largest total size of one inode's extended attributes (names, values and their lengths).
 pub const XATTR_BLOCK_PAYLOAD_BYTES: usize = META_PAYLOAD_BYTES;
@@ -46,6 +52,15 @@ pub struct Volume {
     /// Runs of data blocks handed out (true) or freed (false) since the last checkpoint's
     /// images, in order: it records `GENERATION_DATA` or 0 for them.
     data_changes: Vec<(u64, u64, bool)>,
+    /// Computes the data checksums (`checksums`): the GPU for large batches when present.
+    /// Taken at the first checksum, so that a volume that never touches data (mkfs, stat)
+    /// never starts the runtime (on a GPU host: the driver and a calibration).
+    accelerator: Option<Arc<Accelerator>>,
+    /// The log is being replayed: see `set_replaying`.
+    replaying: bool,
+    checksum_statistics: DataChecksumStatistics,
+    /// The data blocks partially written last (`checksums::RecentBlocks`).
+    recent_blocks: checksums::RecentBlocks,
 }
 
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
@@ -72,6 +87,10 @@ impl Volume {
             table_levels,
             freed_metadata: Vec::new(),
             data_changes: Vec::new(),
+            accelerator: None,
+            replaying: false,
+            checksum_statistics: DataChecksumStatistics::default(),
+            recent_blocks: checksums::RecentBlocks::default(),
         }
     }
 
@@ -151,8 +170,11 @@ impl Volume {
             BlockKind::InodeTable => (self.superblock.inode_table_start
                 ..self.superblock.inode_table_start + self.superblock.inode_table_blocks)
                 .contains(&block_number),
-            // Bitmaps are loaded whole at mount; generation-table blocks go through `table_block`.
-            BlockKind::BlockBitmap | BlockKind::InodeBitmap | BlockKind::GenerationTable => false,
+            // Bitmaps are loaded whole at mount; generation-table blocks go through
+            // `table_block`, checksum-table blocks through `checksum_table_block`.
+            BlockKind::BlockBitmap | BlockKind::InodeBitmap | BlockKind::GenerationTable | BlockKind::DataChecksum => {
+                false
+            }
             _ => (self.superblock.first_data_block..self.superblock.block_count).contains(&block_number),
         };
         if !allowed {
@@ -927,21 +949,42 @@ impl MetaStore for Volume {
     }
 }
 
+/// File data carries a CRC32C per block in the data checksum table (`checksums`): every read
+/// checks the whole blocks it touches, every write records the new checksums of the blocks it
+/// changes, allocation and frees clear them.
 impl DataStore for Volume {
     fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()> {
-        let start = self.check_data_range(block_number, offset_in_block, buffer.len())?;
-        self.device.read_at(start, buffer)
+        self.check_data_range(block_number, offset_in_block, buffer.len())?;
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        self.read_data_checked(block_number, offset_in_block, buffer)
     }
 
     fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()> {
         let start = self.check_data_range(block_number, offset_in_block, data.len())?;
-        self.device.write_at(start, data)
+        if data.is_empty() {
+            return Ok(());
+        }
+        // Computed before the write: a partial block's other bytes are read from the device.
+        let entries = self.checksums_after_write(block_number, offset_in_block, data)?;
+        self.device.write_at(start, data)?;
+        self.set_data_checksums(block_number, &entries)
+    }
+
+    fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
+        self.check_data_range(from_block, offset_in_block, length)?;
+        self.check_data_range(to_block, offset_in_block, length)?;
+        self.copy_data_checked(from_block, to_block, offset_in_block, length)
     }
 
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
         let (first, given) = self.blocks.allocate(near, count, self.superblock.first_data_block)?;
         self.check_allocated_unused(first, given)?;
         self.data_changes.push((first, given, true));
+        // A block handed out holds nothing written yet (an entry left by a repair that freed
+        // blocks through the bitmap alone would describe old bytes).
+        self.clear_data_checksums(first, given)?;
         Ok((first, given))
     }
 
@@ -951,7 +994,7 @@ impl DataStore for Volume {
         }
         self.blocks.free_range(first, count, self.current_lsn)?;
         self.data_changes.push((first, count, false));
-        Ok(())
+        self.clear_data_checksums(first, count)
     }
 }
 

@@ -429,9 +429,7 @@ impl<'s> Tree<'s> {
         assert!(in_block as u64 + piece < BLOCK_SIZE_U64);
         let (copy_block, _) = self.allocate_data(shared_block, 1)?;
         if !entry.unwritten {
-            let mut bytes = vec![0u8; piece as usize];
-            self.store.read_data(shared_block, in_block, &mut bytes)?;
-            self.store.write_data(copy_block, in_block, &bytes)?;
+            self.store.copy_data(shared_block, copy_block, in_block, piece as usize)?;
         }
         let mut pieces = Vec::with_capacity(3);
         if copy_start > entry.address {
@@ -877,7 +875,16 @@ impl<'s> Tree<'s> {
                     target.fill(0);
                 } else {
                     let address = entry.address + skip;
-                    self.store.read_data(address / BLOCK_SIZE_U64, (address % BLOCK_SIZE_U64) as usize, target)?;
+                    // A damaged data block is reported with where it lies in the file.
+                    self.store
+                        .read_data(address / BLOCK_SIZE_U64, (address % BLOCK_SIZE_U64) as usize, target)
+                        .map_err(|error| match error {
+                            Error::Corruption { what } => Error::corruption(format!(
+                                "file bytes {piece_position}..{}: {what}",
+                                piece_position + count
+                            )),
+                            other => other,
+                        })?;
                 }
             }
             position = piece_position;

@@ -101,6 +101,14 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
     if let Some(disagreement) = &volume.bitmap_disagreement {
         report.problem(disagreement.clone());
     }
+    // A damaged checksum-table block loses the checksums of the data under it (reads of that
+    // data fail), and an allocation under it would fail too.
+    for (index, why) in volume.damaged_checksum_table_blocks()? {
+        report.problem(format!(
+            "data checksum table block {}: {why} (the checksums of the data under it are lost)",
+            volume.superblock.checksum_table_start + index
+        ));
+    }
     let seed = applier.hash_seed;
     let superblock = volume.superblock.clone();
     let block_count = superblock.block_count;
@@ -260,6 +268,9 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
                         ));
                     }
                     let checked = extent::check(&mut volume, &root);
+                    if checked.problems.is_empty() {
+                        check_file_data(&mut volume, &root, number, &mut report)?;
+                    }
                     for problem in checked.problems {
                         report.problem(format!("inode {number}: {problem}"));
                     }
@@ -310,6 +321,46 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
     Ok(report)
 }
 
+/// Checks every block of the file's written extents against its data checksum (holes and
+/// unwritten extents read as zeros and are not checked) and reports each mismatch with the
+/// inode, the file offset and the block. Only a failing device is an error.
+fn check_file_data(volume: &mut Volume, root: &ExtentRoot, inode: u64, report: &mut FsckReport) -> Result<()> {
+    let mut written: Vec<(u64, u64, u64)> = Vec::new();
+    let walked = extent::extents(volume, root, &mut |logical, length, physical, unwritten| {
+        if let (Some(address), false) = (physical, unwritten) {
+            written.push((logical, address, length));
+        }
+        true
+    });
+    if let Err(error) = walked {
+        report.problem(format!("inode {inode}: {error}"));
+        return Ok(());
+    }
+    let mut unchecked = 0;
+    for (logical, address, length) in written {
+        let first = address / BLOCK_SIZE_U64;
+        let count = (address + length - 1) / BLOCK_SIZE_U64 - first + 1;
+        match volume.check_data_blocks(first, count) {
+            Ok((mismatches, lost)) => {
+                unchecked += lost;
+                for mismatch in mismatches {
+                    // The file offset of the block's first byte (of the extent's, for its first block).
+                    let offset = logical + (mismatch.block_number * BLOCK_SIZE_U64).saturating_sub(address);
+                    report.problem(format!("inode {inode}: file offset {offset}: {}", mismatch.what));
+                }
+            }
+            Err(error @ Error::Io { .. }) => return Err(error),
+            Err(error) => report.problem(format!("inode {inode}: data at file offset {logical}: {error}")),
+        }
+    }
+    if unchecked > 0 {
+        report.problem(format!(
+            "inode {inode}: {unchecked} data blocks cannot be checked or read: the checksum table block that holds their checksums is damaged"
+        ));
+    }
+    Ok(())
+}
+
 /// Geometry, usage and log state of an unmounted volume, for `tandem stat`.
 #[derive(Debug, Clone, Default)]
 pub struct VolumeReport {
@@ -344,12 +395,12 @@ pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
         )),
         ("mounts", superblock.mount_count.to_string()),
         ("regions", format!(
-            "log headers {}+{}, log data {}+{}, block bitmap {}+{}, inode bitmap {}+{}, inode table {}+{}, MMP {}, generation table {}+{}, data from {}",
+            "log headers {}+{}, log data {}+{}, block bitmap {}+{}, inode bitmap {}+{}, inode table {}+{}, MMP {}, generation table {}+{}, data checksum table {}+{}, data from {}",
             superblock.log_header_start, superblock.log_header_blocks, superblock.log_data_start, superblock.log_data_blocks,
             superblock.block_bitmap_start, superblock.block_bitmap_blocks, superblock.inode_bitmap_start,
             superblock.inode_bitmap_blocks, superblock.inode_table_start, superblock.inode_table_blocks,
             superblock.mmp_block, superblock.generation_table_start, superblock.generation_table_blocks,
-            superblock.first_data_block
+            superblock.checksum_table_start, superblock.checksum_table_blocks, superblock.first_data_block
         )),
     ];
     Ok(VolumeReport { lines: lines.into_iter().map(|(name, value)| (name.to_string(), value)).collect() })

@@ -23,7 +23,7 @@ use crate::backend::{self, Overlay};
 use crate::block::bitmap::Bitmap;
 use crate::block::inode::{Inode, INODE_BYTES};
 use crate::block::meta::{verify_block, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64};
-use crate::block::superblock::{Superblock, INODES_PER_BLOCK, STATE_CLEAN};
+use crate::block::superblock::{Superblock, CHECKSUMS_PER_TABLE_BLOCK, INODES_PER_BLOCK, STATE_CLEAN};
 use crate::block::volume::Volume;
 use crate::device::Device;
 use crate::dir::{self, DirRoot, HashSeed};
@@ -128,6 +128,7 @@ pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Pr
     repairer.rebuild_generation_table()?;
     repairer.scan_inode_table(progress)?;
     repairer.scan_contents(progress)?;
+    repairer.rebuild_checksum_table()?;
     repairer.walk_namespace()?;
     repairer.correct_counts();
     repairer.rebuild_bitmaps()?;
@@ -259,6 +260,52 @@ impl<'a> Repairer<'a> {
     fn rebuild_generation_table(&mut self) -> Result<()> {
         for line in self.volume.rebuild_damaged_generation_table()? {
             self.change(format!("{line} (a stale block under it can no longer be told from a current one)"));
+        }
+        Ok(())
+    }
+
+    /// A damaged or stale checksum-table block fails every read of the data under it, and an
+    /// allocation under it: it is rebuilt from the current contents of the written data of the
+    /// files kept (`Volume::rebuild_checksum_table_block`), and the repair says that those
+    /// checksums were lost. Damaged data elsewhere cannot be repaired: the check after the
+    /// repair reports it.
+    fn rebuild_checksum_table(&mut self) -> Result<()> {
+        let damaged = self.volume.damaged_checksum_table_blocks()?;
+        if damaged.is_empty() {
+            return Ok(());
+        }
+        let indexes: BTreeSet<u64> = damaged.iter().map(|(index, _)| *index).collect();
+        let roots: Vec<ExtentRoot> = self
+            .inodes
+            .values()
+            .filter(|inode| matches!(inode.file_type(), FileType::Regular | FileType::Symlink))
+            .filter_map(|inode| ExtentRoot::decode(&inode.root_area).ok())
+            .collect();
+        let mut written: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for root in roots {
+            let mut extents: Vec<(u64, u64)> = Vec::new();
+            extent::extents(&mut self.volume, &root, &mut |_, length, physical, unwritten| {
+                if let (Some(address), false) = (physical, unwritten) {
+                    extents.push((address, length));
+                }
+                true
+            })?;
+            for (address, length) in extents {
+                for block in address / BLOCK_SIZE_U64..=(address + length - 1) / BLOCK_SIZE_U64 {
+                    if indexes.contains(&(block / CHECKSUMS_PER_TABLE_BLOCK)) {
+                        written.entry(block / CHECKSUMS_PER_TABLE_BLOCK).or_default().push(block);
+                    }
+                }
+            }
+        }
+        for (index, why) in damaged {
+            let blocks = written.remove(&index).unwrap_or_default();
+            self.volume.rebuild_checksum_table_block(index, &blocks)?;
+            self.change(format!(
+                "data checksum table block {}: {why}; rebuilt: the checksums of the {} data blocks under it were lost and are recomputed from their current contents (damage they took before now can no longer be detected)",
+                self.volume.superblock.checksum_table_start + index,
+                blocks.len()
+            ));
         }
         Ok(())
     }

@@ -96,7 +96,11 @@ impl FileSystem {
                 let mut volume = self.inner.backend.volume();
                 let home = volume.read_inode(inode)?;
                 let root = ExtentRoot::decode(&home.root_area)?;
-                let read = extent::read(&mut *volume, &root, offset, target)?;
+                // Corruption names the inode too: the mount logs it with the EIO it answers.
+                let read = extent::read(&mut *volume, &root, offset, target).map_err(|error| match error {
+                    Error::Corruption { what } => Error::corruption(format!("inode {inode}: {what}")),
+                    other => other,
+                })?;
                 target[read..].fill(0);
             }
             for (write_offset, data) in pending {

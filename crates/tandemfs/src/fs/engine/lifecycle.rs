@@ -397,6 +397,12 @@ impl FileSystem {
         self.inner.backend.statistics()
     }
 
+    /// What the data checksums have cost since mount: bytes, batches and time (the data path
+    /// always checksums; this is how a benchmark sees the share).
+    pub fn data_checksum_statistics(&self) -> crate::block::volume::DataChecksumStatistics {
+        self.inner.backend.volume().checksum_statistics()
+    }
+
     pub fn statistics(&self) -> Result<VolumeStatistics> {
         let front = &self.inner.front;
         let blocks_total = self.inner.backend.volume().superblock.block_count;
