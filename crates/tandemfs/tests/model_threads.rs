@@ -44,6 +44,8 @@ fn run(seed: u64, backend_workers: usize) {
     let (mut fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
     let shared = make_directories(&fs, THREADS);
     let mut states: Vec<ThreadState> = (0..THREADS).map(|thread| ThreadState::new(seed, thread, workload())).collect();
+    // Records the workers applied side by side, over every mount of the run.
+    let mut parallel_records = 0;
     for phase in 0..PHASES {
         let handles: Vec<_> = states
             .into_iter()
@@ -68,15 +70,24 @@ fn run(seed: u64, backend_workers: usize) {
         }
         let subdirectories: usize = states.iter().map(|state| state.shared.directories.len()).sum();
         check_shared_link_count(&fs, shared, subdirectories, &format!("{what}, live"));
+        parallel_records += fs.backend_statistics().parallel_records;
         (fs, device) = remount(fs, &mut memory, device, !phase.is_multiple_of(2), seed, &options, &what);
         for state in &states {
             state.check(&fs, shared, &format!("{what}, remounted"));
         }
         check_shared_link_count(&fs, shared, subdirectories, &format!("{what}, remounted"));
     }
+    parallel_records += fs.backend_statistics().parallel_records;
     fs.unmount().unwrap();
     let report = fsck::check(device).unwrap();
     assert!(report.is_clean(), "seed {seed}: fsck at the end: {:#?}", report.problems);
+    // The run must have exercised what it claims: several workers applied records side by
+    // side, one worker never did.
+    if backend_workers == 1 {
+        assert_eq!(parallel_records, 0, "seed {seed}: one worker applied records side by side");
+    } else {
+        assert!(parallel_records > 0, "seed {seed}: {backend_workers} workers never applied records side by side");
+    }
 }
 
 #[test]
