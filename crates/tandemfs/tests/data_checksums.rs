@@ -68,6 +68,7 @@ fn a_flipped_bit_in_file_data_is_an_error_never_wrong_bytes() {
 
     let report = fsck::check(Arc::new(memory.clone())).unwrap();
     assert_eq!(report.problems.len(), 1, "{:#?}", report.problems);
+    assert_eq!(report.damaged_data_blocks, 1, "the CLI says this block stays damaged after a repair");
     let problem = &report.problems[0];
     for part in
         [format!("inode {file}"), format!("file offset {}", 3 * BLOCK_SIZE), format!("data block {damaged_block}")]

@@ -132,12 +132,23 @@ pub fn check(path: &Path) -> CliResult<Verdict> {
                 Ok(Verdict { clean: true, lines: vec![format!("{}: clean ({summary})", path.display())] })
             } else {
                 let mut lines = report.problems.clone();
+                // Damaged file data is found, not fixed: say so rather than promise a repair.
+                let remedy = match report.damaged_data_blocks {
+                    0 => format!("'tandem fsck --repair {}' repairs the volume", path.display()),
+                    blocks => format!(
+                        "'tandem fsck --repair {}' repairs the rest, but {} data block{} stay{} damaged \
+                         (reads of them fail with EIO): restore those files from a copy",
+                        path.display(),
+                        format_count(blocks),
+                        if blocks == 1 { "" } else { "s" },
+                        if blocks == 1 { "s" } else { "" }
+                    ),
+                };
                 lines.push(format!(
-                    "{}: {} problem{} found ({summary}); 'tandem fsck --repair {}' repairs the volume",
+                    "{}: {} problem{} found ({summary}); {remedy}",
                     path.display(),
                     report.problems.len(),
                     if report.problems.len() == 1 { "" } else { "s" },
-                    path.display()
                 ));
                 Ok(Verdict { clean: false, lines })
             }

@@ -51,6 +51,8 @@ pub struct FsckReport {
     pub blocks_in_use: u64,
     /// Log records after the checkpoint: mount replays them (fsck checks the result).
     pub log_records_pending: u64,
+    /// File data blocks whose bytes disagree with their checksum: no repair brings them back.
+    pub damaged_data_blocks: u64,
 }
 
 impl FsckReport {
@@ -343,6 +345,7 @@ fn check_file_data(volume: &mut Volume, root: &ExtentRoot, inode: u64, report: &
         match volume.check_data_blocks(first, count) {
             Ok((mismatches, lost)) => {
                 unchecked += lost;
+                report.damaged_data_blocks += mismatches.len() as u64;
                 for mismatch in mismatches {
                     // The file offset of the block's first byte (of the extent's, for its first block).
                     let offset = logical + (mismatch.block_number * BLOCK_SIZE_U64).saturating_sub(address);
