@@ -99,3 +99,18 @@ fn threads_each_follow_their_model() {
         }
     }
 }
+
+/// A worker count past the bound is a clear error before anything is written, and the volume
+/// then mounts with a count inside it.
+#[test]
+fn a_worker_count_past_the_bound_is_refused_and_writes_nothing() {
+    let (memory, device) = memory_volume(64 << 20, false);
+    let before = memory.to_bytes();
+    let most = tandemfs::backend::parallel::WORKERS_MAX;
+    let error = FileSystem::mount(device.clone(), &mount_options(most + 1)).map(|_| ()).unwrap_err();
+    assert!(error.to_string().contains(&format!("at most {most} are supported")), "{error}");
+    assert!(memory.to_bytes() == before, "a refused mount wrote to the volume");
+    let (fs, _) = FileSystem::mount(device, &mount_options(most)).unwrap();
+    assert_eq!(fs.backend_statistics().workers, most as u64);
+    fs.unmount().unwrap();
+}
