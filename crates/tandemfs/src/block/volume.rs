@@ -407,6 +407,16 @@ impl Volume {
                 if inode.file_type() == FileType::Symlink && !(1..=4095).contains(&inode.size_bytes) {
                     return fail(format!("symbolic link of {} bytes", inode.size_bytes));
                 }
+                // What the inode says it owns is its tree's blocks and its attribute block: a
+                // lost attribute pointer (or a changed tree count) shows here, where nothing
+                // else would tell the attributes are missing.
+                let owned = root.blocks_owned() + u64::from(inode.xattr_block != 0);
+                if inode.blocks_owned != owned {
+                    return fail(format!(
+                        "owns {} blocks but its extent tree and attribute block account for {owned}",
+                        inode.blocks_owned
+                    ));
+                }
             }
             FileType::Directory => {}
             _ => {
