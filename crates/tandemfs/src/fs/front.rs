@@ -47,9 +47,10 @@ impl std::hash::Hasher for InodeNumberHasher {
     }
 
     fn write_u64(&mut self, number: u64) {
-        // The view map is sharded by bits just above a run's (`Front::view_shard_index`), so
-        // all numbers of one shard share them: they are dropped here, or the numbers of a
-        // shard would all land in one sixty-fourth of its table's slots.
+        // A shard holds one run of each window of `VIEW_RUN * SHARD_COUNT` numbers
+        // (`Front::view_shard_index`), so the bits that pick the run within a window say
+        // nothing within a shard: they are dropped here, or the numbers of a shard would all
+        // land in one sixty-fourth of its table's slots.
         let within_shard = ((number >> (SHARD_BITS + VIEW_RUN_BITS)) << VIEW_RUN_BITS) | (number & (VIEW_RUN - 1));
         let tag = number.wrapping_mul(0x9e37_79b9_7f4a_7c15) & 0xfe00_0000_0000_0000;
         self.hash = (within_shard & !0xfe00_0000_0000_0000) | tag;
@@ -684,8 +685,12 @@ impl InodeGroups {
         ((number - 1) / self.group_inodes) as usize
     }
 
-    /// Takes a free number, starting in the group of `near` (the parent directory).
-    pub fn allocate(&self, near: u64, verify: &mut VerifyFree<'_>) -> crate::error::Result<u64> {
+    /// Takes a free number, starting in the group of `near` (the parent directory). A new
+    /// directory (`spread`) starts in a group nobody has used since mount while there is one,
+    /// as ext4's Orlov allocator spreads directories: its files then fill its own group, so
+    /// directories worked on side by side do not share inode-table blocks, view shards or the
+    /// group's lock.
+    pub fn allocate(&self, near: u64, spread: bool, verify: &mut VerifyFree<'_>) -> crate::error::Result<u64> {
         let group_count = self.groups.len();
         let identity = self as *const InodeGroups as usize;
         let start = self.group_of(near).min(group_count - 1);
@@ -696,6 +701,11 @@ impl InodeGroups {
             }
             Ok(taken)
         };
+        if spread {
+            if let Some(number) = self.take_fresh(&try_group, verify)? {
+                return Ok(number);
+            }
+        }
         if let Some(number) = try_group(start, verify, false)? {
             return Ok(number);
         }
@@ -705,15 +715,8 @@ impl InodeGroups {
                 return Ok(number);
             }
         }
-        for _ in 0..group_count {
-            let fresh = self.frontier.fetch_add(1, Ordering::AcqRel);
-            if fresh >= group_count {
-                self.frontier.store(group_count, Ordering::Release);
-                break;
-            }
-            if let Some(number) = try_group(fresh, verify, false)? {
-                return Ok(number);
-            }
+        if let Some(number) = self.take_fresh(&try_group, verify)? {
+            return Ok(number);
         }
         // Every group is used: come round again, from the parent's group on.
         for step in 0..group_count {
@@ -722,6 +725,26 @@ impl InodeGroups {
             }
         }
         Err(crate::error::Error::NoSpace)
+    }
+
+    /// A number from a group nobody has taken from since mount, if one is left.
+    fn take_fresh(
+        &self,
+        try_group: &dyn Fn(usize, &mut VerifyFree<'_>, bool) -> crate::error::Result<Option<u64>>,
+        verify: &mut VerifyFree<'_>,
+    ) -> crate::error::Result<Option<u64>> {
+        let group_count = self.groups.len();
+        for _ in 0..group_count {
+            let fresh = self.frontier.fetch_add(1, Ordering::AcqRel);
+            if fresh >= group_count {
+                self.frontier.store(group_count, Ordering::Release);
+                return Ok(None);
+            }
+            if let Some(number) = try_group(fresh, verify, false)? {
+                return Ok(Some(number));
+            }
+        }
+        Ok(None)
     }
 
     /// Returns a number for reuse.
@@ -845,8 +868,17 @@ impl Front {
     /// Runs of `VIEW_RUN` consecutive numbers share a shard: files made together are
     /// numbered together and stat'ed together, and a run keeps their views side by side in one
     /// table (one shard per number costs a third of the one-thread stat rate in cache misses).
+    /// The shard of a view. Runs of `VIEW_RUN` numbers share one; within each window of
+    /// `VIEW_RUN * SHARD_COUNT` numbers the runs go round the shards in order, from a shard
+    /// that a hash of the window picks. Without that turn every allocation group (they start
+    /// at multiples of 1,024) handed its k-th run to the same shard, so threads creating in
+    /// their own directories at the same pace met in one shard at every create. Each window
+    /// still gives a shard exactly one run, which `InodeNumberHasher` relies on.
     pub fn view_shard_index(number: u64) -> usize {
-        ((number >> VIEW_RUN_BITS) % SHARD_COUNT as u64) as usize
+        let run_in_window = (number >> VIEW_RUN_BITS) % SHARD_COUNT as u64;
+        let window = number >> (VIEW_RUN_BITS + SHARD_BITS);
+        let turn = window.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARD_BITS);
+        ((run_in_window + turn) % SHARD_COUNT as u64) as usize
     }
 
     pub fn name_shard_index(directory: u64) -> usize {
@@ -1027,14 +1059,29 @@ mod tests {
         assert_eq!(Front::view_shard_index(1024), Front::view_shard_index(1025));
         assert_eq!(low_bits(1024) + 1, low_bits(1025));
         assert_ne!(build.hash_one(1024u64) >> 57, build.hash_one(1025u64) >> 57);
-        // The next run of the same shard follows the last one.
-        let next_run = 1024 + VIEW_RUN * SHARD_COUNT as u64;
-        assert_eq!(Front::view_shard_index(1024), Front::view_shard_index(next_run));
+        // The shard's run in the next window follows the last one.
+        let window = VIEW_RUN * SHARD_COUNT as u64;
+        let next_run = (2048..2048 + window)
+            .find(|number| Front::view_shard_index(*number) == Front::view_shard_index(1024))
+            .unwrap();
+        assert_eq!(next_run % VIEW_RUN, 0);
         assert_eq!(low_bits(1024 + VIEW_RUN - 1) + 1, low_bits(next_run));
+        // Each window gives every shard exactly one run.
+        for first in [0, window, 7 * window] {
+            let mut runs_per_shard = vec![0; SHARD_COUNT];
+            for number in (first..first + window).step_by(VIEW_RUN as usize) {
+                runs_per_shard[Front::view_shard_index(number)] += 1;
+            }
+            assert!(runs_per_shard.iter().all(|runs| *runs == 1), "window at {first}");
+        }
+        // Allocation groups start at multiples of 1,024 (plus one): their first runs fall in
+        // different shards, not all in one.
+        let first_shards: std::collections::BTreeSet<usize> =
+            (0..64u64).map(|group| Front::view_shard_index(group * 1024 + 1)).collect();
+        assert!(first_shards.len() > 32, "{} shards for 64 groups' first runs", first_shards.len());
         // The numbers of one shard spread over all slots, not a sixty-fourth of them.
-        let slots: std::collections::BTreeSet<u64> = (0..1024u64)
+        let slots: std::collections::BTreeSet<u64> = (0..64 * window)
             .filter(|number| Front::view_shard_index(*number) == 0)
-            .chain((0..1024u64).map(|index| index * VIEW_RUN * SHARD_COUNT as u64))
             .map(|number| low_bits(number) % 16)
             .collect();
         assert_eq!(slots.len(), 16);

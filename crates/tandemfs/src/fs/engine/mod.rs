@@ -481,9 +481,11 @@ impl FileSystem {
     /// group when it has room. A table block's free records are checked to be free on the
     /// volume once, when its first number is taken (see `InodeGroups`), so a create takes the
     /// volume lock once per table block, not once per inode.
-    pub(super) fn allocate_inode(&self, parent: InodeNumber) -> Result<InodeNumber> {
+    /// A new directory (`directory`) starts a fresh group while there is one (see
+    /// `InodeGroups::allocate`).
+    pub(super) fn allocate_inode(&self, parent: InodeNumber, directory: bool) -> Result<InodeNumber> {
         let backend = &self.inner.backend;
-        self.inner.front.inode_numbers.allocate(parent, &mut |numbers| {
+        self.inner.front.inode_numbers.allocate(parent, directory, &mut |numbers| {
             let mut volume = backend.volume();
             let mut refused = Vec::new();
             for &number in numbers {

@@ -212,7 +212,7 @@ impl FileSystem {
             if file_type == FileType::Directory && info.link_count >= LINK_MAX {
                 return Err(Error::TooManyLinks);
             }
-            let number = self.allocate_inode(parent)?;
+            let number = self.allocate_inode(parent, file_type == FileType::Directory)?;
             let made = self.create_locked(names.shard(parent), parent, &info, number, &node);
             if !matches!(made, Ok(Some(_))) {
                 front.inode_numbers.free_now(number);
