@@ -730,7 +730,7 @@ impl InodeGroups {
     /// A number from a group nobody has taken from since mount, if one is left.
     fn take_fresh(
         &self,
-        try_group: &dyn Fn(usize, &mut VerifyFree<'_>, bool) -> crate::error::Result<Option<u64>>,
+        try_group: &TryGroup<'_>,
         verify: &mut VerifyFree<'_>,
     ) -> crate::error::Result<Option<u64>> {
         let group_count = self.groups.len();
@@ -761,6 +761,9 @@ impl InodeGroups {
         self.groups.iter().map(|group| group.0.lock().free).sum()
     }
 }
+
+/// Takes a number from group `index` (wrapping round it when the flag says so).
+type TryGroup<'a> = dyn Fn(usize, &mut VerifyFree<'_>, bool) -> crate::error::Result<Option<u64>> + 'a;
 
 /// Write locks on a set of name shards, taken in index order (see `Front::lock_names`).
 pub struct NameLocks<'a> {
