@@ -728,11 +728,7 @@ impl InodeGroups {
     }
 
     /// A number from a group nobody has taken from since mount, if one is left.
-    fn take_fresh(
-        &self,
-        try_group: &TryGroup<'_>,
-        verify: &mut VerifyFree<'_>,
-    ) -> crate::error::Result<Option<u64>> {
+    fn take_fresh(&self, try_group: &TryGroup<'_>, verify: &mut VerifyFree<'_>) -> crate::error::Result<Option<u64>> {
         let group_count = self.groups.len();
         for _ in 0..group_count {
             let fresh = self.frontier.fetch_add(1, Ordering::AcqRel);
@@ -884,8 +880,19 @@ impl Front {
         ((run_in_window + turn) % SHARD_COUNT as u64) as usize
     }
 
+    /// The shard of a directory's names: a hash of its number, since new directories start
+    /// allocation groups (`InodeGroups::allocate`), whose first numbers are all one more than
+    /// a multiple of 1,024 and so would all share one shard by a plain remainder.
     pub fn name_shard_index(directory: u64) -> usize {
-        (directory % SHARD_COUNT as u64) as usize
+        // MurmurHash3's 64-bit finalizer: a multiply alone spreads numbers that differ only
+        // in high bits (group starts) over a third of the shards.
+        let mut mixed = directory;
+        mixed ^= mixed >> 33;
+        mixed = mixed.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        mixed ^= mixed >> 33;
+        mixed = mixed.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        mixed ^= mixed >> 33;
+        (mixed >> (64 - SHARD_BITS)) as usize
     }
 
     pub fn read_views(&self, number: u64) -> RwLockReadGuard<'_, ViewShard> {
@@ -1077,6 +1084,11 @@ mod tests {
             }
             assert!(runs_per_shard.iter().all(|runs| *runs == 1), "window at {first}");
         }
+        // Directories that start groups (numbers one past a multiple of 1,024) spread over
+        // the name shards too.
+        let name_shards: std::collections::BTreeSet<usize> =
+            (0..64u64).map(|group| Front::name_shard_index(group * 1024 + 1)).collect();
+        assert!(name_shards.len() > 32, "{} name shards for 64 groups' directories", name_shards.len());
         // Allocation groups start at multiples of 1,024 (plus one): their first runs fall in
         // different shards, not all in one.
         let first_shards: std::collections::BTreeSet<usize> =
