@@ -30,13 +30,6 @@ const OPERATIONS_PER_ROUND_MAX: u64 = 60;
 const CRASH_DELAY_US_MAX: u64 = 6_000;
 /// The device fails from a write drawn below this on.
 const FAULT_AFTER_WRITES_MAX: u64 = 200;
-/// As in `model_threads`: one applier, then several.
-const BACKEND_WORKER_COUNTS: &[usize] = &[1, 4];
-
-fn mount_options(backend_workers: usize) -> MountOptions {
-    assert!(backend_workers >= 1);
-    MountOptions { backend_workers, ..MountOptions::default() }
-}
 
 fn workload() -> Workload {
     Workload { names_per_directory: 10, write_bytes_max: 12_000, file_bytes_max: 60_000, create_weight: 6, flat: false }
@@ -87,7 +80,7 @@ fn mount(device: &MemoryDevice, options: &MountOptions, what: &str) -> FileSyste
 }
 
 fn crash_run(seed: u64, backend_workers: usize, tally: &mut Tally) {
-    let options = mount_options(backend_workers);
+    let options = worker_options(backend_workers);
     let (mut memory, _) = memory_volume(16 << 20, true);
     let fs = mount(&memory, &options, "first");
     let shared = make_directories(&fs, THREADS);

@@ -11,21 +11,11 @@ mod common;
 use common::ops::Workload;
 use common::threads::*;
 use common::*;
-use tandemfs::fs::MountOptions;
 use tandemfs::{fsck, FileSystem};
 
 const THREADS: u64 = 6;
 const PHASES: u64 = 4;
 const OPERATIONS_PER_THREAD_PER_PHASE: u64 = 5_000;
-/// The back-end worker counts to run with: one applier holding the volume, and several that
-/// apply records on disjoint inodes side by side (more workers than this machine's cores
-/// still interleave them).
-const BACKEND_WORKER_COUNTS: &[usize] = &[1, 4];
-
-fn mount_options(backend_workers: usize) -> MountOptions {
-    assert!(backend_workers >= 1);
-    MountOptions { backend_workers, ..MountOptions::default() }
-}
 
 fn workload() -> Workload {
     Workload {
@@ -39,7 +29,7 @@ fn workload() -> Workload {
 
 fn run(seed: u64, backend_workers: usize) {
     println!("model with threads: seed {seed}, {backend_workers} back-end workers");
-    let options = mount_options(backend_workers);
+    let options = worker_options(backend_workers);
     let (mut memory, mut device) = memory_volume(256 << 20, false);
     let (mut fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
     let shared = make_directories(&fs, THREADS);
@@ -107,10 +97,10 @@ fn a_worker_count_past_the_bound_is_refused_and_writes_nothing() {
     let (memory, device) = memory_volume(64 << 20, false);
     let before = memory.to_bytes();
     let most = tandemfs::backend::parallel::WORKERS_MAX;
-    let error = FileSystem::mount(device.clone(), &mount_options(most + 1)).map(|_| ()).unwrap_err();
+    let error = FileSystem::mount(device.clone(), &worker_options(most + 1)).map(|_| ()).unwrap_err();
     assert!(error.to_string().contains(&format!("at most {most} are supported")), "{error}");
     assert!(memory.to_bytes() == before, "a refused mount wrote to the volume");
-    let (fs, _) = FileSystem::mount(device, &mount_options(most)).unwrap();
+    let (fs, _) = FileSystem::mount(device, &worker_options(most)).unwrap();
     assert_eq!(fs.backend_statistics().workers, most as u64);
     fs.unmount().unwrap();
 }

@@ -211,6 +211,15 @@ struct CheckpointPolicy {
     applied_bytes_since_checkpoint: u64,
 }
 
+/// What a caught panic said, for the failure latch.
+pub(super) fn panic_reason(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 /// Latches the back end failed when a pass unwinds, in the back-end thread or in a caller that
 /// drives the back end itself, so that no waiter is left waiting for a pass that died.
 struct PanicLatch<'a>(&'a Backend);
@@ -327,11 +336,7 @@ impl Backend {
             .spawn(move || {
                 let run = std::panic::AssertUnwindSafe(|| backend.run(sink.as_ref()));
                 if let Err(panic) = std::panic::catch_unwind(run) {
-                    let reason = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
-                        .unwrap_or_else(|| "unknown panic".into());
+                    let reason = panic_reason(panic.as_ref());
                     backend.fail(&Error::invalid(format!("back end panicked: {reason}")));
                 }
             })
@@ -615,7 +620,9 @@ impl Backend {
     /// at a time; stops early when free blocks run low (see below).
     fn apply_batch_held(&self, batch: &[Queued]) -> Result<AppliedBatch> {
         // Changes made with the volume held do not pass through the workers' memo.
-        self.memo.clear();
+        if self.pool.is_some() {
+            self.memo.clear();
+        }
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let mut applied_count = 0;
         let mut volume = self.volume.lock();
@@ -689,7 +696,9 @@ impl Backend {
         // A checkpoint seals the cached blocks in place: the memo must not keep the blocks
         // it shared with the cache across it (their payload is the same, but nothing is
         // gained by reasoning about that).
-        self.memo.clear();
+        if self.pool.is_some() {
+            self.memo.clear();
+        }
         if let Err(error) = checkpoint(&self.volume, &self.log, applied, &first_unapplied) {
             self.fail(&error);
             return Err(error);

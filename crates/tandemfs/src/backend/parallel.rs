@@ -180,11 +180,7 @@ impl Job {
             } else {
                 let apply = std::panic::AssertUnwindSafe(|| self.apply_group(&self.groups[group]));
                 std::panic::catch_unwind(apply).unwrap_or_else(|panic| {
-                    let reason = panic
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
-                        .unwrap_or_else(|| "unknown panic".into());
+                    let reason = super::driver::panic_reason(panic.as_ref());
                     Err(Error::invalid(format!("apply worker panicked: {reason}")))
                 })
             };
@@ -348,22 +344,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn image(inode_number: u64) -> AttributeImage {
-        AttributeImage {
-            inode_number,
-            generation: 1,
-            mode: 0o100644,
-            link_count: 1,
-            uid: 0,
-            gid: 0,
-            size_bytes: 0,
-            access_time_ns: 0,
-            modify_time_ns: 0,
-            change_time_ns: 0,
-            birth_time_ns: 0,
-            rdev: 0,
-            parent: 0,
-            flags: 0,
-        }
+        AttributeImage::from_inode(&crate::block::inode::Inode::empty_directory(inode_number, 1, 0o755, 1, 0))
     }
 
     fn queued(lsn: u64, op: Op) -> Queued {

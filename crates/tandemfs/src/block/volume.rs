@@ -790,15 +790,23 @@ impl Volume {
         } else {
             self.expected_generation(level + 1, index)?
         };
+        let block = self.load_lazy_table_block(number, BlockKind::GenerationTable, expected)?;
+        Ok((number, block))
+    }
+
+    /// Reads block `number` of a table written lazily (generation table, checksum table) into
+    /// the cache: a block expected at generation 0 was never written and is all zeros, not
+    /// read; any other is checked against its kind, number and `expected` generation.
+    pub(super) fn load_lazy_table_block(&mut self, number: u64, kind: BlockKind, expected: u64) -> Result<SharedBlock> {
         let mut block = zeroed_block();
         if expected != 0 {
             self.device.read_at(number * BLOCK_SIZE_U64, &mut block[..])?;
-            verify_block(&block, BlockKind::GenerationTable, number)?;
-            verify_generation(&block, BlockKind::GenerationTable, number, expected)?;
+            verify_block(&block, kind, number)?;
+            verify_generation(&block, kind, number, expected)?;
         }
         let block = Arc::new(block);
-        self.cache.insert_clean(number, BlockKind::GenerationTable, block.clone());
-        Ok((number, block))
+        self.cache.insert_clean(number, kind, block.clone());
+        Ok(block)
     }
 
     /// The images from `snapshot_images` are home.

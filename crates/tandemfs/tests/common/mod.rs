@@ -239,6 +239,17 @@ pub fn memory_volume(size_bytes: u64, crash_model: bool) -> (MemoryDevice, Arc<d
     (memory, device)
 }
 
+/// The back-end worker counts the thread tests run with: one applier holding the volume, and
+/// several that apply records on disjoint inodes side by side (more workers than the
+/// machine's cores still interleave them).
+pub const BACKEND_WORKER_COUNTS: &[usize] = &[1, 4];
+
+/// Default mount options with `backend_workers` apply workers.
+pub fn worker_options(backend_workers: usize) -> MountOptions {
+    assert!(backend_workers >= 1);
+    MountOptions { backend_workers, ..MountOptions::default() }
+}
+
 pub fn inline_options() -> MountOptions {
     MountOptions { background_backend: false, ..MountOptions::default() }
 }

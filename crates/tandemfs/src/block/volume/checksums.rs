@@ -228,14 +228,7 @@ impl Volume {
             return Ok((number, block));
         }
         let expected = self.expected_generation(0, number)?;
-        let mut block = zeroed_block();
-        if expected != 0 {
-            self.device.read_at(number * BLOCK_SIZE_U64, &mut block[..])?;
-            verify_block(&block, BlockKind::DataChecksum, number)?;
-            verify_generation(&block, BlockKind::DataChecksum, number, expected)?;
-        }
-        let block = Arc::new(block);
-        self.cache.insert_clean(number, BlockKind::DataChecksum, block.clone());
+        let block = self.load_lazy_table_block(number, BlockKind::DataChecksum, expected)?;
         Ok((number, block))
     }
 
