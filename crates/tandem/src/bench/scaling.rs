@@ -301,14 +301,17 @@ fn print_backend(statistics: &BackendStatistics) {
         batches => statistics.parallel_groups as f64 / batches as f64,
     };
     println!(
-        "back end: {} workers; {} records applied side by side in {} batches ({:.1} groups each, {:.1} workers busy), {} with the volume held; {} checkpoints; applying {:.2} s; {} drains waited {:.2} s, {} waits for room {:.2} s",
+        "back end: {} workers; {} records applied side by side in {} batches ({:.1} groups each, {:.1} workers busy; of their busy time {:.2} s waiting for the volume lock, {:.2} s holding it), {} with the volume held; {} checkpoints ({:.2} s); applying {:.2} s; {} drains waited {:.2} s, {} waits for room {:.2} s",
         statistics.workers,
         format_count(statistics.parallel_records),
         format_count(statistics.parallel_batches),
         groups_per_batch,
         statistics.worker_busy_ns as f64 / statistics.parallel_ns.max(1) as f64,
+        statistics.worker_lock_wait_ns as f64 / 1e9,
+        statistics.worker_lock_held_ns as f64 / 1e9,
         format_count(statistics.held_records),
         statistics.checkpoints,
+        statistics.checkpoint_ns as f64 / 1e9,
         statistics.apply_ns as f64 / 1e9,
         format_count(statistics.drains),
         statistics.drain_ns as f64 / 1e9,

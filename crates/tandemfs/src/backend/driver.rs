@@ -161,12 +161,18 @@ pub struct BackendStatistics {
     /// over workers), in nanoseconds: their ratio is how many workers were busy on average.
     pub parallel_ns: u64,
     pub worker_busy_ns: u64,
+    /// Of that busy time, what the workers spent waiting for the volume lock and holding it
+    /// (summed over workers, in nanoseconds): the held share is applied one worker at a time.
+    pub worker_lock_wait_ns: u64,
+    pub worker_lock_held_ns: u64,
     /// Records applied with the volume held throughout: one worker, a batch of one group, a
     /// batch with a record that reaches beyond its inodes, or free space running low.
     pub held_records: u64,
     pub checkpoints: u64,
     /// Time spent applying batches (both ways), in nanoseconds.
     pub apply_ns: u64,
+    /// Time spent in checkpoints, in nanoseconds (nothing is applied meanwhile).
+    pub checkpoint_ns: u64,
     /// Drains asked for by callers (a full backlog, a full log, unmount), and the time they
     /// waited in all, in nanoseconds.
     pub drains: u64,
@@ -264,6 +270,9 @@ pub struct Backend {
     parallel_groups: AtomicU64,
     parallel_ns: AtomicU64,
     worker_busy_ns: AtomicU64,
+    worker_lock_wait_ns: AtomicU64,
+    worker_lock_held_ns: AtomicU64,
+    checkpoint_ns: AtomicU64,
     held_records: AtomicU64,
     apply_ns: AtomicU64,
     drains: AtomicU64,
@@ -312,6 +321,9 @@ impl Backend {
             parallel_groups: AtomicU64::new(0),
             parallel_ns: AtomicU64::new(0),
             worker_busy_ns: AtomicU64::new(0),
+            worker_lock_wait_ns: AtomicU64::new(0),
+            worker_lock_held_ns: AtomicU64::new(0),
+            checkpoint_ns: AtomicU64::new(0),
             held_records: AtomicU64::new(0),
             apply_ns: AtomicU64::new(0),
             drains: AtomicU64::new(0),
@@ -393,6 +405,9 @@ impl Backend {
             parallel_groups: self.parallel_groups.load(Ordering::Relaxed),
             parallel_ns: self.parallel_ns.load(Ordering::Relaxed),
             worker_busy_ns: self.worker_busy_ns.load(Ordering::Relaxed),
+            worker_lock_wait_ns: self.worker_lock_wait_ns.load(Ordering::Relaxed),
+            worker_lock_held_ns: self.worker_lock_held_ns.load(Ordering::Relaxed),
+            checkpoint_ns: self.checkpoint_ns.load(Ordering::Relaxed),
             held_records: self.held_records.load(Ordering::Relaxed),
             checkpoints: self.checkpoints(),
             apply_ns: self.apply_ns.load(Ordering::Relaxed),
@@ -594,10 +609,12 @@ impl Backend {
         let job = Arc::new(Job::new(self.volume.clone(), self.memo.clone(), self.applier.clone(), batch, groups));
         let started = Instant::now();
         let owned_blocks = match pool.run(job) {
-            Ok((owned, busy_ns)) => {
+            Ok(report) => {
                 self.parallel_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                self.worker_busy_ns.fetch_add(busy_ns, Ordering::Relaxed);
-                owned
+                self.worker_busy_ns.fetch_add(report.busy_ns, Ordering::Relaxed);
+                self.worker_lock_wait_ns.fetch_add(report.lock_wait_ns, Ordering::Relaxed);
+                self.worker_lock_held_ns.fetch_add(report.lock_held_ns, Ordering::Relaxed);
+                report.owned_blocks
             }
             Err(error) => {
                 self.fail(&error);
@@ -699,10 +716,12 @@ impl Backend {
         if self.pool.is_some() {
             self.memo.clear();
         }
+        let started = Instant::now();
         if let Err(error) = checkpoint(&self.volume, &self.log, applied, &first_unapplied) {
             self.fail(&error);
             return Err(error);
         }
+        self.checkpoint_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let (free_blocks, pending_free_blocks) = {
             let volume = self.volume.lock();
             (volume.free_blocks(), volume.blocks.pending_free_count())

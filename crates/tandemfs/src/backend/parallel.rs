@@ -140,8 +140,24 @@ struct Outcome {
     groups_finished: usize,
     /// Time the workers spent applying groups, summed over workers, in nanoseconds.
     busy_ns: u64,
+    /// Time the workers' stores waited for the volume lock and held it, summed, in nanoseconds.
+    lock_wait_ns: u64,
+    lock_held_ns: u64,
     owned_blocks: Vec<(u64, u64)>,
     error: Option<Error>,
+}
+
+/// What one applied group hands back: the (inode, blocks owned) of the inodes it wrote, and
+/// its store's volume-lock (wait, hold) nanoseconds.
+type GroupOutcome = (Vec<(u64, u64)>, (u64, u64));
+
+/// What a finished job reports: the blocks owned by the inodes written, and where the workers'
+/// time went (all in nanoseconds, summed over workers).
+pub struct JobReport {
+    pub owned_blocks: Vec<(u64, u64)>,
+    pub busy_ns: u64,
+    pub lock_wait_ns: u64,
+    pub lock_held_ns: u64,
 }
 
 impl Job {
@@ -176,7 +192,7 @@ impl Job {
             }
             let started = Instant::now();
             let result = if self.stop.load(Ordering::Acquire) {
-                Ok(Vec::new())
+                Ok((Vec::new(), (0, 0)))
             } else {
                 let apply = std::panic::AssertUnwindSafe(|| self.apply_group(&self.groups[group]));
                 std::panic::catch_unwind(apply).unwrap_or_else(|panic| {
@@ -188,7 +204,11 @@ impl Job {
             let mut outcome = self.outcome.lock();
             outcome.busy_ns += busy_ns;
             match result {
-                Ok(owned) => outcome.owned_blocks.extend(owned),
+                Ok((owned, (lock_wait_ns, lock_held_ns))) => {
+                    outcome.owned_blocks.extend(owned);
+                    outcome.lock_wait_ns += lock_wait_ns;
+                    outcome.lock_held_ns += lock_held_ns;
+                }
                 Err(error) => {
                     self.stop.store(true, Ordering::Release);
                     outcome.error.get_or_insert(error);
@@ -201,9 +221,12 @@ impl Job {
         }
     }
 
-    fn apply_group(&self, places: &[u32]) -> Result<Vec<(u64, u64)>> {
+    /// Applies one group's records in lsn order; returns the blocks owned by the inodes they
+    /// wrote and the store's volume-lock wait and hold times.
+    fn apply_group(&self, places: &[u32]) -> Result<GroupOutcome> {
         let mut owned = Vec::new();
         let mut store = RecordStore::new(&self.volume, &self.memo);
+        store.prefetch_inodes(&self.inodes_named_by(places));
         let mut uncommitted = 0;
         for &place in places {
             if self.stop.load(Ordering::Acquire) {
@@ -220,13 +243,26 @@ impl Job {
         if uncommitted > 0 {
             store.commit()?;
         }
-        Ok(owned)
+        Ok((owned, store.lock_times_ns()))
+    }
+
+    /// Every inode the records at `places` name, once each.
+    fn inodes_named_by(&self, places: &[u32]) -> Vec<u64> {
+        let mut all = Vec::with_capacity(places.len() * 2);
+        let mut named = Vec::new();
+        for &place in places {
+            inodes_named(&self.records[place as usize].1, &mut named);
+            all.extend_from_slice(&named);
+        }
+        all.sort_unstable();
+        all.dedup();
+        all
     }
 
     /// Waits until every group is finished; returns the blocks owned by the inodes written and
     /// the time the workers were busy, or the first error. Bounded: workers that stop
     /// answering are an error, not a hang.
-    fn wait(&self) -> Result<(Vec<(u64, u64)>, u64)> {
+    fn wait(&self) -> Result<JobReport> {
         let started = Instant::now();
         let mut outcome = self.outcome.lock();
         while outcome.groups_finished < self.groups.len() {
@@ -238,7 +274,12 @@ impl Job {
         }
         match outcome.error.take() {
             Some(error) => Err(error),
-            None => Ok((std::mem::take(&mut outcome.owned_blocks), outcome.busy_ns)),
+            None => Ok(JobReport {
+                owned_blocks: std::mem::take(&mut outcome.owned_blocks),
+                busy_ns: outcome.busy_ns,
+                lock_wait_ns: outcome.lock_wait_ns,
+                lock_held_ns: outcome.lock_held_ns,
+            }),
         }
     }
 }
@@ -285,7 +326,7 @@ impl ApplyPool {
     }
 
     /// Applies the job's groups on every worker and the caller; returns when all are done.
-    pub fn run(&self, job: Arc<Job>) -> Result<(Vec<(u64, u64)>, u64)> {
+    pub fn run(&self, job: Arc<Job>) -> Result<JobReport> {
         {
             let mut slot = self.shared.slot.lock();
             assert!(!slot.stop, "a job after the pool stopped");
