@@ -16,8 +16,11 @@
 //! records change the blocks and inodes of a file (the front end only reads the volume), and a
 //! record that changes them is applied by a store, which updates the memo at its commit, and
 //! only one store at a time applies records that name a given inode. Whatever changes the
-//! volume another way (a batch applied with the volume held, a checkpoint's sealing) clears
-//! the memo first.
+//! volume another way (a batch applied with the volume held) clears the memo first. A
+//! checkpoint does not need to: it seals dirty blocks copy-on-write (`BlockCache::seal_dirty`
+//! takes `Arc::make_mut`, so a block the memo shares is copied, not changed) and writes only
+//! the trailer, which no structure reads; and the frees it makes reusable are of blocks whose
+//! records already forgot them at their commit.
 
 use crate::block::inode::Inode;
 use crate::block::meta::{BlockKind, DataStore, MetaStore, SharedBlock};
@@ -519,6 +522,40 @@ mod tests {
             store.read_inode(number).unwrap();
         }
         assert_eq!(store.lock_count(), numbers.len() as u64);
+    }
+
+    /// The memo outlives a checkpoint: sealing copies the blocks it shares instead of changing
+    /// them, the payload it serves is the volume's, and a block changed after the checkpoint
+    /// is sealed again by the next one.
+    #[test]
+    fn remembered_blocks_stay_right_across_a_checkpoint() {
+        let shared = volume();
+        let block_number = shared.lock().allocate_meta(0).unwrap();
+        let memo = Memo::default();
+        let mut store = RecordStore::new(&shared, &memo);
+        store.begin_record(1);
+        store.write_meta(block_number, BlockKind::Xattr, block_of(1)).unwrap();
+        store.commit().unwrap();
+        let remembered = memo.block(block_number, BlockKind::Xattr).expect("remembered at the commit");
+        let images = shared.lock().snapshot_images().unwrap();
+        let image = images.iter().find(|image| image.block_number == block_number).expect("the dirty block");
+        crate::block::meta::verify_block(&image.block, BlockKind::Xattr, block_number).unwrap();
+        assert!(!Arc::ptr_eq(&image.block, &remembered), "sealing copied the shared block");
+        let payload = crate::block::meta::META_PAYLOAD_BYTES;
+        assert_eq!(image.block[..payload], remembered[..payload]);
+        // A later record reads the remembered block, changes it, and the next checkpoint
+        // seals the change.
+        store.begin_record(2);
+        let mut changed = (*store.read_meta(block_number, BlockKind::Xattr).unwrap()).clone();
+        assert_eq!(changed[0], 1);
+        changed[0] = 2;
+        store.write_meta(block_number, BlockKind::Xattr, Arc::new(changed)).unwrap();
+        store.commit().unwrap();
+        assert_eq!(shared.lock().read_meta(block_number, BlockKind::Xattr).unwrap()[0], 2);
+        let images = shared.lock().snapshot_images().unwrap();
+        let image = images.iter().find(|image| image.block_number == block_number).expect("dirty again");
+        crate::block::meta::verify_block(&image.block, BlockKind::Xattr, block_number).unwrap();
+        assert_eq!(image.block[0], 2);
     }
 
     #[test]
