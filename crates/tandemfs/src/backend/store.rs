@@ -97,6 +97,26 @@ enum InodeChange {
     Delete(u64),
 }
 
+/// `changes` without the inode writes that a later change of the same inode supersedes; the
+/// rest keep their order. A create or delete always stays (they move the inode bitmap).
+fn superseded_writes_dropped(changes: Vec<InodeChange>) -> Vec<InodeChange> {
+    let number_of = |change: &InodeChange| match change {
+        InodeChange::Create(inode) | InodeChange::Write(inode) => inode.inode_number,
+        InodeChange::Delete(inode_number) => *inode_number,
+    };
+    let mut changed_later: crate::FastHashSet<u64> = Default::default();
+    let mut kept: Vec<InodeChange> = Vec::with_capacity(changes.len());
+    for change in changes.into_iter().rev() {
+        let superseded = matches!(change, InodeChange::Write(_)) && changed_later.contains(&number_of(&change));
+        changed_later.insert(number_of(&change));
+        if !superseded {
+            kept.push(change);
+        }
+    }
+    kept.reverse();
+    kept
+}
+
 /// Shards of the memo, and what each holds at most before it forgets everything it holds:
 /// 16,384 blocks (64 MiB at worst, but mostly shared with the block cache) and 65,536 inodes.
 const MEMO_SHARDS: usize = 64;
@@ -277,43 +297,52 @@ impl<'a> RecordStore<'a> {
     /// written, deleted, in record order), then frees, tagged with the last record's lsn (a
     /// free becomes reusable after a checkpoint covering its record; a later tag only waits
     /// longer). A reader of the volume sees none or all of these records.
+    ///
+    /// Two things keep the hold short, since the workers queue on it: a write of an inode that
+    /// a later change of the same commit supersedes is skipped (a directory's inode is written
+    /// by every create in it, once per commit is enough), and the memo learns the changes after
+    /// the lock is let go (only this store's group names these inodes and blocks, and a block
+    /// freed here is not reused before a checkpoint, which waits for the batch).
     pub fn commit(&mut self) -> Result<()> {
         assert!(self.lsn != 0, "commit without a record");
         let blocks = std::mem::take(&mut self.blocks);
-        let inodes = std::mem::take(&mut self.inodes);
+        let inodes = superseded_writes_dropped(std::mem::take(&mut self.inodes));
         let freed_meta = std::mem::take(&mut self.freed_meta);
         let freed_data = std::mem::take(&mut self.freed_data);
         let generation = std::mem::take(&mut self.next_generation);
-        let mut volume = self.lock_volume();
-        volume.current_lsn = self.lsn;
+        {
+            let mut volume = self.lock_volume();
+            volume.current_lsn = self.lsn;
+            for (block_number, (kind, block)) in &blocks {
+                volume.write_meta(*block_number, *kind, block.clone())?;
+            }
+            for change in &inodes {
+                match change {
+                    InodeChange::Create(inode) => volume.create_inode(inode)?,
+                    InodeChange::Write(inode) => volume.write_inode(inode)?,
+                    InodeChange::Delete(inode_number) => volume.delete_inode(*inode_number)?,
+                }
+            }
+            for block_number in &freed_meta {
+                volume.free_meta(*block_number)?;
+            }
+            for (first, count) in &freed_data {
+                volume.free_data(*first, *count)?;
+            }
+            volume.superblock.next_generation = volume.superblock.next_generation.max(generation);
+        }
         for (block_number, (kind, block)) in blocks {
-            volume.write_meta(block_number, kind, block.clone())?;
             self.memo.put_block(block_number, kind, block);
         }
         for change in inodes {
             match change {
-                InodeChange::Create(inode) => {
-                    volume.create_inode(&inode)?;
-                    self.memo.put_inode(&inode);
-                }
-                InodeChange::Write(inode) => {
-                    volume.write_inode(&inode)?;
-                    self.memo.put_inode(&inode);
-                }
-                InodeChange::Delete(inode_number) => {
-                    volume.delete_inode(inode_number)?;
-                    self.memo.forget_inode(inode_number);
-                }
+                InodeChange::Create(inode) | InodeChange::Write(inode) => self.memo.put_inode(&inode),
+                InodeChange::Delete(inode_number) => self.memo.forget_inode(inode_number),
             }
         }
         for block_number in freed_meta {
-            volume.free_meta(block_number)?;
             self.memo.forget_block(block_number);
         }
-        for (first, count) in freed_data {
-            volume.free_data(first, count)?;
-        }
-        volume.superblock.next_generation = volume.superblock.next_generation.max(generation);
         Ok(())
     }
 
@@ -556,6 +585,35 @@ mod tests {
         let image = images.iter().find(|image| image.block_number == block_number).expect("dirty again");
         crate::block::meta::verify_block(&image.block, BlockKind::Xattr, block_number).unwrap();
         assert_eq!(image.block[0], 2);
+    }
+
+    /// Only writes that a later change of the same inode supersedes are dropped, and the
+    /// order of the rest is kept.
+    #[test]
+    fn a_commit_writes_each_inode_once() {
+        let inode = |number: u64, link_count: u32| {
+            let mut inode = Inode::empty_directory(number, 1, 0o755, 1, 0);
+            inode.link_count = link_count;
+            inode
+        };
+        let changes = vec![
+            InodeChange::Create(inode(5, 1)),
+            InodeChange::Write(inode(7, 1)),
+            InodeChange::Write(inode(5, 2)),
+            InodeChange::Write(inode(7, 2)),
+            InodeChange::Write(inode(9, 1)),
+            InodeChange::Delete(9),
+            InodeChange::Write(inode(5, 3)),
+        ];
+        let kept: Vec<(char, u64, u32)> = superseded_writes_dropped(changes)
+            .into_iter()
+            .map(|change| match change {
+                InodeChange::Create(inode) => ('c', inode.inode_number, inode.link_count),
+                InodeChange::Write(inode) => ('w', inode.inode_number, inode.link_count),
+                InodeChange::Delete(number) => ('d', number, 0),
+            })
+            .collect();
+        assert_eq!(kept, vec![('c', 5, 1), ('w', 7, 2), ('d', 9, 0), ('w', 5, 3)]);
     }
 
     #[test]
