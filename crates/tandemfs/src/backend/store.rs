@@ -274,11 +274,13 @@ impl<'a> RecordStore<'a> {
         if missing.is_empty() {
             return;
         }
-        let mut volume = self.lock_volume();
-        for inode_number in missing {
-            if let Ok(inode) = volume.read_inode(inode_number) {
-                self.memo.put_inode(&inode);
-            }
+        let read: Vec<Inode> = {
+            let mut volume = self.lock_volume();
+            missing.into_iter().filter_map(|inode_number| volume.read_inode(inode_number).ok()).collect()
+        };
+        // The memo's shards are taken with the volume lock let go (ARCHITECTURE.md's lock order).
+        for inode in &read {
+            self.memo.put_inode(inode);
         }
     }
 
