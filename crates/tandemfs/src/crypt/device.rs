@@ -97,9 +97,10 @@ impl Cipher {
     }
 }
 
-/// Scratch buffers kept per thread at most this large: a write of a borrowed buffer needs a
+/// Scratch buffers kept per thread at most this large (a FUSE request is at most 1 MiB; each
+/// thread that writes keeps one): a write of a borrowed buffer needs a
 /// copy to encrypt, and a fresh allocation of a large one costs a page fault per page.
-const SCRATCH_KEPT_BYTES_MAX: usize = 8 << 20;
+const SCRATCH_KEPT_BYTES_MAX: usize = 1 << 20;
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
