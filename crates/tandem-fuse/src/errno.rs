@@ -31,6 +31,7 @@ pub fn errno_of(error: &Error) -> i32 {
         Error::ReadOnly => libc::EROFS,
         Error::NotPermitted => libc::EPERM,
         Error::Busy | Error::InUse(_) => libc::EBUSY,
+        Error::Key(_) => libc::EACCES,
         Error::NotSupported => libc::EOPNOTSUPP,
         Error::Shutdown => libc::EIO,
     }
@@ -67,6 +68,7 @@ mod tests {
             (Error::NotPermitted, libc::EPERM),
             (Error::Busy, libc::EBUSY),
             (Error::InUse("volume is in use by pid 1 on host h".into()), libc::EBUSY),
+            (Error::Key("wrong passphrase or key file".into()), libc::EACCES),
             (Error::NotSupported, libc::EOPNOTSUPP),
             (Error::Shutdown, libc::EIO),
         ];

@@ -11,6 +11,7 @@ mod fuse_api;
 mod image;
 mod interrupt;
 mod mountinfo;
+mod secret;
 mod size;
 
 use clap::{Args, Parser, Subcommand};

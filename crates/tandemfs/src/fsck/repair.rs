@@ -18,7 +18,7 @@
 //! With `write` false the same work runs on a copy-on-write overlay: nothing reaches the device,
 //! and the report says what a repair would change.
 
-use super::{check, FsckReport, Progress};
+use super::{FsckReport, Progress};
 use crate::backend::{self, Overlay};
 use crate::block::bitmap::Bitmap;
 use crate::block::inode::{Inode, INODE_BYTES};
@@ -76,6 +76,7 @@ impl RepairReport {
 /// written and the report says what would change. `progress` hears about long phases. Only a
 /// failing device, or a volume with no valid superblock, is an error.
 pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Progress)) -> Result<RepairReport> {
+    super::refuse_locked(device.as_ref())?;
     let device: Arc<dyn Device> = if write { device } else { Arc::new(Overlay::new(device, BTreeMap::new())) };
     let mut report = RepairReport::default();
     let copies = Superblock::read_both(device.as_ref()).map_err(|error| match error {
@@ -145,7 +146,7 @@ pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Pr
     }
     drop(log);
     progress(&Progress { phase: "checking the result", done: 0, total: 1 });
-    report.after = check(device)?;
+    report.after = super::check_volume(device, &mut |_| {})?;
     Ok(report)
 }
 
