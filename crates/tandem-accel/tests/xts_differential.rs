@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tandem_accel::cuda::{CudaEngine, CudaSystem};
 use tandem_accel::engine::{CpuEngine, Engine, Sectors};
-use tandem_accel::runtime::{Accelerator, Request, Response, RuntimeConfig};
+use tandem_accel::runtime::{Accelerator, Mode, Request, Response, RuntimeConfig};
 use tandem_accel::xts::{best_implementation, process_unit_with, XtsImplementation, AES_BLOCK_BYTES};
 use tandem_accel::{Direction, HostBuffer, XtsKey, SECTOR_SIZE_BYTES};
 use xts_mode::Xts128;
@@ -229,6 +229,52 @@ fn runtime_requests_match_reference() {
         accelerator.xts_encrypt(&key, first_sector, &mut buffer).unwrap();
         accelerator.xts_decrypt(&key, first_sector, &mut buffer).unwrap();
         assert!(buffer == plain, "seed {seed}: blocking round trip from sector {first_sector:#x}");
+    }
+}
+
+/// `xts_scattered`, as an encrypted volume's batches use it: several buffers of whole sectors,
+/// each from its own first sector, in one request. On the GPU (`Mode::Gpu` where one is found)
+/// the pieces are gathered into one transfer with a sector list and scattered back; every piece
+/// must still match the reference under its own sector numbers, both directions.
+#[test]
+fn scattered_requests_match_reference() {
+    let mode = if CudaSystem::open().is_ok() { Mode::Gpu } else { Mode::Cpu };
+    let accelerator = Accelerator::new(RuntimeConfig { mode, ..RuntimeConfig::default() });
+    println!("scattered requests on {}", accelerator.describe());
+    for seed in seeds(0..4) {
+        println!("seed {seed} (TANDEM_SEED={seed} repeats it)");
+        let mut rng = StdRng::seed_from_u64(seed);
+        for call in 0..ENGINE_CALLS_PER_SEED {
+            let key_bytes = random_key(&mut rng);
+            let key = XtsKey::new(&key_bytes);
+            let direction = if rng.gen_bool(0.5) { Direction::Encrypt } else { Direction::Decrypt };
+            let pieces_count = rng.gen_range(1..=8);
+            let mut buffers: Vec<(u64, Vec<u8>)> = (0..pieces_count)
+                .map(|_| {
+                    let sectors = rng.gen_range(1..=ENGINE_SECTORS_MAX / 8);
+                    (random_sector(&mut rng), random_bytes(&mut rng, sectors * SECTOR_SIZE_BYTES))
+                })
+                .collect();
+            let expected: Vec<Vec<u8>> = buffers
+                .iter()
+                .map(|(first, data)| {
+                    let mut expected = data.clone();
+                    for (index, unit) in expected.chunks_exact_mut(SECTOR_SIZE_BYTES).enumerate() {
+                        reference(&key_bytes, direction, first.wrapping_add(index as u64), unit);
+                    }
+                    expected
+                })
+                .collect();
+            let mut pieces: Vec<(u64, &mut [u8])> =
+                buffers.iter_mut().map(|(first, data)| (*first, &mut data[..])).collect();
+            accelerator.xts_scattered(&key, direction, &mut pieces).unwrap();
+            for (index, ((first, data), expected)) in buffers.iter().zip(&expected).enumerate() {
+                assert!(
+                    data == expected,
+                    "seed {seed} call {call}: piece {index} of {pieces_count} from sector {first:#x} differs ({direction:?})"
+                );
+            }
+        }
     }
 }
 
