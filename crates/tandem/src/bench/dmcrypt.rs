@@ -5,7 +5,7 @@
 //! value is dropped, also after an error, a panic or Ctrl-C, so a benchmark never leaves a
 //! mount, a mapping or a loop device behind.
 
-use super::ext4::{run_tool, tool_exists, unmount_and_remove};
+use super::ext4::{run_tool, run_tool_with_environment, tool_exists, unmount_and_remove};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -53,6 +53,17 @@ fn dm_crypt_target_present() -> Option<bool> {
         return Some(run_tool("modinfo", &["dm_crypt"]).is_ok());
     }
     None
+}
+
+/// Runs cryptsetup. Where no udev daemon runs (containers, minimal VMs), the device mapper
+/// library would wait for udev to make the /dev/mapper node and never get an answer; it is
+/// told to make the node itself instead.
+fn cryptsetup(arguments: &[&str]) -> Result<String, String> {
+    if Path::new("/run/udev/control").exists() {
+        run_tool("cryptsetup", arguments)
+    } else {
+        run_tool_with_environment("cryptsetup", arguments, &[("DM_DISABLE_UDEV", "1")])
+    }
 }
 
 /// A cryptsetup failure that means the kernel cannot do dm-crypt here, not a broken step.
@@ -127,10 +138,9 @@ impl DmCryptVolume {
             &key_text,
             &loop_device,
         ];
-        run_tool("cryptsetup", &format).map_err(classify)?;
+        cryptsetup(&format).map_err(classify)?;
         let mapping = format!("tandem-bench-{process_id}");
-        run_tool("cryptsetup", &["open", "--type", "luks2", "--key-file", &key_text, &loop_device, &mapping])
-            .map_err(classify)?;
+        cryptsetup(&["open", "--type", "luks2", "--key-file", &key_text, &loop_device, &mapping]).map_err(classify)?;
         volume.mapping = Some(mapping.clone());
         let mapped = format!("/dev/mapper/{mapping}");
         run_tool("mkfs.ext4", &["-q", "-F", "-N", &inode_count.to_string(), &mapped]).map_err(SetupError::Failed)?;
@@ -187,7 +197,7 @@ impl Drop for DmCryptVolume {
         if let Some(mapping) = self.mapping.take() {
             let mut last_error = None;
             for _ in 0..CLOSE_ATTEMPTS {
-                match run_tool("cryptsetup", &["close", &mapping]) {
+                match cryptsetup(&["close", &mapping]) {
                     Ok(_) => {
                         last_error = None;
                         break;

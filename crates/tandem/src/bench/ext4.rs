@@ -13,8 +13,20 @@ pub struct Ext4Volume {
 
 /// Runs a tool and returns its standard output, or one line saying what failed.
 pub fn run_tool(program: &str, arguments: &[&str]) -> Result<String, String> {
-    let output =
-        Command::new(program).args(arguments).output().map_err(|error| format!("cannot run {program}: {error}"))?;
+    run_tool_with_environment(program, arguments, &[])
+}
+
+/// `run_tool` with variables added to the tool's environment.
+pub fn run_tool_with_environment(
+    program: &str,
+    arguments: &[&str],
+    environment: &[(&str, &str)],
+) -> Result<String, String> {
+    let output = Command::new(program)
+        .args(arguments)
+        .envs(environment.iter().copied())
+        .output()
+        .map_err(|error| format!("cannot run {program}: {error}"))?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
     } else {
