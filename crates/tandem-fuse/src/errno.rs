@@ -31,6 +31,7 @@ pub fn errno_of(error: &Error) -> i32 {
         Error::ReadOnly => libc::EROFS,
         Error::NotPermitted => libc::EPERM,
         Error::Busy | Error::InUse(_) => libc::EBUSY,
+        Error::Key(_) => libc::EACCES,
         Error::NotSupported => libc::EOPNOTSUPP,
         Error::Shutdown => libc::EIO,
     }

@@ -40,6 +40,9 @@ pub enum Error {
     /// Another mount, in this or another process or host, holds the volume (multi-mount
     /// protection); the words name it.
     InUse(String),
+    /// A key problem on an encrypted volume: no key given, a wrong passphrase or key file, a
+    /// key file that cannot be used, a key-slot operation refused. The words say which.
+    Key(String),
     /// The operation is not supported on this kind of inode.
     NotSupported,
     /// The volume was shut down after an I/O error and accepts no more changes.
@@ -83,7 +86,7 @@ impl fmt::Display for Error {
             Error::ReadOnly => write!(f, "read-only volume"),
             Error::NotPermitted => write!(f, "operation not permitted"),
             Error::Busy => write!(f, "resource busy"),
-            Error::InUse(what) => write!(f, "{what}"),
+            Error::InUse(what) | Error::Key(what) => write!(f, "{what}"),
             Error::NotSupported => write!(f, "operation not supported"),
             Error::Shutdown => write!(f, "volume shut down after an earlier I/O error"),
         }

@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod block;
+pub mod crypt;
 pub mod device;
 pub mod dir;
 pub mod error;

@@ -290,7 +290,9 @@ fn superblock_fields() -> Vec<Field> {
     fields.push(field("metadata_generation", 336, 8, Checked));
     fields.push(field("checksum_table_start", 344, 8, Checked));
     fields.push(field("checksum_table_blocks", 352, 8, Checked));
-    fields.push(field("reserved", 360, 8, Checked));
+    fields.push(field("key_slot_start", 360, 8, Checked));
+    fields.push(field("key_slot_blocks", 368, 8, Checked));
+    fields.push(field("reserved", 376, 8, Checked));
     fields.push(field("reserved", 4084, 8, Checked));
     fields
 }

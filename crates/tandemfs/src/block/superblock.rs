@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Inode records per inode-table block (256-byte records in the 4064-byte payload).
 pub const INODES_PER_BLOCK: u64 = 15;
 /// Bits per bitmap block (the 4064-byte payload).
@@ -29,6 +29,11 @@ pub const MIN_LOG_BYTES: u64 = 4 << 20;
 pub const MAX_LOG_BYTES: u64 = 1 << 30;
 pub const STATE_CLEAN: u32 = 1;
 pub const STATE_MOUNTED: u32 = 2;
+/// `features_incompat` bit: the volume is encrypted (see `crate::crypt`). A build that does
+/// not know it must not read the volume, whose blocks past the header are ciphertext.
+pub const FEATURE_INCOMPAT_ENCRYPTED: u64 = 1;
+/// Every incompatible feature this build knows.
+pub const FEATURES_INCOMPAT_KNOWN: u64 = FEATURE_INCOMPAT_ENCRYPTED;
 
 // Field offsets, defined once (see docs/FORMAT.md, "Superblock").
 pub const OFFSET_MAGIC: usize = 0;
@@ -82,8 +87,12 @@ pub const OFFSET_METADATA_GENERATION: usize = 336;
 /// Version 4: the data checksum table (see `checksum_table_blocks`).
 pub const OFFSET_CHECKSUM_TABLE_START: usize = 344;
 pub const OFFSET_CHECKSUM_TABLE_BLOCKS: usize = 352;
+/// Version 5: the key-slot region of an encrypted volume (see `crate::crypt`), right after the
+/// MMP block; 0 blocks on a plain volume.
+pub const OFFSET_KEY_SLOT_START: usize = 360;
+pub const OFFSET_KEY_SLOT_BLOCKS: usize = 368;
 /// Bytes from here to the checksum are zero.
-pub const USED_BYTES: usize = 360;
+pub const USED_BYTES: usize = 376;
 pub const OFFSET_CRC: usize = 4092;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +151,11 @@ pub struct Superblock {
     /// `block::volume`, *Data checksum table*). Right after the generation table.
     pub checksum_table_start: u64,
     pub checksum_table_blocks: u64,
+    /// The key-slot region (version 5): `crate::crypt::KEY_SLOT_COUNT` blocks right after the
+    /// MMP block on an encrypted volume (`FEATURE_INCOMPAT_ENCRYPTED`), none on a plain one.
+    /// Like the superblocks and the MMP block it is never encrypted.
+    pub key_slot_start: u64,
+    pub key_slot_blocks: u64,
 }
 
 /// Blocks of the data checksum table of a volume of `block_count` blocks: one u32 per block.
@@ -176,6 +190,18 @@ pub fn generation_table_blocks(block_count: u64) -> u64 {
 impl Superblock {
     /// Computes the layout of a new volume of `block_count` blocks.
     pub fn layout(block_count: u64, inode_count: Option<u64>, log_bytes: Option<u64>) -> Result<Superblock> {
+        Superblock::layout_with_key_slots(block_count, inode_count, log_bytes, 0)
+    }
+
+    /// The layout of a new volume with `key_slot_blocks` blocks of key slots after the MMP
+    /// block (an encrypted volume; 0 for a plain one, which `layout` gives).
+    pub fn layout_with_key_slots(
+        block_count: u64,
+        inode_count: Option<u64>,
+        log_bytes: Option<u64>,
+        key_slot_blocks: u64,
+    ) -> Result<Superblock> {
+        assert!(key_slot_blocks <= 64, "{key_slot_blocks} key-slot blocks");
         let volume_bytes = block_count.saturating_mul(BLOCK_SIZE_U64);
         if volume_bytes < MIN_VOLUME_BYTES {
             return Err(Error::invalid(format!(
@@ -208,7 +234,8 @@ impl Superblock {
         let inode_bitmap_start = block_bitmap_start + block_bitmap_blocks;
         let inode_table_start = inode_bitmap_start + inode_bitmap_blocks;
         let mmp_block = inode_table_start + inode_table_blocks;
-        let generation_table_start = mmp_block + 1;
+        let key_slot_start = mmp_block + 1;
+        let generation_table_start = key_slot_start + key_slot_blocks;
         let generation_table_blocks = generation_table_blocks(block_count);
         let checksum_table_start = generation_table_start + generation_table_blocks;
         let checksum_table_blocks = checksum_table_blocks(block_count);
@@ -225,7 +252,7 @@ impl Superblock {
             uuid: [0; 16],
             hash_seed: [0; 4],
             features_compat: 0,
-            features_incompat: 0,
+            features_incompat: if key_slot_blocks > 0 { FEATURE_INCOMPAT_ENCRYPTED } else { 0 },
             features_ro_compat: 0,
             log_header_start,
             log_header_blocks,
@@ -260,6 +287,8 @@ impl Superblock {
             metadata_generation: 0,
             checksum_table_start,
             checksum_table_blocks,
+            key_slot_start,
+            key_slot_blocks,
         })
     }
 
@@ -311,6 +340,8 @@ impl Superblock {
         put_u64(bytes, OFFSET_METADATA_GENERATION, self.metadata_generation);
         put_u64(bytes, OFFSET_CHECKSUM_TABLE_START, self.checksum_table_start);
         put_u64(bytes, OFFSET_CHECKSUM_TABLE_BLOCKS, self.checksum_table_blocks);
+        put_u64(bytes, OFFSET_KEY_SLOT_START, self.key_slot_start);
+        put_u64(bytes, OFFSET_KEY_SLOT_BLOCKS, self.key_slot_blocks);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(bytes, OFFSET_CRC, crc);
         block
@@ -389,6 +420,8 @@ impl Superblock {
             metadata_generation: get_u64(bytes, OFFSET_METADATA_GENERATION),
             checksum_table_start: get_u64(bytes, OFFSET_CHECKSUM_TABLE_START),
             checksum_table_blocks: get_u64(bytes, OFFSET_CHECKSUM_TABLE_BLOCKS),
+            key_slot_start: get_u64(bytes, OFFSET_KEY_SLOT_START),
+            key_slot_blocks: get_u64(bytes, OFFSET_KEY_SLOT_BLOCKS),
         };
         match superblock.validate(device_blocks) {
             Ok(()) => Ok(superblock),
@@ -401,8 +434,11 @@ impl Superblock {
     /// computation from these fields stays in range.
     pub fn validate(&self, device_blocks: u64) -> Result<()> {
         let fail = |what: String| Err(Error::corruption(what));
-        if self.features_incompat != 0 {
-            return fail(format!("unknown incompatible features {:#x}", self.features_incompat));
+        if self.features_incompat & !FEATURES_INCOMPAT_KNOWN != 0 {
+            return fail(format!(
+                "unknown incompatible features {:#x}",
+                self.features_incompat & !FEATURES_INCOMPAT_KNOWN
+            ));
         }
         if self.block_count > device_blocks {
             return fail(format!(
@@ -434,11 +470,21 @@ impl Superblock {
             return fail(format!("MMP interval {} ms is out of range", self.mmp_interval_ms));
         }
         expected_start += 1;
+        let key_slot_blocks_expected = if self.is_encrypted() { crate::crypt::KEY_SLOT_COUNT as u64 } else { 0 };
+        if self.key_slot_start != expected_start || self.key_slot_blocks != key_slot_blocks_expected {
+            return fail(format!(
+                "key-slot region at block {} with {} blocks does not follow the MMP block or is not {key_slot_blocks_expected} blocks for a volume {}",
+                self.key_slot_start,
+                self.key_slot_blocks,
+                if self.is_encrypted() { "marked encrypted" } else { "not marked encrypted" }
+            ));
+        }
+        expected_start += self.key_slot_blocks;
         if self.generation_table_start != expected_start
             || self.generation_table_blocks != generation_table_blocks(self.block_count)
         {
             return fail(format!(
-                "generation table at block {} with {} blocks does not follow the MMP block or cover the volume",
+                "generation table at block {} with {} blocks does not follow the key-slot region or cover the volume",
                 self.generation_table_start, self.generation_table_blocks
             ));
         }
@@ -483,6 +529,18 @@ impl Superblock {
             return fail(format!("unknown state {}", self.state));
         }
         Ok(())
+    }
+
+    /// Whether the volume is encrypted (`FEATURE_INCOMPAT_ENCRYPTED`).
+    pub fn is_encrypted(&self) -> bool {
+        self.features_incompat & FEATURE_INCOMPAT_ENCRYPTED != 0
+    }
+
+    /// Whether block `block_number` is stored in plaintext on an encrypted volume: the two
+    /// superblocks, the MMP block and the key-slot region, which are read before the key is
+    /// known or by other mounters that hold no key.
+    pub fn is_plaintext_block(&self, block_number: u64) -> bool {
+        block_number < 2 || (self.mmp_block..self.key_slot_start + self.key_slot_blocks).contains(&block_number)
     }
 
     pub fn log_geometry(&self) -> crate::log::LogGeometry {
@@ -571,7 +629,8 @@ mod tests {
         assert_eq!(OFFSET_FREE_INODES + 8 + 8, OFFSET_MMP_BLOCK);
         assert_eq!(MMP_RESERVED_END, OFFSET_GENERATION_TABLE_START);
         assert_eq!(OFFSET_METADATA_GENERATION + 8, OFFSET_CHECKSUM_TABLE_START);
-        assert_eq!(OFFSET_CHECKSUM_TABLE_BLOCKS + 8, USED_BYTES);
+        assert_eq!(OFFSET_CHECKSUM_TABLE_BLOCKS + 8, OFFSET_KEY_SLOT_START);
+        assert_eq!(OFFSET_KEY_SLOT_BLOCKS + 8, USED_BYTES);
         assert_eq!(BITS_PER_BITMAP_BLOCK, 32_512);
         assert_eq!(GENERATIONS_PER_TABLE_BLOCK, 508);
         assert_eq!(INODES_PER_BLOCK * 256, 3840);
@@ -596,12 +655,12 @@ mod tests {
     fn an_older_format_version_is_named() {
         let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
         let mut bytes = Superblock::layout(blocks, None, None).unwrap().encode();
-        for version in [1, 2, 3] {
+        for version in [1, 2, 3, 4] {
             put_u32(&mut bytes[..], OFFSET_VERSION, version);
             let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
             put_u32(&mut bytes[..], OFFSET_CRC, crc);
             let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-            assert!(error.contains(&format!("format version {version} is older than this build's 4")), "{error}");
+            assert!(error.contains(&format!("format version {version} is older than this build's 5")), "{error}");
         }
     }
 
@@ -625,6 +684,32 @@ mod tests {
         assert_eq!(superblock.first_data_block, superblock.checksum_table_start + 5);
         // 1 TiB: 2^28 blocks, 264,209 table blocks (about 1 GiB, 0.1% of the volume).
         assert_eq!(checksum_table_blocks(1 << 28), 264_209);
+    }
+
+    #[test]
+    fn encrypted_layout_places_the_key_slots_after_the_mmp_block() {
+        let plain = Superblock::layout(4096, None, None).unwrap();
+        let slots = crate::crypt::KEY_SLOT_COUNT as u64;
+        let mut encrypted = Superblock::layout_with_key_slots(4096, None, None, slots).unwrap();
+        assert!(encrypted.is_encrypted() && !plain.is_encrypted());
+        assert_eq!(encrypted.key_slot_start, encrypted.mmp_block + 1);
+        assert_eq!(encrypted.generation_table_start, plain.generation_table_start + slots);
+        assert_eq!(encrypted.first_data_block, plain.first_data_block + slots);
+        let plaintext: Vec<u64> =
+            (0..encrypted.first_data_block).filter(|b| encrypted.is_plaintext_block(*b)).collect();
+        let expected: Vec<u64> =
+            [0, 1].into_iter().chain(encrypted.mmp_block..encrypted.mmp_block + 1 + slots).collect();
+        assert_eq!(plaintext, expected);
+        let bytes = encrypted.encode();
+        assert_eq!(Superblock::decode(&bytes, 0, 4096).unwrap(), encrypted);
+        // The bit without the slots, or slots without the bit, is corruption.
+        encrypted.features_incompat = 0;
+        assert!(encrypted.validate(4096).unwrap_err().is_corruption());
+        let mut plain_with_bit = plain.clone();
+        plain_with_bit.features_incompat = FEATURE_INCOMPAT_ENCRYPTED;
+        assert!(plain_with_bit.validate(4096).unwrap_err().is_corruption());
+        plain_with_bit.features_incompat = 2;
+        assert!(plain_with_bit.validate(4096).unwrap_err().to_string().contains("unknown incompatible features 0x2"));
     }
 
     #[test]

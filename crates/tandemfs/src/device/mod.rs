@@ -37,9 +37,13 @@ pub struct IoTicket {
     inner: TicketInner,
 }
 
+/// Work to do on a batch's completions when it is waited for (a wrapping device's decryption).
+type CompletionMap = Box<dyn FnOnce(Vec<IoCompletion>) -> Result<Vec<IoCompletion>> + Send>;
+
 enum TicketInner {
     Ready(Result<Vec<IoCompletion>>),
     Pending(std::sync::mpsc::Receiver<Result<Vec<IoCompletion>>>),
+    Then(Box<IoTicket>, CompletionMap),
 }
 
 impl IoTicket {
@@ -49,9 +53,16 @@ impl IoTicket {
     pub fn pending(receiver: std::sync::mpsc::Receiver<Result<Vec<IoCompletion>>>) -> IoTicket {
         IoTicket { inner: TicketInner::Pending(receiver) }
     }
+    /// A ticket whose completions pass through `map` on the waiting thread: a device that
+    /// wraps another transforms what the inner device read, in place, without a thread of its
+    /// own.
+    pub fn then(self, map: CompletionMap) -> IoTicket {
+        IoTicket { inner: TicketInner::Then(Box::new(self), map) }
+    }
     pub fn wait(self) -> Result<Vec<IoCompletion>> {
         match self.inner {
             TicketInner::Ready(result) => result,
+            TicketInner::Then(inner, map) => map(inner.wait()?),
             TicketInner::Pending(receiver) => receiver.recv().unwrap_or_else(|_| {
                 Err(crate::error::Error::Io {
                     operation: "asynchronous batch",
@@ -94,6 +105,11 @@ pub trait Device: Send + Sync {
     fn write_through(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write_at(offset, data)?;
         self.flush()
+    }
+    /// Whether this device decrypts an encrypted volume beneath it (`crypt::EncryptedDevice`):
+    /// what it reads and writes past the volume's header is plaintext.
+    fn decrypts(&self) -> bool {
+        false
     }
     /// Submits a batch; requests run in order. The default runs them synchronously.
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {

@@ -122,6 +122,9 @@ pub struct FormatOptions {
     /// Owner (uid, gid) of the root directory; default 0:0. The `tandem` command passes the
     /// calling user, so that a user who formats an image can write to it once mounted.
     pub root_owner: Option<(u32, u32)>,
+    /// Encrypt the volume (`crate::crypt`): the first key slot's secret and Argon2id cost.
+    /// `None`: a plain volume.
+    pub encryption: Option<crate::crypt::Encryption>,
 }
 
 /// When reading a file moves its access time: the mount options `relatime` (the default, as
@@ -180,6 +183,9 @@ pub struct MountOptions {
     /// Back-end apply workers (records on disjoint inodes apply side by side); 0 takes one per
     /// core (`backend::parallel::default_workers`), at most `backend::parallel::WORKERS_MAX`.
     pub backend_workers: usize,
+    /// The passphrase or key file that opens an encrypted volume (`crate::crypt::unlock`);
+    /// ignored on a plain volume.
+    pub key: Option<crate::crypt::Secret>,
 }
 
 impl Default for MountOptions {
@@ -192,6 +198,7 @@ impl Default for MountOptions {
             read_only: false,
             mmp_interval_ms: None,
             backend_workers: 0,
+            key: None,
         }
     }
 }

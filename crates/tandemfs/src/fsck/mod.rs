@@ -68,6 +68,45 @@ impl FsckReport {
     }
 }
 
+/// Options of fsck.
+#[derive(Debug, Clone, Default)]
+pub struct FsckOptions {
+    /// The passphrase or key file of an encrypted volume (`crate::crypt::unlock`).
+    pub key: Option<crate::crypt::Secret>,
+}
+
+/// `check_with_progress` on the volume `options.key` unlocks (`crate::crypt::unlock`): the
+/// entry for a device that may hold an encrypted volume. A wrong key or none is an error
+/// before anything else is read.
+pub fn check_with_options(
+    device: Arc<dyn Device>,
+    options: &FsckOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<FsckReport> {
+    check_with_progress(crate::crypt::unlock(device, options.key.as_ref())?, progress)
+}
+
+/// `repair` on the volume `options.key` unlocks; a wrong key or none writes nothing.
+pub fn repair_with_options(
+    device: Arc<dyn Device>,
+    write: bool,
+    options: &FsckOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<RepairReport> {
+    repair(crate::crypt::unlock(device, options.key.as_ref())?, write, progress)
+}
+
+/// An encrypted volume given without its key (`device` does not decrypt): checking its
+/// ciphertext would report every block as damaged.
+fn refuse_locked(device: &dyn Device) -> Result<()> {
+    match Superblock::read_best(device) {
+        Ok(superblock) if superblock.is_encrypted() && !device.decrypts() => {
+            Err(Error::Key("volume is encrypted: give --key-file FILE or its passphrase".into()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Checks the volume on `device`. The volume must not be mounted. Pending log records are
 /// replayed in memory first (nothing is written), so a crashed volume checks as it will mount.
 /// Corruption is reported in the result; only a failing device is an error.
@@ -77,6 +116,7 @@ pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
 
 /// `check`, telling `progress` where it stands.
 pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Progress)) -> Result<FsckReport> {
+    refuse_locked(device.as_ref())?;
     let mut report = FsckReport::default();
     // A damaged or stale copy is not used while the other is good, but the next mount that
     // loses the good one would fall back to it: a problem worth repairing now.
@@ -370,8 +410,42 @@ pub struct VolumeReport {
     pub lines: Vec<(String, String)>,
 }
 
+/// `inspect` on the volume `options.key` unlocks.
+pub fn inspect_with_options(device: Arc<dyn Device>, options: &FsckOptions) -> Result<VolumeReport> {
+    inspect(crate::crypt::unlock(device, options.key.as_ref())?)
+}
+
+/// The encryption line of `inspect`: none, or the cipher and every key slot.
+fn encryption_line(device: &dyn Device, superblock: &Superblock) -> Result<String> {
+    if !superblock.is_encrypted() {
+        return Ok("none".into());
+    }
+    let slots = crate::crypt::key_slots(device)?;
+    let described: Vec<String> = slots
+        .iter()
+        .filter(|slot| slot.in_use || slot.damage.is_some())
+        .map(|slot| match (&slot.cost, &slot.damage) {
+            (Some(cost), _) => format!(
+                "slot {} Argon2id {} KiB, {} passes, {} lanes",
+                slot.index, cost.memory_kib, cost.iterations, cost.lanes
+            ),
+            (None, damage) => format!("slot {} damaged ({})", slot.index, damage.as_deref().unwrap_or("unknown")),
+        })
+        .collect();
+    Ok(format!(
+        "AES-256-XTS; key slots {}+{}: {} of {} in use: {}",
+        superblock.key_slot_start,
+        superblock.key_slot_blocks,
+        slots.iter().filter(|slot| slot.in_use).count(),
+        slots.len(),
+        described.join("; ")
+    ))
+}
+
 /// Reads the superblock and scans the log without changing anything.
 pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
+    refuse_locked(device.as_ref())?;
+    let encryption = encryption_line(device.as_ref(), &Superblock::read_best(device.as_ref())?)?;
     let overlay: Arc<dyn Device> = Arc::new(Overlay::new(device, BTreeMap::new()));
     let superblock = Superblock::read_best(overlay.as_ref())?;
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
@@ -397,6 +471,7 @@ pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
             superblock.checkpoint_lsn, superblock.checkpoint_count, superblock.metadata_generation
         )),
         ("mounts", superblock.mount_count.to_string()),
+        ("encryption", encryption),
         ("regions", format!(
             "log headers {}+{}, log data {}+{}, block bitmap {}+{}, inode bitmap {}+{}, inode table {}+{}, MMP {}, generation table {}+{}, data checksum table {}+{}, data from {}",
             superblock.log_header_start, superblock.log_header_blocks, superblock.log_data_start, superblock.log_data_blocks,

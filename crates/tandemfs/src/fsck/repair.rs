@@ -76,6 +76,7 @@ impl RepairReport {
 /// written and the report says what would change. `progress` hears about long phases. Only a
 /// failing device, or a volume with no valid superblock, is an error.
 pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Progress)) -> Result<RepairReport> {
+    super::refuse_locked(device.as_ref())?;
     let device: Arc<dyn Device> = if write { device } else { Arc::new(Overlay::new(device, BTreeMap::new())) };
     let mut report = RepairReport::default();
     let copies = Superblock::read_both(device.as_ref()).map_err(|error| match error {

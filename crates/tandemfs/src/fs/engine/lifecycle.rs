@@ -19,7 +19,9 @@ impl FileSystem {
     /// Writes an empty file system on `device` (mkfs).
     pub fn format(device: Arc<dyn Device>, options: &FormatOptions) -> Result<()> {
         let block_count = device.size_bytes() / BLOCK_SIZE_U64;
-        let mut superblock = Superblock::layout(block_count, options.inode_count, options.log_bytes)?;
+        let key_slot_blocks = if options.encryption.is_some() { crate::crypt::KEY_SLOT_COUNT as u64 } else { 0 };
+        let mut superblock =
+            Superblock::layout_with_key_slots(block_count, options.inode_count, options.log_bytes, key_slot_blocks)?;
         superblock.uuid = options.uuid.unwrap_or_else(random_bytes::<16>);
         superblock.hash_seed = options.hash_seed.unwrap_or_else(|| {
             let bytes = random_bytes::<16>();
@@ -27,6 +29,15 @@ impl FileSystem {
         });
         let now = now_ns();
         superblock.format_time_ns = now;
+        // An encrypted volume: the key slots first (plaintext), then everything else through
+        // the cipher. The superblocks, written last, pass through it as they are.
+        let device: Arc<dyn Device> = match &options.encryption {
+            Some(encryption) => {
+                let master = crate::crypt::format_key_slots(device.as_ref(), &superblock, encryption)?;
+                Arc::new(crate::crypt::EncryptedDevice::new(device, &superblock, &master))
+            }
+            None => device,
+        };
         Log::format(device.as_ref(), &superblock.log_geometry())?;
         // The inode table is not zeroed: its initialized mark starts at 0, so old contents are
         // never read. Other regions are written here (bitmaps) or allocated before use.
@@ -76,6 +87,8 @@ impl FileSystem {
             "the medium refuses writes (no write permission, an immutable file or a read-only device)".to_string()
         });
         let read_only = options.read_only || forced_read_only.is_some();
+        // Before anything is written: a wrong key or none fails here, having only read.
+        let device = crate::crypt::unlock(device, options.key.as_ref())?;
         let on_medium = Superblock::read_best(device.as_ref())?;
         let interval_ms = options.mmp_interval_ms.unwrap_or(on_medium.mmp_interval_ms);
         if !(mmp::MIN_INTERVAL_MS..=mmp::MAX_INTERVAL_MS).contains(&interval_ms) {

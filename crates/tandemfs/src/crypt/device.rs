@@ -1,0 +1,394 @@
+//! `EncryptedDevice`: a [`Device`] that keeps an encrypted volume's blocks in AES-256-XTS on the
+//! device beneath and shows plaintext above. One XTS data unit is one 4096-byte block and its
+//! tweak is the block number, so a block's ciphertext depends on its plaintext and its place
+//! only. The superblocks, the MMP block and the key-slot region pass through as they are.
+//!
+//! Whole-block requests are encrypted and decrypted in place in the caller's buffers (a
+//! borrowed write buffer must be copied once, since the caller keeps its plaintext). Requests
+//! that cover part of a block read the block, change the bytes and write the whole block back.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tandem_accel::{Accelerator, Direction, XtsKey};
+
+use super::MasterKey;
+use crate::block::meta::BLOCK_SIZE_U64;
+use crate::block::superblock::Superblock;
+use crate::device::{check_range, run_batch, Device, IoCompletion, IoRequest, IoTicket};
+use crate::error::{Error, Result};
+
+const BLOCK_BYTES: usize = BLOCK_SIZE_U64 as usize;
+/// Locks that serialise read-modify-write cycles on the same block (by block number modulo
+/// this): two writers of different bytes of one block must not both write back what they read.
+const RMW_STRIPES: usize = 64;
+
+/// What both the device and the completions of its batches need: the key, the runtime and
+/// which blocks are plaintext.
+struct Cipher {
+    key: XtsKey,
+    accelerator: Arc<Accelerator>,
+    /// Block ranges kept in plaintext: the superblocks, and the MMP block with the key slots.
+    plaintext: [Range<u64>; 2],
+}
+
+pub struct EncryptedDevice {
+    inner: Arc<dyn Device>,
+    cipher: Arc<Cipher>,
+    stripes: Box<[Mutex<()>]>,
+}
+
+impl std::fmt::Debug for EncryptedDevice {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("EncryptedDevice(..)")
+    }
+}
+
+impl Cipher {
+    fn is_plaintext(&self, block_number: u64) -> bool {
+        self.plaintext.iter().any(|range| range.contains(&block_number))
+    }
+
+    /// The encrypted runs of the whole blocks in `data`, whose first block is `first_block`:
+    /// (first block of the run, byte range in `data`). Bounded by the blocks in `data`.
+    fn encrypted_runs(&self, first_block: u64, data_bytes: usize) -> Vec<(u64, Range<usize>)> {
+        assert_eq!(data_bytes % BLOCK_BYTES, 0);
+        let blocks = data_bytes / BLOCK_BYTES;
+        let mut runs: Vec<(u64, Range<usize>)> = Vec::with_capacity(1);
+        for index in 0..blocks {
+            let block_number = first_block + index as u64;
+            if self.is_plaintext(block_number) {
+                continue;
+            }
+            let bytes = index * BLOCK_BYTES..(index + 1) * BLOCK_BYTES;
+            match runs.last_mut() {
+                Some((_, range)) if range.end == bytes.start => range.end = bytes.end,
+                _ => runs.push((block_number, bytes)),
+            }
+        }
+        runs
+    }
+
+    /// En- or decrypts, in place, the encrypted blocks of several block-aligned buffers
+    /// (`(first block, bytes)`), in one runtime call.
+    fn apply(&self, direction: Direction, buffers: &mut [(u64, &mut [u8])]) -> Result<()> {
+        let mut pieces: Vec<(u64, &mut [u8])> = Vec::with_capacity(buffers.len());
+        for (first_block, data) in buffers.iter_mut() {
+            let runs = self.encrypted_runs(*first_block, data.len());
+            let mut rest: &mut [u8] = data;
+            let mut consumed = 0;
+            for (run_block, range) in runs {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - consumed);
+                let (piece, after) = tail.split_at_mut(range.len());
+                pieces.push((run_block, piece));
+                rest = after;
+                consumed = range.end;
+            }
+        }
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        self.accelerator.xts_scattered(&self.key, direction, &mut pieces).map_err(|error| Error::Io {
+            operation: "AES-XTS",
+            offset: 0,
+            source: std::io::Error::other(error.to_string()),
+        })
+    }
+}
+
+/// Whether `[offset, offset + length)` starts and ends on block boundaries.
+fn is_aligned(offset: u64, length: usize) -> bool {
+    offset % BLOCK_SIZE_U64 == 0 && length % BLOCK_BYTES == 0
+}
+
+/// The whole blocks that cover `[offset, offset + length)`, as a byte range of the device.
+fn covering_blocks(offset: u64, length: usize) -> Range<u64> {
+    let start = offset / BLOCK_SIZE_U64 * BLOCK_SIZE_U64;
+    let end = (offset + length as u64).div_ceil(BLOCK_SIZE_U64) * BLOCK_SIZE_U64;
+    start..end
+}
+
+impl EncryptedDevice {
+    /// Wraps `inner`, which holds the encrypted volume `superblock` describes, under `master`.
+    pub fn new(inner: Arc<dyn Device>, superblock: &Superblock, master: &MasterKey) -> EncryptedDevice {
+        assert!(superblock.is_encrypted());
+        let plaintext = [0..2, superblock.mmp_block..superblock.key_slot_start + superblock.key_slot_blocks];
+        assert_eq!(plaintext[1].start + 1, superblock.key_slot_start, "the key slots follow the MMP block");
+        let cipher =
+            Cipher { key: master.xts_key(), accelerator: crate::block::volume::default_accelerator(), plaintext };
+        EncryptedDevice { inner, cipher: Arc::new(cipher), stripes: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect() }
+    }
+
+    /// Whether every block `[offset, offset + length)` touches is plaintext.
+    fn all_plaintext(&self, offset: u64, length: usize) -> bool {
+        let blocks = covering_blocks(offset, length);
+        let (first, end) = (blocks.start / BLOCK_SIZE_U64, blocks.end / BLOCK_SIZE_U64);
+        self.cipher.plaintext.iter().any(|range| range.start <= first && end <= range.end)
+    }
+
+    fn read(&self, offset: u64, buffer: &mut [u8], uncached: bool) -> Result<()> {
+        check_range(self.size_bytes(), offset, buffer.len(), "read")?;
+        let read_inner = |offset: u64, buffer: &mut [u8]| {
+            if uncached {
+                self.inner.read_uncached(offset, buffer)
+            } else {
+                self.inner.read_at(offset, buffer)
+            }
+        };
+        if buffer.is_empty() || self.all_plaintext(offset, buffer.len()) {
+            return read_inner(offset, buffer);
+        }
+        if is_aligned(offset, buffer.len()) {
+            read_inner(offset, buffer)?;
+            return self.cipher.apply(Direction::Decrypt, &mut [(offset / BLOCK_SIZE_U64, buffer)]);
+        }
+        // Part of a block: decrypt the whole blocks that hold the range, hand out the range.
+        let blocks = covering_blocks(offset, buffer.len());
+        let mut whole = vec![0u8; (blocks.end - blocks.start) as usize];
+        read_inner(blocks.start, &mut whole)?;
+        self.cipher.apply(Direction::Decrypt, &mut [(blocks.start / BLOCK_SIZE_U64, &mut whole)])?;
+        let start = (offset - blocks.start) as usize;
+        buffer.copy_from_slice(&whole[start..start + buffer.len()]);
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`. A write that covers part of a block reads that block,
+    /// decrypts it, changes the bytes and writes the whole block encrypted again.
+    ///
+    /// A torn write cannot damage the bytes such a write leaves unchanged: XTS is
+    /// deterministic per position (each 16-byte AES block is encrypted under a tweak made of
+    /// the block number and its place in the block, with no chaining between AES blocks), so
+    /// the unchanged bytes encrypt to exactly the ciphertext already on the medium, and a
+    /// crash that keeps any mix of old and new sectors still decrypts them to what they were.
+    /// The only AES blocks that change are those holding changed bytes; a 16-byte AES block
+    /// never straddles a 512-byte sector, so on media that write whole sectors atomically
+    /// (every disk) the unchanged bytes that share an AES block with changed ones are safe too.
+    /// A medium that tore a write inside a sector would garble that whole 16-byte AES block,
+    /// up to 15 unchanged bytes beside the first or last changed byte (docs/ENCRYPTION.md).
+    fn write(&self, offset: u64, data: &[u8], through: bool) -> Result<()> {
+        check_range(self.size_bytes(), offset, data.len(), "write")?;
+        let write_inner = |offset: u64, data: &[u8]| {
+            if through {
+                self.inner.write_through(offset, data)
+            } else {
+                self.inner.write_at(offset, data)
+            }
+        };
+        if data.is_empty() || self.all_plaintext(offset, data.len()) {
+            return write_inner(offset, data);
+        }
+        let blocks = covering_blocks(offset, data.len());
+        let first_block = blocks.start / BLOCK_SIZE_U64;
+        let mut whole = vec![0u8; (blocks.end - blocks.start) as usize];
+        if is_aligned(offset, data.len()) {
+            whole.copy_from_slice(data);
+            self.cipher.apply(Direction::Encrypt, &mut [(first_block, &mut whole)])?;
+            return write_inner(offset, &whole);
+        }
+        let last_block = blocks.end / BLOCK_SIZE_U64 - 1;
+        let _locks = self.lock_blocks(first_block, last_block);
+        let head_partial = offset != blocks.start;
+        let tail_partial = offset + data.len() as u64 != blocks.end;
+        if head_partial {
+            self.read_block_into(first_block, &mut whole[..BLOCK_BYTES], through)?;
+        }
+        if tail_partial && (last_block != first_block || !head_partial) {
+            let tail = whole.len() - BLOCK_BYTES;
+            self.read_block_into(last_block, &mut whole[tail..], through)?;
+        }
+        let start = (offset - blocks.start) as usize;
+        whole[start..start + data.len()].copy_from_slice(data);
+        self.cipher.apply(Direction::Encrypt, &mut [(first_block, &mut whole)])?;
+        write_inner(blocks.start, &whole)
+    }
+
+    /// Reads one block's plaintext into `buffer` (one block long).
+    fn read_block_into(&self, block_number: u64, buffer: &mut [u8], uncached: bool) -> Result<()> {
+        assert_eq!(buffer.len(), BLOCK_BYTES);
+        self.read(block_number * BLOCK_SIZE_U64, buffer, uncached)
+    }
+
+    /// Takes the read-modify-write locks of the first and last block of a write (in stripe
+    /// order, so two writers never wait on each other crosswise).
+    fn lock_blocks(&self, first_block: u64, last_block: u64) -> Vec<parking_lot::MutexGuard<'_, ()>> {
+        let mut stripes = [(first_block % RMW_STRIPES as u64) as usize, (last_block % RMW_STRIPES as u64) as usize];
+        stripes.sort_unstable();
+        let mut guards = Vec::with_capacity(2);
+        guards.push(self.stripes[stripes[0]].lock());
+        if stripes[1] != stripes[0] {
+            guards.push(self.stripes[stripes[1]].lock());
+        }
+        guards
+    }
+}
+
+impl Device for EncryptedDevice {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.read(offset, buffer, false)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data, false)
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+    fn decrypts(&self) -> bool {
+        true
+    }
+    fn reachable_by_other_processes(&self) -> bool {
+        self.inner.reachable_by_other_processes()
+    }
+    fn is_read_only(&self) -> bool {
+        self.inner.is_read_only()
+    }
+    fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.read(offset, buffer, true)
+    }
+    fn write_through(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data, true)
+    }
+
+    /// A batch of whole-block requests goes to the device beneath as one batch: its writes are
+    /// encrypted in their own buffers in one runtime call before it is submitted, its reads
+    /// decrypted in theirs in one call when it is waited for. (Write completions hand back
+    /// ciphertext: a completed write's buffer is for reuse, not for reading.) A batch with a
+    /// request that covers part of a block runs here, one request after another, since its
+    /// read-modify-write must see the writes before it.
+    fn submit(&self, mut batch: Vec<IoRequest>) -> IoTicket {
+        let aligned = batch.iter().all(|request| match request {
+            IoRequest::Read { offset, buffer } => is_aligned(*offset, buffer.len()),
+            IoRequest::Write { offset, data } => is_aligned(*offset, data.len()),
+            IoRequest::Flush => true,
+        });
+        let size_bytes = self.size_bytes();
+        let in_range = batch.iter().all(|request| match request {
+            IoRequest::Read { offset, buffer } => check_range(size_bytes, *offset, buffer.len(), "read").is_ok(),
+            IoRequest::Write { offset, data } => check_range(size_bytes, *offset, data.len(), "write").is_ok(),
+            IoRequest::Flush => true,
+        });
+        if !aligned || !in_range {
+            return IoTicket::ready(run_batch(self, batch));
+        }
+        let mut writes: Vec<(u64, &mut [u8])> = batch
+            .iter_mut()
+            .filter_map(|request| match request {
+                IoRequest::Write { offset, data } => Some((*offset / BLOCK_SIZE_U64, &mut data[..])),
+                _ => None,
+            })
+            .collect();
+        if let Err(error) = self.cipher.apply(Direction::Encrypt, &mut writes) {
+            return IoTicket::ready(Err(error));
+        }
+        let read_blocks: Vec<u64> = batch
+            .iter()
+            .filter_map(|request| match request {
+                IoRequest::Read { offset, .. } => Some(offset / BLOCK_SIZE_U64),
+                _ => None,
+            })
+            .collect();
+        let ticket = self.inner.submit(batch);
+        if read_blocks.is_empty() {
+            return ticket;
+        }
+        let cipher = self.cipher.clone();
+        ticket.then(Box::new(move |mut completions: Vec<IoCompletion>| {
+            let mut reads: Vec<(u64, &mut [u8])> = completions
+                .iter_mut()
+                .filter_map(|completion| match completion {
+                    IoCompletion::Read(buffer) => Some(&mut buffer[..]),
+                    _ => None,
+                })
+                .zip(read_blocks.iter())
+                .map(|(buffer, first_block)| (*first_block, buffer))
+                .collect();
+            cipher.apply(Direction::Decrypt, &mut reads)?;
+            Ok(completions)
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemoryDevice;
+
+    fn setup() -> (Arc<MemoryDevice>, EncryptedDevice) {
+        let blocks = (16u64 << 20) / BLOCK_SIZE_U64;
+        let superblock =
+            Superblock::layout_with_key_slots(blocks, None, None, super::super::KEY_SLOT_COUNT as u64).unwrap();
+        let memory = Arc::new(MemoryDevice::new(blocks * BLOCK_SIZE_U64));
+        let device = EncryptedDevice::new(memory.clone(), &superblock, &MasterKey::random().unwrap());
+        (memory, device)
+    }
+
+    fn pattern(length: usize, seed: u8) -> Vec<u8> {
+        (0..length).map(|index| (index as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    #[test]
+    fn round_trips_at_any_offset_and_hides_the_bytes() {
+        let (memory, device) = setup();
+        let cases = [
+            (100 * BLOCK_SIZE_U64, 3 * BLOCK_BYTES),
+            (200 * BLOCK_SIZE_U64 + 17, 5000),
+            (300 * BLOCK_SIZE_U64 + 4000, 100),
+        ];
+        for (seed, (offset, length)) in cases.into_iter().enumerate() {
+            let data = pattern(length, seed as u8);
+            device.write_at(offset, &data).unwrap();
+            let mut back = vec![0u8; length];
+            device.read_at(offset, &mut back).unwrap();
+            assert_eq!(back, data);
+            let mut raw = vec![0u8; length];
+            memory.read_at(offset, &mut raw).unwrap();
+            assert_ne!(raw, data, "ciphertext on the medium");
+        }
+        // A partial write leaves its neighbours' plaintext alone.
+        let mut back = vec![0u8; 5000];
+        device.write_at(200 * BLOCK_SIZE_U64 + 20, &[0xEE; 10]).unwrap();
+        device.read_at(200 * BLOCK_SIZE_U64 + 17, &mut back).unwrap();
+        let mut expected = pattern(5000, 1);
+        expected[3..13].fill(0xEE);
+        assert_eq!(back, expected);
+    }
+
+    #[test]
+    fn plaintext_blocks_pass_through() {
+        let (memory, device) = setup();
+        let data = pattern(BLOCK_BYTES * 2, 7);
+        device.write_at(0, &data).unwrap();
+        let mut raw = vec![0u8; data.len()];
+        memory.read_at(0, &mut raw).unwrap();
+        assert_eq!(raw, data);
+    }
+
+    #[test]
+    fn batches_match_single_requests() {
+        let (memory, device) = setup();
+        let first = pattern(2 * BLOCK_BYTES, 3);
+        let second = pattern(BLOCK_BYTES, 4);
+        let batch = vec![
+            IoRequest::Write { offset: 500 * BLOCK_SIZE_U64, data: first.clone() },
+            IoRequest::Write { offset: 900 * BLOCK_SIZE_U64, data: second.clone() },
+            IoRequest::Flush,
+        ];
+        device.submit(batch).wait().unwrap();
+        let mut back = vec![0u8; first.len()];
+        device.read_at(500 * BLOCK_SIZE_U64, &mut back).unwrap();
+        assert_eq!(back, first);
+        let reads = vec![
+            IoRequest::Read { offset: 900 * BLOCK_SIZE_U64, buffer: vec![0; BLOCK_BYTES] },
+            IoRequest::Read { offset: 500 * BLOCK_SIZE_U64, buffer: vec![0; 2 * BLOCK_BYTES] },
+        ];
+        let completions = device.submit(reads).wait().unwrap();
+        assert!(matches!(&completions[0], IoCompletion::Read(buffer) if *buffer == second));
+        assert!(matches!(&completions[1], IoCompletion::Read(buffer) if *buffer == first));
+        let mut raw = vec![0u8; BLOCK_BYTES];
+        memory.read_at(900 * BLOCK_SIZE_U64, &mut raw).unwrap();
+        assert_ne!(raw, second);
+    }
+}
