@@ -70,7 +70,7 @@ fn help_and_version_succeed() {
     let help = tandem(&["--help"]);
     assert_eq!(help.status.code(), Some(0));
     assert!(stdout(&help).contains("Exit codes"));
-    for command in ["mkfs", "fsck", "stat", "mount", "umount", "insert", "collapse", "demo"] {
+    for command in ["mkfs", "fsck", "stat", "key", "mount", "umount", "insert", "collapse", "demo"] {
         let output = tandem(&[command, "--help"]);
         assert_eq!(output.status.code(), Some(0), "{command} --help");
         assert!(stdout(&output).contains("Usage: tandem"), "{command} --help");
@@ -617,4 +617,189 @@ fn insert_interrupted_by_a_signal_leaves_the_file_as_it_was() {
     assert!(stderr(&output).contains("nothing was inserted, the file is as it was"), "{}", stderr(&output));
     assert!(std::fs::read(&target).unwrap() == original, "the file changed");
     mounted.finish(&scratch);
+}
+
+/// A key file of `length` random-looking bytes (a fixed pattern per seed, so runs repeat).
+fn write_key_file(path: &Path, length: usize, seed: u32) {
+    std::fs::write(path, pattern_bytes(length, seed)).unwrap();
+}
+
+/// An encrypted 32 MiB volume whose only slot opens with `key_file`, Argon2id at the cheapest
+/// cost so that every key operation of a test takes milliseconds. Made through the library, so
+/// these tests stand apart from mkfs's options.
+fn encrypted_image(image: &Path, key_file: &Path) {
+    use std::sync::Arc;
+    use tandemfs::crypt::{Encryption, KdfCost, Secret};
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    let options = FileDeviceOptions { create_size_bytes: Some(32 << 20), lock_exclusive: true, read_only: false };
+    let device = FileDevice::open(image, options).unwrap();
+    let secret = Secret::from_key_file(key_file).unwrap();
+    let format = tandemfs::fs::FormatOptions {
+        encryption: Some(Encryption { secret, cost: KdfCost::for_tests() }),
+        ..Default::default()
+    };
+    tandemfs::FileSystem::format(Arc::new(device), &format).unwrap();
+}
+
+/// Mounts the volume on `image` with `key_file` through the library, writes a file, unmounts.
+fn mount_and_write(image: &Path, key_file: &Path) {
+    use std::sync::Arc;
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    use tandemfs::fs::{MountOptions, ROOT_INODE};
+    use tandemfs::types::FileType;
+    let device = FileDevice::open(image, FileDeviceOptions::default()).unwrap();
+    let key = Some(tandemfs::crypt::Secret::from_key_file(key_file).unwrap());
+    let options = MountOptions { background_backend: false, key, ..MountOptions::default() };
+    let (fs, _) = tandemfs::FileSystem::mount(Arc::new(device), &options).unwrap();
+    let created = fs.create(ROOT_INODE, b"after-key-change", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.write(created.inode, 0, b"still readable").unwrap();
+    fs.unmount().unwrap();
+}
+
+/// Whether `key_file` opens the encrypted volume on `image` (through the library, so the
+/// test does not depend on another command's output).
+fn opens(image: &Path, key_file: &Path) -> bool {
+    use std::sync::Arc;
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    let device =
+        FileDevice::open(image, FileDeviceOptions { read_only: true, ..FileDeviceOptions::default() }).unwrap();
+    let secret = tandemfs::crypt::Secret::from_key_file(key_file).unwrap();
+    tandemfs::crypt::unlock(Arc::new(device), Some(&secret)).is_ok()
+}
+
+/// The slots in use, by index, as the library reads them.
+fn slots_in_use(image: &Path) -> Vec<usize> {
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    let device =
+        FileDevice::open(image, FileDeviceOptions { read_only: true, ..FileDeviceOptions::default() }).unwrap();
+    tandemfs::crypt::key_slots(&device).unwrap().iter().filter(|slot| slot.in_use).map(|slot| slot.index).collect()
+}
+
+#[test]
+fn key_add_change_and_remove_with_key_files() {
+    let scratch = Scratch::new("key-slots");
+    let image = scratch.join("secret.img");
+    let [first, second, third] = ["first.key", "second.key", "third.key"].map(|name| scratch.join(name));
+    for (seed, path) in [&first, &second, &third].into_iter().enumerate() {
+        write_key_file(path, 64, seed as u32 + 1);
+    }
+    encrypted_image(&image, &first);
+    assert_eq!(slots_in_use(&image), vec![0]);
+
+    let added = tandem(&["key", "add", text(&image), "--key-file", text(&first), "--new-key-file", text(&second)]);
+    assert_eq!(added.status.code(), Some(0), "{}", stderr(&added));
+    assert!(stdout(&added).contains("added key slot 1"), "{}", stdout(&added));
+    assert_eq!(slots_in_use(&image), vec![0, 1]);
+    assert!(opens(&image, &first) && opens(&image, &second));
+
+    // The new key replaces the first: it opens, the first no longer does, the second still does.
+    let changed = tandem(&["key", "change", text(&image), "--key-file", text(&first), "--new-key-file", text(&third)]);
+    assert_eq!(changed.status.code(), Some(0), "{}", stderr(&changed));
+    assert!(opens(&image, &third) && opens(&image, &second));
+    assert!(!opens(&image, &first), "the changed key must no longer open the volume");
+    assert_eq!(slots_in_use(&image).len(), 2);
+
+    let removed = tandem(&["key", "remove", text(&image), "--key-file", text(&second)]);
+    assert_eq!(removed.status.code(), Some(0), "{}", stderr(&removed));
+    assert!(stdout(&removed).contains("cleared key slot 1"), "{}", stdout(&removed));
+    assert!(!opens(&image, &second));
+    assert!(opens(&image, &third));
+
+    // The volume still mounts with the key that is left, and checks clean.
+    mount_and_write(&image, &third);
+    let device = tandemfs::device::FileDevice::open(&image, Default::default()).unwrap();
+    let options = tandemfs::fsck::FsckOptions { key: Some(tandemfs::crypt::Secret::from_key_file(&third).unwrap()) };
+    let report = tandemfs::fsck::check_with_options(std::sync::Arc::new(device), &options, &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
+fn key_commands_refuse_bad_input_and_write_nothing() {
+    let scratch = Scratch::new("key-refusals");
+    let image = scratch.join("secret.img");
+    let key = scratch.join("right.key");
+    let other = scratch.join("other.key");
+    let wrong = scratch.join("wrong.key");
+    let short = scratch.join("short.key");
+    let long = scratch.join("long.key");
+    let missing = scratch.join("missing.key");
+    let no_image = scratch.join("none.img");
+    write_key_file(&key, 64, 1);
+    write_key_file(&other, 64, 2);
+    write_key_file(&wrong, 64, 3);
+    write_key_file(&short, 63, 4);
+    write_key_file(&long, 65, 5);
+    encrypted_image(&image, &key);
+    let before = std::fs::read(&image).unwrap();
+    let unchanged = |what: &str| assert!(std::fs::read(&image).unwrap() == before, "{what} changed the image");
+    let image_text = text(&image);
+
+    let refusals: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["key", "add", image_text, "--key-file", text(&wrong), "--new-key-file", text(&other)],
+            "wrong passphrase or key file",
+        ),
+        (
+            vec!["key", "change", image_text, "--key-file", text(&wrong), "--new-key-file", text(&other)],
+            "wrong passphrase or key file",
+        ),
+        (vec!["key", "remove", image_text, "--key-file", text(&wrong)], "wrong passphrase or key file"),
+        (vec!["key", "add", image_text, "--key-file", text(&missing), "--new-key-file", text(&other)], "missing.key"),
+        (vec!["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&missing)], "missing.key"),
+        (vec!["key", "add", image_text, "--key-file", text(&short), "--new-key-file", text(&other)], "63 bytes"),
+        (vec!["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&long)], "exactly 64"),
+        (vec!["key", "remove", image_text, "--key-file", text(&key)], "only slot in use"),
+        // No terminal here: neither passphrase can be asked for.
+        (vec!["key", "add", image_text, "--new-key-file", text(&other)], "--key-file"),
+        (vec!["key", "add", image_text, "--key-file", text(&key)], "--new-key-file"),
+        (vec!["key", "remove", image_text], "--key-file"),
+        (
+            vec![
+                "key",
+                "add",
+                image_text,
+                "--key-file",
+                text(&key),
+                "--new-key-file",
+                text(&other),
+                "--kdf-time-ms",
+                "0",
+            ],
+            "0",
+        ),
+        (
+            vec!["key", "add", text(&no_image), "--key-file", text(&key), "--new-key-file", text(&other)],
+            "no such image",
+        ),
+    ];
+    for (arguments, expected) in &refusals {
+        assert_one_line_failure(&tandem(arguments), expected);
+        unchanged(&arguments.join(" "));
+    }
+    assert!(opens(&image, &key) && !opens(&image, &other));
+
+    // A plain volume has no key slots.
+    let plain = scratch.join("plain.img");
+    assert_eq!(tandem(&["mkfs", text(&plain), "--size", "32M"]).status.code(), Some(0));
+    let plain_before = std::fs::read(&plain).unwrap();
+    for arguments in [
+        vec!["key", "add", text(&plain), "--key-file", text(&key), "--new-key-file", text(&other)],
+        vec!["key", "change", text(&plain), "--key-file", text(&key), "--new-key-file", text(&other)],
+        vec!["key", "remove", text(&plain), "--key-file", text(&key)],
+    ] {
+        assert_one_line_failure(&tandem(&arguments), "not encrypted");
+    }
+    assert!(std::fs::read(&plain).unwrap() == plain_before, "a refused key command changed the plain volume");
+
+    // A volume in use (the lock a mount holds) is refused before anything is read.
+    let holder = std::fs::File::open(&image).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0);
+    assert_one_line_failure(
+        &tandem(&["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&other)]),
+        "in use",
+    );
+    drop(holder);
+    unchanged("the refusals");
 }

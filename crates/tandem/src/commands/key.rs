@@ -1,0 +1,152 @@
+//! `tandem key add|remove|change IMAGE`: the key slots of an encrypted volume.
+//!
+//! Every input is read and checked before the volume is touched, and the library writes a new
+//! slot (and flushes it) before it clears an old one, so a refused or failed command leaves the
+//! volume as it was and some slot always opens it. The volume must not be mounted: the
+//! exclusive lock keeps two key commands, or a key command and fsck --repair, from racing over
+//! the same free slot.
+
+use crate::error::{describe, CliError, CliResult, EXIT_SUCCESS};
+use crate::image::{self, Access};
+use crate::secret;
+use clap::{Args, Subcommand};
+use std::path::{Path, PathBuf};
+use tandemfs::crypt::{self, KdfCost, Secret};
+use tandemfs::device::Device;
+
+#[derive(Args)]
+pub struct KeyArguments {
+    #[command(subcommand)]
+    pub action: KeyAction,
+}
+
+#[derive(Subcommand)]
+pub enum KeyAction {
+    /// Add a key slot for a new passphrase or key file, given one that opens the volume
+    Add(NewKeyArguments),
+    /// Clear the key slot that a passphrase or key file opens (never the last slot in use)
+    Remove(RemoveKeyArguments),
+    /// Replace a passphrase or key file by a new one: the new slot is written before the old
+    /// one is cleared
+    Change(NewKeyArguments),
+}
+
+#[derive(Args)]
+pub struct NewKeyArguments {
+    /// Image file or block device holding an encrypted tandemfs volume (not mounted)
+    pub image: PathBuf,
+    /// Key file that opens the volume (exactly 64 bytes); without it, its passphrase is asked
+    /// for on the terminal
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Key file for the new slot (exactly 64 bytes: head -c 64 /dev/urandom > FILE); without
+    /// it, a new passphrase is asked for twice on the terminal
+    #[arg(long, value_name = "FILE")]
+    pub new_key_file: Option<PathBuf>,
+    /// Argon2id cost of the new slot, calibrated to take about this many milliseconds here
+    /// (default: the cost of the volume's first slot in use, which mkfs calibrated)
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub kdf_time_ms: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct RemoveKeyArguments {
+    /// Image file or block device holding an encrypted tandemfs volume (not mounted)
+    pub image: PathBuf,
+    /// Key file whose slot is cleared (exactly 64 bytes); without it, the passphrase whose slot
+    /// is cleared is asked for on the terminal
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+}
+
+pub fn run(arguments: KeyArguments) -> CliResult<i32> {
+    match arguments.action {
+        KeyAction::Add(arguments) => run_add_or_change(arguments, Operation::Add),
+        KeyAction::Change(arguments) => run_add_or_change(arguments, Operation::Change),
+        KeyAction::Remove(arguments) => run_remove(arguments),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Operation {
+    Add,
+    Change,
+}
+
+/// Opens `image` for writing, alone, and makes sure it is an encrypted tandemfs volume.
+fn open_encrypted(image: &Path) -> CliResult<std::sync::Arc<tandemfs::device::FileDevice>> {
+    let device = image::open(image, Access::WRITE)?;
+    let encrypted = crypt::is_encrypted(device.as_ref()).map_err(|error| {
+        CliError::new(format!("cannot read the volume on {}: {}", image.display(), describe(&error)))
+    })?;
+    if !encrypted {
+        return Err(CliError::new(format!(
+            "{} is not encrypted: it has no key slots (tandem mkfs --encrypt makes an encrypted volume)",
+            image.display()
+        )));
+    }
+    Ok(device)
+}
+
+/// The key files are read first: a missing or wrong-sized file is reported before anything
+/// else is looked at or asked for.
+fn read_key_files(existing: Option<&Path>, new: Option<&Path>) -> CliResult<(Option<Secret>, Option<Secret>)> {
+    Ok((existing.map(secret::key_file).transpose()?, new.map(secret::key_file).transpose()?))
+}
+
+/// The cost for a new slot: calibrated when asked, otherwise that of the first slot in use.
+fn new_slot_cost(device: &dyn Device, image: &Path, kdf_time_ms: Option<u64>) -> CliResult<KdfCost> {
+    if let Some(target_ms) = kdf_time_ms {
+        return KdfCost::calibrate(target_ms)
+            .map_err(|error| CliError::new(format!("cannot calibrate Argon2id: {}", describe(&error))));
+    }
+    let slots = crypt::key_slots(device).map_err(|error| volume_error(image, &error))?;
+    slots.iter().find_map(|slot| slot.cost).ok_or_else(|| {
+        CliError::new(format!("{}: no key slot in use records a cost to copy; give --kdf-time-ms MS", image.display()))
+    })
+}
+
+fn volume_error(image: &Path, error: &tandemfs::Error) -> CliError {
+    CliError::new(format!("{}: {}", image.display(), describe(error)))
+}
+
+fn run_add_or_change(arguments: NewKeyArguments, operation: Operation) -> CliResult<i32> {
+    let (existing, new) = read_key_files(arguments.key_file.as_deref(), arguments.new_key_file.as_deref())?;
+    let device = open_encrypted(&arguments.image)?;
+    let cost = new_slot_cost(device.as_ref(), &arguments.image, arguments.kdf_time_ms)?;
+    let existing = match existing {
+        Some(existing) => existing,
+        None => secret::opening(&arguments.image, None)?,
+    };
+    let new = match new {
+        Some(new) => new,
+        None => secret::new(None, "--new-key-file")?,
+    };
+    let image = arguments.image.display();
+    match operation {
+        Operation::Add => {
+            let index = crypt::add_key(device.as_ref(), &existing, &new, cost)
+                .map_err(|error| volume_error(&arguments.image, &error))?;
+            println!("{image}: added key slot {index}");
+        }
+        Operation::Change => {
+            let index = crypt::change_key(device.as_ref(), &existing, &new, cost)
+                .map_err(|error| volume_error(&arguments.image, &error))?;
+            println!("{image}: the new key is in slot {index}; the old key's slot was cleared");
+        }
+    }
+    Ok(EXIT_SUCCESS)
+}
+
+fn run_remove(arguments: RemoveKeyArguments) -> CliResult<i32> {
+    let (existing, _) = read_key_files(arguments.key_file.as_deref(), None)?;
+    let device = open_encrypted(&arguments.image)?;
+    let existing = match existing {
+        Some(existing) => existing,
+        None => secret::opening(&arguments.image, None)?,
+    };
+    let index =
+        crypt::remove_key(device.as_ref(), &existing).map_err(|error| volume_error(&arguments.image, &error))?;
+    println!("{}: cleared key slot {index}", arguments.image.display());
+    Ok(EXIT_SUCCESS)
+}
