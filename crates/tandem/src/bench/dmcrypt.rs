@@ -33,10 +33,12 @@ pub struct DmCryptVolume {
     mountpoint: Option<PathBuf>,
 }
 
-/// Whether the kernel has the device mapper: the misc device is listed once the driver is in.
+/// Whether the kernel has the device mapper: its misc device is listed once the driver is in,
+/// or it is a module that can be loaded. Not /dev/mapper/control, which the device-mapper
+/// library makes itself even where the kernel has no driver behind it.
 fn device_mapper_present() -> bool {
-    Path::new("/dev/mapper/control").exists()
-        || std::fs::read_to_string("/proc/misc").is_ok_and(|text| text.contains("device-mapper"))
+    std::fs::read_to_string("/proc/misc").is_ok_and(|text| text.contains("device-mapper"))
+        || (tool_exists("modinfo") && run_tool("modinfo", &["dm_mod"]).is_ok())
 }
 
 /// Whether the dm-crypt target is loaded or built in (`dmsetup targets`), or can be loaded
@@ -92,7 +94,7 @@ impl DmCryptVolume {
             }
         }
         if !device_mapper_present() {
-            return Some("this kernel has no device mapper (no device-mapper in /proc/misc)".into());
+            return Some("this kernel has no device mapper (no device-mapper in /proc/misc, no dm_mod module)".into());
         }
         if dm_crypt_target_present() == Some(false) {
             return Some("this kernel has no dm-crypt target (dm_crypt is neither loaded nor installed)".into());

@@ -12,6 +12,7 @@ use crate::error::{CliError, CliResult, EXIT_SUCCESS};
 use crate::size::{format_bytes, format_count, parse_nonzero_size};
 use clap::{Args, ValueEnum};
 use std::sync::Arc;
+use tandemfs::crypt::{self, KdfCost, Secret};
 use tandemfs::device::{Device, FileDevice, FileDeviceOptions, MemoryDevice};
 use tandemfs::fs::{FormatOptions, MountOptions};
 use tandemfs::FileSystem;
@@ -54,8 +55,8 @@ pub struct MetaArguments {
     /// With --threads: the back end's apply workers (0: one per core, as a mount takes)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub backend_workers: u64,
-    /// Add the encrypted peers, through system calls: ext4 on dm-crypt (LUKS2, AES-XTS) and
-    /// gocryptfs over ext4
+    /// Also measure encrypted tandemfs volumes, beside ext4 on dm-crypt (LUKS2, AES-XTS) and
+    /// gocryptfs over ext4 through system calls
     #[arg(long, conflicts_with = "threads")]
     pub encrypt: bool,
     /// With --encrypt: skip ext4 on dm-crypt (it needs root, cryptsetup and the kernel's dm-crypt)
@@ -86,11 +87,31 @@ pub fn inode_count(size: WorkloadSize) -> u64 {
     (size.files as u64 + size.tree_directories as u64 + 16) * 2 + 1024
 }
 
+/// Whether a benchmark's tandemfs volume is encrypted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encryption {
+    Plain,
+    /// AES-256-XTS under a fixed passphrase, its key slot at the cheapest Argon2id cost: the
+    /// volume is unlocked once, before any timing, and unlocking is not what is measured.
+    Encrypted,
+}
+
 /// Formats and mounts tandemfs on `device`.
-pub fn fresh_volume(device: Arc<dyn Device>, inodes: u64) -> Result<FileSystem, String> {
-    let options = FormatOptions { inode_count: Some(inodes), ..Default::default() };
+pub fn fresh_volume(device: Arc<dyn Device>, inodes: u64, encryption: Encryption) -> Result<FileSystem, String> {
+    let key = match encryption {
+        Encryption::Plain => None,
+        Encryption::Encrypted => Some(
+            Secret::from_passphrase("tandem bench".into()).map_err(|error| format!("benchmark passphrase: {error}"))?,
+        ),
+    };
+    let options = FormatOptions {
+        inode_count: Some(inodes),
+        encryption: key.clone().map(|secret| crypt::Encryption { secret, cost: KdfCost::for_tests() }),
+        ..Default::default()
+    };
     FileSystem::format(device.clone(), &options).map_err(|error| format!("mkfs: {error}"))?;
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).map_err(|error| format!("mount: {error}"))?;
+    let mount_options = MountOptions { key, ..MountOptions::default() };
+    let (fs, _) = FileSystem::mount(device, &mount_options).map_err(|error| format!("mount: {error}"))?;
     Ok(fs)
 }
 
@@ -99,8 +120,9 @@ fn measure_library(
     size: WorkloadSize,
     rounds: usize,
     label: &str,
+    encryption: Encryption,
 ) -> Result<Vec<(Operation, f64)>, String> {
-    let fs = fresh_volume(device, inode_count(size))?;
+    let fs = fresh_volume(device, inode_count(size), encryption)?;
     let mut target = LibraryTarget::new(fs.clone());
     let measured = measure(&mut target, size, rounds, label);
     let closed = fs.unmount().map_err(|error| format!("unmount: {error}"));
@@ -144,24 +166,31 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
             }
         };
 
-    if matches!(arguments.device, DeviceChoice::Memory | DeviceChoice::All) {
-        let result = super::contain_panic("the engine", || {
-            let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(volume_bytes));
-            measure_library(device, size, rounds, "tandemfs memory")
-        });
-        record("tandemfs memory", result, &mut columns);
-    }
-    if matches!(arguments.device, DeviceChoice::File | DeviceChoice::All) {
-        let image = super::ScratchFile { path: scratch.join(format!("tandem-bench-meta-{}.img", std::process::id())) };
-        let options =
-            FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
-        let result = super::contain_panic("the engine", || {
-            let device = FileDevice::open(&image.path, options)
-                .map_err(|error| format!("cannot create {}: {error}", image.path.display()))?;
-            measure_library(Arc::new(device), size, rounds, "tandemfs file")
-        });
-        drop(image);
-        record("tandemfs file", result, &mut columns);
+    let encryptions: &[Encryption] =
+        if arguments.encrypt { &[Encryption::Plain, Encryption::Encrypted] } else { &[Encryption::Plain] };
+    for &encryption in encryptions {
+        if matches!(arguments.device, DeviceChoice::Memory | DeviceChoice::All) {
+            let label = library_label("memory", encryption);
+            let result = super::contain_panic("the engine", || {
+                let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(volume_bytes));
+                measure_library(device, size, rounds, &label, encryption)
+            });
+            record(&label, result, &mut columns);
+        }
+        if matches!(arguments.device, DeviceChoice::File | DeviceChoice::All) {
+            let label = library_label("file", encryption);
+            let image =
+                super::ScratchFile { path: scratch.join(format!("tandem-bench-meta-{}.img", std::process::id())) };
+            let options =
+                FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
+            let result = super::contain_panic("the engine", || {
+                let device = FileDevice::open(&image.path, options)
+                    .map_err(|error| format!("cannot create {}: {error}", image.path.display()))?;
+                measure_library(Arc::new(device), size, rounds, &label, encryption)
+            });
+            drop(image);
+            record(&label, result, &mut columns);
+        }
     }
     let mut notes = Vec::new();
     if arguments.no_ext4 {
@@ -197,11 +226,20 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
 
     println!();
     if arguments.encrypt {
+        // The target for encrypted volumes: at least 3× gocryptfs on every row.
+        let base = if arguments.device == DeviceChoice::Memory { "memory" } else { "file" };
+        let (encrypted, plain) = (library_label(base, Encryption::Encrypted), library_label(base, Encryption::Plain));
         print_comparison(
             &columns,
-            &[(DM_CRYPT, "ext4", "dm-crypt vs ext4"), (GOCRYPTFS, "ext4", "gocryptfs vs ext4")],
-            None,
+            &[
+                (&encrypted, GOCRYPTFS, "vs gocryptfs"),
+                (&encrypted, DM_CRYPT, "vs dm-crypt"),
+                (&encrypted, &plain, "vs plain"),
+                (DM_CRYPT, "ext4", "dm-crypt vs ext4"),
+            ],
+            Some(|_| Some(3.0)),
         );
+        println!("(\"vs\" columns: {encrypted} against the others; the key slot's Argon2id at its cheapest, unlocking untimed)");
     } else {
         print_comparison(
             &columns,
@@ -219,6 +257,14 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
             eprintln!("tandem: {failure}");
         }
         Err(CliError::new(format!("{} of the measurements failed (see above)", failures.len())))
+    }
+}
+
+/// "tandemfs file", "tandemfs encrypted file".
+fn library_label(device: &str, encryption: Encryption) -> String {
+    match encryption {
+        Encryption::Plain => format!("tandemfs {device}"),
+        Encryption::Encrypted => format!("tandemfs encrypted {device}"),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::cpu::CpuMeter;
 use super::ext4::Ext4Volume;
-use super::meta::{fresh_volume, inode_count, print_comparison, Column, TargetRatio};
+use super::meta::{fresh_volume, inode_count, print_comparison, Column, Encryption, TargetRatio};
 use super::passthrough::Passthrough;
 use super::peers::{self, Outcome, Shape, DM_CRYPT, GOCRYPTFS};
 use super::system::SystemTarget;
@@ -47,8 +47,8 @@ pub struct MountBenchArguments {
     /// Measured rounds after the warm-up; the median is reported
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=15))]
     pub rounds: u64,
-    /// Add the encrypted peers: ext4 on dm-crypt (LUKS2, AES-XTS) and gocryptfs over ext4; the
-    /// passthrough_ll column is left out
+    /// Also measure an encrypted tandemfs volume, beside ext4 on dm-crypt (LUKS2, AES-XTS) and
+    /// gocryptfs over ext4; the passthrough_ll column is left out
     #[arg(long)]
     pub encrypt: bool,
     /// With --encrypt: skip ext4 on dm-crypt (it needs root, cryptsetup and the kernel's dm-crypt)
@@ -197,18 +197,22 @@ fn measure_tandemfs(
     volume_bytes: u64,
     size: WorkloadSize,
     arguments: &MountBenchArguments,
+    encryption: Encryption,
 ) -> Result<Measured, String> {
+    let label = match encryption {
+        Encryption::Plain => TANDEMFS,
+        Encryption::Encrypted => ENCRYPTED,
+    };
     let options = FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
     let device =
         FileDevice::open(image, options).map_err(|error| format!("cannot create {}: {error}", image.display()))?;
-    let fs = fresh_volume(Arc::new(device), inode_count(size))?;
+    let fs = fresh_volume(Arc::new(device), inode_count(size), encryption)?;
     let mountpoint = std::env::temp_dir().join(format!("tandem-bench-fuse-{}", std::process::id()));
     std::fs::create_dir_all(&mountpoint).map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
     let config = MountConfig { volume_name: "tandem-bench".into(), threads: 4, ..Default::default() };
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {
         Ok(mut mount) => {
-            let measured =
-                run_workload(&mountpoint, size, arguments, "tandemfs FUSE", &|| fs.data_checksum_statistics());
+            let measured = run_workload(&mountpoint, size, arguments, label, &|| fs.data_checksum_statistics());
             let unmounted = mount.unmount().map_err(|error| format!("unmount: {error}"));
             measured.and_then(|measured| unmounted.map(|_| measured))
         }
@@ -230,6 +234,7 @@ fn throughput(bytes: u64, seconds: f64) -> String {
 
 /// Column labels.
 const TANDEMFS: &str = "tandemfs FUSE";
+const ENCRYPTED: &str = "tandemfs FUSE encrypted";
 const EXT4: &str = "ext4";
 
 /// Every column measured or failed, in the order they ran, and the lines to print under the
@@ -285,10 +290,19 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
     );
 
     let mut results = Results::default();
-    let image = super::ScratchFile { path: scratch.join(format!("tandem-bench-mount-{}.img", std::process::id())) };
-    let result = super::contain_panic("the engine", || measure_tandemfs(&image.path, volume_bytes, size, &arguments));
-    drop(image);
-    results.record(TANDEMFS, result);
+    let encryptions: &[(&'static str, Encryption)] = if arguments.encrypt {
+        &[(TANDEMFS, Encryption::Plain), (ENCRYPTED, Encryption::Encrypted)]
+    } else {
+        &[(TANDEMFS, Encryption::Plain)]
+    };
+    for &(label, encryption) in encryptions {
+        let image = super::ScratchFile { path: scratch.join(format!("tandem-bench-mount-{}.img", std::process::id())) };
+        let result = super::contain_panic("the engine", || {
+            measure_tandemfs(&image.path, volume_bytes, size, &arguments, encryption)
+        });
+        drop(image);
+        results.record(label, result);
+    }
     measure_ext4_and_passthrough(&mut results, &scratch, volume_bytes, size, &arguments);
     if arguments.encrypt {
         let shape = Shape { scratch: &scratch, volume_bytes, inode_count: inode_count(size) };
@@ -410,7 +424,25 @@ fn measure_encrypted_peers(
 struct Comparisons {
     metadata: Vec<(&'static str, &'static str, &'static str)>,
     metadata_target: Option<TargetRatio>,
-    sequential: Vec<(&'static str, &'static str, &'static str)>,
+    sequential: Vec<SequentialPair>,
+}
+
+/// Two sequential columns to compare, the row's label, and the throughput ratio the project
+/// aims for, if any.
+struct SequentialPair {
+    ours: &'static str,
+    theirs: &'static str,
+    label: &'static str,
+    target: Option<(f64, &'static str)>,
+}
+
+fn pair(
+    ours: &'static str,
+    theirs: &'static str,
+    label: &'static str,
+    target: Option<(f64, &'static str)>,
+) -> SequentialPair {
+    SequentialPair { ours, theirs, label, target }
 }
 
 fn comparisons(encrypt: bool) -> Comparisons {
@@ -418,24 +450,39 @@ fn comparisons(encrypt: bool) -> Comparisons {
         // The targets: at least 3× gocryptfs on every row; at least dm-crypt's sequential
         // throughput; no more than 10% below the plain volume (with the GPU engine).
         Comparisons {
-            metadata: vec![(DM_CRYPT, EXT4, "dm-crypt vs ext4")],
-            metadata_target: None,
-            sequential: vec![(DM_CRYPT, EXT4, ""), (GOCRYPTFS, EXT4, ""), (TANDEMFS, EXT4, "")],
+            metadata: vec![
+                (ENCRYPTED, GOCRYPTFS, "vs gocryptfs"),
+                (ENCRYPTED, DM_CRYPT, "vs dm-crypt"),
+                (ENCRYPTED, TANDEMFS, "vs plain"),
+            ],
+            metadata_target: Some(|_| Some(3.0)),
+            sequential: vec![
+                pair(ENCRYPTED, DM_CRYPT, "encrypted vs dm-crypt", Some((1.0, ""))),
+                pair(ENCRYPTED, GOCRYPTFS, "encrypted vs gocryptfs", Some((3.0, ""))),
+                pair(ENCRYPTED, TANDEMFS, "encrypted vs plain", Some((0.9, " (GPU host)"))),
+                pair(DM_CRYPT, EXT4, "dm-crypt vs ext4", None),
+                pair(TANDEMFS, EXT4, "tandemfs vs ext4", None),
+            ],
         }
     } else {
         Comparisons {
             metadata: vec![(TANDEMFS, EXT4, "vs ext4"), (TANDEMFS, PASSTHROUGH, "vs passthrough_ll")],
             metadata_target: None,
-            sequential: vec![(TANDEMFS, EXT4, ""), (TANDEMFS, PASSTHROUGH, "")],
+            sequential: vec![
+                pair(TANDEMFS, EXT4, "tandemfs vs ext4", None),
+                pair(TANDEMFS, PASSTHROUGH, "tandemfs vs passthrough_ll", None),
+            ],
         }
     }
 }
 
-fn short_name(label: &str) -> &str {
-    match label {
-        TANDEMFS => "tandemfs",
-        other => other,
-    }
+/// "≥3× met": whether both the write and the read ratio reach the target.
+fn target_text(target: Option<(f64, &str)>, ours: &SequentialResult, theirs: &SequentialResult) -> String {
+    let Some((ratio, qualifier)) = target else { return String::new() };
+    let write = theirs.write_seconds / ours.write_seconds;
+    let read = theirs.read_seconds / ours.read_seconds;
+    let met = write >= ratio && read >= ratio;
+    format!("≥{ratio}×{qualifier} {}", if met { "met" } else { "missed" })
 }
 
 fn cpu_text(seconds_per_gib: Option<f64>) -> String {
@@ -471,16 +518,16 @@ fn print_results(results: &Results, arguments: &MountBenchArguments) {
             String::new(),
         ]);
     }
-    for (ours, theirs, target) in &comparisons.sequential {
+    for SequentialPair { ours, theirs, label, target } in &comparisons.sequential {
         let (Some(our), Some(their)) = (results.sequential_of(ours), results.sequential_of(theirs)) else { continue };
         rows.push(vec![
-            format!("{} vs {}", short_name(ours), short_name(theirs)),
+            label.to_string(),
             times_better(Some(our.write_seconds), Some(their.write_seconds)),
             times_better(Some(our.read_seconds), Some(their.read_seconds)),
             times_better(our.write_cpu_seconds_per_gib, their.write_cpu_seconds_per_gib),
             times_better(our.read_cpu_seconds_per_gib, their.read_cpu_seconds_per_gib),
             String::new(),
-            target.to_string(),
+            target_text(*target, our, their),
         ]);
     }
     let with_targets = rows.iter().any(|row| !row[6].is_empty());
