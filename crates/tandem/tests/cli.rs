@@ -802,4 +802,21 @@ fn key_commands_refuse_bad_input_and_write_nothing() {
     );
     drop(holder);
     unchanged("the refusals");
+
+    // Eight slots: the seven free ones take seven keys, the eighth add is refused.
+    let added = scratch.join("added.key");
+    for seed in 10..17 {
+        write_key_file(&added, 64, seed);
+        let output = tandem(&["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&added)]);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    assert_eq!(slots_in_use(&image), (0..8).collect::<Vec<_>>());
+    let full = std::fs::read(&image).unwrap();
+    for action in ["add", "change"] {
+        assert_one_line_failure(
+            &tandem(&["key", action, image_text, "--key-file", text(&key), "--new-key-file", text(&other)]),
+            "all 8 key slots are in use",
+        );
+    }
+    assert!(std::fs::read(&image).unwrap() == full, "a refused add or change on a full volume wrote");
 }

@@ -30,6 +30,28 @@ fn busy_ticks(proc_stat: &str) -> Option<u64> {
     BUSY_FIELDS.iter().map(|&index| fields.get(index).copied()).sum()
 }
 
+/// How busy the machine is with other work: the share of all CPUs' time that was busy over
+/// `window`, in percent, while this process sleeps. None where /proc/stat cannot be read.
+pub fn background_busy_percent(window: std::time::Duration) -> Option<f64> {
+    let cpus = std::thread::available_parallelism().map(|count| count.get()).unwrap_or(1) as f64;
+    let before = machine_busy_seconds()?;
+    std::thread::sleep(window);
+    let after = machine_busy_seconds()?;
+    Some(100.0 * (after - before).max(0.0) / (window.as_secs_f64() * cpus))
+}
+
+/// One line about other work on the machine when there is enough to skew CPU s/GiB.
+pub fn background_note() -> Option<String> {
+    /// Below this share of all CPUs busy beforehand, the counts are left unremarked.
+    const NOTICEABLE_PERCENT: f64 = 10.0;
+    let percent = background_busy_percent(std::time::Duration::from_millis(500))?;
+    (percent >= NOTICEABLE_PERCENT).then(|| {
+        format!(
+            "note: the machine was {percent:.0}% busy with other work just before the run; CPU s/GiB counts that too"
+        )
+    })
+}
+
 /// Accumulates busy CPU seconds over timed phases: `start` before a phase, `stop` after it.
 #[derive(Debug, Default)]
 pub struct CpuMeter {

@@ -290,6 +290,9 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
     );
 
     let mut results = Results::default();
+    if let Some(note) = super::cpu::background_note() {
+        results.notes.push(note);
+    }
     let encryptions: &[(&'static str, Encryption)] = if arguments.encrypt {
         &[(TANDEMFS, Encryption::Plain), (ENCRYPTED, Encryption::Encrypted)]
     } else {
