@@ -1,63 +1,91 @@
-//! Where a command's secrets come from: a key file (exactly 64 bytes) when one is given, else a
-//! passphrase typed on the terminal (asked once to open a volume, twice for a new one), else a
-//! one-line error saying which option to give. Nothing is asked for when no terminal is there
-//! to answer: a script gets the error at once instead of a hang.
+//! Secrets of encrypted volumes on the command line: `--key-file FILE` (exactly 64 bytes), or a
+//! passphrase asked on the terminal (twice where a new one is set). Without a terminal and
+//! without a key file an encrypted volume is a one-line error. Every command that opens a
+//! volume goes through [`unlock`], which leaves a plain volume's device as it is.
 
 use crate::error::{describe, CliError, CliResult};
-use std::io::IsTerminal;
+use std::io::{BufRead, IsTerminal};
 use std::path::Path;
-use tandemfs::crypt::Secret;
+use std::sync::Arc;
+use tandemfs::crypt::{self, Secret};
+use tandemfs::device::Device;
 use zeroize::Zeroizing;
 
-/// Whether a person can be asked: standard input is a terminal (the prompt itself reads the
-/// controlling terminal, so piped input is never taken for a passphrase).
-fn can_prompt() -> bool {
-    std::io::stdin().is_terminal()
+/// Set by a background mount's parent for its child: the passphrase the parent asked for
+/// arrives on the child's standard input (a pipe), one line, since the child has no terminal.
+pub const PASSPHRASE_ON_STDIN_VARIABLE: &str = "TANDEM_PASSPHRASE_ON_STDIN";
+
+/// What a passphrase is asked for: to open a volume (once) or to set a new one (twice).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    Open,
+    New,
 }
 
-/// The contents of a key file, which must hold exactly 64 bytes.
-pub fn key_file(path: &Path) -> CliResult<Secret> {
-    Secret::from_key_file(path).map_err(|error| CliError::new(describe(&error)))
+/// The secret from `key_file`, or else a passphrase from the terminal.
+pub fn obtain(image: &Path, key_file: Option<&Path>, ask: Ask) -> CliResult<Secret> {
+    if let Some(path) = key_file {
+        return Secret::from_key_file(path).map_err(|error| CliError::new(describe(&error)));
+    }
+    if ask == Ask::Open && std::env::var_os(PASSPHRASE_ON_STDIN_VARIABLE).is_some() {
+        let mut line = Zeroizing::new(String::new());
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .map_err(|error| CliError::new(format!("cannot read the passphrase from the mount's parent: {error}")))?;
+        let passphrase = line.trim_end_matches(['\n', '\r']).to_string();
+        return Secret::from_passphrase(passphrase).map_err(|error| CliError::new(describe(&error)));
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(CliError::new(match ask {
+            Ask::Open => format!("{} is encrypted: give --key-file FILE or its passphrase", image.display()),
+            Ask::New => format!(
+                "no terminal to ask for a passphrase for {}: give --key-file FILE (head -c 64 /dev/urandom > FILE)",
+                image.display()
+            ),
+        }));
+    }
+    let mut first = prompt_once(image)?;
+    if ask == Ask::New {
+        let second = prompt("Repeat the passphrase: ")?;
+        if first != second {
+            return Err(CliError::new("the two passphrases differ; nothing was written"));
+        }
+    }
+    Secret::from_passphrase(std::mem::take(&mut *first)).map_err(|error| CliError::new(describe(&error)))
 }
 
-fn prompt(question: &str) -> CliResult<String> {
-    rpassword::prompt_password(question).map_err(|error| CliError::new(format!("cannot read the passphrase: {error}")))
+/// Asks for the passphrase of `image` once on the terminal (a background mount's parent,
+/// which hands it to its child).
+pub fn prompt_once(image: &Path) -> CliResult<Zeroizing<String>> {
+    prompt(&format!("Passphrase for {}: ", image.display()))
 }
 
-fn passphrase(text: String) -> CliResult<Secret> {
-    Secret::from_passphrase(text).map_err(|error| CliError::new(describe(&error)))
+fn prompt(text: &str) -> CliResult<Zeroizing<String>> {
+    rpassword::prompt_password(text)
+        .map(Zeroizing::new)
+        .map_err(|error| CliError::new(format!("cannot read a passphrase from the terminal: {error}")))
 }
 
-/// The secret that opens the volume on `image`: `key_file`, or its passphrase asked once.
-pub fn opening(image: &Path, key_file_path: Option<&Path>) -> CliResult<Secret> {
-    if let Some(path) = key_file_path {
-        return key_file(path);
+/// The device to use for the volume on `device`: itself when the volume is plain, else the
+/// decrypting device the secret (from `key_file` or the terminal) opens. Warns on stderr about
+/// damaged key slots. Only reads: a wrong key writes nothing.
+pub fn unlock(image: &Path, device: Arc<dyn Device>, key_file: Option<&Path>) -> CliResult<Arc<dyn Device>> {
+    let encrypted = crypt::is_encrypted(device.as_ref()).map_err(|error| {
+        CliError::new(format!("cannot read the volume on {}: {}", image.display(), describe(&error)))
+    })?;
+    if !encrypted {
+        return Ok(device);
     }
-    if !can_prompt() {
-        return Err(CliError::new(format!(
-            "{} is encrypted: give --key-file FILE or its passphrase (no terminal to ask for it)",
-            image.display()
-        )));
+    let secret = obtain(image, key_file, Ask::Open)?;
+    let unlocked = crypt::unlock_with_report(device, Some(&secret))
+        .map_err(|error| CliError::new(format!("{}: {}", image.display(), describe(&error))))?;
+    for (index, why) in &unlocked.damaged_slots {
+        eprintln!(
+            "{}: warning: key slot {index} is damaged ({why}); slot {} opened the volume",
+            image.display(),
+            unlocked.slot.unwrap_or(0)
+        );
     }
-    passphrase(prompt(&format!("Passphrase for {}: ", image.display()))?)
-}
-
-/// A new secret: `key_file`, or a new passphrase asked twice (the two must match).
-/// `option` names the key file option in the error for a run without a terminal.
-pub fn new(key_file_path: Option<&Path>, option: &str) -> CliResult<Secret> {
-    if let Some(path) = key_file_path {
-        return key_file(path);
-    }
-    if !can_prompt() {
-        return Err(CliError::new(format!(
-            "give {option} FILE for the new key (no terminal to ask for a new passphrase)"
-        )));
-    }
-    // Both answers are wiped when they go; the Secret keeps (and wipes) its own copy.
-    let first = Zeroizing::new(prompt("New passphrase: ")?);
-    let second = Zeroizing::new(prompt("Repeat the new passphrase: ")?);
-    if *first != *second {
-        return Err(CliError::new("the two passphrases differ; nothing was changed"));
-    }
-    passphrase(String::clone(&first))
+    Ok(unlocked.device)
 }

@@ -705,12 +705,14 @@ fn key_add_change_and_remove_with_key_files() {
     assert!(!opens(&image, &second));
     assert!(opens(&image, &third));
 
-    // The volume still mounts with the key that is left, and checks clean.
+    // The volume still mounts with the key that is left, checks clean, and stat lists the
+    // slot that is left.
     mount_and_write(&image, &third);
-    let device = tandemfs::device::FileDevice::open(&image, Default::default()).unwrap();
-    let options = tandemfs::fsck::FsckOptions { key: Some(tandemfs::crypt::Secret::from_key_file(&third).unwrap()) };
-    let report = tandemfs::fsck::check_with_options(std::sync::Arc::new(device), &options, &mut |_| {}).unwrap();
-    assert!(report.is_clean(), "{report:?}");
+    let checked = tandem(&["fsck", text(&image), "--key-file", text(&third)]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+    let status = tandem(&["stat", text(&image), "--key-file", text(&third)]);
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    assert!(stdout(&status).contains("1 of 8 in use"), "{}", stdout(&status));
 }
 
 #[test]

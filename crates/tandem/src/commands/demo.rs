@@ -120,6 +120,9 @@ fn prepare_image(arguments: &DemoArguments) -> CliResult<()> {
             log_size: None,
             root_owner: None,
             force: false,
+            encrypt: false,
+            key_file: None,
+            kdf_time_ms: None,
         };
         crate::commands::mkfs::run(mkfs)?;
         return Ok(());
@@ -165,7 +168,7 @@ pub fn run(arguments: DemoArguments) -> CliResult<i32> {
     drop(demo);
     drop(fs);
     println!("   unmounted; the volume is flushed and marked clean");
-    let verdict = crate::commands::fsck::check(&arguments.image)?;
+    let verdict = crate::commands::fsck::check(&arguments.image, None)?;
     for line in &verdict.lines {
         println!("   fsck: {line}");
     }

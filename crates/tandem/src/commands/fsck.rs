@@ -25,6 +25,10 @@ pub struct FsckArguments {
     /// Answer no to every repair: open read-only and list what --repair would change
     #[arg(short = 'n', long = "no")]
     pub no: bool,
+    /// Key file of an encrypted volume (exactly 64 bytes); without it, its passphrase is asked
+    /// on the terminal
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 /// Plain progress lines start after this long, so that short runs print none.
@@ -102,9 +106,10 @@ fn refuse_foreign(path: &Path, device: &dyn tandemfs::device::Device) -> CliResu
 }
 
 /// Runs the engine's check on `path` and puts its findings into words.
-pub fn check(path: &Path) -> CliResult<Verdict> {
+pub fn check(path: &Path, key_file: Option<&Path>) -> CliResult<Verdict> {
     let device = image::open(path, Access::CHECK)?;
     refuse_foreign(path, &*device)?;
+    let volume = crate::secret::unlock(path, device.clone(), key_file)?;
     // The lock covers one path; the MMP block covers all. A read-only check of a volume that a
     // live mount is writing goes on, but its findings may be changes in flight.
     if let Ok(tandemfs::block::mmp::Activity::Recent { record, .. }) =
@@ -117,7 +122,7 @@ pub fn check(path: &Path) -> CliResult<Verdict> {
         );
     }
     let mut display = ProgressDisplay::new();
-    let checked = tandemfs::fsck::check_with_progress(device.clone(), &mut |progress| display.update(progress));
+    let checked = tandemfs::fsck::check_with_progress(volume, &mut |progress| display.update(progress));
     display.finish();
     match checked {
         Ok(report) => {
@@ -165,9 +170,9 @@ pub fn check(path: &Path) -> CliResult<Verdict> {
 
 pub fn run(arguments: FsckArguments) -> CliResult<i32> {
     if arguments.repair || arguments.no {
-        return repair(&arguments.image, arguments.repair, arguments.quiet);
+        return repair(&arguments.image, arguments.repair, arguments.quiet, arguments.key_file.as_deref());
     }
-    let verdict = check(&arguments.image)?;
+    let verdict = check(&arguments.image, arguments.key_file.as_deref())?;
     if verdict.clean {
         if !arguments.quiet {
             for line in &verdict.lines {
@@ -186,9 +191,10 @@ pub fn run(arguments: FsckArguments) -> CliResult<i32> {
 /// `--repair` (write) or `-n` (a dry run on a read-only image): one line per change, then a
 /// summary; exit 0 when there was nothing to do, 1 when problems were found (and, with
 /// `--repair`, fixed), 4 when problems remain after the repair.
-fn repair(path: &Path, write: bool, quiet: bool) -> CliResult<i32> {
+fn repair(path: &Path, write: bool, quiet: bool, key_file: Option<&Path>) -> CliResult<i32> {
     let device = image::open(path, if write { Access::WRITE } else { Access::CHECK })?;
     refuse_foreign(path, &*device)?;
+    let volume = crate::secret::unlock(path, device.clone(), key_file)?;
     // The lock covers one path; the MMP block covers every path to the same bytes. A repair
     // under a live mount would fight it for every block it writes.
     if let Ok(tandemfs::block::mmp::Activity::Recent { record, .. }) =
@@ -203,7 +209,7 @@ fn repair(path: &Path, write: bool, quiet: bool) -> CliResult<i32> {
         }
     }
     let mut display = ProgressDisplay::new();
-    let repaired = tandemfs::fsck::repair(device.clone(), write, &mut |progress| display.update(progress));
+    let repaired = tandemfs::fsck::repair(volume, write, &mut |progress| display.update(progress));
     display.finish();
     let verb = if write { "cannot repair" } else { "cannot check" };
     let report = repaired.map_err(|error| CliError::new(format!("{verb} {}: {error}", path.display())))?;

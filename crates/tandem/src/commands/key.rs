@@ -8,11 +8,13 @@
 
 use crate::error::{describe, CliError, CliResult, EXIT_SUCCESS};
 use crate::image::{self, Access};
-use crate::secret;
+use crate::secret::{self, Ask};
 use clap::{Args, Subcommand};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use tandemfs::crypt::{self, KdfCost, Secret};
 use tandemfs::device::Device;
+use zeroize::Zeroizing;
 
 #[derive(Args)]
 pub struct KeyArguments {
@@ -88,10 +90,36 @@ fn open_encrypted(image: &Path) -> CliResult<std::sync::Arc<tandemfs::device::Fi
     Ok(device)
 }
 
+fn key_file(path: &Path) -> CliResult<Secret> {
+    Secret::from_key_file(path).map_err(|error| CliError::new(describe(&error)))
+}
+
 /// The key files are read first: a missing or wrong-sized file is reported before anything
 /// else is looked at or asked for.
 fn read_key_files(existing: Option<&Path>, new: Option<&Path>) -> CliResult<(Option<Secret>, Option<Secret>)> {
-    Ok((existing.map(secret::key_file).transpose()?, new.map(secret::key_file).transpose()?))
+    Ok((existing.map(key_file).transpose()?, new.map(key_file).transpose()?))
+}
+
+/// A new passphrase for `image`, asked twice on the terminal; the two must match. Its own
+/// prompts, so that the user can tell it from the passphrase that opens the volume.
+fn new_passphrase(image: &Path) -> CliResult<Secret> {
+    if !std::io::stdin().is_terminal() {
+        return Err(CliError::new(
+            "give --new-key-file FILE for the new key (no terminal to ask for a new passphrase)",
+        ));
+    }
+    let ask = |text: &str| {
+        rpassword::prompt_password(text)
+            .map(Zeroizing::new)
+            .map_err(|error| CliError::new(format!("cannot read a passphrase from the terminal: {error}")))
+    };
+    let first = ask(&format!("New passphrase for {}: ", image.display()))?;
+    let second = ask("Repeat the new passphrase: ")?;
+    if *first != *second {
+        return Err(CliError::new("the two passphrases differ; nothing was changed"));
+    }
+    // The Secret keeps (and wipes) its own copy; both answers are wiped when they go.
+    Secret::from_passphrase(String::clone(&first)).map_err(|error| CliError::new(describe(&error)))
 }
 
 /// The cost for a new slot: calibrated when asked, otherwise that of the first slot in use.
@@ -116,11 +144,11 @@ fn run_add_or_change(arguments: NewKeyArguments, operation: Operation) -> CliRes
     let cost = new_slot_cost(device.as_ref(), &arguments.image, arguments.kdf_time_ms)?;
     let existing = match existing {
         Some(existing) => existing,
-        None => secret::opening(&arguments.image, None)?,
+        None => secret::obtain(&arguments.image, None, Ask::Open)?,
     };
     let new = match new {
         Some(new) => new,
-        None => secret::new(None, "--new-key-file")?,
+        None => new_passphrase(&arguments.image)?,
     };
     let image = arguments.image.display();
     match operation {
@@ -143,7 +171,7 @@ fn run_remove(arguments: RemoveKeyArguments) -> CliResult<i32> {
     let device = open_encrypted(&arguments.image)?;
     let existing = match existing {
         Some(existing) => existing,
-        None => secret::opening(&arguments.image, None)?,
+        None => secret::obtain(&arguments.image, None, Ask::Open)?,
     };
     let index =
         crypt::remove_key(device.as_ref(), &existing).map_err(|error| volume_error(&arguments.image, &error))?;

@@ -40,7 +40,22 @@ pub struct MkfsArguments {
     /// Overwrite an existing file system or data (mkfs otherwise refuses any non-zero bytes)
     #[arg(long, short = 'f')]
     pub force: bool,
+    /// Encrypt the volume (AES-256-XTS; docs/ENCRYPTION.md): the passphrase is asked twice on
+    /// the terminal, or --key-file gives the key
+    #[arg(long)]
+    pub encrypt: bool,
+    /// With --encrypt: a key file of exactly 64 bytes (head -c 64 /dev/urandom > FILE) instead
+    /// of a passphrase
+    #[arg(long, value_name = "FILE", requires = "encrypt")]
+    pub key_file: Option<PathBuf>,
+    /// With --encrypt: how long unlocking should take on this machine; the Argon2id cost is
+    /// calibrated to it (default 1000; at least 8 MiB of memory whatever the time)
+    #[arg(long, value_name = "N", requires = "encrypt", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub kdf_time_ms: Option<u64>,
 }
+
+/// Unlocking an encrypted volume takes about this long unless `--kdf-time-ms` says otherwise.
+const KDF_TIME_DEFAULT_MS: u64 = 1000;
 
 fn parse_inode_count(text: &str) -> Result<u64, String> {
     match text.trim().parse::<u64>() {
@@ -191,6 +206,12 @@ impl Device for Prefix {
 pub fn run(arguments: MkfsArguments) -> CliResult<i32> {
     let path = arguments.image.as_path();
     let target = classify(path)?;
+    // The secret comes first: a passphrase typed twice wrongly (or a bad key file) must not
+    // leave a created or grown file behind.
+    let encryption = match arguments.encrypt {
+        true => Some(crate::secret::obtain(path, arguments.key_file.as_deref(), crate::secret::Ask::New)?),
+        false => None,
+    };
     let mut created = false;
     // The bytes to format, when less than the whole file (`--force --size` below its length).
     let mut format_bytes_only = None;
@@ -268,7 +289,7 @@ pub fn run(arguments: MkfsArguments) -> CliResult<i32> {
         }
     }
 
-    let result = format(path, &arguments, matches!(target, Target::BlockDevice), format_bytes_only);
+    let result = format(path, &arguments, matches!(target, Target::BlockDevice), format_bytes_only, encryption);
     if result.is_err() && created {
         // Leave nothing behind from a failed first attempt; a retry with other sizes starts clean.
         let _ = std::fs::remove_file(path);
@@ -281,6 +302,7 @@ fn format(
     arguments: &MkfsArguments,
     is_block_device: bool,
     format_bytes_only: Option<u64>,
+    secret: Option<tandemfs::crypt::Secret>,
 ) -> CliResult<i32> {
     let file_device = image::open(path, Access::WRITE)?;
     let device: Arc<dyn Device> = match format_bytes_only {
@@ -309,16 +331,31 @@ fn format(
     }
     // SAFETY: geteuid and getegid have no preconditions and cannot fail.
     let caller = unsafe { (libc::geteuid(), libc::getegid()) };
+    let encryption = match &secret {
+        Some(secret) => {
+            let target_ms = arguments.kdf_time_ms.unwrap_or(KDF_TIME_DEFAULT_MS);
+            let cost = tandemfs::crypt::KdfCost::calibrate(target_ms)
+                .map_err(|error| CliError::new(format!("cannot calibrate the key derivation: {}", describe(&error))))?;
+            Some(tandemfs::crypt::Encryption { secret: secret.clone(), cost })
+        }
+        None => None,
+    };
     let options = FormatOptions {
         inode_count: arguments.inodes,
         log_bytes: arguments.log_size,
         root_owner: Some(arguments.root_owner.unwrap_or(caller)),
+        encryption,
         ..Default::default()
     };
     FileSystem::format(device.clone(), &options).map_err(|error| {
         CliError::new(format!("cannot create tandemfs on {}: {}", path.display(), describe(&error)))
     })?;
-    println!("created tandemfs on {} ({})", path.display(), format_bytes(device_size));
+    println!(
+        "created {}tandemfs on {} ({})",
+        if secret.is_some() { "encrypted " } else { "" },
+        path.display(),
+        format_bytes(device_size)
+    );
     if format_bytes_only.is_some() {
         println!(
             "  the file keeps its length; bytes past the first {} are left as they were",
@@ -330,7 +367,8 @@ fn format(
     // Show the geometry the engine chose, so the user sees inode and log sizes without a second
     // command; a failure here is not a failure of mkfs.
     if let Ok(device) = image::open(path, Access::LOOK) {
-        if let Ok(report) = tandemfs::fsck::inspect(device.clone()) {
+        let volume = tandemfs::crypt::unlock(device.clone(), secret.as_ref());
+        if let Ok(report) = volume.and_then(tandemfs::fsck::inspect) {
             crate::commands::stat::print_aligned(&report.lines, "  ");
         }
     }

@@ -13,7 +13,7 @@ use crate::image::{self, Access};
 use crate::mountinfo;
 use crate::size::format_count;
 use clap::Args;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -40,6 +40,10 @@ pub struct MountArguments {
     /// Where a background mount writes its messages (default: in the tandem runtime directory)
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
+    /// Key file of an encrypted volume (exactly 64 bytes; also -o key_file=FILE); without it,
+    /// its passphrase is asked on the terminal
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -71,6 +75,8 @@ pub struct ParsedOptions {
     pub mmp_interval_ms: Option<u32>,
     /// Threads applying the log to the volume (0: one per core).
     pub backend_workers: usize,
+    /// The key file of an encrypted volume (`--key-file` or `-o key_file=FILE`).
+    pub key_file: Option<PathBuf>,
 }
 
 /// Options mount(8) and /etc/fstab pass that mean nothing to a tandemfs mount (they steer
@@ -87,7 +93,7 @@ const KERNEL_FUSE_OPTIONS: [&str; 8] =
 
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, backend_workers=N, mmp_interval_ms=N, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, backend_workers=N, mmp_interval_ms=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -151,6 +157,7 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                             ))
                         })?);
                 }
+                Some(("key_file", path)) if !path.is_empty() => parsed.key_file = Some(PathBuf::from(path)),
                 _ => return Err(CliError::new(format!("unknown mount option '{item}' (known: {KNOWN_OPTIONS})"))),
             },
         }
@@ -266,6 +273,8 @@ pub fn open_volume(image_path: &Path) -> CliResult<(FileSystem, MountReport)> {
 /// is opened read-only, and the engine then mounts it read-only and says so in its report.
 pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult<(FileSystem, MountReport)> {
     let device = open_medium(image_path)?;
+    // An encrypted volume is unlocked before the mount writes anything (its MMP stamp).
+    let device = crate::secret::unlock(image_path, device, options.key_file.as_deref())?;
     let access_time = match (options.no_atime, options.strict_atime) {
         (true, _) => AccessTimeUpdates::Never,
         (false, true) => AccessTimeUpdates::Strict,
@@ -324,7 +333,10 @@ pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
 }
 
 pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
-    let options = parse_options(&arguments.options)?;
+    let mut options = parse_options(&arguments.options)?;
+    if arguments.key_file.is_some() {
+        options.key_file = arguments.key_file.clone();
+    }
     check_privileged_options(&options)?;
     let mountpoint = canonical_mountpoint(&arguments.mountpoint)?;
     if options.remount {
@@ -333,7 +345,7 @@ pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
     image::check_image_path(&arguments.image)?;
     require_fuse()?;
     if arguments.daemon {
-        run_daemon_parent(&arguments, &mountpoint)
+        run_daemon_parent(&arguments, &mountpoint, &options)
     } else {
         run_foreground(&arguments.image, &mountpoint, &options)
     }
@@ -380,7 +392,24 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
     Ok(EXIT_SUCCESS)
 }
 
-fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult<i32> {
+/// The passphrase a background mount's child needs: only for an encrypted volume given no key
+/// file, asked on this terminal.
+fn passphrase_for_child(image_path: &Path, options: &ParsedOptions) -> CliResult<Option<zeroize::Zeroizing<String>>> {
+    if options.key_file.is_some() {
+        return Ok(None);
+    }
+    let device = image::open(image_path, Access::LOOK)?;
+    match tandemfs::crypt::is_encrypted(device.as_ref()) {
+        Ok(true) if std::io::stdin().is_terminal() => Ok(Some(crate::secret::prompt_once(image_path)?)),
+        Ok(true) => {
+            Err(CliError::new(format!("{} is encrypted: give --key-file FILE or its passphrase", image_path.display())))
+        }
+        // A plain volume, or one the child will describe better.
+        _ => Ok(None),
+    }
+}
+
+fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path, options: &ParsedOptions) -> CliResult<i32> {
     let log_path = arguments.log_file.clone().unwrap_or_else(|| default_log_path(mountpoint));
     // Append, never truncate: a second attempt on the same mount point must not wipe the log of
     // the mount that is already running there. Only what this child writes is shown.
@@ -407,7 +436,18 @@ fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult
     for list in &arguments.options {
         command.arg("-o").arg(list);
     }
-    command.stdin(Stdio::null()).stdout(log).stderr(log_for_errors).env(BACKGROUND_CHILD_VARIABLE, "1");
+    if let Some(key_file) = &options.key_file {
+        command.arg("--key-file").arg(key_file);
+    }
+    // The child has no terminal: an encrypted volume's passphrase is asked here and handed to
+    // it through a pipe on its standard input (never an argument or the environment, which
+    // other users can read).
+    let passphrase = passphrase_for_child(&arguments.image, options)?;
+    let stdin = if passphrase.is_some() { Stdio::piped() } else { Stdio::null() };
+    if passphrase.is_some() {
+        command.env(crate::secret::PASSPHRASE_ON_STDIN_VARIABLE, "1");
+    }
+    command.stdin(stdin).stdout(log).stderr(log_for_errors).env(BACKGROUND_CHILD_VARIABLE, "1");
     // SAFETY: setsid is async-signal-safe and touches no memory of ours; it detaches the child
     // from our terminal so closing the shell does not send it SIGHUP.
     unsafe {
@@ -420,6 +460,12 @@ fn run_daemon_parent(arguments: &MountArguments, mountpoint: &Path) -> CliResult
     }
     let mut child =
         command.spawn().map_err(|error| CliError::new(format!("cannot start the background mount: {error}")))?;
+    if let (Some(passphrase), Some(mut pipe)) = (passphrase, child.stdin.take()) {
+        let mut line = zeroize::Zeroizing::new(passphrase.as_bytes().to_vec());
+        line.push(b'\n');
+        // A failed write leaves the child without a passphrase: it says so in its log and exits.
+        let _ = pipe.write_all(&line);
+    }
 
     let started = Instant::now();
     let patience = Duration::from_secs(600);
@@ -520,6 +566,7 @@ pub fn run_helper(arguments: &[String]) -> CliResult<i32> {
         daemon: !options.remount,
         options: lists,
         log_file: None,
+        key_file: None,
     })
 }
 

@@ -9,6 +9,10 @@ use std::path::PathBuf;
 pub struct StatArguments {
     /// Image file or block device holding a tandemfs volume (may be mounted: then a snapshot)
     pub image: PathBuf,
+    /// Key file of an encrypted volume (exactly 64 bytes); without it, its passphrase is asked
+    /// on the terminal
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
 /// Prints `name: value` pairs with the values in one column.
@@ -21,7 +25,8 @@ pub fn print_aligned(lines: &[(String, String)], indent: &str) {
 
 pub fn run(arguments: StatArguments) -> CliResult<i32> {
     let device = image::open(&arguments.image, Access::LOOK)?;
-    let report = tandemfs::fsck::inspect(device.clone())
+    let unlocked = crate::secret::unlock(&arguments.image, device.clone(), arguments.key_file.as_deref())?;
+    let report = tandemfs::fsck::inspect(unlocked)
         .map_err(|error| CliError::new(format!("cannot read the volume on {}: {error}", arguments.image.display())))?;
     println!("{}", arguments.image.display());
     let mut lines = report.lines;

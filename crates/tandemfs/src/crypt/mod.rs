@@ -232,14 +232,18 @@ pub fn is_encrypted(device: &dyn Device) -> Result<bool> {
     Ok(Superblock::read_best(device)?.is_encrypted())
 }
 
-/// The one entry every opener uses: the device itself for a plain volume, an
-/// `EncryptedDevice` for an encrypted one that `key` opens. Reads only.
+/// The one entry every opener uses: the device itself for a plain volume (or one unlocked
+/// already), an `EncryptedDevice` for an encrypted one that `key` opens. Reads only.
 pub fn unlock(device: Arc<dyn Device>, key: Option<&Secret>) -> Result<Arc<dyn Device>> {
     Ok(unlock_with_report(device, key)?.device)
 }
 
 /// `unlock`, also saying which slot opened the volume and which slots are damaged.
 pub fn unlock_with_report(device: Arc<dyn Device>, key: Option<&Secret>) -> Result<Unlocked> {
+    if device.decrypts() {
+        // Unlocked already (the command line unlocks first, to warn about damaged slots).
+        return Ok(Unlocked { device, slot: None, damaged_slots: Vec::new() });
+    }
     let superblock = Superblock::read_best(device.as_ref())?;
     if !superblock.is_encrypted() {
         return Ok(Unlocked { device, slot: None, damaged_slots: Vec::new() });

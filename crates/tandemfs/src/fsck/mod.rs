@@ -117,6 +117,12 @@ pub fn check(device: Arc<dyn Device>) -> Result<FsckReport> {
 /// `check`, telling `progress` where it stands.
 pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Progress)) -> Result<FsckReport> {
     refuse_locked(device.as_ref())?;
+    check_volume(device, progress)
+}
+
+/// The check itself, on a device that shows the volume's plaintext (repair's overlay over an
+/// unlocked device does, though it does not say so).
+fn check_volume(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Progress)) -> Result<FsckReport> {
     let mut report = FsckReport::default();
     // A damaged or stale copy is not used while the other is good, but the next mount that
     // loses the good one would fall back to it: a problem worth repairing now.

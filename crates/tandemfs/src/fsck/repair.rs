@@ -18,7 +18,7 @@
 //! With `write` false the same work runs on a copy-on-write overlay: nothing reaches the device,
 //! and the report says what a repair would change.
 
-use super::{check, FsckReport, Progress};
+use super::{FsckReport, Progress};
 use crate::backend::{self, Overlay};
 use crate::block::bitmap::Bitmap;
 use crate::block::inode::{Inode, INODE_BYTES};
@@ -146,7 +146,7 @@ pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Pr
     }
     drop(log);
     progress(&Progress { phase: "checking the result", done: 0, total: 1 });
-    report.after = check(device)?;
+    report.after = super::check_volume(device, &mut |_| {})?;
     Ok(report)
 }
 
