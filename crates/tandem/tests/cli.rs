@@ -691,6 +691,12 @@ fn key_add_change_and_remove_with_key_files() {
     assert!(stdout(&added).contains("added key slot 1"), "{}", stdout(&added));
     assert_eq!(slots_in_use(&image), vec![0, 1]);
     assert!(opens(&image, &first) && opens(&image, &second));
+    // Without --kdf-time-ms the new slot copies the first slot's (cheap) Argon2id cost.
+    let costs: Vec<_> = {
+        let device = tandemfs::device::FileDevice::open(&image, Default::default()).unwrap();
+        tandemfs::crypt::key_slots(&device).unwrap().iter().filter_map(|slot| slot.cost).collect()
+    };
+    assert_eq!(costs, vec![tandemfs::crypt::KdfCost::for_tests(); 2]);
 
     // The new key replaces the first: it opens, the first no longer does, the second still does.
     let changed = tandem(&["key", "change", text(&image), "--key-file", text(&first), "--new-key-file", text(&third)]);
