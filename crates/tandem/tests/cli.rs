@@ -828,3 +828,82 @@ fn key_commands_refuse_bad_input_and_write_nothing() {
     }
     assert!(std::fs::read(&image).unwrap() == full, "a refused add or change on a full volume wrote");
 }
+
+/// Encrypted volumes at the command line: mkfs --encrypt with a key file, fsck and stat with
+/// it; without it (and without a terminal), with a wrong one, one of the wrong length or a
+/// missing one: one line, exit 2, the image unchanged; a damaged key slot is a warning while
+/// another slot opens the volume.
+#[test]
+fn encrypted_volumes_and_their_keys() {
+    let scratch = Scratch::new("encrypted");
+    let image = scratch.join("secret.img");
+    let key = scratch.join("key");
+    std::fs::write(&key, (0..64u8).map(|byte| byte.wrapping_mul(37)).collect::<Vec<u8>>()).unwrap();
+    let (image_text, key_text) = (text(&image), text(&key));
+
+    // No terminal and no key file: refused before the image exists.
+    assert_one_line_failure(&tandem(&["mkfs", "--encrypt", "--size", "32M", image_text]), "give --key-file");
+    assert!(!image.exists());
+    assert_one_line_failure(&tandem(&["mkfs", "--key-file", key_text, "--size", "32M", image_text]), "--encrypt");
+    let made =
+        tandem(&["mkfs", "--encrypt", "--key-file", key_text, "--kdf-time-ms", "1", "--size", "32M", image_text]);
+    assert_eq!(made.status.code(), Some(0), "{}", stderr(&made));
+    assert!(stdout(&made).contains("created encrypted tandemfs"), "{}", stdout(&made));
+    assert!(stdout(&made).contains("AES-256-XTS"), "{}", stdout(&made));
+
+    let checked = tandem(&["fsck", "--key-file", key_text, image_text]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+    let stat = tandem(&["stat", "--key-file", key_text, image_text]);
+    assert_eq!(stat.status.code(), Some(0), "{}", stderr(&stat));
+    assert!(stdout(&stat).contains("1 of 8 in use"), "{}", stdout(&stat));
+
+    let before = std::fs::read(&image).unwrap();
+    let wrong = scratch.join("wrong");
+    std::fs::write(&wrong, [9u8; 64]).unwrap();
+    let short = scratch.join("short");
+    std::fs::write(&short, [9u8; 63]).unwrap();
+    for command in [["fsck"].as_slice(), &["fsck", "--repair"], &["stat"]] {
+        let with = |extra: &[&'static str]| -> Vec<String> {
+            command.iter().chain(extra).map(|word| word.to_string()).chain([image_text.to_string()]).collect()
+        };
+        let run = |arguments: Vec<String>, key_file: Option<&Path>| {
+            let mut arguments = arguments;
+            if let Some(path) = key_file {
+                arguments.insert(1, "--key-file".into());
+                arguments.insert(2, text(path).into());
+            }
+            Command::new(env!("CARGO_BIN_EXE_tandem")).args(&arguments).output().expect("run tandem")
+        };
+        assert_one_line_failure(&run(with(&[]), None), "is encrypted: give --key-file FILE or its passphrase");
+        assert_one_line_failure(&run(with(&[]), Some(&wrong)), "wrong passphrase or key file");
+        assert_one_line_failure(&run(with(&[]), Some(&short)), "holds 63 bytes");
+        assert_one_line_failure(&run(with(&[]), Some(&scratch.join("missing"))), "No such file");
+    }
+    assert!(std::fs::read(&image).unwrap() == before, "a refused key changed the image");
+
+    // Damage slot 0 (the only one): nothing opens the volume, and the line says why.
+    let superblock = {
+        let device = tandemfs::device::MemoryDevice::from_bytes(before.clone());
+        tandemfs::block::superblock::Superblock::read_best(&device).unwrap()
+    };
+    let mut damaged = before.clone();
+    damaged[(superblock.key_slot_start * 4096 + 100) as usize] ^= 1;
+    std::fs::write(&image, &damaged).unwrap();
+    assert_one_line_failure(&tandem(&["fsck", "--key-file", key_text, image_text]), "damaged: slot 0");
+    // A second slot (copied from slot 0 at position 1, rewrapped through the library) opens
+    // it; the damaged slot is a warning.
+    std::fs::write(&image, &before).unwrap();
+    {
+        let device = tandemfs::device::FileDevice::open(&image, Default::default()).unwrap();
+        let secret = tandemfs::crypt::Secret::from_key_file(&key).unwrap();
+        let cost = tandemfs::crypt::KdfCost::for_tests();
+        assert_eq!(tandemfs::crypt::add_key(&device, &secret, &secret, cost).unwrap(), 1);
+    }
+    let mut damaged = std::fs::read(&image).unwrap();
+    damaged[(superblock.key_slot_start * 4096 + 100) as usize] ^= 1;
+    std::fs::write(&image, &damaged).unwrap();
+    let warned = tandem(&["fsck", "--key-file", key_text, image_text]);
+    assert_eq!(warned.status.code(), Some(0), "{}", stderr(&warned));
+    assert!(stderr(&warned).contains("warning: key slot 0 is damaged"), "{}", stderr(&warned));
+    assert!(stderr(&warned).contains("slot 1 opened the volume"), "{}", stderr(&warned));
+}

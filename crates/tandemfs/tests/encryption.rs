@@ -246,3 +246,76 @@ fn a_plain_volume_unlocks_to_itself_and_has_no_slots() {
     assert!(crypt::key_slots(&memory).is_err());
     let _ = BLOCK_SIZE;
 }
+
+/// The volume block whose plaintext holds `needle`, searched through the decrypting device
+/// from the first data block on.
+fn block_holding(memory: &MemoryDevice, secret: &Secret, needle: &[u8]) -> u64 {
+    let unlocked = crypt::unlock(Arc::new(memory.clone()), Some(secret)).unwrap();
+    let superblock = Superblock::read_best(memory).unwrap();
+    let mut block = vec![0u8; BLOCK_SIZE];
+    (superblock.first_data_block..superblock.block_count)
+        .find(|number| {
+            unlocked.read_at(number * BLOCK_SIZE_U64, &mut block).unwrap();
+            contains(&block, needle)
+        })
+        .expect("the plaintext is on the volume")
+}
+
+/// Flips one bit of the ciphertext on the medium, as a forger without the key could.
+fn flip_ciphertext_bit(memory: &MemoryDevice, block: u64, byte: u64) {
+    let mut one = [0u8; 1];
+    memory.read_at(block * BLOCK_SIZE_U64 + byte, &mut one).unwrap();
+    memory.write_at(block * BLOCK_SIZE_U64 + byte, &[one[0] ^ 0x04]).unwrap();
+}
+
+#[test]
+fn changed_ciphertext_in_a_data_block_is_an_error_and_fsck_reports_it() {
+    let secret = passphrase("correct horse battery staple");
+    let memory = encrypted_volume(&secret);
+    let fs = mount(&memory, &secret);
+    let data = pattern(&mut rng(7), 3 * BLOCK_SIZE);
+    let file = fs.create(ROOT_INODE, b"patterned", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(file, 0, &data).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    // Block 1 of the file.
+    let data_block = block_holding(&memory, &secret, &data[BLOCK_SIZE..BLOCK_SIZE + 200]);
+    flip_ciphertext_bit(&memory, data_block, 3000);
+
+    let report = check_with_key(Arc::new(memory.clone()), Some(&secret));
+    assert_eq!(report.damaged_data_blocks, 1, "{:#?}", report.problems);
+    assert!(report.problems.iter().any(|problem| problem.contains(&format!("data block {data_block}"))));
+    let fs = mount(&memory, &secret);
+    let error = read_file(&fs, file, 1 << 20).unwrap_err();
+    assert!(error.is_corruption(), "{error:?}");
+    // The blocks beside it still read.
+    let mut first = vec![0u8; BLOCK_SIZE];
+    assert_eq!(fs.read(file, 0, &mut first).unwrap(), BLOCK_SIZE);
+    assert_eq!(first, data[..BLOCK_SIZE]);
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn changed_ciphertext_in_a_metadata_block_is_an_error_and_fsck_reports_it() {
+    let secret = passphrase("correct horse battery staple");
+    let memory = encrypted_volume(&secret);
+    let fs = mount(&memory, &secret);
+    let (directory, _) = write_known_files(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    // The directory block that holds the file's name.
+    let directory_block = block_holding(&memory, &secret, NAME);
+    flip_ciphertext_bit(&memory, directory_block, 100);
+
+    let report = check_with_key(Arc::new(memory.clone()), Some(&secret));
+    assert!(!report.is_clean());
+    assert!(
+        report.problems.iter().any(|problem| problem.contains(&directory_block.to_string())),
+        "fsck does not name block {directory_block}: {:#?}",
+        report.problems
+    );
+    let fs = mount(&memory, &secret);
+    let error = fs.lookup(directory, NAME).unwrap_err();
+    assert!(error.is_corruption(), "{error:?}");
+    fs.unmount().unwrap();
+}

@@ -226,13 +226,33 @@ fn abbreviate(node: &Node) -> String {
 }
 
 pub fn memory_volume(size_bytes: u64, crash_model: bool) -> (MemoryDevice, Arc<dyn Device>) {
+    memory_volume_with(size_bytes, crash_model, None)
+}
+
+/// The passphrase of the encrypted variants of the tests.
+pub fn test_secret() -> tandemfs::crypt::Secret {
+    tandemfs::crypt::Secret::from_passphrase("the encrypted variant's passphrase".into()).unwrap()
+}
+
+/// A formatted memory volume, encrypted under `key` (at `KdfCost::for_tests`) when given. The
+/// device returned is the raw memory: mount and fsck take the key in their options.
+pub fn memory_volume_with(
+    size_bytes: u64,
+    crash_model: bool,
+    key: Option<&tandemfs::crypt::Secret>,
+) -> (MemoryDevice, Arc<dyn Device>) {
     let memory = if crash_model { MemoryDevice::with_crash_model(size_bytes) } else { MemoryDevice::new(size_bytes) };
     let device: Arc<dyn Device> = Arc::new(memory.clone());
     // One inode per 2 KiB: the large-directory workloads create tens of thousands of names.
+    let encryption = key.map(|secret| tandemfs::crypt::Encryption {
+        secret: secret.clone(),
+        cost: tandemfs::crypt::KdfCost::for_tests(),
+    });
     let options = FormatOptions {
         hash_seed: Some([1, 2, 3, 4]),
         uuid: Some([9; 16]),
         inode_count: Some(size_bytes / 2048),
+        encryption,
         ..FormatOptions::default()
     };
     FileSystem::format(device.clone(), &options).expect("format");
@@ -287,10 +307,16 @@ pub fn remount(
         fs.unmount().unwrap();
         device
     };
-    let report = tandemfs::fsck::check(device.clone()).unwrap();
+    let report = check_with_key(device.clone(), options.key.as_ref());
     assert!(report.is_clean(), "{what}: fsck: {:#?}", report.problems);
     let (fs, _) = FileSystem::mount(device.clone(), options).unwrap();
     (fs, device)
+}
+
+/// fsck of the volume on `device`, unlocked with `key` when it is encrypted.
+pub fn check_with_key(device: Arc<dyn Device>, key: Option<&tandemfs::crypt::Secret>) -> tandemfs::fsck::FsckReport {
+    let options = tandemfs::fsck::FsckOptions { key: key.cloned() };
+    tandemfs::fsck::check_with_options(device, &options, &mut |_| {}).unwrap()
 }
 
 pub fn rng(seed: u64) -> SmallRng {
