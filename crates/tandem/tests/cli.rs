@@ -799,16 +799,29 @@ fn key_commands_refuse_bad_input_and_write_nothing() {
     }
     assert!(std::fs::read(&plain).unwrap() == plain_before, "a refused key command changed the plain volume");
 
-    // A volume in use (the lock a mount holds) is refused before anything is read.
+    // The exclusive lock held by something that is not a mount (fsck, mkfs) is refused.
     let holder = std::fs::File::open(&image).unwrap();
     // SAFETY: flock on a descriptor we own.
     let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX | libc::LOCK_NB) };
     assert_eq!(locked, 0);
     assert_one_line_failure(
         &tandem(&["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&other)]),
-        "in use",
+        "in use by another tandem process that is not a mount",
     );
     drop(holder);
+    // Another key command at work (its lock on the image's first byte) is refused.
+    let other_key_command = std::fs::OpenOptions::new().read(true).write(true).open(&image).unwrap();
+    // SAFETY: an all-zero flock is valid; fcntl reads it.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_len = 1;
+    let locked = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&other_key_command), libc::F_OFD_SETLK, &lock) };
+    assert_eq!(locked, 0);
+    assert_one_line_failure(
+        &tandem(&["key", "remove", image_text, "--key-file", text(&key)]),
+        "another 'tandem key' is changing the key slots",
+    );
+    drop(other_key_command);
     unchanged("the refusals");
 
     // Eight slots: the seven free ones take seven keys, the eighth add is refused.
@@ -906,4 +919,50 @@ fn encrypted_volumes_and_their_keys() {
     assert_eq!(warned.status.code(), Some(0), "{}", stderr(&warned));
     assert!(stderr(&warned).contains("warning: key slot 0 is damaged"), "{}", stderr(&warned));
     assert!(stderr(&warned).contains("slot 1 opened the volume"), "{}", stderr(&warned));
+}
+
+/// A mounted volume's keys change beside the mount (the key slots are apart from everything a
+/// mount writes); the new key opens the volume once it is unmounted, the mount's data intact.
+#[test]
+fn key_add_and_change_on_a_mounted_volume() {
+    use std::sync::Arc;
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    use tandemfs::fs::{MountOptions, ROOT_INODE};
+    use tandemfs::types::FileType;
+    let scratch = Scratch::new("key-mounted");
+    let image = scratch.join("secret.img");
+    let [first, second, third] = ["first.key", "second.key", "third.key"].map(|name| scratch.join(name));
+    for (seed, path) in [&first, &second, &third].into_iter().enumerate() {
+        write_key_file(path, 64, seed as u32 + 20);
+    }
+    encrypted_image(&image, &first);
+
+    let options = FileDeviceOptions { lock_exclusive: true, ..FileDeviceOptions::default() };
+    let device = FileDevice::open(&image, options).unwrap();
+    let key = Some(tandemfs::crypt::Secret::from_key_file(&first).unwrap());
+    let (fs, _) =
+        tandemfs::FileSystem::mount(Arc::new(device), &MountOptions { key, ..MountOptions::default() }).unwrap();
+    let file = fs.create(ROOT_INODE, b"written-while-keys-change", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.write(file.inode, 0, b"before").unwrap();
+    let added = tandem(&["key", "add", text(&image), "--key-file", text(&first), "--new-key-file", text(&second)]);
+    assert_eq!(added.status.code(), Some(0), "{}", stderr(&added));
+    fs.write(file.inode, 6, b" and after").unwrap();
+    let changed = tandem(&["key", "change", text(&image), "--key-file", text(&first), "--new-key-file", text(&third)]);
+    assert_eq!(changed.status.code(), Some(0), "{}", stderr(&changed));
+    fs.fsync(file.inode, false).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+
+    assert!(!opens(&image, &first) && opens(&image, &second) && opens(&image, &third));
+    let checked = tandem(&["fsck", text(&image), "--key-file", text(&third)]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+    let device = FileDevice::open(&image, FileDeviceOptions::default()).unwrap();
+    let key = Some(tandemfs::crypt::Secret::from_key_file(&second).unwrap());
+    let options = MountOptions { background_backend: false, key, ..MountOptions::default() };
+    let (fs, _) = tandemfs::FileSystem::mount(Arc::new(device), &options).unwrap();
+    let found = fs.lookup(ROOT_INODE, b"written-while-keys-change").unwrap();
+    let mut buffer = vec![0u8; 64];
+    let length = fs.read(found.inode, 0, &mut buffer).unwrap();
+    assert_eq!(&buffer[..length], b"before and after");
+    fs.unmount().unwrap();
 }

@@ -2,18 +2,20 @@
 //!
 //! Every input is read and checked before the volume is touched, and the library writes a new
 //! slot (and flushes it) before it clears an old one, so a refused or failed command leaves the
-//! volume as it was and some slot always opens it. The volume must not be mounted: the
-//! exclusive lock keeps two key commands, or a key command and fsck --repair, from racing over
-//! the same free slot.
+//! volume as it was and some slot always opens it. A mounted volume's keys can be changed (as
+//! LUKS allows on an open volume); `hold` says what keeps two writers of the slots apart.
 
 use crate::error::{describe, CliError, CliResult, EXIT_SUCCESS};
-use crate::image::{self, Access};
+use crate::image;
 use crate::secret::{self, Ask};
 use clap::{Args, Subcommand};
 use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tandemfs::block::mmp::Activity;
 use tandemfs::crypt::{self, KdfCost, Secret};
-use tandemfs::device::Device;
+use tandemfs::device::{Device, FileDevice, FileDeviceOptions};
 use zeroize::Zeroizing;
 
 #[derive(Args)]
@@ -75,10 +77,73 @@ enum Operation {
     Change,
 }
 
-/// Opens `image` for writing, alone, and makes sure it is an encrypted tandemfs volume.
-fn open_encrypted(image: &Path) -> CliResult<std::sync::Arc<tandemfs::device::FileDevice>> {
-    let device = image::open(image, Access::WRITE)?;
-    let encrypted = crypt::is_encrypted(device.as_ref()).map_err(|error| {
+/// The image while a key operation runs: the device, and the descriptor whose locks keep other
+/// writers of the key slots away until it closes.
+struct Held {
+    device: Arc<FileDevice>,
+    _locks: std::fs::File,
+}
+
+/// Opens `image` for a key operation and keeps every other writer of its key slots away.
+///
+/// Key operations exclude one another with an open file description lock on the image's first
+/// byte, a lock no other command takes. An unmounted volume is moreover held with the exclusive
+/// lock that mkfs, mount and fsck take, for the whole operation. A mounted volume (its lock
+/// held and its multi-mount protection block refreshed by the mount) is changed beside the
+/// mount: nothing but a key operation writes the key-slot region, which lies apart from the
+/// superblocks that checkpoints rewrite, and a mount reads it only when it unlocks. A lock held
+/// by anything else (fsck, mkfs) is refused.
+fn hold(image: &Path) -> CliResult<Held> {
+    image::check_image_path(image)?;
+    let locks = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|error| CliError::new(format!("cannot open {}: {error}", image.display())))?;
+    if !lock_first_byte(&locks) {
+        return Err(CliError::new(format!(
+            "another 'tandem key' is changing the key slots of {}; try again when it has finished",
+            image.display()
+        )));
+    }
+    // SAFETY: flock on a descriptor we own; the lock goes when it closes.
+    let exclusive = unsafe { libc::flock(locks.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    let options = FileDeviceOptions { create_size_bytes: None, lock_exclusive: false, read_only: false };
+    let device = FileDevice::open(image, options)
+        .map(Arc::new)
+        .map_err(|error| CliError::new(format!("cannot open {}: {}", image.display(), describe(&error))))?;
+    if !exclusive && !mounted(&device) {
+        return Err(CliError::new(format!(
+            "{} is in use by another tandem process that is not a mount (fsck or mkfs?); try again when it has finished",
+            image.display()
+        )));
+    }
+    Ok(Held { device, _locks: locks })
+}
+
+/// Takes a write lock on byte 0 of the image for this open file description, without waiting.
+fn lock_first_byte(file: &std::fs::File) -> bool {
+    // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = 0;
+    lock.l_len = 1;
+    // SAFETY: fcntl reads the flock we own; l_pid stays 0 as open file description locks need.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) == 0 }
+}
+
+/// Whether a live mount holds the volume: its multi-mount protection block was refreshed
+/// within the mount's check interval.
+fn mounted(device: &Arc<FileDevice>) -> bool {
+    let device: Arc<dyn Device> = device.clone();
+    matches!(tandemfs::block::mmp::look_at_volume(device), Ok(Activity::Recent { .. }))
+}
+
+/// Holds `image` (see `hold`) and makes sure it is an encrypted tandemfs volume.
+fn open_encrypted(image: &Path) -> CliResult<Held> {
+    let held = hold(image)?;
+    let encrypted = crypt::is_encrypted(held.device.as_ref()).map_err(|error| {
         CliError::new(format!("cannot read the volume on {}: {}", image.display(), describe(&error)))
     })?;
     if !encrypted {
@@ -87,7 +152,7 @@ fn open_encrypted(image: &Path) -> CliResult<std::sync::Arc<tandemfs::device::Fi
             image.display()
         )));
     }
-    Ok(device)
+    Ok(held)
 }
 
 fn key_file(path: &Path) -> CliResult<Secret> {
@@ -140,7 +205,8 @@ fn volume_error(image: &Path, error: &tandemfs::Error) -> CliError {
 
 fn run_add_or_change(arguments: NewKeyArguments, operation: Operation) -> CliResult<i32> {
     let (existing, new) = read_key_files(arguments.key_file.as_deref(), arguments.new_key_file.as_deref())?;
-    let device = open_encrypted(&arguments.image)?;
+    let held = open_encrypted(&arguments.image)?;
+    let device = held.device.clone();
     let cost = new_slot_cost(device.as_ref(), &arguments.image, arguments.kdf_time_ms)?;
     let existing = match existing {
         Some(existing) => existing,
@@ -168,7 +234,8 @@ fn run_add_or_change(arguments: NewKeyArguments, operation: Operation) -> CliRes
 
 fn run_remove(arguments: RemoveKeyArguments) -> CliResult<i32> {
     let (existing, _) = read_key_files(arguments.key_file.as_deref(), None)?;
-    let device = open_encrypted(&arguments.image)?;
+    let held = open_encrypted(&arguments.image)?;
+    let device = held.device.clone();
     let existing = match existing {
         Some(existing) => existing,
         None => secret::obtain(&arguments.image, None, Ask::Open)?,
