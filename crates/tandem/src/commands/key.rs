@@ -100,7 +100,9 @@ fn hold(image: &Path) -> CliResult<Held> {
         .write(true)
         .open(image)
         .map_err(|error| CliError::new(format!("cannot open {}: {error}", image.display())))?;
-    if !lock_first_byte(&locks) {
+    let locked = lock_first_byte(&locks)
+        .map_err(|error| CliError::new(format!("cannot lock {} for a key change: {error}", image.display())))?;
+    if !locked {
         return Err(CliError::new(format!(
             "another 'tandem key' is changing the key slots of {}; try again when it has finished",
             image.display()
@@ -121,8 +123,9 @@ fn hold(image: &Path) -> CliResult<Held> {
     Ok(Held { device, _locks: locks })
 }
 
-/// Takes a write lock on byte 0 of the image for this open file description, without waiting.
-fn lock_first_byte(file: &std::fs::File) -> bool {
+/// Takes a write lock on byte 0 of the image for this open file description, without waiting:
+/// false when another description holds it.
+fn lock_first_byte(file: &std::fs::File) -> std::io::Result<bool> {
     // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_WRLCK as libc::c_short;
@@ -130,7 +133,14 @@ fn lock_first_byte(file: &std::fs::File) -> bool {
     lock.l_start = 0;
     lock.l_len = 1;
     // SAFETY: fcntl reads the flock we own; l_pid stays 0 as open file description locks need.
-    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) == 0 }
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) } == 0 {
+        return Ok(true);
+    }
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(error),
+    }
 }
 
 /// Whether a live mount holds the volume: its multi-mount protection block was refreshed
