@@ -319,3 +319,42 @@ fn changed_ciphertext_in_a_metadata_block_is_an_error_and_fsck_reports_it() {
     assert!(error.is_corruption(), "{error:?}");
     fs.unmount().unwrap();
 }
+
+/// Replay: an inode-table block's older ciphertext, copied back to its place, decrypts
+/// cleanly to the older plaintext; the (encrypted) generation table tells it is stale.
+#[test]
+fn an_older_ciphertext_block_put_back_is_found_stale() {
+    let secret = passphrase("correct horse battery staple");
+    let memory = encrypted_volume(&secret);
+    let fs = mount(&memory, &secret);
+    write_known_files(&fs);
+    fs.unmount().unwrap();
+    drop(fs);
+    let superblock = Superblock::read_best(&memory).unwrap();
+    let table_block = superblock.inode_table_start * BLOCK_SIZE_U64;
+    let mut older = vec![0u8; BLOCK_SIZE];
+    memory.read_at(table_block, &mut older).unwrap();
+    let fs = mount(&memory, &secret);
+    let later = fs.create(ROOT_INODE, b"later", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(later, 0, b"written after the copy was taken").unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let mut newer = vec![0u8; BLOCK_SIZE];
+    memory.read_at(table_block, &mut newer).unwrap();
+    assert_ne!(older, newer, "the inode-table block was rewritten in place");
+    memory.write_at(table_block, &older).unwrap();
+
+    let report = check_with_key(Arc::new(memory.clone()), Some(&secret));
+    assert!(
+        report.problems.iter().any(|problem| problem.contains("stale")),
+        "fsck does not see the stale block: {:#?}",
+        report.problems
+    );
+    match FileSystem::mount(Arc::new(memory.clone()), &keyed(&secret)) {
+        Err(error) => assert!(error.is_corruption(), "{error:?}"),
+        Ok((fs, _)) => {
+            let error = fs.lookup(ROOT_INODE, b"later").and_then(|_| fs.get_attributes(later)).unwrap_err();
+            assert!(error.is_corruption(), "{error:?}");
+        }
+    }
+}

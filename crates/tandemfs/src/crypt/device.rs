@@ -99,7 +99,7 @@ impl Cipher {
 
 /// Whether `[offset, offset + length)` starts and ends on block boundaries.
 fn is_aligned(offset: u64, length: usize) -> bool {
-    offset % BLOCK_SIZE_U64 == 0 && length % BLOCK_BYTES == 0
+    offset.is_multiple_of(BLOCK_SIZE_U64) && length.is_multiple_of(BLOCK_BYTES)
 }
 
 /// The whole blocks that cover `[offset, offset + length)`, as a byte range of the device.
