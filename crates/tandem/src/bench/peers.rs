@@ -69,3 +69,55 @@ pub fn on_gocryptfs<T>(shape: Shape<'_>, skip: bool, body: impl FnOnce(&Path) ->
         result
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(scratch: &Path) -> Shape<'_> {
+        Shape { scratch, volume_bytes: 256 << 20, inode_count: 4096 }
+    }
+
+    #[test]
+    fn a_skipped_peer_runs_nothing_and_says_which_option() {
+        let scratch = std::env::temp_dir();
+        let outcome = on_dm_crypt(shape(&scratch), true, |_| -> Result<(), String> { panic!("ran") });
+        assert!(matches!(outcome, Outcome::Skipped(line) if line.contains("--no-dm-crypt")));
+        let outcome = on_gocryptfs(shape(&scratch), true, |_| -> Result<(), String> { panic!("ran") });
+        assert!(matches!(outcome, Outcome::Skipped(line) if line.contains("--no-gocryptfs")));
+    }
+
+    /// Whether anything is mounted at a path containing `needle`, by /proc/self/mountinfo.
+    fn mounted_anywhere(needle: &str) -> bool {
+        std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|text| text.contains(needle))
+    }
+
+    /// Needs root, loop devices, e2fsprogs, FUSE and gocryptfs; says so and passes without them.
+    #[test]
+    fn gocryptfs_is_taken_down_after_a_failing_and_a_panicking_body() {
+        if let Some(reason) = Gocryptfs::unavailable_reason() {
+            eprintln!("skipped: {reason}");
+            return;
+        }
+        let scratch = std::env::temp_dir().join(format!("tandem-peers-test-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        let needle = format!("tandem-bench-gocryptfs-{}", std::process::id());
+        let outcome = on_gocryptfs(shape(&scratch), false, |root| -> Result<(), String> {
+            std::fs::write(root.join("file"), b"contents").map_err(|error| error.to_string())?;
+            assert!(mounted_anywhere(&needle));
+            Err("the workload failed".into())
+        });
+        assert!(matches!(outcome, Outcome::Ran(Err(error)) if error == "the workload failed"));
+        assert!(!mounted_anywhere(&needle), "gocryptfs still mounted after a failure");
+        let panicked = std::panic::catch_unwind(|| {
+            on_gocryptfs(shape(&scratch), false, |_| -> Result<(), String> { panic!("the workload panicked") })
+        });
+        assert!(panicked.is_err());
+        assert!(!mounted_anywhere(&needle), "gocryptfs still mounted after a panic");
+        let ext4 = format!("tandem-bench-ext4-{}", std::process::id());
+        assert!(!mounted_anywhere(&ext4), "the ext4 volume below is still mounted");
+        let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
+        assert!(left.is_empty(), "images left behind: {left:?}");
+        std::fs::remove_dir(&scratch).unwrap();
+    }
+}
