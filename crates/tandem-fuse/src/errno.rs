@@ -68,6 +68,7 @@ mod tests {
             (Error::NotPermitted, libc::EPERM),
             (Error::Busy, libc::EBUSY),
             (Error::InUse("volume is in use by pid 1 on host h".into()), libc::EBUSY),
+            (Error::Key("wrong passphrase or key file".into()), libc::EACCES),
             (Error::NotSupported, libc::EOPNOTSUPP),
             (Error::Shutdown, libc::EIO),
         ];

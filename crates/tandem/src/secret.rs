@@ -71,10 +71,9 @@ fn prompt(text: &str) -> CliResult<Zeroizing<String>> {
 /// decrypting device the secret (from `key_file` or the terminal) opens. Warns on stderr about
 /// damaged key slots. Only reads: a wrong key writes nothing.
 pub fn unlock(image: &Path, device: Arc<dyn Device>, key_file: Option<&Path>) -> CliResult<Arc<dyn Device>> {
-    let encrypted = crypt::is_encrypted(device.as_ref()).map_err(|error| {
-        CliError::new(format!("cannot read the volume on {}: {}", image.display(), describe(&error)))
-    })?;
-    if !encrypted {
+    // A volume without a valid superblock is the command's to report, in its own words (fsck
+    // lists it as a problem): only a volume known to be encrypted needs a key.
+    if !crypt::is_encrypted(device.as_ref()).unwrap_or(false) {
         return Ok(device);
     }
     let secret = obtain(image, key_file, Ask::Open)?;

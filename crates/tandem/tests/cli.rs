@@ -966,3 +966,36 @@ fn key_add_and_change_on_a_mounted_volume() {
     assert_eq!(&buffer[..length], b"before and after");
     fs.unmount().unwrap();
 }
+
+/// Passphrases on a terminal (util-linux `script` gives the command one; skipped without it):
+/// mkfs asks twice and refuses two that differ before creating the image; fsck asks once and
+/// refuses a wrong one.
+#[test]
+fn passphrases_are_asked_on_a_terminal() {
+    if Command::new("script").arg("--version").output().map_or(true, |output| !output.status.success()) {
+        eprintln!("skipped: no util-linux script(1) to provide a terminal");
+        return;
+    }
+    let scratch = Scratch::new("passphrase");
+    let image = scratch.join("typed.img");
+    // Types `lines` into `arguments` run on a terminal, each after a pause that lets the
+    // command switch the terminal to no-echo and ask.
+    let typed = |lines: &[&str], arguments: &str| -> String {
+        let typing: String = lines.iter().map(|line| format!("sleep 0.5; printf '%s\\n' '{line}'; ")).collect();
+        let command = format!("{} {arguments}", env!("CARGO_BIN_EXE_tandem"));
+        let shell = format!("({typing} sleep 0.5) | script -qec \"{command}\" /dev/null");
+        let output = Command::new("sh").arg("-c").arg(&shell).output().expect("run script");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let differ =
+        typed(&["first words", "other words"], &format!("mkfs --encrypt --kdf-time-ms 1 --size 32M {}", text(&image)));
+    assert!(differ.contains("the two passphrases differ"), "{differ}");
+    assert!(!image.exists());
+    let made =
+        typed(&["same words", "same words"], &format!("mkfs --encrypt --kdf-time-ms 1 --size 32M {}", text(&image)));
+    assert!(made.contains("Repeat the passphrase") && made.contains("created encrypted tandemfs"), "{made}");
+    let checked = typed(&["same words"], &format!("fsck {}", text(&image)));
+    assert!(checked.contains(": clean ("), "{checked}");
+    let wrong = typed(&["other words"], &format!("fsck {}", text(&image)));
+    assert!(wrong.contains("wrong passphrase or key file"), "{wrong}");
+}

@@ -97,6 +97,30 @@ impl Cipher {
     }
 }
 
+/// Scratch buffers kept per thread at most this large (a FUSE request is at most 1 MiB; each
+/// thread that writes keeps one): a write of a borrowed buffer needs a
+/// copy to encrypt, and a fresh allocation of a large one costs a page fault per page.
+const SCRATCH_KEPT_BYTES_MAX: usize = 1 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `work` on a buffer of `length` bytes (contents unspecified) from this thread's scratch
+/// buffer, or a fresh one when that is in use further up the stack or the length is above
+/// what is kept.
+fn with_scratch<R>(length: usize, work: impl FnOnce(&mut [u8]) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) if length <= SCRATCH_KEPT_BYTES_MAX => {
+            if scratch.len() < length {
+                scratch.resize(length, 0);
+            }
+            work(&mut scratch[..length])
+        }
+        _ => work(&mut vec![0u8; length]),
+    })
+}
+
 /// Whether `[offset, offset + length)` starts and ends on block boundaries.
 fn is_aligned(offset: u64, length: usize) -> bool {
     offset.is_multiple_of(BLOCK_SIZE_U64) && length.is_multiple_of(BLOCK_BYTES)
@@ -145,12 +169,13 @@ impl EncryptedDevice {
         }
         // Part of a block: decrypt the whole blocks that hold the range, hand out the range.
         let blocks = covering_blocks(offset, buffer.len());
-        let mut whole = vec![0u8; (blocks.end - blocks.start) as usize];
-        read_inner(blocks.start, &mut whole)?;
-        self.cipher.apply(Direction::Decrypt, &mut [(blocks.start / BLOCK_SIZE_U64, &mut whole)])?;
-        let start = (offset - blocks.start) as usize;
-        buffer.copy_from_slice(&whole[start..start + buffer.len()]);
-        Ok(())
+        with_scratch((blocks.end - blocks.start) as usize, |whole| {
+            read_inner(blocks.start, whole)?;
+            self.cipher.apply(Direction::Decrypt, &mut [(blocks.start / BLOCK_SIZE_U64, &mut *whole)])?;
+            let start = (offset - blocks.start) as usize;
+            buffer.copy_from_slice(&whole[start..start + buffer.len()]);
+            Ok(())
+        })
     }
 
     /// Writes `data` at `offset`. A write that covers part of a block reads that block,
@@ -180,14 +205,27 @@ impl EncryptedDevice {
         }
         let blocks = covering_blocks(offset, data.len());
         let first_block = blocks.start / BLOCK_SIZE_U64;
-        let mut whole = vec![0u8; (blocks.end - blocks.start) as usize];
-        if is_aligned(offset, data.len()) {
-            whole.copy_from_slice(data);
-            self.cipher.apply(Direction::Encrypt, &mut [(first_block, &mut whole)])?;
-            return write_inner(offset, &whole);
-        }
+        with_scratch((blocks.end - blocks.start) as usize, |whole| {
+            if is_aligned(offset, data.len()) {
+                whole.copy_from_slice(data);
+                self.cipher.apply(Direction::Encrypt, &mut [(first_block, &mut *whole)])?;
+                return write_inner(offset, whole);
+            }
+            // Held from the read to the write back of the first and last block.
+            let _locks = self.lock_blocks(first_block, blocks.end / BLOCK_SIZE_U64 - 1);
+            self.write_partial(offset, data, whole, through)?;
+            write_inner(blocks.start, whole)
+        })
+    }
+
+    /// Fills `whole` (the blocks a partial write covers) with their new ciphertext: the first
+    /// and last block read and decrypted, `data` copied in, all encrypted. The caller holds
+    /// their read-modify-write locks.
+    fn write_partial(&self, offset: u64, data: &[u8], whole: &mut [u8], through: bool) -> Result<()> {
+        let blocks = covering_blocks(offset, data.len());
+        let first_block = blocks.start / BLOCK_SIZE_U64;
         let last_block = blocks.end / BLOCK_SIZE_U64 - 1;
-        let _locks = self.lock_blocks(first_block, last_block);
+        assert_eq!(whole.len() as u64, blocks.end - blocks.start);
         let head_partial = offset != blocks.start;
         let tail_partial = offset + data.len() as u64 != blocks.end;
         if head_partial {
@@ -199,8 +237,7 @@ impl EncryptedDevice {
         }
         let start = (offset - blocks.start) as usize;
         whole[start..start + data.len()].copy_from_slice(data);
-        self.cipher.apply(Direction::Encrypt, &mut [(first_block, &mut whole)])?;
-        write_inner(blocks.start, &whole)
+        self.cipher.apply(Direction::Encrypt, &mut [(first_block, whole)])
     }
 
     /// Reads one block's plaintext into `buffer` (one block long).
@@ -354,6 +391,36 @@ mod tests {
         let mut expected = pattern(5000, 1);
         expected[3..13].fill(0xEE);
         assert_eq!(back, expected);
+    }
+
+    /// Writers of different bytes of one block each read, change and write the whole block:
+    /// without the read-modify-write locks one would write back what it read before the
+    /// other's write and undo it.
+    #[test]
+    fn concurrent_partial_writes_to_one_block_keep_every_byte() {
+        let (_, device) = setup();
+        let device = Arc::new(device);
+        let offset = 700 * BLOCK_SIZE_U64;
+        let writers: Vec<_> = (0..4u8)
+            .map(|writer| {
+                let device = device.clone();
+                std::thread::spawn(move || {
+                    for round in 0..1000u32 {
+                        let value = writer.wrapping_mul(50).wrapping_add(round as u8);
+                        device.write_at(offset + u64::from(writer) * 100, &[value; 100]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        let mut back = vec![0u8; 400];
+        device.read_at(offset, &mut back).unwrap();
+        for writer in 0..4u8 {
+            let last = writer.wrapping_mul(50).wrapping_add((999u32 % 256) as u8);
+            assert!(back[writer as usize * 100..][..100].iter().all(|byte| *byte == last), "writer {writer}");
+        }
     }
 
     #[test]

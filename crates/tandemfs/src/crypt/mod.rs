@@ -350,8 +350,9 @@ fn is_in_use(contents: &SlotContents) -> bool {
 }
 
 fn damaged(slots: &[SlotContents]) -> Vec<(usize, String)> {
-    let damaged = slots.iter().enumerate();
-    damaged
+    slots
+        .iter()
+        .enumerate()
         .filter_map(|(index, contents)| match contents {
             SlotContents::Damaged(why) => Some((index, why.clone())),
             _ => None,
@@ -359,9 +360,11 @@ fn damaged(slots: &[SlotContents]) -> Vec<(usize, String)> {
         .collect()
 }
 
-/// Tries `secret` on every slot in use, in order; the first whose tag verifies gives the
-/// master key. Also returns every slot as read.
+/// The slot that opened the volume and the master key, and every slot as read.
 type Opened = ((usize, MasterKey), Vec<SlotContents>);
+
+/// Tries `secret` on every slot in use, in order (at most `KEY_SLOT_COUNT` derivations); the
+/// first whose tag verifies gives the master key.
 fn open_master_key(device: &dyn Device, superblock: &Superblock, secret: &Secret) -> Result<Opened> {
     let slots = read_slots(device, superblock)?;
     for (index, contents) in slots.iter().enumerate() {
