@@ -40,6 +40,8 @@ enum Command {
     Fsck(commands::fsck::FsckArguments),
     /// Show a volume's geometry, usage and log state
     Stat(commands::stat::StatArguments),
+    /// Add, remove or change a passphrase or key file of an encrypted volume (its key slots)
+    Key(commands::key::KeyArguments),
     /// Mount a volume with FUSE (foreground, or in the background with -d)
     Mount(commands::mount::MountArguments),
     /// Unmount a tandemfs mount and wait until its volume is flushed and closed
@@ -82,6 +84,7 @@ fn run(cli: Cli) -> CliResult<i32> {
         Command::Mkfs(arguments) => commands::mkfs::run(arguments),
         Command::Fsck(arguments) => commands::fsck::run(arguments),
         Command::Stat(arguments) => commands::stat::run(arguments),
+        Command::Key(arguments) => commands::key::run(arguments),
         Command::Mount(arguments) => commands::mount::run_mount(arguments),
         Command::Umount(arguments) => commands::mount::run_umount(arguments),
         Command::Insert(arguments) => commands::edit::run_insert(arguments),
@@ -128,6 +131,9 @@ fn parse_arguments() -> Cli {
                 Some("bench") if words.len() == 2 && ["meta", "mount", "services"].contains(&words[1].as_str()) => {
                     format!("tandem bench {} --help", words[1])
                 }
+                Some("key") if words.len() == 2 && ["add", "remove", "change"].contains(&words[1].as_str()) => {
+                    format!("tandem key {} --help", words[1])
+                }
                 Some(word) if Cli::command_names().contains(&word) => format!("tandem {word} --help"),
                 _ => "tandem --help".to_string(),
             };
@@ -139,7 +145,7 @@ fn parse_arguments() -> Cli {
 
 impl Cli {
     fn command_names() -> Vec<&'static str> {
-        vec!["mkfs", "fsck", "stat", "mount", "umount", "unmount", "insert", "collapse", "demo", "bench"]
+        vec!["mkfs", "fsck", "stat", "key", "mount", "umount", "unmount", "insert", "collapse", "demo", "bench"]
     }
 }
 

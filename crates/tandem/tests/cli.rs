@@ -70,7 +70,7 @@ fn help_and_version_succeed() {
     let help = tandem(&["--help"]);
     assert_eq!(help.status.code(), Some(0));
     assert!(stdout(&help).contains("Exit codes"));
-    for command in ["mkfs", "fsck", "stat", "mount", "umount", "insert", "collapse", "demo"] {
+    for command in ["mkfs", "fsck", "stat", "key", "mount", "umount", "insert", "collapse", "demo"] {
         let output = tandem(&[command, "--help"]);
         assert_eq!(output.status.code(), Some(0), "{command} --help");
         assert!(stdout(&output).contains("Usage: tandem"), "{command} --help");
@@ -619,6 +619,229 @@ fn insert_interrupted_by_a_signal_leaves_the_file_as_it_was() {
     mounted.finish(&scratch);
 }
 
+/// A key file of `length` random-looking bytes (a fixed pattern per seed, so runs repeat).
+fn write_key_file(path: &Path, length: usize, seed: u32) {
+    std::fs::write(path, pattern_bytes(length, seed)).unwrap();
+}
+
+/// An encrypted 32 MiB volume whose only slot opens with `key_file`, Argon2id at the cheapest
+/// cost so that every key operation of a test takes milliseconds. Made through the library, so
+/// these tests stand apart from mkfs's options.
+fn encrypted_image(image: &Path, key_file: &Path) {
+    use std::sync::Arc;
+    use tandemfs::crypt::{Encryption, KdfCost, Secret};
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    let options = FileDeviceOptions { create_size_bytes: Some(32 << 20), lock_exclusive: true, read_only: false };
+    let device = FileDevice::open(image, options).unwrap();
+    let secret = Secret::from_key_file(key_file).unwrap();
+    let format = tandemfs::fs::FormatOptions {
+        encryption: Some(Encryption { secret, cost: KdfCost::for_tests() }),
+        ..Default::default()
+    };
+    tandemfs::FileSystem::format(Arc::new(device), &format).unwrap();
+}
+
+/// Mounts the volume on `image` with `key_file` through the library, writes a file, unmounts.
+fn mount_and_write(image: &Path, key_file: &Path) {
+    use std::sync::Arc;
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    use tandemfs::fs::{MountOptions, ROOT_INODE};
+    use tandemfs::types::FileType;
+    let device = FileDevice::open(image, FileDeviceOptions::default()).unwrap();
+    let key = Some(tandemfs::crypt::Secret::from_key_file(key_file).unwrap());
+    let options = MountOptions { background_backend: false, key, ..MountOptions::default() };
+    let (fs, _) = tandemfs::FileSystem::mount(Arc::new(device), &options).unwrap();
+    let created = fs.create(ROOT_INODE, b"after-key-change", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.write(created.inode, 0, b"still readable").unwrap();
+    fs.unmount().unwrap();
+}
+
+/// Whether `key_file` opens the encrypted volume on `image` (through the library, so the
+/// test does not depend on another command's output).
+fn opens(image: &Path, key_file: &Path) -> bool {
+    use std::sync::Arc;
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    let device =
+        FileDevice::open(image, FileDeviceOptions { read_only: true, ..FileDeviceOptions::default() }).unwrap();
+    let secret = tandemfs::crypt::Secret::from_key_file(key_file).unwrap();
+    tandemfs::crypt::unlock(Arc::new(device), Some(&secret)).is_ok()
+}
+
+/// The slots in use, by index, as the library reads them.
+fn slots_in_use(image: &Path) -> Vec<usize> {
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    let device =
+        FileDevice::open(image, FileDeviceOptions { read_only: true, ..FileDeviceOptions::default() }).unwrap();
+    tandemfs::crypt::key_slots(&device).unwrap().iter().filter(|slot| slot.in_use).map(|slot| slot.index).collect()
+}
+
+#[test]
+fn key_add_change_and_remove_with_key_files() {
+    let scratch = Scratch::new("key-slots");
+    let image = scratch.join("secret.img");
+    let [first, second, third] = ["first.key", "second.key", "third.key"].map(|name| scratch.join(name));
+    for (seed, path) in [&first, &second, &third].into_iter().enumerate() {
+        write_key_file(path, 64, seed as u32 + 1);
+    }
+    encrypted_image(&image, &first);
+    assert_eq!(slots_in_use(&image), vec![0]);
+
+    let added = tandem(&["key", "add", text(&image), "--key-file", text(&first), "--new-key-file", text(&second)]);
+    assert_eq!(added.status.code(), Some(0), "{}", stderr(&added));
+    assert!(stdout(&added).contains("added key slot 1"), "{}", stdout(&added));
+    assert_eq!(slots_in_use(&image), vec![0, 1]);
+    assert!(opens(&image, &first) && opens(&image, &second));
+    // Without --kdf-time-ms the new slot copies the first slot's (cheap) Argon2id cost.
+    let costs: Vec<_> = {
+        let device = tandemfs::device::FileDevice::open(&image, Default::default()).unwrap();
+        tandemfs::crypt::key_slots(&device).unwrap().iter().filter_map(|slot| slot.cost).collect()
+    };
+    assert_eq!(costs, vec![tandemfs::crypt::KdfCost::for_tests(); 2]);
+
+    // The new key replaces the first: it opens, the first no longer does, the second still does.
+    let changed = tandem(&["key", "change", text(&image), "--key-file", text(&first), "--new-key-file", text(&third)]);
+    assert_eq!(changed.status.code(), Some(0), "{}", stderr(&changed));
+    assert!(opens(&image, &third) && opens(&image, &second));
+    assert!(!opens(&image, &first), "the changed key must no longer open the volume");
+    assert_eq!(slots_in_use(&image).len(), 2);
+
+    let removed = tandem(&["key", "remove", text(&image), "--key-file", text(&second)]);
+    assert_eq!(removed.status.code(), Some(0), "{}", stderr(&removed));
+    assert!(stdout(&removed).contains("cleared key slot 1"), "{}", stdout(&removed));
+    assert!(!opens(&image, &second));
+    assert!(opens(&image, &third));
+
+    // The volume still mounts with the key that is left, checks clean, and stat lists the
+    // slot that is left.
+    mount_and_write(&image, &third);
+    let checked = tandem(&["fsck", text(&image), "--key-file", text(&third)]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+    let status = tandem(&["stat", text(&image), "--key-file", text(&third)]);
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    assert!(stdout(&status).contains("1 of 8 in use"), "{}", stdout(&status));
+}
+
+#[test]
+fn key_commands_refuse_bad_input_and_write_nothing() {
+    let scratch = Scratch::new("key-refusals");
+    let image = scratch.join("secret.img");
+    let key = scratch.join("right.key");
+    let other = scratch.join("other.key");
+    let wrong = scratch.join("wrong.key");
+    let short = scratch.join("short.key");
+    let long = scratch.join("long.key");
+    let missing = scratch.join("missing.key");
+    let no_image = scratch.join("none.img");
+    write_key_file(&key, 64, 1);
+    write_key_file(&other, 64, 2);
+    write_key_file(&wrong, 64, 3);
+    write_key_file(&short, 63, 4);
+    write_key_file(&long, 65, 5);
+    encrypted_image(&image, &key);
+    let before = std::fs::read(&image).unwrap();
+    let unchanged = |what: &str| assert!(std::fs::read(&image).unwrap() == before, "{what} changed the image");
+    let image_text = text(&image);
+
+    let refusals: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["key", "add", image_text, "--key-file", text(&wrong), "--new-key-file", text(&other)],
+            "wrong passphrase or key file",
+        ),
+        (
+            vec!["key", "change", image_text, "--key-file", text(&wrong), "--new-key-file", text(&other)],
+            "wrong passphrase or key file",
+        ),
+        (vec!["key", "remove", image_text, "--key-file", text(&wrong)], "wrong passphrase or key file"),
+        (vec!["key", "add", image_text, "--key-file", text(&missing), "--new-key-file", text(&other)], "missing.key"),
+        (vec!["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&missing)], "missing.key"),
+        (vec!["key", "add", image_text, "--key-file", text(&short), "--new-key-file", text(&other)], "63 bytes"),
+        (vec!["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&long)], "exactly 64"),
+        (vec!["key", "remove", image_text, "--key-file", text(&key)], "only slot in use"),
+        // No terminal here: neither passphrase can be asked for.
+        (vec!["key", "add", image_text, "--new-key-file", text(&other)], "--key-file"),
+        (vec!["key", "add", image_text, "--key-file", text(&key)], "--new-key-file"),
+        (vec!["key", "remove", image_text], "--key-file"),
+        (
+            vec![
+                "key",
+                "add",
+                image_text,
+                "--key-file",
+                text(&key),
+                "--new-key-file",
+                text(&other),
+                "--kdf-time-ms",
+                "0",
+            ],
+            "0",
+        ),
+        (
+            vec!["key", "add", text(&no_image), "--key-file", text(&key), "--new-key-file", text(&other)],
+            "no such image",
+        ),
+    ];
+    for (arguments, expected) in &refusals {
+        assert_one_line_failure(&tandem(arguments), expected);
+        unchanged(&arguments.join(" "));
+    }
+    assert!(opens(&image, &key) && !opens(&image, &other));
+
+    // A plain volume has no key slots.
+    let plain = scratch.join("plain.img");
+    assert_eq!(tandem(&["mkfs", text(&plain), "--size", "32M"]).status.code(), Some(0));
+    let plain_before = std::fs::read(&plain).unwrap();
+    for arguments in [
+        vec!["key", "add", text(&plain), "--key-file", text(&key), "--new-key-file", text(&other)],
+        vec!["key", "change", text(&plain), "--key-file", text(&key), "--new-key-file", text(&other)],
+        vec!["key", "remove", text(&plain), "--key-file", text(&key)],
+    ] {
+        assert_one_line_failure(&tandem(&arguments), "not encrypted");
+    }
+    assert!(std::fs::read(&plain).unwrap() == plain_before, "a refused key command changed the plain volume");
+
+    // The exclusive lock held by something that is not a mount (fsck, mkfs) is refused.
+    let holder = std::fs::File::open(&image).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0);
+    assert_one_line_failure(
+        &tandem(&["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&other)]),
+        "in use by another tandem process that is not a mount",
+    );
+    drop(holder);
+    // Another key command at work (its lock on the image's first byte) is refused.
+    let other_key_command = std::fs::OpenOptions::new().read(true).write(true).open(&image).unwrap();
+    // SAFETY: an all-zero flock is valid; fcntl reads it.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_len = 1;
+    let locked = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&other_key_command), libc::F_OFD_SETLK, &lock) };
+    assert_eq!(locked, 0);
+    assert_one_line_failure(
+        &tandem(&["key", "remove", image_text, "--key-file", text(&key)]),
+        "another 'tandem key' is changing the key slots",
+    );
+    drop(other_key_command);
+    unchanged("the refusals");
+
+    // Eight slots: the seven free ones take seven keys, the eighth add is refused.
+    let added = scratch.join("added.key");
+    for seed in 10..17 {
+        write_key_file(&added, 64, seed);
+        let output = tandem(&["key", "add", image_text, "--key-file", text(&key), "--new-key-file", text(&added)]);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    }
+    assert_eq!(slots_in_use(&image), (0..8).collect::<Vec<_>>());
+    let full = std::fs::read(&image).unwrap();
+    for action in ["add", "change"] {
+        assert_one_line_failure(
+            &tandem(&["key", action, image_text, "--key-file", text(&key), "--new-key-file", text(&other)]),
+            "all 8 key slots are in use",
+        );
+    }
+    assert!(std::fs::read(&image).unwrap() == full, "a refused add or change on a full volume wrote");
+}
+
 /// Encrypted volumes at the command line: mkfs --encrypt with a key file, fsck and stat with
 /// it; without it (and without a terminal), with a wrong one, one of the wrong length or a
 /// missing one: one line, exit 2, the image unchanged; a damaged key slot is a warning while
@@ -696,6 +919,52 @@ fn encrypted_volumes_and_their_keys() {
     assert_eq!(warned.status.code(), Some(0), "{}", stderr(&warned));
     assert!(stderr(&warned).contains("warning: key slot 0 is damaged"), "{}", stderr(&warned));
     assert!(stderr(&warned).contains("slot 1 opened the volume"), "{}", stderr(&warned));
+}
+
+/// A mounted volume's keys change beside the mount (the key slots are apart from everything a
+/// mount writes); the new key opens the volume once it is unmounted, the mount's data intact.
+#[test]
+fn key_add_and_change_on_a_mounted_volume() {
+    use std::sync::Arc;
+    use tandemfs::device::{FileDevice, FileDeviceOptions};
+    use tandemfs::fs::{MountOptions, ROOT_INODE};
+    use tandemfs::types::FileType;
+    let scratch = Scratch::new("key-mounted");
+    let image = scratch.join("secret.img");
+    let [first, second, third] = ["first.key", "second.key", "third.key"].map(|name| scratch.join(name));
+    for (seed, path) in [&first, &second, &third].into_iter().enumerate() {
+        write_key_file(path, 64, seed as u32 + 20);
+    }
+    encrypted_image(&image, &first);
+
+    let options = FileDeviceOptions { lock_exclusive: true, ..FileDeviceOptions::default() };
+    let device = FileDevice::open(&image, options).unwrap();
+    let key = Some(tandemfs::crypt::Secret::from_key_file(&first).unwrap());
+    let (fs, _) =
+        tandemfs::FileSystem::mount(Arc::new(device), &MountOptions { key, ..MountOptions::default() }).unwrap();
+    let file = fs.create(ROOT_INODE, b"written-while-keys-change", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.write(file.inode, 0, b"before").unwrap();
+    let added = tandem(&["key", "add", text(&image), "--key-file", text(&first), "--new-key-file", text(&second)]);
+    assert_eq!(added.status.code(), Some(0), "{}", stderr(&added));
+    fs.write(file.inode, 6, b" and after").unwrap();
+    let changed = tandem(&["key", "change", text(&image), "--key-file", text(&first), "--new-key-file", text(&third)]);
+    assert_eq!(changed.status.code(), Some(0), "{}", stderr(&changed));
+    fs.fsync(file.inode, false).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+
+    assert!(!opens(&image, &first) && opens(&image, &second) && opens(&image, &third));
+    let checked = tandem(&["fsck", text(&image), "--key-file", text(&third)]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+    let device = FileDevice::open(&image, FileDeviceOptions::default()).unwrap();
+    let key = Some(tandemfs::crypt::Secret::from_key_file(&second).unwrap());
+    let options = MountOptions { background_backend: false, key, ..MountOptions::default() };
+    let (fs, _) = tandemfs::FileSystem::mount(Arc::new(device), &options).unwrap();
+    let found = fs.lookup(ROOT_INODE, b"written-while-keys-change").unwrap();
+    let mut buffer = vec![0u8; 64];
+    let length = fs.read(found.inode, 0, &mut buffer).unwrap();
+    assert_eq!(&buffer[..length], b"before and after");
+    fs.unmount().unwrap();
 }
 
 /// Passphrases on a terminal (util-linux `script` gives the command one; skipped without it):

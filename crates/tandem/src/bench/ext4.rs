@@ -12,9 +12,21 @@ pub struct Ext4Volume {
 }
 
 /// Runs a tool and returns its standard output, or one line saying what failed.
-fn run_tool(program: &str, arguments: &[&str]) -> Result<String, String> {
-    let output =
-        Command::new(program).args(arguments).output().map_err(|error| format!("cannot run {program}: {error}"))?;
+pub fn run_tool(program: &str, arguments: &[&str]) -> Result<String, String> {
+    run_tool_with_environment(program, arguments, &[])
+}
+
+/// `run_tool` with variables added to the tool's environment.
+pub fn run_tool_with_environment(
+    program: &str,
+    arguments: &[&str],
+    environment: &[(&str, &str)],
+) -> Result<String, String> {
+    let output = Command::new(program)
+        .args(arguments)
+        .envs(environment.iter().copied())
+        .output()
+        .map_err(|error| format!("cannot run {program}: {error}"))?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
     } else {
@@ -24,7 +36,7 @@ fn run_tool(program: &str, arguments: &[&str]) -> Result<String, String> {
     }
 }
 
-fn tool_exists(program: &str) -> bool {
+pub fn tool_exists(program: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|directory| directory.join(program).is_file()))
         .unwrap_or(false)
@@ -76,26 +88,31 @@ impl Ext4Volume {
     }
 }
 
+/// Unmounts `mountpoint` and removes the directory. A file still open in the workload can make
+/// the first try fail; retries briefly, then detaches lazily so the machine is never left with a
+/// busy mount.
+pub fn unmount_and_remove(mountpoint: &Path) {
+    let text = mountpoint.to_string_lossy().into_owned();
+    let mut unmounted = false;
+    for _ in 0..10 {
+        if run_tool("umount", &[&text]).is_ok() {
+            unmounted = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    if !unmounted {
+        if let Err(error) = run_tool("umount", &["--lazy", &text]) {
+            eprintln!("tandem: warning: {error}");
+        }
+    }
+    let _ = std::fs::remove_dir(mountpoint);
+}
+
 impl Drop for Ext4Volume {
     fn drop(&mut self) {
         if let Some(mountpoint) = self.mountpoint.take() {
-            let text = mountpoint.to_string_lossy().into_owned();
-            // A file still open in the workload can make the first try fail; retry briefly, then
-            // detach lazily so the machine is never left with a busy mount.
-            let mut unmounted = false;
-            for _ in 0..10 {
-                if run_tool("umount", &[&text]).is_ok() {
-                    unmounted = true;
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            }
-            if !unmounted {
-                if let Err(error) = run_tool("umount", &["--lazy", &text]) {
-                    eprintln!("tandem: warning: {error}");
-                }
-            }
-            let _ = std::fs::remove_dir(&mountpoint);
+            unmount_and_remove(&mountpoint);
         }
         if let Some(loop_device) = self.loop_device.take() {
             if let Err(error) = run_tool("losetup", &["--detach", &loop_device]) {

@@ -4,6 +4,7 @@
 
 use super::ext4::Ext4Volume;
 use super::library::LibraryTarget;
+use super::peers::{self, Outcome, Shape, DM_CRYPT, GOCRYPTFS};
 use super::system::SystemTarget;
 use super::table::{format_rate, format_ratio, print_table};
 use super::workload::{measure, Operation, WorkloadSize};
@@ -11,6 +12,7 @@ use crate::error::{CliError, CliResult, EXIT_SUCCESS};
 use crate::size::{format_bytes, format_count, parse_nonzero_size};
 use clap::{Args, ValueEnum};
 use std::sync::Arc;
+use tandemfs::crypt::{self, KdfCost, Secret};
 use tandemfs::device::{Device, FileDevice, FileDeviceOptions, MemoryDevice};
 use tandemfs::fs::{FormatOptions, MountOptions};
 use tandemfs::FileSystem;
@@ -53,6 +55,16 @@ pub struct MetaArguments {
     /// With --threads: the back end's apply workers (0: one per core, as a mount takes)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub backend_workers: u64,
+    /// Also measure encrypted tandemfs volumes, beside ext4 on dm-crypt (LUKS2, AES-XTS) and
+    /// gocryptfs over ext4 through system calls
+    #[arg(long, conflicts_with = "threads")]
+    pub encrypt: bool,
+    /// With --encrypt: skip ext4 on dm-crypt (it needs root, cryptsetup and the kernel's dm-crypt)
+    #[arg(long)]
+    pub no_dm_crypt: bool,
+    /// With --encrypt: skip gocryptfs (it needs the gocryptfs package and what ext4 needs)
+    #[arg(long)]
+    pub no_gocryptfs: bool,
 }
 
 /// A list of thread counts (its own type, so that clap takes the list as one value).
@@ -75,11 +87,31 @@ pub fn inode_count(size: WorkloadSize) -> u64 {
     (size.files as u64 + size.tree_directories as u64 + 16) * 2 + 1024
 }
 
+/// Whether a benchmark's tandemfs volume is encrypted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encryption {
+    Plain,
+    /// AES-256-XTS under a fixed passphrase, its key slot at the cheapest Argon2id cost: the
+    /// volume is unlocked once, before any timing, and unlocking is not what is measured.
+    Encrypted,
+}
+
 /// Formats and mounts tandemfs on `device`.
-pub fn fresh_volume(device: Arc<dyn Device>, inodes: u64) -> Result<FileSystem, String> {
-    let options = FormatOptions { inode_count: Some(inodes), ..Default::default() };
+pub fn fresh_volume(device: Arc<dyn Device>, inodes: u64, encryption: Encryption) -> Result<FileSystem, String> {
+    let key = match encryption {
+        Encryption::Plain => None,
+        Encryption::Encrypted => Some(
+            Secret::from_passphrase("tandem bench".into()).map_err(|error| format!("benchmark passphrase: {error}"))?,
+        ),
+    };
+    let options = FormatOptions {
+        inode_count: Some(inodes),
+        encryption: key.clone().map(|secret| crypt::Encryption { secret, cost: KdfCost::for_tests() }),
+        ..Default::default()
+    };
     FileSystem::format(device.clone(), &options).map_err(|error| format!("mkfs: {error}"))?;
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).map_err(|error| format!("mount: {error}"))?;
+    let mount_options = MountOptions { key, ..MountOptions::default() };
+    let (fs, _) = FileSystem::mount(device, &mount_options).map_err(|error| format!("mount: {error}"))?;
     Ok(fs)
 }
 
@@ -88,8 +120,9 @@ fn measure_library(
     size: WorkloadSize,
     rounds: usize,
     label: &str,
+    encryption: Encryption,
 ) -> Result<Vec<(Operation, f64)>, String> {
-    let fs = fresh_volume(device, inode_count(size))?;
+    let fs = fresh_volume(device, inode_count(size), encryption)?;
     let mut target = LibraryTarget::new(fs.clone());
     let measured = measure(&mut target, size, rounds, label);
     let closed = fs.unmount().map_err(|error| format!("unmount: {error}"));
@@ -133,49 +166,88 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
             }
         };
 
-    if matches!(arguments.device, DeviceChoice::Memory | DeviceChoice::All) {
-        let result = super::contain_panic("the engine", || {
-            let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(volume_bytes));
-            measure_library(device, size, rounds, "tandemfs memory")
-        });
-        record("tandemfs memory", result, &mut columns);
+    let encryptions: &[Encryption] =
+        if arguments.encrypt { &[Encryption::Plain, Encryption::Encrypted] } else { &[Encryption::Plain] };
+    for &encryption in encryptions {
+        if matches!(arguments.device, DeviceChoice::Memory | DeviceChoice::All) {
+            let label = library_label("memory", encryption);
+            let result = super::contain_panic("the engine", || {
+                let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(volume_bytes));
+                measure_library(device, size, rounds, &label, encryption)
+            });
+            record(&label, result, &mut columns);
+        }
+        if matches!(arguments.device, DeviceChoice::File | DeviceChoice::All) {
+            let label = library_label("file", encryption);
+            let image =
+                super::ScratchFile { path: scratch.join(format!("tandem-bench-meta-{}.img", std::process::id())) };
+            let options =
+                FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
+            let result = super::contain_panic("the engine", || {
+                let device = FileDevice::open(&image.path, options)
+                    .map_err(|error| format!("cannot create {}: {error}", image.path.display()))?;
+                measure_library(Arc::new(device), size, rounds, &label, encryption)
+            });
+            drop(image);
+            record(&label, result, &mut columns);
+        }
     }
-    if matches!(arguments.device, DeviceChoice::File | DeviceChoice::All) {
-        let image = super::ScratchFile { path: scratch.join(format!("tandem-bench-meta-{}.img", std::process::id())) };
-        let options =
-            FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
-        let result = super::contain_panic("the engine", || {
-            let device = FileDevice::open(&image.path, options)
-                .map_err(|error| format!("cannot create {}: {error}", image.path.display()))?;
-            measure_library(Arc::new(device), size, rounds, "tandemfs file")
-        });
-        drop(image);
-        record("tandemfs file", result, &mut columns);
-    }
-    let mut ext4_note = None;
+    let mut notes = Vec::new();
     if arguments.no_ext4 {
-        ext4_note = Some("ext4 skipped (--no-ext4)".to_string());
+        notes.push("ext4 skipped (--no-ext4)".to_string());
     } else if let Some(reason) = Ext4Volume::unavailable_reason() {
-        ext4_note = Some(format!("ext4 skipped: {reason}"));
+        notes.push(format!("ext4 skipped: {reason}"));
     } else {
         let path = scratch.join(format!("tandem-bench-ext4-{}.img", std::process::id()));
-        let result = Ext4Volume::create(&path, volume_bytes, inode_count(size)).and_then(|volume| {
-            let mut target = SystemTarget::new(volume.mountpoint())?;
-            let measured = measure(&mut target, size, rounds, "ext4");
-            drop(target);
-            drop(volume);
-            measured
-        });
+        let result = Ext4Volume::create(&path, volume_bytes, inode_count(size))
+            .and_then(|volume| measure_system(volume.mountpoint(), size, rounds, "ext4"));
         record("ext4", result, &mut columns);
+    }
+    if arguments.encrypt {
+        let shape = Shape { scratch: &scratch, volume_bytes, inode_count: inode_count(size) };
+        for (label, outcome) in [
+            (
+                DM_CRYPT,
+                peers::on_dm_crypt(shape, arguments.no_dm_crypt, |root| measure_system(root, size, rounds, DM_CRYPT)),
+            ),
+            (
+                GOCRYPTFS,
+                peers::on_gocryptfs(shape, arguments.no_gocryptfs, |root| {
+                    measure_system(root, size, rounds, GOCRYPTFS)
+                }),
+            ),
+        ] {
+            match outcome {
+                Outcome::Skipped(line) => notes.push(line),
+                Outcome::Ran(result) => record(label, result, &mut columns),
+            }
+        }
     }
 
     println!();
-    print_comparison(
-        &columns,
-        &[("tandemfs file", "ext4", "file vs ext4"), ("tandemfs memory", "ext4", "memory vs ext4")],
-        true,
-    );
-    if let Some(note) = ext4_note {
+    if arguments.encrypt {
+        // The target for encrypted volumes: at least 3× gocryptfs on every row.
+        let base = if arguments.device == DeviceChoice::Memory { "memory" } else { "file" };
+        let (encrypted, plain) = (library_label(base, Encryption::Encrypted), library_label(base, Encryption::Plain));
+        print_comparison(
+            &columns,
+            &[
+                (&encrypted, GOCRYPTFS, "vs gocryptfs"),
+                (&encrypted, DM_CRYPT, "vs dm-crypt"),
+                (&encrypted, &plain, "vs plain"),
+                (DM_CRYPT, "ext4", "dm-crypt vs ext4"),
+            ],
+            Some(|_| Some(3.0)),
+        );
+        println!("(\"vs\" columns: {encrypted} against the others; the key slot's Argon2id at its cheapest, unlocking untimed)");
+    } else {
+        print_comparison(
+            &columns,
+            &[("tandemfs file", "ext4", "file vs ext4"), ("tandemfs memory", "ext4", "memory vs ext4")],
+            Some(Operation::target_ratio),
+        );
+    }
+    for note in notes {
         println!("{note}");
     }
     if failures.is_empty() {
@@ -186,6 +258,25 @@ pub fn run(arguments: MetaArguments) -> CliResult<i32> {
         }
         Err(CliError::new(format!("{} of the measurements failed (see above)", failures.len())))
     }
+}
+
+/// "tandemfs file", "tandemfs encrypted file".
+fn library_label(device: &str, encryption: Encryption) -> String {
+    match encryption {
+        Encryption::Plain => format!("tandemfs {device}"),
+        Encryption::Encrypted => format!("tandemfs encrypted {device}"),
+    }
+}
+
+/// The workload through system calls on a mounted kernel or FUSE file system at `root`.
+fn measure_system(
+    root: &std::path::Path,
+    size: WorkloadSize,
+    rounds: usize,
+    label: &str,
+) -> Result<Vec<(Operation, f64)>, String> {
+    let mut target = SystemTarget::new(root)?;
+    measure(&mut target, size, rounds, label)
 }
 
 fn run_scaling(arguments: &MetaArguments, threads: Threads) -> CliResult<i32> {
@@ -212,16 +303,19 @@ fn run_scaling(arguments: &MetaArguments, threads: Threads) -> CliResult<i32> {
     Ok(EXIT_SUCCESS)
 }
 
+/// The speed-up over a peer that the project aims for per operation, where it set one.
+pub type TargetRatio = fn(Operation) -> Option<f64>;
+
 /// Prints every column, then each (ours, theirs, header) pair as a speed-up of ours over theirs;
-/// with `show_targets`, the first pair also gets the project's target beside it.
-pub fn print_comparison(columns: &[Column], comparisons: &[(&str, &str, &str)], show_targets: bool) {
+/// with `targets`, the first pair also gets the project's target beside it.
+pub fn print_comparison(columns: &[Column], comparisons: &[(&str, &str, &str)], targets: Option<TargetRatio>) {
     let measured = |label: &str| columns.iter().find(|column| column.label == label && column.medians.is_some());
     let pairs: Vec<(&Column, &Column, &str)> = comparisons
         .iter()
         .filter_map(|(ours, theirs, header)| Some((measured(ours)?, measured(theirs)?, *header)))
         .collect();
     // Targets belong to the first comparison only; without it measured there are none to show.
-    let with_target = show_targets
+    let with_target = targets.is_some()
         && comparisons.first().is_some_and(|(ours, theirs, _)| {
             pairs
                 .first()
@@ -250,7 +344,7 @@ pub fn print_comparison(columns: &[Column], comparisons: &[(&str, &str, &str)], 
                 (ours.seconds(operation).unwrap_or(0.0), theirs.seconds(operation).unwrap_or(0.0));
             row.push(format_ratio(ours_seconds, theirs_seconds));
             if index == 0 && with_target {
-                row.push(match operation.target_ratio() {
+                row.push(match targets.and_then(|target_ratio| target_ratio(operation)) {
                     Some(target) if ours_seconds > 0.0 && theirs_seconds > 0.0 => {
                         let met = theirs_seconds / ours_seconds >= target;
                         format!("≥{target}× {}", if met { "met" } else { "missed" })

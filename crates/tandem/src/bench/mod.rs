@@ -2,13 +2,17 @@
 //! `memory` (the front end's caches) and `services` (the accelerator).
 //! Each compares tandemfs with ext4 on the same medium; docs/BENCHMARKS.md says how to read them.
 
+pub mod cpu;
+pub mod dmcrypt;
 pub mod ext4;
+pub mod gocryptfs;
 pub mod library;
 pub mod log;
 pub mod memory;
 pub mod meta;
 pub mod mount;
 pub mod passthrough;
+pub mod peers;
 pub mod scaling;
 pub mod system;
 pub mod table;

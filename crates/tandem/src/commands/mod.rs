@@ -3,6 +3,7 @@
 pub mod demo;
 pub mod edit;
 pub mod fsck;
+pub mod key;
 pub mod mkfs;
 pub mod mount;
 pub mod stat;
