@@ -255,9 +255,31 @@ struct Shared {
     /// Merged GPU batches are gathered into pinned buffers from here.
     pool: BufferPool,
     gather_on_cpu: bool,
+    /// Bytes each service ran on the CPU engine ([0]) and the GPU engine ([1]), by
+    /// `Service::index`: which engine the calibration sent the work to, for reports.
+    engine_bytes: [[std::sync::atomic::AtomicU64; 2]; 3],
+}
+
+impl Service {
+    fn index(self) -> usize {
+        match self {
+            Service::Crc32c => 0,
+            Service::Xts => 1,
+            Service::ReedSolomon => 2,
+        }
+    }
 }
 
 impl Shared {
+    /// The engine that runs `bytes` of `service` now, counted in `engine_bytes`.
+    fn engine_to_run(&self, service: Service, bytes: usize) -> &dyn Engine {
+        let engine = self.engine_for(service, bytes);
+        let on_gpu = usize::from(engine.kind() != crate::engine::EngineKind::Cpu);
+        self.engine_bytes[service.index()][on_gpu].fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        engine
+    }
+
+    /// The engine `bytes` of `service` would run on (not counted: for decisions).
     fn engine_for(&self, service: Service, bytes: usize) -> &dyn Engine {
         match (&self.gpu, self.mode) {
             (Some(gpu), Mode::Gpu) => gpu.as_ref(),
@@ -335,6 +357,7 @@ impl Accelerator {
             requests_executed: Default::default(),
             pool: pool.clone(),
             gather_on_cpu: config.gather_on_cpu,
+            engine_bytes: Default::default(),
         });
         let (submissions, receiver) = mpsc::sync_channel::<Pending>(config.queue_depth);
         let dispatcher_shared = Arc::clone(&shared);
@@ -385,6 +408,13 @@ impl Accelerator {
         (self.shared.batches_executed.load(Ordering::Relaxed), self.shared.requests_executed.load(Ordering::Relaxed))
     }
 
+    /// Bytes of `service` run on the CPU engine and on the GPU engine since start.
+    pub fn engine_bytes(&self, service: Service) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        let counts = &self.shared.engine_bytes[service.index()];
+        (counts[0].load(Ordering::Relaxed), counts[1].load(Ordering::Relaxed))
+    }
+
     pub fn has_gpu(&self) -> bool {
         self.shared.gpu.is_some()
     }
@@ -427,18 +457,22 @@ impl Accelerator {
     // ---- blocking wrappers on borrowed memory (no queue, no copy)
 
     pub fn crc32c(&self, crc: u32, data: &[u8]) -> Result<u32> {
-        self.shared.engine_for(Service::Crc32c, data.len()).crc32c(crc, data)
+        self.shared.engine_to_run(Service::Crc32c, data.len()).crc32c(crc, data)
     }
 
     /// CRC32C of each 4 KiB block.
     pub fn crc32c_blocks(&self, data: &[u8]) -> Result<Vec<u32>> {
         let mut checksums = vec![0u32; data.len() / SECTOR_SIZE_BYTES];
-        self.shared.engine_for(Service::Crc32c, data.len()).crc32c_blocks(data, SECTOR_SIZE_BYTES, &mut checksums)?;
+        self.shared.engine_to_run(Service::Crc32c, data.len()).crc32c_blocks(
+            data,
+            SECTOR_SIZE_BYTES,
+            &mut checksums,
+        )?;
         Ok(checksums)
     }
 
     pub fn xts_encrypt(&self, key: &XtsKey, first_sector: u64, data: &mut [u8]) -> Result<()> {
-        self.shared.engine_for(Service::Xts, data.len()).xts(
+        self.shared.engine_to_run(Service::Xts, data.len()).xts(
             key,
             Direction::Encrypt,
             Sectors::Consecutive(first_sector),
@@ -447,7 +481,7 @@ impl Accelerator {
     }
 
     pub fn xts_decrypt(&self, key: &XtsKey, first_sector: u64, data: &mut [u8]) -> Result<()> {
-        self.shared.engine_for(Service::Xts, data.len()).xts(
+        self.shared.engine_to_run(Service::Xts, data.len()).xts(
             key,
             Direction::Decrypt,
             Sectors::Consecutive(first_sector),
@@ -462,7 +496,7 @@ impl Accelerator {
     /// costs two host copies but one launch and one round trip for the whole batch.
     pub fn xts_scattered(&self, key: &XtsKey, direction: Direction, pieces: &mut [(u64, &mut [u8])]) -> Result<()> {
         let total_bytes: usize = pieces.iter().map(|(_, data)| data.len()).sum();
-        let engine = self.shared.engine_for(Service::Xts, total_bytes);
+        let engine = self.shared.engine_to_run(Service::Xts, total_bytes);
         if engine.kind() == crate::EngineKind::Cpu || pieces.len() == 1 {
             for (first_sector, data) in pieces.iter_mut() {
                 engine.xts(key, direction, Sectors::Consecutive(*first_sector), data)?;
@@ -474,7 +508,7 @@ impl Accelerator {
 
     pub fn reed_solomon_encode(&self, code: &ReedSolomon, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<()> {
         let bytes = data.iter().map(|s| s.len()).sum();
-        self.shared.engine_for(Service::ReedSolomon, bytes).reed_solomon_encode(code, data, parity)
+        self.shared.engine_to_run(Service::ReedSolomon, bytes).reed_solomon_encode(code, data, parity)
     }
 
     pub fn reed_solomon_reconstruct(
@@ -484,7 +518,7 @@ impl Accelerator {
         present: &[bool],
     ) -> Result<()> {
         let bytes = shards.iter().map(|s| s.len()).sum();
-        self.shared.engine_for(Service::ReedSolomon, bytes).reed_solomon_reconstruct(code, shards, present)
+        self.shared.engine_to_run(Service::ReedSolomon, bytes).reed_solomon_reconstruct(code, shards, present)
     }
 }
 
@@ -667,7 +701,7 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
         return;
     }
     let bytes: usize = members.iter().map(|member| member.request.bytes()).sum();
-    let engine = shared.engine_for(members[0].request.service(), bytes);
+    let engine = shared.engine_to_run(members[0].request.service(), bytes);
     let results: Vec<Result<Response>> = match &members[0].request {
         Request::Crc32cBlocks { block_bytes, .. } => {
             let block_bytes = *block_bytes;
@@ -779,7 +813,7 @@ fn execute(shared: &Shared, mut members: Vec<Pending>) {
 }
 
 fn execute_single(shared: &Shared, request: Request) -> Result<Response> {
-    let engine = shared.engine_for(request.service(), request.bytes());
+    let engine = shared.engine_to_run(request.service(), request.bytes());
     match request {
         Request::Crc32cBlocks { data, block_bytes } => {
             if block_bytes == 0 {
@@ -868,6 +902,21 @@ mod tests {
             }
             assert_eq!(buffers, expected, "gathered: {gathered}");
         }
+    }
+
+    /// The bytes each engine ran are counted once per call, by service.
+    #[test]
+    fn counts_the_bytes_each_engine_runs() {
+        let accelerator = Accelerator::new(RuntimeConfig { mode: Mode::Cpu, ..RuntimeConfig::default() });
+        let key = XtsKey::new(&[5u8; 64]);
+        let mut data = vec![7u8; 3 * SECTOR_SIZE_BYTES];
+        accelerator.xts_encrypt(&key, 9, &mut data).unwrap();
+        let mut pieces: Vec<(u64, &mut [u8])> = data.chunks_mut(SECTOR_SIZE_BYTES).map(|piece| (1, piece)).collect();
+        accelerator.xts_scattered(&key, Direction::Decrypt, &mut pieces).unwrap();
+        accelerator.crc32c_blocks(&data).unwrap();
+        assert_eq!(accelerator.engine_bytes(Service::Xts), (6 * SECTOR_SIZE_BYTES as u64, 0));
+        assert_eq!(accelerator.engine_bytes(Service::Crc32c), (3 * SECTOR_SIZE_BYTES as u64, 0));
+        assert_eq!(accelerator.engine_bytes(Service::ReedSolomon), (0, 0));
     }
 
     #[test]

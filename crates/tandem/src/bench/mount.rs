@@ -158,6 +158,7 @@ fn run_workload(
     checksums: ChecksumProbe<'_>,
 ) -> Result<Measured, String> {
     let rounds = arguments.rounds as usize;
+    let xts_before = xts_engine_bytes();
     let mut target = SystemTarget::new(root)?;
     let metadata = measure(&mut target, size, rounds, label)?;
     drop(target);
@@ -168,7 +169,26 @@ fn run_workload(
     if after.bytes > before.bytes {
         report_checksum_share(label, &before, &after, rounds, sequential.write_seconds + sequential.read_seconds);
     }
+    report_xts_engines(label, xts_before, xts_engine_bytes());
     Ok((metadata, sequential))
+}
+
+/// AES-XTS bytes the volumes' shared accelerator runtime ran on its CPU and its GPU engine.
+fn xts_engine_bytes() -> (u64, u64) {
+    tandemfs::block::volume::default_accelerator().engine_bytes(tandem_accel::runtime::Service::Xts)
+}
+
+/// Says where an encrypted volume's cipher work ran (the runtime's calibration decides), so
+/// that a GPU host's numbers say whether the GPU did it.
+fn report_xts_engines(label: &str, before: (u64, u64), after: (u64, u64)) {
+    let (cpu_bytes, gpu_bytes) = (after.0 - before.0, after.1 - before.1);
+    if cpu_bytes + gpu_bytes > 0 {
+        eprintln!(
+            "  {label}: AES-XTS {} on the CPU engine, {} on the GPU engine",
+            format_bytes(cpu_bytes),
+            format_bytes(gpu_bytes)
+        );
+    }
 }
 
 /// Every data block written to or read from the device through tandemfs is checksummed
