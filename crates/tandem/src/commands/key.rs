@@ -37,7 +37,7 @@ pub enum KeyAction {
 
 #[derive(Args)]
 pub struct NewKeyArguments {
-    /// Image file or block device holding an encrypted tandemfs volume (not mounted)
+    /// Image file or block device holding an encrypted tandemfs volume (mounted or not)
     pub image: PathBuf,
     /// Key file that opens the volume (exactly 64 bytes); without it, its passphrase is asked
     /// for on the terminal
@@ -55,7 +55,7 @@ pub struct NewKeyArguments {
 
 #[derive(Args)]
 pub struct RemoveKeyArguments {
-    /// Image file or block device holding an encrypted tandemfs volume (not mounted)
+    /// Image file or block device holding an encrypted tandemfs volume (mounted or not)
     pub image: PathBuf,
     /// Key file whose slot is cleared (exactly 64 bytes); without it, the passphrase whose slot
     /// is cleared is asked for on the terminal
