@@ -5,7 +5,10 @@
 //!
 //! Whole-block requests are encrypted and decrypted in place in the caller's buffers (a
 //! borrowed write buffer must be copied once, since the caller keeps its plaintext). Requests
-//! that cover part of a block read the block, change the bytes and write the whole block back.
+//! that cover part of a block read the block, change the bytes and write the whole block back;
+//! the plaintext of the last few blocks written that way is kept ([`TailCache`]), so that the
+//! next partial write to one of them (the log's tail blocks on every group commit) needs no
+//! device read and no decryption, only the encryption of the block it writes.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -13,6 +16,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tandem_accel::{Accelerator, Direction, XtsKey};
 
+use super::tail_cache::{TailCache, WriteToken};
 use super::MasterKey;
 use crate::block::meta::BLOCK_SIZE_U64;
 use crate::block::superblock::Superblock;
@@ -37,6 +41,9 @@ pub struct EncryptedDevice {
     inner: Arc<dyn Device>,
     cipher: Arc<Cipher>,
     stripes: Box<[Mutex<()>]>,
+    /// The plaintext of the blocks written partially last (kept coherent with every write
+    /// path; see `tail_cache`).
+    cache: Arc<TailCache>,
 }
 
 impl std::fmt::Debug for EncryptedDevice {
@@ -121,6 +128,48 @@ fn with_scratch<R>(length: usize, work: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+/// The partial blocks (at most the first and the last) a write offered to the tail cache.
+#[derive(Default)]
+struct Offered {
+    blocks: [u64; 2],
+    count: usize,
+}
+
+impl Offered {
+    fn push(&mut self, block_number: u64) {
+        assert!(self.count < 2, "a write has two partial blocks at most");
+        self.blocks[self.count] = block_number;
+        self.count += 1;
+    }
+    fn as_slice(&self) -> &[u64] {
+        &self.blocks[..self.count]
+    }
+}
+
+/// The writes of a batch registered with the tail cache, ended when the batch is waited for.
+/// Dropped unended (the batch failed, or its ticket was dropped unwaited), it cannot tell when
+/// or whether its writes reached the device, so it disables the cache.
+struct BatchWrites {
+    cache: Arc<TailCache>,
+    writes: Vec<(WriteToken, Range<u64>)>,
+}
+
+impl BatchWrites {
+    fn end(mut self) {
+        for (token, blocks) in std::mem::take(&mut self.writes) {
+            self.cache.end_write(token, blocks, &[], true);
+        }
+    }
+}
+
+impl Drop for BatchWrites {
+    fn drop(&mut self) {
+        if !self.writes.is_empty() {
+            self.cache.disable();
+        }
+    }
+}
+
 /// Whether `[offset, offset + length)` starts and ends on block boundaries.
 fn is_aligned(offset: u64, length: usize) -> bool {
     offset.is_multiple_of(BLOCK_SIZE_U64) && length.is_multiple_of(BLOCK_BYTES)
@@ -141,7 +190,18 @@ impl EncryptedDevice {
         assert_eq!(plaintext[1].start + 1, superblock.key_slot_start, "the key slots follow the MMP block");
         let cipher =
             Cipher { key: master.xts_key(), accelerator: crate::block::volume::default_accelerator(), plaintext };
-        EncryptedDevice { inner, cipher: Arc::new(cipher), stripes: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect() }
+        EncryptedDevice {
+            inner,
+            cipher: Arc::new(cipher),
+            stripes: (0..RMW_STRIPES).map(|_| Mutex::new(())).collect(),
+            cache: Arc::new(TailCache::new()),
+        }
+    }
+
+    /// Partial writes whose read-modify-write found the block's plaintext in the tail cache
+    /// (no device read, no decryption).
+    pub fn tail_cache_hits(&self) -> u64 {
+        self.cache.hits()
     }
 
     /// Whether every block `[offset, offset + length)` touches is plaintext.
@@ -204,40 +264,90 @@ impl EncryptedDevice {
             return write_inner(offset, data);
         }
         let blocks = covering_blocks(offset, data.len());
-        let first_block = blocks.start / BLOCK_SIZE_U64;
+        let block_numbers = blocks.start / BLOCK_SIZE_U64..blocks.end / BLOCK_SIZE_U64;
         with_scratch((blocks.end - blocks.start) as usize, |whole| {
             if is_aligned(offset, data.len()) {
                 whole.copy_from_slice(data);
-                self.cipher.apply(Direction::Encrypt, &mut [(first_block, &mut *whole)])?;
-                return write_inner(offset, whole);
+                self.cipher.apply(Direction::Encrypt, &mut [(block_numbers.start, &mut *whole)])?;
+                let token = self.cache.begin_write(block_numbers.clone());
+                let result = write_inner(offset, whole);
+                self.cache.end_write(token, block_numbers, &[], result.is_ok());
+                return result;
             }
-            // Held from the read to the write back of the first and last block.
-            let _locks = self.lock_blocks(first_block, blocks.end / BLOCK_SIZE_U64 - 1);
-            self.write_partial(offset, data, whole, through)?;
-            write_inner(blocks.start, whole)
+            // Held from the read (or the cache lookup) to the write back of the first and last
+            // block, and from the cache's offer to the write's end.
+            let _locks = self.lock_blocks(block_numbers.start, block_numbers.end - 1);
+            let token = self.cache.begin_write(block_numbers.clone());
+            let result = self
+                .write_partial(offset, data, whole, through, &token)
+                .and_then(|offered| write_inner(blocks.start, whole).map(|()| offered));
+            match result {
+                Ok(offered) => {
+                    self.cache.end_write(token, block_numbers, offered.as_slice(), true);
+                    Ok(())
+                }
+                Err(error) => {
+                    self.cache.end_write(token, block_numbers, &[], false);
+                    Err(error)
+                }
+            }
         })
     }
 
     /// Fills `whole` (the blocks a partial write covers) with their new ciphertext: the first
-    /// and last block read and decrypted, `data` copied in, all encrypted. The caller holds
-    /// their read-modify-write locks.
-    fn write_partial(&self, offset: u64, data: &[u8], whole: &mut [u8], through: bool) -> Result<()> {
+    /// and last block taken from the tail cache or read and decrypted where the write covers
+    /// part of them, `data` copied in, the first (where partial) and the last block's new
+    /// plaintext offered to the cache, all encrypted. The caller holds their
+    /// read-modify-write locks and began the write `token`. Returns the blocks offered.
+    fn write_partial(
+        &self,
+        offset: u64,
+        data: &[u8],
+        whole: &mut [u8],
+        through: bool,
+        token: &WriteToken,
+    ) -> Result<Offered> {
         let blocks = covering_blocks(offset, data.len());
         let first_block = blocks.start / BLOCK_SIZE_U64;
         let last_block = blocks.end / BLOCK_SIZE_U64 - 1;
         assert_eq!(whole.len() as u64, blocks.end - blocks.start);
         let head_partial = offset != blocks.start;
         let tail_partial = offset + data.len() as u64 != blocks.end;
+        let tail = whole.len() - BLOCK_BYTES;
+        let mut offered = Offered::default();
         if head_partial {
-            self.read_block_into(first_block, &mut whole[..BLOCK_BYTES], through)?;
+            self.old_plaintext(first_block, &mut whole[..BLOCK_BYTES], through)?;
+            offered.push(first_block);
         }
         if tail_partial && (last_block != first_block || !head_partial) {
-            let tail = whole.len() - BLOCK_BYTES;
-            self.read_block_into(last_block, &mut whole[tail..], through)?;
+            self.old_plaintext(last_block, &mut whole[tail..], through)?;
+        }
+        // The last block is kept even where the write ends on its boundary: the next write
+        // after a padded one (the log pads its data ring writes to the block end) starts there.
+        if last_block != first_block || !head_partial {
+            offered.push(last_block);
         }
         let start = (offset - blocks.start) as usize;
         whole[start..start + data.len()].copy_from_slice(data);
-        self.cipher.apply(Direction::Encrypt, &mut [(first_block, whole)])
+        if through {
+            // A write-through's block is read past every cache; it is not kept either.
+            offered = Offered::default();
+        }
+        for &block_number in offered.as_slice() {
+            let index = ((block_number - first_block) as usize) * BLOCK_BYTES;
+            self.cache.offer(token, block_number, &whole[index..index + BLOCK_BYTES]);
+        }
+        self.cipher.apply(Direction::Encrypt, &mut [(first_block, whole)])?;
+        Ok(offered)
+    }
+
+    /// The plaintext of block `block_number` before a partial write: from the tail cache where
+    /// it is there, else read and decrypted (`uncached`: past every cache, for write-through).
+    fn old_plaintext(&self, block_number: u64, buffer: &mut [u8], uncached: bool) -> Result<()> {
+        if !uncached && self.cache.lookup(block_number, buffer) {
+            return Ok(());
+        }
+        self.read_block_into(block_number, buffer, uncached)
     }
 
     /// Reads one block's plaintext into `buffer` (one block long).
@@ -327,12 +437,16 @@ impl Device for EncryptedDevice {
                 _ => None,
             })
             .collect();
+        let writes = self.begin_batch_writes(&batch);
         let ticket = self.inner.submit(batch);
-        if read_blocks.is_empty() {
+        if read_blocks.is_empty() && writes.is_none() {
             return ticket;
         }
         let cipher = self.cipher.clone();
         ticket.then(Box::new(move |mut completions: Vec<IoCompletion>| {
+            if let Some(writes) = writes {
+                writes.end();
+            }
             let mut reads: Vec<(u64, &mut [u8])> = completions
                 .iter_mut()
                 .filter_map(|completion| match completion {
@@ -342,9 +456,29 @@ impl Device for EncryptedDevice {
                 .zip(read_blocks.iter())
                 .map(|(buffer, first_block)| (*first_block, buffer))
                 .collect();
-            cipher.apply(Direction::Decrypt, &mut reads)?;
+            if !reads.is_empty() {
+                cipher.apply(Direction::Decrypt, &mut reads)?;
+            }
             Ok(completions)
         }))
+    }
+}
+
+impl EncryptedDevice {
+    /// Registers a batch's writes with the tail cache before the batch is submitted.
+    fn begin_batch_writes(&self, batch: &[IoRequest]) -> Option<BatchWrites> {
+        let writes: Vec<(WriteToken, Range<u64>)> = batch
+            .iter()
+            .filter_map(|request| match request {
+                IoRequest::Write { offset, data } if !data.is_empty() => {
+                    let blocks = covering_blocks(*offset, data.len());
+                    let numbers = blocks.start / BLOCK_SIZE_U64..blocks.end / BLOCK_SIZE_U64;
+                    Some((self.cache.begin_write(numbers.clone()), numbers))
+                }
+                _ => None,
+            })
+            .collect();
+        (!writes.is_empty()).then(|| BatchWrites { cache: self.cache.clone(), writes })
     }
 }
 

@@ -198,6 +198,10 @@ impl Device for Gate {
     fn reachable_by_other_processes(&self) -> bool {
         self.inner.reachable_by_other_processes()
     }
+    /// What the device behind the gate is: the log pads its writes on an encrypted one.
+    fn decrypts(&self) -> bool {
+        self.inner.decrypts()
+    }
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
         if self.is_memory() || self.has_memory.load(Ordering::Acquire) {
             return IoTicket::ready(run_batch(self, batch));
