@@ -14,6 +14,13 @@
 //!   ([`TailCache::offer`]), with the block's new plaintext, before its device write. The offer
 //!   is refused (and any entry dropped) while another write covering that block is in flight.
 //!
+//! - A read of one whole block may leave its plaintext in a single extra slot
+//!   ([`TailCache::note_read`]), kept apart so that reads never push the written blocks out: a
+//!   file system checks a block's checksum before it writes part of it, and the write then
+//!   needs no read of its own. It is kept only where no write was in flight when the read
+//!   started and none began before it ended ([`TailCache::read_ticket`]), so the device held
+//!   those bytes all along; writes treat it like any entry.
+//!
 //! So an entry is made only while no other write to its block is under way and before the
 //! offering write reaches the device; any write that starts later either holds the same lock
 //! (a partial write, which replaces the entry before its own device write) or drops the entry
@@ -46,6 +53,8 @@ pub struct TailCache {
 
 struct State {
     entries: Vec<Entry>,
+    /// The plaintext of the last whole block read (`note_read`), if no write touched it since.
+    read_entry: Option<Entry>,
     in_flight: Vec<(u64, Range<u64>)>,
     next_write_id: u64,
     /// Advances on every lookup and offer: the entry with the smallest `last_use` goes first.
@@ -73,6 +82,9 @@ impl State {
 
     fn remove(&mut self, block_number: u64) {
         self.entries.retain(|entry| entry.block_number != block_number);
+        if self.read_entry.as_ref().is_some_and(|entry| entry.block_number == block_number) {
+            self.read_entry = None;
+        }
     }
 }
 
@@ -80,6 +92,7 @@ impl TailCache {
     pub fn new() -> TailCache {
         let state = State {
             entries: Vec::with_capacity(CACHED_BLOCKS_MAX),
+            read_entry: None,
             in_flight: Vec::new(),
             next_write_id: 0,
             clock: 0,
@@ -112,7 +125,9 @@ impl TailCache {
         let mut state = self.state.lock();
         state.clock += 1;
         let clock = state.clock;
-        let Some(entry) = state.entries.iter_mut().find(|entry| entry.block_number == block_number) else {
+        let State { entries, read_entry, .. } = &mut *state;
+        let found = entries.iter_mut().find(|entry| entry.block_number == block_number);
+        let Some(entry) = found.or(read_entry.as_mut().filter(|entry| entry.block_number == block_number)) else {
             return false;
         };
         entry.last_use = clock;
@@ -133,6 +148,9 @@ impl TailCache {
         }
         state.clock += 1;
         let clock = state.clock;
+        if state.read_entry.as_ref().is_some_and(|entry| entry.block_number == block_number) {
+            state.read_entry = None; // it moves among the written blocks
+        }
         if let Some(entry) = state.entries.iter_mut().find(|entry| entry.block_number == block_number) {
             entry.plaintext.copy_from_slice(plaintext);
             entry.last_use = clock;
@@ -160,6 +178,40 @@ impl TailCache {
         state.entries.retain(|entry| {
             !blocks.contains(&entry.block_number) || (succeeded && offered.contains(&entry.block_number))
         });
+        if state.read_entry.as_ref().is_some_and(|entry| blocks.contains(&entry.block_number)) {
+            state.read_entry = None;
+        }
+    }
+
+    /// Before a read of the whole block `block_number`: what to hand to `note_read` after it,
+    /// or nothing where a write to the block is in flight (the read may see either side).
+    pub fn read_ticket(&self, block_number: u64) -> Option<u64> {
+        let state = self.state.lock();
+        let busy = state.disabled || state.in_flight.iter().any(|(_, range)| range.contains(&block_number));
+        (!busy).then_some(state.next_write_id)
+    }
+
+    /// After the read that `read_ticket` gave `ticket` for: keeps `plaintext` as the block's
+    /// contents unless some write began since (the device may no longer hold it).
+    pub fn note_read(&self, ticket: u64, block_number: u64, plaintext: &[u8]) {
+        assert_eq!(plaintext.len(), BLOCK_SIZE);
+        let mut state = self.state.lock();
+        if state.disabled || state.next_write_id != ticket {
+            return;
+        }
+        if state.entries.iter().any(|entry| entry.block_number == block_number) {
+            return; // the same bytes, kept already
+        }
+        state.clock += 1;
+        let last_use = state.clock;
+        match &mut state.read_entry {
+            Some(entry) => {
+                entry.block_number = block_number;
+                entry.plaintext.copy_from_slice(plaintext);
+                entry.last_use = last_use;
+            }
+            None => state.read_entry = Some(Entry { block_number, plaintext: plaintext.into(), last_use }),
+        }
     }
 
     /// Drops every entry and makes no more: a write's end can no longer be told.
@@ -170,6 +222,7 @@ impl TailCache {
     fn disable_locked(state: &mut State) {
         state.disabled = true;
         state.entries.clear();
+        state.read_entry = None;
         state.in_flight.clear();
     }
 
@@ -246,6 +299,37 @@ mod tests {
         let mut buffer = block(0);
         assert!(cache.lookup(last, &mut buffer));
         assert_eq!(buffer, block(last as u8));
+    }
+
+    #[test]
+    fn a_read_is_kept_only_where_no_write_began_meanwhile() {
+        let cache = TailCache::new();
+        let ticket = cache.read_ticket(7).unwrap();
+        let elsewhere = cache.begin_write(100..101);
+        cache.note_read(ticket, 7, &block(1));
+        assert!(!cache.lookup(7, &mut block(0)), "a write began while the block was read");
+        assert_eq!(cache.read_ticket(100), None, "a write to the block is in flight");
+        cache.end_write(elsewhere, 100..101, &[], true);
+        let ticket = cache.read_ticket(7).unwrap();
+        cache.note_read(ticket, 7, &block(2));
+        let mut buffer = block(0);
+        assert!(cache.lookup(7, &mut buffer));
+        assert_eq!(buffer, block(2));
+        // Any write to it drops it; reads never push out written blocks.
+        let aligned = cache.begin_write(6..8);
+        cache.end_write(aligned, 6..8, &[], true);
+        assert!(!cache.lookup(7, &mut block(0)));
+        for number in 0..CACHED_BLOCKS_MAX as u64 {
+            let token = cache.begin_write(number + 20..number + 21);
+            cache.offer(&token, number + 20, &block(3));
+            cache.end_write(token, number + 20..number + 21, &[number + 20], true);
+        }
+        for number in 0..5 {
+            let ticket = cache.read_ticket(number).unwrap();
+            cache.note_read(ticket, number, &block(4));
+        }
+        assert!((20..20 + CACHED_BLOCKS_MAX as u64).all(|number| cache.lookup(number, &mut block(0))));
+        assert!(cache.lookup(4, &mut block(0)) && !cache.lookup(3, &mut block(0)));
     }
 
     #[test]
