@@ -144,6 +144,15 @@ impl Offered {
     fn as_slice(&self) -> &[u64] {
         &self.blocks[..self.count]
     }
+    fn retain(&mut self, keep: impl Fn(u64) -> bool) {
+        let mut kept = Offered::default();
+        for &block_number in self.as_slice() {
+            if keep(block_number) {
+                kept.push(block_number);
+            }
+        }
+        *self = kept;
+    }
 }
 
 /// The writes of a batch registered with the tail cache, ended when the batch is waited for.
@@ -247,8 +256,10 @@ impl EncryptedDevice {
         })
     }
 
-    /// Writes `data` at `offset`. A write that covers part of a block reads that block,
-    /// decrypts it, changes the bytes and writes the whole block encrypted again.
+    /// Writes `data` at `offset`. A write that covers part of a block takes that block's
+    /// plaintext from the tail cache or reads and decrypts it, changes the bytes and writes the
+    /// whole block encrypted again (the cache changes where the old bytes come from, never
+    /// what is written, so what follows holds either way).
     ///
     /// A torn write cannot damage the bytes such a write leaves unchanged: XTS is
     /// deterministic per position (each 16-byte AES block is encrypted under a tweak made of
@@ -342,6 +353,9 @@ impl EncryptedDevice {
             // A write-through's block is read past every cache; it is not kept either.
             offered = Offered::default();
         }
+        // A plaintext block (a write that straddles the superblocks or the MMP block) is not
+        // kept: writes that lie wholly in plaintext blocks pass by the cache.
+        offered.retain(|block_number| !self.cipher.is_plaintext(block_number));
         for &block_number in offered.as_slice() {
             let index = ((block_number - first_block) as usize) * BLOCK_BYTES;
             self.cache.offer(token, block_number, &whole[index..index + BLOCK_BYTES]);
@@ -650,6 +664,20 @@ mod tests {
         let mut expected = pattern(BLOCK_BYTES, 5);
         expected[1000..1300].fill(9);
         assert!(block == expected);
+    }
+
+    /// A plaintext block that a write straddling into the encrypted blocks covers in part is not
+    /// kept: the writes that lie wholly in it pass by the cache and would leave it stale.
+    #[test]
+    fn a_plaintext_block_beside_an_encrypted_one_is_never_stale() {
+        let (_, device) = setup();
+        let straddle = BLOCK_SIZE_U64 + 4000; // block 1 (a superblock) into block 2
+        device.write_at(straddle, &[1; 200]).unwrap();
+        device.write_at(BLOCK_SIZE_U64 + 10, &[2; 50]).unwrap();
+        device.write_at(straddle + 50, &[3; 100]).unwrap();
+        let mut back = vec![0u8; 50];
+        device.read_at(BLOCK_SIZE_U64 + 10, &mut back).unwrap();
+        assert_eq!(back, vec![2u8; 50]);
     }
 
     /// A write that failed may have left any mix of sectors: its block is read again.
