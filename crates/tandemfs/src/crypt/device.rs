@@ -128,7 +128,8 @@ fn with_scratch<R>(length: usize, work: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
-/// The partial blocks (at most the first and the last) a write offered to the tail cache.
+/// The blocks a partial write offered to the tail cache: at most its first (where the write
+/// starts inside it) and its last.
 #[derive(Default)]
 struct Offered {
     blocks: [u64; 2],
@@ -137,7 +138,7 @@ struct Offered {
 
 impl Offered {
     fn push(&mut self, block_number: u64) {
-        assert!(self.count < 2, "a write has two partial blocks at most");
+        assert!(self.count < 2, "a write offers its first and last block at most");
         self.blocks[self.count] = block_number;
         self.count += 1;
     }
