@@ -12,6 +12,7 @@
 
 mod device;
 pub mod slot;
+mod tail_cache;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -198,6 +198,10 @@ impl Device for Gate {
     fn reachable_by_other_processes(&self) -> bool {
         self.inner.reachable_by_other_processes()
     }
+    /// What the device behind the gate is: the log pads its writes on an encrypted one.
+    fn decrypts(&self) -> bool {
+        self.inner.decrypts()
+    }
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
         if self.is_memory() || self.has_memory.load(Ordering::Acquire) {
             return IoTicket::ready(run_batch(self, batch));
@@ -216,6 +220,32 @@ impl Device for Gate {
 mod tests {
     use super::*;
     use crate::device::MemoryDevice;
+
+    /// The log pads its data writes on a device that decrypts; the gate in front of an
+    /// encrypted volume must say so.
+    #[test]
+    fn a_gate_tells_whether_its_device_decrypts() {
+        struct Decrypting(MemoryDevice);
+        impl Device for Decrypting {
+            fn size_bytes(&self) -> u64 {
+                self.0.size_bytes()
+            }
+            fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+                self.0.read_at(offset, buffer)
+            }
+            fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+                self.0.write_at(offset, data)
+            }
+            fn flush(&self) -> Result<()> {
+                self.0.flush()
+            }
+            fn decrypts(&self) -> bool {
+                true
+            }
+        }
+        assert!(Gate::new(Arc::new(Decrypting(MemoryDevice::new(4096))), true).decrypts());
+        assert!(!Gate::new(Arc::new(MemoryDevice::new(4096)), true).decrypts());
+    }
 
     #[test]
     fn modes_pass_or_refuse_writes() {

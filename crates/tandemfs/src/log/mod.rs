@@ -35,6 +35,8 @@ use crate::error::{Error, Result};
 pub use format::{LogGeometry, RecordHeader, HEADERS_PER_BLOCK, HEADER_SIZE, MAX_PAYLOAD_BYTES};
 pub use recover::LogDamage;
 
+/// Bytes of a device block: the unit an encrypted device reads and writes whole.
+const BLOCK_BYTES: u64 = crate::block::meta::BLOCK_SIZE_U64;
 /// Appended-but-unflushed payload bytes above which `append` first flushes what is pending.
 pub const MAX_PENDING_DATA_BYTES: usize = 8 << 20;
 /// Appended-but-unflushed records above which `append` first flushes what is pending. Also the
@@ -194,6 +196,10 @@ struct SlotBytes {
 struct Inner {
     device: Arc<dyn Device>,
     geometry: LogGeometry,
+    /// Whether a group commit pads its data write with zeros to the end of its last block
+    /// where the bytes after it are free (`padding_bytes`): on an encrypted device a write that
+    /// ends inside a block costs a read and a decryption of that block, a few zero bytes less.
+    pads_data_blocks: bool,
     flush_delay: Option<Duration>,
     normal_slots: u64,
     normal_data: u64,
@@ -281,9 +287,13 @@ impl Log {
             failed: false,
             stats: LogStats::default(),
         };
+        let pads_data_blocks = device.decrypts()
+            && geometry.data_start_byte.is_multiple_of(BLOCK_BYTES)
+            && geometry.data_bytes.is_multiple_of(BLOCK_BYTES);
         let inner = Arc::new(Inner {
             device,
             geometry,
+            pads_data_blocks,
             flush_delay: (options.flush_delay_us != u64::MAX).then(|| Duration::from_micros(options.flush_delay_us)),
             normal_slots,
             normal_data,
@@ -755,6 +765,9 @@ impl Inner {
         let first_lsn = state.durable_lsn + 1;
         let first_position = state.durable_position;
         let reserved_end = state.next_lsn;
+        // Data positions below this one hold no durable record the ring may not overwrite
+        // (the tail only moves forward while the batch is written).
+        let free_end = state.tail.data_position + self.geometry.data_bytes;
         let mut headers = std::mem::take(&mut state.spare_headers);
         let mut data = std::mem::take(&mut state.spare_data);
         state.pending_since = None;
@@ -762,9 +775,11 @@ impl Inner {
         drop(state);
 
         let last_lsn = self.gather_published(first_lsn, reserved_end, &mut headers, &mut data);
+        let batch_bytes = data.len() as u64;
+        let padding = self.padding_bytes(first_position, first_position + batch_bytes, free_end);
+        data.resize(data.len() + padding as usize, 0);
         let mut writes = 0;
         let result = self.write_batch(first_lsn, first_position, &mut headers, &data, &mut writes);
-        let batch_bytes = data.len() as u64;
         headers.clear();
         data.clear();
 
@@ -791,6 +806,24 @@ impl Inner {
         }
         self.durable_changed.notify_all();
         (state, result)
+    }
+
+    /// Zero bytes to write after a batch of data positions `start..end`, up to the end of its
+    /// ring block, where `pads_data_blocks` and every byte of them is free (below `free_end`:
+    /// not part of a durable record; records reserved after the batch are written by later
+    /// group commits, after this one). Zero where the batch ends on a block boundary. The ring
+    /// is block-aligned, so the padding never wraps.
+    fn padding_bytes(&self, start: u64, end: u64, free_end: u64) -> u64 {
+        if !self.pads_data_blocks || end == start {
+            return 0;
+        }
+        let in_block = (self.geometry.data_start_byte + end % self.geometry.data_bytes) % BLOCK_BYTES;
+        let padding = if in_block == 0 { 0 } else { BLOCK_BYTES - in_block };
+        if end + padding > free_end {
+            return 0;
+        }
+        assert!(end % self.geometry.data_bytes + padding <= self.geometry.data_bytes);
+        padding
     }
 
     /// Copies the published records `first_lsn ..` (up to the first one not yet published, at

@@ -22,6 +22,10 @@ struct TestDevice {
     writes: AtomicU64,
     flushes: AtomicU64,
     fail: AtomicBool,
+    /// What `decrypts` answers: the log pads its data writes to whole blocks when true.
+    decrypts: AtomicBool,
+    /// (offset, length) of every write, in order.
+    write_ranges: Mutex<Vec<(u64, usize)>>,
     flush_sleep: Duration,
     /// A planned crash: after this many more writes or flushes the device "loses power".
     crash_plan: Mutex<Option<(u64, SmallRng)>>,
@@ -46,6 +50,8 @@ impl TestDevice {
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             fail: AtomicBool::new(false),
+            decrypts: AtomicBool::new(false),
+            write_ranges: Mutex::new(Vec::new()),
             flush_sleep: Duration::ZERO,
             crash_plan: Mutex::new(None),
             crashed: Mutex::new(None),
@@ -145,6 +151,7 @@ impl Device for TestDevice {
         state.current[offset as usize..offset as usize + data.len()].copy_from_slice(data);
         state.unflushed.push((offset, data.to_vec()));
         self.writes.fetch_add(1, Ordering::SeqCst);
+        self.write_ranges.lock().push((offset, data.len()));
         drop(state);
         if self.crash_due() {
             return Err(Self::dead());
@@ -168,6 +175,9 @@ impl Device for TestDevice {
         }
         self.flushes.fetch_add(1, Ordering::SeqCst);
         Ok(())
+    }
+    fn decrypts(&self) -> bool {
+        self.decrypts.load(Ordering::SeqCst)
     }
 }
 
@@ -333,9 +343,51 @@ fn oversized_records_are_rejected() {
 /// Fills the log, checkpoints with a reserved record, releases, many times around both rings.
 #[test]
 fn wrap_around_with_release_and_reserve() {
-    let mut rng = SmallRng::seed_from_u64(11);
-    let (g, size) = geometry(64, 10_000);
+    wrap_around(10_000, false);
+}
+
+/// The same on a device that decrypts, where each group commit pads its data write with zeros
+/// to the end of its block: the padding must never reach a record still live after the head
+/// (the ring is often full here, its tail inside the block the head ends in).
+#[test]
+fn wrap_around_on_an_encrypted_device_pads_only_free_bytes() {
+    let (g, device) = wrap_around(2 * 4096, true);
+    let data_ring = g.data_start_byte..g.data_start_byte + g.data_bytes;
+    let ends: Vec<u64> = device
+        .write_ranges
+        .lock()
+        .iter()
+        .filter(|(offset, _)| data_ring.contains(offset))
+        .map(|(offset, length)| offset + *length as u64)
+        .collect();
+    let whole = ends.iter().filter(|end| *end % 4096 == 0).count();
+    assert!(whole * 2 > ends.len(), "{whole} of {} data writes end on a block boundary", ends.len());
+}
+
+/// Data writes of a plain device are not padded.
+#[test]
+fn a_plain_device_gets_no_padding() {
+    let (g, size) = geometry(64, 3 * 4096);
     let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let (log, _) = open(&device, g, LogPosition::START, no_background(0.2));
+    device.write_ranges.lock().clear();
+    log.wait_durable(log.append(3, &[&[7u8; 100]]).unwrap().unwrap()).unwrap();
+    let writes = device.write_ranges.lock().clone();
+    assert_eq!(writes, vec![(g.slot_offset(1), 64), (g.data_start_byte, 100)]);
+    device.decrypts.store(true, Ordering::SeqCst);
+    let (log, _) = open(&device, g, LogPosition::START, no_background(0.2));
+    device.write_ranges.lock().clear();
+    log.wait_durable(log.append(3, &[&[8u8; 100]]).unwrap().unwrap()).unwrap();
+    let writes = device.write_ranges.lock().clone();
+    assert_eq!(writes, vec![(g.slot_offset(2), 64), (g.data_start_byte + 100, 4096 - 100)]);
+}
+
+fn wrap_around(data_bytes: u64, decrypts: bool) -> (LogGeometry, Arc<TestDevice>) {
+    let mut rng = SmallRng::seed_from_u64(11);
+    let (g, size) = geometry(64, data_bytes);
+    let device = TestDevice::new(size);
+    device.decrypts.store(decrypts, Ordering::SeqCst);
     Log::format(device.as_ref(), &g).unwrap();
     let mut tail = LogPosition::START;
     let (mut log, _) = open(&device, g, tail, no_background(0.2));
@@ -387,6 +439,7 @@ fn wrap_around_with_release_and_reserve() {
     let (_, records) = open(&device, g, tail, no_background(0.2));
     assert_eq!(records, live);
     assert!(checkpoints > 20);
+    (g, device)
 }
 
 /// What the test knows about one session: every record appended (by lsn) and the highest
