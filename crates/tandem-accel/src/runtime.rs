@@ -291,23 +291,27 @@ impl Shared {
     }
 }
 
-/// `Accelerator::xts_scattered`'s GPU path, on any engine: the pieces gathered into one buffer
-/// with a sector list, one call, the result scattered back.
+/// `Accelerator::xts_scattered`'s GPU path, on any engine: the pieces gathered into `gathered`
+/// (a pool buffer, pinned where a GPU is present, so the engine copies it to the device
+/// without another host copy) with a sector list, one call, the result scattered back.
 fn xts_gathered(
     engine: &dyn Engine,
     key: &XtsKey,
     direction: Direction,
     pieces: &mut [(u64, &mut [u8])],
-    total_bytes: usize,
+    gathered: &mut [u8],
 ) -> Result<()> {
-    let mut gathered = Vec::with_capacity(total_bytes);
+    let total_bytes: usize = pieces.iter().map(|(_, data)| data.len()).sum();
+    assert_eq!(gathered.len(), total_bytes, "the gather buffer holds every piece");
     let mut sector_numbers = Vec::with_capacity(total_bytes / SECTOR_SIZE_BYTES);
+    let mut position = 0;
     for (first_sector, data) in pieces.iter() {
-        gathered.extend_from_slice(data);
+        gathered[position..position + data.len()].copy_from_slice(data);
+        position += data.len();
         let sectors = (data.len() / SECTOR_SIZE_BYTES) as u64;
         sector_numbers.extend((0..sectors).map(|index| first_sector.wrapping_add(index)));
     }
-    engine.xts(key, direction, Sectors::List(&sector_numbers), &mut gathered)?;
+    engine.xts(key, direction, Sectors::List(&sector_numbers), gathered)?;
     let mut position = 0;
     for (_, data) in pieces.iter_mut() {
         data.copy_from_slice(&gathered[position..position + data.len()]);
@@ -492,8 +496,9 @@ impl Accelerator {
     /// AES-256-XTS of several buffers of whole 4 KiB sectors in place, as one request: piece
     /// `(first_sector, data)` holds sectors `first_sector ..`. The engine is chosen for the
     /// pieces' total size. The CPU engine runs the pieces where they lie (no copy); the GPU
-    /// gathers them into one transfer with a sector list and scatters the result back, which
-    /// costs two host copies but one launch and one round trip for the whole batch.
+    /// gathers them into one pinned buffer from the pool with a sector list and scatters the
+    /// result back, which costs two host copies but one launch and one round trip for the whole
+    /// batch, and the engine copies the pinned buffer to the device directly.
     pub fn xts_scattered(&self, key: &XtsKey, direction: Direction, pieces: &mut [(u64, &mut [u8])]) -> Result<()> {
         let total_bytes: usize = pieces.iter().map(|(_, data)| data.len()).sum();
         let engine = self.shared.engine_to_run(Service::Xts, total_bytes);
@@ -503,7 +508,8 @@ impl Accelerator {
             }
             return Ok(());
         }
-        xts_gathered(engine, key, direction, pieces, total_bytes)
+        let mut gathered = self.pool.get(total_bytes);
+        xts_gathered(engine, key, direction, pieces, &mut gathered)
     }
 
     pub fn reed_solomon_encode(&self, code: &ReedSolomon, data: &[&[u8]], parity: &mut [&mut [u8]]) -> Result<()> {
@@ -896,7 +902,8 @@ mod tests {
                 .map(|((first, _), data)| (*first, &mut data[..]))
                 .collect();
             if gathered {
-                xts_gathered(&cpu, &key, Direction::Encrypt, &mut pieces, 7 * SECTOR_SIZE_BYTES).unwrap();
+                let mut gathered = vec![0u8; 7 * SECTOR_SIZE_BYTES];
+                xts_gathered(&cpu, &key, Direction::Encrypt, &mut pieces, &mut gathered).unwrap();
             } else {
                 accelerator.xts_scattered(&key, Direction::Encrypt, &mut pieces).unwrap();
             }
