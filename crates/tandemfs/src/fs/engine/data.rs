@@ -51,10 +51,15 @@ impl FileSystem {
         buffer: &mut [u8],
         allow_symlink: bool,
     ) -> Result<usize> {
-        for attempt in 0..=READ_ATTEMPTS_MAX {
+        // Attempts that lost a race with a change, and waits for a structural change to be
+        // applied. A wait does not use up an attempt: the attempt that holds the view shard
+        // (the last) must still come, and a wait cannot hold it (the back end's bookkeeping
+        // after a batch takes the shard's write lock).
+        let (mut raced, mut structural_waits) = (0, 0);
+        for _ in 0..=READ_ATTEMPTS_MAX + READ_STRUCTURAL_WAITS_MAX {
             // The last attempt holds the inode's view shard (shared) so that no change can race
             // it.
-            let hold = attempt == READ_ATTEMPTS_MAX;
+            let hold = raced == READ_ATTEMPTS_MAX;
             let shard = self.read_view(inode)?;
             let view = shard.views.get(&inode).expect("loaded by read_view");
             match view.file_type() {
@@ -69,6 +74,10 @@ impl FileSystem {
             let evictions = shard.evictions;
             if structural > self.applied() {
                 drop(shard);
+                structural_waits += 1;
+                if structural_waits > READ_STRUCTURAL_WAITS_MAX {
+                    return Err(Error::Busy);
+                }
                 self.wait_applied(structural)?;
                 continue;
             }
@@ -120,8 +129,9 @@ impl FileSystem {
             {
                 return Ok(length);
             }
+            raced += 1;
         }
-        unreachable!("the last attempt always returns")
+        unreachable!("every pass either waits (at most READ_STRUCTURAL_WAITS_MAX times), races (at most READ_ATTEMPTS_MAX times) or returns")
     }
 
     pub fn write(&self, inode: InodeNumber, offset: u64, data: &[u8]) -> Result<usize> {

@@ -37,6 +37,10 @@ use std::sync::Arc;
 const SPACE_ATTEMPTS_MAX: usize = 64;
 /// Attempts of an optimistic read before it holds the front end still.
 const READ_ATTEMPTS_MAX: usize = 8;
+/// Waits of one read for a structural change of its file (a truncate, a hole punched) to be
+/// applied before it can read the home data; each is a change another thread made meanwhile,
+/// so only a file truncated without pause could reach the bound, which answers `Busy`.
+const READ_STRUCTURAL_WAITS_MAX: usize = 1 << 12;
 /// Symbolic links followed while resolving one path.
 const SYMLINK_FOLLOW_MAX: usize = 40;
 /// Directory levels walked looking for a rename loop.
