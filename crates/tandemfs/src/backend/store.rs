@@ -268,7 +268,7 @@ impl<'a> RecordStore<'a> {
     /// each (an unlink reads the inode it removes, which the memo has mostly forgotten since
     /// its create). Only a shortcut: a number that is free or fails its checks is left for the
     /// record's own read, which reports it as it always did.
-    pub fn prefetch_inodes(&mut self, inode_numbers: &[u64]) {
+    pub fn prefetch_inodes(&self, inode_numbers: &[u64]) {
         let missing: Vec<u64> =
             inode_numbers.iter().copied().filter(|number| self.memo.inode(*number).is_none()).collect();
         if missing.is_empty() {
