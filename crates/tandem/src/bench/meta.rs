@@ -52,6 +52,10 @@ pub struct MetaArguments {
     /// With --threads: files each thread creates, stats and unlinks per round
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     pub files_per_thread: u64,
+    /// With --threads: which layouts to measure (each thread in its own directory, all threads
+    /// in one shared directory, or both)
+    #[arg(long, value_enum, default_value_t = LayoutChoice::Both)]
+    pub layout: LayoutChoice,
     /// With --threads: the back end's apply workers (0: one per core, as a mount takes)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub backend_workers: u64,
@@ -65,6 +69,13 @@ pub struct MetaArguments {
     /// With --encrypt: skip gocryptfs (it needs the gocryptfs package and what ext4 needs)
     #[arg(long)]
     pub no_gocryptfs: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LayoutChoice {
+    Private,
+    Shared,
+    Both,
 }
 
 /// A list of thread counts (its own type, so that clap takes the list as one value).
@@ -292,6 +303,11 @@ fn run_scaling(arguments: &MetaArguments, threads: Threads) -> CliResult<i32> {
     };
     let run = super::scaling::ScalingRun {
         threads,
+        layouts: match arguments.layout {
+            LayoutChoice::Private => vec![super::scaling::Layout::Private],
+            LayoutChoice::Shared => vec![super::scaling::Layout::Shared],
+            LayoutChoice::Both => vec![super::scaling::Layout::Private, super::scaling::Layout::Shared],
+        },
         files_per_thread: arguments.files_per_thread,
         backend_workers: arguments.backend_workers as usize,
         rounds: arguments.rounds as usize,

@@ -199,6 +199,8 @@ fn measure(
 /// Rows of one layout: per thread count, tandemfs and ext4 rates and their ratios.
 pub struct ScalingRun {
     pub threads: Vec<usize>,
+    /// The layouts to measure, in order.
+    pub layouts: Vec<Layout>,
     pub files_per_thread: u64,
     /// The back end's apply workers (0: the mount's default, one per core).
     pub backend_workers: usize,
@@ -278,7 +280,7 @@ impl ScalingRun {
             if self.rounds == 1 { "" } else { "s" },
             self.scratch.display()
         );
-        for layout in [Layout::Private, Layout::Shared] {
+        for &layout in &self.layouts {
             let (rows, statistics) = self.measure_layout(layout)?;
             println!("\n{}:", layout.label());
             print_layout(&rows, self.files_per_thread);
@@ -414,7 +416,7 @@ mod tests {
         std::fs::create_dir_all(&directory).unwrap();
         let image = directory.join("v.img");
         let (library, fs) = library_target(&image, 64 << 20, 8192, 2).unwrap();
-        for layout in [Layout::Private, Layout::Shared] {
+        for &layout in &self.layouts {
             let seconds = measure(library.clone(), 3, 200, layout, 1).unwrap();
             assert!(seconds.create > 0.0 && seconds.stat > 0.0 && seconds.unlink > 0.0);
         }
