@@ -8,6 +8,7 @@
 //! bounded or wakes on the latch, so callers get `Error::Shutdown`, never a hang.
 
 use super::parallel::{self, ApplyPool, Job};
+use super::room::BacklogRoom;
 use super::store::Memo;
 use super::{checkpoint, Applier};
 use crate::backend::record::Op;
@@ -165,6 +166,14 @@ pub struct BackendStatistics {
     /// (summed over workers, in nanoseconds): the held share is applied one worker at a time.
     pub worker_lock_wait_ns: u64,
     pub worker_lock_held_ns: u64,
+    /// How often the workers took the volume lock.
+    pub worker_lock_takes: u64,
+    /// The front end's takes of the volume lock (views loaded, names looked up in the applied
+    /// H-tree, inode-table blocks checked, reads of home data), and its time waiting for the
+    /// lock and holding it, in nanoseconds.
+    pub front_lock_takes: u64,
+    pub front_lock_wait_ns: u64,
+    pub front_lock_held_ns: u64,
     /// Records applied with the volume held throughout: one worker, a batch of one group, a
     /// batch with a record that reaches beyond its inodes, or free space running low.
     pub held_records: u64,
@@ -181,6 +190,40 @@ pub struct BackendStatistics {
     /// full), and the time they waited in all, in nanoseconds.
     pub room_waits: u64,
     pub room_wait_ns: u64,
+}
+
+/// Counts of one kind of volume-lock use.
+#[derive(Default)]
+struct LockTimes {
+    takes: AtomicU64,
+    wait_ns: AtomicU64,
+    held_ns: AtomicU64,
+}
+
+/// The volume lock held by the front end, timed until it drops.
+pub struct FrontVolume<'a> {
+    guard: MutexGuard<'a, Volume>,
+    acquired: Instant,
+    times: &'a LockTimes,
+}
+
+impl std::ops::Deref for FrontVolume<'_> {
+    type Target = Volume;
+    fn deref(&self) -> &Volume {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for FrontVolume<'_> {
+    fn deref_mut(&mut self) -> &mut Volume {
+        &mut self.guard
+    }
+}
+
+impl Drop for FrontVolume<'_> {
+    fn drop(&mut self) {
+        self.times.held_ns.fetch_add(self.acquired.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
 }
 
 /// What one applied batch changed that the front end keeps in its own state.
@@ -244,6 +287,8 @@ pub struct Backend {
     applier: Applier,
     /// Apply workers besides the pass's own thread; `None` with one worker.
     pool: Option<ApplyPool>,
+    /// The backlog's image budget: admitted by the front end, released as records apply.
+    room: Arc<BacklogRoom>,
     /// What the workers' stores last read or committed (see `store::Memo`).
     memo: Arc<Memo>,
     queue: Mutex<DepositRing>,
@@ -272,6 +317,8 @@ pub struct Backend {
     worker_busy_ns: AtomicU64,
     worker_lock_wait_ns: AtomicU64,
     worker_lock_held_ns: AtomicU64,
+    worker_lock_takes: AtomicU64,
+    front_lock: LockTimes,
     checkpoint_ns: AtomicU64,
     held_records: AtomicU64,
     apply_ns: AtomicU64,
@@ -292,9 +339,11 @@ impl Backend {
         applied_lsn: u64,
         background: bool,
         workers: usize,
+        image_budget_blocks: u64,
     ) -> Result<Arc<Backend>> {
         let pool = if workers > 1 { Some(ApplyPool::start(workers)?) } else { None };
         Ok(Arc::new(Backend {
+            room: Arc::new(BacklogRoom::new(image_budget_blocks)),
             log,
             volume: Arc::new(Mutex::new(volume)),
             applier,
@@ -323,6 +372,8 @@ impl Backend {
             worker_busy_ns: AtomicU64::new(0),
             worker_lock_wait_ns: AtomicU64::new(0),
             worker_lock_held_ns: AtomicU64::new(0),
+            worker_lock_takes: AtomicU64::new(0),
+            front_lock: LockTimes::default(),
             checkpoint_ns: AtomicU64::new(0),
             held_records: AtomicU64::new(0),
             apply_ns: AtomicU64::new(0),
@@ -332,6 +383,11 @@ impl Backend {
             room_wait_ns: AtomicU64::new(0),
             thread: Mutex::new(None),
         }))
+    }
+
+    /// The backlog's image budget (see `room`).
+    pub fn room(&self) -> &BacklogRoom {
+        &self.room
     }
 
     /// How many appliers this back end runs.
@@ -369,8 +425,14 @@ impl Backend {
         }
     }
 
-    pub fn volume(&self) -> MutexGuard<'_, Volume> {
-        self.volume.lock()
+    /// The volume, for the front end's reads of home state; timed (`front_lock_*`).
+    pub fn volume(&self) -> FrontVolume<'_> {
+        let started = Instant::now();
+        let guard = self.volume.lock();
+        let acquired = Instant::now();
+        self.front_lock.takes.fetch_add(1, Ordering::Relaxed);
+        self.front_lock.wait_ns.fetch_add((acquired - started).as_nanos() as u64, Ordering::Relaxed);
+        FrontVolume { guard, acquired, times: &self.front_lock }
     }
 
     /// Runs `change` on the volume with no pass or checkpoint in progress (both take the policy
@@ -407,6 +469,10 @@ impl Backend {
             worker_busy_ns: self.worker_busy_ns.load(Ordering::Relaxed),
             worker_lock_wait_ns: self.worker_lock_wait_ns.load(Ordering::Relaxed),
             worker_lock_held_ns: self.worker_lock_held_ns.load(Ordering::Relaxed),
+            worker_lock_takes: self.worker_lock_takes.load(Ordering::Relaxed),
+            front_lock_takes: self.front_lock.takes.load(Ordering::Relaxed),
+            front_lock_wait_ns: self.front_lock.wait_ns.load(Ordering::Relaxed),
+            front_lock_held_ns: self.front_lock.held_ns.load(Ordering::Relaxed),
             checkpoint_ns: self.checkpoint_ns.load(Ordering::Relaxed),
             held_records: self.held_records.load(Ordering::Relaxed),
             checkpoints: self.checkpoints(),
@@ -606,7 +672,14 @@ impl Backend {
             }
         }
         let group_count = groups.len() as u64;
-        let job = Arc::new(Job::new(self.volume.clone(), self.memo.clone(), self.applier.clone(), batch, groups));
+        let job = Arc::new(Job::new(
+            self.volume.clone(),
+            self.memo.clone(),
+            self.applier.clone(),
+            self.room.clone(),
+            batch,
+            groups,
+        ));
         let started = Instant::now();
         let owned_blocks = match pool.run(job) {
             Ok(report) => {
@@ -614,6 +687,7 @@ impl Backend {
                 self.worker_busy_ns.fetch_add(report.busy_ns, Ordering::Relaxed);
                 self.worker_lock_wait_ns.fetch_add(report.lock_wait_ns, Ordering::Relaxed);
                 self.worker_lock_held_ns.fetch_add(report.lock_held_ns, Ordering::Relaxed);
+                self.worker_lock_takes.fetch_add(report.lock_takes, Ordering::Relaxed);
                 report.owned_blocks
             }
             Err(error) => {
@@ -669,6 +743,8 @@ impl Backend {
             applied_count += 1;
         }
         self.held_records.fetch_add(applied_count as u64, Ordering::Relaxed);
+        // Records put back for the next pass still count against the backlog.
+        self.room.release(batch[..applied_count].iter().map(|queued| queued.image_blocks).sum());
         Ok(AppliedBatch {
             applied_count,
             owned_blocks: owned,
@@ -762,33 +838,29 @@ impl Backend {
         Err(error)
     }
 
-    /// Waits until the back end has applied something more (the caller's append was refused
-    /// because the backlog is full: applying any batch releases its share). The log is flushed
-    /// first, since the back end applies only durable records. Without a back-end thread, or
-    /// when the thread makes no progress for `ROOM_WAIT_MAX`, drains in this thread instead.
-    /// Unlike `drain`, this does not wait for the whole backlog: many threads refused at once
-    /// all go on as soon as the next batch is applied, instead of taking turns at draining.
-    pub fn wait_for_room(&self, sink: &dyn FrontSink) -> Result<()> {
+    /// Waits until the back end releases part of the backlog's image budget after the release
+    /// count `releases_seen` (read before the refused admission): the caller's append was refused
+    /// because the backlog is full, and applying any group of records releases its share. The
+    /// log is flushed first, since the back end applies only durable records. Without a
+    /// back-end thread, or when nothing is released for `ROOM_WAIT_MAX`, drains in this thread
+    /// instead. Unlike `drain`, this does not wait for the whole backlog: many threads refused
+    /// at once all go on as soon as the first groups of the next batch are applied.
+    pub fn wait_for_room(&self, releases_seen: u64, sink: &dyn FrontSink) -> Result<()> {
         if !self.background {
             return self.drain(sink);
         }
         let started = Instant::now();
-        let before = self.applied_lsn();
+        let seen = releases_seen;
         self.log.flush()?;
         self.queue_signal.notify_all();
-        {
-            let mut applied = self.applied_lsn.lock();
-            while *applied == before && started.elapsed() < ROOM_WAIT_MAX {
-                if self.is_failed() || self.stop.load(Ordering::Acquire) {
-                    return Err(Error::Shutdown);
-                }
-                self.applied_signal.wait_for(&mut applied, WAIT_SLICE);
-            }
-            if *applied != before {
-                self.room_waits.fetch_add(1, Ordering::Relaxed);
-                self.room_wait_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                return Ok(());
-            }
+        let give_up = || self.is_failed() || self.stop.load(Ordering::Acquire);
+        if self.room.wait_released(seen, ROOM_WAIT_MAX, WAIT_SLICE, &give_up) {
+            self.room_waits.fetch_add(1, Ordering::Relaxed);
+            self.room_wait_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            return Ok(());
+        }
+        if give_up() {
+            return Err(Error::Shutdown);
         }
         self.drain(sink)
     }
@@ -877,7 +949,7 @@ mod tests {
         let log_options = LogOptions { flush_delay_us: 1_000, reserve_fraction: 0.5 };
         let (volume, log, applier, _) = open_volume(device, log_options, 1024, true).unwrap();
         let applied_lsn = log.next_lsn() - 1;
-        Backend::new(volume, log, applier, applied_lsn, background, 1).unwrap()
+        Backend::new(volume, log, applier, applied_lsn, background, 1, 1 << 20).unwrap()
     }
 
     /// Appends an attribute record for the root that changes nothing.

@@ -15,6 +15,7 @@
 pub mod driver;
 pub mod parallel;
 pub mod record;
+pub mod room;
 pub mod store;
 
 use crate::block::codec::Decoder;

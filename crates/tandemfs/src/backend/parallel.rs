@@ -17,6 +17,7 @@
 
 use super::driver::Queued;
 use super::record::{Disposition, Op};
+use super::room::BacklogRoom;
 use super::store::{Memo, RecordStore};
 use super::Applier;
 use crate::block::volume::Volume;
@@ -128,6 +129,10 @@ pub struct Job {
     applier: Applier,
     records: Vec<(u64, Arc<Op>)>,
     groups: Vec<Vec<u32>>,
+    /// Per group, the image-budget bounds of its records: released to `room` as soon as the
+    /// group is committed, so that appenders need not wait for the batch's last group.
+    group_image_blocks: Vec<u64>,
+    room: Arc<BacklogRoom>,
     next_group: AtomicUsize,
     /// Set on the first failure: groups not yet started are passed over.
     stop: AtomicBool,
@@ -143,13 +148,14 @@ struct Outcome {
     /// Time the workers' stores waited for the volume lock and held it, summed, in nanoseconds.
     lock_wait_ns: u64,
     lock_held_ns: u64,
+    lock_takes: u64,
     owned_blocks: Vec<(u64, u64)>,
     error: Option<Error>,
 }
 
 /// What one applied group hands back: the (inode, blocks owned) of the inodes it wrote, and
-/// its store's volume-lock (wait, hold) nanoseconds.
-type GroupOutcome = (Vec<(u64, u64)>, (u64, u64));
+/// its store's volume-lock (wait, hold) nanoseconds and takes.
+type GroupOutcome = (Vec<(u64, u64)>, (u64, u64, u64));
 
 /// What a finished job reports: the blocks owned by the inodes written, and where the workers'
 /// time went (all in nanoseconds, summed over workers).
@@ -158,6 +164,7 @@ pub struct JobReport {
     pub busy_ns: u64,
     pub lock_wait_ns: u64,
     pub lock_held_ns: u64,
+    pub lock_takes: u64,
 }
 
 impl Job {
@@ -165,11 +172,16 @@ impl Job {
         volume: Arc<Mutex<Volume>>,
         memo: Arc<Memo>,
         applier: Applier,
+        room: Arc<BacklogRoom>,
         batch: &[Queued],
         groups: Vec<Vec<u32>>,
     ) -> Job {
         assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), batch.len(), "every record is in one group");
+        let group_image_blocks =
+            groups.iter().map(|group| group.iter().map(|&place| batch[place as usize].image_blocks).sum()).collect();
         Job {
+            group_image_blocks,
+            room,
             volume,
             memo,
             applier,
@@ -192,7 +204,7 @@ impl Job {
             }
             let started = Instant::now();
             let result = if self.stop.load(Ordering::Acquire) {
-                Ok((Vec::new(), (0, 0)))
+                Ok((Vec::new(), (0, 0, 0)))
             } else {
                 let apply = std::panic::AssertUnwindSafe(|| self.apply_group(&self.groups[group]));
                 std::panic::catch_unwind(apply).unwrap_or_else(|panic| {
@@ -204,7 +216,14 @@ impl Job {
             let mut outcome = self.outcome.lock();
             outcome.busy_ns += busy_ns;
             match result {
-                Ok((owned, (lock_wait_ns, lock_held_ns))) => {
+                Ok((owned, (lock_wait_ns, lock_held_ns, lock_takes))) => {
+                    outcome.lock_takes += lock_takes;
+                    // Applied and committed: its records no longer count against the backlog.
+                    // (A group passed over after a failure releases nothing; the volume is
+                    // latched failed then.)
+                    if !self.stop.load(Ordering::Acquire) {
+                        self.room.release(self.group_image_blocks[group]);
+                    }
                     outcome.owned_blocks.extend(owned);
                     outcome.lock_wait_ns += lock_wait_ns;
                     outcome.lock_held_ns += lock_held_ns;
@@ -243,7 +262,8 @@ impl Job {
         if uncommitted > 0 {
             store.commit()?;
         }
-        Ok((owned, store.lock_times_ns()))
+        let (lock_wait_ns, lock_held_ns) = store.lock_times_ns();
+        Ok((owned, (lock_wait_ns, lock_held_ns, store.lock_count())))
     }
 
     /// Every inode the records at `places` name, once each.
@@ -279,6 +299,7 @@ impl Job {
                 busy_ns: outcome.busy_ns,
                 lock_wait_ns: outcome.lock_wait_ns,
                 lock_held_ns: outcome.lock_held_ns,
+                lock_takes: outcome.lock_takes,
             }),
         }
     }

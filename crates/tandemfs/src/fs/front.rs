@@ -444,22 +444,16 @@ pub struct Space {
     /// Blocks of `free` that only extent-tree reserves may promise (see
     /// `engine::tree_pool_blocks`).
     pub tree_pool_blocks: u64,
-    /// Sum of the image-block bounds of the records not yet applied; `admit_images` keeps it
-    /// within `image_budget_blocks`, so a checkpoint covering the whole backlog fits in the log.
-    queued_image_blocks: AtomicU64,
-    pub image_budget_blocks: u64,
 }
 
 impl Space {
-    pub fn new(free_blocks: u64, tree_pool_blocks: u64, image_budget_blocks: u64) -> Space {
+    pub fn new(free_blocks: u64, tree_pool_blocks: u64) -> Space {
         Space {
             available: AtomicI64::new(free_blocks as i64),
             reserved: AtomicU64::new(0),
             free: AtomicU64::new(free_blocks),
             pending_free: AtomicU64::new(0),
             tree_pool_blocks,
-            queued_image_blocks: AtomicU64::new(0),
-            image_budget_blocks,
         }
     }
 
@@ -483,22 +477,6 @@ impl Space {
     pub fn unreserve(&self, blocks: u64) {
         self.reserved.fetch_sub(blocks, Ordering::Relaxed);
         self.available.fetch_add(blocks as i64, Ordering::AcqRel);
-    }
-
-    /// Counts `image_blocks` into the backlog's image budget; false when they do not fit. An
-    /// empty backlog always takes one record, so that a record larger than the budget is not
-    /// refused for ever.
-    pub fn admit_images(&self, image_blocks: u64) -> bool {
-        let budget = self.image_budget_blocks;
-        let admitted = self.queued_image_blocks.fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
-            (queued == 0 || queued + image_blocks <= budget).then_some(queued + image_blocks)
-        });
-        admitted.is_ok()
-    }
-
-    pub fn release_images(&self, image_blocks: u64) {
-        let before = self.queued_image_blocks.fetch_sub(image_blocks, Ordering::AcqRel);
-        assert!(before >= image_blocks, "image budget released more often than admitted");
     }
 
     /// The back end applied records that had `returned_blocks` reserved, and the volume now

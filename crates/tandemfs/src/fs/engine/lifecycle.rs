@@ -199,11 +199,7 @@ impl FileSystem {
 
         let inode_count = volume.superblock.inode_count;
         let inode_numbers = InodeGroups::new(inode_count, |number| volume.inodes.is_set(number - 1));
-        let space = Space::new(
-            volume.free_blocks(),
-            tree_pool_blocks(volume.superblock.block_count),
-            image_budget_blocks(&log.usage()),
-        );
+        let space = Space::new(volume.free_blocks(), tree_pool_blocks(volume.superblock.block_count));
         let front = Front::new(inode_numbers, volume.superblock.next_generation, space);
         let usage = log.usage();
         // A record must fit the log many times over; a write larger than this is split.
@@ -212,7 +208,15 @@ impl FileSystem {
             0 => crate::backend::parallel::default_workers(),
             count => count,
         };
-        let backend = match Backend::new(volume, log.clone(), applier, last_lsn, options.background_backend, workers) {
+        let backend = match Backend::new(
+            volume,
+            log.clone(),
+            applier,
+            last_lsn,
+            options.background_backend,
+            workers,
+            image_budget_blocks(&log.usage()),
+        ) {
             Ok(backend) => backend,
             Err(error) => return Err((error, keeper)),
         };

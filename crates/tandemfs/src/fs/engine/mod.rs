@@ -54,9 +54,10 @@ const IMAGE_BLOCKS_PER_RECORD: u64 = 3;
 
 thread_local! {
     /// This thread's last refused append was refused for the backlog bound alone (see
-    /// `with_space`). Per thread: with many threads refused at once, one thread's reason must
-    /// not be taken, or cleared, by another.
-    static REFUSED_FOR_BACKLOG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// `with_space`), with the budget's release count read before the refusal. Per thread:
+    /// with many threads refused at once, one thread's reason must not be taken, or cleared,
+    /// by another.
+    static REFUSED_FOR_BACKLOG: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
 /// How many image blocks the unapplied backlog may stand for: a quarter of the log's reserve, so
@@ -402,12 +403,14 @@ impl FileSystem {
         // crash) with nowhere to write a checkpoint. So the backlog is bounded by a budget of
         // image blocks, as well as by log bytes: past it, the caller drains the back end.
         let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
-        if !space.admit_images(image_blocks) {
-            REFUSED_FOR_BACKLOG.set(true);
+        let room = self.inner.backend.room();
+        let releases_seen = room.releases();
+        if !room.admit(image_blocks) {
+            REFUSED_FOR_BACKLOG.set(Some(releases_seen));
             return Ok(None);
         }
         if !space.reserve(new_blocks, tree_blocks) {
-            space.release_images(image_blocks);
+            room.release(image_blocks);
             return Ok(None);
         }
         let head = op.encode_head();
@@ -416,7 +419,7 @@ impl FileSystem {
         let appended = self.inner.backend.enqueue(op, reserved_blocks, image_blocks, append_to_log);
         if !matches!(appended, Ok(Some(_))) {
             space.unreserve(reserved_blocks);
-            space.release_images(image_blocks);
+            room.release(image_blocks);
         }
         appended
     }
@@ -429,7 +432,7 @@ impl FileSystem {
         let mut checkpointed_applied = false;
         for round in 0..SPACE_ATTEMPTS_MAX {
             self.check_running()?;
-            REFUSED_FOR_BACKLOG.set(false);
+            REFUSED_FOR_BACKLOG.set(None);
             if let Some(value) = attempt()? {
                 return Ok(value);
             }
@@ -437,8 +440,8 @@ impl FileSystem {
                 // Refused only because the backlog stands for too many checkpoint images:
                 // applying part of it is all that is needed (the back end checkpoints as it
                 // goes), so wait for the next batch rather than for the whole backlog.
-                if REFUSED_FOR_BACKLOG.replace(false) {
-                    self.inner.backend.wait_for_room(self)?;
+                if let Some(releases_seen) = REFUSED_FOR_BACKLOG.replace(None) {
+                    self.inner.backend.wait_for_room(releases_seen, self)?;
                 } else if !checkpointed_applied && self.checkpoint_applied()? {
                     checkpointed_applied = true;
                 } else {
@@ -562,7 +565,7 @@ impl FrontSink for FileSystem {
     fn batch_applied(&self, summary: &BatchSummary<'_>) {
         let front = &self.inner.front;
         let mut updates: crate::FastHashMap<u64, ViewUpdate> = Default::default();
-        let (mut returned_blocks, mut image_blocks) = (0, 0);
+        let mut returned_blocks = 0;
         // Names removed by the batch: (directory, name, lsn).
         let mut removed: Vec<(u64, &[u8], u64)> = Vec::new();
         for queued in summary.records {
@@ -574,7 +577,6 @@ impl FrontSink for FileSystem {
             // Other names need nothing: an entry of the name table whose record is applied is
             // a lookup-cache entry from now on (its lsn is at most the applied lsn).
             returned_blocks += queued.reserved_blocks;
-            image_blocks += queued.image_blocks;
             // Every pending write has its own record, and applying it makes that write and all
             // earlier ones of the inode part of the home data; structural records drop earlier
             // writes when they are made. Writes and range records (allocate, zero) also carry
@@ -630,7 +632,6 @@ impl FrontSink for FileSystem {
             }
         }
         front.space.applied(returned_blocks, summary.free_blocks, summary.pending_free_blocks);
-        front.space.release_images(image_blocks);
     }
 
     fn space_changed(&self, free_blocks: u64, pending_free_blocks: u64) {
