@@ -230,6 +230,7 @@ impl FileSystem {
             options: options.clone(),
             inode_count,
             max_record_data_bytes,
+            batch: Default::default(),
         });
         let file_system = FileSystem { inner };
         if options.background_backend {
