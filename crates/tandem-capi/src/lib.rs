@@ -187,6 +187,9 @@ fn disjoint<A, B>(first: *const A, second: *const B, count: usize) -> bool {
     count == 0 || end_a <= start_b || end_b <= start_a
 }
 
+/// A batch call's requests, attributes and results, as slices.
+type BatchArrays<'a, R> = (&'a [R], &'a mut [TandemAttributes], &'a mut [i32]);
+
 /// The three arrays of a batch call, checked (bounds, nulls, alignment, no overlap).
 ///
 /// # Safety
@@ -196,7 +199,7 @@ unsafe fn batch_arrays<'a, R>(
     count: usize,
     attributes: *mut TandemAttributes,
     results: *mut i32,
-) -> Result<(&'a [R], &'a mut [TandemAttributes], &'a mut [i32]), c_int> {
+) -> Result<BatchArrays<'a, R>, c_int> {
     if !disjoint(attributes, results, count)
         || !disjoint(requests, attributes, count)
         || !disjoint(requests, results, count)

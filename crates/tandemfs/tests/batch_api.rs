@@ -135,7 +135,7 @@ fn random_path(rng: &mut SmallRng, tree: &Tree) -> Vec<u8> {
             2 => Vec::new(),
             3 => name_of_length(NAME_MAX_BYTES + 1, rng),
             4 => name_of_length(rng.gen_range(1..=8), rng),
-            5 => tree.paths.choose(rng).unwrap().split(|byte| *byte == b'/').last().unwrap().to_vec(),
+            5 => tree.paths.choose(rng).unwrap().rsplit(|byte| *byte == b'/').next().unwrap().to_vec(),
             6 => b"x".to_vec(),
             _ => b"..".to_vec(),
         };
@@ -480,12 +480,12 @@ const STABLE_FILES: usize = 64;
 fn build_moving(fs: &FileSystem) -> Moving {
     let mut stable = Vec::new();
     let mut files = [Vec::new(), Vec::new()];
-    for directory in 0..2 {
+    for (directory, directory_files) in files.iter_mut().enumerate() {
         let inode = fs.make_directory(ROOT_INODE, format!("d{directory}").as_bytes(), 0o755, 0, 0).unwrap().inode;
         for file in 0..STABLE_FILES {
             let made = fs.create(inode, format!("f{file}").as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
             stable.push((format!("d{directory}/f{file}").into_bytes(), made.inode));
-            files[directory].push(made.inode);
+            directory_files.push(made.inode);
         }
     }
     let churn = fs.make_directory(ROOT_INODE, b"churn", 0o755, 0, 0).unwrap().inode;

@@ -358,3 +358,28 @@ fn print_report(shape: Shape, cores: usize, batch: &Column, single: &Column, ext
     print_table(&headers, &rows);
     println!("(every batch answer equals the single call's; single-command round trip: no GPU index in this build)");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_run_measures_both_tandemfs_columns_and_checks_the_answers() {
+        let shape = Shape { files: 2_000, directories: 7, lookups: 3_000, threads: 3, rounds: 1 };
+        let (batch, single) = measure_tandemfs(shape).unwrap();
+        for seconds in [batch.create, batch.resolve, single.create, single.resolve] {
+            assert!(seconds.is_some_and(|seconds| seconds > 0.0 && seconds.is_finite()));
+        }
+    }
+
+    #[test]
+    fn paths_name_files_the_batch_made() {
+        let shape = Shape { files: 1_000, directories: 7, lookups: 10_000, threads: 1, rounds: 1 };
+        let made: std::collections::HashSet<String> =
+            (0..shape.files).map(|serial| shape.file_path("f", serial)).collect();
+        assert_eq!(made.len(), 1_000);
+        let paths = shape.random_paths();
+        assert!(paths.iter().all(|path| made.contains(path)));
+        assert!(paths.iter().collect::<std::collections::HashSet<_>>().len() > 900, "the picks cover the tree");
+    }
+}
