@@ -796,7 +796,10 @@ fn overlapping_batches_at_once_make_each_name_once() {
                 CreateRequest {
                     parent: parents[serial % 3],
                     name: &names[serial],
-                    file_type: if serial % 5 == 0 { FileType::Directory } else { FileType::Regular },
+                    file_type: match serial % 5 {
+                        0 => FileType::Directory,
+                        _ => FileType::Regular,
+                    },
                     permissions: 0o700,
                     uid: 0,
                     gid: 0,
