@@ -66,9 +66,11 @@ impl Shape {
     fn volume_bytes(&self) -> u64 {
         (self.inodes() * VOLUME_BYTES_PER_INODE).max(VOLUME_BYTES_MIN)
     }
-    /// "d17/f42": file `serial` of the tree, `prefix` "f" (batch creates) or "s" (single ones).
-    fn file_path(&self, prefix: &str, serial: u64) -> String {
-        format!("d{}/{prefix}{}", serial % self.directories, serial / self.directories)
+    /// "d17/f42": file `serial` of the tree whose directories are named `tree` and a number:
+    /// "d" for the batch's creates (and ext4's), "e" for the single calls', so that both make
+    /// files in fresh directories of the same shape.
+    fn file_path(&self, tree: &str, serial: u64) -> String {
+        format!("{tree}{}/f{}", serial % self.directories, serial / self.directories)
     }
     /// The same random paths for every column (a fixed xorshift sequence).
     fn random_paths(&self) -> Vec<String> {
@@ -78,7 +80,7 @@ impl Shape {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
-                self.file_path("f", state % self.files)
+                self.file_path("d", state % self.files)
             })
             .collect()
     }
@@ -160,12 +162,9 @@ fn measure_tandemfs(shape: Shape) -> Result<(Column, Column), String> {
 }
 
 fn measure_on(fs: &FileSystem, shape: Shape) -> Result<(Column, Column), String> {
-    let directory_names: Vec<String> = (0..shape.directories).map(|directory| format!("d{directory}")).collect();
-    let directories: Vec<u64> = fs
-        .make_directory_all_batch(&directory_names, 0o755, 0, 0)
-        .into_iter()
-        .map(|made| made.map(|attributes| attributes.inode).map_err(|error| format!("mkdir: {error}")))
-        .collect::<Result<_, _>>()?;
+    let directories = make_directories(fs, shape, "d")?;
+    let single_directories = make_directories(fs, shape, "e")?;
+    settle(fs)?;
     let names: Vec<String> = (0..shape.files).map(|serial| format!("f{}", serial / shape.directories)).collect();
     let requests: Vec<CreateRequest> = names
         .iter()
@@ -184,7 +183,7 @@ fn measure_on(fs: &FileSystem, shape: Shape) -> Result<(Column, Column), String>
     let created = fs.create_batch(&requests);
     let batch_create = started.elapsed().as_secs_f64();
     if let Some((serial, Err(error))) = created.iter().enumerate().find(|(_, made)| made.is_err()) {
-        return Err(format!("batch create {}: {error}", shape.file_path("f", serial as u64)));
+        return Err(format!("batch create {}: {error}", shape.file_path("d", serial as u64)));
     }
     drop(created);
     drop(requests);
@@ -192,11 +191,11 @@ fn measure_on(fs: &FileSystem, shape: Shape) -> Result<(Column, Column), String>
     settle(fs)?;
 
     let single_create = on_threads(shape.threads, shape.files, |serial| {
-        let name = format!("s{}", serial / shape.directories);
-        let parent = directories[(serial % shape.directories) as usize];
+        let name = format!("f{}", serial / shape.directories);
+        let parent = single_directories[(serial % shape.directories) as usize];
         fs.create(parent, name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0)
             .map(|_| ())
-            .map_err(|error| format!("create {}: {error}", shape.file_path("s", serial)))
+            .map_err(|error| format!("create {}: {error}", shape.file_path("e", serial)))
     })?;
 
     settle(fs)?;
@@ -227,6 +226,15 @@ fn measure_on(fs: &FileSystem, shape: Shape) -> Result<(Column, Column), String>
         Column { create: per(batch_create, shape.files), resolve: per(batch_resolve, shape.lookups) },
         Column { create: per(single_create, shape.files), resolve: per(single_resolve, shape.lookups) },
     ))
+}
+
+/// The directories of the tree `tree` ("d0", "d1", ...), made in one `mkdir -p` batch.
+fn make_directories(fs: &FileSystem, shape: Shape, tree: &str) -> Result<Vec<u64>, String> {
+    let names: Vec<String> = (0..shape.directories).map(|directory| format!("{tree}{directory}")).collect();
+    fs.make_directory_all_batch(&names, 0o755, 0, 0)
+        .into_iter()
+        .map(|made| made.map(|attributes| attributes.inode).map_err(|error| format!("mkdir: {error}")))
+        .collect()
 }
 
 /// Waits until the back end has applied and checkpointed everything acknowledged, so that a
@@ -315,7 +323,7 @@ fn measure_ext4(shape: Shape) -> Result<Column, String> {
         std::fs::create_dir(&path).map_err(|error| format!("mkdir {}: {error}", path.display()))?;
     }
     let create = on_threads(shape.threads, shape.files, |serial| {
-        let path = root.join(shape.file_path("f", serial));
+        let path = root.join(shape.file_path("d", serial));
         std::fs::File::create(&path).map(drop).map_err(|error| format!("create {}: {error}", path.display()))
     })?;
     // As for tandemfs: the stats do not compete with the creates' writeback and journal.
@@ -392,7 +400,7 @@ mod tests {
     fn paths_name_files_the_batch_made() {
         let shape = Shape { files: 1_000, directories: 7, lookups: 10_000, threads: 1, rounds: 1 };
         let made: std::collections::HashSet<String> =
-            (0..shape.files).map(|serial| shape.file_path("f", serial)).collect();
+            (0..shape.files).map(|serial| shape.file_path("d", serial)).collect();
         assert_eq!(made.len(), 1_000);
         let paths = shape.random_paths();
         assert!(paths.iter().all(|path| made.contains(path)));
