@@ -635,9 +635,6 @@ struct HalfIndex {
 }
 
 impl BatchIndex for HalfIndex {
-    fn name(&self) -> &str {
-        "half"
-    }
     fn min_batch(&self) -> usize {
         self.min_batch
     }
@@ -835,4 +832,16 @@ fn overlapping_batches_at_once_make_each_name_once() {
     let lookups: Vec<(u64, &[u8])> = (0..3000).map(|serial| (parents[serial % 3], names[serial].as_slice())).collect();
     assert!(fs.lookup_batch(&lookups).iter().all(|found| found.is_ok()));
     unmount_and_check(fs, device);
+}
+
+#[test]
+fn dot_dot_of_the_root_is_the_root() {
+    let (fs, _device) = mount_fresh();
+    let root = fs.get_attributes(ROOT_INODE).unwrap();
+    let paths: Vec<&[u8]> = vec![b"..", b"/../..", b"./../.", b""];
+    for answer in fs.resolve_paths(&paths) {
+        assert_eq!(answer.unwrap(), root);
+    }
+    assert_eq!(fs.lookup_batch(&[(ROOT_INODE, b"..")])[0].as_ref().unwrap(), &root);
+    fs.unmount().unwrap();
 }

@@ -43,8 +43,8 @@ pub type BatchAnswer = Option<Result<Attributes>>;
 /// The contract, which the batch API cannot check and the index must keep:
 /// - every answer it gives is one the single call could have given at some moment between the
 ///   start and the end of the batch call: it reflects every change acknowledged to any caller
-///   before the batch call began (the back end feeds it before it acknowledges, or the index
-///   answers only what it knows to be current);
+///   before the batch call began (whoever feeds it hands it each change before a later batch
+///   can ask, or the index answers only what it knows to be current);
 /// - where it cannot promise that (a directory it has not learnt, a symbolic link in a path, an
 ///   index that failed), it leaves the answer `None` and the CPU twin answers;
 /// - path resolution follows the single call's rules: no permission checks (`resolve_path`
@@ -52,8 +52,6 @@ pub type BatchAnswer = Option<Result<Attributes>>;
 ///   every component but the last, `..` of the root is the root;
 /// - an `Err` from a call means the index answered nothing: all its answers are dropped.
 pub trait BatchIndex: Send + Sync {
-    /// What to call it in messages ("gpu", "cpu twin").
-    fn name(&self) -> &str;
     /// The smallest batch it serves: below this, the CPU twin is faster (calibrated).
     fn min_batch(&self) -> usize;
     /// Fills `answers[i]` for `requests[i]` = (parent, name) where it can.
