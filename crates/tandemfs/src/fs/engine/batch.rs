@@ -156,6 +156,7 @@ impl FileSystem {
 
     /// Installs (or with `None` removes) the index that answers lookups, resolves and stats of
     /// batches at least its `min_batch` long. The caller keeps it current: see `BatchIndex`.
+    /// `unmount` removes it.
     pub fn set_batch_index(&self, index: Option<Arc<dyn BatchIndex>>) {
         *self.inner.batch.index.write() = index;
     }
