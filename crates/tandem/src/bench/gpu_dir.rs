@@ -27,8 +27,8 @@ const VOLUME_BYTES_MIN: u64 = 1 << 30;
 
 #[derive(Args)]
 pub struct GpuDirArguments {
-    /// Files in the tree, spread evenly over the directories (and as many again made by single
-    /// calls, and on ext4)
+    /// Files the batch creates, spread evenly over the directories; the single calls create as
+    /// many in a second tree, and ext4 as many
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1_000..=20_000_000))]
     pub files: u64,
     /// Directories of the tree
