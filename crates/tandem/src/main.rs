@@ -77,6 +77,9 @@ enum BenchCommand {
     /// every argument, --help included, goes to the accelerator's benchmark
     #[command(disable_help_flag = true)]
     Services(bench::ServicesArguments),
+    /// The batch API (path resolutions, creates) on a tree of directories × files, beside
+    /// single calls on threads and ext4; the CPU twin where no GPU directory index is present
+    GpuDir(bench::gpu_dir::GpuDirArguments),
 }
 
 fn run(cli: Cli) -> CliResult<i32> {
@@ -96,6 +99,7 @@ fn run(cli: Cli) -> CliResult<i32> {
             BenchCommand::Log(arguments) => bench::log::run(arguments),
             BenchCommand::Memory(arguments) => bench::memory::run(arguments),
             BenchCommand::Services(arguments) => bench::run_services(arguments),
+            BenchCommand::GpuDir(arguments) => bench::gpu_dir::run(arguments),
         },
     }
 }

@@ -62,6 +62,7 @@ fn usage_errors_are_one_line_with_exit_code_2() {
     assert_one_line_failure(&tandem(&["insert", "x", "0"]), "--from");
     assert_one_line_failure(&tandem(&["insert", "x", "0", "--zeros", "1", "--from", "y"]), "cannot be used");
     assert_one_line_failure(&tandem(&["bench", "meta", "--count", "5"]), "tandem bench meta --help");
+    assert_one_line_failure(&tandem(&["bench", "gpu-dir", "--files", "5"]), "--files");
     assert_one_line_failure(&tandem(&["nosuchcommand"]), "nosuchcommand");
 }
 

@@ -1,11 +1,12 @@
 //! Benchmarks: `meta` (library path), `mount` (through FUSE), `log` (parallel log appends),
-//! `memory` (the front end's caches) and `services` (the accelerator).
+//! `memory` (the front end's caches), `services` (the accelerator) and `gpu-dir` (the batch API).
 //! Each compares tandemfs with ext4 on the same medium; docs/BENCHMARKS.md says how to read them.
 
 pub mod cpu;
 pub mod dmcrypt;
 pub mod ext4;
 pub mod gocryptfs;
+pub mod gpu_dir;
 pub mod library;
 pub mod log;
 pub mod memory;

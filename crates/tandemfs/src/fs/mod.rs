@@ -6,5 +6,6 @@ mod engine;
 pub mod front;
 pub mod types;
 
+pub use engine::batch::{BatchAnswer, BatchIndex, BatchStatistics, CreateRequest};
 pub use engine::FileSystem;
 pub use types::*;

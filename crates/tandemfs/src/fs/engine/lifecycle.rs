@@ -234,6 +234,7 @@ impl FileSystem {
             options: options.clone(),
             inode_count,
             max_record_data_bytes,
+            batch: Default::default(),
         });
         let file_system = FileSystem { inner };
         if options.background_backend {
@@ -359,6 +360,9 @@ impl FileSystem {
             return Ok(());
         }
         let read_only = self.is_read_only();
+        // An index serves a mounted volume only, and one that holds a handle of this volume
+        // would otherwise keep it alive after the unmount.
+        self.set_batch_index(None);
         let result = (|| {
             self.check_running()?;
             if !read_only {

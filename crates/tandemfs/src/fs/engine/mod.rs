@@ -1,9 +1,11 @@
 //! The `FileSystem` handle: the shared state and the front-end helpers every operation uses.
 //! The operations live in the files beside this one, one per section: `lifecycle` (format,
-//! mount, unmount, durability), `namespace`, `data` and `xattrs`. The back end (its thread,
-//! queue, checkpoint policy and failure latch) is `backend::driver::Backend`; this handle only
-//! drives it and keeps the front end's state current through `FrontSink`.
+//! mount, unmount, durability), `namespace`, `data`, `xattrs` and `batch` (the batch API). The
+//! back end (its thread, queue, checkpoint policy and failure latch) is
+//! `backend::driver::Backend`; this handle only drives it and keeps the front end's state
+//! current through `FrontSink`.
 
+pub mod batch;
 mod data;
 mod lifecycle;
 mod namespace;
@@ -113,6 +115,8 @@ struct Inner {
     options: MountOptions,
     inode_count: u64,
     max_record_data_bytes: usize,
+    /// The batch API's index and counters (see `batch`).
+    batch: batch::BatchState,
 }
 
 /// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
