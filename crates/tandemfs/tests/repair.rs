@@ -487,6 +487,46 @@ fn a_zeroed_superblock_copy_is_reported_and_rewritten() {
     }
 }
 
+/// Power lost during a superblock write leaves the copy being written unreadable while the
+/// volume is marked mounted: fsck notes it (not a problem), and the next mount rewrites it.
+#[test]
+fn a_superblock_copy_torn_by_a_crash_is_a_note_and_the_next_mount_rewrites_it() {
+    let memory = MemoryDevice::new(32 << 20);
+    let device: Arc<dyn Device> = Arc::new(memory.clone());
+    FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
+    let (fs, _) = FileSystem::mount(device.clone(), &inline_options()).unwrap();
+    fs.create(ROOT_INODE, b"kept", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.sync().unwrap();
+    // The crash: the image as the medium holds it now, the mount never unmounted; the copy the
+    // next superblock write would have gone to is half written.
+    let crashed = memory.crash(7, tandemfs::device::CrashMode::KeepAll);
+    drop(fs);
+    let crashed_device: Arc<dyn Device> = Arc::new(crashed.clone());
+    let copies = Superblock::read_both(crashed_device.as_ref()).unwrap();
+    assert_eq!(copies.best.state, tandemfs::block::superblock::STATE_MOUNTED);
+    let torn_copy = 1 - copies.best_copy;
+    let mut half = vec![0u8; BLOCK_SIZE];
+    crashed_device.read_at(torn_copy * BLOCK_SIZE as u64, &mut half).unwrap();
+    half[BLOCK_SIZE / 2..].fill(0xA5);
+    crashed_device.write_at(torn_copy * BLOCK_SIZE as u64, &half).unwrap();
+
+    let checked = fsck::check(crashed_device.clone()).unwrap();
+    assert!(checked.is_clean(), "{:?}", checked.problems);
+    assert_eq!(checked.notes.len(), 1, "{:?}", checked.notes);
+    assert!(checked.notes[0].contains(&format!("superblock copy {torn_copy}")), "{:?}", checked.notes);
+    let (fs, _) = FileSystem::mount(crashed_device.clone(), &inline_options()).unwrap();
+    fs.lookup(ROOT_INODE, b"kept").unwrap();
+    fs.unmount().unwrap();
+    let checked = fsck::check(crashed_device.clone()).unwrap();
+    assert!(checked.is_clean() && checked.notes.is_empty(), "{:?} {:?}", checked.problems, checked.notes);
+
+    // The same damage on a cleanly unmounted volume is a problem: no crash explains it.
+    crashed_device.write_at(0, &half).unwrap();
+    let copies = Superblock::read_both(crashed_device.as_ref()).unwrap();
+    assert!(copies.other_torn && copies.best.state != tandemfs::block::superblock::STATE_MOUNTED);
+    assert!(!fsck::check(crashed_device).unwrap().is_clean());
+}
+
 /// A volume left by a crash: the repair replays the log as a mount would, then repairs; the
 /// files acknowledged before the crash are there.
 #[test]

@@ -134,9 +134,14 @@ pub fn check(path: &Path, key_file: Option<&Path>) -> CliResult<Verdict> {
                 format_count(report.log_records_pending)
             );
             if report.is_clean() {
-                Ok(Verdict { clean: true, lines: vec![format!("{}: clean ({summary})", path.display())] })
+                let mut lines: Vec<String> =
+                    report.notes.iter().map(|note| format!("{}: note: {note}", path.display())).collect();
+                lines.push(format!("{}: clean ({summary})", path.display()));
+                Ok(Verdict { clean: true, lines })
             } else {
-                let mut lines = report.problems.clone();
+                let mut lines: Vec<String> =
+                    report.notes.iter().map(|note| format!("{}: note: {note}", path.display())).collect();
+                lines.extend(report.problems.iter().cloned());
                 // Damaged file data is found, not fixed: say so rather than promise a repair.
                 let remedy = match report.damaged_data_blocks {
                     0 => format!("'tandem fsck --repair {}' repairs the volume", path.display()),

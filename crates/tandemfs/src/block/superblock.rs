@@ -564,6 +564,7 @@ impl Superblock {
     pub fn read_both(device: &dyn Device) -> Result<SuperblockCopies> {
         let device_blocks = device.size_bytes() / BLOCK_SIZE_U64;
         let mut decoded: Vec<std::result::Result<Superblock, String>> = Vec::with_capacity(2);
+        let mut torn = [false; 2];
         for copy in 0..2u64 {
             if device.size_bytes() < (copy + 1) * BLOCK_SIZE_U64 {
                 decoded.push(Err(format!("superblock copy {copy}: device too small")));
@@ -571,6 +572,8 @@ impl Superblock {
             }
             let mut bytes = Box::new([0u8; BLOCK_SIZE]);
             device.read_at(copy * BLOCK_SIZE_U64, &mut bytes[..])?;
+            torn[copy as usize] = bytes[OFFSET_MAGIC..OFFSET_MAGIC + 8] == MAGIC
+                && tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]) != get_u32(&bytes[..], OFFSET_CRC);
             decoded.push(Superblock::decode(&bytes, copy, device_blocks).map_err(|error| match error {
                 Error::Corruption { what } => what,
                 other => other.to_string(),
@@ -593,10 +596,14 @@ impl Superblock {
                 } else {
                     None
                 };
-                Ok(SuperblockCopies { best, best_copy, other_problem })
+                Ok(SuperblockCopies { best, best_copy, other_problem, other_torn: false })
             }
-            (Ok(best), Err(problem)) => Ok(SuperblockCopies { best, best_copy: 0, other_problem: Some(problem) }),
-            (Err(problem), Ok(best)) => Ok(SuperblockCopies { best, best_copy: 1, other_problem: Some(problem) }),
+            (Ok(best), Err(problem)) => {
+                Ok(SuperblockCopies { best, best_copy: 0, other_problem: Some(problem), other_torn: torn[1] })
+            }
+            (Err(problem), Ok(best)) => {
+                Ok(SuperblockCopies { best, best_copy: 1, other_problem: Some(problem), other_torn: torn[0] })
+            }
             (Err(first), Err(second)) => Err(Error::corruption(format!("no valid superblock: {first}; {second}"))),
         }
     }
@@ -616,6 +623,9 @@ pub struct SuperblockCopies {
     pub best_copy: u64,
     /// The other copy is invalid, stale or foreign: why, in words. `None` when it is healthy.
     pub other_problem: Option<String>,
+    /// The other copy carries the magic number but fails its checksum, as a write torn by a
+    /// crash leaves it (zeroed, foreign or random bytes, or a stale copy, are something else).
+    pub other_torn: bool,
 }
 
 #[cfg(test)]

@@ -44,6 +44,8 @@ const PROGRESS_STEP: u64 = 256;
 pub struct FsckReport {
     /// One line per problem; empty when the volume is consistent.
     pub problems: Vec<String>,
+    /// What a crash left that the next mount sets right by itself (not problems): one line each.
+    pub notes: Vec<String>,
     /// Problems found beyond those listed.
     pub problems_not_listed: u64,
     pub inodes_checked: u64,
@@ -125,11 +127,21 @@ pub fn check_with_progress(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Pr
 fn check_volume(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Progress)) -> Result<FsckReport> {
     let mut report = FsckReport::default();
     // A damaged or stale copy is not used while the other is good, but the next mount that
-    // loses the good one would fall back to it: a problem worth repairing now.
+    // loses the good one would fall back to it: a problem worth repairing now. Except for the
+    // mark of a crash: superblock writes alternate between the copies, so power lost during
+    // one leaves the copy it was writing torn (its magic number, a wrong checksum) while the
+    // volume is still marked mounted, and the next mount's first superblock write goes there.
     match Superblock::read_both(device.as_ref()) {
         Ok(copies) => {
             if let Some(problem) = copies.other_problem {
-                report.problem(format!("{problem} (copy {} is used)", copies.best_copy));
+                let used = copies.best_copy;
+                if copies.other_torn && copies.best.state == crate::block::superblock::STATE_MOUNTED {
+                    report.notes.push(format!(
+                        "{problem}: a superblock write torn by a crash (the volume was left mounted); copy {used} is used and the next mount rewrites the other"
+                    ));
+                } else {
+                    report.problem(format!("{problem} (copy {used} is used)"));
+                }
             }
         }
         Err(error @ Error::Io { .. }) => return Err(error),
