@@ -11,8 +11,11 @@
 //! answer is `Unknown` and the caller asks its own engine.
 
 pub mod cpu;
+pub mod gpu;
+pub mod wire;
 
 pub use cpu::CpuDirectoryIndex;
+pub use gpu::{GpuDirectoryIndex, GpuIndexConfig};
 
 use crate::error::{AccelError, Result};
 
