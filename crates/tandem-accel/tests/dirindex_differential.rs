@@ -1,0 +1,508 @@
+//! Issue 9: the GPU directory index against its CPU twin. Random trees (size from
+//! `TANDEM_DIRINDEX_ENTRIES`, default 200000, up to 10M), the same random updates applied to
+//! both, then random lookups, resolves, stats and lists compared answer for answer, including
+//! batches from several host threads at once. Without a GPU it prints "no GPU: skipped" and
+//! passes; the same generator also runs twin against twin (1 thread against all) so CI checks
+//! the harness itself. Seeded: each seed is printed; `TANDEM_SEED=N` runs that seed alone.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{HashMap, HashSet};
+use tandem_accel::dirindex::{
+    CpuDirectoryIndex, Credentials, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig, IndexAttributes, IndexKind,
+    IndexUpdate, ListResult, MAXIMUM_NAME_BYTES,
+};
+
+const ROOT: u64 = 1;
+const DEFAULT_ENTRIES: usize = 200_000;
+const MAXIMUM_ENTRIES: usize = 10_000_000;
+/// Updates per apply call while building (several commands each on the GPU).
+const BUILD_BATCH: usize = 250_000;
+const CREDENTIALS: [Credentials; 4] = [
+    Credentials { uid: 0, gid: 0 },
+    Credentials { uid: 1000, gid: 100 },
+    Credentials { uid: 1001, gid: 100 },
+    Credentials { uid: 1002, gid: 200 },
+];
+
+fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    match std::env::var("TANDEM_SEED") {
+        Ok(seed) => vec![seed.parse().expect("TANDEM_SEED is a number")],
+        Err(_) => default.into_iter().collect(),
+    }
+}
+
+fn entries_wanted() -> usize {
+    let entries = std::env::var("TANDEM_DIRINDEX_ENTRIES")
+        .ok()
+        .map(|text| text.parse::<usize>().expect("TANDEM_DIRINDEX_ENTRIES is a number"))
+        .unwrap_or(DEFAULT_ENTRIES);
+    assert!((100..=MAXIMUM_ENTRIES).contains(&entries), "TANDEM_DIRINDEX_ENTRIES must be 100..=10M");
+    entries
+}
+
+/// A name of 1..=255 bytes, any byte but '/' and NUL, never "." or ".."; mostly short.
+fn random_name(rng: &mut StdRng) -> Vec<u8> {
+    let length = match rng.gen_range(0..20) {
+        0 => MAXIMUM_NAME_BYTES - rng.gen_range(0..3),
+        1 => rng.gen_range(1..=MAXIMUM_NAME_BYTES),
+        2..=4 => rng.gen_range(1..=8),
+        _ => rng.gen_range(4..=24),
+    };
+    loop {
+        let name: Vec<u8> = (0..length)
+            .map(|_| if rng.gen_bool(0.8) { rng.gen_range(b'a'..=b'z') } else { rng.gen_range(1..=255u8) })
+            .map(|byte| if byte == b'/' { b'_' } else { byte })
+            .collect();
+        if name != b"." && name != b".." {
+            return name;
+        }
+    }
+}
+
+fn random_permissions(rng: &mut StdRng) -> u32 {
+    match rng.gen_range(0..10) {
+        0 => 0o700,
+        1 => 0o711,
+        2 => 0o070,
+        3 => 0o000,
+        4 => 0o751,
+        _ => 0o755,
+    }
+}
+
+fn random_attributes(rng: &mut StdRng, inode: u64, kind: IndexKind, parent: u64) -> IndexAttributes {
+    IndexAttributes {
+        inode,
+        generation: rng.gen(),
+        size_bytes: rng.gen(),
+        blocks_512: rng.gen(),
+        atime_ns: rng.gen(),
+        mtime_ns: rng.gen(),
+        ctime_ns: rng.gen(),
+        btime_ns: rng.gen(),
+        rdev: rng.gen(),
+        parent: if kind == IndexKind::Directory { parent } else { 0 },
+        kind,
+        permissions: if kind == IndexKind::Directory { random_permissions(rng) } else { rng.gen_range(0..=0o7777) },
+        uid: 1000 + rng.gen_range(0..3),
+        gid: if rng.gen_bool(0.5) { 100 } else { 200 },
+        link_count: rng.gen_range(1..5),
+        reserved: 0,
+    }
+}
+
+/// What the generator knows of the tree (to make paths and updates that mostly hit).
+struct Tree {
+    directories: Vec<u64>,
+    directory_set: HashSet<u64>,
+    children: HashMap<u64, Vec<(Vec<u8>, u64)>>,
+    names: HashSet<(u64, Vec<u8>)>,
+    next_inode: u64,
+    /// One directory with many entries (lists that take several commands), 0 before build.
+    wide: u64,
+}
+
+impl Tree {
+    fn new() -> Self {
+        Tree {
+            directories: vec![ROOT],
+            directory_set: HashSet::from([ROOT]),
+            children: HashMap::new(),
+            names: HashSet::new(),
+            next_inode: ROOT + 1,
+            wide: 0,
+        }
+    }
+
+    /// A parent biased to recent directories, so trees get deep.
+    fn random_directory(&self, rng: &mut StdRng) -> u64 {
+        let count = self.directories.len();
+        if rng.gen_bool(0.5) {
+            self.directories[count - 1 - rng.gen_range(0..count.min(16))]
+        } else {
+            self.directories[rng.gen_range(0..count)]
+        }
+    }
+
+    /// A new child: its entry, usually its attributes, and for directories usually `complete`.
+    fn add_child(&mut self, rng: &mut StdRng, updates: &mut Vec<IndexUpdate>) {
+        let parent = self.random_directory(rng);
+        let name = (0..16).map(|_| random_name(rng)).find(|name| !self.names.contains(&(parent, name.clone())));
+        let Some(name) = name else { return };
+        let inode = self.next_inode;
+        self.next_inode += 1;
+        let kind = match rng.gen_range(0..100) {
+            0..=14 => IndexKind::Directory,
+            15..=19 => IndexKind::Symlink,
+            20 => IndexKind::Other,
+            _ => IndexKind::File,
+        };
+        updates.push(IndexUpdate::InsertEntry { parent, name: name.clone(), child: inode });
+        if rng.gen_range(0..100) < 97 {
+            updates.push(IndexUpdate::SetAttributes(random_attributes(rng, inode, kind, parent)));
+        }
+        if kind == IndexKind::Directory {
+            self.directories.push(inode);
+            self.directory_set.insert(inode);
+            if rng.gen_range(0..100) < 85 {
+                updates.push(IndexUpdate::MarkComplete(inode));
+            }
+        }
+        self.children.entry(parent).or_default().push((name.clone(), inode));
+        self.names.insert((parent, name));
+    }
+
+    fn random_entry(&self, rng: &mut StdRng) -> Option<(u64, Vec<u8>, u64)> {
+        let parent = self.random_directory(rng);
+        let children = self.children.get(&parent)?;
+        let (name, child) = &children[rng.gen_range(0..children.len())];
+        Some((parent, name.clone(), *child))
+    }
+
+    /// A path that walks the tree, with '.', '..', empty components, misses, names too long
+    /// and trailing slashes sprinkled in, or now and then plain noise.
+    fn random_path(&self, rng: &mut StdRng) -> Vec<u8> {
+        if rng.gen_range(0..40) == 0 {
+            let length = rng.gen_range(0..64);
+            return (0..length).map(|_| if rng.gen_bool(0.3) { b'/' } else { rng.gen_range(b'a'..=b'c') }).collect();
+        }
+        let mut path = Vec::new();
+        if rng.gen_bool(0.7) {
+            path.push(b'/');
+        }
+        let mut current = ROOT;
+        let depth = rng.gen_range(0..8);
+        for _ in 0..depth {
+            // Mostly stop at a non-directory (the rest checks NotDirectory).
+            if !self.directory_set.contains(&current) && rng.gen_bool(0.9) {
+                break;
+            }
+            let component: Vec<u8> = match rng.gen_range(0..30) {
+                0 => b".".to_vec(),
+                1 => b"..".to_vec(),
+                2 => Vec::new(),
+                3 => random_name(rng),
+                4 => vec![b'x'; MAXIMUM_NAME_BYTES + 1],
+                _ => match self.children.get(&current) {
+                    Some(children) => {
+                        // Prefer subdirectories, so walks go deep.
+                        let pick = (0..8)
+                            .map(|_| &children[rng.gen_range(0..children.len())])
+                            .find(|(_, child)| self.directory_set.contains(child))
+                            .filter(|_| rng.gen_bool(0.7))
+                            .unwrap_or(&children[rng.gen_range(0..children.len())]);
+                        current = pick.1;
+                        pick.0.clone()
+                    }
+                    None => random_name(rng),
+                },
+            };
+            path.extend_from_slice(&component);
+            path.push(b'/');
+        }
+        if !path.is_empty() && rng.gen_bool(0.7) {
+            path.pop();
+        }
+        path
+    }
+}
+
+/// Random changes: removals, new children, attribute changes (permissions too), completeness
+/// flips, inode removals, drops, and the same key changed several times in one batch.
+fn random_updates(rng: &mut StdRng, tree: &mut Tree, count: usize) -> Vec<IndexUpdate> {
+    let mut updates = Vec::with_capacity(count);
+    while updates.len() < count {
+        match rng.gen_range(0..100) {
+            0..=29 => tree.add_child(rng, &mut updates),
+            30..=44 => {
+                if let Some((parent, name, _)) = tree.random_entry(rng) {
+                    updates.push(IndexUpdate::RemoveEntry { parent, name });
+                }
+            }
+            45..=59 => {
+                let inode = rng.gen_range(ROOT..tree.next_inode);
+                let kind = if tree.directories.contains(&inode) { IndexKind::Directory } else { IndexKind::File };
+                updates.push(IndexUpdate::SetAttributes(random_attributes(rng, inode, kind, ROOT)));
+            }
+            60..=64 => updates.push(IndexUpdate::RemoveInode(rng.gen_range(ROOT..tree.next_inode))),
+            65..=72 => updates.push(IndexUpdate::MarkIncomplete(tree.random_directory(rng))),
+            73..=84 => updates.push(IndexUpdate::MarkComplete(tree.random_directory(rng))),
+            85..=86 => updates.push(IndexUpdate::DropDirectory(tree.random_directory(rng))),
+            _ => {
+                // One key, changed again and again in one batch: order must hold.
+                if let Some((parent, name, child)) = tree.random_entry(rng) {
+                    updates.push(IndexUpdate::RemoveEntry { parent, name: name.clone() });
+                    updates.push(IndexUpdate::InsertEntry { parent, name: name.clone(), child: child + 1 });
+                    updates.push(IndexUpdate::InsertEntry { parent, name, child });
+                    updates.push(IndexUpdate::MarkIncomplete(parent));
+                    updates.push(IndexUpdate::MarkComplete(parent));
+                }
+            }
+        }
+    }
+    updates
+}
+
+fn build(rng: &mut StdRng, entries: usize, indexes: &[&dyn DirectoryIndex]) -> Tree {
+    let mut tree = Tree::new();
+    let mut root = random_attributes(rng, ROOT, IndexKind::Directory, ROOT);
+    root.permissions = 0o755;
+    let mut updates = vec![IndexUpdate::SetAttributes(root), IndexUpdate::MarkComplete(ROOT)];
+    let mut added = 0;
+    while added < entries {
+        tree.add_child(rng, &mut updates);
+        added += 1;
+        if updates.len() >= BUILD_BATCH || added == entries {
+            apply_everywhere(indexes, &updates);
+            updates.clear();
+        }
+    }
+    add_wide_directory(rng, &mut tree, (entries / 4).min(100_000), indexes);
+    tree
+}
+
+fn add_wide_directory(rng: &mut StdRng, tree: &mut Tree, children: usize, indexes: &[&dyn DirectoryIndex]) {
+    let wide = tree.next_inode;
+    tree.next_inode += 1 + children as u64;
+    tree.wide = wide;
+    let mut attributes = random_attributes(rng, wide, IndexKind::Directory, ROOT);
+    attributes.permissions = 0o755;
+    let mut updates = vec![
+        IndexUpdate::SetAttributes(attributes),
+        IndexUpdate::InsertEntry { parent: ROOT, name: b"wide".to_vec(), child: wide },
+        IndexUpdate::MarkComplete(wide),
+    ];
+    let mut names = HashSet::new();
+    for child in 1..=children as u64 {
+        let name = random_name(rng);
+        if names.insert(name.clone()) {
+            updates.push(IndexUpdate::InsertEntry { parent: wide, name: name.clone(), child: wide + child });
+            updates.push(IndexUpdate::SetAttributes(random_attributes(rng, wide + child, IndexKind::File, wide)));
+            tree.children.entry(wide).or_default().push((name.clone(), wide + child));
+            tree.names.insert((wide, name));
+        }
+    }
+    tree.directories.push(wide);
+    tree.directory_set.insert(wide);
+    tree.children.entry(ROOT).or_default().push((b"wide".to_vec(), wide));
+    apply_everywhere(indexes, &updates);
+}
+
+fn apply_everywhere(indexes: &[&dyn DirectoryIndex], updates: &[IndexUpdate]) {
+    let reports: Vec<_> = indexes.iter().map(|index| index.apply(updates).expect("apply")).collect();
+    for (index, report) in indexes.iter().zip(&reports) {
+        assert_eq!(report.applied, updates.len(), "{}", index.name());
+        assert_eq!(report.overflowed, 0, "{} ran out of room: size the test's tables up", index.name());
+    }
+}
+
+/// Random lookups: existing entries, misses, names under files, unknown parents, names of
+/// every length.
+fn random_lookups(rng: &mut StdRng, tree: &Tree, count: usize) -> Vec<(u64, Vec<u8>)> {
+    (0..count)
+        .map(|_| match rng.gen_range(0..10) {
+            0..=4 => tree.random_entry(rng).map(|(parent, name, _)| (parent, name)).unwrap_or((ROOT, b"a".to_vec())),
+            5..=6 => (tree.random_directory(rng), random_name(rng)),
+            7 => (rng.gen_range(ROOT..tree.next_inode + 10), random_name(rng)),
+            8 => (tree.random_directory(rng), vec![rng.gen_range(b'a'..=b'z'); rng.gen_range(1..=MAXIMUM_NAME_BYTES)]),
+            _ => (tree.random_directory(rng), b".".to_vec()),
+        })
+        .collect()
+}
+
+fn compare_everything(
+    rng: &mut StdRng,
+    tree: &Tree,
+    reference: &dyn DirectoryIndex,
+    other: &dyn DirectoryIndex,
+    queries: usize,
+) {
+    let lookups = random_lookups(rng, tree, queries);
+    let borrowed: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+    let expected = reference.lookup(&borrowed).expect("reference lookup");
+    let answered = other.lookup(&borrowed).expect("lookup");
+    for (index, request) in borrowed.iter().enumerate() {
+        assert!(
+            expected[index] == answered[index],
+            "lookup {request:?}: {:?} vs {:?}",
+            expected[index],
+            answered[index]
+        );
+    }
+    let paths: Vec<Vec<u8>> = (0..queries).map(|_| tree.random_path(rng)).collect();
+    let borrowed: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+    let mut kinds: HashMap<String, usize> = HashMap::new();
+    for credentials in CREDENTIALS {
+        let expected = reference.resolve(&borrowed, credentials).expect("reference resolve");
+        for answer in &expected {
+            let kind = format!("{answer:?}");
+            *kinds.entry(kind.split('(').next().unwrap_or("").to_string()).or_default() += 1;
+        }
+        let answered = other.resolve(&borrowed, credentials).expect("resolve");
+        for (index, path) in borrowed.iter().enumerate() {
+            assert!(
+                expected[index] == answered[index],
+                "resolve {:?} as {credentials:?}: {:?} vs {:?}",
+                String::from_utf8_lossy(path),
+                expected[index],
+                answered[index]
+            );
+        }
+    }
+    if queries >= 10_000 {
+        let mut kinds: Vec<_> = kinds.into_iter().collect();
+        kinds.sort();
+        println!("  resolve answers: {kinds:?}");
+    }
+    let inodes: Vec<u64> = (0..queries).map(|_| rng.gen_range(ROOT..tree.next_inode + 10)).collect();
+    assert!(reference.stat(&inodes).expect("reference stat") == other.stat(&inodes).expect("stat"), "stats differ");
+    let mut directories: Vec<u64> = (0..20).map(|_| tree.random_directory(rng)).collect();
+    directories.push(ROOT);
+    directories.push(tree.wide);
+    directories.push(tree.next_inode + 1);
+    for directory in directories {
+        let expected = reference.list(directory).expect("reference list");
+        let answered = other.list(directory).expect("list");
+        assert!(expected == answered, "list {directory}: {} vs {}", describe(&expected), describe(&answered));
+    }
+    // Batches of one (the mapped-memory path on the GPU).
+    for (parent, name) in lookups.iter().take(50) {
+        let request = [(*parent, &name[..])];
+        assert_eq!(reference.lookup(&request).unwrap(), other.lookup(&request).unwrap(), "single lookup");
+    }
+}
+
+fn describe(list: &ListResult) -> String {
+    match list {
+        ListResult::Listed(entries) => format!("{} entries", entries.len()),
+        ListResult::Unknown => "unknown".into(),
+    }
+}
+
+/// Several host threads at once: queries against a fixed state, then disjoint updates (each
+/// thread its own new directory) racing each other, compared at the end.
+fn concurrent_rounds(seed: u64, tree: &Tree, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
+    const THREADS: u64 = 4;
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed * 1000 + thread);
+                compare_everything(&mut rng, tree, reference, other, 2000);
+            });
+        }
+    });
+    let base = tree.next_inode + 1_000_000;
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed * 2000 + thread);
+                let directory = base + thread * 10_000;
+                let mut updates = vec![
+                    IndexUpdate::SetAttributes(random_attributes(&mut rng, directory, IndexKind::Directory, ROOT)),
+                    IndexUpdate::InsertEntry {
+                        parent: ROOT,
+                        name: format!("racer{thread}").into_bytes(),
+                        child: directory,
+                    },
+                    IndexUpdate::MarkComplete(directory),
+                ];
+                for child in 1..2000 {
+                    let inode = directory + child;
+                    updates.push(IndexUpdate::InsertEntry {
+                        parent: directory,
+                        name: random_name(&mut rng),
+                        child: inode,
+                    });
+                    updates.push(IndexUpdate::SetAttributes(random_attributes(
+                        &mut rng,
+                        inode,
+                        IndexKind::File,
+                        directory,
+                    )));
+                }
+                for chunk in updates.chunks(700) {
+                    reference.apply(chunk).expect("reference apply");
+                    other.apply(chunk).expect("apply");
+                }
+                assert!(reference.list(directory).unwrap() == other.list(directory).unwrap(), "racer {thread} list");
+            });
+        }
+    });
+}
+
+fn run_seed(seed: u64, entries: usize, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
+    println!(
+        "seed {seed} (TANDEM_SEED={seed} repeats it), {entries} entries: {} vs {}",
+        reference.name(),
+        other.name()
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut tree = build(&mut rng, entries, &[reference, other]);
+    let queries = (entries / 2).clamp(10_000, 1_000_000);
+    compare_everything(&mut rng, &tree, reference, other, queries);
+    for round in 0..3 {
+        let updates = random_updates(&mut rng, &mut tree, (entries / 20).clamp(1000, 200_000));
+        apply_everywhere(&[reference, other], &updates);
+        compare_everything(&mut rng, &tree, reference, other, queries / 4);
+        println!("  round {round}: {} updates applied, answers equal", updates.len());
+    }
+    concurrent_rounds(seed, &tree, reference, other);
+    println!("  concurrent batches from 4 threads: answers equal");
+}
+
+/// Sized for the test's trees with room to spare (no overflow is allowed to hide a difference),
+/// and small staging buffers so batches span several commands and lists several pages.
+fn gpu_config(entries: usize) -> GpuIndexConfig {
+    let mut config = GpuIndexConfig::for_entries(entries * 2 + 100_000);
+    config.arena_bytes = (entries * 2 + 100_000) * 64;
+    config.staging_bytes = 1 << 20;
+    config
+}
+
+#[test]
+fn gpu_answers_equal_the_cpu_twin() {
+    let entries = entries_wanted();
+    for seed in seeds(0..2) {
+        let gpu = match GpuDirectoryIndex::open(ROOT, gpu_config(entries)) {
+            Ok(gpu) => gpu,
+            Err(reason) => {
+                println!("no GPU: skipped ({reason})");
+                return;
+            }
+        };
+        println!("{}", gpu.describe());
+        let cpu = CpuDirectoryIndex::new(ROOT, 0).unwrap();
+        run_seed(seed, entries, &cpu, &gpu);
+        println!("  {}", gpu.describe());
+    }
+}
+
+/// The harness itself, in CI: the twin on one thread against the twin on every thread.
+#[test]
+fn twin_on_one_thread_equals_twin_on_all() {
+    for seed in seeds(10..11) {
+        let one = CpuDirectoryIndex::new(ROOT, 1).unwrap();
+        let all = CpuDirectoryIndex::new(ROOT, 4).unwrap();
+        run_seed(seed, 20_000, &one, &all);
+    }
+}
+
+/// A GPU index that is dropped while idle stops its kernel (and a second one can start).
+#[test]
+fn gpu_index_opens_and_stops_twice() {
+    for _ in 0..2 {
+        match GpuDirectoryIndex::open(ROOT, GpuIndexConfig::for_entries(1024)) {
+            Ok(gpu) => {
+                for _ in 0..100 {
+                    gpu.ping().expect("ping");
+                }
+                println!("{}", gpu.describe());
+            }
+            Err(reason) => {
+                println!("no GPU: skipped ({reason})");
+                return;
+            }
+        }
+    }
+}
