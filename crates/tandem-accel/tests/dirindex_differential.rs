@@ -506,3 +506,21 @@ fn gpu_index_opens_and_stops_twice() {
         }
     }
 }
+
+/// The benchmark rows (1,000 × 1,000 by default; `TANDEM_DIRINDEX_DIRECTORIES` and
+/// `TANDEM_DIRINDEX_FILES` change the shape). Run by hand on the GPU host:
+/// `cargo test --release -p tandem-accel --test dirindex_differential -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_directory_index() {
+    let number = |name: &str, default: usize| {
+        std::env::var(name).ok().map(|text| text.parse::<usize>().expect("a number")).unwrap_or(default)
+    };
+    let config = tandem_accel::dirindex::bench::DirectoryBenchConfig {
+        directories: number("TANDEM_DIRINDEX_DIRECTORIES", 1000),
+        files_per_directory: number("TANDEM_DIRINDEX_FILES", 1000),
+        ..Default::default()
+    };
+    let (rows, notes) = tandem_accel::dirindex::bench::run(&config).expect("benchmark");
+    println!("{}", tandem_accel::dirindex::bench::render(&rows, &notes));
+}

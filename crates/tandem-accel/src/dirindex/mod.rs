@@ -10,6 +10,7 @@
 //! directories; a negative answer is given only for a directory marked complete, otherwise the
 //! answer is `Unknown` and the caller asks its own engine.
 
+pub mod bench;
 pub mod cpu;
 pub mod gpu;
 pub mod wire;
