@@ -391,7 +391,7 @@ mod tests {
             IndexUpdate::SetAttributes(IndexAttributes::new(3, IndexKind::File, 0o10000)),
             IndexUpdate::MarkComplete(0),
         ] {
-            assert!(index.apply(&[update.clone()]).is_err(), "{update:?} accepted");
+            assert!(index.apply(std::slice::from_ref(&update)).is_err(), "{update:?} accepted");
         }
         assert!(index.lookup(&[(2, b"")]).is_err());
         assert!(index.lookup(&[(2, b"a/b")]).is_err());
@@ -420,8 +420,8 @@ mod tests {
             assert_eq!(*answer, index.lookup(std::slice::from_ref(request)).unwrap()[0]);
         }
         assert!(batch.iter().any(|answer| matches!(answer, LookupResult::Found(_))));
-        assert!(batch.iter().any(|answer| *answer == LookupResult::Unknown));
-        assert!(batch.iter().any(|answer| *answer == LookupResult::NotFound));
+        assert!(batch.contains(&LookupResult::Unknown));
+        assert!(batch.contains(&LookupResult::NotFound));
         let paths: Vec<Vec<u8>> = names.iter().map(|name| format!("/{name}").into_bytes()).collect();
         let path_slices: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
         let resolved = index.resolve(&path_slices, Credentials::ROOT).unwrap();

@@ -18,9 +18,10 @@ use super::{
 use crate::cuda::{check, compile_cached, CudaDevice, CudaSystem};
 use crate::error::{AccelError, Result};
 use cudarc::driver::sys;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The kernel source, compiled at run time by NVRTC and cached like services.cu.
@@ -191,7 +192,6 @@ struct CommandFields {
 
 /// Everything the index owns on the device and in pinned memory.
 struct Resources {
-    module: sys::CUmodule,
     kernel_stream: sys::CUstream,
     ring: MappedBuffer,
     device_buffers: Vec<DeviceBuffer>,
@@ -209,10 +209,7 @@ impl Resources {
             buffer.release();
         }
         self.ring.release();
-        unsafe {
-            sys::cuStreamDestroy_v2(self.kernel_stream);
-            sys::cuModuleUnload(self.module);
-        }
+        unsafe { sys::cuStreamDestroy_v2(self.kernel_stream) };
     }
 }
 
@@ -264,31 +261,20 @@ impl GpuDirectoryIndex {
         if major < 7 {
             return Err(AccelError::Device(format!("sm_{major}{minor}: the directory kernel needs sm_70 or later")));
         }
-        let (image, _, _) = compile_cached("dirindex", KERNEL_SOURCE, &[], major, minor)?;
-        let mut module = std::ptr::null_mut();
-        check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+        let (function, blocks) = Self::kernel_function(&device, config.blocks)?;
         let mut kernel_stream = std::ptr::null_mut();
         let created =
             unsafe { sys::cuStreamCreate(&mut kernel_stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
-        if let Err(error) = check(created, "cuStreamCreate") {
-            unsafe { sys::cuModuleUnload(module) };
-            return Err(error);
-        }
+        check(created, "cuStreamCreate")?;
         let ring = match MappedBuffer::allocate(RING_SLOTS * RING_SLOT_BYTES) {
             Ok(ring) => ring,
             Err(error) => {
-                unsafe {
-                    sys::cuStreamDestroy_v2(kernel_stream);
-                    sys::cuModuleUnload(module);
-                }
+                unsafe { sys::cuStreamDestroy_v2(kernel_stream) };
                 return Err(error);
             }
         };
-        let mut resources = Resources { module, kernel_stream, ring, device_buffers: Vec::new(), staging: Vec::new() };
-        let prepared = (|| -> Result<(sys::CUfunction, u32, TablePointers)> {
-            let (function, blocks) = Self::kernel_function(&device, module, config.blocks)?;
-            Ok((function, blocks, Self::populate(&mut resources, &config, root)?))
-        })();
+        let mut resources = Resources { kernel_stream, ring, device_buffers: Vec::new(), staging: Vec::new() };
+        let prepared = Self::populate(&mut resources, &config, root).map(|tables| (function, blocks, tables));
         match prepared {
             Ok((function, blocks, tables)) => Self::launch(device, config, root, function, blocks, resources, tables),
             Err(error) => {
@@ -299,19 +285,35 @@ impl GpuDirectoryIndex {
         }
     }
 
+    /// The serving kernel, compiled (or read from the cache), loaded once per device and
+    /// process and never unloaded: with lazy loading (the default since CUDA 12.2) a kernel is
+    /// loaded by cuModuleGetFunction, and a load may wait for the device, which never comes to
+    /// rest while an index's kernel runs; so nothing is loaded after the first index starts.
+    fn serving_function(device: &CudaDevice) -> Result<sys::CUfunction> {
+        static LOADED: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
+        let mut loaded = LOADED.get_or_init(|| Mutex::new(HashMap::new())).lock().expect("module lock poisoned");
+        if let Some(&function) = loaded.get(&device.ordinal) {
+            return Ok(function as sys::CUfunction);
+        }
+        let (major, minor) = device.compute_capability;
+        let (image, _, _) = compile_cached("dirindex", KERNEL_SOURCE, &[], major, minor)?;
+        let mut module = std::ptr::null_mut();
+        check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+        let mut function = std::ptr::null_mut();
+        let found = unsafe { sys::cuModuleGetFunction(&mut function, module, c"dirindex_serve_kernel".as_ptr()) };
+        if let Err(error) = check(found, "cuModuleGetFunction dirindex_serve_kernel") {
+            unsafe { sys::cuModuleUnload(module) };
+            return Err(error);
+        }
+        loaded.insert(device.ordinal, function as usize);
+        Ok(function)
+    }
+
     /// The serving kernel and its grid: one block per multiprocessor by default, so every SM
     /// serves and the rest of each SM stays free for the other services' kernels (the
     /// persistent grid never leaves).
-    fn kernel_function(
-        device: &CudaDevice,
-        module: sys::CUmodule,
-        wanted_blocks: u32,
-    ) -> Result<(sys::CUfunction, u32)> {
-        let mut function = std::ptr::null_mut();
-        check(
-            unsafe { sys::cuModuleGetFunction(&mut function, module, c"dirindex_serve_kernel".as_ptr()) },
-            "cuModuleGetFunction dirindex_serve_kernel",
-        )?;
+    fn kernel_function(device: &CudaDevice, wanted_blocks: u32) -> Result<(sys::CUfunction, u32)> {
+        let function = Self::serving_function(device)?;
         let mut per_multiprocessor = 0;
         check(
             unsafe {
@@ -718,10 +720,11 @@ impl GpuDirectoryIndex {
         }
         let workers = bounds.len().min(self.config.staging_buffers).min(MAXIMUM_BATCH_WORKERS);
         let next_chunk = AtomicUsize::new(0);
-        let pieces: Vec<Result<Vec<(usize, Vec<T>)>>> = std::thread::scope(|scope| {
+        type Answered<T> = Result<Vec<(usize, Vec<T>)>>;
+        let pieces: Vec<Answered<T>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..workers)
                 .map(|_| {
-                    scope.spawn(|| -> Result<Vec<(usize, Vec<T>)>> {
+                    scope.spawn(|| -> Answered<T> {
                         self.device.bind_context()?;
                         let mut done = Vec::new();
                         // Bounded by the number of chunks; a staging buffer is held per chunk
