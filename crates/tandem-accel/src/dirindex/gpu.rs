@@ -36,8 +36,9 @@ const CONTROL_BYTES: usize = 512;
 const THREADS_PER_BLOCK: u32 = 256;
 /// Commands whose requests and answers fit this are served in mapped host memory directly.
 const DIRECT_BYTES: usize = 256 << 10;
-/// Host threads one batch uses at most (each with its own staging buffer).
-const MAXIMUM_BATCH_WORKERS: usize = 4;
+/// Host threads one batch uses at most (each takes a staging buffer per chunk): encoding
+/// requests and checking answers is host work that must keep up with the GPU.
+const MAXIMUM_BATCH_WORKERS: usize = 8;
 /// Commands one `list` may take (ranges split when a page overflows).
 const MAXIMUM_LIST_COMMANDS: usize = 4096;
 const CU_MEMHOSTALLOC_PORTABLE: u32 = 0x01;
