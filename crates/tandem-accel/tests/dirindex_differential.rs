@@ -14,6 +14,9 @@ use tandem_accel::dirindex::{
 };
 
 const ROOT: u64 = 1;
+/// One GPU index at a time in this process: opening one allocates device and pinned memory,
+/// which CUDA may order behind work already running — another index's kernel never finishes.
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const DEFAULT_ENTRIES: usize = 200_000;
 const MAXIMUM_ENTRIES: usize = 10_000_000;
 /// Updates per apply call while building (several commands each on the GPU).
@@ -463,6 +466,7 @@ fn gpu_config(entries: usize) -> GpuIndexConfig {
 #[test]
 fn gpu_answers_equal_the_cpu_twin() {
     let entries = entries_wanted();
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for seed in seeds(0..2) {
         let gpu = match GpuDirectoryIndex::open(ROOT, gpu_config(entries)) {
             Ok(gpu) => gpu,
@@ -491,6 +495,7 @@ fn twin_on_one_thread_equals_twin_on_all() {
 /// A GPU index that is dropped while idle stops its kernel (and a second one can start).
 #[test]
 fn gpu_index_opens_and_stops_twice() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for _ in 0..2 {
         match GpuDirectoryIndex::open(ROOT, GpuIndexConfig::for_entries(1024)) {
             Ok(gpu) => {
@@ -513,6 +518,7 @@ fn gpu_index_opens_and_stops_twice() {
 #[test]
 #[ignore]
 fn bench_directory_index() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let number = |name: &str, default: usize| {
         std::env::var(name).ok().map(|text| text.parse::<usize>().expect("a number")).unwrap_or(default)
     };
