@@ -578,10 +578,19 @@ __device__ void serve_list(const Tables& t, const Command& c, u64 thread, u64 th
 
 // ---------------------------------------------------------------- the serving loop
 
+// Words of a Command that carry anything (sequence .. argument2).
+#define COMMAND_WORDS 9u
+
+// Every load is issued before any store, so the loads overlap: from mapped host memory each
+// is a PCIe round trip (about 1 µs), and nine of them in a row would cost the latency budget.
 __device__ void copy_command(Command* target, const Command* source) {
     const u64* from = (const u64*)source;
     u64* to = (u64*)target;
-    for (u32 word = 0; word < sizeof(Command) / 8; ++word) to[word] = load_volatile_u64(from + word);
+    u64 words[COMMAND_WORDS];
+#pragma unroll
+    for (u32 word = 0; word < COMMAND_WORDS; ++word) words[word] = load_volatile_u64(from + word);
+#pragma unroll
+    for (u32 word = 0; word < COMMAND_WORDS; ++word) to[word] = words[word];
 }
 
 // Block 0, thread 0: waits for every block to finish command `served`, then for the host to
