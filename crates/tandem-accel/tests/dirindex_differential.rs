@@ -482,6 +482,26 @@ fn gpu_answers_equal_the_cpu_twin() {
     }
 }
 
+/// The same with large commands copied to device memory and back by DMA (the optional
+/// `copy_above_bytes` path), on a smaller tree.
+#[test]
+fn gpu_with_copies_equals_the_cpu_twin() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let entries = entries_wanted().min(50_000);
+    let mut config = gpu_config(entries);
+    config.copy_above_bytes = Some(64 << 10);
+    let gpu = match GpuDirectoryIndex::open(ROOT, config) {
+        Ok(gpu) => gpu,
+        Err(reason) => {
+            println!("no GPU: skipped ({reason})");
+            return;
+        }
+    };
+    let cpu = CpuDirectoryIndex::new(ROOT, 0).unwrap();
+    run_seed(7, entries, &cpu, &gpu);
+    println!("  {}", gpu.describe());
+}
+
 /// The harness itself, in CI: the twin on one thread against the twin on every thread.
 #[test]
 fn twin_on_one_thread_equals_twin_on_all() {

@@ -327,11 +327,32 @@ __device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 
 
 // ---------------------------------------------------------------- answers
 
-__device__ void write_answer(u8* answers, u64 index, u32 status, const IndexAttributes* attributes) {
-    u64* record = (u64*)(answers + index * ANSWER_BYTES);
-    record[0] = (u64)status;
-    for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) {
-        record[1 + word] = attributes ? load_table_u64((const u64*)attributes + word) : 0ull;
+#define FULL_WARP 0xFFFFFFFFu
+#define ANSWER_CHUNKS 7u  // 16-byte pieces of one answer: (status, attributes word 0), then pairs
+
+// The warp writes the answers of requests first..first+31 (lane L holds request first+L's
+// status and attributes) as contiguous 16-byte stores, so each store instruction of the warp
+// covers 512 consecutive bytes: over PCIe (answers in mapped host memory) that is a few full
+// writes instead of 32 scattered 8-byte ones. Every lane of the warp must call it.
+__device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 status, const IndexAttributes* attributes) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 mine = (u64)attributes;
+    for (u32 chunk = lane; chunk < 32 * ANSWER_CHUNKS; chunk += 32) {
+        const u32 owner = chunk / ANSWER_CHUNKS;
+        const u32 part = chunk % ANSWER_CHUNKS;
+        const u64 owner_status = __shfl_sync(FULL_WARP, (u64)status, owner);
+        const u64* words = (const u64*)__shfl_sync(FULL_WARP, mine, owner);
+        if (first + owner >= count) continue;
+        u64 low, high;
+        if (part == 0) {
+            low = owner_status;
+            high = words ? load_table_u64(words) : 0ull;
+        } else {
+            low = words ? load_table_u64(words + 2 * part - 1) : 0ull;
+            high = words ? load_table_u64(words + 2 * part) : 0ull;
+        }
+        ulonglong2* target = (ulonglong2*)(answers + (first + owner) * ANSWER_BYTES + 16 * part);
+        *target = make_ulonglong2(low, high);
     }
 }
 
@@ -370,29 +391,37 @@ __device__ void fail(const Tables& t, u32 error) { atomicMax(&t.control->error, 
 
 // ---------------------------------------------------------------- commands
 
+// Query commands go a warp at a time: lane L answers request base+L, then the warp writes
+// its 32 answers together. `base` is the same for every lane, so whole warps loop together.
 __device__ void serve_lookup(const Tables& t, const Command& c, u64 thread, u64 threads) {
     u64 words[MAXIMUM_NAME_WORDS];
-    for (u64 index = thread; index < c.count; index += threads) {
-        const u64* record = (const u64*)(c.requests + index * 16);
-        const u64 parent = load_volatile_u64(record);
-        const u64 packed = load_volatile_u64(record + 1);
-        const u64 offset = packed & 0xFFFFFFFFull;
-        const u32 length = (u32)(packed >> 32);
-        if (!read_name(c, offset, length, words)) {
-            fail(t, ERROR_BAD_REQUEST);
-            continue;
-        }
+    for (u64 base = thread & ~31ull; base < c.count; base += threads) {
+        const u64 index = base + (threadIdx.x & 31);
+        u32 status = 0;
         const IndexAttributes* attributes = nullptr;
-        const u32 status = lookup_one(t, parent, words, length, &attributes);
-        write_answer((u8*)c.answers, index, status, status == STATUS_FOUND ? attributes : nullptr);
+        if (index < c.count) {
+            const u64* record = (const u64*)(c.requests + index * 16);
+            const u64 parent = load_volatile_u64(record);
+            const u64 packed = load_volatile_u64(record + 1);
+            const u64 offset = packed & 0xFFFFFFFFull;
+            const u32 length = (u32)(packed >> 32);
+            if (read_name(c, offset, length, words)) {
+                status = lookup_one(t, parent, words, length, &attributes);
+                if (status != STATUS_FOUND) attributes = nullptr;
+            } else {
+                fail(t, ERROR_BAD_REQUEST);
+            }
+        }
+        write_answers_of_warp((u8*)c.answers, base, c.count, status, attributes);
     }
 }
 
 __device__ void serve_stat(const Tables& t, const Command& c, u64 thread, u64 threads) {
-    for (u64 index = thread; index < c.count; index += threads) {
-        const u64 inode = load_volatile_u64((const u64*)c.requests + index);
-        const IndexAttributes* attributes = attributes_of(t, inode_find(t, inode));
-        write_answer((u8*)c.answers, index, attributes ? STATUS_FOUND : STATUS_UNKNOWN, attributes);
+    for (u64 base = thread & ~31ull; base < c.count; base += threads) {
+        const u64 index = base + (threadIdx.x & 31);
+        const IndexAttributes* attributes = nullptr;
+        if (index < c.count) attributes = attributes_of(t, inode_find(t, load_volatile_u64((const u64*)c.requests + index)));
+        write_answers_of_warp((u8*)c.answers, base, c.count, attributes ? STATUS_FOUND : STATUS_UNKNOWN, attributes);
     }
 }
 
@@ -469,17 +498,22 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
 __device__ void serve_resolve(const Tables& t, const Command& c, u64 thread, u64 threads) {
     const u32 uid = (u32)c.argument0;
     const u32 gid = (u32)c.argument1;
-    for (u64 index = thread; index < c.count; index += threads) {
-        const u64 packed = load_volatile_u64((const u64*)(c.requests + index * 8));
-        const u64 offset = packed & 0xFFFFFFFFull;
-        const u32 length = (u32)(packed >> 32);
-        if ((offset & 7) != 0 || offset + length > c.request_bytes) {
-            fail(t, ERROR_BAD_REQUEST);
-            continue;
-        }
+    for (u64 base = thread & ~31ull; base < c.count; base += threads) {
+        const u64 index = base + (threadIdx.x & 31);
+        u32 status = 0;
         const IndexAttributes* attributes = nullptr;
-        const u32 status = resolve_one(t, (const u64*)(c.requests + offset), length, uid, gid, &attributes);
-        write_answer((u8*)c.answers, index, status, status == STATUS_FOUND ? attributes : nullptr);
+        if (index < c.count) {
+            const u64 packed = load_volatile_u64((const u64*)(c.requests + index * 8));
+            const u64 offset = packed & 0xFFFFFFFFull;
+            const u32 length = (u32)(packed >> 32);
+            if ((offset & 7) == 0 && offset + length <= c.request_bytes) {
+                status = resolve_one(t, (const u64*)(c.requests + offset), length, uid, gid, &attributes);
+                if (status != STATUS_FOUND) attributes = nullptr;
+            } else {
+                fail(t, ERROR_BAD_REQUEST);
+            }
+        }
+        write_answers_of_warp((u8*)c.answers, base, c.count, status, attributes);
     }
 }
 

@@ -34,8 +34,6 @@ const COMPLETION_OFFSET: usize = 128;
 /// Bytes of `struct Control` in dirindex.cu, rounded up.
 const CONTROL_BYTES: usize = 512;
 const THREADS_PER_BLOCK: u32 = 256;
-/// Commands whose requests and answers fit this are served in mapped host memory directly.
-const DIRECT_BYTES: usize = 256 << 10;
 /// Host threads one batch uses at most (each takes a staging buffer per chunk): encoding
 /// requests and checking answers is host work that must keep up with the GPU.
 const MAXIMUM_BATCH_WORKERS: usize = 8;
@@ -55,9 +53,16 @@ pub struct GpuIndexConfig {
     pub arena_bytes: usize,
     /// Blocks of the persistent kernel, 256 threads each (0 = one per multiprocessor).
     pub blocks: u32,
-    /// Staging buffers (host mapped + device) and their size: commands in flight at once.
+    /// Staging buffers (mapped host memory) and their size: commands in flight at once.
     pub staging_buffers: usize,
     pub staging_bytes: usize,
+    /// Commands whose requests and answers exceed this many bytes are copied to device memory
+    /// and back by DMA on a stream of their own; None (the default): every command is served
+    /// in mapped host memory. Off by default because each copy stream is one more stream
+    /// beside a kernel that never finishes, and the driver spreads streams over a few hardware
+    /// queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default): a copy's completion queued behind
+    /// the persistent kernel would never come (bounded here: the index fails, nothing hangs).
+    pub copy_above_bytes: Option<usize>,
     /// How long one command may take before the index is declared failed.
     pub command_timeout: Duration,
     /// Which GPU.
@@ -75,6 +80,7 @@ impl GpuIndexConfig {
             blocks: 0,
             staging_buffers: MAXIMUM_BATCH_WORKERS,
             staging_bytes: 8 << 20,
+            copy_above_bytes: None,
             command_timeout: Duration::from_secs(10),
             device: 0,
         }
@@ -155,12 +161,11 @@ impl DeviceBuffer {
     }
 }
 
-/// A staging buffer: requests and answers of one command, in mapped host memory and, for
-/// large commands, in device memory, with the stream its copies run on.
+/// A staging buffer: requests and answers of one command in mapped host memory and, when
+/// copies are configured, a device buffer and the stream its copies run on.
 struct Staging {
     host: MappedBuffer,
-    device: DeviceBuffer,
-    stream: sys::CUstream,
+    copies: Option<(DeviceBuffer, sys::CUstream)>,
 }
 
 impl Staging {
@@ -202,8 +207,10 @@ struct Resources {
 impl Resources {
     fn release(self) {
         for staging in self.staging {
-            unsafe { sys::cuStreamDestroy_v2(staging.stream) };
-            staging.device.release();
+            if let Some((device, stream)) = staging.copies {
+                unsafe { sys::cuStreamDestroy_v2(stream) };
+                device.release();
+            }
             staging.host.release();
         }
         for buffer in self.device_buffers {
@@ -372,27 +379,19 @@ impl GpuDirectoryIndex {
             root,
         };
         for _ in 0..config.staging_buffers {
-            let mut stream = std::ptr::null_mut();
-            check(
-                unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
-                "cuStreamCreate",
-            )?;
-            let host = match MappedBuffer::allocate(config.staging_bytes) {
-                Ok(host) => host,
-                Err(error) => {
-                    unsafe { sys::cuStreamDestroy_v2(stream) };
+            resources.staging.push(Staging { host: MappedBuffer::allocate(config.staging_bytes)?, copies: None });
+            if config.copy_above_bytes.is_some() {
+                let staging = resources.staging.last_mut().expect("just pushed");
+                let device = DeviceBuffer::allocate(config.staging_bytes)?;
+                let mut stream = std::ptr::null_mut();
+                let created =
+                    unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
+                if let Err(error) = check(created, "cuStreamCreate") {
+                    device.release();
                     return Err(error);
                 }
-            };
-            let device = match DeviceBuffer::allocate(config.staging_bytes) {
-                Ok(device) => device,
-                Err(error) => {
-                    unsafe { sys::cuStreamDestroy_v2(stream) };
-                    host.release();
-                    return Err(error);
-                }
-            };
-            resources.staging.push(Staging { host, device, stream });
+                staging.copies = Some((device, stream));
+            }
         }
         Ok(tables)
     }
@@ -626,34 +625,46 @@ impl GpuDirectoryIndex {
         self.staging_returned.notify_one();
     }
 
-    /// Where the kernel reads and writes a command laid out as `layout`: mapped host memory
-    /// when small, else device memory after the requests are copied in.
+    /// Where the kernel reads and writes a command of `total_bytes`: mapped host memory, or
+    /// device memory when copies are configured and the command is larger than their bound.
+    fn command_base(&self, staging: &Staging, total_bytes: usize) -> u64 {
+        match (&staging.copies, self.config.copy_above_bytes) {
+            (Some((device, _)), Some(bound)) if total_bytes > bound => device.pointer,
+            _ => staging.host.device,
+        }
+    }
+
+    /// Places a command laid out as `layout` and returns its base address for the kernel,
+    /// copying the requests to device memory when that is where it runs.
     fn stage_in(&self, staging: &mut Staging, layout: &Layout) -> Result<u64> {
         assert!(layout.total_bytes() <= staging.host.bytes);
-        if layout.total_bytes() <= DIRECT_BYTES {
-            return Ok(staging.host.device);
+        let base = self.command_base(staging, layout.total_bytes());
+        if let Some((device, stream)) = &staging.copies {
+            if base == device.pointer && layout.request_bytes > 0 {
+                check(
+                    unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(
+                            device.pointer,
+                            staging.host.host as *const c_void,
+                            layout.request_bytes,
+                            *stream,
+                        )
+                    },
+                    "copy requests in",
+                )?;
+                self.wait_stream(*stream)?;
+            }
         }
-        if layout.request_bytes > 0 {
-            check(
-                unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(
-                        staging.device.pointer,
-                        staging.host.host as *const c_void,
-                        layout.request_bytes,
-                        staging.stream,
-                    )
-                },
-                "copy requests in",
-            )?;
-            self.wait_stream(staging.stream)?;
-        }
-        Ok(staging.device.pointer)
+        Ok(base)
     }
 
     /// Brings `bytes` of answers at `offset` back into the host staging when they were
     /// written to device memory.
     fn stage_out(&self, staging: &mut Staging, base: u64, offset: usize, bytes: usize) -> Result<()> {
-        if base == staging.host.device || bytes == 0 {
+        let Some((device, stream)) = &staging.copies else {
+            return Ok(());
+        };
+        if base != device.pointer || bytes == 0 {
             return Ok(());
         }
         assert!(offset + bytes <= staging.host.bytes);
@@ -661,14 +672,14 @@ impl GpuDirectoryIndex {
             unsafe {
                 sys::cuMemcpyDtoHAsync_v2(
                     staging.host.host.add(offset) as *mut c_void,
-                    staging.device.pointer + offset as u64,
+                    device.pointer + offset as u64,
                     bytes,
-                    staging.stream,
+                    *stream,
                 )
             },
             "copy answers out",
         )?;
-        self.wait_stream(staging.stream)
+        self.wait_stream(*stream)
     }
 
     fn fields(opcode: u32, count: usize, base: u64, layout: &Layout, arguments: [u64; 3]) -> CommandFields {
@@ -927,10 +938,10 @@ impl DirectoryIndex for GpuDirectoryIndex {
                 if commands > MAXIMUM_LIST_COMMANDS {
                     return Err(AccelError::Device(format!("listing {directory} took over {commands} commands")));
                 }
-                // Records go to device memory (a listing may be large); the range fixes nothing
-                // about how many match, so the kernel reports the bytes it needed.
+                // The range fixes nothing about how many entries match, so the kernel reports
+                // the bytes it needed and writes only what fits.
                 let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: capacity };
-                let base = staging.device.pointer;
+                let base = self.command_base(&staging, capacity);
                 let fields = Self::fields(wire::COMMAND_LIST, 0, base, &layout, [directory, start, end]);
                 let (slot, sequence) = self.submit(&mut next, &fields)?;
                 let completion = self.wait(slot, sequence)?;
