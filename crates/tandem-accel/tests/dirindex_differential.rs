@@ -502,6 +502,270 @@ fn gpu_with_copies_equals_the_cpu_twin() {
     println!("  {}", gpu.describe());
 }
 
+/// The kernel's own source, compiled for the host (tests/dirindex_emulator.cpp) and driven
+/// through the same wire format, against the twin: CI runs the table, apply, walk and list
+/// code of dirindex.cu without a GPU, four host threads per command so inserts race for slots.
+#[test]
+fn kernel_source_on_the_host_equals_the_cpu_twin() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 400_000) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    for seed in seeds(20..22) {
+        let kernel = emulator::EmulatedKernel::build(ROOT, 400_000).expect("built once already");
+        let cpu = CpuDirectoryIndex::new(ROOT, 2).unwrap();
+        run_seed(seed, 30_000, &cpu, &kernel);
+    }
+    drop(kernel);
+}
+
+mod emulator {
+    use super::*;
+    use std::ffi::{c_void, CString};
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+    use tandem_accel::dirindex::wire::{self, Layout, Segment};
+    use tandem_accel::dirindex::{LookupResult, ResolveResult, StatResult, MAXIMUM_PATH_BYTES};
+    use tandem_accel::{AccelError, Result};
+
+    type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
+    type Close = unsafe extern "C" fn(*mut c_void);
+    type Command = unsafe extern "C" fn(
+        *mut c_void,
+        u32,
+        u32,
+        *const u8,
+        u64,
+        *mut u8,
+        u64,
+        u64,
+        u64,
+        u64,
+        u32,
+        *mut u64,
+        *mut u64,
+    ) -> u32;
+
+    /// Host threads per command.
+    const THREADS: u32 = 4;
+    const LIST_BYTES: usize = 16 << 20;
+
+    /// dirindex.cu compiled for the host, behind the DirectoryIndex trait.
+    pub struct EmulatedKernel {
+        state: Mutex<usize>,
+        close: Close,
+        command: Command,
+        root: u64,
+        entry_slots: u64,
+    }
+
+    fn compile(directory: &std::path::Path) -> std::result::Result<PathBuf, String> {
+        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        std::fs::create_dir_all(directory).map_err(|error| error.to_string())?;
+        let library = directory.join("libdirindex_emulator.so");
+        let output = std::process::Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()))
+            .args(["-std=c++17", "-O2", "-Wall", "-Wextra", "-shared", "-fPIC", "-pthread", "-o"])
+            .arg(&library)
+            .arg(manifest.join("tests/dirindex_emulator.cpp"))
+            .arg("-I")
+            .arg(manifest.join("src/dirindex"))
+            .output()
+            .map_err(|error| format!("cannot run c++: {error}"))?;
+        if !output.status.success() {
+            panic!("dirindex.cu does not compile for the host:\n{}", String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(library)
+    }
+
+    fn symbol(handle: *mut c_void, name: &str) -> *mut c_void {
+        let name = CString::new(name).unwrap();
+        // SAFETY: dlsym on a handle dlopen returned.
+        let pointer = unsafe { libc::dlsym(handle, name.as_ptr()) };
+        assert!(!pointer.is_null(), "{name:?} missing from the emulator");
+        pointer
+    }
+
+    /// Compiles and loads the emulator once per process (the file is removed once loaded).
+    fn library() -> std::result::Result<(Open, Close, Command), String> {
+        static LIBRARY: std::sync::OnceLock<std::result::Result<(usize, usize, usize), String>> =
+            std::sync::OnceLock::new();
+        let loaded = LIBRARY.get_or_init(|| {
+            let directory = std::env::temp_dir().join(format!("tandem-dirindex-emulator-{}", std::process::id()));
+            let library = compile(&directory)?;
+            let path = CString::new(library.to_string_lossy().as_bytes()).unwrap();
+            // SAFETY: dlopen of the library just built; kept loaded for the process.
+            let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            let _ = std::fs::remove_dir_all(&directory);
+            assert!(!handle.is_null(), "cannot load {}", library.display());
+            Ok((
+                symbol(handle, "dirindex_emulator_open") as usize,
+                symbol(handle, "dirindex_emulator_close") as usize,
+                symbol(handle, "dirindex_emulator_command") as usize,
+            ))
+        });
+        let (open, close, command) = loaded.clone()?;
+        // SAFETY: the symbols have exactly these C signatures in dirindex_emulator.cpp.
+        unsafe {
+            Ok((
+                std::mem::transmute::<usize, Open>(open),
+                std::mem::transmute::<usize, Close>(close),
+                std::mem::transmute::<usize, Command>(command),
+            ))
+        }
+    }
+
+    impl EmulatedKernel {
+        pub fn build(root: u64, entries: usize) -> std::result::Result<Self, String> {
+            let (open, close, command) = library()?;
+            let slots = ((entries + entries / 2).max(1024)).next_power_of_two() as u64;
+            // SAFETY: plain sizes; the emulator owns what it allocates until close.
+            let state = unsafe { open(slots, slots, (entries * 64 / 8) as u64, root) };
+            Ok(EmulatedKernel { state: Mutex::new(state as usize), close, command, root, entry_slots: slots })
+        }
+
+        /// Runs one command over `buffer` (requests at 0, answers at `layout.answers_offset`).
+        fn run(
+            &self,
+            opcode: u32,
+            count: usize,
+            buffer: &mut [u64],
+            layout: &Layout,
+            arguments: [u64; 3],
+        ) -> Result<(u64, u64)> {
+            assert!(layout.total_bytes() <= buffer.len() * 8);
+            let state = self.state.lock().unwrap();
+            let base = buffer.as_mut_ptr() as *mut u8;
+            let (mut result0, mut result1) = (0, 0);
+            // SAFETY: the buffer outlives the call and holds the layout.
+            let error = unsafe {
+                (self.command)(
+                    *state as *mut c_void,
+                    opcode,
+                    count as u32,
+                    base,
+                    layout.request_bytes as u64,
+                    base.add(layout.answers_offset),
+                    layout.answers_bytes as u64,
+                    arguments[0],
+                    arguments[1],
+                    arguments[2],
+                    THREADS,
+                    &mut result0,
+                    &mut result1,
+                )
+            };
+            if error != 0 {
+                return Err(AccelError::Device(format!("emulated kernel error {error}")));
+            }
+            Ok((result0, result1))
+        }
+
+        fn buffer(sizes: impl Iterator<Item = (usize, usize)>) -> Vec<u64> {
+            let (requests, answers) = sizes.fold((0, 0), |(r, a), (request, answer)| (r + request, a + answer));
+            vec![0u64; (requests + answers) / 8 + 32]
+        }
+
+        fn bytes(buffer: &mut [u64]) -> &mut [u8] {
+            // SAFETY: the same memory as bytes.
+            unsafe { std::slice::from_raw_parts_mut(buffer.as_mut_ptr() as *mut u8, buffer.len() * 8) }
+        }
+    }
+
+    impl Drop for EmulatedKernel {
+        fn drop(&mut self) {
+            // SAFETY: opened by dirindex_emulator_open, closed once.
+            unsafe { (self.close)(*self.state.lock().unwrap() as *mut c_void) };
+        }
+    }
+
+    impl DirectoryIndex for EmulatedKernel {
+        fn name(&self) -> String {
+            format!("dirindex.cu on the host ({THREADS} threads a command)")
+        }
+
+        fn root(&self) -> u64 {
+            self.root
+        }
+
+        fn apply(&self, updates: &[IndexUpdate]) -> Result<tandem_accel::dirindex::ApplyReport> {
+            let mut report = tandem_accel::dirindex::ApplyReport::default();
+            for segment in wire::segments(updates, 64 << 20) {
+                match segment {
+                    Segment::Updates { start, end } => {
+                        let part = &updates[start..end];
+                        let mut buffer = Self::buffer(wire::apply_sizes(part));
+                        let layout = wire::encode_updates(part, Self::bytes(&mut buffer));
+                        let (overflows, _) = self.run(wire::COMMAND_APPLY, part.len(), &mut buffer, &layout, [0; 3])?;
+                        wire::add_reports(&mut report, part.len(), overflows);
+                    }
+                    Segment::Drop(directory) => {
+                        let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: 0 };
+                        self.run(wire::COMMAND_DROP, 0, &mut [0u64; 1], &layout, [directory, 0, 0])?;
+                        wire::add_reports(&mut report, 1, 0);
+                    }
+                }
+            }
+            Ok(report)
+        }
+
+        fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
+            let mut buffer = Self::buffer(wire::lookup_sizes(requests));
+            let layout = wire::encode_lookups(requests, Self::bytes(&mut buffer));
+            self.run(wire::COMMAND_LOOKUP, requests.len(), &mut buffer, &layout, [0; 3])?;
+            let bytes = Self::bytes(&mut buffer);
+            wire::decode_lookups(
+                &bytes[layout.answers_offset..layout.answers_offset + layout.answers_bytes],
+                requests.len(),
+            )
+        }
+
+        fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
+            let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
+            let mut buffer = Self::buffer(wire::resolve_sizes(&short));
+            let layout = wire::encode_resolves(&short, Self::bytes(&mut buffer));
+            let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
+            self.run(wire::COMMAND_RESOLVE, short.len(), &mut buffer, &layout, arguments)?;
+            let bytes = Self::bytes(&mut buffer);
+            let answers = wire::decode_resolves(
+                &bytes[layout.answers_offset..layout.answers_offset + layout.answers_bytes],
+                short.len(),
+            )?;
+            let mut answers = answers.into_iter();
+            Ok(paths
+                .iter()
+                .map(|path| {
+                    if path.len() > MAXIMUM_PATH_BYTES {
+                        ResolveResult::NameTooLong
+                    } else {
+                        answers.next().expect("one answer per short path")
+                    }
+                })
+                .collect())
+        }
+
+        fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+            let mut buffer = Self::buffer(wire::stat_sizes(inodes));
+            let layout = wire::encode_stats(inodes, Self::bytes(&mut buffer));
+            self.run(wire::COMMAND_STAT, inodes.len(), &mut buffer, &layout, [0; 3])?;
+            let bytes = Self::bytes(&mut buffer);
+            wire::decode_stats(&bytes[layout.answers_offset..layout.answers_offset + layout.answers_bytes], inodes)
+        }
+
+        fn list(&self, directory: u64) -> Result<ListResult> {
+            let mut buffer = vec![0u64; LIST_BYTES / 8];
+            let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: LIST_BYTES };
+            let (needed, complete) =
+                self.run(wire::COMMAND_LIST, 0, &mut buffer, &layout, [directory, 0, self.entry_slots])?;
+            assert!(needed as usize <= LIST_BYTES, "listing of {needed} bytes: make LIST_BYTES larger");
+            let entries = wire::decode_list(Self::bytes(&mut buffer), needed as usize)?;
+            Ok(wire::list_result(complete == 1, entries))
+        }
+    }
+}
+
 /// The harness itself, in CI: the twin on one thread against the twin on every thread.
 #[test]
 fn twin_on_one_thread_equals_twin_on_all() {

@@ -149,9 +149,13 @@ __device__ __forceinline__ void store_volatile_u32(u32* address, u32 value) { *(
 // Slot states: acquire at GPU scope, so the fields published before a state (fence, then the
 // state's exchange) are seen with it, also by threads of the same apply command.
 __device__ __forceinline__ u32 load_state(const u32* address) {
+#ifdef DIRINDEX_HOST_EMULATION
+    return __atomic_load_n(address, __ATOMIC_ACQUIRE);
+#else
     u32 value;
     asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
     return value;
+#endif
 }
 // Table data written by other SMs in earlier commands: cached in L2 only.
 __device__ __forceinline__ u64 load_table_u64(const u64* address) { return __ldcg(address); }
@@ -327,6 +331,7 @@ __device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 
 
 // ---------------------------------------------------------------- answers
 
+#ifndef DIRINDEX_HOST_EMULATION
 #define FULL_WARP 0xFFFFFFFFu
 #define ANSWER_CHUNKS 7u  // 16-byte pieces of one answer: (status, attributes word 0), then pairs
 
@@ -355,6 +360,7 @@ __device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 sta
         *target = make_ulonglong2(low, high);
     }
 }
+#endif
 
 __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volatile_u32(&t.control->overflowed) != 0; }
 
@@ -391,54 +397,27 @@ __device__ void fail(const Tables& t, u32 error) { atomicMax(&t.control->error, 
 
 // ---------------------------------------------------------------- commands
 
-// Query commands go a warp at a time: lane L answers request base+L, then the warp writes
-// its 32 answers together. `base` is the same for every lane, so whole warps loop together.
-__device__ void serve_lookup(const Tables& t, const Command& c, u64 thread, u64 threads) {
+// Request `index` of a lookup command: its status, and its attributes when Found.
+__device__ u32 answer_lookup(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
     u64 words[MAXIMUM_NAME_WORDS];
-    for (u64 base = thread & ~31ull; base < c.count; base += threads) {
-        const u64 index = base + (threadIdx.x & 31);
-        u32 status = 0;
-        const IndexAttributes* attributes = nullptr;
-        if (index < c.count) {
-            const u64* record = (const u64*)(c.requests + index * 16);
-            const u64 parent = load_volatile_u64(record);
-            const u64 packed = load_volatile_u64(record + 1);
-            const u64 offset = packed & 0xFFFFFFFFull;
-            const u32 length = (u32)(packed >> 32);
-            if (read_name(c, offset, length, words)) {
-                status = lookup_one(t, parent, words, length, &attributes);
-                if (status != STATUS_FOUND) attributes = nullptr;
-            } else {
-                fail(t, ERROR_BAD_REQUEST);
-            }
-        }
-        write_answers_of_warp((u8*)c.answers, base, c.count, status, attributes);
+    const u64* record = (const u64*)(c.requests + index * 16);
+    const u64 parent = load_volatile_u64(record);
+    const u64 packed = load_volatile_u64(record + 1);
+    const u64 offset = packed & 0xFFFFFFFFull;
+    const u32 length = (u32)(packed >> 32);
+    if (!read_name(c, offset, length, words)) {
+        fail(t, ERROR_BAD_REQUEST);
+        return 0;
     }
+    const u32 status = lookup_one(t, parent, words, length, attributes);
+    if (status != STATUS_FOUND) *attributes = nullptr;
+    return status;
 }
 
-__device__ void serve_stat(const Tables& t, const Command& c, u64 thread, u64 threads) {
-    for (u64 base = thread & ~31ull; base < c.count; base += threads) {
-        const u64 index = base + (threadIdx.x & 31);
-        const IndexAttributes* attributes = nullptr;
-        if (index < c.count) attributes = attributes_of(t, inode_find(t, load_volatile_u64((const u64*)c.requests + index)));
-        write_answers_of_warp((u8*)c.answers, base, c.count, attributes ? STATUS_FOUND : STATUS_UNKNOWN, attributes);
-    }
+__device__ u32 answer_stat(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+    *attributes = attributes_of(t, inode_find(t, load_volatile_u64((const u64*)c.requests + index)));
+    return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
 }
-
-// Byte `position` of a path whose words start at `source` (one word cached).
-struct PathReader {
-    const u64* source;
-    u64 word_index;
-    u64 word;
-    __device__ u32 byte_at(u64 position) {
-        const u64 wanted = position / 8;
-        if (wanted != word_index) {
-            word = load_volatile_u64(source + wanted);
-            word_index = wanted;
-        }
-        return (u32)((word >> (8 * (position % 8))) & 0xFF);
-    }
-};
 
 // search permission: the rule of may_search in mod.rs.
 __device__ bool may_search(const IndexAttributes* a, u32 uid, u32 gid) {
@@ -449,82 +428,107 @@ __device__ bool may_search(const IndexAttributes* a, u32 uid, u32 gid) {
     return (load_table_u32(&a->permissions) & bit) != 0;
 }
 
-// The walk of resolve_walk in mod.rs, step for step.
+#define WALK_ON 0u
+
+// One component of the walk (resolve_walk in mod.rs, step for step): `words` holds its first
+// 255 bytes, `length` its whole length. WALK_ON to go on, else the answer.
+__device__ u32 walk_component(const Tables& t, u64* current, const u64* words, u32 length, u32 uid, u32 gid) {
+    const IndexAttributes* here = attributes_of(t, inode_find(t, *current));
+    if (!here) return STATUS_NEEDS_CPU;
+    if (load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (!may_search(here, uid, gid)) return STATUS_PERMISSION_DENIED;
+    if (length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
+    if (length == 1 && (words[0] & 0xFF) == '.') return WALK_ON;
+    if (length == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
+        if (*current != t.root) *current = load_table_u64(&here->parent);
+        return WALK_ON;
+    }
+    const IndexAttributes* child = nullptr;
+    const u32 status = lookup_one(t, *current, words, length, &child);
+    if (status == STATUS_NOT_FOUND) return STATUS_NOT_FOUND;
+    if (status != STATUS_FOUND) return STATUS_NEEDS_CPU;
+    if (load_table_u32(&child->kind) == KIND_SYMLINK) return STATUS_NEEDS_CPU;
+    *current = load_table_u64(&child->inode);
+    return WALK_ON;
+}
+
+// The path is read once, front to back, a word at a time (from mapped host memory each word is
+// a PCIe read): bytes gather into the current component, and a '/' or the end walks it.
 __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
                            const IndexAttributes** result) {
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 0) return STATUS_NOT_FOUND;
-    PathReader reader{source, ~0ull, 0};
     u64 current = t.root;
     u64 words[MAXIMUM_NAME_WORDS];
-    u32 position = 0;
-    // Each pass consumes at least one byte, so at most `length` passes.
-    while (position < length) {
-        while (position < length && reader.byte_at(position) == '/') ++position;
-        if (position == length) break;
-        const u32 start = position;
-        while (position < length && reader.byte_at(position) != '/') ++position;
-        const u32 component = position - start;
-        const IndexAttributes* here = attributes_of(t, inode_find(t, current));
-        if (!here) return STATUS_NEEDS_CPU;
-        if (load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-        if (!may_search(here, uid, gid)) return STATUS_PERMISSION_DENIED;
-        if (component > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
-        const u32 first = reader.byte_at(start);
-        if (component == 1 && first == '.') continue;
-        if (component == 2 && first == '.' && reader.byte_at(start + 1) == '.') {
-            if (current != t.root) current = load_table_u64(&here->parent);
+    u32 component = 0;
+    u64 word = 0;
+    u32 last_byte = 0;
+    // One pass per byte and one for the end: at most 4097.
+    for (u32 position = 0; position <= length; ++position) {
+        u32 byte = '/';
+        if (position < length) {
+            if ((position & 7) == 0) word = load_volatile_u64(source + position / 8);
+            byte = (u32)((word >> (8 * (position & 7))) & 0xFF);
+            last_byte = byte;
+        }
+        if (byte != '/') {
+            if (component < MAXIMUM_NAME_BYTES) {
+                const u64 shifted = (u64)byte << (8 * (component & 7));
+                words[component / 8] = (component & 7) == 0 ? shifted : (words[component / 8] | shifted);
+            }
+            ++component;
             continue;
         }
-        const u32 count = (component + 7) / 8;
-        for (u32 index = 0; index < count; ++index) words[index] = 0;
-        for (u32 offset = 0; offset < component; ++offset) {
-            words[offset / 8] |= (u64)reader.byte_at(start + offset) << (8 * (offset % 8));
-        }
-        const IndexAttributes* child = nullptr;
-        const u32 status = lookup_one(t, current, words, component, &child);
-        if (status == STATUS_NOT_FOUND) return STATUS_NOT_FOUND;
-        if (status != STATUS_FOUND) return STATUS_NEEDS_CPU;
-        if (load_table_u32(&child->kind) == KIND_SYMLINK) return STATUS_NEEDS_CPU;
-        current = load_table_u64(&child->inode);
+        if (component == 0) continue;
+        const u32 status = walk_component(t, &current, words, component, uid, gid);
+        if (status != WALK_ON) return status;
+        component = 0;
     }
     const IndexAttributes* last = attributes_of(t, inode_find(t, current));
     if (!last) return STATUS_NEEDS_CPU;
-    if (reader.byte_at(length - 1) == '/' && load_table_u32(&last->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (last_byte == '/' && load_table_u32(&last->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
     *result = last;
     return STATUS_FOUND;
 }
 
-__device__ void serve_resolve(const Tables& t, const Command& c, u64 thread, u64 threads) {
-    const u32 uid = (u32)c.argument0;
-    const u32 gid = (u32)c.argument1;
+__device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+    const u64 packed = load_volatile_u64((const u64*)(c.requests + index * 8));
+    const u64 offset = packed & 0xFFFFFFFFull;
+    const u32 length = (u32)(packed >> 32);
+    if ((offset & 7) != 0 || offset + length > c.request_bytes) {
+        fail(t, ERROR_BAD_REQUEST);
+        return 0;
+    }
+    const u32 status = resolve_one(t, (const u64*)(c.requests + offset), length, (u32)c.argument0, (u32)c.argument1, attributes);
+    if (status != STATUS_FOUND) *attributes = nullptr;
+    return status;
+}
+
+#ifndef DIRINDEX_HOST_EMULATION
+// Query commands go a warp at a time: lane L answers request base+L, then the warp writes
+// its 32 answers together. `base` is the same for every lane, so whole warps loop together.
+typedef u32 (*AnswerFunction)(const Tables&, const Command&, u64, const IndexAttributes**);
+
+__device__ __forceinline__ void serve_query(const Tables& t, const Command& c, u64 thread, u64 threads, AnswerFunction answer) {
     for (u64 base = thread & ~31ull; base < c.count; base += threads) {
         const u64 index = base + (threadIdx.x & 31);
         u32 status = 0;
         const IndexAttributes* attributes = nullptr;
-        if (index < c.count) {
-            const u64 packed = load_volatile_u64((const u64*)(c.requests + index * 8));
-            const u64 offset = packed & 0xFFFFFFFFull;
-            const u32 length = (u32)(packed >> 32);
-            if ((offset & 7) == 0 && offset + length <= c.request_bytes) {
-                status = resolve_one(t, (const u64*)(c.requests + offset), length, uid, gid, &attributes);
-                if (status != STATUS_FOUND) attributes = nullptr;
-            } else {
-                fail(t, ERROR_BAD_REQUEST);
-            }
-        }
+        if (index < c.count) status = answer(t, c, index, &attributes);
         write_answers_of_warp((u8*)c.answers, base, c.count, status, attributes);
     }
 }
+#endif
 
 __device__ void count_overflow(const Tables& t) {
     atomicAdd(&t.control->overflows, 1ull);
     atomicExch(&t.control->overflowed, 1u);
 }
 
-__device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 threads) {
+// Update `index` of an apply command.
+__device__ void apply_update(const Tables& t, const Command& c, u64 index) {
     u64 words[MAXIMUM_NAME_WORDS];
-    for (u64 index = thread; index < c.count; index += threads) {
+    {
         const u64* record = (const u64*)(c.requests + index * 32);
         const u64 head = load_volatile_u64(record);
         const u32 code = (u32)head;
@@ -535,7 +539,7 @@ __device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 t
         if (code == UPDATE_INSERT || code == UPDATE_REMOVE) {
             if (!read_name(c, offset, length, words)) {
                 fail(t, ERROR_BAD_REQUEST);
-                continue;
+                return;
             }
             if (code == UPDATE_REMOVE) {
                 entry_remove(t, key, words, length);
@@ -545,12 +549,12 @@ __device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 t
         } else if (code == UPDATE_SET_ATTRIBUTES) {
             if ((offset & 7) != 0 || offset + 104 > c.request_bytes) {
                 fail(t, ERROR_BAD_REQUEST);
-                continue;
+                return;
             }
             const long long slot = inode_claim(t, key);
             if (slot < 0) {
                 count_overflow(t);
-                continue;
+                return;
             }
             const u64* source = (const u64*)(c.requests + offset);
             u64* target = (u64*)&t.inode_attributes[slot];
@@ -561,7 +565,7 @@ __device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 t
             const long long slot = inode_claim(t, key);
             if (slot < 0) {
                 count_overflow(t);
-                continue;
+                return;
             }
             atomicOr(&t.inode_flags[slot], FLAG_COMPLETE);
         } else if (code == UPDATE_REMOVE_INODE || code == UPDATE_MARK_INCOMPLETE) {
@@ -573,6 +577,15 @@ __device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 t
     }
 }
 
+__device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    for (u64 index = thread; index < c.count; index += threads) apply_update(t, c, index);
+}
+
+__device__ void drop_completeness(const Tables& t, u64 directory) {
+    const long long slot = inode_find(t, directory);
+    if (slot >= 0 && (inode_flags_of(t, slot) & FLAG_COMPLETE)) inode_clear_flags(t, (u64)slot, FLAG_COMPLETE);
+}
+
 // Forgets every entry of directory argument0 and its completeness (a scan of the table).
 __device__ void serve_drop(const Tables& t, const Command& c, u64 thread, u64 threads) {
     const u64 directory = c.argument0;
@@ -581,10 +594,7 @@ __device__ void serve_drop(const Tables& t, const Command& c, u64 thread, u64 th
             atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
         }
     }
-    if (thread == 0) {
-        const long long slot = inode_find(t, directory);
-        if (slot >= 0 && (inode_flags_of(t, slot) & FLAG_COMPLETE)) inode_clear_flags(t, (u64)slot, FLAG_COMPLETE);
-    }
+    if (thread == 0) drop_completeness(t, directory);
 }
 
 // Entries of directory argument0 in entry slots [argument1, argument2): records appended at
@@ -610,7 +620,22 @@ __device__ void serve_list(const Tables& t, const Command& c, u64 thread, u64 th
     }
 }
 
+// What a command's completion reports: overflows of an apply; bytes needed and completeness
+// of a list.
+__device__ void command_results(const Tables& t, const Command& c, u64* result0, u64* result1) {
+    *result0 = 0;
+    *result1 = 0;
+    if (c.opcode == COMMAND_APPLY) {
+        *result0 = load_volatile_u64(&t.control->overflows);
+    } else if (c.opcode == COMMAND_LIST) {
+        *result0 = load_volatile_u64(&t.control->list_bytes);
+        const long long slot = inode_find(t, c.argument0);
+        *result1 = ((inode_flags_of(t, slot) & FLAG_COMPLETE) && !overflowed(t)) ? 1 : 0;
+    }
+}
+
 // ---------------------------------------------------------------- the serving loop
+#ifndef DIRINDEX_HOST_EMULATION
 
 // Words of a Command that carry anything (sequence .. argument2).
 #define COMMAND_WORDS 9u
@@ -655,13 +680,7 @@ __device__ void complete(const Tables& t, u64 sequence, const Command& c) {
     __threadfence();
     const u32 error = load_volatile_u32(&control->error);
     u64 result0 = 0, result1 = 0;
-    if (c.opcode == COMMAND_APPLY) {
-        result0 = load_volatile_u64(&control->overflows);
-    } else if (c.opcode == COMMAND_LIST) {
-        result0 = load_volatile_u64(&control->list_bytes);
-        const long long slot = inode_find(t, c.argument0);
-        result1 = ((inode_flags_of(t, slot) & FLAG_COMPLETE) && !overflowed(t)) ? 1 : 0;
-    }
+    command_results(t, c, &result0, &result1);
     Completion* completion = &t.ring[(sequence - 1) % t.ring_slots].completion;
     store_volatile_u32(&completion->status, error);
     store_volatile_u64(&completion->result0, result0);
@@ -690,9 +709,9 @@ extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t
             case COMMAND_STOP: break;
             case COMMAND_APPLY: serve_apply(t, c, thread, threads); break;
             case COMMAND_DROP: serve_drop(t, c, thread, threads); break;
-            case COMMAND_LOOKUP: serve_lookup(t, c, thread, threads); break;
-            case COMMAND_RESOLVE: serve_resolve(t, c, thread, threads); break;
-            case COMMAND_STAT: serve_stat(t, c, thread, threads); break;
+            case COMMAND_LOOKUP: serve_query(t, c, thread, threads, answer_lookup); break;
+            case COMMAND_RESOLVE: serve_query(t, c, thread, threads, answer_resolve); break;
+            case COMMAND_STAT: serve_query(t, c, thread, threads, answer_stat); break;
             case COMMAND_LIST: serve_list(t, c, thread, threads); break;
             default:
                 if (thread == 0) fail(t, ERROR_BAD_OPCODE);
@@ -709,3 +728,4 @@ extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t
         if (c.opcode == COMMAND_STOP) return;
     }
 }
+#endif  // DIRINDEX_HOST_EMULATION

@@ -1,0 +1,143 @@
+// The directory kernel's own source (src/dirindex/dirindex.cu) compiled for the host, so CI
+// can run its table, apply, lookup, resolve, stat, drop and list code without a GPU. CUDA's
+// intrinsics become GCC atomics; the warp-level answer writer, the persistent serving loop and
+// the ring are left out (DIRINDEX_HOST_EMULATION), and a command's threads are host threads,
+// so concurrent inserts really race for slots. Built and driven by tests/dirindex_differential.rs.
+
+#define DIRINDEX_HOST_EMULATION 1
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+
+static inline unsigned int __ldcg(const unsigned int* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline unsigned long long __ldcg(const unsigned long long* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline unsigned int atomicCAS(unsigned int* p, unsigned int expected, unsigned int desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return expected;
+}
+static inline unsigned int atomicExch(unsigned int* p, unsigned int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+static inline unsigned int atomicAnd(unsigned int* p, unsigned int v) { return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned int atomicOr(unsigned int* p, unsigned int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned int atomicMax(unsigned int* p, unsigned int v) {
+    unsigned int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+    return old;
+}
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+#include "dirindex.cu"
+
+namespace {
+
+struct Emulator {
+    std::vector<u32> entry_state, entry_hash, inode_state, inode_flags;
+    std::vector<u64> entry_parent, entry_child, entry_name, inode_key, arena;
+    std::vector<IndexAttributes> inode_attributes;
+    Control control;
+    Tables tables;
+};
+
+void write_answer(u8* answers, u64 index, u32 status, const IndexAttributes* attributes) {
+    u64* record = (u64*)(answers + index * ANSWER_BYTES);
+    record[0] = status;
+    for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) record[1 + word] = attributes ? ((const u64*)attributes)[word] : 0;
+}
+
+// One host thread's share of a command, as one GPU thread's would be.
+void serve(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    switch (c.opcode) {
+        case COMMAND_APPLY: serve_apply(t, c, thread, threads); break;
+        case COMMAND_DROP: serve_drop(t, c, thread, threads); break;
+        case COMMAND_LIST: serve_list(t, c, thread, threads); break;
+        case COMMAND_LOOKUP:
+        case COMMAND_RESOLVE:
+        case COMMAND_STAT:
+            for (u64 index = thread; index < c.count; index += threads) {
+                const IndexAttributes* attributes = nullptr;
+                u32 status = c.opcode == COMMAND_LOOKUP    ? answer_lookup(t, c, index, &attributes)
+                             : c.opcode == COMMAND_RESOLVE ? answer_resolve(t, c, index, &attributes)
+                                                           : answer_stat(t, c, index, &attributes);
+                write_answer((u8*)c.answers, index, status, attributes);
+            }
+            break;
+        default: fail(t, ERROR_BAD_OPCODE); break;
+    }
+}
+
+}  // namespace
+
+extern "C" void* dirindex_emulator_open(u64 entry_slots, u64 inode_slots, u64 arena_words, u64 root) {
+    Emulator* e = new Emulator();
+    e->entry_state.assign(entry_slots, 0);
+    e->entry_hash.assign(entry_slots, 0);
+    e->entry_parent.assign(entry_slots, 0);
+    e->entry_child.assign(entry_slots, 0);
+    e->entry_name.assign(entry_slots, 0);
+    e->inode_state.assign(inode_slots, 0);
+    e->inode_flags.assign(inode_slots, 0);
+    e->inode_key.assign(inode_slots, 0);
+    e->inode_attributes.assign(inode_slots, IndexAttributes{});
+    e->arena.assign(arena_words, 0);
+    std::memset(&e->control, 0, sizeof(Control));
+    Tables& t = e->tables;
+    t.entry_state = e->entry_state.data();
+    t.entry_hash = e->entry_hash.data();
+    t.entry_parent = e->entry_parent.data();
+    t.entry_child = e->entry_child.data();
+    t.entry_name = e->entry_name.data();
+    t.entry_mask = entry_slots - 1;
+    t.inode_state = e->inode_state.data();
+    t.inode_flags = e->inode_flags.data();
+    t.inode_key = e->inode_key.data();
+    t.inode_attributes = e->inode_attributes.data();
+    t.inode_mask = inode_slots - 1;
+    t.arena = e->arena.data();
+    t.arena_words = arena_words;
+    t.ring = nullptr;
+    t.ring_slots = 0;
+    t.control = &e->control;
+    t.root = root;
+    return e;
+}
+
+extern "C" void dirindex_emulator_close(void* emulator) { delete (Emulator*)emulator; }
+
+// Serves one command on `threads` host threads; returns the kernel's error code.
+extern "C" u32 dirindex_emulator_command(void* emulator, u32 opcode, u32 count, const u8* requests, u64 request_bytes,
+                                         u8* answers, u64 answer_bytes, u64 argument0, u64 argument1, u64 argument2,
+                                         u32 threads, u64* result0, u64* result1) {
+    Emulator* e = (Emulator*)emulator;
+    Command c;
+    std::memset(&c, 0, sizeof(c));
+    c.opcode = opcode;
+    c.count = count;
+    c.requests = (u64)requests;
+    c.request_bytes = request_bytes;
+    c.answers = (u64)answers;
+    c.answer_bytes = answer_bytes;
+    c.argument0 = argument0;
+    c.argument1 = argument1;
+    c.argument2 = argument2;
+    e->control.list_bytes = 0;
+    e->control.overflows = 0;
+    e->control.error = ERROR_NONE;
+    std::vector<std::thread> workers;
+    for (u32 thread = 1; thread < threads; ++thread) {
+        workers.emplace_back([e, &c, thread, threads] { serve(e->tables, c, thread, threads); });
+    }
+    serve(e->tables, c, 0, threads);
+    for (auto& worker : workers) worker.join();
+    command_results(e->tables, c, result0, result1);
+    return e->control.error;
+}
