@@ -522,6 +522,34 @@ fn kernel_source_on_the_host_equals_the_cpu_twin() {
     drop(kernel);
 }
 
+/// The kernel's answer to running out of room: every change it could not store is counted,
+/// and from then on it gives no negative answer (a correct cache, only a less useful one).
+#[test]
+fn kernel_source_overflow_turns_negatives_into_unknown() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 1024) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    let mut root = IndexAttributes::new(ROOT, IndexKind::Directory, 0o755);
+    root.parent = ROOT;
+    let setup = [IndexUpdate::SetAttributes(root), IndexUpdate::MarkComplete(ROOT)];
+    assert_eq!(kernel.apply(&setup).unwrap().overflowed, 0);
+    assert_eq!(kernel.lookup(&[(ROOT, b"absent")]).unwrap()[0], tandem_accel::dirindex::LookupResult::NotFound);
+    let inserts: Vec<IndexUpdate> = (0..4000u64)
+        .map(|i| IndexUpdate::InsertEntry { parent: ROOT, name: format!("file-{i:06}").into_bytes(), child: 10 + i })
+        .collect();
+    let report = kernel.apply(&inserts).unwrap();
+    assert_eq!(report.applied, 4000);
+    assert!(report.overflowed > 0 && report.overflowed < 4000, "{report:?}");
+    assert_eq!(kernel.lookup(&[(ROOT, b"absent")]).unwrap()[0], tandem_accel::dirindex::LookupResult::Unknown);
+    assert_eq!(kernel.list(ROOT).unwrap(), ListResult::Unknown);
+    let paths: Vec<&[u8]> = vec![b"/absent"];
+    assert_eq!(kernel.resolve(&paths, Credentials::ROOT).unwrap()[0], tandem_accel::dirindex::ResolveResult::NeedsCpu);
+}
+
 mod emulator {
     use super::*;
     use std::ffi::{c_void, CString};
