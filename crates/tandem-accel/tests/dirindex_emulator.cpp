@@ -36,6 +36,22 @@ static inline unsigned int atomicMax(unsigned int* p, unsigned int v) {
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
+// The warp writer runs lane by lane: each lane's two shuffles (status, then attributes) read
+// the values every lane of the warp put in before.
+struct ThreadIndex {
+    unsigned int x;
+};
+static thread_local ThreadIndex threadIdx;
+static thread_local unsigned long long warp_values[2][32];
+static thread_local unsigned int shuffle_calls;
+static inline unsigned long long __shfl_sync(unsigned int, unsigned long long, int lane) {
+    return warp_values[(shuffle_calls++) & 1][lane];
+}
+struct ulonglong2 {
+    unsigned long long x, y;
+};
+static inline ulonglong2 make_ulonglong2(unsigned long long x, unsigned long long y) { return ulonglong2{x, y}; }
+
 #include "dirindex.cu"
 
 namespace {
@@ -48,10 +64,29 @@ struct Emulator {
     Tables tables;
 };
 
-void write_answer(u8* answers, u64 index, u32 status, const IndexAttributes* attributes) {
-    u64* record = (u64*)(answers + index * ANSWER_BYTES);
-    record[0] = status;
-    for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) record[1 + word] = attributes ? ((const u64*)attributes)[word] : 0;
+// Answers warp by warp, as serve_query does: 32 lanes answer, then the kernel's own warp
+// writer runs for each lane.
+void serve_query_as_warps(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    for (u64 base = thread * 32; base < c.count; base += threads * 32) {
+        u32 status[32];
+        const IndexAttributes* attributes[32];
+        for (u32 lane = 0; lane < 32; ++lane) {
+            const u64 index = base + lane;
+            status[lane] = 0;
+            attributes[lane] = nullptr;
+            if (index >= c.count) continue;
+            status[lane] = c.opcode == COMMAND_LOOKUP    ? answer_lookup(t, c, index, &attributes[lane])
+                           : c.opcode == COMMAND_RESOLVE ? answer_resolve(t, c, index, &attributes[lane])
+                                                         : answer_stat(t, c, index, &attributes[lane]);
+            warp_values[0][lane] = status[lane];
+            warp_values[1][lane] = (u64)attributes[lane];
+        }
+        for (u32 lane = 0; lane < 32; ++lane) {
+            threadIdx.x = lane;
+            shuffle_calls = 0;
+            write_answers_of_warp((u8*)c.answers, base, c.count, status[lane], attributes[lane]);
+        }
+    }
 }
 
 // One host thread's share of a command, as one GPU thread's would be.
@@ -62,15 +97,7 @@ void serve(const Tables& t, const Command& c, u64 thread, u64 threads) {
         case COMMAND_LIST: serve_list(t, c, thread, threads); break;
         case COMMAND_LOOKUP:
         case COMMAND_RESOLVE:
-        case COMMAND_STAT:
-            for (u64 index = thread; index < c.count; index += threads) {
-                const IndexAttributes* attributes = nullptr;
-                u32 status = c.opcode == COMMAND_LOOKUP    ? answer_lookup(t, c, index, &attributes)
-                             : c.opcode == COMMAND_RESOLVE ? answer_resolve(t, c, index, &attributes)
-                                                           : answer_stat(t, c, index, &attributes);
-                write_answer((u8*)c.answers, index, status, attributes);
-            }
-            break;
+        case COMMAND_STAT: serve_query_as_warps(t, c, thread, threads); break;
         default: fail(t, ERROR_BAD_OPCODE); break;
     }
 }

@@ -331,7 +331,6 @@ __device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 
 
 // ---------------------------------------------------------------- answers
 
-#ifndef DIRINDEX_HOST_EMULATION
 #define FULL_WARP 0xFFFFFFFFu
 #define ANSWER_CHUNKS 7u  // 16-byte pieces of one answer: (status, attributes word 0), then pairs
 
@@ -360,7 +359,6 @@ __device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 sta
         *target = make_ulonglong2(low, high);
     }
 }
-#endif
 
 __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volatile_u32(&t.control->overflowed) != 0; }
 
