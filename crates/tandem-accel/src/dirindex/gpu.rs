@@ -10,6 +10,7 @@
 //! the host is bounded: a command not answered in time latches the index failed, and every
 //! later call gets that error. docs/GPUDIR.md describes the protocol.
 
+use super::ring::{Ring, RingCommand, RingCompletion, RING_BYTES, RING_SLOTS};
 use super::wire::{self, Layout, Segment};
 use super::{
     check_inode, check_inodes, check_lookups, check_updates, ApplyReport, Credentials, DirectoryIndex, IndexUpdate,
@@ -20,17 +21,13 @@ use crate::error::{AccelError, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The kernel source, compiled at run time by NVRTC and cached like services.cu.
 pub const KERNEL_SOURCE: &str = include_str!("dirindex.cu");
 
-const RING_SLOTS: usize = 64;
-/// `struct RingSlot` in dirindex.cu: the command (128 bytes), then the completion.
-const RING_SLOT_BYTES: usize = 256;
-const COMPLETION_OFFSET: usize = 128;
 /// Bytes of `struct Control` in dirindex.cu, rounded up.
 const CONTROL_BYTES: usize = 512;
 const THREADS_PER_BLOCK: u32 = 256;
@@ -177,25 +174,6 @@ impl Staging {
     }
 }
 
-/// The completion the kernel wrote.
-#[derive(Clone, Copy, Debug)]
-struct Completion {
-    result0: u64,
-    result1: u64,
-}
-
-/// A command before it is published.
-#[derive(Clone, Copy, Debug, Default)]
-struct CommandFields {
-    opcode: u32,
-    count: u32,
-    requests: u64,
-    request_bytes: u64,
-    answers: u64,
-    answer_bytes: u64,
-    arguments: [u64; 3],
-}
-
 /// Everything the index owns on the device and in pinned memory.
 struct Resources {
     kernel_stream: sys::CUstream,
@@ -228,10 +206,8 @@ pub struct GpuDirectoryIndex {
     root: u64,
     blocks: u32,
     entry_slots: u64,
-    /// Next sequence number to publish (the ring position is sequence − 1 mod RING_SLOTS).
-    ring_next: Mutex<u64>,
-    slot_busy: Vec<AtomicBool>,
-    ring_host: *mut u8,
+    /// The command ring, over the mapped ring memory in `resources`.
+    ring: Ring,
     kernel_stream: sys::CUstream,
     staging_free: Mutex<Vec<Staging>>,
     staging_returned: Condvar,
@@ -242,7 +218,7 @@ pub struct GpuDirectoryIndex {
 }
 
 // SAFETY: the raw pointers are to pinned memory and driver handles owned by the index; the
-// ring is written only under `ring_next` or for slots a thread holds via `slot_busy`.
+// ring guards its own memory.
 unsafe impl Send for GpuDirectoryIndex {}
 unsafe impl Sync for GpuDirectoryIndex {}
 unsafe impl Send for Staging {}
@@ -274,7 +250,7 @@ impl GpuDirectoryIndex {
         let created =
             unsafe { sys::cuStreamCreate(&mut kernel_stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
         check(created, "cuStreamCreate")?;
-        let ring = match MappedBuffer::allocate(RING_SLOTS * RING_SLOT_BYTES) {
+        let ring = match MappedBuffer::allocate(RING_BYTES) {
             Ok(ring) => ring,
             Err(error) => {
                 unsafe { sys::cuStreamDestroy_v2(kernel_stream) };
@@ -282,6 +258,7 @@ impl GpuDirectoryIndex {
             }
         };
         let mut resources = Resources { kernel_stream, ring, device_buffers: Vec::new(), staging: Vec::new() };
+        debug_assert!(resources.ring.bytes >= RING_BYTES);
         let prepared = Self::populate(&mut resources, &config, root).map(|tables| (function, blocks, tables));
         match prepared {
             Ok((function, blocks, tables)) => Self::launch(device, config, root, function, blocks, resources, tables),
@@ -436,9 +413,9 @@ impl GpuDirectoryIndex {
             root,
             blocks,
             entry_slots: tables.entry_mask + 1,
-            ring_next: Mutex::new(1),
-            slot_busy: (0..RING_SLOTS).map(|_| AtomicBool::new(false)).collect(),
-            ring_host: resources.ring.host,
+            // SAFETY: RING_BYTES of zeroed pinned memory, page aligned, freed only after the
+            // kernel has stopped (or never), shared only with that kernel.
+            ring: unsafe { Ring::new(resources.ring.host, config.command_timeout) },
             kernel_stream,
             staging_free: Mutex::new(staging),
             staging_returned: Condvar::new(),
@@ -470,8 +447,8 @@ impl GpuDirectoryIndex {
     /// One empty command, answered in mapped memory: the single-command round trip.
     pub fn ping(&self) -> Result<()> {
         self.check_failed()?;
-        let fields = CommandFields { opcode: wire::COMMAND_STAT, ..CommandFields::default() };
-        let (slot, sequence) = self.submit(&mut self.ring_next.lock().expect("ring lock poisoned"), &fields)?;
+        let fields = RingCommand { opcode: wire::COMMAND_STAT, ..RingCommand::default() };
+        let (slot, sequence) = self.submit(&mut self.ring.lock(), &fields)?;
         self.wait(slot, sequence).map(|_| ())
     }
 
@@ -494,88 +471,24 @@ impl GpuDirectoryIndex {
         AccelError::Device(format!("GPU directory index failed: {reason}"))
     }
 
-    fn slot_pointer(&self, slot: usize) -> *mut u8 {
-        assert!(slot < RING_SLOTS);
-        // SAFETY: inside the ring allocation.
-        unsafe { self.ring_host.add(slot * RING_SLOT_BYTES) }
-    }
-
-    fn word(&self, slot: usize, offset: usize) -> &AtomicU64 {
-        assert!(offset.is_multiple_of(8) && offset < RING_SLOT_BYTES);
-        // SAFETY: 8-byte aligned (the ring is page aligned), inside the ring, and only ever
-        // accessed atomically or volatile by the host.
-        unsafe { &*(self.slot_pointer(slot).add(offset) as *const AtomicU64) }
-    }
-
-    /// Writes and publishes one command; the caller holds the ring lock (`next`), so commands
-    /// reach the kernel in sequence order. Returns the slot and the sequence number.
-    fn submit(&self, next: &mut u64, fields: &CommandFields) -> Result<(usize, u64)> {
+    /// Publishes one command; the caller holds the ring lock. A failed index publishes nothing.
+    fn submit(&self, next: &mut std::sync::MutexGuard<'_, u64>, fields: &RingCommand) -> Result<(usize, u64)> {
         self.check_failed()?;
-        let sequence = *next;
-        let slot = ((sequence - 1) % RING_SLOTS as u64) as usize;
-        // The slot's previous command must have been collected by its waiter.
-        let deadline = Instant::now() + self.config.command_timeout;
-        while self.slot_busy[slot].swap(true, Ordering::AcqRel) {
-            if Instant::now() > deadline {
-                return Err(self.fail(format!("ring slot {slot} not released within the timeout")));
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
-        let words: [u64; 9] = [
-            0,
-            fields.opcode as u64 | (fields.count as u64) << 32,
-            fields.requests,
-            fields.request_bytes,
-            fields.answers,
-            fields.answer_bytes,
-            fields.arguments[0],
-            fields.arguments[1],
-            fields.arguments[2],
-        ];
-        for (index, value) in words.iter().enumerate().skip(1) {
-            self.word(slot, 8 * index).store(*value, Ordering::Relaxed);
-        }
-        self.word(slot, COMPLETION_OFFSET).store(0, Ordering::Relaxed);
-        fence(Ordering::Release);
-        self.word(slot, 0).store(sequence, Ordering::Release);
-        *next += 1;
+        let published = self.ring.submit(next, fields).map_err(|error| self.fail(error.to_string()))?;
         self.commands.fetch_add(1, Ordering::Relaxed);
-        Ok((slot, sequence))
+        Ok(published)
     }
 
-    /// Waits (bounded) for the kernel to complete `sequence` in `slot`, then frees the slot.
-    fn wait(&self, slot: usize, sequence: u64) -> Result<Completion> {
-        let start = Instant::now();
-        let mut polls = 0u64;
-        loop {
-            if self.word(slot, COMPLETION_OFFSET).load(Ordering::Acquire) == sequence {
-                let status = self.word(slot, COMPLETION_OFFSET + 8).load(Ordering::Acquire) as u32;
-                let completion = Completion {
-                    result0: self.word(slot, COMPLETION_OFFSET + 16).load(Ordering::Acquire),
-                    result1: self.word(slot, COMPLETION_OFFSET + 24).load(Ordering::Acquire),
-                };
-                self.slot_busy[slot].store(false, Ordering::Release);
-                if status != 0 {
-                    return Err(self.fail(format!("command {sequence} refused by the kernel (error {status})")));
-                }
-                return Ok(completion);
-            }
-            polls += 1;
-            // Spin for the first microseconds (a round trip is a few µs), then sleep briefly.
-            if polls < 4096 {
-                std::hint::spin_loop();
-                continue;
-            }
-            if polls.is_multiple_of(256) {
-                self.check_kernel_alive()?;
-            }
-            if start.elapsed() > self.config.command_timeout {
-                return Err(
-                    self.fail(format!("command {sequence} not answered within {:?}", self.config.command_timeout))
-                );
-            }
-            std::thread::sleep(Duration::from_micros(10));
+    /// Waits (bounded) for a command; a timeout, a dead kernel or a kernel error fails the index.
+    fn wait(&self, slot: usize, sequence: u64) -> Result<RingCompletion> {
+        let completion = self
+            .ring
+            .wait(slot, sequence, &mut || self.check_kernel_alive())
+            .map_err(|error| self.fail(error.to_string()))?;
+        if completion.status != 0 {
+            return Err(self.fail(format!("command {sequence} refused by the kernel (error {})", completion.status)));
         }
+        Ok(completion)
     }
 
     /// The kernel must still be running: a finished or failed stream means it died.
@@ -682,8 +595,8 @@ impl GpuDirectoryIndex {
         self.wait_stream(*stream)
     }
 
-    fn fields(opcode: u32, count: usize, base: u64, layout: &Layout, arguments: [u64; 3]) -> CommandFields {
-        CommandFields {
+    fn fields(opcode: u32, count: usize, base: u64, layout: &Layout, arguments: [u64; 3]) -> RingCommand {
+        RingCommand {
             opcode,
             count: u32::try_from(count).expect("a staging buffer holds fewer than 2^32 requests"),
             requests: base,
@@ -777,7 +690,7 @@ impl GpuDirectoryIndex {
         let layout = encode(part, staging.bytes());
         let base = self.stage_in(staging, &layout)?;
         let fields = Self::fields(opcode, part.len(), base, &layout, arguments);
-        let (slot, sequence) = self.submit(&mut self.ring_next.lock().expect("ring lock poisoned"), &fields)?;
+        let (slot, sequence) = self.submit(&mut self.ring.lock(), &fields)?;
         self.wait(slot, sequence)?;
         self.stage_out(staging, base, layout.answers_offset, layout.answers_bytes)?;
         decode(&staging.bytes()[layout.answers_offset..layout.answers_offset + layout.answers_bytes], part)
@@ -794,9 +707,9 @@ impl GpuDirectoryIndex {
             return;
         }
         let stopped = (|| -> Result<()> {
-            let fields = CommandFields { opcode: wire::COMMAND_STOP, ..CommandFields::default() };
+            let fields = RingCommand { opcode: wire::COMMAND_STOP, ..RingCommand::default() };
             // A failed index may still serve; try the stop command regardless of the latch.
-            let mut next = self.ring_next.lock().expect("ring lock poisoned");
+            let mut next = self.ring.lock();
             self.failed.store(false, Ordering::Release);
             let (slot, sequence) = self.submit(&mut next, &fields)?;
             self.wait(slot, sequence)?;
@@ -849,7 +762,7 @@ impl DirectoryIndex for GpuDirectoryIndex {
         let mut report = ApplyReport::default();
         let mut staging = self.take_staging()?;
         let result = (|| -> Result<()> {
-            let mut next = self.ring_next.lock().expect("ring lock poisoned");
+            let mut next = self.ring.lock();
             for segment in wire::segments(updates, self.config.staging_bytes) {
                 let (fields, applied) = match segment {
                     Segment::Updates { start, end } => {
@@ -928,7 +841,7 @@ impl DirectoryIndex for GpuDirectoryIndex {
         self.device.bind_context()?;
         let mut staging = self.take_staging()?;
         let result = (|| -> Result<ListResult> {
-            let mut next = self.ring_next.lock().expect("ring lock poisoned");
+            let mut next = self.ring.lock();
             let capacity = staging.host.bytes;
             let mut ranges = vec![(0u64, self.entry_slots)];
             let mut entries = Vec::new();

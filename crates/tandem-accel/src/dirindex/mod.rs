@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod cpu;
 pub mod gpu;
+pub mod ring;
 pub mod wire;
 
 pub use cpu::CpuDirectoryIndex;
