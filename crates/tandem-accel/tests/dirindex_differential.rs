@@ -385,13 +385,19 @@ fn describe(list: &ListResult) -> String {
 
 /// Several host threads at once: queries against a fixed state, then disjoint updates (each
 /// thread its own new directory) racing each other, compared at the end.
-fn concurrent_rounds(seed: u64, tree: &Tree, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
+fn concurrent_rounds(
+    seed: u64,
+    tree: &Tree,
+    queries: usize,
+    reference: &dyn DirectoryIndex,
+    other: &dyn DirectoryIndex,
+) {
     const THREADS: u64 = 4;
     std::thread::scope(|scope| {
         for thread in 0..THREADS {
             scope.spawn(move || {
                 let mut rng = StdRng::seed_from_u64(seed * 1000 + thread);
-                compare_everything(&mut rng, tree, reference, other, 2000);
+                compare_everything(&mut rng, tree, reference, other, queries);
             });
         }
     });
@@ -435,6 +441,18 @@ fn concurrent_rounds(seed: u64, tree: &Tree, reference: &dyn DirectoryIndex, oth
 }
 
 fn run_seed(seed: u64, entries: usize, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
+    run_seed_sized(seed, entries, (entries / 2).clamp(10_000, 1_000_000), reference, other)
+}
+
+/// One seed with `queries` requests per batch (smaller for the slow host build of the
+/// serving loop).
+fn run_seed_sized(
+    seed: u64,
+    entries: usize,
+    queries: usize,
+    reference: &dyn DirectoryIndex,
+    other: &dyn DirectoryIndex,
+) {
     println!(
         "seed {seed} (TANDEM_SEED={seed} repeats it), {entries} entries: {} vs {}",
         reference.name(),
@@ -442,7 +460,6 @@ fn run_seed(seed: u64, entries: usize, reference: &dyn DirectoryIndex, other: &d
     );
     let mut rng = StdRng::seed_from_u64(seed);
     let mut tree = build(&mut rng, entries, &[reference, other]);
-    let queries = (entries / 2).clamp(10_000, 1_000_000);
     compare_everything(&mut rng, &tree, reference, other, queries);
     for round in 0..3 {
         let updates = random_updates(&mut rng, &mut tree, (entries / 20).clamp(1000, 200_000));
@@ -450,7 +467,7 @@ fn run_seed(seed: u64, entries: usize, reference: &dyn DirectoryIndex, other: &d
         compare_everything(&mut rng, &tree, reference, other, queries / 4);
         println!("  round {round}: {} updates applied, answers equal", updates.len());
     }
-    concurrent_rounds(seed, &tree, reference, other);
+    concurrent_rounds(seed, &tree, (queries / 5).max(100), reference, other);
     println!("  concurrent batches from 4 threads: answers equal");
 }
 
@@ -561,6 +578,7 @@ mod emulator {
 
     type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
     type Close = unsafe extern "C" fn(*mut c_void);
+    type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64);
     type Command = unsafe extern "C" fn(
         *mut c_void,
         u32,
@@ -586,6 +604,7 @@ mod emulator {
         state: Mutex<usize>,
         close: Close,
         command: Command,
+        serve: Serve,
         root: u64,
         entry_slots: u64,
     }
@@ -595,7 +614,17 @@ mod emulator {
         std::fs::create_dir_all(directory).map_err(|error| error.to_string())?;
         let library = directory.join("libdirindex_emulator.so");
         let output = std::process::Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()))
-            .args(["-std=c++17", "-O2", "-Wall", "-Wextra", "-shared", "-fPIC", "-pthread", "-o"])
+            .args([
+                "-std=c++17",
+                "-O2",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unknown-pragmas",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-o",
+            ])
             .arg(&library)
             .arg(manifest.join("tests/dirindex_emulator.cpp"))
             .arg("-I")
@@ -617,9 +646,9 @@ mod emulator {
     }
 
     /// Compiles and loads the emulator once per process (the file is removed once loaded).
-    fn library() -> std::result::Result<(Open, Close, Command), String> {
-        static LIBRARY: std::sync::OnceLock<std::result::Result<(usize, usize, usize), String>> =
-            std::sync::OnceLock::new();
+    fn library() -> std::result::Result<(Open, Close, Command, Serve), String> {
+        type Symbols = (usize, usize, usize, usize);
+        static LIBRARY: std::sync::OnceLock<std::result::Result<Symbols, String>> = std::sync::OnceLock::new();
         let loaded = LIBRARY.get_or_init(|| {
             let directory = std::env::temp_dir().join(format!("tandem-dirindex-emulator-{}", std::process::id()));
             let library = compile(&directory)?;
@@ -632,26 +661,28 @@ mod emulator {
                 symbol(handle, "dirindex_emulator_open") as usize,
                 symbol(handle, "dirindex_emulator_close") as usize,
                 symbol(handle, "dirindex_emulator_command") as usize,
+                symbol(handle, "dirindex_emulator_serve") as usize,
             ))
         });
-        let (open, close, command) = loaded.clone()?;
+        let (open, close, command, serve) = loaded.clone()?;
         // SAFETY: the symbols have exactly these C signatures in dirindex_emulator.cpp.
         unsafe {
             Ok((
                 std::mem::transmute::<usize, Open>(open),
                 std::mem::transmute::<usize, Close>(close),
                 std::mem::transmute::<usize, Command>(command),
+                std::mem::transmute::<usize, Serve>(serve),
             ))
         }
     }
 
     impl EmulatedKernel {
         pub fn build(root: u64, entries: usize) -> std::result::Result<Self, String> {
-            let (open, close, command) = library()?;
+            let (open, close, command, serve) = library()?;
             let slots = ((entries + entries / 2).max(1024)).next_power_of_two() as u64;
             // SAFETY: plain sizes; the emulator owns what it allocates until close.
             let state = unsafe { open(slots, slots, (entries * 64 / 8) as u64, root) };
-            Ok(EmulatedKernel { state: Mutex::new(state as usize), close, command, root, entry_slots: slots })
+            Ok(EmulatedKernel { state: Mutex::new(state as usize), close, command, serve, root, entry_slots: slots })
         }
 
         /// Runs one command over `buffer` (requests at 0, answers at `layout.answers_offset`).
@@ -691,12 +722,24 @@ mod emulator {
             Ok((result0, result1))
         }
 
-        fn buffer(sizes: impl Iterator<Item = (usize, usize)>) -> Vec<u64> {
+        /// Runs the kernel's persistent serving loop over `ring` (RING_BYTES) until it is
+        /// told to stop. Commands through `command` must not run meanwhile.
+        pub fn serve(&self, ring: *mut u8) {
+            let state = *self.state.lock().unwrap();
+            // SAFETY: the ring memory outlives this call (the caller joins before freeing it).
+            unsafe { (self.serve)(state as *mut c_void, ring, tandem_accel::dirindex::ring::RING_SLOTS as u64) };
+        }
+
+        pub fn entry_slots(&self) -> u64 {
+            self.entry_slots
+        }
+
+        pub fn buffer(sizes: impl Iterator<Item = (usize, usize)>) -> Vec<u64> {
             let (requests, answers) = sizes.fold((0, 0), |(r, a), (request, answer)| (r + request, a + answer));
             vec![0u64; (requests + answers) / 8 + 32]
         }
 
-        fn bytes(buffer: &mut [u64]) -> &mut [u8] {
+        pub fn bytes(buffer: &mut [u64]) -> &mut [u8] {
             // SAFETY: the same memory as bytes.
             unsafe { std::slice::from_raw_parts_mut(buffer.as_mut_ptr() as *mut u8, buffer.len() * 8) }
         }
@@ -789,6 +832,203 @@ mod emulator {
                 self.run(wire::COMMAND_LIST, 0, &mut buffer, &layout, [directory, 0, self.entry_slots])?;
             assert!(needed as usize <= LIST_BYTES, "listing of {needed} bytes: make LIST_BYTES larger");
             let entries = wire::decode_list(Self::bytes(&mut buffer), needed as usize)?;
+            Ok(wire::list_result(complete == 1, entries))
+        }
+    }
+}
+
+/// The persistent serving loop itself (dirindex_serve_kernel, as one block of 32 host
+/// threads) behind the Rust half of the ring (`dirindex::ring::Ring`, the one the GPU engine
+/// uses): the whole harness, concurrent submitters and ring wrap-around included, then stop.
+#[test]
+fn kernel_serving_loop_on_the_host_answers_through_the_ring() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 100_000) {
+        Ok(kernel) => std::sync::Arc::new(kernel),
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    let served = ring_index::RingIndex::new(std::sync::Arc::clone(&kernel));
+    let cpu = CpuDirectoryIndex::new(ROOT, 2).unwrap();
+    run_seed_sized(31, 5_000, 1_000, &cpu, &served);
+    // More commands than ring slots from several threads at once.
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                for _ in 0..100 {
+                    assert_eq!(served.stat(&[ROOT]).unwrap(), cpu.stat(&[ROOT]).unwrap());
+                }
+            });
+        }
+    });
+    served.stop();
+}
+
+mod ring_index {
+    use super::emulator::EmulatedKernel;
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, MutexGuard};
+    use std::time::Duration;
+    use tandem_accel::dirindex::ring::{Ring, RingCommand, RING_BYTES};
+    use tandem_accel::dirindex::wire::{self, Layout, Segment};
+    use tandem_accel::dirindex::{ApplyReport, LookupResult, ResolveResult, StatResult, MAXIMUM_PATH_BYTES};
+    use tandem_accel::{AccelError, Result};
+
+    const LIST_BYTES: usize = 16 << 20;
+
+    /// The ring over plain memory, served by the host build of the kernel on its own thread.
+    pub struct RingIndex {
+        ring: Ring,
+        _memory: Vec<u64>,
+        kernel: Arc<EmulatedKernel>,
+        stopped: Arc<AtomicBool>,
+        server: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    }
+
+    impl RingIndex {
+        pub fn new(kernel: Arc<EmulatedKernel>) -> Self {
+            let mut memory = vec![0u64; RING_BYTES / 8];
+            let address = memory.as_mut_ptr() as usize;
+            // SAFETY: RING_BYTES of zeroed, aligned memory kept until the server is joined.
+            let ring = unsafe { Ring::new(address as *mut u8, Duration::from_secs(60)) };
+            let stopped = Arc::new(AtomicBool::new(false));
+            let server = {
+                let (kernel, stopped) = (Arc::clone(&kernel), Arc::clone(&stopped));
+                std::thread::spawn(move || {
+                    kernel.serve(address as *mut u8);
+                    stopped.store(true, Ordering::Release);
+                })
+            };
+            RingIndex { ring, _memory: memory, kernel, stopped, server: std::sync::Mutex::new(Some(server)) }
+        }
+
+        fn alive(&self) -> Result<()> {
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(AccelError::Device("the serving loop returned".into()));
+            }
+            Ok(())
+        }
+
+        fn command(buffer: &mut [u64], opcode: u32, count: usize, layout: &Layout, arguments: [u64; 3]) -> RingCommand {
+            let base = buffer.as_mut_ptr() as u64;
+            RingCommand {
+                opcode,
+                count: count as u32,
+                requests: base,
+                request_bytes: layout.request_bytes as u64,
+                answers: base + layout.answers_offset as u64,
+                answer_bytes: layout.answers_bytes as u64,
+                arguments,
+            }
+        }
+
+        /// Submits under `next` and waits for the answer.
+        fn run_held(&self, next: &mut MutexGuard<'_, u64>, command: &RingCommand) -> Result<(u64, u64)> {
+            let (slot, sequence) = self.ring.submit(next, command)?;
+            let completion = self.ring.wait(slot, sequence, &mut || self.alive())?;
+            if completion.status != 0 {
+                return Err(AccelError::Device(format!("kernel error {}", completion.status)));
+            }
+            Ok((completion.result0, completion.result1))
+        }
+
+        /// Submits, lets other submitters in, then waits.
+        fn run(&self, command: &RingCommand) -> Result<(u64, u64)> {
+            let (slot, sequence) = self.ring.submit(&mut self.ring.lock(), command)?;
+            let completion = self.ring.wait(slot, sequence, &mut || self.alive())?;
+            assert_eq!(completion.status, 0, "kernel error");
+            Ok((completion.result0, completion.result1))
+        }
+
+        pub fn stop(&self) {
+            let command = RingCommand { opcode: wire::COMMAND_STOP, ..RingCommand::default() };
+            self.run(&command).expect("stop answered");
+            let server = self.server.lock().unwrap().take().expect("stopped once");
+            server.join().expect("serving loop panicked");
+            assert!(self.stopped.load(Ordering::Acquire));
+        }
+
+        fn answers(buffer: &mut [u64], layout: &Layout) -> Vec<u8> {
+            EmulatedKernel::bytes(buffer)[layout.answers_offset..layout.answers_offset + layout.answers_bytes].to_vec()
+        }
+    }
+
+    impl DirectoryIndex for RingIndex {
+        fn name(&self) -> String {
+            "dirindex.cu's serving loop on the host, through the ring".into()
+        }
+
+        fn root(&self) -> u64 {
+            ROOT
+        }
+
+        fn apply(&self, updates: &[IndexUpdate]) -> Result<ApplyReport> {
+            let mut report = ApplyReport::default();
+            let mut next = self.ring.lock();
+            for segment in wire::segments(updates, 64 << 20) {
+                match segment {
+                    Segment::Updates { start, end } => {
+                        let part = &updates[start..end];
+                        let mut buffer = EmulatedKernel::buffer(wire::apply_sizes(part));
+                        let layout = wire::encode_updates(part, EmulatedKernel::bytes(&mut buffer));
+                        let command = Self::command(&mut buffer, wire::COMMAND_APPLY, part.len(), &layout, [0; 3]);
+                        let (overflows, _) = self.run_held(&mut next, &command)?;
+                        wire::add_reports(&mut report, part.len(), overflows);
+                    }
+                    Segment::Drop(directory) => {
+                        let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: 0 };
+                        let command = Self::command(&mut [0u64], wire::COMMAND_DROP, 0, &layout, [directory, 0, 0]);
+                        self.run_held(&mut next, &command)?;
+                        wire::add_reports(&mut report, 1, 0);
+                    }
+                }
+            }
+            Ok(report)
+        }
+
+        fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
+            let mut buffer = EmulatedKernel::buffer(wire::lookup_sizes(requests));
+            let layout = wire::encode_lookups(requests, EmulatedKernel::bytes(&mut buffer));
+            self.run(&Self::command(&mut buffer, wire::COMMAND_LOOKUP, requests.len(), &layout, [0; 3]))?;
+            wire::decode_lookups(&Self::answers(&mut buffer, &layout), requests.len())
+        }
+
+        fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
+            let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
+            let mut buffer = EmulatedKernel::buffer(wire::resolve_sizes(&short));
+            let layout = wire::encode_resolves(&short, EmulatedKernel::bytes(&mut buffer));
+            let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
+            self.run(&Self::command(&mut buffer, wire::COMMAND_RESOLVE, short.len(), &layout, arguments))?;
+            let mut answers = wire::decode_resolves(&Self::answers(&mut buffer, &layout), short.len())?.into_iter();
+            Ok(paths
+                .iter()
+                .map(|path| {
+                    if path.len() > MAXIMUM_PATH_BYTES {
+                        ResolveResult::NameTooLong
+                    } else {
+                        answers.next().expect("one answer per short path")
+                    }
+                })
+                .collect())
+        }
+
+        fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+            let mut buffer = EmulatedKernel::buffer(wire::stat_sizes(inodes));
+            let layout = wire::encode_stats(inodes, EmulatedKernel::bytes(&mut buffer));
+            self.run(&Self::command(&mut buffer, wire::COMMAND_STAT, inodes.len(), &layout, [0; 3]))?;
+            wire::decode_stats(&Self::answers(&mut buffer, &layout), inodes)
+        }
+
+        fn list(&self, directory: u64) -> Result<ListResult> {
+            let mut buffer = vec![0u64; LIST_BYTES / 8];
+            let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: LIST_BYTES };
+            let arguments = [directory, 0, self.kernel.entry_slots()];
+            let (needed, complete) =
+                self.run(&Self::command(&mut buffer, wire::COMMAND_LIST, 0, &layout, arguments))?;
+            assert!(needed as usize <= LIST_BYTES);
+            let entries = wire::decode_list(EmulatedKernel::bytes(&mut buffer), needed as usize)?;
             Ok(wire::list_result(complete == 1, entries))
         }
     }

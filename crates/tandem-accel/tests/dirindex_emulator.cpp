@@ -1,12 +1,16 @@
 // The directory kernel's own source (src/dirindex/dirindex.cu) compiled for the host, so CI
-// can run its table, apply, lookup, resolve, stat, drop and list code without a GPU. CUDA's
-// intrinsics become GCC atomics; the warp-level answer writer, the persistent serving loop and
-// the ring are left out (DIRINDEX_HOST_EMULATION), and a command's threads are host threads,
-// so concurrent inserts really race for slots. Built and driven by tests/dirindex_differential.rs.
+// can run it without a GPU. CUDA's intrinsics become GCC atomics (DIRINDEX_HOST_EMULATION
+// swaps the one inline-PTX load). Two ways to run it: command by command on host threads
+// (dirindex_emulator_command: a command's threads are host threads, so concurrent inserts
+// really race for slots; the warp writer runs lane by lane), or the persistent serving loop
+// itself as one block of 32 host threads polling a ring the Rust side writes
+// (dirindex_emulator_serve). Built and driven by tests/dirindex_differential.rs.
 
 #define DIRINDEX_HOST_EMULATION 1
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -14,6 +18,38 @@
 #define __forceinline__ inline
 #define __global__
 #define __launch_bounds__(n)
+// One block at a time runs the serving loop, so block-shared memory can be a static.
+#define __shared__ static
+
+struct Dimension {
+    unsigned int x, y, z;
+};
+static thread_local Dimension threadIdx;
+static thread_local Dimension blockIdx;
+static Dimension blockDim = {32, 1, 1};
+static Dimension gridDim = {1, 1, 1};
+
+// __syncthreads for the one emulated block.
+struct BlockBarrier {
+    std::mutex mutex;
+    std::condition_variable changed;
+    unsigned int arrived = 0;
+    unsigned long long generation = 0;
+    void wait() {
+        std::unique_lock<std::mutex> lock(mutex);
+        const unsigned long long mine = generation;
+        if (++arrived == blockDim.x) {
+            arrived = 0;
+            ++generation;
+            changed.notify_all();
+        } else {
+            changed.wait(lock, [&] { return generation != mine; });
+        }
+    }
+};
+static BlockBarrier block_barrier;
+static inline void __syncthreads() { block_barrier.wait(); }
+static inline void __nanosleep(unsigned int) { std::this_thread::yield(); }
 
 static inline unsigned int __ldcg(const unsigned int* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 static inline unsigned long long __ldcg(const unsigned long long* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
@@ -38,14 +74,19 @@ static inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_C
 
 // The warp writer runs lane by lane: each lane's two shuffles (status, then attributes) read
 // the values every lane of the warp put in before.
-struct ThreadIndex {
-    unsigned int x;
-};
-static thread_local ThreadIndex threadIdx;
+// Lane by lane (command mode), or through the block barrier when the 32 threads of the
+// serving loop run for real (serving mode).
 static thread_local unsigned long long warp_values[2][32];
 static thread_local unsigned int shuffle_calls;
-static inline unsigned long long __shfl_sync(unsigned int, unsigned long long, int lane) {
-    return warp_values[(shuffle_calls++) & 1][lane];
+static thread_local bool serving_mode = false;
+static unsigned long long shuffle_exchange[32];
+static inline unsigned long long __shfl_sync(unsigned int, unsigned long long value, int lane) {
+    if (!serving_mode) return warp_values[(shuffle_calls++) & 1][lane];
+    shuffle_exchange[threadIdx.x] = value;
+    __syncthreads();
+    const unsigned long long result = shuffle_exchange[lane];
+    __syncthreads();
+    return result;
 }
 struct ulonglong2 {
     unsigned long long x, y;
@@ -167,4 +208,23 @@ extern "C" u32 dirindex_emulator_command(void* emulator, u32 opcode, u32 count, 
     for (auto& worker : workers) worker.join();
     command_results(e->tables, c, result0, result1);
     return e->control.error;
+}
+
+// Runs the persistent serving loop (dirindex_serve_kernel) as one block of 32 host threads
+// over `ring` (RING_BYTES, written by the Rust side's Ring) until the stop command.
+extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots) {
+    Emulator* e = (Emulator*)emulator;
+    std::memset(&e->control, 0, sizeof(Control));
+    e->tables.ring = (RingSlot*)ring;
+    e->tables.ring_slots = ring_slots;
+    std::vector<std::thread> threads;
+    for (unsigned int thread = 0; thread < blockDim.x; ++thread) {
+        threads.emplace_back([e, thread] {
+            serving_mode = true;
+            threadIdx = Dimension{thread, 0, 0};
+            blockIdx = Dimension{0, 0, 0};
+            dirindex_serve_kernel(e->tables);
+        });
+    }
+    for (auto& thread : threads) thread.join();
 }

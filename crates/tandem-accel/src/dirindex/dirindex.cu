@@ -502,7 +502,6 @@ __device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, cons
     return status;
 }
 
-#ifndef DIRINDEX_HOST_EMULATION
 // Query commands go a warp at a time: lane L answers request base+L, then the warp writes
 // its 32 answers together. `base` is the same for every lane, so whole warps loop together.
 typedef u32 (*AnswerFunction)(const Tables&, const Command&, u64, const IndexAttributes**);
@@ -516,7 +515,6 @@ __device__ __forceinline__ void serve_query(const Tables& t, const Command& c, u
         write_answers_of_warp((u8*)c.answers, base, c.count, status, attributes);
     }
 }
-#endif
 
 __device__ void count_overflow(const Tables& t) {
     atomicAdd(&t.control->overflows, 1ull);
@@ -633,7 +631,6 @@ __device__ void command_results(const Tables& t, const Command& c, u64* result0,
 }
 
 // ---------------------------------------------------------------- the serving loop
-#ifndef DIRINDEX_HOST_EMULATION
 
 // Words of a Command that carry anything (sequence .. argument2).
 #define COMMAND_WORDS 9u
@@ -726,4 +723,3 @@ extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t
         if (c.opcode == COMMAND_STOP) return;
     }
 }
-#endif  // DIRINDEX_HOST_EMULATION
