@@ -578,7 +578,7 @@ mod emulator {
 
     type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
     type Close = unsafe extern "C" fn(*mut c_void);
-    type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64);
+    type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64, u32);
     type Command = unsafe extern "C" fn(
         *mut c_void,
         u32,
@@ -722,12 +722,15 @@ mod emulator {
             Ok((result0, result1))
         }
 
-        /// Runs the kernel's persistent serving loop over `ring` (RING_BYTES) until it is
-        /// told to stop. Commands through `command` must not run meanwhile.
-        pub fn serve(&self, ring: *mut u8) {
+        /// Runs the kernel's persistent serving loop over `ring` (RING_BYTES) as `blocks`
+        /// blocks of 32 host threads until it is told to stop. Commands through `command` must
+        /// not run meanwhile.
+        pub fn serve(&self, ring: *mut u8, blocks: u32) {
             let state = *self.state.lock().unwrap();
             // SAFETY: the ring memory outlives this call (the caller joins before freeing it).
-            unsafe { (self.serve)(state as *mut c_void, ring, tandem_accel::dirindex::ring::RING_SLOTS as u64) };
+            unsafe {
+                (self.serve)(state as *mut c_void, ring, tandem_accel::dirindex::ring::RING_SLOTS as u64, blocks)
+            };
         }
 
         pub fn entry_slots(&self) -> u64 {
@@ -877,6 +880,8 @@ mod ring_index {
     use tandem_accel::{AccelError, Result};
 
     const LIST_BYTES: usize = 16 << 20;
+    /// Emulated blocks: more than one, so the finished count spans blocks as on the GPU.
+    const SERVING_BLOCKS: u32 = 2;
 
     /// The ring over plain memory, served by the host build of the kernel on its own thread.
     pub struct RingIndex {
@@ -897,7 +902,7 @@ mod ring_index {
             let server = {
                 let (kernel, stopped) = (Arc::clone(&kernel), Arc::clone(&stopped));
                 std::thread::spawn(move || {
-                    kernel.serve(address as *mut u8);
+                    kernel.serve(address as *mut u8, SERVING_BLOCKS);
                     stopped.store(true, Ordering::Release);
                 })
             };

@@ -18,7 +18,9 @@
 #define __forceinline__ inline
 #define __global__
 #define __launch_bounds__(n)
-// One block at a time runs the serving loop, so block-shared memory can be a static.
+// Block-shared memory becomes a static shared by every emulated block. That is harmless for
+// the one thing the kernel keeps there, its copy of the current command: every block copies
+// the same command, and the next is copied only after every block has finished with this one.
 #define __shared__ static
 
 struct Dimension {
@@ -28,6 +30,7 @@ static thread_local Dimension threadIdx;
 static thread_local Dimension blockIdx;
 static Dimension blockDim = {32, 1, 1};
 static Dimension gridDim = {1, 1, 1};
+#define MAXIMUM_EMULATED_BLOCKS 4u
 
 // __syncthreads for the one emulated block.
 struct BlockBarrier {
@@ -47,8 +50,8 @@ struct BlockBarrier {
         }
     }
 };
-static BlockBarrier block_barrier;
-static inline void __syncthreads() { block_barrier.wait(); }
+static BlockBarrier block_barriers[MAXIMUM_EMULATED_BLOCKS];
+static inline void __syncthreads() { block_barriers[blockIdx.x].wait(); }
 static inline void __nanosleep(unsigned int) { std::this_thread::yield(); }
 
 static inline unsigned int __ldcg(const unsigned int* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
@@ -79,12 +82,13 @@ static inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_C
 static thread_local unsigned long long warp_values[2][32];
 static thread_local unsigned int shuffle_calls;
 static thread_local bool serving_mode = false;
-static unsigned long long shuffle_exchange[32];
+static unsigned long long shuffle_exchange[MAXIMUM_EMULATED_BLOCKS][32];
 static inline unsigned long long __shfl_sync(unsigned int, unsigned long long value, int lane) {
     if (!serving_mode) return warp_values[(shuffle_calls++) & 1][lane];
-    shuffle_exchange[threadIdx.x] = value;
+    // A block is one warp here (blockDim.x == 32), so the block barrier is the warp's.
+    shuffle_exchange[blockIdx.x][threadIdx.x] = value;
     __syncthreads();
-    const unsigned long long result = shuffle_exchange[lane];
+    const unsigned long long result = shuffle_exchange[blockIdx.x][lane];
     __syncthreads();
     return result;
 }
@@ -210,21 +214,26 @@ extern "C" u32 dirindex_emulator_command(void* emulator, u32 opcode, u32 count, 
     return e->control.error;
 }
 
-// Runs the persistent serving loop (dirindex_serve_kernel) as one block of 32 host threads
-// over `ring` (RING_BYTES, written by the Rust side's Ring) until the stop command.
-extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots) {
+// Runs the persistent serving loop (dirindex_serve_kernel) as `blocks` blocks of 32 host
+// threads over `ring` (RING_BYTES, written by the Rust side's Ring) until the stop command.
+// One serving loop per process at a time (the barriers and the grid size are shared).
+extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots, u32 blocks) {
     Emulator* e = (Emulator*)emulator;
+    if (blocks == 0 || blocks > MAXIMUM_EMULATED_BLOCKS) return;
     std::memset(&e->control, 0, sizeof(Control));
     e->tables.ring = (RingSlot*)ring;
     e->tables.ring_slots = ring_slots;
+    gridDim.x = blocks;
     std::vector<std::thread> threads;
-    for (unsigned int thread = 0; thread < blockDim.x; ++thread) {
-        threads.emplace_back([e, thread] {
-            serving_mode = true;
-            threadIdx = Dimension{thread, 0, 0};
-            blockIdx = Dimension{0, 0, 0};
-            dirindex_serve_kernel(e->tables);
-        });
+    for (unsigned int block = 0; block < blocks; ++block) {
+        for (unsigned int thread = 0; thread < blockDim.x; ++thread) {
+            threads.emplace_back([e, block, thread] {
+                serving_mode = true;
+                threadIdx = Dimension{thread, 0, 0};
+                blockIdx = Dimension{block, 0, 0};
+                dirindex_serve_kernel(e->tables);
+            });
+        }
     }
     for (auto& thread : threads) thread.join();
 }
