@@ -41,7 +41,7 @@ pub(crate) fn check(result: sys::CUresult, what: &str) -> Result<()> {
 }
 
 /// Whether a shared library can be loaded (it stays loaded; cudarc will load it again).
-pub(crate) fn library_present(names: &[&CStr]) -> Option<String> {
+fn library_present(names: &[&CStr]) -> Option<String> {
     for name in names {
         // SAFETY: dlopen with a NUL-terminated name; the handle is intentionally kept.
         let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
