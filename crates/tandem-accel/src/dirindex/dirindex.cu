@@ -114,6 +114,7 @@ struct Control {
     u64 list_bytes;     // list output cursor of the current command
     u64 overflows;      // overflows of the current command
     u64 arena_top;      // bytes of the name arena in use
+    u64 completed;      // sequence of the last command whose completion is written
     u32 overflowed;     // sticky: some insert found no room; no negative answers any more
     u32 error;          // error of the current command
     Command current;    // the command being served, copied from the ring
@@ -647,12 +648,14 @@ __device__ void copy_command(Command* target, const Command* source) {
     for (u32 word = 0; word < COMMAND_WORDS; ++word) to[word] = words[word];
 }
 
-// Block 0, thread 0: waits for every block to finish command `served`, then for the host to
-// publish command `served + 1` in its ring slot, copies it to device memory and announces it.
+// Block 0, thread 0: waits until command `served` is completed (every block finished it and
+// the last one has written its completion: that block reads this command's counters, so they
+// must not be reset before), then for the host to publish command `served + 1` in its ring
+// slot; copies it to device memory and announces it.
 __device__ void announce_next(const Tables& t, u64 served) {
     Control* control = t.control;
     u32 pause_ns = 0;
-    while (load_volatile_u64(&control->finished) < served * gridDim.x) {
+    while (load_volatile_u64(&control->completed) < served) {
         __nanosleep(32);
     }
     RingSlot* slot = &t.ring[served % t.ring_slots];
@@ -669,7 +672,8 @@ __device__ void announce_next(const Tables& t, u64 served) {
     store_volatile_u64(&control->announced, served + 1);
 }
 
-// The last block of a command writes its completion into the ring, `done` last.
+// The last block of a command writes its completion into the ring, `done` last, then marks
+// the command completed for block 0.
 __device__ void complete(const Tables& t, u64 sequence, const Command& c) {
     Control* control = t.control;
     __threadfence();
@@ -683,6 +687,8 @@ __device__ void complete(const Tables& t, u64 sequence, const Command& c) {
     __threadfence_system();
     store_volatile_u64(&completion->done, sequence);
     __threadfence_system();
+    // Only now may block 0 reset the counters read above and announce the next command.
+    store_volatile_u64(&control->completed, sequence);
 }
 
 extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t) {
