@@ -36,7 +36,7 @@ fn device_error(what: &str, error: impl std::fmt::Debug) -> AccelError {
     AccelError::Device(format!("{what}: {error:?}"))
 }
 
-fn check(result: sys::CUresult, what: &str) -> Result<()> {
+pub(crate) fn check(result: sys::CUresult, what: &str) -> Result<()> {
     result.result().map_err(|error| device_error(what, error))
 }
 
@@ -148,27 +148,42 @@ pub fn kernel_cache_directory() -> Option<PathBuf> {
 /// Compiles the kernels for `sm_<major><minor>` into a CUBIN, or reads it from the cache.
 /// Returns the image and whether it came from the cache.
 pub fn compiled_kernels(major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBuf)> {
-    let architecture = format!("--gpu-architecture=sm_{major}{minor}");
     // TANDEM_XTS_UNROLL picks how many XTS blocks a lane keeps in flight (default 1, the
     // fastest measured; see kernels/services.cu).
     let unroll = std::env::var("TANDEM_XTS_UNROLL").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(1).clamp(1, 8);
     let unroll_option = format!("-DXTS_BLOCK_UNROLL={unroll}");
-    let options = [architecture.as_str(), "--std=c++17", "-default-device", unroll_option.as_str()];
+    compile_cached("services", KERNEL_SOURCE, &[unroll_option.as_str()], major, minor)
+}
+
+/// Compiles `source` (named `<stem>.cu`) for `sm_<major><minor>` into a CUBIN, or reads it
+/// from the cache as `<stem>-sm<XY>-<hash>.cubin`. Returns the image and whether it came from
+/// the cache. Shared by every kernel source of the crate (services.cu, dirindex.cu).
+pub fn compile_cached(
+    stem: &str,
+    source_text: &str,
+    extra_options: &[&str],
+    major: i32,
+    minor: i32,
+) -> Result<(Vec<u8>, bool, PathBuf)> {
+    let architecture = format!("--gpu-architecture=sm_{major}{minor}");
+    let mut options = vec![architecture.as_str(), "--std=c++17", "-default-device"];
+    options.extend_from_slice(extra_options);
     let mut nvrtc_major = 0;
     let mut nvrtc_minor = 0;
     // SAFETY: plain out-parameters.
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut nvrtc_major, &mut nvrtc_minor) };
     let version = format!("nvrtc {nvrtc_major}.{nvrtc_minor}");
-    let key = fnv1a(&[KERNEL_SOURCE.as_bytes(), options.join(" ").as_bytes(), version.as_bytes()]);
+    let key = fnv1a(&[source_text.as_bytes(), options.join(" ").as_bytes(), version.as_bytes()]);
     let directory = kernel_cache_directory().unwrap_or_else(std::env::temp_dir);
-    let path = directory.join(format!("services-sm{major}{minor}-{key:016x}.cubin"));
+    let path = directory.join(format!("{stem}-sm{major}{minor}-{key:016x}.cubin"));
     if let Ok(image) = std::fs::read(&path) {
         if !image.is_empty() {
             return Ok((image, true, path));
         }
     }
-    let source = CString::new(KERNEL_SOURCE).expect("kernel source has no NUL");
-    let program = cudarc::nvrtc::result::create_program(&source, Some(c"services.cu"))
+    let source = CString::new(source_text).expect("kernel source has no NUL");
+    let file_name = CString::new(format!("{stem}.cu")).expect("stem has no NUL");
+    let program = cudarc::nvrtc::result::create_program(&source, Some(file_name.as_c_str()))
         .map_err(|error| device_error("nvrtcCreateProgram", error))?;
     // SAFETY: program was just created and is destroyed below on every path.
     let compiled = unsafe { cudarc::nvrtc::result::compile_program(program, &options) };

@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod crc;
 pub mod cuda;
+pub mod dirindex;
 pub mod engine;
 pub mod error;
 pub mod galois;

@@ -1,0 +1,309 @@
+//! The directory index benchmark, in `tandem_accel::bench` style: rows of measurements that a
+//! command (`tandem bench gpu-dir`, the batch helper's) can print. It builds D directories × F
+//! files in an index, then measures end-to-end batches (names shipped in, attributes back):
+//! path resolutions, lookups and stats per second, and the single-command round trip in µs.
+//! The GPU engine's answers are checked against the CPU twin's on the same batches.
+
+use super::{CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
+use super::{Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, LookupResult, ResolveResult};
+use crate::error::Result;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+const ROOT: u64 = 1;
+/// Updates per apply call while building.
+const BUILD_BATCH: usize = 500_000;
+
+#[derive(Clone, Debug)]
+pub struct DirectoryBenchConfig {
+    pub directories: usize,
+    pub files_per_directory: usize,
+    /// Requests per measured batch (paths, lookups, stats).
+    pub batch: usize,
+    /// Single-request calls timed for the round trip.
+    pub round_trips: usize,
+    pub minimum_seconds: f64,
+    /// CPU twin threads (0 = every core).
+    pub threads: usize,
+    /// Run the GPU engine when one is found (false: CPU twin only).
+    pub gpu: bool,
+}
+
+impl Default for DirectoryBenchConfig {
+    fn default() -> Self {
+        DirectoryBenchConfig {
+            directories: 1000,
+            files_per_directory: 1000,
+            batch: 1_000_000,
+            round_trips: 10_000,
+            minimum_seconds: 1.0,
+            threads: 0,
+            gpu: true,
+        }
+    }
+}
+
+/// One row: what, on which engine, a rate or a latency, and a note.
+#[derive(Clone, Debug)]
+pub struct DirectoryBenchRow {
+    pub operation: String,
+    pub engine: String,
+    pub per_second: Option<f64>,
+    pub microseconds: Option<f64>,
+    pub note: String,
+}
+
+/// File f of directory d is inode `first_file + d * F + f`, named "f<f>" in "/d<d>".
+struct Shape {
+    directories: u64,
+    files: u64,
+}
+
+impl Shape {
+    fn directory(&self, d: u64) -> u64 {
+        ROOT + 1 + d
+    }
+    fn file(&self, d: u64, f: u64) -> u64 {
+        ROOT + 1 + self.directories + d * self.files + f
+    }
+    fn total_entries(&self) -> usize {
+        (self.directories * (self.files + 1)) as usize
+    }
+}
+
+fn directory_attributes(inode: u64, parent: u64) -> IndexAttributes {
+    let mut attributes = IndexAttributes::new(inode, IndexKind::Directory, 0o755);
+    attributes.parent = parent;
+    attributes.link_count = 2;
+    attributes
+}
+
+/// Builds the tree in `index`; returns updates per second.
+fn build(index: &dyn DirectoryIndex, shape: &Shape) -> Result<f64> {
+    let start = Instant::now();
+    let mut updates =
+        vec![IndexUpdate::SetAttributes(directory_attributes(ROOT, ROOT)), IndexUpdate::MarkComplete(ROOT)];
+    let mut applied = 0usize;
+    for d in 0..shape.directories {
+        let directory = shape.directory(d);
+        updates.push(IndexUpdate::InsertEntry { parent: ROOT, name: format!("d{d}").into_bytes(), child: directory });
+        updates.push(IndexUpdate::SetAttributes(directory_attributes(directory, ROOT)));
+        updates.push(IndexUpdate::MarkComplete(directory));
+        for f in 0..shape.files {
+            let file = shape.file(d, f);
+            let mut attributes = IndexAttributes::new(file, IndexKind::File, 0o644);
+            attributes.size_bytes = file;
+            updates.push(IndexUpdate::InsertEntry {
+                parent: directory,
+                name: format!("f{f}").into_bytes(),
+                child: file,
+            });
+            updates.push(IndexUpdate::SetAttributes(attributes));
+            if updates.len() >= BUILD_BATCH {
+                applied += index.apply(&updates)?.applied;
+                updates.clear();
+            }
+        }
+    }
+    applied += index.apply(&updates)?.applied;
+    Ok(applied as f64 / start.elapsed().as_secs_f64())
+}
+
+/// A deterministic random stream (xorshift) so every engine sees the same batches.
+fn pick(state: &mut u64, below: u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state % below
+}
+
+fn random_paths(shape: &Shape, count: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut state = seed | 1;
+    (0..count)
+        .map(|_| {
+            let d = pick(&mut state, shape.directories);
+            let f = pick(&mut state, shape.files);
+            format!("/d{d}/f{f}").into_bytes()
+        })
+        .collect()
+}
+
+/// Calls `operation` (which answers `items` requests) until `minimum_seconds` have passed,
+/// at least twice after a warm-up; returns requests per second.
+fn rate(items: usize, minimum_seconds: f64, mut operation: impl FnMut() -> Result<()>) -> Result<f64> {
+    operation()?;
+    let start = Instant::now();
+    let mut runs = 0u64;
+    while runs < 2 || start.elapsed() < Duration::from_secs_f64(minimum_seconds) {
+        operation()?;
+        runs += 1;
+    }
+    Ok(items as f64 * runs as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Median and 99th percentile of `calls` single-path resolves, in µs.
+fn round_trip(index: &dyn DirectoryIndex, paths: &[Vec<u8>], calls: usize) -> Result<(f64, f64)> {
+    let mut samples = Vec::with_capacity(calls);
+    for call in 0..calls.max(1) {
+        let path = &paths[call % paths.len()][..];
+        let start = Instant::now();
+        index.resolve(&[path], Credentials::ROOT)?;
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok((samples[samples.len() / 2], samples[samples.len() * 99 / 100]))
+}
+
+/// Measures one engine on a tree already built in it. `reference` (the twin's answers to the
+/// same resolve batch) is compared when given.
+fn measure_engine(
+    index: &dyn DirectoryIndex,
+    shape: &Shape,
+    config: &DirectoryBenchConfig,
+    reference: Option<&[ResolveResult]>,
+) -> Result<(Vec<DirectoryBenchRow>, Vec<ResolveResult>)> {
+    let engine = index.name();
+    let row = |operation: &str, per_second: Option<f64>, microseconds: Option<f64>, note: String| DirectoryBenchRow {
+        operation: operation.to_string(),
+        engine: engine.clone(),
+        per_second,
+        microseconds,
+        note,
+    };
+    let paths = random_paths(shape, config.batch, 0x5EED);
+    let path_slices: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+    let answers = index.resolve(&path_slices, Credentials::ROOT)?;
+    let found = answers.iter().filter(|answer| matches!(answer, ResolveResult::Found(_))).count();
+    let mut rows = Vec::new();
+    let check = match reference {
+        Some(expected) => {
+            let differ = expected.iter().zip(&answers).filter(|(a, b)| a != b).count();
+            format!("; {differ} answers differ from the CPU twin's")
+        }
+        None => String::new(),
+    };
+    let resolves =
+        rate(paths.len(), config.minimum_seconds, || index.resolve(&path_slices, Credentials::ROOT).map(|_| ()))?;
+    rows.push(row(
+        &format!("resolve {} paths", paths.len()),
+        Some(resolves),
+        None,
+        format!("{found} found{check}; target ≥ 100 M/s end to end"),
+    ));
+    let names: Vec<(u64, Vec<u8>)> = {
+        let mut state = 0xABCDu64;
+        (0..config.batch)
+            .map(|_| {
+                let d = pick(&mut state, shape.directories);
+                (shape.directory(d), format!("f{}", pick(&mut state, shape.files)).into_bytes())
+            })
+            .collect()
+    };
+    let lookups: Vec<(u64, &[u8])> = names.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+    let hits = index.lookup(&lookups)?.iter().filter(|answer| matches!(answer, LookupResult::Found(_))).count();
+    let lookup_rate = rate(lookups.len(), config.minimum_seconds, || index.lookup(&lookups).map(|_| ()))?;
+    rows.push(row(&format!("lookup {} names", lookups.len()), Some(lookup_rate), None, format!("{hits} found")));
+    let inodes: Vec<u64> = names.iter().enumerate().map(|(i, _)| shape.file(i as u64 % shape.directories, 0)).collect();
+    let stat_rate = rate(inodes.len(), config.minimum_seconds, || index.stat(&inodes).map(|_| ()))?;
+    rows.push(row(&format!("stat {} inodes", inodes.len()), Some(stat_rate), None, String::new()));
+    let (median, tail) = round_trip(index, &paths, config.round_trips)?;
+    rows.push(row(
+        "single-path resolve round trip",
+        None,
+        Some(median),
+        format!("median of {}; p99 {tail:.1} µs; target ≤ 10 µs", config.round_trips),
+    ));
+    Ok((rows, answers))
+}
+
+/// Runs the benchmark on the CPU twin and, when one is found, the GPU engine. Says why there
+/// is no GPU row when there is none.
+pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec<String>)> {
+    let shape =
+        Shape { directories: config.directories.max(1) as u64, files: config.files_per_directory.max(1) as u64 };
+    let mut notes = Vec::new();
+    let mut rows = Vec::new();
+    let cpu = CpuDirectoryIndex::new(ROOT, config.threads)?;
+    let built = build(&cpu, &shape)?;
+    rows.push(DirectoryBenchRow {
+        operation: format!("build {} entries", shape.total_entries()),
+        engine: cpu.name(),
+        per_second: Some(built),
+        microseconds: None,
+        note: "updates applied per second".into(),
+    });
+    let (cpu_rows, cpu_answers) = measure_engine(&cpu, &shape, config, None)?;
+    rows.extend(cpu_rows);
+    if !config.gpu {
+        notes.push("GPU not asked for: CPU twin only".into());
+        return Ok((rows, notes));
+    }
+    let mut gpu_config = GpuIndexConfig::for_entries(shape.total_entries() + shape.directories as usize + 16);
+    gpu_config.arena_bytes = (shape.total_entries() + 1024) * 16;
+    match GpuDirectoryIndex::open(ROOT, gpu_config) {
+        Err(reason) => notes.push(format!("no GPU found ({reason}): CPU twin only")),
+        Ok(gpu) => {
+            let built = build(&gpu, &shape)?;
+            rows.push(DirectoryBenchRow {
+                operation: format!("build {} entries", shape.total_entries()),
+                engine: "gpu".into(),
+                per_second: Some(built),
+                microseconds: None,
+                note: "updates applied per second".into(),
+            });
+            let (gpu_rows, _) = measure_engine(&gpu, &shape, config, Some(&cpu_answers))?;
+            rows.extend(gpu_rows);
+            let start = Instant::now();
+            let pings = config.round_trips.max(1);
+            for _ in 0..pings {
+                gpu.ping()?;
+            }
+            rows.push(DirectoryBenchRow {
+                operation: "empty command round trip".into(),
+                engine: "gpu".into(),
+                per_second: None,
+                microseconds: Some(start.elapsed().as_secs_f64() * 1e6 / pings as f64),
+                note: format!("mean of {pings} (doorbell, kernel, completion)"),
+            });
+            notes.push(gpu.describe());
+        }
+    }
+    Ok((rows, notes))
+}
+
+pub fn render(rows: &[DirectoryBenchRow], notes: &[String]) -> String {
+    let mut text = String::new();
+    let _ = writeln!(text, "{:<34} {:<44} {:>14} {:>10}  note", "operation", "engine", "per second", "µs");
+    for row in rows {
+        let rate = row.per_second.map_or("-".to_string(), |rate| format!("{:.3e}", rate));
+        let latency = row.microseconds.map_or("-".to_string(), |us| format!("{us:.2}"));
+        let _ = writeln!(text, "{:<34} {:<44} {:>14} {:>10}  {}", row.operation, row.engine, rate, latency, row.note);
+    }
+    for note in notes {
+        let _ = writeln!(text, "{note}");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_benchmark_runs_on_the_twin_and_finds_every_path() {
+        let config = DirectoryBenchConfig {
+            directories: 20,
+            files_per_directory: 50,
+            batch: 5000,
+            round_trips: 100,
+            minimum_seconds: 0.01,
+            threads: 2,
+            gpu: false,
+        };
+        let (rows, notes) = run(&config).unwrap();
+        let text = render(&rows, &notes);
+        assert!(text.contains("resolve 5000 paths") && text.contains("round trip"), "{text}");
+        assert!(text.contains("5000 found"), "every path exists: {text}");
+        assert!(rows.iter().all(|row| row.per_second.is_some() || row.microseconds.is_some()));
+    }
+}

@@ -1,0 +1,731 @@
+// tandemfs directory index on the GPU (issue 9): one persistent kernel per index serves a
+// command ring in pinned, mapped host memory. Compiled at run time by NVRTC (no host headers).
+// docs/GPUDIR.md describes the tables, the ring protocol and every answer; the host side is
+// src/dirindex/gpu.rs, the byte layouts src/dirindex/wire.rs, and the answers must equal the
+// CPU twin's (src/dirindex/cpu.rs and resolve_walk in src/dirindex/mod.rs).
+//
+// Memory ordering. Host-written ring words are read with volatile loads followed by
+// __threadfence_system(); answers are written, then every thread fences system-wide before
+// its block reports; the last block to finish a command writes `done` last. Data that other
+// SMs changed in earlier commands (tables, arena, staging) is read with ld.global.cg / volatile
+// loads (never through a possibly stale L1), and every thread fences after it sees a new
+// command announced.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned char u8;
+
+// Must equal wire.rs.
+#define COMMAND_STOP 1u
+#define COMMAND_APPLY 2u
+#define COMMAND_DROP 3u
+#define COMMAND_LOOKUP 4u
+#define COMMAND_RESOLVE 5u
+#define COMMAND_STAT 6u
+#define COMMAND_LIST 7u
+
+#define UPDATE_INSERT 1u
+#define UPDATE_REMOVE 2u
+#define UPDATE_SET_ATTRIBUTES 3u
+#define UPDATE_REMOVE_INODE 4u
+#define UPDATE_MARK_COMPLETE 5u
+#define UPDATE_MARK_INCOMPLETE 6u
+
+#define STATUS_FOUND 1u
+#define STATUS_NOT_FOUND 2u
+#define STATUS_UNKNOWN 3u
+#define STATUS_NOT_DIRECTORY 4u
+#define STATUS_PERMISSION_DENIED 5u
+#define STATUS_NAME_TOO_LONG 6u
+#define STATUS_NEEDS_CPU 7u
+
+// Command errors (`Completion.status`), reported to the host, which fails the index.
+#define ERROR_NONE 0u
+#define ERROR_BAD_OPCODE 1u
+#define ERROR_BAD_REQUEST 2u
+
+#define KIND_DIRECTORY 2u
+#define KIND_SYMLINK 3u
+
+#define MAXIMUM_NAME_BYTES 255u
+#define MAXIMUM_NAME_WORDS 32u
+#define MAXIMUM_PATH_BYTES 4096u
+#define ANSWER_BYTES 112u
+#define ATTRIBUTES_WORDS 13u
+#define LIST_RECORD_HEADER_BYTES 16u
+
+// Slot states of both hash tables.
+#define SLOT_EMPTY 0u
+#define SLOT_BUSY 1u
+#define SLOT_TOMBSTONE 2u
+#define SLOT_FULL 3u
+// Inode slot flags.
+#define FLAG_ATTRIBUTES 1u
+#define FLAG_COMPLETE 2u
+
+// Every probe sequence stops after this many slots (a lookup that reaches it answers Unknown,
+// an insert counts an overflow).
+#define MAXIMUM_PROBES 1024u
+
+// The attribute record: 104 bytes, the layout of IndexAttributes in mod.rs.
+struct IndexAttributes {
+    u64 inode, generation, size_bytes, blocks_512;
+    i64 atime_ns, mtime_ns, ctime_ns, btime_ns;
+    u64 rdev, parent;
+    u32 kind, permissions, uid, gid, link_count, reserved;
+};
+static_assert(sizeof(IndexAttributes) == 104, "IndexAttributes is 104 bytes");
+
+// One ring slot: the host writes the first 128 bytes and `sequence` last; the kernel writes
+// the completion (the second 128 bytes) and `done` last. Must equal gpu.rs.
+struct Command {
+    u64 sequence;
+    u32 opcode;
+    u32 count;
+    u64 requests;
+    u64 request_bytes;
+    u64 answers;
+    u64 answer_bytes;
+    u64 argument0;
+    u64 argument1;
+    u64 argument2;
+    u64 host_reserved[7];
+};
+struct Completion {
+    u64 done;
+    u32 status;
+    u32 zero;
+    u64 result0;
+    u64 result1;
+    u64 device_reserved[12];
+};
+struct RingSlot {
+    Command command;
+    Completion completion;
+};
+static_assert(sizeof(Command) == 128, "Command is 128 bytes");
+static_assert(sizeof(RingSlot) == 256, "RingSlot is 256 bytes");
+
+// Device-memory state of the serving grid (zeroed before launch).
+struct Control {
+    u64 announced;      // sequence of the command every block is to serve
+    u64 finished;       // blocks that finished a command, summed over all commands
+    u64 list_bytes;     // list output cursor of the current command
+    u64 overflows;      // overflows of the current command
+    u64 arena_top;      // bytes of the name arena in use
+    u64 completed;      // sequence of the last command whose completion is written
+    u32 overflowed;     // sticky: some insert found no room; no negative answers any more
+    u32 error;          // error of the current command
+    Command current;    // the command being served, copied from the ring
+};
+
+// Kernel parameter: where everything is. Must equal `TablePointers` in gpu.rs.
+struct Tables {
+    u32* entry_state;
+    u32* entry_hash;
+    u64* entry_parent;
+    u64* entry_child;
+    u64* entry_name;    // arena offset << 8 | length
+    u64 entry_mask;     // capacity - 1 (capacity a power of two)
+    u32* inode_state;
+    u32* inode_flags;
+    u64* inode_key;
+    IndexAttributes* inode_attributes;
+    u64 inode_mask;
+    u64* arena;         // names, 8-byte aligned, zero-padded, as words
+    u64 arena_words;
+    RingSlot* ring;     // device address of the mapped host ring
+    u64 ring_slots;
+    Control* control;
+    u64 root;
+};
+
+// ---------------------------------------------------------------- loads and stores
+
+__device__ __forceinline__ u64 load_volatile_u64(const u64* address) { return *(const volatile u64*)address; }
+__device__ __forceinline__ u32 load_volatile_u32(const u32* address) { return *(const volatile u32*)address; }
+__device__ __forceinline__ void store_volatile_u64(u64* address, u64 value) { *(volatile u64*)address = value; }
+__device__ __forceinline__ void store_volatile_u32(u32* address, u32 value) { *(volatile u32*)address = value; }
+// Slot states: acquire at GPU scope, so the fields published before a state (fence, then the
+// state's exchange) are seen with it, also by threads of the same apply command.
+__device__ __forceinline__ u32 load_state(const u32* address) {
+#ifdef DIRINDEX_HOST_EMULATION
+    return __atomic_load_n(address, __ATOMIC_ACQUIRE);
+#else
+    u32 value;
+    asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+    return value;
+#endif
+}
+// Table data written by other SMs in earlier commands: cached in L2 only.
+__device__ __forceinline__ u64 load_table_u64(const u64* address) { return __ldcg(address); }
+__device__ __forceinline__ u32 load_table_u32(const u32* address) { return __ldcg(address); }
+
+__device__ __forceinline__ u64 mix(u64 value) {
+    value ^= value >> 30;
+    value *= 0xBF58476D1CE4E5B9ull;
+    value ^= value >> 27;
+    value *= 0x94D049BB133111EBull;
+    value ^= value >> 31;
+    return value;
+}
+
+// Words of a name with the bytes past `length` cleared (padding is never trusted).
+__device__ __forceinline__ u64 masked_word(u64 word, u32 index, u32 length) {
+    const u32 valid = length - index * 8;
+    return valid >= 8 ? word : (word & ((1ull << (8 * valid)) - 1));
+}
+
+__device__ u64 entry_hash_of(u64 parent, const u64* words, u32 length) {
+    u64 hash = mix(parent ^ 0x243F6A8885A308D3ull);
+    const u32 count = (length + 7) / 8;
+    for (u32 index = 0; index < count; ++index) hash = mix(hash ^ words[index]);
+    return mix(hash ^ length);
+}
+
+__device__ __forceinline__ u64 inode_hash_of(u64 inode) { return mix(inode ^ 0x13198A2E03707344ull); }
+
+// ---------------------------------------------------------------- inode table
+
+// Slot of `inode` or -1 (read-only commands and apply threads alike).
+__device__ long long inode_find(const Tables& t, u64 inode) {
+    u64 slot = inode_hash_of(inode) & t.inode_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.inode_mask; ++probe) {
+        const u32 state = load_state(&t.inode_state[slot]);
+        if (state == SLOT_EMPTY) return -1;
+        if (state == SLOT_FULL && load_table_u64(&t.inode_key[slot]) == inode) return (long long)slot;
+        slot = (slot + 1) & t.inode_mask;
+    }
+    return -1;
+}
+
+// Finds or claims the slot of `inode`; -1 when there is no room. Within one apply command no
+// two threads touch the same inode (the host cuts batches so), so a claim needs only to win
+// its slot against claims for other keys.
+__device__ long long inode_claim(const Tables& t, u64 inode) {
+    u64 slot = inode_hash_of(inode) & t.inode_mask;
+    long long reusable = -1;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.inode_mask; ++probe) {
+        const u32 state = load_state(&t.inode_state[slot]);
+        if (state == SLOT_FULL && load_table_u64(&t.inode_key[slot]) == inode) return (long long)slot;
+        if (state == SLOT_TOMBSTONE && reusable < 0) reusable = (long long)slot;
+        if (state == SLOT_EMPTY) {
+            if (reusable >= 0 && atomicCAS(&t.inode_state[reusable], SLOT_TOMBSTONE, SLOT_BUSY) == SLOT_TOMBSTONE) {
+                slot = (u64)reusable;
+            } else if (atomicCAS(&t.inode_state[slot], SLOT_EMPTY, SLOT_BUSY) != SLOT_EMPTY) {
+                reusable = -1;  // lost both: keep walking the chain
+                slot = (slot + 1) & t.inode_mask;
+                continue;
+            }
+            t.inode_key[slot] = inode;
+            t.inode_flags[slot] = 0;
+            __threadfence();
+            atomicExch(&t.inode_state[slot], SLOT_FULL);
+            return (long long)slot;
+        }
+        slot = (slot + 1) & t.inode_mask;
+    }
+    if (reusable >= 0 && atomicCAS(&t.inode_state[reusable], SLOT_TOMBSTONE, SLOT_BUSY) == SLOT_TOMBSTONE) {
+        t.inode_key[reusable] = inode;
+        t.inode_flags[reusable] = 0;
+        __threadfence();
+        atomicExch(&t.inode_state[reusable], SLOT_FULL);
+        return reusable;
+    }
+    return -1;
+}
+
+// Clears flags; a slot left with none is a tombstone.
+__device__ void inode_clear_flags(const Tables& t, u64 slot, u32 flags) {
+    const u32 left = atomicAnd(&t.inode_flags[slot], ~flags) & ~flags;
+    if (left == 0) atomicExch(&t.inode_state[slot], SLOT_TOMBSTONE);
+}
+
+__device__ __forceinline__ u32 inode_flags_of(const Tables& t, long long slot) {
+    return slot < 0 ? 0u : load_volatile_u32(&t.inode_flags[slot]);
+}
+
+__device__ __forceinline__ const IndexAttributes* attributes_of(const Tables& t, long long slot) {
+    return (slot >= 0 && (inode_flags_of(t, slot) & FLAG_ATTRIBUTES)) ? &t.inode_attributes[slot] : nullptr;
+}
+
+// ---------------------------------------------------------------- entry table
+
+#define PROBE_HIT 0
+#define PROBE_MISS 1
+#define PROBE_LIMIT 2
+
+__device__ bool arena_name_equals(const Tables& t, u64 packed, const u64* words, u32 length) {
+    if ((u32)(packed & 0xFF) != length) return false;
+    const u64 offset_words = (packed >> 8) / 8;
+    const u32 count = (length + 7) / 8;
+    for (u32 index = 0; index < count; ++index) {
+        if (load_table_u64(&t.arena[offset_words + index]) != words[index]) return false;
+    }
+    return true;
+}
+
+__device__ int entry_find(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* found) {
+    const u32 tag = (u32)(hash >> 32);
+    u64 slot = hash & t.entry_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
+        const u32 state = load_state(&t.entry_state[slot]);
+        if (state == SLOT_EMPTY) return PROBE_MISS;
+        if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
+            load_table_u64(&t.entry_parent[slot]) == parent &&
+            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words, length)) {
+            *found = slot;
+            return PROBE_HIT;
+        }
+        slot = (slot + 1) & t.entry_mask;
+    }
+    return PROBE_LIMIT;
+}
+
+// Writes a claimed entry slot and publishes it. false when the arena is full.
+__device__ bool entry_fill(const Tables& t, u64 slot, u64 parent, const u64* words, u32 length, u64 hash, u64 child) {
+    const u32 count = (length + 7) / 8;
+    const u64 offset_words = atomicAdd(&t.control->arena_top, (u64)count);
+    if (offset_words + count > t.arena_words) {
+        atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
+        return false;
+    }
+    for (u32 index = 0; index < count; ++index) t.arena[offset_words + index] = words[index];
+    t.entry_hash[slot] = (u32)(hash >> 32);
+    t.entry_parent[slot] = parent;
+    t.entry_child[slot] = child;
+    t.entry_name[slot] = ((offset_words * 8) << 8) | length;
+    __threadfence();
+    atomicExch(&t.entry_state[slot], SLOT_FULL);
+    return true;
+}
+
+// Inserts or replaces; false when there is no room (probe bound or arena).
+__device__ bool entry_upsert(const Tables& t, u64 parent, const u64* words, u32 length, u64 child) {
+    const u64 hash = entry_hash_of(parent, words, length);
+    u64 found = 0;
+    const int probe_result = entry_find(t, parent, words, length, hash, &found);
+    if (probe_result == PROBE_HIT) {
+        t.entry_child[found] = child;
+        __threadfence();
+        return true;
+    }
+    // Absent (no other thread of this command inserts the same key): claim the first
+    // tombstone or empty slot of the chain, walking on past slots other keys win meanwhile.
+    u64 slot = hash & t.entry_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
+        const u32 state = load_state(&t.entry_state[slot]);
+        if ((state == SLOT_TOMBSTONE || state == SLOT_EMPTY) && atomicCAS(&t.entry_state[slot], state, SLOT_BUSY) == state) {
+            return entry_fill(t, slot, parent, words, length, hash, child);
+        }
+        slot = (slot + 1) & t.entry_mask;
+    }
+    return false;
+}
+
+__device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 length) {
+    const u64 hash = entry_hash_of(parent, words, length);
+    u64 found = 0;
+    if (entry_find(t, parent, words, length, hash, &found) == PROBE_HIT) atomicExch(&t.entry_state[found], SLOT_TOMBSTONE);
+}
+
+// ---------------------------------------------------------------- answers
+
+#define FULL_WARP 0xFFFFFFFFu
+#define ANSWER_CHUNKS 7u  // 16-byte pieces of one answer: (status, attributes word 0), then pairs
+
+// The warp writes the answers of requests first..first+31 (lane L holds request first+L's
+// status and attributes) as contiguous 16-byte stores, so each store instruction of the warp
+// covers 512 consecutive bytes: over PCIe (answers in mapped host memory) that is a few full
+// writes instead of 32 scattered 8-byte ones. Every lane of the warp must call it.
+__device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 status, const IndexAttributes* attributes) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 mine = (u64)attributes;
+    for (u32 chunk = lane; chunk < 32 * ANSWER_CHUNKS; chunk += 32) {
+        const u32 owner = chunk / ANSWER_CHUNKS;
+        const u32 part = chunk % ANSWER_CHUNKS;
+        const u64 owner_status = __shfl_sync(FULL_WARP, (u64)status, owner);
+        const u64* words = (const u64*)__shfl_sync(FULL_WARP, mine, owner);
+        if (first + owner >= count) continue;
+        u64 low, high;
+        if (part == 0) {
+            low = owner_status;
+            high = words ? load_table_u64(words) : 0ull;
+        } else {
+            low = words ? load_table_u64(words + 2 * part - 1) : 0ull;
+            high = words ? load_table_u64(words + 2 * part) : 0ull;
+        }
+        ulonglong2* target = (ulonglong2*)(answers + (first + owner) * ANSWER_BYTES + 16 * part);
+        *target = make_ulonglong2(low, high);
+    }
+}
+
+__device__ __forceinline__ bool overflowed(const Tables& t) { return load_volatile_u32(&t.control->overflowed) != 0; }
+
+// The lookup rule of the CPU twin (State::lookup_one). *attributes is set when Found.
+__device__ u32 lookup_one(const Tables& t, u64 parent, const u64* words, u32 length, const IndexAttributes** attributes) {
+    const u64 hash = entry_hash_of(parent, words, length);
+    u64 found = 0;
+    const int probe_result = entry_find(t, parent, words, length, hash, &found);
+    if (probe_result == PROBE_HIT) {
+        const u64 child = load_table_u64(&t.entry_child[found]);
+        *attributes = attributes_of(t, inode_find(t, child));
+        return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
+    }
+    if (probe_result == PROBE_LIMIT) return STATUS_UNKNOWN;
+    const long long parent_slot = inode_find(t, parent);
+    const IndexAttributes* parent_attributes = attributes_of(t, parent_slot);
+    if (parent_attributes && load_table_u32(&parent_attributes->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if ((inode_flags_of(t, parent_slot) & FLAG_COMPLETE) && !overflowed(t)) return STATUS_NOT_FOUND;
+    return STATUS_UNKNOWN;
+}
+
+// Reads a name of `length` bytes at byte `offset` of the requests into words (masked).
+__device__ bool read_name(const Command& c, u64 offset, u32 length, u64* words) {
+    if (length == 0 || length > MAXIMUM_NAME_BYTES || (offset & 7) != 0 || offset + length > c.request_bytes) {
+        return false;
+    }
+    const u64* source = (const u64*)(c.requests + offset);
+    const u32 count = (length + 7) / 8;
+    for (u32 index = 0; index < count; ++index) words[index] = masked_word(load_volatile_u64(source + index), index, length);
+    return true;
+}
+
+__device__ void fail(const Tables& t, u32 error) { atomicMax(&t.control->error, error); }
+
+// ---------------------------------------------------------------- commands
+
+// Request `index` of a lookup command: its status, and its attributes when Found.
+__device__ u32 answer_lookup(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+    u64 words[MAXIMUM_NAME_WORDS];
+    const u64* record = (const u64*)(c.requests + index * 16);
+    const u64 parent = load_volatile_u64(record);
+    const u64 packed = load_volatile_u64(record + 1);
+    const u64 offset = packed & 0xFFFFFFFFull;
+    const u32 length = (u32)(packed >> 32);
+    if (!read_name(c, offset, length, words)) {
+        fail(t, ERROR_BAD_REQUEST);
+        return 0;
+    }
+    const u32 status = lookup_one(t, parent, words, length, attributes);
+    if (status != STATUS_FOUND) *attributes = nullptr;
+    return status;
+}
+
+__device__ u32 answer_stat(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+    *attributes = attributes_of(t, inode_find(t, load_volatile_u64((const u64*)c.requests + index)));
+    return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
+}
+
+// search permission: the rule of may_search in mod.rs.
+__device__ bool may_search(const IndexAttributes* a, u32 uid, u32 gid) {
+    if (uid == 0) return true;
+    const u32 owner = load_table_u32(&a->uid);
+    const u32 group = load_table_u32(&a->gid);
+    const u32 bit = uid == owner ? 0100u : (gid == group ? 0010u : 0001u);
+    return (load_table_u32(&a->permissions) & bit) != 0;
+}
+
+#define WALK_ON 0u
+
+// One component of the walk (resolve_walk in mod.rs, step for step): `words` holds its first
+// 255 bytes, `length` its whole length. WALK_ON to go on, else the answer.
+__device__ u32 walk_component(const Tables& t, u64* current, const u64* words, u32 length, u32 uid, u32 gid) {
+    const IndexAttributes* here = attributes_of(t, inode_find(t, *current));
+    if (!here) return STATUS_NEEDS_CPU;
+    if (load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (!may_search(here, uid, gid)) return STATUS_PERMISSION_DENIED;
+    if (length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
+    if (length == 1 && (words[0] & 0xFF) == '.') return WALK_ON;
+    if (length == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
+        if (*current != t.root) *current = load_table_u64(&here->parent);
+        return WALK_ON;
+    }
+    const IndexAttributes* child = nullptr;
+    const u32 status = lookup_one(t, *current, words, length, &child);
+    if (status == STATUS_NOT_FOUND) return STATUS_NOT_FOUND;
+    if (status != STATUS_FOUND) return STATUS_NEEDS_CPU;
+    if (load_table_u32(&child->kind) == KIND_SYMLINK) return STATUS_NEEDS_CPU;
+    *current = load_table_u64(&child->inode);
+    return WALK_ON;
+}
+
+// The path is read once, front to back, a word at a time (from mapped host memory each word is
+// a PCIe read): bytes gather into the current component, and a '/' or the end walks it.
+__device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
+                           const IndexAttributes** result) {
+    if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
+    if (length == 0) return STATUS_NOT_FOUND;
+    u64 current = t.root;
+    u64 words[MAXIMUM_NAME_WORDS];
+    u32 component = 0;
+    u64 word = 0;
+    u32 last_byte = 0;
+    // One pass per byte and one for the end: at most 4097.
+    for (u32 position = 0; position <= length; ++position) {
+        u32 byte = '/';
+        if (position < length) {
+            if ((position & 7) == 0) word = load_volatile_u64(source + position / 8);
+            byte = (u32)((word >> (8 * (position & 7))) & 0xFF);
+            last_byte = byte;
+        }
+        if (byte != '/') {
+            if (component < MAXIMUM_NAME_BYTES) {
+                const u64 shifted = (u64)byte << (8 * (component & 7));
+                words[component / 8] = (component & 7) == 0 ? shifted : (words[component / 8] | shifted);
+            }
+            ++component;
+            continue;
+        }
+        if (component == 0) continue;
+        const u32 status = walk_component(t, &current, words, component, uid, gid);
+        if (status != WALK_ON) return status;
+        component = 0;
+    }
+    const IndexAttributes* last = attributes_of(t, inode_find(t, current));
+    if (!last) return STATUS_NEEDS_CPU;
+    if (last_byte == '/' && load_table_u32(&last->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    *result = last;
+    return STATUS_FOUND;
+}
+
+__device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+    const u64 packed = load_volatile_u64((const u64*)(c.requests + index * 8));
+    const u64 offset = packed & 0xFFFFFFFFull;
+    const u32 length = (u32)(packed >> 32);
+    if ((offset & 7) != 0 || offset + length > c.request_bytes) {
+        fail(t, ERROR_BAD_REQUEST);
+        return 0;
+    }
+    const u32 status = resolve_one(t, (const u64*)(c.requests + offset), length, (u32)c.argument0, (u32)c.argument1, attributes);
+    if (status != STATUS_FOUND) *attributes = nullptr;
+    return status;
+}
+
+// Query commands go a warp at a time: lane L answers request base+L, then the warp writes
+// its 32 answers together. `base` is the same for every lane, so whole warps loop together.
+typedef u32 (*AnswerFunction)(const Tables&, const Command&, u64, const IndexAttributes**);
+
+__device__ __forceinline__ void serve_query(const Tables& t, const Command& c, u64 thread, u64 threads, AnswerFunction answer) {
+    for (u64 base = thread & ~31ull; base < c.count; base += threads) {
+        const u64 index = base + (threadIdx.x & 31);
+        u32 status = 0;
+        const IndexAttributes* attributes = nullptr;
+        if (index < c.count) status = answer(t, c, index, &attributes);
+        write_answers_of_warp((u8*)c.answers, base, c.count, status, attributes);
+    }
+}
+
+__device__ void count_overflow(const Tables& t) {
+    atomicAdd(&t.control->overflows, 1ull);
+    atomicExch(&t.control->overflowed, 1u);
+}
+
+// Update `index` of an apply command.
+__device__ void apply_update(const Tables& t, const Command& c, u64 index) {
+    u64 words[MAXIMUM_NAME_WORDS];
+    {
+        const u64* record = (const u64*)(c.requests + index * 32);
+        const u64 head = load_volatile_u64(record);
+        const u32 code = (u32)head;
+        const u32 length = (u32)(head >> 32);
+        const u64 key = load_volatile_u64(record + 1);
+        const u64 value = load_volatile_u64(record + 2);
+        const u64 offset = load_volatile_u64(record + 3);
+        if (code == UPDATE_INSERT || code == UPDATE_REMOVE) {
+            if (!read_name(c, offset, length, words)) {
+                fail(t, ERROR_BAD_REQUEST);
+                return;
+            }
+            if (code == UPDATE_REMOVE) {
+                entry_remove(t, key, words, length);
+            } else if (!entry_upsert(t, key, words, length, value)) {
+                count_overflow(t);
+            }
+        } else if (code == UPDATE_SET_ATTRIBUTES) {
+            if ((offset & 7) != 0 || offset + 104 > c.request_bytes) {
+                fail(t, ERROR_BAD_REQUEST);
+                return;
+            }
+            const long long slot = inode_claim(t, key);
+            if (slot < 0) {
+                count_overflow(t);
+                return;
+            }
+            const u64* source = (const u64*)(c.requests + offset);
+            u64* target = (u64*)&t.inode_attributes[slot];
+            for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) target[word] = load_volatile_u64(source + word);
+            __threadfence();
+            atomicOr(&t.inode_flags[slot], FLAG_ATTRIBUTES);
+        } else if (code == UPDATE_MARK_COMPLETE) {
+            const long long slot = inode_claim(t, key);
+            if (slot < 0) {
+                count_overflow(t);
+                return;
+            }
+            atomicOr(&t.inode_flags[slot], FLAG_COMPLETE);
+        } else if (code == UPDATE_REMOVE_INODE || code == UPDATE_MARK_INCOMPLETE) {
+            const long long slot = inode_find(t, key);
+            if (slot >= 0) inode_clear_flags(t, (u64)slot, code == UPDATE_REMOVE_INODE ? FLAG_ATTRIBUTES : FLAG_COMPLETE);
+        } else {
+            fail(t, ERROR_BAD_REQUEST);
+        }
+    }
+}
+
+__device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    for (u64 index = thread; index < c.count; index += threads) apply_update(t, c, index);
+}
+
+__device__ void drop_completeness(const Tables& t, u64 directory) {
+    const long long slot = inode_find(t, directory);
+    if (slot >= 0 && (inode_flags_of(t, slot) & FLAG_COMPLETE)) inode_clear_flags(t, (u64)slot, FLAG_COMPLETE);
+}
+
+// Forgets every entry of directory argument0 and its completeness (a scan of the table).
+__device__ void serve_drop(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    const u64 directory = c.argument0;
+    for (u64 slot = thread; slot <= t.entry_mask; slot += threads) {
+        if (load_state(&t.entry_state[slot]) == SLOT_FULL && load_table_u64(&t.entry_parent[slot]) == directory) {
+            atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
+        }
+    }
+    if (thread == 0) drop_completeness(t, directory);
+}
+
+// Entries of directory argument0 in entry slots [argument1, argument2): records appended at
+// an atomic cursor; those that do not fit `answer_bytes` are counted, not written.
+__device__ void serve_list(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    const u64 directory = c.argument0;
+    const u64 end = c.argument2 <= t.entry_mask + 1 ? c.argument2 : t.entry_mask + 1;
+    for (u64 slot = c.argument1 + thread; slot < end; slot += threads) {
+        if (load_state(&t.entry_state[slot]) != SLOT_FULL || load_table_u64(&t.entry_parent[slot]) != directory) {
+            continue;
+        }
+        const u64 packed = load_table_u64(&t.entry_name[slot]);
+        const u32 length = (u32)(packed & 0xFF);
+        const u32 count = (length + 7) / 8;
+        const u64 bytes = LIST_RECORD_HEADER_BYTES + 8ull * count;
+        const u64 at = atomicAdd(&t.control->list_bytes, bytes);
+        if (at + bytes > c.answer_bytes) continue;
+        u64* record = (u64*)(c.answers + at);
+        record[0] = load_table_u64(&t.entry_child[slot]);
+        record[1] = (u64)length;
+        const u64 offset_words = (packed >> 8) / 8;
+        for (u32 index = 0; index < count; ++index) record[2 + index] = load_table_u64(&t.arena[offset_words + index]);
+    }
+}
+
+// What a command's completion reports: overflows of an apply; bytes needed and completeness
+// of a list.
+__device__ void command_results(const Tables& t, const Command& c, u64* result0, u64* result1) {
+    *result0 = 0;
+    *result1 = 0;
+    if (c.opcode == COMMAND_APPLY) {
+        *result0 = load_volatile_u64(&t.control->overflows);
+    } else if (c.opcode == COMMAND_LIST) {
+        *result0 = load_volatile_u64(&t.control->list_bytes);
+        const long long slot = inode_find(t, c.argument0);
+        *result1 = ((inode_flags_of(t, slot) & FLAG_COMPLETE) && !overflowed(t)) ? 1 : 0;
+    }
+}
+
+// ---------------------------------------------------------------- the serving loop
+
+// Words of a Command that carry anything (sequence .. argument2).
+#define COMMAND_WORDS 9u
+
+// Every load is issued before any store, so the loads overlap: from mapped host memory each
+// is a PCIe round trip (about 1 µs), and nine of them in a row would cost the latency budget.
+__device__ void copy_command(Command* target, const Command* source) {
+    const u64* from = (const u64*)source;
+    u64* to = (u64*)target;
+    u64 words[COMMAND_WORDS];
+#pragma unroll
+    for (u32 word = 0; word < COMMAND_WORDS; ++word) words[word] = load_volatile_u64(from + word);
+#pragma unroll
+    for (u32 word = 0; word < COMMAND_WORDS; ++word) to[word] = words[word];
+}
+
+// Block 0, thread 0: waits until command `served` is completed (every block finished it and
+// the last one has written its completion: that block reads this command's counters, so they
+// must not be reset before), then for the host to publish command `served + 1` in its ring
+// slot; copies it to device memory and announces it.
+__device__ void announce_next(const Tables& t, u64 served) {
+    Control* control = t.control;
+    u32 pause_ns = 0;
+    while (load_volatile_u64(&control->completed) < served) {
+        __nanosleep(32);
+    }
+    RingSlot* slot = &t.ring[served % t.ring_slots];
+    while (load_volatile_u64(&slot->command.sequence) != served + 1) {
+        if (pause_ns) __nanosleep(pause_ns);
+        pause_ns = pause_ns < 1000 ? pause_ns + 50 : 1000;
+    }
+    __threadfence_system();
+    copy_command(&control->current, &slot->command);
+    store_volatile_u64(&control->list_bytes, 0);
+    store_volatile_u64(&control->overflows, 0);
+    store_volatile_u32(&control->error, ERROR_NONE);
+    __threadfence();
+    store_volatile_u64(&control->announced, served + 1);
+}
+
+// The last block of a command writes its completion into the ring, `done` last, then marks
+// the command completed for block 0.
+__device__ void complete(const Tables& t, u64 sequence, const Command& c) {
+    Control* control = t.control;
+    __threadfence();
+    const u32 error = load_volatile_u32(&control->error);
+    u64 result0 = 0, result1 = 0;
+    command_results(t, c, &result0, &result1);
+    Completion* completion = &t.ring[(sequence - 1) % t.ring_slots].completion;
+    store_volatile_u32(&completion->status, error);
+    store_volatile_u64(&completion->result0, result0);
+    store_volatile_u64(&completion->result1, result1);
+    __threadfence_system();
+    store_volatile_u64(&completion->done, sequence);
+    __threadfence_system();
+    // Only now may block 0 reset the counters read above and announce the next command.
+    store_volatile_u64(&control->completed, sequence);
+}
+
+extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t) {
+    __shared__ Command command;
+    const u64 thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 threads = (u64)gridDim.x * blockDim.x;
+    // One command per pass; the loop ends with the stop command (the host's only way out).
+    for (u64 served = 0;; ++served) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) announce_next(t, served);
+        if (threadIdx.x == 0) {
+            while (load_volatile_u64(&t.control->announced) != served + 1) __nanosleep(64);
+            __threadfence();
+            copy_command(&command, &t.control->current);
+        }
+        __syncthreads();
+        __threadfence();
+        const Command c = command;
+        switch (c.opcode) {
+            case COMMAND_STOP: break;
+            case COMMAND_APPLY: serve_apply(t, c, thread, threads); break;
+            case COMMAND_DROP: serve_drop(t, c, thread, threads); break;
+            case COMMAND_LOOKUP: serve_query(t, c, thread, threads, answer_lookup); break;
+            case COMMAND_RESOLVE: serve_query(t, c, thread, threads, answer_resolve); break;
+            case COMMAND_STAT: serve_query(t, c, thread, threads, answer_stat); break;
+            case COMMAND_LIST: serve_list(t, c, thread, threads); break;
+            default:
+                if (thread == 0) fail(t, ERROR_BAD_OPCODE);
+                break;
+        }
+        // Every thread's answers reach memory the host and the copy engines see, then the
+        // block reports; the block that reports last completes the command.
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const u64 before = atomicAdd(&t.control->finished, 1ull);
+            if (before + 1 == (served + 1) * gridDim.x) complete(t, served + 1, c);
+        }
+        if (c.opcode == COMMAND_STOP) return;
+    }
+}

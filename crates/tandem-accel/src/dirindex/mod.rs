@@ -1,0 +1,355 @@
+//! The directory index (issue 9): a cache of directory entries and inode attributes that
+//! answers batched lookups, path resolutions, stats and listings, on the CPU
+//! ([`CpuDirectoryIndex`], the twin) or resident on a GPU ([`GpuDirectoryIndex`], a
+//! persistent kernel serving a command ring). Both give identical answers; `docs/GPUDIR.md`
+//! defines every answer exactly. This folder owns the index types, both engines, the wire
+//! format between host and kernel (`wire.rs`), the kernel (`dirindex.cu`) and the benchmark.
+//!
+//! The index knows nothing of tandemfs: keys are (parent inode, name bytes), values are inode
+//! numbers and fixed-size [`IndexAttributes`]. It may start empty and fill as its owner learns
+//! directories; a negative answer is given only for a directory marked complete, otherwise the
+//! answer is `Unknown` and the caller asks its own engine.
+
+pub mod bench;
+pub mod cpu;
+pub mod gpu;
+pub mod ring;
+pub mod wire;
+
+pub use cpu::CpuDirectoryIndex;
+pub use gpu::{GpuDirectoryIndex, GpuIndexConfig};
+
+use crate::error::{AccelError, Result};
+
+/// Longest name of one entry, in bytes.
+pub const MAXIMUM_NAME_BYTES: usize = 255;
+/// Longest path `resolve` walks, in bytes; longer paths answer `NameTooLong`.
+pub const MAXIMUM_PATH_BYTES: usize = 4096;
+/// Inode numbers the index accepts: 1 ..= this (the GPU tables reserve the rest).
+pub const MAXIMUM_INODE: u64 = u64::MAX - 2;
+
+/// What an inode is.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IndexKind {
+    File = 1,
+    Directory = 2,
+    Symlink = 3,
+    Other = 4,
+}
+
+impl IndexKind {
+    /// The kind for a code read from outside (the GPU), or None for a code that is none.
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            1 => Some(IndexKind::File),
+            2 => Some(IndexKind::Directory),
+            3 => Some(IndexKind::Symlink),
+            4 => Some(IndexKind::Other),
+            _ => None,
+        }
+    }
+}
+
+/// The attributes of one inode, laid out exactly as `struct IndexAttributes` in
+/// `dirindex.cu` (104 bytes, little-endian, no padding).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IndexAttributes {
+    pub inode: u64,
+    pub generation: u64,
+    pub size_bytes: u64,
+    pub blocks_512: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub btime_ns: i64,
+    pub rdev: u64,
+    /// The directory that holds this one (what `..` leads to); 0 when not a directory.
+    pub parent: u64,
+    pub kind: IndexKind,
+    /// Mode bits 0o7777 (the kind is separate).
+    pub permissions: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub link_count: u32,
+    /// Always zero (keeps the record a multiple of 8 bytes).
+    pub reserved: u32,
+}
+
+/// Size of one [`IndexAttributes`] record, in bytes, here and in the kernel.
+pub const ATTRIBUTES_BYTES: usize = 104;
+const _: () = assert!(std::mem::size_of::<IndexAttributes>() == ATTRIBUTES_BYTES);
+const _: () = assert!(std::mem::align_of::<IndexAttributes>() == 8);
+
+impl IndexAttributes {
+    /// A record with the given identity and kind, everything else zero (tests, benchmarks).
+    pub fn new(inode: u64, kind: IndexKind, permissions: u32) -> Self {
+        IndexAttributes {
+            inode,
+            generation: 0,
+            size_bytes: 0,
+            blocks_512: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            btime_ns: 0,
+            rdev: 0,
+            parent: 0,
+            kind,
+            permissions,
+            uid: 0,
+            gid: 0,
+            link_count: 1,
+            reserved: 0,
+        }
+    }
+
+    pub fn is_directory(&self) -> bool {
+        self.kind == IndexKind::Directory
+    }
+}
+
+/// Who resolves a path: search permission is checked against these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Credentials {
+    pub const ROOT: Credentials = Credentials { uid: 0, gid: 0 };
+}
+
+/// One change to the index. A batch is applied in order, entirely before any later command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexUpdate {
+    /// Adds (or replaces the child of) the entry `name` in `parent`.
+    InsertEntry {
+        parent: u64,
+        name: Vec<u8>,
+        child: u64,
+    },
+    /// Removes the entry if present.
+    RemoveEntry {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    /// Sets (adds or replaces) the attributes of `attributes.inode`.
+    SetAttributes(IndexAttributes),
+    /// Forgets the attributes of an inode (its entries and completeness stay).
+    RemoveInode(u64),
+    /// Declares that the index holds every entry of this directory.
+    MarkComplete(u64),
+    MarkIncomplete(u64),
+    /// Forgets every entry of this directory and marks it not complete.
+    DropDirectory(u64),
+}
+
+/// What `apply` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub applied: usize,
+    /// Inserts or attribute records the index had no room for. After the first, the index
+    /// gives no negative answer any more (they become `Unknown`), so it stays a correct cache.
+    pub overflowed: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LookupResult {
+    Found(IndexAttributes),
+    NotFound,
+    /// The index cannot tell: ask the engine.
+    Unknown,
+    /// The parent is known and is not a directory.
+    NotDirectory,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResolveResult {
+    Found(IndexAttributes),
+    NotFound,
+    NotDirectory,
+    PermissionDenied,
+    NameTooLong,
+    /// A symlink was met, or some step was `Unknown`: finish this path on the CPU.
+    NeedsCpu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatResult {
+    Found(IndexAttributes),
+    Unknown,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListResult {
+    /// Every entry, sorted by name bytes.
+    Listed(Vec<(Vec<u8>, u64)>),
+    Unknown,
+}
+
+/// The directory index, on either engine. Every method is safe to call from many threads.
+pub trait DirectoryIndex: Send + Sync {
+    fn name(&self) -> String;
+    /// The inode paths are resolved from.
+    fn root(&self) -> u64;
+    fn apply(&self, updates: &[IndexUpdate]) -> Result<ApplyReport>;
+    fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>>;
+    fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>>;
+    fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>>;
+    fn list(&self, directory: u64) -> Result<ListResult>;
+}
+
+fn invalid(message: String) -> AccelError {
+    AccelError::InvalidArgument(message)
+}
+
+pub(crate) fn check_inode(inode: u64) -> Result<()> {
+    if inode == 0 || inode > MAXIMUM_INODE {
+        return Err(invalid(format!("inode {inode} is outside 1..={MAXIMUM_INODE}")));
+    }
+    Ok(())
+}
+
+/// A name that may be stored: 1..=255 bytes, no '/', not "." or "..".
+pub(crate) fn check_entry_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > MAXIMUM_NAME_BYTES {
+        return Err(invalid(format!("entry name of {} bytes (want 1..={MAXIMUM_NAME_BYTES})", name.len())));
+    }
+    if name.contains(&b'/') || name == b"." || name == b".." {
+        return Err(invalid(format!("entry name {:?} is not storable", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+/// A name that may be looked up: 1..=255 bytes without '/' ("." and ".." are merely absent).
+pub(crate) fn check_lookup_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.len() > MAXIMUM_NAME_BYTES || name.contains(&b'/') {
+        return Err(invalid(format!("lookup name of {} bytes is not a name", name.len())));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_attributes(attributes: &IndexAttributes) -> Result<()> {
+    check_inode(attributes.inode)?;
+    if attributes.reserved != 0 || attributes.permissions > 0o7777 {
+        return Err(invalid(format!("attributes of inode {} have stray bits", attributes.inode)));
+    }
+    Ok(())
+}
+
+/// Checks every update before any is applied, so a bad batch changes nothing.
+pub(crate) fn check_updates(updates: &[IndexUpdate]) -> Result<()> {
+    for update in updates {
+        match update {
+            IndexUpdate::InsertEntry { parent, name, child } => {
+                check_inode(*parent)?;
+                check_inode(*child)?;
+                check_entry_name(name)?;
+            }
+            IndexUpdate::RemoveEntry { parent, name } => {
+                check_inode(*parent)?;
+                check_entry_name(name)?;
+            }
+            IndexUpdate::SetAttributes(attributes) => check_attributes(attributes)?,
+            IndexUpdate::RemoveInode(inode)
+            | IndexUpdate::MarkComplete(inode)
+            | IndexUpdate::MarkIncomplete(inode)
+            | IndexUpdate::DropDirectory(inode) => check_inode(*inode)?,
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn check_lookups(requests: &[(u64, &[u8])]) -> Result<()> {
+    for (parent, name) in requests {
+        check_inode(*parent)?;
+        check_lookup_name(name)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn check_inodes(inodes: &[u64]) -> Result<()> {
+    inodes.iter().try_for_each(|&inode| check_inode(inode))
+}
+
+/// Whether `credentials` may search (x) the directory with these attributes: uid 0 always;
+/// else the owner's, group's or others' x bit, the first class that matches.
+pub fn may_search(attributes: &IndexAttributes, credentials: Credentials) -> bool {
+    if credentials.uid == 0 {
+        return true;
+    }
+    let bit = if credentials.uid == attributes.uid {
+        0o100
+    } else if credentials.gid == attributes.gid {
+        0o010
+    } else {
+        0o001
+    };
+    attributes.permissions & bit != 0
+}
+
+/// What the walk of `resolve` needs from an index: the answers of its two questions.
+pub(crate) trait WalkSource {
+    fn attributes(&self, inode: u64) -> Option<IndexAttributes>;
+    fn lookup_one(&self, parent: u64, name: &[u8]) -> LookupResult;
+}
+
+/// The path walk, shared by the CPU twin and mirrored line by line in `dirindex.cu`
+/// (`resolve_one`). docs/GPUDIR.md states the rules.
+pub(crate) fn resolve_walk(
+    source: &impl WalkSource,
+    root: u64,
+    path: &[u8],
+    credentials: Credentials,
+) -> ResolveResult {
+    if path.len() > MAXIMUM_PATH_BYTES {
+        return ResolveResult::NameTooLong;
+    }
+    if path.is_empty() {
+        return ResolveResult::NotFound;
+    }
+    let mut current = root;
+    // Each component is at least one byte, so the walk takes at most path.len() steps.
+    for component in path.split(|&byte| byte == b'/').filter(|component| !component.is_empty()) {
+        let Some(here) = source.attributes(current) else {
+            return ResolveResult::NeedsCpu;
+        };
+        if here.kind != IndexKind::Directory {
+            return ResolveResult::NotDirectory;
+        }
+        if !may_search(&here, credentials) {
+            return ResolveResult::PermissionDenied;
+        }
+        if component.len() > MAXIMUM_NAME_BYTES {
+            return ResolveResult::NameTooLong;
+        }
+        if component == b"." {
+            continue;
+        }
+        if component == b".." {
+            if current != root {
+                current = here.parent;
+            }
+            continue;
+        }
+        match source.lookup_one(current, component) {
+            LookupResult::Found(child) => {
+                if child.kind == IndexKind::Symlink {
+                    return ResolveResult::NeedsCpu;
+                }
+                current = child.inode;
+            }
+            LookupResult::NotFound => return ResolveResult::NotFound,
+            LookupResult::Unknown | LookupResult::NotDirectory => return ResolveResult::NeedsCpu,
+        }
+    }
+    let Some(last) = source.attributes(current) else {
+        return ResolveResult::NeedsCpu;
+    };
+    if path.ends_with(b"/") && last.kind != IndexKind::Directory {
+        return ResolveResult::NotDirectory;
+    }
+    ResolveResult::Found(last)
+}

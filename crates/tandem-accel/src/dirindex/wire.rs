@@ -1,0 +1,724 @@
+//! The bytes between the host and the directory kernel: command codes, request records,
+//! answer records, and how a batch is cut into commands. `dirindex.cu` reads and writes the
+//! same layouts (little-endian; every name starts 8-byte aligned and is zero-padded to a
+//! multiple of 8 bytes, so the kernel moves names as 64-bit words).
+//!
+//! The decoders check everything that comes back from the GPU (status codes, kinds, record
+//! bounds) before it becomes an answer.
+
+use super::{
+    ApplyReport, IndexAttributes, IndexKind, IndexUpdate, ListResult, LookupResult, ResolveResult, StatResult,
+    ATTRIBUTES_BYTES, MAXIMUM_NAME_BYTES,
+};
+use crate::error::{AccelError, Result};
+use std::collections::HashSet;
+
+// Command codes (`struct Command.opcode`).
+pub const COMMAND_STOP: u32 = 1;
+pub const COMMAND_APPLY: u32 = 2;
+pub const COMMAND_DROP: u32 = 3;
+pub const COMMAND_LOOKUP: u32 = 4;
+pub const COMMAND_RESOLVE: u32 = 5;
+pub const COMMAND_STAT: u32 = 6;
+pub const COMMAND_LIST: u32 = 7;
+
+// Update codes inside an apply command.
+pub const UPDATE_INSERT: u32 = 1;
+pub const UPDATE_REMOVE: u32 = 2;
+pub const UPDATE_SET_ATTRIBUTES: u32 = 3;
+pub const UPDATE_REMOVE_INODE: u32 = 4;
+pub const UPDATE_MARK_COMPLETE: u32 = 5;
+pub const UPDATE_MARK_INCOMPLETE: u32 = 6;
+
+// Answer status codes, one space for every query.
+pub const STATUS_FOUND: u32 = 1;
+pub const STATUS_NOT_FOUND: u32 = 2;
+pub const STATUS_UNKNOWN: u32 = 3;
+pub const STATUS_NOT_DIRECTORY: u32 = 4;
+pub const STATUS_PERMISSION_DENIED: u32 = 5;
+pub const STATUS_NAME_TOO_LONG: u32 = 6;
+pub const STATUS_NEEDS_CPU: u32 = 7;
+
+/// Lookup request: parent u64, name offset u32 (from the start of the requests), length u32.
+pub const LOOKUP_RECORD_BYTES: usize = 16;
+/// Resolve request: path offset u32, length u32.
+pub const RESOLVE_RECORD_BYTES: usize = 8;
+/// Stat request: inode u64.
+pub const STAT_RECORD_BYTES: usize = 8;
+/// Apply request: code u32, name length u32, key u64, value u64, offset u64 (of the name or
+/// of the attribute record).
+pub const APPLY_RECORD_BYTES: usize = 32;
+/// Answer: status u32, zero u32, attributes (meaningful when the status is Found).
+pub const ANSWER_BYTES: usize = 8 + ATTRIBUTES_BYTES;
+/// List answer records: child u64, name length u32, zero u32, name padded to 8 bytes.
+pub const LIST_RECORD_HEADER_BYTES: usize = 16;
+/// Answers start on this boundary after the requests.
+const ANSWERS_ALIGNMENT_BYTES: usize = 128;
+
+pub fn padded(length: usize) -> usize {
+    length.div_ceil(8) * 8
+}
+
+fn bad(message: String) -> AccelError {
+    AccelError::Device(format!("directory kernel answered nonsense: {message}"))
+}
+
+/// Where a command's parts lie in its staging buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub request_bytes: usize,
+    pub answers_offset: usize,
+    pub answers_bytes: usize,
+}
+
+impl Layout {
+    fn new(request_bytes: usize, answers_bytes: usize) -> Self {
+        let answers_offset = request_bytes.div_ceil(ANSWERS_ALIGNMENT_BYTES) * ANSWERS_ALIGNMENT_BYTES;
+        Layout { request_bytes, answers_offset, answers_bytes }
+    }
+
+    pub fn total_bytes(&self) -> usize {
+        self.answers_offset + self.answers_bytes
+    }
+}
+
+/// How many items from the start fit one staging buffer of `capacity_bytes`, given each
+/// item's (request bytes, answer bytes). At least one (a single item always fits the
+/// buffers the engine allocates; asserted).
+pub fn items_that_fit(sizes: impl Iterator<Item = (usize, usize)>, capacity_bytes: usize) -> usize {
+    let (mut requests, mut answers, mut count) = (0usize, 0usize, 0usize);
+    for (request, answer) in sizes {
+        let layout = Layout::new(requests + request, answers + answer);
+        if layout.total_bytes() > capacity_bytes {
+            break;
+        }
+        requests += request;
+        answers += answer;
+        count += 1;
+    }
+    count
+}
+
+fn put_u32(buffer: &mut [u8], at: usize, value: u32) {
+    buffer[at..at + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+fn put_u64(buffer: &mut [u8], at: usize, value: u64) {
+    buffer[at..at + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+fn get_u32(buffer: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(buffer[at..at + 4].try_into().unwrap())
+}
+
+fn get_u64(buffer: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(buffer[at..at + 8].try_into().unwrap())
+}
+
+/// Writes a name at `at` zero-padded to 8 bytes; returns the offset after it.
+fn put_name(buffer: &mut [u8], at: usize, name: &[u8]) -> usize {
+    let end = at + padded(name.len());
+    buffer[at..at + name.len()].copy_from_slice(name);
+    buffer[at + name.len()..end].fill(0);
+    end
+}
+
+pub fn put_attributes(buffer: &mut [u8], at: usize, attributes: &IndexAttributes) {
+    let words = [
+        attributes.inode,
+        attributes.generation,
+        attributes.size_bytes,
+        attributes.blocks_512,
+        attributes.atime_ns as u64,
+        attributes.mtime_ns as u64,
+        attributes.ctime_ns as u64,
+        attributes.btime_ns as u64,
+        attributes.rdev,
+        attributes.parent,
+    ];
+    for (index, word) in words.iter().enumerate() {
+        put_u64(buffer, at + 8 * index, *word);
+    }
+    let tail = [
+        attributes.kind as u32,
+        attributes.permissions,
+        attributes.uid,
+        attributes.gid,
+        attributes.link_count,
+        attributes.reserved,
+    ];
+    for (index, word) in tail.iter().enumerate() {
+        put_u32(buffer, at + 80 + 4 * index, *word);
+    }
+}
+
+/// Reads a record back, refusing one no host could have written.
+pub fn get_attributes(buffer: &[u8], at: usize) -> Result<IndexAttributes> {
+    // One bounds check for the record; the fixed offsets below need none (this runs once per
+    // answer, millions of times a second).
+    let record: &[u8; ATTRIBUTES_BYTES] = buffer
+        .get(at..at + ATTRIBUTES_BYTES)
+        .and_then(|slice| slice.try_into().ok())
+        .ok_or_else(|| bad(format!("attribute record at {at} past {} bytes", buffer.len())))?;
+    let word = |index: usize| u64::from_le_bytes(record[8 * index..8 * index + 8].try_into().unwrap());
+    let small = |index: usize| u32::from_le_bytes(record[80 + 4 * index..84 + 4 * index].try_into().unwrap());
+    let kind = IndexKind::from_code(small(0)).ok_or_else(|| bad(format!("kind code {}", small(0))))?;
+    let attributes = IndexAttributes {
+        inode: word(0),
+        generation: word(1),
+        size_bytes: word(2),
+        blocks_512: word(3),
+        atime_ns: word(4) as i64,
+        mtime_ns: word(5) as i64,
+        ctime_ns: word(6) as i64,
+        btime_ns: word(7) as i64,
+        rdev: word(8),
+        parent: word(9),
+        kind,
+        permissions: small(1),
+        uid: small(2),
+        gid: small(3),
+        link_count: small(4),
+        reserved: small(5),
+    };
+    super::check_attributes(&attributes).map_err(|error| bad(error.to_string()))?;
+    Ok(attributes)
+}
+
+// ---------------------------------------------------------------- requests
+
+pub fn lookup_sizes<'a>(requests: &'a [(u64, &'a [u8])]) -> impl Iterator<Item = (usize, usize)> + 'a {
+    requests.iter().map(|(_, name)| (LOOKUP_RECORD_BYTES + padded(name.len()), ANSWER_BYTES))
+}
+
+pub fn resolve_sizes<'a>(paths: &'a [&'a [u8]]) -> impl Iterator<Item = (usize, usize)> + 'a {
+    paths.iter().map(|path| (RESOLVE_RECORD_BYTES + padded(path.len()), ANSWER_BYTES))
+}
+
+pub fn stat_sizes(inodes: &[u64]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    inodes.iter().map(|_| (STAT_RECORD_BYTES, ANSWER_BYTES))
+}
+
+pub fn apply_sizes(updates: &[IndexUpdate]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    updates.iter().map(|update| {
+        let extra = match update {
+            IndexUpdate::InsertEntry { name, .. } | IndexUpdate::RemoveEntry { name, .. } => padded(name.len()),
+            IndexUpdate::SetAttributes(_) => ATTRIBUTES_BYTES,
+            _ => 0,
+        };
+        (APPLY_RECORD_BYTES + extra, 0)
+    })
+}
+
+fn offset_u32(offset: usize) -> u32 {
+    u32::try_from(offset).expect("staging buffers are under 4 GiB")
+}
+
+pub fn encode_lookups(requests: &[(u64, &[u8])], buffer: &mut [u8]) -> Layout {
+    let mut bytes_at = requests.len() * LOOKUP_RECORD_BYTES;
+    for (index, (parent, name)) in requests.iter().enumerate() {
+        let record = index * LOOKUP_RECORD_BYTES;
+        put_u64(buffer, record, *parent);
+        put_u32(buffer, record + 8, offset_u32(bytes_at));
+        put_u32(buffer, record + 12, name.len() as u32);
+        bytes_at = put_name(buffer, bytes_at, name);
+    }
+    Layout::new(bytes_at, requests.len() * ANSWER_BYTES)
+}
+
+pub fn encode_resolves(paths: &[&[u8]], buffer: &mut [u8]) -> Layout {
+    let mut bytes_at = paths.len() * RESOLVE_RECORD_BYTES;
+    for (index, path) in paths.iter().enumerate() {
+        let record = index * RESOLVE_RECORD_BYTES;
+        put_u32(buffer, record, offset_u32(bytes_at));
+        put_u32(buffer, record + 4, path.len() as u32);
+        bytes_at = put_name(buffer, bytes_at, path);
+    }
+    Layout::new(bytes_at, paths.len() * ANSWER_BYTES)
+}
+
+pub fn encode_stats(inodes: &[u64], buffer: &mut [u8]) -> Layout {
+    for (index, inode) in inodes.iter().enumerate() {
+        put_u64(buffer, index * STAT_RECORD_BYTES, *inode);
+    }
+    Layout::new(inodes.len() * STAT_RECORD_BYTES, inodes.len() * ANSWER_BYTES)
+}
+
+/// Encodes updates that contain no `DropDirectory` (those are commands of their own).
+pub fn encode_updates(updates: &[IndexUpdate], buffer: &mut [u8]) -> Layout {
+    let mut bytes_at = updates.len() * APPLY_RECORD_BYTES;
+    for (index, update) in updates.iter().enumerate() {
+        let record = index * APPLY_RECORD_BYTES;
+        let (code, key, value, name): (u32, u64, u64, Option<&[u8]>) = match update {
+            IndexUpdate::InsertEntry { parent, name, child } => (UPDATE_INSERT, *parent, *child, Some(name)),
+            IndexUpdate::RemoveEntry { parent, name } => (UPDATE_REMOVE, *parent, 0, Some(name)),
+            IndexUpdate::SetAttributes(attributes) => (UPDATE_SET_ATTRIBUTES, attributes.inode, 0, None),
+            IndexUpdate::RemoveInode(inode) => (UPDATE_REMOVE_INODE, *inode, 0, None),
+            IndexUpdate::MarkComplete(inode) => (UPDATE_MARK_COMPLETE, *inode, 0, None),
+            IndexUpdate::MarkIncomplete(inode) => (UPDATE_MARK_INCOMPLETE, *inode, 0, None),
+            IndexUpdate::DropDirectory(_) => panic!("DropDirectory is a command of its own"),
+        };
+        put_u32(buffer, record, code);
+        put_u32(buffer, record + 4, name.map_or(0, |name| name.len() as u32));
+        put_u64(buffer, record + 8, key);
+        put_u64(buffer, record + 16, value);
+        put_u64(buffer, record + 24, bytes_at as u64);
+        if let Some(name) = name {
+            bytes_at = put_name(buffer, bytes_at, name);
+        } else if let IndexUpdate::SetAttributes(attributes) = update {
+            put_attributes(buffer, bytes_at, attributes);
+            bytes_at += ATTRIBUTES_BYTES;
+        }
+    }
+    Layout::new(bytes_at, 0)
+}
+
+/// One command's worth of an apply batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Segment {
+    /// Updates `start..end` of the batch: no two touch the same key, so the kernel may apply
+    /// them all at once.
+    Updates {
+        start: usize,
+        end: usize,
+    },
+    Drop(u64),
+}
+
+/// Cuts a batch into commands that keep its order: a segment ends before an update whose key
+/// (entry (parent, name), or inode for attributes and completeness) the segment already
+/// touches, before it grows past `capacity_bytes` of staging, and around every drop.
+pub fn segments(updates: &[IndexUpdate], capacity_bytes: usize) -> Vec<Segment> {
+    let mut result = Vec::new();
+    let mut entries: HashSet<(u64, &[u8])> = HashSet::new();
+    let mut inodes: HashSet<u64> = HashSet::new();
+    let mut start = 0;
+    let mut used = Layout::new(0, 0);
+    let close = |result: &mut Vec<Segment>, start: usize, end: usize| {
+        if end > start {
+            result.push(Segment::Updates { start, end });
+        }
+    };
+    for (index, update) in updates.iter().enumerate() {
+        if let IndexUpdate::DropDirectory(directory) = update {
+            close(&mut result, start, index);
+            result.push(Segment::Drop(*directory));
+            (start, used) = (index + 1, Layout::new(0, 0));
+            entries.clear();
+            inodes.clear();
+            continue;
+        }
+        let (request, _) = apply_sizes(std::slice::from_ref(update)).next().unwrap();
+        let grown = Layout::new(used.request_bytes + request, 0);
+        let conflict = match update {
+            IndexUpdate::InsertEntry { parent, name, .. } | IndexUpdate::RemoveEntry { parent, name } => {
+                entries.contains(&(*parent, &name[..]))
+            }
+            IndexUpdate::SetAttributes(attributes) => inodes.contains(&attributes.inode),
+            IndexUpdate::RemoveInode(inode) | IndexUpdate::MarkComplete(inode) | IndexUpdate::MarkIncomplete(inode) => {
+                inodes.contains(inode)
+            }
+            IndexUpdate::DropDirectory(_) => unreachable!(),
+        };
+        if conflict || grown.total_bytes() > capacity_bytes {
+            close(&mut result, start, index);
+            (start, used) = (index, Layout::new(0, 0));
+            entries.clear();
+            inodes.clear();
+        }
+        used = Layout::new(used.request_bytes + request, 0);
+        match update {
+            IndexUpdate::InsertEntry { parent, name, .. } | IndexUpdate::RemoveEntry { parent, name } => {
+                entries.insert((*parent, &name[..]));
+            }
+            IndexUpdate::SetAttributes(attributes) => {
+                inodes.insert(attributes.inode);
+            }
+            IndexUpdate::RemoveInode(inode) | IndexUpdate::MarkComplete(inode) | IndexUpdate::MarkIncomplete(inode) => {
+                inodes.insert(*inode);
+            }
+            IndexUpdate::DropDirectory(_) => unreachable!(),
+        }
+    }
+    close(&mut result, start, updates.len());
+    result
+}
+
+// ---------------------------------------------------------------- answers
+
+fn answer_status(answers: &[u8], index: usize) -> Result<u32> {
+    let at = index * ANSWER_BYTES;
+    if answers.len() < at + ANSWER_BYTES {
+        return Err(bad(format!("{} answer bytes for answer {index}", answers.len())));
+    }
+    Ok(get_u32(answers, at))
+}
+
+pub fn decode_lookups(answers: &[u8], count: usize) -> Result<Vec<LookupResult>> {
+    (0..count)
+        .map(|index| {
+            Ok(match answer_status(answers, index)? {
+                STATUS_FOUND => LookupResult::Found(get_attributes(answers, index * ANSWER_BYTES + 8)?),
+                STATUS_NOT_FOUND => LookupResult::NotFound,
+                STATUS_UNKNOWN => LookupResult::Unknown,
+                STATUS_NOT_DIRECTORY => LookupResult::NotDirectory,
+                other => return Err(bad(format!("lookup status {other}"))),
+            })
+        })
+        .collect()
+}
+
+pub fn decode_resolves(answers: &[u8], count: usize) -> Result<Vec<ResolveResult>> {
+    (0..count)
+        .map(|index| {
+            Ok(match answer_status(answers, index)? {
+                STATUS_FOUND => ResolveResult::Found(get_attributes(answers, index * ANSWER_BYTES + 8)?),
+                STATUS_NOT_FOUND => ResolveResult::NotFound,
+                STATUS_NOT_DIRECTORY => ResolveResult::NotDirectory,
+                STATUS_PERMISSION_DENIED => ResolveResult::PermissionDenied,
+                STATUS_NAME_TOO_LONG => ResolveResult::NameTooLong,
+                STATUS_NEEDS_CPU => ResolveResult::NeedsCpu,
+                other => return Err(bad(format!("resolve status {other}"))),
+            })
+        })
+        .collect()
+}
+
+/// Stat answers; a found record must be the inode asked for.
+pub fn decode_stats(answers: &[u8], inodes: &[u64]) -> Result<Vec<StatResult>> {
+    inodes
+        .iter()
+        .enumerate()
+        .map(|(index, &inode)| {
+            Ok(match answer_status(answers, index)? {
+                STATUS_FOUND => {
+                    let attributes = get_attributes(answers, index * ANSWER_BYTES + 8)?;
+                    if attributes.inode != inode {
+                        return Err(bad(format!("stat of {inode} answered inode {}", attributes.inode)));
+                    }
+                    StatResult::Found(attributes)
+                }
+                STATUS_UNKNOWN => StatResult::Unknown,
+                other => return Err(bad(format!("stat status {other}"))),
+            })
+        })
+        .collect()
+}
+
+/// Parses `total_bytes` of list records into (name, child) pairs, sorted by name.
+pub fn decode_list(records: &[u8], total_bytes: usize) -> Result<Vec<(Vec<u8>, u64)>> {
+    if total_bytes > records.len() {
+        return Err(bad(format!("list of {total_bytes} bytes in a buffer of {}", records.len())));
+    }
+    let mut entries = Vec::new();
+    let mut at = 0;
+    // Every record takes at least LIST_RECORD_HEADER_BYTES + 8, which bounds the loop.
+    while at < total_bytes {
+        if at + LIST_RECORD_HEADER_BYTES > total_bytes {
+            return Err(bad(format!("list record header at {at} crosses the end {total_bytes}")));
+        }
+        let child = get_u64(records, at);
+        let length = get_u32(records, at + 8) as usize;
+        let end = at + LIST_RECORD_HEADER_BYTES + padded(length);
+        if length == 0 || length > MAXIMUM_NAME_BYTES || end > total_bytes || super::check_inode(child).is_err() {
+            return Err(bad(format!("list record at {at}: child {child}, name of {length} bytes")));
+        }
+        let name = records[at + LIST_RECORD_HEADER_BYTES..at + LIST_RECORD_HEADER_BYTES + length].to_vec();
+        entries.push((name, child));
+        at = end;
+    }
+    entries.sort_unstable();
+    Ok(entries)
+}
+
+/// The list record for one entry (what the kernel writes; used by the tests here).
+pub fn encode_list_record(name: &[u8], child: u64, buffer: &mut Vec<u8>) {
+    let at = buffer.len();
+    buffer.resize(at + LIST_RECORD_HEADER_BYTES + padded(name.len()), 0);
+    put_u64(buffer, at, child);
+    put_u32(buffer, at + 8, name.len() as u32);
+    buffer[at + LIST_RECORD_HEADER_BYTES..at + LIST_RECORD_HEADER_BYTES + name.len()].copy_from_slice(name);
+}
+
+// ---------------------------------------------------------------- the kernel's side, in Rust
+// What the kernel reads and writes, so the tests can check the host's bytes round trip
+// through a model of the kernel without a GPU.
+
+pub fn decode_lookup_requests(buffer: &[u8], count: usize) -> Vec<(u64, Vec<u8>)> {
+    (0..count)
+        .map(|index| {
+            let record = index * LOOKUP_RECORD_BYTES;
+            let offset = get_u32(buffer, record + 8) as usize;
+            let length = get_u32(buffer, record + 12) as usize;
+            assert!(offset.is_multiple_of(8));
+            (get_u64(buffer, record), buffer[offset..offset + length].to_vec())
+        })
+        .collect()
+}
+
+pub fn decode_resolve_requests(buffer: &[u8], count: usize) -> Vec<Vec<u8>> {
+    (0..count)
+        .map(|index| {
+            let offset = get_u32(buffer, index * RESOLVE_RECORD_BYTES) as usize;
+            let length = get_u32(buffer, index * RESOLVE_RECORD_BYTES + 4) as usize;
+            assert!(offset.is_multiple_of(8));
+            buffer[offset..offset + length].to_vec()
+        })
+        .collect()
+}
+
+pub fn decode_update_requests(buffer: &[u8], count: usize) -> Result<Vec<IndexUpdate>> {
+    (0..count)
+        .map(|index| {
+            let record = index * APPLY_RECORD_BYTES;
+            let (code, length) = (get_u32(buffer, record), get_u32(buffer, record + 4) as usize);
+            let (key, value) = (get_u64(buffer, record + 8), get_u64(buffer, record + 16));
+            let offset = get_u64(buffer, record + 24) as usize;
+            let name = || buffer[offset..offset + length].to_vec();
+            Ok(match code {
+                UPDATE_INSERT => IndexUpdate::InsertEntry { parent: key, name: name(), child: value },
+                UPDATE_REMOVE => IndexUpdate::RemoveEntry { parent: key, name: name() },
+                UPDATE_SET_ATTRIBUTES => IndexUpdate::SetAttributes(get_attributes(buffer, offset)?),
+                UPDATE_REMOVE_INODE => IndexUpdate::RemoveInode(key),
+                UPDATE_MARK_COMPLETE => IndexUpdate::MarkComplete(key),
+                UPDATE_MARK_INCOMPLETE => IndexUpdate::MarkIncomplete(key),
+                other => return Err(bad(format!("update code {other}"))),
+            })
+        })
+        .collect()
+}
+
+fn put_answer(buffer: &mut [u8], index: usize, status: u32, attributes: Option<&IndexAttributes>) {
+    let at = index * ANSWER_BYTES;
+    put_u32(buffer, at, status);
+    put_u32(buffer, at + 4, 0);
+    match attributes {
+        Some(attributes) => put_attributes(buffer, at + 8, attributes),
+        None => buffer[at + 8..at + ANSWER_BYTES].fill(0),
+    }
+}
+
+pub fn encode_lookup_answers(results: &[LookupResult], buffer: &mut [u8]) {
+    for (index, result) in results.iter().enumerate() {
+        match result {
+            LookupResult::Found(attributes) => put_answer(buffer, index, STATUS_FOUND, Some(attributes)),
+            LookupResult::NotFound => put_answer(buffer, index, STATUS_NOT_FOUND, None),
+            LookupResult::Unknown => put_answer(buffer, index, STATUS_UNKNOWN, None),
+            LookupResult::NotDirectory => put_answer(buffer, index, STATUS_NOT_DIRECTORY, None),
+        }
+    }
+}
+
+pub fn encode_resolve_answers(results: &[ResolveResult], buffer: &mut [u8]) {
+    for (index, result) in results.iter().enumerate() {
+        match result {
+            ResolveResult::Found(attributes) => put_answer(buffer, index, STATUS_FOUND, Some(attributes)),
+            ResolveResult::NotFound => put_answer(buffer, index, STATUS_NOT_FOUND, None),
+            ResolveResult::NotDirectory => put_answer(buffer, index, STATUS_NOT_DIRECTORY, None),
+            ResolveResult::PermissionDenied => put_answer(buffer, index, STATUS_PERMISSION_DENIED, None),
+            ResolveResult::NameTooLong => put_answer(buffer, index, STATUS_NAME_TOO_LONG, None),
+            ResolveResult::NeedsCpu => put_answer(buffer, index, STATUS_NEEDS_CPU, None),
+        }
+    }
+}
+
+/// Adds two apply reports (one per command of a batch).
+pub fn add_reports(total: &mut ApplyReport, applied: usize, overflowed: u64) {
+    total.applied += applied;
+    total.overflowed += overflowed as usize;
+}
+
+/// The list answer of a command: Listed when the kernel says the directory is complete.
+pub fn list_result(complete: bool, entries: Vec<(Vec<u8>, u64)>) -> ListResult {
+    if complete {
+        ListResult::Listed(entries)
+    } else {
+        ListResult::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dirindex::{CpuDirectoryIndex, Credentials, DirectoryIndex};
+
+    fn attributes(inode: u64) -> IndexAttributes {
+        IndexAttributes {
+            inode,
+            generation: 7,
+            size_bytes: u64::MAX - 3,
+            blocks_512: 9,
+            atime_ns: -5,
+            mtime_ns: i64::MAX,
+            ctime_ns: i64::MIN,
+            btime_ns: 1,
+            rdev: 0x0102_0304,
+            parent: 2,
+            kind: IndexKind::Symlink,
+            permissions: 0o4755,
+            uid: 1,
+            gid: u32::MAX,
+            link_count: 3,
+            reserved: 0,
+        }
+    }
+
+    #[test]
+    fn attributes_round_trip_in_the_kernel_layout() {
+        let mut buffer = vec![0u8; ATTRIBUTES_BYTES + 8];
+        put_attributes(&mut buffer, 8, &attributes(42));
+        assert_eq!(get_attributes(&buffer, 8).unwrap(), attributes(42));
+        // The layout is the in-memory one of the #[repr(C)] struct (the kernel's view).
+        let record = attributes(42);
+        // SAFETY: IndexAttributes is repr(C), 104 bytes, no padding (asserted in mod.rs).
+        let raw =
+            unsafe { std::slice::from_raw_parts(&record as *const IndexAttributes as *const u8, ATTRIBUTES_BYTES) };
+        assert_eq!(&buffer[8..], raw);
+        buffer[8 + 80] = 9;
+        assert!(get_attributes(&buffer, 8).is_err(), "bad kind");
+        buffer[8 + 80] = 1;
+        buffer[8 + 100] = 1;
+        assert!(get_attributes(&buffer, 8).is_err(), "reserved not zero");
+    }
+
+    #[test]
+    fn requests_round_trip_and_names_are_aligned() {
+        let names: Vec<Vec<u8>> =
+            (0..=MAXIMUM_NAME_BYTES).step_by(7).map(|n| vec![b'a' + (n % 26) as u8; n.max(1)]).collect();
+        let requests: Vec<(u64, &[u8])> = names.iter().enumerate().map(|(i, n)| (i as u64 + 1, &n[..])).collect();
+        let mut buffer = vec![0xEEu8; 1 << 16];
+        let layout = encode_lookups(&requests, &mut buffer);
+        assert!(layout.answers_offset >= layout.request_bytes && layout.answers_offset.is_multiple_of(128));
+        let decoded = decode_lookup_requests(&buffer, requests.len());
+        for ((parent, name), (decoded_parent, decoded_name)) in requests.iter().zip(&decoded) {
+            assert_eq!((*parent, name.to_vec()), (*decoded_parent, decoded_name.clone()));
+        }
+        // Padding is zero: the kernel compares whole words.
+        let offset = get_u32(&buffer, 12 + 8) as usize;
+        let length = get_u32(&buffer, 12 + 12) as usize;
+        assert!(buffer[offset + length..offset + padded(length)].iter().all(|&b| b == 0));
+        let paths: Vec<&[u8]> = vec![b"/", b"a/b/c", b"", b"//x//"];
+        let layout = encode_resolves(&paths, &mut buffer);
+        assert_eq!(layout.answers_bytes, 4 * ANSWER_BYTES);
+        assert_eq!(decode_resolve_requests(&buffer, 4), paths.iter().map(|p| p.to_vec()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn updates_round_trip() {
+        let updates = vec![
+            IndexUpdate::InsertEntry { parent: 3, name: b"hello".to_vec(), child: 9 },
+            IndexUpdate::SetAttributes(attributes(9)),
+            IndexUpdate::RemoveEntry { parent: 3, name: vec![b'z'; 255] },
+            IndexUpdate::RemoveInode(4),
+            IndexUpdate::MarkComplete(3),
+            IndexUpdate::MarkIncomplete(5),
+        ];
+        let mut buffer = vec![0u8; 4096];
+        let layout = encode_updates(&updates, &mut buffer);
+        assert_eq!(layout.request_bytes, apply_sizes(&updates).map(|(r, _)| r).sum::<usize>());
+        assert_eq!(decode_update_requests(&buffer, updates.len()).unwrap(), updates);
+    }
+
+    #[test]
+    fn segments_keep_order_and_split_on_conflicts_drops_and_size() {
+        let insert = |parent: u64, name: &str| IndexUpdate::InsertEntry { parent, name: name.into(), child: 5 };
+        let updates = vec![
+            insert(1, "a"),
+            insert(1, "b"),
+            IndexUpdate::MarkComplete(1),
+            insert(2, "a"),
+            IndexUpdate::RemoveEntry { parent: 1, name: b"a".to_vec() },
+            IndexUpdate::SetAttributes(attributes(1)),
+            IndexUpdate::MarkComplete(1),
+            IndexUpdate::DropDirectory(2),
+            IndexUpdate::DropDirectory(2),
+            insert(2, "a"),
+        ];
+        assert_eq!(
+            segments(&updates, 1 << 20),
+            vec![
+                Segment::Updates { start: 0, end: 4 },
+                Segment::Updates { start: 4, end: 6 },
+                Segment::Updates { start: 6, end: 7 },
+                Segment::Drop(2),
+                Segment::Drop(2),
+                Segment::Updates { start: 9, end: 10 },
+            ]
+        );
+        let many: Vec<IndexUpdate> = (0..100).map(|i| insert(1, &format!("n{i}"))).collect();
+        let small = segments(&many, 1024);
+        assert!(small.len() > 3);
+        let mut next = 0;
+        for segment in small {
+            let Segment::Updates { start, end } = segment else { panic!() };
+            assert_eq!(start, next);
+            let mut buffer = vec![0u8; 1 << 16];
+            assert!(encode_updates(&many[start..end], &mut buffer).total_bytes() <= 1024);
+            next = end;
+        }
+        assert_eq!(next, 100);
+    }
+
+    #[test]
+    fn items_that_fit_respects_the_capacity() {
+        let sizes = vec![(100usize, 112usize); 50];
+        let count = items_that_fit(sizes.iter().copied(), 4096);
+        assert!(Layout::new(count * 100, count * 112).total_bytes() <= 4096);
+        assert!(Layout::new((count + 1) * 100, (count + 1) * 112).total_bytes() > 4096);
+    }
+
+    /// The host's encoders and decoders around a model kernel (the twin) give the twin's answers.
+    #[test]
+    fn answers_round_trip_through_a_model_kernel() {
+        let index = CpuDirectoryIndex::new(1, 1).unwrap();
+        let mut root = IndexAttributes::new(1, IndexKind::Directory, 0o755);
+        root.parent = 1;
+        let updates = vec![
+            IndexUpdate::SetAttributes(root),
+            IndexUpdate::SetAttributes(attributes(3)),
+            IndexUpdate::InsertEntry { parent: 1, name: b"x".to_vec(), child: 3 },
+            IndexUpdate::MarkComplete(1),
+        ];
+        let mut buffer = vec![0u8; 1 << 16];
+        encode_updates(&updates, &mut buffer);
+        index.apply(&decode_update_requests(&buffer, updates.len()).unwrap()).unwrap();
+        let requests: Vec<(u64, &[u8])> = vec![(1, b"x"), (1, b"y"), (3, b"z"), (8, b"q")];
+        let layout = encode_lookups(&requests, &mut buffer);
+        let decoded = decode_lookup_requests(&buffer, requests.len());
+        let borrowed: Vec<(u64, &[u8])> = decoded.iter().map(|(p, n)| (*p, &n[..])).collect();
+        let expected = index.lookup(&borrowed).unwrap();
+        encode_lookup_answers(&expected, &mut buffer[layout.answers_offset..]);
+        assert_eq!(decode_lookups(&buffer[layout.answers_offset..], requests.len()).unwrap(), expected);
+        let paths: Vec<&[u8]> = vec![b"/x", b"/y", b"/x/", b"/q/r"];
+        let layout = encode_resolves(&paths, &mut buffer);
+        let expected = index.resolve(&paths, Credentials::ROOT).unwrap();
+        encode_resolve_answers(&expected, &mut buffer[layout.answers_offset..]);
+        assert_eq!(decode_resolves(&buffer[layout.answers_offset..], paths.len()).unwrap(), expected);
+        // A status no kernel writes is refused.
+        put_u32(&mut buffer, layout.answers_offset, 99);
+        assert!(decode_resolves(&buffer[layout.answers_offset..], 1).is_err());
+    }
+
+    #[test]
+    fn stats_and_lists_are_checked() {
+        let mut buffer = vec![0u8; 2 * ANSWER_BYTES];
+        put_answer(&mut buffer, 0, STATUS_FOUND, Some(&attributes(5)));
+        put_answer(&mut buffer, 1, STATUS_UNKNOWN, None);
+        assert_eq!(
+            decode_stats(&buffer, &[5, 6]).unwrap(),
+            vec![StatResult::Found(attributes(5)), StatResult::Unknown]
+        );
+        assert!(decode_stats(&buffer, &[4, 6]).is_err(), "wrong inode");
+        let mut records = Vec::new();
+        encode_list_record(b"zeta", 4, &mut records);
+        encode_list_record(&[b'q'; 255], 9, &mut records);
+        encode_list_record(b"alpha", 3, &mut records);
+        let total = records.len();
+        let listed = decode_list(&records, total).unwrap();
+        assert_eq!(listed, vec![(b"alpha".to_vec(), 3), (vec![b'q'; 255], 9), (b"zeta".to_vec(), 4)]);
+        assert!(decode_list(&records, total - 8).is_err(), "cut record");
+        assert!(decode_list(&records, total + 8).is_err(), "past the buffer");
+        records[8] = 0;
+        assert!(decode_list(&records, total).is_err(), "empty name");
+    }
+}

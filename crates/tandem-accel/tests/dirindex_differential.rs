@@ -1,0 +1,1089 @@
+//! Issue 9: the GPU directory index against its CPU twin. Random trees (size from
+//! `TANDEM_DIRINDEX_ENTRIES`, default 200000, up to 10M), the same random updates applied to
+//! both, then random lookups, resolves, stats and lists compared answer for answer, including
+//! batches from several host threads at once. Without a GPU it prints "no GPU: skipped" and
+//! passes; the same generator also runs twin against twin (1 thread against all) so CI checks
+//! the harness itself. Seeded: each seed is printed; `TANDEM_SEED=N` runs that seed alone.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{HashMap, HashSet};
+use tandem_accel::dirindex::{
+    CpuDirectoryIndex, Credentials, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig, IndexAttributes, IndexKind,
+    IndexUpdate, ListResult, MAXIMUM_NAME_BYTES,
+};
+
+const ROOT: u64 = 1;
+/// One GPU index at a time in this process: opening one allocates device and pinned memory,
+/// which CUDA may order behind work already running — another index's kernel never finishes.
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+const DEFAULT_ENTRIES: usize = 200_000;
+const MAXIMUM_ENTRIES: usize = 10_000_000;
+/// Updates per apply call while building (several commands each on the GPU).
+const BUILD_BATCH: usize = 250_000;
+const CREDENTIALS: [Credentials; 4] = [
+    Credentials { uid: 0, gid: 0 },
+    Credentials { uid: 1000, gid: 100 },
+    Credentials { uid: 1001, gid: 100 },
+    Credentials { uid: 1002, gid: 200 },
+];
+
+fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    match std::env::var("TANDEM_SEED") {
+        Ok(seed) => vec![seed.parse().expect("TANDEM_SEED is a number")],
+        Err(_) => default.into_iter().collect(),
+    }
+}
+
+fn entries_wanted() -> usize {
+    let entries = std::env::var("TANDEM_DIRINDEX_ENTRIES")
+        .ok()
+        .map(|text| text.parse::<usize>().expect("TANDEM_DIRINDEX_ENTRIES is a number"))
+        .unwrap_or(DEFAULT_ENTRIES);
+    assert!((100..=MAXIMUM_ENTRIES).contains(&entries), "TANDEM_DIRINDEX_ENTRIES must be 100..=10M");
+    entries
+}
+
+/// A name of 1..=255 bytes, any byte but '/' and NUL, never "." or ".."; mostly short.
+fn random_name(rng: &mut StdRng) -> Vec<u8> {
+    let length = match rng.gen_range(0..20) {
+        0 => MAXIMUM_NAME_BYTES - rng.gen_range(0..3),
+        1 => rng.gen_range(1..=MAXIMUM_NAME_BYTES),
+        2..=4 => rng.gen_range(1..=8),
+        _ => rng.gen_range(4..=24),
+    };
+    loop {
+        let name: Vec<u8> = (0..length)
+            .map(|_| if rng.gen_bool(0.8) { rng.gen_range(b'a'..=b'z') } else { rng.gen_range(1..=255u8) })
+            .map(|byte| if byte == b'/' { b'_' } else { byte })
+            .collect();
+        if name != b"." && name != b".." {
+            return name;
+        }
+    }
+}
+
+fn random_permissions(rng: &mut StdRng) -> u32 {
+    match rng.gen_range(0..10) {
+        0 => 0o700,
+        1 => 0o711,
+        2 => 0o070,
+        3 => 0o000,
+        4 => 0o751,
+        _ => 0o755,
+    }
+}
+
+fn random_attributes(rng: &mut StdRng, inode: u64, kind: IndexKind, parent: u64) -> IndexAttributes {
+    IndexAttributes {
+        inode,
+        generation: rng.gen(),
+        size_bytes: rng.gen(),
+        blocks_512: rng.gen(),
+        atime_ns: rng.gen(),
+        mtime_ns: rng.gen(),
+        ctime_ns: rng.gen(),
+        btime_ns: rng.gen(),
+        rdev: rng.gen(),
+        parent: if kind == IndexKind::Directory { parent } else { 0 },
+        kind,
+        permissions: if kind == IndexKind::Directory { random_permissions(rng) } else { rng.gen_range(0..=0o7777) },
+        uid: 1000 + rng.gen_range(0..3),
+        gid: if rng.gen_bool(0.5) { 100 } else { 200 },
+        link_count: rng.gen_range(1..5),
+        reserved: 0,
+    }
+}
+
+/// What the generator knows of the tree (to make paths and updates that mostly hit).
+struct Tree {
+    directories: Vec<u64>,
+    directory_set: HashSet<u64>,
+    children: HashMap<u64, Vec<(Vec<u8>, u64)>>,
+    names: HashSet<(u64, Vec<u8>)>,
+    next_inode: u64,
+    /// One directory with many entries (lists that take several commands), 0 before build.
+    wide: u64,
+}
+
+impl Tree {
+    fn new() -> Self {
+        Tree {
+            directories: vec![ROOT],
+            directory_set: HashSet::from([ROOT]),
+            children: HashMap::new(),
+            names: HashSet::new(),
+            next_inode: ROOT + 1,
+            wide: 0,
+        }
+    }
+
+    /// A parent biased to recent directories, so trees get deep.
+    fn random_directory(&self, rng: &mut StdRng) -> u64 {
+        let count = self.directories.len();
+        if rng.gen_bool(0.5) {
+            self.directories[count - 1 - rng.gen_range(0..count.min(16))]
+        } else {
+            self.directories[rng.gen_range(0..count)]
+        }
+    }
+
+    /// A new child: its entry, usually its attributes, and for directories usually `complete`.
+    fn add_child(&mut self, rng: &mut StdRng, updates: &mut Vec<IndexUpdate>) {
+        let parent = self.random_directory(rng);
+        let name = (0..16).map(|_| random_name(rng)).find(|name| !self.names.contains(&(parent, name.clone())));
+        let Some(name) = name else { return };
+        let inode = self.next_inode;
+        self.next_inode += 1;
+        let kind = match rng.gen_range(0..100) {
+            0..=14 => IndexKind::Directory,
+            15..=19 => IndexKind::Symlink,
+            20 => IndexKind::Other,
+            _ => IndexKind::File,
+        };
+        updates.push(IndexUpdate::InsertEntry { parent, name: name.clone(), child: inode });
+        if rng.gen_range(0..100) < 97 {
+            updates.push(IndexUpdate::SetAttributes(random_attributes(rng, inode, kind, parent)));
+        }
+        if kind == IndexKind::Directory {
+            self.directories.push(inode);
+            self.directory_set.insert(inode);
+            if rng.gen_range(0..100) < 85 {
+                updates.push(IndexUpdate::MarkComplete(inode));
+            }
+        }
+        self.children.entry(parent).or_default().push((name.clone(), inode));
+        self.names.insert((parent, name));
+    }
+
+    fn random_entry(&self, rng: &mut StdRng) -> Option<(u64, Vec<u8>, u64)> {
+        let parent = self.random_directory(rng);
+        let children = self.children.get(&parent)?;
+        let (name, child) = &children[rng.gen_range(0..children.len())];
+        Some((parent, name.clone(), *child))
+    }
+
+    /// A path that walks the tree, with '.', '..', empty components, misses, names too long
+    /// and trailing slashes sprinkled in, or now and then plain noise.
+    fn random_path(&self, rng: &mut StdRng) -> Vec<u8> {
+        if rng.gen_range(0..40) == 0 {
+            let length = rng.gen_range(0..64);
+            return (0..length).map(|_| if rng.gen_bool(0.3) { b'/' } else { rng.gen_range(b'a'..=b'c') }).collect();
+        }
+        let mut path = Vec::new();
+        if rng.gen_bool(0.7) {
+            path.push(b'/');
+        }
+        let mut current = ROOT;
+        let depth = rng.gen_range(0..8);
+        for _ in 0..depth {
+            // Mostly stop at a non-directory (the rest checks NotDirectory).
+            if !self.directory_set.contains(&current) && rng.gen_bool(0.9) {
+                break;
+            }
+            let component: Vec<u8> = match rng.gen_range(0..30) {
+                0 => b".".to_vec(),
+                1 => b"..".to_vec(),
+                2 => Vec::new(),
+                3 => random_name(rng),
+                4 => vec![b'x'; MAXIMUM_NAME_BYTES + 1],
+                _ => match self.children.get(&current) {
+                    Some(children) => {
+                        // Prefer subdirectories, so walks go deep.
+                        let pick = (0..8)
+                            .map(|_| &children[rng.gen_range(0..children.len())])
+                            .find(|(_, child)| self.directory_set.contains(child))
+                            .filter(|_| rng.gen_bool(0.7))
+                            .unwrap_or(&children[rng.gen_range(0..children.len())]);
+                        current = pick.1;
+                        pick.0.clone()
+                    }
+                    None => random_name(rng),
+                },
+            };
+            path.extend_from_slice(&component);
+            path.push(b'/');
+        }
+        if !path.is_empty() && rng.gen_bool(0.7) {
+            path.pop();
+        }
+        path
+    }
+}
+
+/// Random changes: removals, new children, attribute changes (permissions too), completeness
+/// flips, inode removals, drops, and the same key changed several times in one batch.
+fn random_updates(rng: &mut StdRng, tree: &mut Tree, count: usize) -> Vec<IndexUpdate> {
+    let mut updates = Vec::with_capacity(count);
+    while updates.len() < count {
+        match rng.gen_range(0..100) {
+            0..=29 => tree.add_child(rng, &mut updates),
+            30..=44 => {
+                if let Some((parent, name, _)) = tree.random_entry(rng) {
+                    updates.push(IndexUpdate::RemoveEntry { parent, name });
+                }
+            }
+            45..=59 => {
+                let inode = rng.gen_range(ROOT..tree.next_inode);
+                let kind = if tree.directories.contains(&inode) { IndexKind::Directory } else { IndexKind::File };
+                updates.push(IndexUpdate::SetAttributes(random_attributes(rng, inode, kind, ROOT)));
+            }
+            60..=64 => updates.push(IndexUpdate::RemoveInode(rng.gen_range(ROOT..tree.next_inode))),
+            65..=72 => updates.push(IndexUpdate::MarkIncomplete(tree.random_directory(rng))),
+            73..=84 => updates.push(IndexUpdate::MarkComplete(tree.random_directory(rng))),
+            85..=86 => updates.push(IndexUpdate::DropDirectory(tree.random_directory(rng))),
+            _ => {
+                // One key, changed again and again in one batch: order must hold.
+                if let Some((parent, name, child)) = tree.random_entry(rng) {
+                    updates.push(IndexUpdate::RemoveEntry { parent, name: name.clone() });
+                    updates.push(IndexUpdate::InsertEntry { parent, name: name.clone(), child: child + 1 });
+                    updates.push(IndexUpdate::InsertEntry { parent, name, child });
+                    updates.push(IndexUpdate::MarkIncomplete(parent));
+                    updates.push(IndexUpdate::MarkComplete(parent));
+                }
+            }
+        }
+    }
+    updates
+}
+
+fn build(rng: &mut StdRng, entries: usize, indexes: &[&dyn DirectoryIndex]) -> Tree {
+    let mut tree = Tree::new();
+    let mut root = random_attributes(rng, ROOT, IndexKind::Directory, ROOT);
+    root.permissions = 0o755;
+    let mut updates = vec![IndexUpdate::SetAttributes(root), IndexUpdate::MarkComplete(ROOT)];
+    let mut added = 0;
+    while added < entries {
+        tree.add_child(rng, &mut updates);
+        added += 1;
+        if updates.len() >= BUILD_BATCH || added == entries {
+            apply_everywhere(indexes, &updates);
+            updates.clear();
+        }
+    }
+    add_wide_directory(rng, &mut tree, (entries / 4).min(100_000), indexes);
+    tree
+}
+
+fn add_wide_directory(rng: &mut StdRng, tree: &mut Tree, children: usize, indexes: &[&dyn DirectoryIndex]) {
+    let wide = tree.next_inode;
+    tree.next_inode += 1 + children as u64;
+    tree.wide = wide;
+    let mut attributes = random_attributes(rng, wide, IndexKind::Directory, ROOT);
+    attributes.permissions = 0o755;
+    let mut updates = vec![
+        IndexUpdate::SetAttributes(attributes),
+        IndexUpdate::InsertEntry { parent: ROOT, name: b"wide".to_vec(), child: wide },
+        IndexUpdate::MarkComplete(wide),
+    ];
+    let mut names = HashSet::new();
+    for child in 1..=children as u64 {
+        let name = random_name(rng);
+        if names.insert(name.clone()) {
+            updates.push(IndexUpdate::InsertEntry { parent: wide, name: name.clone(), child: wide + child });
+            updates.push(IndexUpdate::SetAttributes(random_attributes(rng, wide + child, IndexKind::File, wide)));
+            tree.children.entry(wide).or_default().push((name.clone(), wide + child));
+            tree.names.insert((wide, name));
+        }
+    }
+    tree.directories.push(wide);
+    tree.directory_set.insert(wide);
+    tree.children.entry(ROOT).or_default().push((b"wide".to_vec(), wide));
+    apply_everywhere(indexes, &updates);
+}
+
+fn apply_everywhere(indexes: &[&dyn DirectoryIndex], updates: &[IndexUpdate]) {
+    let reports: Vec<_> = indexes.iter().map(|index| index.apply(updates).expect("apply")).collect();
+    for (index, report) in indexes.iter().zip(&reports) {
+        assert_eq!(report.applied, updates.len(), "{}", index.name());
+        assert_eq!(report.overflowed, 0, "{} ran out of room: size the test's tables up", index.name());
+    }
+}
+
+/// Random lookups: existing entries, misses, names under files, unknown parents, names of
+/// every length.
+fn random_lookups(rng: &mut StdRng, tree: &Tree, count: usize) -> Vec<(u64, Vec<u8>)> {
+    (0..count)
+        .map(|_| match rng.gen_range(0..10) {
+            0..=4 => tree.random_entry(rng).map(|(parent, name, _)| (parent, name)).unwrap_or((ROOT, b"a".to_vec())),
+            5..=6 => (tree.random_directory(rng), random_name(rng)),
+            7 => (rng.gen_range(ROOT..tree.next_inode + 10), random_name(rng)),
+            8 => (tree.random_directory(rng), vec![rng.gen_range(b'a'..=b'z'); rng.gen_range(1..=MAXIMUM_NAME_BYTES)]),
+            _ => (tree.random_directory(rng), b".".to_vec()),
+        })
+        .collect()
+}
+
+fn compare_everything(
+    rng: &mut StdRng,
+    tree: &Tree,
+    reference: &dyn DirectoryIndex,
+    other: &dyn DirectoryIndex,
+    queries: usize,
+) {
+    let lookups = random_lookups(rng, tree, queries);
+    let borrowed: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+    let expected = reference.lookup(&borrowed).expect("reference lookup");
+    let answered = other.lookup(&borrowed).expect("lookup");
+    for (index, request) in borrowed.iter().enumerate() {
+        assert!(
+            expected[index] == answered[index],
+            "lookup {request:?}: {:?} vs {:?}",
+            expected[index],
+            answered[index]
+        );
+    }
+    let paths: Vec<Vec<u8>> = (0..queries).map(|_| tree.random_path(rng)).collect();
+    let borrowed: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+    let mut kinds: HashMap<String, usize> = HashMap::new();
+    for credentials in CREDENTIALS {
+        let expected = reference.resolve(&borrowed, credentials).expect("reference resolve");
+        for answer in &expected {
+            let kind = format!("{answer:?}");
+            *kinds.entry(kind.split('(').next().unwrap_or("").to_string()).or_default() += 1;
+        }
+        let answered = other.resolve(&borrowed, credentials).expect("resolve");
+        for (index, path) in borrowed.iter().enumerate() {
+            assert!(
+                expected[index] == answered[index],
+                "resolve {:?} as {credentials:?}: {:?} vs {:?}",
+                String::from_utf8_lossy(path),
+                expected[index],
+                answered[index]
+            );
+        }
+    }
+    if queries >= 10_000 {
+        let mut kinds: Vec<_> = kinds.into_iter().collect();
+        kinds.sort();
+        println!("  resolve answers: {kinds:?}");
+    }
+    let inodes: Vec<u64> = (0..queries).map(|_| rng.gen_range(ROOT..tree.next_inode + 10)).collect();
+    assert!(reference.stat(&inodes).expect("reference stat") == other.stat(&inodes).expect("stat"), "stats differ");
+    let mut directories: Vec<u64> = (0..20).map(|_| tree.random_directory(rng)).collect();
+    directories.push(ROOT);
+    directories.push(tree.wide);
+    directories.push(tree.next_inode + 1);
+    for directory in directories {
+        let expected = reference.list(directory).expect("reference list");
+        let answered = other.list(directory).expect("list");
+        assert!(expected == answered, "list {directory}: {} vs {}", describe(&expected), describe(&answered));
+    }
+    // Batches of one (the mapped-memory path on the GPU).
+    for (parent, name) in lookups.iter().take(50) {
+        let request = [(*parent, &name[..])];
+        assert_eq!(reference.lookup(&request).unwrap(), other.lookup(&request).unwrap(), "single lookup");
+    }
+}
+
+fn describe(list: &ListResult) -> String {
+    match list {
+        ListResult::Listed(entries) => format!("{} entries", entries.len()),
+        ListResult::Unknown => "unknown".into(),
+    }
+}
+
+/// Several host threads at once: queries against a fixed state, then disjoint updates (each
+/// thread its own new directory) racing each other, compared at the end.
+fn concurrent_rounds(
+    seed: u64,
+    tree: &Tree,
+    queries: usize,
+    reference: &dyn DirectoryIndex,
+    other: &dyn DirectoryIndex,
+) {
+    const THREADS: u64 = 4;
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed * 1000 + thread);
+                compare_everything(&mut rng, tree, reference, other, queries);
+            });
+        }
+    });
+    let base = tree.next_inode + 1_000_000;
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            scope.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed * 2000 + thread);
+                let directory = base + thread * 10_000;
+                let mut updates = vec![
+                    IndexUpdate::SetAttributes(random_attributes(&mut rng, directory, IndexKind::Directory, ROOT)),
+                    IndexUpdate::InsertEntry {
+                        parent: ROOT,
+                        name: format!("racer{thread}").into_bytes(),
+                        child: directory,
+                    },
+                    IndexUpdate::MarkComplete(directory),
+                ];
+                for child in 1..2000 {
+                    let inode = directory + child;
+                    updates.push(IndexUpdate::InsertEntry {
+                        parent: directory,
+                        name: random_name(&mut rng),
+                        child: inode,
+                    });
+                    updates.push(IndexUpdate::SetAttributes(random_attributes(
+                        &mut rng,
+                        inode,
+                        IndexKind::File,
+                        directory,
+                    )));
+                }
+                for chunk in updates.chunks(700) {
+                    reference.apply(chunk).expect("reference apply");
+                    other.apply(chunk).expect("apply");
+                }
+                assert!(reference.list(directory).unwrap() == other.list(directory).unwrap(), "racer {thread} list");
+            });
+        }
+    });
+}
+
+fn run_seed(seed: u64, entries: usize, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
+    run_seed_sized(seed, entries, (entries / 2).clamp(10_000, 1_000_000), reference, other)
+}
+
+/// One seed with `queries` requests per batch (smaller for the slow host build of the
+/// serving loop).
+fn run_seed_sized(
+    seed: u64,
+    entries: usize,
+    queries: usize,
+    reference: &dyn DirectoryIndex,
+    other: &dyn DirectoryIndex,
+) {
+    println!(
+        "seed {seed} (TANDEM_SEED={seed} repeats it), {entries} entries: {} vs {}",
+        reference.name(),
+        other.name()
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut tree = build(&mut rng, entries, &[reference, other]);
+    compare_everything(&mut rng, &tree, reference, other, queries);
+    for round in 0..3 {
+        let updates = random_updates(&mut rng, &mut tree, (entries / 20).clamp(1000, 200_000));
+        apply_everywhere(&[reference, other], &updates);
+        compare_everything(&mut rng, &tree, reference, other, queries / 4);
+        println!("  round {round}: {} updates applied, answers equal", updates.len());
+    }
+    concurrent_rounds(seed, &tree, (queries / 5).max(100), reference, other);
+    println!("  concurrent batches from 4 threads: answers equal");
+}
+
+/// Sized for the test's trees with room to spare (no overflow is allowed to hide a difference),
+/// and small staging buffers so batches span several commands and lists several pages.
+fn gpu_config(entries: usize) -> GpuIndexConfig {
+    let mut config = GpuIndexConfig::for_entries(entries * 2 + 100_000);
+    config.arena_bytes = (entries * 2 + 100_000) * 64;
+    config.staging_bytes = 1 << 20;
+    config
+}
+
+#[test]
+fn gpu_answers_equal_the_cpu_twin() {
+    let entries = entries_wanted();
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for seed in seeds(0..2) {
+        let gpu = match GpuDirectoryIndex::open(ROOT, gpu_config(entries)) {
+            Ok(gpu) => gpu,
+            Err(reason) => {
+                println!("no GPU: skipped ({reason})");
+                return;
+            }
+        };
+        println!("{}", gpu.describe());
+        let cpu = CpuDirectoryIndex::new(ROOT, 0).unwrap();
+        run_seed(seed, entries, &cpu, &gpu);
+        println!("  {}", gpu.describe());
+    }
+}
+
+/// The same with large commands copied to device memory and back by DMA (the optional
+/// `copy_above_bytes` path), on a smaller tree.
+#[test]
+fn gpu_with_copies_equals_the_cpu_twin() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let entries = entries_wanted().min(50_000);
+    let mut config = gpu_config(entries);
+    config.copy_above_bytes = Some(64 << 10);
+    let gpu = match GpuDirectoryIndex::open(ROOT, config) {
+        Ok(gpu) => gpu,
+        Err(reason) => {
+            println!("no GPU: skipped ({reason})");
+            return;
+        }
+    };
+    let cpu = CpuDirectoryIndex::new(ROOT, 0).unwrap();
+    run_seed(7, entries, &cpu, &gpu);
+    println!("  {}", gpu.describe());
+}
+
+/// The kernel's own source, compiled for the host (tests/dirindex_emulator.cpp) and driven
+/// through the same wire format, against the twin: CI runs the table, apply, walk and list
+/// code of dirindex.cu without a GPU, four host threads per command so inserts race for slots.
+#[test]
+fn kernel_source_on_the_host_equals_the_cpu_twin() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 400_000) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    for seed in seeds(20..22) {
+        let kernel = emulator::EmulatedKernel::build(ROOT, 400_000).expect("built once already");
+        let cpu = CpuDirectoryIndex::new(ROOT, 2).unwrap();
+        run_seed(seed, 30_000, &cpu, &kernel);
+    }
+    drop(kernel);
+}
+
+/// The kernel's answer to running out of room: every change it could not store is counted,
+/// and from then on it gives no negative answer (a correct cache, only a less useful one).
+#[test]
+fn kernel_source_overflow_turns_negatives_into_unknown() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 1024) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    let mut root = IndexAttributes::new(ROOT, IndexKind::Directory, 0o755);
+    root.parent = ROOT;
+    let setup = [IndexUpdate::SetAttributes(root), IndexUpdate::MarkComplete(ROOT)];
+    assert_eq!(kernel.apply(&setup).unwrap().overflowed, 0);
+    assert_eq!(kernel.lookup(&[(ROOT, b"absent")]).unwrap()[0], tandem_accel::dirindex::LookupResult::NotFound);
+    let inserts: Vec<IndexUpdate> = (0..4000u64)
+        .map(|i| IndexUpdate::InsertEntry { parent: ROOT, name: format!("file-{i:06}").into_bytes(), child: 10 + i })
+        .collect();
+    let report = kernel.apply(&inserts).unwrap();
+    assert_eq!(report.applied, 4000);
+    assert!(report.overflowed > 0 && report.overflowed < 4000, "{report:?}");
+    assert_eq!(kernel.lookup(&[(ROOT, b"absent")]).unwrap()[0], tandem_accel::dirindex::LookupResult::Unknown);
+    assert_eq!(kernel.list(ROOT).unwrap(), ListResult::Unknown);
+    let paths: Vec<&[u8]> = vec![b"/absent"];
+    assert_eq!(kernel.resolve(&paths, Credentials::ROOT).unwrap()[0], tandem_accel::dirindex::ResolveResult::NeedsCpu);
+}
+
+mod emulator {
+    use super::*;
+    use std::ffi::{c_void, CString};
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+    use tandem_accel::dirindex::wire::{self, Layout, Segment};
+    use tandem_accel::dirindex::{LookupResult, ResolveResult, StatResult, MAXIMUM_PATH_BYTES};
+    use tandem_accel::{AccelError, Result};
+
+    type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
+    type Close = unsafe extern "C" fn(*mut c_void);
+    type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64, u32);
+    type Command = unsafe extern "C" fn(
+        *mut c_void,
+        u32,
+        u32,
+        *const u8,
+        u64,
+        *mut u8,
+        u64,
+        u64,
+        u64,
+        u64,
+        u32,
+        *mut u64,
+        *mut u64,
+    ) -> u32;
+
+    /// Host threads per command.
+    const THREADS: u32 = 4;
+    const LIST_BYTES: usize = 16 << 20;
+
+    /// dirindex.cu compiled for the host, behind the DirectoryIndex trait.
+    pub struct EmulatedKernel {
+        state: Mutex<usize>,
+        close: Close,
+        command: Command,
+        serve: Serve,
+        root: u64,
+        entry_slots: u64,
+    }
+
+    fn compile(directory: &std::path::Path) -> std::result::Result<PathBuf, String> {
+        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        std::fs::create_dir_all(directory).map_err(|error| error.to_string())?;
+        let library = directory.join("libdirindex_emulator.so");
+        let output = std::process::Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()))
+            .args([
+                "-std=c++17",
+                "-O2",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unknown-pragmas",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-o",
+            ])
+            .arg(&library)
+            .arg(manifest.join("tests/dirindex_emulator.cpp"))
+            .arg("-I")
+            .arg(manifest.join("src/dirindex"))
+            .output()
+            .map_err(|error| format!("cannot run c++: {error}"))?;
+        if !output.status.success() {
+            panic!("dirindex.cu does not compile for the host:\n{}", String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(library)
+    }
+
+    fn symbol(handle: *mut c_void, name: &str) -> *mut c_void {
+        let name = CString::new(name).unwrap();
+        // SAFETY: dlsym on a handle dlopen returned.
+        let pointer = unsafe { libc::dlsym(handle, name.as_ptr()) };
+        assert!(!pointer.is_null(), "{name:?} missing from the emulator");
+        pointer
+    }
+
+    /// Compiles and loads the emulator once per process (the file is removed once loaded).
+    fn library() -> std::result::Result<(Open, Close, Command, Serve), String> {
+        type Symbols = (usize, usize, usize, usize);
+        static LIBRARY: std::sync::OnceLock<std::result::Result<Symbols, String>> = std::sync::OnceLock::new();
+        let loaded = LIBRARY.get_or_init(|| {
+            let directory = std::env::temp_dir().join(format!("tandem-dirindex-emulator-{}", std::process::id()));
+            let library = compile(&directory)?;
+            let path = CString::new(library.to_string_lossy().as_bytes()).unwrap();
+            // SAFETY: dlopen of the library just built; kept loaded for the process.
+            let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            let _ = std::fs::remove_dir_all(&directory);
+            assert!(!handle.is_null(), "cannot load {}", library.display());
+            Ok((
+                symbol(handle, "dirindex_emulator_open") as usize,
+                symbol(handle, "dirindex_emulator_close") as usize,
+                symbol(handle, "dirindex_emulator_command") as usize,
+                symbol(handle, "dirindex_emulator_serve") as usize,
+            ))
+        });
+        let (open, close, command, serve) = loaded.clone()?;
+        // SAFETY: the symbols have exactly these C signatures in dirindex_emulator.cpp.
+        unsafe {
+            Ok((
+                std::mem::transmute::<usize, Open>(open),
+                std::mem::transmute::<usize, Close>(close),
+                std::mem::transmute::<usize, Command>(command),
+                std::mem::transmute::<usize, Serve>(serve),
+            ))
+        }
+    }
+
+    impl EmulatedKernel {
+        pub fn build(root: u64, entries: usize) -> std::result::Result<Self, String> {
+            let (open, close, command, serve) = library()?;
+            let slots = ((entries + entries / 2).max(1024)).next_power_of_two() as u64;
+            // SAFETY: plain sizes; the emulator owns what it allocates until close.
+            let state = unsafe { open(slots, slots, (entries * 64 / 8) as u64, root) };
+            Ok(EmulatedKernel { state: Mutex::new(state as usize), close, command, serve, root, entry_slots: slots })
+        }
+
+        /// Runs one command over `buffer` (requests at 0, answers at `layout.answers_offset`).
+        fn run(
+            &self,
+            opcode: u32,
+            count: usize,
+            buffer: &mut [u64],
+            layout: &Layout,
+            arguments: [u64; 3],
+        ) -> Result<(u64, u64)> {
+            assert!(layout.total_bytes() <= buffer.len() * 8);
+            let state = self.state.lock().unwrap();
+            let base = buffer.as_mut_ptr() as *mut u8;
+            let (mut result0, mut result1) = (0, 0);
+            // SAFETY: the buffer outlives the call and holds the layout.
+            let error = unsafe {
+                (self.command)(
+                    *state as *mut c_void,
+                    opcode,
+                    count as u32,
+                    base,
+                    layout.request_bytes as u64,
+                    base.add(layout.answers_offset),
+                    layout.answers_bytes as u64,
+                    arguments[0],
+                    arguments[1],
+                    arguments[2],
+                    THREADS,
+                    &mut result0,
+                    &mut result1,
+                )
+            };
+            if error != 0 {
+                return Err(AccelError::Device(format!("emulated kernel error {error}")));
+            }
+            Ok((result0, result1))
+        }
+
+        /// Runs the kernel's persistent serving loop over `ring` (RING_BYTES) as `blocks`
+        /// blocks of 32 host threads until it is told to stop. Commands through `command` must
+        /// not run meanwhile.
+        pub fn serve(&self, ring: *mut u8, blocks: u32) {
+            let state = *self.state.lock().unwrap();
+            // SAFETY: the ring memory outlives this call (the caller joins before freeing it).
+            unsafe {
+                (self.serve)(state as *mut c_void, ring, tandem_accel::dirindex::ring::RING_SLOTS as u64, blocks)
+            };
+        }
+
+        pub fn entry_slots(&self) -> u64 {
+            self.entry_slots
+        }
+
+        pub fn buffer(sizes: impl Iterator<Item = (usize, usize)>) -> Vec<u64> {
+            let (requests, answers) = sizes.fold((0, 0), |(r, a), (request, answer)| (r + request, a + answer));
+            vec![0u64; (requests + answers) / 8 + 32]
+        }
+
+        pub fn bytes(buffer: &mut [u64]) -> &mut [u8] {
+            // SAFETY: the same memory as bytes.
+            unsafe { std::slice::from_raw_parts_mut(buffer.as_mut_ptr() as *mut u8, buffer.len() * 8) }
+        }
+    }
+
+    impl Drop for EmulatedKernel {
+        fn drop(&mut self) {
+            // SAFETY: opened by dirindex_emulator_open, closed once.
+            unsafe { (self.close)(*self.state.lock().unwrap() as *mut c_void) };
+        }
+    }
+
+    impl DirectoryIndex for EmulatedKernel {
+        fn name(&self) -> String {
+            format!("dirindex.cu on the host ({THREADS} threads a command)")
+        }
+
+        fn root(&self) -> u64 {
+            self.root
+        }
+
+        fn apply(&self, updates: &[IndexUpdate]) -> Result<tandem_accel::dirindex::ApplyReport> {
+            let mut report = tandem_accel::dirindex::ApplyReport::default();
+            for segment in wire::segments(updates, 64 << 20) {
+                match segment {
+                    Segment::Updates { start, end } => {
+                        let part = &updates[start..end];
+                        let mut buffer = Self::buffer(wire::apply_sizes(part));
+                        let layout = wire::encode_updates(part, Self::bytes(&mut buffer));
+                        let (overflows, _) = self.run(wire::COMMAND_APPLY, part.len(), &mut buffer, &layout, [0; 3])?;
+                        wire::add_reports(&mut report, part.len(), overflows);
+                    }
+                    Segment::Drop(directory) => {
+                        let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: 0 };
+                        self.run(wire::COMMAND_DROP, 0, &mut [0u64; 1], &layout, [directory, 0, 0])?;
+                        wire::add_reports(&mut report, 1, 0);
+                    }
+                }
+            }
+            Ok(report)
+        }
+
+        fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
+            let mut buffer = Self::buffer(wire::lookup_sizes(requests));
+            let layout = wire::encode_lookups(requests, Self::bytes(&mut buffer));
+            self.run(wire::COMMAND_LOOKUP, requests.len(), &mut buffer, &layout, [0; 3])?;
+            let bytes = Self::bytes(&mut buffer);
+            wire::decode_lookups(
+                &bytes[layout.answers_offset..layout.answers_offset + layout.answers_bytes],
+                requests.len(),
+            )
+        }
+
+        fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
+            let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
+            let mut buffer = Self::buffer(wire::resolve_sizes(&short));
+            let layout = wire::encode_resolves(&short, Self::bytes(&mut buffer));
+            let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
+            self.run(wire::COMMAND_RESOLVE, short.len(), &mut buffer, &layout, arguments)?;
+            let bytes = Self::bytes(&mut buffer);
+            let answers = wire::decode_resolves(
+                &bytes[layout.answers_offset..layout.answers_offset + layout.answers_bytes],
+                short.len(),
+            )?;
+            let mut answers = answers.into_iter();
+            Ok(paths
+                .iter()
+                .map(|path| {
+                    if path.len() > MAXIMUM_PATH_BYTES {
+                        ResolveResult::NameTooLong
+                    } else {
+                        answers.next().expect("one answer per short path")
+                    }
+                })
+                .collect())
+        }
+
+        fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+            let mut buffer = Self::buffer(wire::stat_sizes(inodes));
+            let layout = wire::encode_stats(inodes, Self::bytes(&mut buffer));
+            self.run(wire::COMMAND_STAT, inodes.len(), &mut buffer, &layout, [0; 3])?;
+            let bytes = Self::bytes(&mut buffer);
+            wire::decode_stats(&bytes[layout.answers_offset..layout.answers_offset + layout.answers_bytes], inodes)
+        }
+
+        fn list(&self, directory: u64) -> Result<ListResult> {
+            let mut buffer = vec![0u64; LIST_BYTES / 8];
+            let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: LIST_BYTES };
+            let (needed, complete) =
+                self.run(wire::COMMAND_LIST, 0, &mut buffer, &layout, [directory, 0, self.entry_slots])?;
+            assert!(needed as usize <= LIST_BYTES, "listing of {needed} bytes: make LIST_BYTES larger");
+            let entries = wire::decode_list(Self::bytes(&mut buffer), needed as usize)?;
+            Ok(wire::list_result(complete == 1, entries))
+        }
+    }
+}
+
+/// The persistent serving loop itself (dirindex_serve_kernel, as one block of 32 host
+/// threads) behind the Rust half of the ring (`dirindex::ring::Ring`, the one the GPU engine
+/// uses): the whole harness, concurrent submitters and ring wrap-around included, then stop.
+#[test]
+fn kernel_serving_loop_on_the_host_answers_through_the_ring() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 100_000) {
+        Ok(kernel) => std::sync::Arc::new(kernel),
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    let served = ring_index::RingIndex::new(std::sync::Arc::clone(&kernel));
+    let cpu = CpuDirectoryIndex::new(ROOT, 2).unwrap();
+    run_seed_sized(31, 5_000, 1_000, &cpu, &served);
+    // More commands than ring slots from several threads at once.
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                for _ in 0..100 {
+                    assert_eq!(served.stat(&[ROOT]).unwrap(), cpu.stat(&[ROOT]).unwrap());
+                }
+            });
+        }
+    });
+    served.stop();
+}
+
+mod ring_index {
+    use super::emulator::EmulatedKernel;
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, MutexGuard};
+    use std::time::Duration;
+    use tandem_accel::dirindex::ring::{Ring, RingCommand, RING_BYTES};
+    use tandem_accel::dirindex::wire::{self, Layout, Segment};
+    use tandem_accel::dirindex::{ApplyReport, LookupResult, ResolveResult, StatResult, MAXIMUM_PATH_BYTES};
+    use tandem_accel::{AccelError, Result};
+
+    const LIST_BYTES: usize = 16 << 20;
+    /// Emulated blocks: more than one, so the finished count spans blocks as on the GPU.
+    const SERVING_BLOCKS: u32 = 2;
+
+    /// The ring over plain memory, served by the host build of the kernel on its own thread.
+    pub struct RingIndex {
+        ring: Ring,
+        _memory: Vec<u64>,
+        kernel: Arc<EmulatedKernel>,
+        stopped: Arc<AtomicBool>,
+        server: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    }
+
+    impl RingIndex {
+        pub fn new(kernel: Arc<EmulatedKernel>) -> Self {
+            let mut memory = vec![0u64; RING_BYTES / 8];
+            let address = memory.as_mut_ptr() as usize;
+            // SAFETY: RING_BYTES of zeroed, aligned memory kept until the server is joined.
+            let ring = unsafe { Ring::new(address as *mut u8, Duration::from_secs(60)) };
+            let stopped = Arc::new(AtomicBool::new(false));
+            let server = {
+                let (kernel, stopped) = (Arc::clone(&kernel), Arc::clone(&stopped));
+                std::thread::spawn(move || {
+                    kernel.serve(address as *mut u8, SERVING_BLOCKS);
+                    stopped.store(true, Ordering::Release);
+                })
+            };
+            RingIndex { ring, _memory: memory, kernel, stopped, server: std::sync::Mutex::new(Some(server)) }
+        }
+
+        fn alive(&self) -> Result<()> {
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(AccelError::Device("the serving loop returned".into()));
+            }
+            Ok(())
+        }
+
+        fn command(buffer: &mut [u64], opcode: u32, count: usize, layout: &Layout, arguments: [u64; 3]) -> RingCommand {
+            let base = buffer.as_mut_ptr() as u64;
+            RingCommand {
+                opcode,
+                count: count as u32,
+                requests: base,
+                request_bytes: layout.request_bytes as u64,
+                answers: base + layout.answers_offset as u64,
+                answer_bytes: layout.answers_bytes as u64,
+                arguments,
+            }
+        }
+
+        /// Submits under `next` and waits for the answer.
+        fn run_held(&self, next: &mut MutexGuard<'_, u64>, command: &RingCommand) -> Result<(u64, u64)> {
+            let (slot, sequence) = self.ring.submit(next, command)?;
+            let completion = self.ring.wait(slot, sequence, &mut || self.alive())?;
+            if completion.status != 0 {
+                return Err(AccelError::Device(format!("kernel error {}", completion.status)));
+            }
+            Ok((completion.result0, completion.result1))
+        }
+
+        /// Submits, lets other submitters in, then waits.
+        fn run(&self, command: &RingCommand) -> Result<(u64, u64)> {
+            let (slot, sequence) = self.ring.submit(&mut self.ring.lock(), command)?;
+            let completion = self.ring.wait(slot, sequence, &mut || self.alive())?;
+            assert_eq!(completion.status, 0, "kernel error");
+            Ok((completion.result0, completion.result1))
+        }
+
+        pub fn stop(&self) {
+            let command = RingCommand { opcode: wire::COMMAND_STOP, ..RingCommand::default() };
+            self.run(&command).expect("stop answered");
+            let server = self.server.lock().unwrap().take().expect("stopped once");
+            server.join().expect("serving loop panicked");
+            assert!(self.stopped.load(Ordering::Acquire));
+        }
+
+        fn answers(buffer: &mut [u64], layout: &Layout) -> Vec<u8> {
+            EmulatedKernel::bytes(buffer)[layout.answers_offset..layout.answers_offset + layout.answers_bytes].to_vec()
+        }
+    }
+
+    impl DirectoryIndex for RingIndex {
+        fn name(&self) -> String {
+            "dirindex.cu's serving loop on the host, through the ring".into()
+        }
+
+        fn root(&self) -> u64 {
+            ROOT
+        }
+
+        fn apply(&self, updates: &[IndexUpdate]) -> Result<ApplyReport> {
+            let mut report = ApplyReport::default();
+            let mut next = self.ring.lock();
+            for segment in wire::segments(updates, 64 << 20) {
+                match segment {
+                    Segment::Updates { start, end } => {
+                        let part = &updates[start..end];
+                        let mut buffer = EmulatedKernel::buffer(wire::apply_sizes(part));
+                        let layout = wire::encode_updates(part, EmulatedKernel::bytes(&mut buffer));
+                        let command = Self::command(&mut buffer, wire::COMMAND_APPLY, part.len(), &layout, [0; 3]);
+                        let (overflows, _) = self.run_held(&mut next, &command)?;
+                        wire::add_reports(&mut report, part.len(), overflows);
+                    }
+                    Segment::Drop(directory) => {
+                        let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: 0 };
+                        let command = Self::command(&mut [0u64], wire::COMMAND_DROP, 0, &layout, [directory, 0, 0]);
+                        self.run_held(&mut next, &command)?;
+                        wire::add_reports(&mut report, 1, 0);
+                    }
+                }
+            }
+            Ok(report)
+        }
+
+        fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
+            let mut buffer = EmulatedKernel::buffer(wire::lookup_sizes(requests));
+            let layout = wire::encode_lookups(requests, EmulatedKernel::bytes(&mut buffer));
+            self.run(&Self::command(&mut buffer, wire::COMMAND_LOOKUP, requests.len(), &layout, [0; 3]))?;
+            wire::decode_lookups(&Self::answers(&mut buffer, &layout), requests.len())
+        }
+
+        fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
+            let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
+            let mut buffer = EmulatedKernel::buffer(wire::resolve_sizes(&short));
+            let layout = wire::encode_resolves(&short, EmulatedKernel::bytes(&mut buffer));
+            let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
+            self.run(&Self::command(&mut buffer, wire::COMMAND_RESOLVE, short.len(), &layout, arguments))?;
+            let mut answers = wire::decode_resolves(&Self::answers(&mut buffer, &layout), short.len())?.into_iter();
+            Ok(paths
+                .iter()
+                .map(|path| {
+                    if path.len() > MAXIMUM_PATH_BYTES {
+                        ResolveResult::NameTooLong
+                    } else {
+                        answers.next().expect("one answer per short path")
+                    }
+                })
+                .collect())
+        }
+
+        fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+            let mut buffer = EmulatedKernel::buffer(wire::stat_sizes(inodes));
+            let layout = wire::encode_stats(inodes, EmulatedKernel::bytes(&mut buffer));
+            self.run(&Self::command(&mut buffer, wire::COMMAND_STAT, inodes.len(), &layout, [0; 3]))?;
+            wire::decode_stats(&Self::answers(&mut buffer, &layout), inodes)
+        }
+
+        fn list(&self, directory: u64) -> Result<ListResult> {
+            let mut buffer = vec![0u64; LIST_BYTES / 8];
+            let layout = Layout { request_bytes: 0, answers_offset: 0, answers_bytes: LIST_BYTES };
+            let arguments = [directory, 0, self.kernel.entry_slots()];
+            let (needed, complete) =
+                self.run(&Self::command(&mut buffer, wire::COMMAND_LIST, 0, &layout, arguments))?;
+            assert!(needed as usize <= LIST_BYTES);
+            let entries = wire::decode_list(EmulatedKernel::bytes(&mut buffer), needed as usize)?;
+            Ok(wire::list_result(complete == 1, entries))
+        }
+    }
+}
+
+/// The harness itself, in CI: the twin on one thread against the twin on every thread.
+#[test]
+fn twin_on_one_thread_equals_twin_on_all() {
+    for seed in seeds(10..11) {
+        let one = CpuDirectoryIndex::new(ROOT, 1).unwrap();
+        let all = CpuDirectoryIndex::new(ROOT, 4).unwrap();
+        run_seed(seed, 20_000, &one, &all);
+    }
+}
+
+/// A GPU index that is dropped while idle stops its kernel (and a second one can start).
+#[test]
+fn gpu_index_opens_and_stops_twice() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for _ in 0..2 {
+        match GpuDirectoryIndex::open(ROOT, GpuIndexConfig::for_entries(1024)) {
+            Ok(gpu) => {
+                for _ in 0..100 {
+                    gpu.ping().expect("ping");
+                }
+                println!("{}", gpu.describe());
+            }
+            Err(reason) => {
+                println!("no GPU: skipped ({reason})");
+                return;
+            }
+        }
+    }
+}
+
+/// The benchmark rows (1,000 × 1,000 by default; `TANDEM_DIRINDEX_DIRECTORIES` and
+/// `TANDEM_DIRINDEX_FILES` change the shape). Run by hand on the GPU host:
+/// `cargo test --release -p tandem-accel --test dirindex_differential -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_directory_index() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let number = |name: &str, default: usize| {
+        std::env::var(name).ok().map(|text| text.parse::<usize>().expect("a number")).unwrap_or(default)
+    };
+    let config = tandem_accel::dirindex::bench::DirectoryBenchConfig {
+        directories: number("TANDEM_DIRINDEX_DIRECTORIES", 1000),
+        files_per_directory: number("TANDEM_DIRINDEX_FILES", 1000),
+        ..Default::default()
+    };
+    let (rows, notes) = tandem_accel::dirindex::bench::run(&config).expect("benchmark");
+    println!("{}", tandem_accel::dirindex::bench::render(&rows, &notes));
+}
