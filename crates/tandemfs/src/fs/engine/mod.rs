@@ -37,6 +37,11 @@ use std::sync::Arc;
 /// retries, hence more than a few attempts. A volume that is really full answers NoSpace after
 /// this many drains (each cheap then).
 const SPACE_ATTEMPTS_MAX: usize = 64;
+/// Waits of one operation for room in the backlog's image budget. Not a shortage: each wait
+/// ends when the back end applies a group of records, and many threads may take that room
+/// before this one retries (16 threads creating at once lost 64 turns in a row and answered a
+/// false NoSpace), so these do not count as attempts; the bound only keeps the loop finite.
+const BACKLOG_WAITS_MAX: usize = 1 << 20;
 /// Attempts of an optimistic read before it holds the front end still.
 const READ_ATTEMPTS_MAX: usize = 8;
 /// Waits of one read for a structural change of its file (a truncate, a hole punched) to be
@@ -434,19 +439,27 @@ impl FileSystem {
     /// (or too little was applied) does it drain the whole back end and checkpoint.
     pub(super) fn with_space<T>(&self, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
         let mut checkpointed_applied = false;
-        for round in 0..SPACE_ATTEMPTS_MAX {
+        let mut backlog_waits = 0usize;
+        let mut round = 0usize;
+        while round < SPACE_ATTEMPTS_MAX {
             self.check_running()?;
             REFUSED_FOR_BACKLOG.set(None);
             if let Some(value) = attempt()? {
                 return Ok(value);
             }
-            if round + 1 < SPACE_ATTEMPTS_MAX {
-                // Refused only because the backlog stands for too many checkpoint images:
-                // applying part of it is all that is needed (the back end checkpoints as it
-                // goes), so wait for the next batch rather than for the whole backlog.
-                if let Some(releases_seen) = REFUSED_FOR_BACKLOG.replace(None) {
+            // Refused only because the backlog stands for too many checkpoint images: applying
+            // part of it is all that is needed (the back end checkpoints as it goes), so wait
+            // for the next applied group rather than for the whole backlog.
+            if let Some(releases_seen) = REFUSED_FOR_BACKLOG.replace(None) {
+                if backlog_waits < BACKLOG_WAITS_MAX {
+                    backlog_waits += 1;
                     self.inner.backend.wait_for_room(releases_seen, self)?;
-                } else if !checkpointed_applied && self.checkpoint_applied()? {
+                    continue;
+                }
+            }
+            round += 1;
+            if round < SPACE_ATTEMPTS_MAX {
+                if !checkpointed_applied && self.checkpoint_applied()? {
                     checkpointed_applied = true;
                 } else {
                     self.drain_and_checkpoint()?;
