@@ -125,8 +125,17 @@ fn crash_run(seed: u64, backend_workers: usize, tally: &mut Tally) {
             std::thread::sleep(delay);
             memory.crash(crash_seed, mode)
         });
-        let finished: Vec<(ThreadState, Vec<Candidate>, bool)> =
-            handles.into_iter().map(|handle| handle.join().expect("a thread failed")).collect();
+        let finished: Vec<(ThreadState, Vec<Candidate>, bool)> = handles
+            .into_iter()
+            .map(|handle| {
+                handle.join().unwrap_or_else(|_| {
+                    // Kept for a post-mortem: `tandem fsck` on it replays the log alone.
+                    let path = std::env::temp_dir().join(format!("crash-threads-{seed}-{backend_workers}-{round}.img"));
+                    let saved = std::fs::write(&path, memory.to_bytes());
+                    panic!("{what}: a thread failed (image kept in {}: {saved:?})", path.display())
+                })
+            })
+            .collect();
         tally.rounds_failed += u64::from(finished.iter().any(|(_, _, failed)| *failed));
         tally.writes += memory.counters().writes;
         memory = survivor.unwrap_or_else(|| memory.crash(crash_seed, mode));
