@@ -133,14 +133,13 @@ pub fn check(path: &Path, key_file: Option<&Path>) -> CliResult<Verdict> {
                 format_count(report.blocks_in_use),
                 format_count(report.log_records_pending)
             );
+            // What a crash left that the next mount sets right: said either way, never a problem.
+            let mut lines: Vec<String> =
+                report.notes.iter().map(|note| format!("{}: note: {note}", path.display())).collect();
             if report.is_clean() {
-                let mut lines: Vec<String> =
-                    report.notes.iter().map(|note| format!("{}: note: {note}", path.display())).collect();
                 lines.push(format!("{}: clean ({summary})", path.display()));
                 Ok(Verdict { clean: true, lines })
             } else {
-                let mut lines: Vec<String> =
-                    report.notes.iter().map(|note| format!("{}: note: {note}", path.display())).collect();
                 lines.extend(report.problems.iter().cloned());
                 // Damaged file data is found, not fixed: say so rather than promise a repair.
                 let remedy = match report.damaged_data_blocks {

@@ -9,7 +9,7 @@
 
 use super::parallel::{self, ApplyPool, Job};
 use super::room::BacklogRoom;
-use super::store::Memo;
+use super::store::{LockTimes, Memo, TimedVolume};
 use super::{checkpoint, Applier};
 use crate::backend::record::Op;
 use crate::block::meta::BLOCK_SIZE_U64;
@@ -190,40 +190,6 @@ pub struct BackendStatistics {
     /// full), and the time they waited in all, in nanoseconds.
     pub room_waits: u64,
     pub room_wait_ns: u64,
-}
-
-/// Counts of one kind of volume-lock use.
-#[derive(Default)]
-struct LockTimes {
-    takes: AtomicU64,
-    wait_ns: AtomicU64,
-    held_ns: AtomicU64,
-}
-
-/// The volume lock held by the front end, timed until it drops.
-pub struct FrontVolume<'a> {
-    guard: MutexGuard<'a, Volume>,
-    acquired: Instant,
-    times: &'a LockTimes,
-}
-
-impl std::ops::Deref for FrontVolume<'_> {
-    type Target = Volume;
-    fn deref(&self) -> &Volume {
-        &self.guard
-    }
-}
-
-impl std::ops::DerefMut for FrontVolume<'_> {
-    fn deref_mut(&mut self) -> &mut Volume {
-        &mut self.guard
-    }
-}
-
-impl Drop for FrontVolume<'_> {
-    fn drop(&mut self) {
-        self.times.held_ns.fetch_add(self.acquired.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
 }
 
 /// What one applied batch changed that the front end keeps in its own state.
@@ -426,13 +392,8 @@ impl Backend {
     }
 
     /// The volume, for the front end's reads of home state; timed (`front_lock_*`).
-    pub fn volume(&self) -> FrontVolume<'_> {
-        let started = Instant::now();
-        let guard = self.volume.lock();
-        let acquired = Instant::now();
-        self.front_lock.takes.fetch_add(1, Ordering::Relaxed);
-        self.front_lock.wait_ns.fetch_add((acquired - started).as_nanos() as u64, Ordering::Relaxed);
-        FrontVolume { guard, acquired, times: &self.front_lock }
+    pub fn volume(&self) -> TimedVolume<'_> {
+        self.front_lock.lock(&self.volume)
     }
 
     /// Runs `change` on the volume with no pass or checkpoint in progress (both take the policy
@@ -460,6 +421,7 @@ impl Backend {
     }
 
     pub fn statistics(&self) -> BackendStatistics {
+        let (front_lock_takes, front_lock_wait_ns, front_lock_held_ns) = self.front_lock.totals();
         BackendStatistics {
             workers: self.workers() as u64,
             parallel_records: self.parallel_records.load(Ordering::Relaxed),
@@ -470,9 +432,9 @@ impl Backend {
             worker_lock_wait_ns: self.worker_lock_wait_ns.load(Ordering::Relaxed),
             worker_lock_held_ns: self.worker_lock_held_ns.load(Ordering::Relaxed),
             worker_lock_takes: self.worker_lock_takes.load(Ordering::Relaxed),
-            front_lock_takes: self.front_lock.takes.load(Ordering::Relaxed),
-            front_lock_wait_ns: self.front_lock.wait_ns.load(Ordering::Relaxed),
-            front_lock_held_ns: self.front_lock.held_ns.load(Ordering::Relaxed),
+            front_lock_takes,
+            front_lock_wait_ns,
+            front_lock_held_ns,
             checkpoint_ns: self.checkpoint_ns.load(Ordering::Relaxed),
             held_records: self.held_records.load(Ordering::Relaxed),
             checkpoints: self.checkpoints(),

@@ -34,10 +34,6 @@ impl BacklogRoom {
         }
     }
 
-    pub fn budget_blocks(&self) -> u64 {
-        self.budget_blocks
-    }
-
     pub fn queued_image_blocks(&self) -> u64 {
         self.queued_image_blocks.load(Ordering::Acquire)
     }

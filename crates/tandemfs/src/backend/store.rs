@@ -29,8 +29,8 @@ use crate::error::{Error, Result};
 use crate::extent;
 use crate::FastHashMap;
 use parking_lot::{Mutex, MutexGuard};
-use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Extended attributes of one inode, by name.
@@ -188,11 +188,39 @@ impl Memo {
     }
 }
 
-/// The volume lock held by a store, timed until it drops.
-struct TimedVolume<'s> {
+/// How often one user of the volume lock (a worker's store, the front end) took it, and how
+/// long it waited for it and held it, in nanoseconds.
+#[derive(Default)]
+pub struct LockTimes {
+    takes: AtomicU64,
+    wait_ns: AtomicU64,
+    held_ns: AtomicU64,
+}
+
+impl LockTimes {
+    /// Takes `volume`'s lock, counting the take and the wait now and the hold when the guard
+    /// drops.
+    pub fn lock<'s>(&'s self, volume: &'s Mutex<Volume>) -> TimedVolume<'s> {
+        let started = Instant::now();
+        let guard = volume.lock();
+        let acquired = Instant::now();
+        self.takes.fetch_add(1, Ordering::Relaxed);
+        self.wait_ns.fetch_add((acquired - started).as_nanos() as u64, Ordering::Relaxed);
+        TimedVolume { guard, acquired, held_ns: &self.held_ns }
+    }
+
+    /// (takes, wait, hold) so far.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        (load(&self.takes), load(&self.wait_ns), load(&self.held_ns))
+    }
+}
+
+/// The volume lock taken through `LockTimes::lock`, timed until it drops.
+pub struct TimedVolume<'s> {
     guard: MutexGuard<'s, Volume>,
     acquired: Instant,
-    held_ns: &'s Cell<u64>,
+    held_ns: &'s AtomicU64,
 }
 
 impl std::ops::Deref for TimedVolume<'_> {
@@ -210,7 +238,7 @@ impl std::ops::DerefMut for TimedVolume<'_> {
 
 impl Drop for TimedVolume<'_> {
     fn drop(&mut self) {
-        self.held_ns.set(self.held_ns.get() + self.acquired.elapsed().as_nanos() as u64);
+        self.held_ns.fetch_add(self.acquired.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 }
 
@@ -222,11 +250,9 @@ impl Drop for TimedVolume<'_> {
 pub struct RecordStore<'a> {
     volume: &'a Mutex<Volume>,
     memo: &'a Memo,
-    /// Time this store waited for the volume lock and held it, in nanoseconds: the share of
-    /// applying that does not run side by side (`BackendStatistics::worker_lock_held_ns`).
-    lock_wait_ns: Cell<u64>,
-    lock_held_ns: Cell<u64>,
-    lock_count: Cell<u64>,
+    /// This store's takes of the volume lock, its waits and holds: the share of applying that
+    /// does not run side by side (`BackendStatistics::worker_lock_held_ns`).
+    lock_times: LockTimes,
     lsn: u64,
     /// Metadata blocks written, by number: read back by this record, never yet by others.
     blocks: BTreeMap<u64, (BlockKind, SharedBlock)>,
@@ -241,9 +267,7 @@ impl<'a> RecordStore<'a> {
         RecordStore {
             volume,
             memo,
-            lock_wait_ns: Cell::new(0),
-            lock_held_ns: Cell::new(0),
-            lock_count: Cell::new(0),
+            lock_times: LockTimes::default(),
             lsn: 0,
             blocks: BTreeMap::new(),
             inodes: Vec::new(),
@@ -255,12 +279,7 @@ impl<'a> RecordStore<'a> {
 
     /// The volume lock, timed: the wait now, the hold when the guard drops.
     fn lock_volume(&self) -> TimedVolume<'_> {
-        let started = Instant::now();
-        let guard = self.volume.lock();
-        let acquired = Instant::now();
-        self.lock_count.set(self.lock_count.get() + 1);
-        self.lock_wait_ns.set(self.lock_wait_ns.get() + (acquired - started).as_nanos() as u64);
-        TimedVolume { guard, acquired, held_ns: &self.lock_held_ns }
+        self.lock_times.lock(self.volume)
     }
 
     /// Reads the inodes of `inode_numbers` that the memo lacks in one hold of the volume lock,
@@ -286,12 +305,13 @@ impl<'a> RecordStore<'a> {
 
     /// How often this store took the volume lock.
     pub fn lock_count(&self) -> u64 {
-        self.lock_count.get()
+        self.lock_times.totals().0
     }
 
     /// Nanoseconds this store waited for the volume lock and held it.
     pub fn lock_times_ns(&self) -> (u64, u64) {
-        (self.lock_wait_ns.get(), self.lock_held_ns.get())
+        let (_, wait_ns, held_ns) = self.lock_times.totals();
+        (wait_ns, held_ns)
     }
 
     /// Hands the changes of the records applied since the last commit to the volume in one
