@@ -392,7 +392,15 @@ impl Backend {
     }
 
     /// The volume, for the front end's reads of home state; timed (`front_lock_*`).
-    pub fn volume(&self) -> TimedVolume<'_> {
+    /// `Shutdown` once a record failed half way (`Volume::check_whole`): the back end has
+    /// latched, and what the volume holds may be part of that record.
+    pub fn volume(&self) -> Result<TimedVolume<'_>> {
+        self.front_lock.lock_whole(&self.volume)
+    }
+
+    /// The volume for fields no record changes half way (the superblock's geometry, counters):
+    /// statistics, which still answer after a failure.
+    pub fn volume_for_statistics(&self) -> TimedVolume<'_> {
         self.front_lock.lock(&self.volume)
     }
 
@@ -697,6 +705,9 @@ impl Backend {
             match self.applier.apply(&mut *volume, queued.lsn, &queued.op) {
                 Ok(written) => owned.extend(written),
                 Err(error) => {
+                    // The record may be half applied (a directory entry without its count);
+                    // readers must find that out before they can take the lock.
+                    volume.mark_half_changed(&error);
                     drop(volume);
                     self.fail(&error);
                     return Err(error);
@@ -906,17 +917,21 @@ mod tests {
     }
 
     fn backend_on_fresh_volume(background: bool) -> Arc<Backend> {
+        backend_with_workers(background, 1)
+    }
+
+    fn backend_with_workers(background: bool, workers: usize) -> Arc<Backend> {
         let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
         FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
         let log_options = LogOptions { flush_delay_us: 1_000, reserve_fraction: 0.5 };
         let (volume, log, applier, _) = open_volume(device, log_options, 1024, true).unwrap();
         let applied_lsn = log.next_lsn() - 1;
-        Backend::new(volume, log, applier, applied_lsn, background, 1, 1 << 20).unwrap()
+        Backend::new(volume, log, applier, applied_lsn, background, workers, 1 << 20).unwrap()
     }
 
     /// Appends an attribute record for the root that changes nothing.
     fn enqueue_root_touch(backend: &Backend) -> u64 {
-        let root = backend.volume().read_inode(ROOT_INODE).unwrap();
+        let root = backend.volume().unwrap().read_inode(ROOT_INODE).unwrap();
         let op = Op::SetAttributes { inode: AttributeImage::from_inode(&root), truncate: false };
         let head = op.encode_head();
         let log = backend.log().clone();
@@ -937,7 +952,7 @@ mod tests {
         reached: &std::sync::Barrier,
         proceed: &std::sync::Barrier,
     ) -> Option<u64> {
-        let root = backend.volume().read_inode(ROOT_INODE).unwrap();
+        let root = backend.volume().unwrap().read_inode(ROOT_INODE).unwrap();
         let op = Op::SetAttributes { inode: AttributeImage::from_inode(&root), truncate: false };
         let head = op.encode_head();
         let log = backend.log().clone();
@@ -1007,6 +1022,92 @@ mod tests {
         assert_eq!(*applied.lock(), lsns, "applied in lsn order, each once");
         assert_eq!(backend.applied_lsn(), *lsns.last().unwrap());
         backend.stop();
+    }
+
+    /// Appends `op` as a record of its own and returns its lsn.
+    fn enqueue_op(backend: &Backend, op: Op) -> u64 {
+        let head = op.encode_head();
+        let log = backend.log().clone();
+        backend.enqueue(op, 0, 0, |op| log.append(op.kind(), &[&head, op.tail()])).unwrap().unwrap()
+    }
+
+    /// The entries the root's list holds, read as a front-end reader would but past the
+    /// refusal, to show what the refusal keeps from readers.
+    fn list_root_unchecked(backend: &Backend) -> Result<u64> {
+        let mut volume = backend.volume_for_statistics();
+        let root = crate::dir::DirRoot::decode(&volume.read_inode(ROOT_INODE)?.root_area)?;
+        let mut listed = 0;
+        crate::dir::readdir(&mut *volume, &root, &backend.applier().hash_seed, 2, &mut |_| {
+            listed += 1;
+            true
+        })?;
+        Ok(listed)
+    }
+
+    /// A regular file's attributes, a child of the root.
+    fn file_image(number: u64) -> AttributeImage {
+        let mut inode = crate::block::inode::Inode::empty_directory(number, 1, 0o644, ROOT_INODE, 0);
+        inode.mode = 0o100644;
+        inode.link_count = 1;
+        AttributeImage::from_inode(&inode)
+    }
+
+    fn create_op(parent: &AttributeImage, name: &[u8], inode: AttributeImage) -> Op {
+        Op::Create { parent: parent.clone(), name: name.to_vec(), inode, symlink_target: vec![] }
+    }
+
+    /// The same on the parallel path: a worker's commit that fails after it wrote the
+    /// directory's blocks (here the create of an inode already in use, seen only at the
+    /// commit) must leave the volume refusing readers before it lets go of the lock.
+    #[test]
+    fn a_commit_failed_half_way_is_never_read() {
+        let backend = backend_with_workers(false, 2);
+        let root = AttributeImage::from_inode(&backend.volume().unwrap().read_inode(ROOT_INODE).unwrap());
+        let directory = AttributeImage::from_inode(&crate::block::inode::Inode::empty_directory(2, 1, 0o755, 1, 0));
+        enqueue_op(&backend, create_op(&root, b"d", directory.clone()));
+        enqueue_op(&backend, create_op(&root, b"a", file_image(3)));
+        backend.drain(&QuietSink).unwrap();
+        assert_eq!(list_root_unchecked(&backend).unwrap(), 2);
+        // Two groups ({root, 3} and {d, 4}), so the batch goes to the workers. (Applied with
+        // the volume held, the create would fail before its entry is inserted, and the last
+        // assertion would fail.)
+        enqueue_op(&backend, create_op(&root, b"x", file_image(3)));
+        enqueue_op(&backend, create_op(&directory, b"y", file_image(4)));
+        backend.log().flush().unwrap();
+        assert!(backend.pass(&QuietSink).is_err());
+        assert!(backend.is_failed());
+        assert!(matches!(backend.volume(), Err(Error::Shutdown)), "a reader was let in after a half commit");
+        assert!(list_root_unchecked(&backend).is_err(), "the commit left nothing half made: the test shows nothing");
+        backend.stop();
+    }
+
+    /// A record that fails half way (here an unlink whose entry names another inode: the entry
+    /// is gone from the list before the mismatch is seen) leaves the volume refusing every
+    /// reader, so that no lookup or listing answers from half a record. The crash test with
+    /// threads met this as "directory list holds N entries, its root counts N+1" when the
+    /// device died under a record and a reader took the volume lock before the latch.
+    #[test]
+    fn a_record_failed_half_way_is_never_read() {
+        let backend = backend_on_fresh_volume(false);
+        let root = AttributeImage::from_inode(&backend.volume().unwrap().read_inode(ROOT_INODE).unwrap());
+        for (number, name) in [(2u64, b"a"), (3, b"b")] {
+            enqueue_op(&backend, create_op(&root, name, file_image(number)));
+        }
+        backend.drain(&QuietSink).unwrap();
+        assert_eq!(list_root_unchecked(&backend).unwrap(), 2);
+        let mismatched = Op::Unlink {
+            parent: root.clone(),
+            name: b"a".to_vec(),
+            inode: file_image(3),
+            disposition: crate::backend::record::Disposition::Reclaim,
+        };
+        let lsn = enqueue_op(&backend, mismatched);
+        backend.log().flush().unwrap();
+        assert!(matches!(backend.pass(&QuietSink), Err(Error::Corruption { .. })));
+        assert!(backend.is_failed());
+        assert!(matches!(backend.volume(), Err(Error::Shutdown)), "a reader was let in after a half-applied record");
+        assert!(list_root_unchecked(&backend).is_err(), "the record left nothing half made: the test shows nothing");
+        assert!(matches!(backend.wait_applied(lsn, &QuietSink), Err(Error::Shutdown)));
     }
 
     #[test]

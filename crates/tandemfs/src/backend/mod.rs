@@ -375,6 +375,8 @@ pub fn checkpoint(
 ) -> Result<()> {
     let (images, mut superblock, device) = {
         let mut volume = volume.lock();
+        // A record that failed half way must never reach home: the log still holds it whole.
+        volume.check_whole()?;
         (volume.snapshot_images()?, volume.superblock.clone(), volume.device.clone())
     };
     let covered_bytes = covered_lsn.to_le_bytes();

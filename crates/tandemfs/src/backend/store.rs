@@ -209,6 +209,14 @@ impl LockTimes {
         TimedVolume { guard, acquired, held_ns: &self.held_ns }
     }
 
+    /// `lock`, for a reader: `Shutdown` when a change failed half way with the volume held
+    /// (`Volume::check_whole`), so that no one answers from part of a record.
+    pub fn lock_whole<'s>(&'s self, volume: &'s Mutex<Volume>) -> Result<TimedVolume<'s>> {
+        let guard = self.lock(volume);
+        guard.check_whole()?;
+        Ok(guard)
+    }
+
     /// (takes, wait, hold) so far.
     pub fn totals(&self) -> (u64, u64, u64) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
@@ -278,8 +286,8 @@ impl<'a> RecordStore<'a> {
     }
 
     /// The volume lock, timed: the wait now, the hold when the guard drops.
-    fn lock_volume(&self) -> TimedVolume<'_> {
-        self.lock_times.lock(self.volume)
+    fn lock_volume(&self) -> Result<TimedVolume<'_>> {
+        self.lock_times.lock_whole(self.volume)
     }
 
     /// Reads the inodes of `inode_numbers` that the memo lacks in one hold of the volume lock,
@@ -294,7 +302,8 @@ impl<'a> RecordStore<'a> {
             return;
         }
         let read: Vec<Inode> = {
-            let mut volume = self.lock_volume();
+            // A volume refused to readers leaves the reads to the records, which report it.
+            let Ok(mut volume) = self.lock_volume() else { return };
             missing.into_iter().filter_map(|inode_number| volume.read_inode(inode_number).ok()).collect()
         };
         // The memo's shards are taken with the volume lock let go (ARCHITECTURE.md's lock order).
@@ -333,23 +342,32 @@ impl<'a> RecordStore<'a> {
         let freed_data = std::mem::take(&mut self.freed_data);
         let generation = std::mem::take(&mut self.next_generation);
         {
-            let mut volume = self.lock_volume();
+            let mut volume = self.lock_volume()?;
             volume.current_lsn = self.lsn;
-            for (block_number, (kind, block)) in &blocks {
-                volume.write_meta(*block_number, *kind, block.clone())?;
-            }
-            for change in &inodes {
-                match change {
-                    InodeChange::Create(inode) => volume.create_inode(inode)?,
-                    InodeChange::Write(inode) => volume.write_inode(inode)?,
-                    InodeChange::Delete(inode_number) => volume.delete_inode(*inode_number)?,
+            let committed = (|| -> Result<()> {
+                for (block_number, (kind, block)) in &blocks {
+                    volume.write_meta(*block_number, *kind, block.clone())?;
                 }
-            }
-            for block_number in &freed_meta {
-                volume.free_meta(*block_number)?;
-            }
-            for (first, count) in &freed_data {
-                volume.free_data(*first, *count)?;
+                for change in &inodes {
+                    match change {
+                        InodeChange::Create(inode) => volume.create_inode(inode)?,
+                        InodeChange::Write(inode) => volume.write_inode(inode)?,
+                        InodeChange::Delete(inode_number) => volume.delete_inode(*inode_number)?,
+                    }
+                }
+                for block_number in &freed_meta {
+                    volume.free_meta(*block_number)?;
+                }
+                for (first, count) in &freed_data {
+                    volume.free_data(*first, *count)?;
+                }
+                Ok(())
+            })();
+            // An inode-table block that fails to read leaves the records' blocks in the
+            // volume without their inodes: no one may read that half (the lock is still ours).
+            if let Err(error) = committed {
+                volume.mark_half_changed(&error);
+                return Err(error);
             }
             volume.superblock.next_generation = volume.superblock.next_generation.max(generation);
         }
@@ -394,7 +412,7 @@ impl MetaStore for RecordStore<'_> {
         if let Some(block) = self.memo.block(block_number, kind) {
             return Ok(block);
         }
-        let block = self.lock_volume().read_meta(block_number, kind)?;
+        let block = self.lock_volume()?.read_meta(block_number, kind)?;
         self.memo.put_block(block_number, kind, block.clone());
         Ok(block)
     }
@@ -406,7 +424,7 @@ impl MetaStore for RecordStore<'_> {
     }
 
     fn allocate_meta(&mut self, near: u64) -> Result<u64> {
-        let mut volume = self.lock_volume();
+        let mut volume = self.lock_volume()?;
         volume.current_lsn = self.lsn;
         volume.allocate_meta(near)
     }
@@ -420,21 +438,21 @@ impl MetaStore for RecordStore<'_> {
 
 impl DataStore for RecordStore<'_> {
     fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()> {
-        self.lock_volume().read_data(block_number, offset_in_block, buffer)
+        self.lock_volume()?.read_data(block_number, offset_in_block, buffer)
     }
 
     fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()> {
-        self.lock_volume().write_data(block_number, offset_in_block, data)
+        self.lock_volume()?.write_data(block_number, offset_in_block, data)
     }
 
     /// The volume's own copy, which carries damage in the source over to the copy instead of
     /// failing the record (the default read-then-write would fail on a damaged block).
     fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
-        self.lock_volume().copy_data(from_block, to_block, offset_in_block, length)
+        self.lock_volume()?.copy_data(from_block, to_block, offset_in_block, length)
     }
 
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
-        let mut volume = self.lock_volume();
+        let mut volume = self.lock_volume()?;
         volume.current_lsn = self.lsn;
         volume.allocate_data(near, count)
     }
@@ -457,7 +475,7 @@ impl ApplyStore for RecordStore<'_> {
         if let Some(inode) = self.memo.inode(inode_number) {
             return Ok(inode);
         }
-        let inode = self.lock_volume().read_inode(inode_number)?;
+        let inode = self.lock_volume()?.read_inode(inode_number)?;
         self.memo.put_inode(&inode);
         Ok(inode)
     }
@@ -489,7 +507,8 @@ impl ApplyStore for RecordStore<'_> {
         unreachable!("records that change the orphan list are applied with the volume held")
     }
     fn inode_count(&mut self) -> u64 {
-        self.lock_volume().superblock.inode_count
+        // Fixed at mkfs: no change can leave it half made.
+        self.lock_times.lock(self.volume).superblock.inode_count
     }
 }
 

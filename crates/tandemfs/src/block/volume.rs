@@ -61,6 +61,10 @@ pub struct Volume {
     checksum_statistics: DataChecksumStatistics,
     /// The data blocks partially written last (`checksums::RecentBlocks`).
     recent_blocks: checksums::RecentBlocks,
+    /// Why a change made with the volume held failed half way, if one did: the cached blocks
+    /// and inodes may then hold part of a record, so nothing may read them again
+    /// (`check_whole`). Set before the lock is let go, so no reader sees the half.
+    half_changed: Option<String>,
 }
 
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
@@ -91,6 +95,24 @@ impl Volume {
             replaying: false,
             checksum_statistics: DataChecksumStatistics::default(),
             recent_blocks: checksums::RecentBlocks::default(),
+            half_changed: None,
+        }
+    }
+
+    /// Records that a change failed with part of it made (the first reason is kept): from now
+    /// on `check_whole` refuses every reader. Call it before letting go of the volume lock.
+    pub fn mark_half_changed(&mut self, error: &Error) {
+        if self.half_changed.is_none() {
+            self.half_changed = Some(error.to_string());
+        }
+    }
+
+    /// `Shutdown` once a change failed half way (`mark_half_changed`): what the volume holds
+    /// in memory may be part of a record, and answering from it could be wrong.
+    pub fn check_whole(&self) -> Result<()> {
+        match self.half_changed {
+            None => Ok(()),
+            Some(_) => Err(Error::Shutdown),
         }
     }
 

@@ -102,7 +102,7 @@ impl FileSystem {
             };
             let target = &mut buffer[..length];
             {
-                let mut volume = self.inner.backend.volume();
+                let mut volume = self.inner.backend.volume()?;
                 let home = volume.read_inode(inode)?;
                 let root = ExtentRoot::decode(&home.root_area)?;
                 // Corruption names the inode too: the mount logs it with the EIO it answers.
@@ -359,7 +359,7 @@ impl FileSystem {
     fn holes_in(&self, inode: InodeNumber, generation: u64, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
         let mut holes: Vec<(u64, u64)> = Vec::new();
         {
-            let mut volume = self.inner.backend.volume();
+            let mut volume = self.inner.backend.volume()?;
             let mut mapped_end = 0;
             // Absent while the file's creation is not applied: then all of it is a hole.
             if let Some(home) = FileSystem::home_inode(&mut volume, inode, generation)? {

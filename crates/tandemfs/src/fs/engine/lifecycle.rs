@@ -318,7 +318,7 @@ impl FileSystem {
             Ok(())
         };
         unchanged()?;
-        let superblock = inner.backend.volume().superblock.clone();
+        let superblock = inner.backend.volume_for_statistics().superblock.clone();
         let location = MmpLocation::of(inner.medium.clone(), &superblock);
         let claimed = mmp::claim(&location, inner.mmp_interval_ms)?;
         let latch = Arc::new(std::sync::OnceLock::new());
@@ -421,12 +421,12 @@ impl FileSystem {
     /// What the data checksums have cost since mount: bytes, batches and time (the data path
     /// always checksums; this is how a benchmark sees the share).
     pub fn data_checksum_statistics(&self) -> crate::block::volume::DataChecksumStatistics {
-        self.inner.backend.volume().checksum_statistics()
+        self.inner.backend.volume_for_statistics().checksum_statistics()
     }
 
     pub fn statistics(&self) -> Result<VolumeStatistics> {
         let front = &self.inner.front;
-        let blocks_total = self.inner.backend.volume().superblock.block_count;
+        let blocks_total = self.inner.backend.volume_for_statistics().superblock.block_count;
         Ok(VolumeStatistics {
             block_size_bytes: BLOCK_SIZE_U64 as u32,
             blocks_total,
@@ -439,7 +439,7 @@ impl FileSystem {
 
     pub fn log_statistics(&self) -> LogStatistics {
         let usage = self.inner.log.usage();
-        let checkpoint_lsn = self.inner.backend.volume().superblock.checkpoint_lsn;
+        let checkpoint_lsn = self.inner.backend.volume_for_statistics().superblock.checkpoint_lsn;
         LogStatistics {
             header_slots: usage.header_slots_capacity,
             data_bytes: usage.data_bytes_capacity,

@@ -187,7 +187,7 @@ impl FileSystem {
         let clock = match shard.views.entry(number) {
             std::collections::hash_map::Entry::Occupied(_) => front.clock(),
             std::collections::hash_map::Entry::Vacant(slot) => {
-                let mut volume = self.inner.backend.volume();
+                let mut volume = self.inner.backend.volume()?;
                 let inode = volume.read_inode(number)?;
                 let entry_count = if inode.file_type() == FileType::Directory {
                     DirRoot::decode(&inode.root_area)?.entry_count()
@@ -359,7 +359,7 @@ impl FileSystem {
         generation: u64,
         name: &[u8],
     ) -> Result<Option<(u64, FileType)>> {
-        let mut volume = self.inner.backend.volume();
+        let mut volume = self.inner.backend.volume()?;
         let Some(inode) = FileSystem::home_inode(&mut volume, parent, generation)? else {
             // Created but not yet applied: every entry is still in the overlay.
             return Ok(None);
@@ -510,7 +510,7 @@ impl FileSystem {
     pub(super) fn allocate_inode(&self, parent: InodeNumber, directory: bool) -> Result<InodeNumber> {
         let backend = &self.inner.backend;
         self.inner.front.inode_numbers.allocate(parent, directory, &mut |numbers| {
-            let mut volume = backend.volume();
+            let mut volume = backend.volume()?;
             let mut refused = Vec::new();
             for &number in numbers {
                 match volume.check_inode_free(number) {

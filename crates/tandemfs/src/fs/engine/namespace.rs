@@ -732,7 +732,7 @@ impl FileSystem {
         {
             return Ok(());
         }
-        let mut volume = self.inner.backend.volume();
+        let mut volume = self.inner.backend.volume()?;
         let home = volume.read_inode(inode)?;
         let root = DirRoot::decode(&home.root_area)?;
         let mut failure = None;

@@ -11,7 +11,7 @@ impl FileSystem {
         let view = shard.views.get_mut(&inode).expect("loaded by lock_view");
         let generation = view.attributes.generation;
         if view.xattrs.is_none() {
-            let mut volume = self.inner.backend.volume();
+            let mut volume = self.inner.backend.volume()?;
             // A new inode whose creation is not applied has no attributes yet.
             let attributes = match FileSystem::home_inode(&mut volume, inode, generation)? {
                 Some(home) => volume.read_xattrs(home.xattr_block)?,
