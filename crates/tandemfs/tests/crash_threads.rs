@@ -47,6 +47,8 @@ struct Tally {
     /// Threads whose part came back past their last acknowledged state.
     found_past_acknowledged: u64,
     writes: u64,
+    /// Checkpoints that went to the log and home in their own thread while passes applied.
+    checkpoints_beside: u64,
 }
 
 /// Runs one thread's share of a round; returns the states its part of the volume may be in
@@ -79,8 +81,20 @@ fn mount(device: &MemoryDevice, options: &MountOptions, what: &str) -> FileSyste
     FileSystem::mount(device, options).unwrap_or_else(|error| panic!("{what}: mount: {error}")).0
 }
 
+/// Writes the image to the temp directory for a post-mortem (`tandem fsck` on it replays the
+/// log alone); returns where, or why not.
+fn keep_image(memory: &MemoryDevice, seed: u64, backend_workers: usize, round: u64) -> String {
+    let path = std::env::temp_dir().join(format!("crash-threads-{seed}-{backend_workers}-{round}.img"));
+    match std::fs::write(&path, memory.to_bytes()) {
+        Ok(()) => path.display().to_string(),
+        Err(error) => format!("nowhere: {error}"),
+    }
+}
+
 fn crash_run(seed: u64, backend_workers: usize, tally: &mut Tally) {
-    let options = worker_options(backend_workers);
+    // A checkpoint due at nearly every pass, so that the crashes meet checkpoints running in
+    // their own thread beside the passes (the log alone would make one due every few rounds).
+    let options = MountOptions { checkpoint_interval_ms: 1, ..worker_options(backend_workers) };
     let (mut memory, _) = memory_volume(16 << 20, true);
     let fs = mount(&memory, &options, "first");
     let shared = make_directories(&fs, THREADS);
@@ -129,22 +143,24 @@ fn crash_run(seed: u64, backend_workers: usize, tally: &mut Tally) {
             .into_iter()
             .map(|handle| {
                 handle.join().unwrap_or_else(|_| {
-                    // Kept for a post-mortem: `tandem fsck` on it replays the log alone.
-                    let path = std::env::temp_dir().join(format!("crash-threads-{seed}-{backend_workers}-{round}.img"));
-                    let saved = std::fs::write(&path, memory.to_bytes());
-                    panic!("{what}: a thread failed (image kept in {}: {saved:?})", path.display())
+                    let path = keep_image(&memory, seed, backend_workers, round);
+                    panic!("{what}: a thread failed (image kept in {path})")
                 })
             })
             .collect();
         tally.rounds_failed += u64::from(finished.iter().any(|(_, _, failed)| *failed));
         tally.writes += memory.counters().writes;
+        tally.checkpoints_beside += fs.backend_statistics().checkpoints_beside;
         memory = survivor.unwrap_or_else(|| memory.crash(crash_seed, mode));
         // Stops the back-end thread and the multi-mount keeper; the old device is dead, so
         // nothing this does reaches the image, and it may fail.
         let _ = fs.unmount();
         tally.crash_points += 1;
         let report = fsck::check(Arc::new(memory.clone())).unwrap();
-        assert!(report.is_clean(), "{what}: fsck after a crash ({mode:?}): {:#?}", report.problems);
+        if !report.is_clean() {
+            let path = keep_image(&memory, seed, backend_workers, round);
+            panic!("{what}: fsck after a crash ({mode:?}; image kept in {path}): {:#?}", report.problems);
+        }
         let fs = mount(&memory, &options, &format!("{what}, after a crash ({mode:?})"));
         states = Vec::new();
         for (mut state, candidates, _) in finished {
@@ -181,4 +197,5 @@ fn threads_lose_nothing_acknowledged_in_a_crash() {
     }
     println!("{tally:?}");
     assert!(tally.rounds_failed > 0, "the device never failed during a round: the fault bound is too high");
+    assert!(tally.checkpoints_beside > 0, "no checkpoint ran beside the passes: the crashes never met one");
 }

@@ -29,7 +29,18 @@ fn workload() -> Workload {
 
 fn run(seed: u64, backend_workers: usize) {
     println!("model with threads: seed {seed}, {backend_workers} back-end workers");
-    let options = worker_options(backend_workers);
+    // Odd seeds: a checkpoint due at nearly every pass (each then runs in its own thread beside
+    // the passes) and a small metadata cache, so that blocks a checkpoint left dirty or marked
+    // clean are evicted and read back while the threads work: a block marked clean with a
+    // change its image lacks would come back without it.
+    let options = match seed % 2 {
+        1 => tandemfs::fs::MountOptions {
+            checkpoint_interval_ms: 1,
+            cache_bytes: 1 << 20,
+            ..worker_options(backend_workers)
+        },
+        _ => worker_options(backend_workers),
+    };
     let (mut memory, mut device) = memory_volume(256 << 20, false);
     let (mut fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
     let shared = make_directories(&fs, THREADS);

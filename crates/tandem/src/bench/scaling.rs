@@ -303,7 +303,7 @@ fn print_backend(statistics: &BackendStatistics) {
         batches => statistics.parallel_groups as f64 / batches as f64,
     };
     println!(
-        "back end: {} workers; {} records applied side by side in {} batches ({:.1} groups each, {:.1} workers busy; of their busy time {:.2} s waiting for the volume lock, {:.2} s holding it, {} takes), {} with the volume held; {} checkpoints ({:.2} s); applying {:.2} s; {} drains waited {:.2} s, {} waits for room {:.2} s; front end took the volume lock {} times, waited {:.2} s, held it {:.2} s",
+        "back end: {} workers; {} records applied side by side in {} batches ({:.1} groups each, {:.1} workers busy; of their busy time {:.2} s waiting for the volume lock, {:.2} s holding it, {} takes), {} with the volume held; {} checkpoints ({} beside the passes; passes stopped {:.2} s for them); applying {:.2} s; {} drains waited {:.2} s, {} waits for room {:.2} s; front end took the volume lock {} times, waited {:.2} s, held it {:.2} s",
         statistics.workers,
         format_count(statistics.parallel_records),
         format_count(statistics.parallel_batches),
@@ -314,6 +314,7 @@ fn print_backend(statistics: &BackendStatistics) {
         format_count(statistics.worker_lock_takes),
         format_count(statistics.held_records),
         statistics.checkpoints,
+        statistics.checkpoints_beside,
         statistics.checkpoint_ns as f64 / 1e9,
         statistics.apply_ns as f64 / 1e9,
         format_count(statistics.drains),

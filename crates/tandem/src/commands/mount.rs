@@ -32,7 +32,7 @@ pub struct MountArguments {
     pub daemon: bool,
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
     /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads),
-    /// backend_workers=N (threads applying the log; default one per core), mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// backend_workers=N (threads applying the log; default one per core), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -75,6 +75,8 @@ pub struct ParsedOptions {
     pub mmp_interval_ms: Option<u32>,
     /// Threads applying the log to the volume (0: one per core).
     pub backend_workers: usize,
+    /// How often a checkpoint is taken at the least (`None`: the library's default).
+    pub checkpoint_interval_ms: Option<u64>,
     /// The key file of an encrypted volume (`--key-file` or `-o key_file=FILE`).
     pub key_file: Option<PathBuf>,
 }
@@ -93,7 +95,7 @@ const KERNEL_FUSE_OPTIONS: [&str; 8] =
 
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, backend_workers=N, mmp_interval_ms=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -145,6 +147,18 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                                 "-o backend_workers={count}: expected a whole number from 1 to {most}"
                             ))
                         })?;
+                }
+                Some(("checkpoint_interval_ms", value)) => {
+                    use tandemfs::fs::types::{CHECKPOINT_INTERVAL_MS_MAX, CHECKPOINT_INTERVAL_MS_MIN};
+                    let range = CHECKPOINT_INTERVAL_MS_MIN..=CHECKPOINT_INTERVAL_MS_MAX;
+                    parsed.checkpoint_interval_ms =
+                        Some(value.parse().ok().filter(|value| range.contains(value)).ok_or_else(|| {
+                            CliError::new(format!(
+                                "-o checkpoint_interval_ms={value}: expected milliseconds from {} to {}",
+                                range.start(),
+                                range.end()
+                            ))
+                        })?);
                 }
                 Some(("mmp_interval_ms", value)) => {
                     let range = tandemfs::block::mmp::MIN_INTERVAL_MS..=tandemfs::block::mmp::MAX_INTERVAL_MS;
@@ -285,6 +299,9 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
         mmp_interval_ms: options.mmp_interval_ms,
         access_time,
         backend_workers: options.backend_workers,
+        checkpoint_interval_ms: options
+            .checkpoint_interval_ms
+            .unwrap_or(tandemfs::fs::types::CHECKPOINT_INTERVAL_MS_DEFAULT),
         ..MountOptions::default()
     };
     FileSystem::mount(device, &mount_options).map_err(|error| match error {
@@ -615,6 +632,11 @@ mod tests {
         assert!(remount.remount && remount.read_only && remount.mmp_interval_ms == Some(500));
         assert!(parse_options(&["mmp_interval_ms=1".into()]).is_err());
         assert_eq!(parse_options(&["backend_workers=3".into()]).unwrap().backend_workers, 3);
+        assert_eq!(parse_options(&["checkpoint_interval_ms=250".into()]).unwrap().checkpoint_interval_ms, Some(250));
+        for wrong in ["checkpoint_interval_ms=0", "checkpoint_interval_ms=3600001", "checkpoint_interval_ms=x"] {
+            let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
+            assert!(error.contains("expected milliseconds from 1 to 3600000"), "{wrong}: {error}");
+        }
         for wrong in ["backend_workers=0", "backend_workers=65", "backend_workers=x"] {
             let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
             assert!(error.contains("expected a whole number from 1 to 64"), "{wrong}: {error}");

@@ -10,7 +10,7 @@
 use super::parallel::{self, ApplyPool, Job};
 use super::room::BacklogRoom;
 use super::store::{LockTimes, Memo, TimedVolume};
-use super::{checkpoint, Applier};
+use super::{checkpoint_finish, checkpoint_snapshot, Applier};
 use crate::backend::record::Op;
 use crate::block::meta::BLOCK_SIZE_U64;
 use crate::block::volume::Volume;
@@ -29,8 +29,6 @@ const BATCH_RECORDS_MAX: usize = 32;
 /// keep every worker busy, few enough that a pass (and so `wait_applied`) stays short. Workers
 /// hold the volume lock only per block, so the batch does not hold up readers.
 const PARALLEL_BATCH_RECORDS_MAX: usize = 1024;
-/// A checkpoint is taken at least this often while records are applied.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 /// Below this many free blocks, with frees pending, the back end checkpoints before it applies
 /// more: comfortably above what one batch of records allocates.
 const BACKEND_LOW_WATER_BLOCKS: u64 = 1024;
@@ -129,19 +127,6 @@ impl DepositRing {
         self.consumed_lsn = new_consumed;
     }
 
-    /// The lowest lsn of a logical record appended and not yet taken: deposited, or still on
-    /// its way from its appender. Looks at lsns before the log's next one.
-    fn first_unapplied(&self, log: &Log) -> Option<u64> {
-        let next_lsn = log.next_lsn();
-        for lsn in self.consumed_lsn + 1..next_lsn {
-            let index = (lsn - self.consumed_lsn - 1) as usize;
-            if matches!(self.entries.get(index), Some(Some(_))) || log.appended_with_reserve(lsn) == Some(false) {
-                return Some(lsn);
-            }
-        }
-        None
-    }
-
     /// The lowest deposited lsn, if any.
     fn first_deposited(&self) -> Option<u64> {
         let index = self.entries.iter().position(Option::is_some)?;
@@ -178,9 +163,13 @@ pub struct BackendStatistics {
     /// batch with a record that reaches beyond its inodes, or free space running low.
     pub held_records: u64,
     pub checkpoints: u64,
+    /// Checkpoints whose images went to the log and home in their own thread while the passes
+    /// went on (taken when due, not forced).
+    pub checkpoints_beside: u64,
     /// Time spent applying batches (both ways), in nanoseconds.
     pub apply_ns: u64,
-    /// Time spent in checkpoints, in nanoseconds (nothing is applied meanwhile).
+    /// Time the passes stood still for checkpoints (snapshots, and waits for a checkpoint's
+    /// thread), in nanoseconds.
     pub checkpoint_ns: u64,
     /// Drains asked for by callers (a full backlog, a full log, unmount), and the time they
     /// waited in all, in nanoseconds.
@@ -224,6 +213,9 @@ struct CheckpointPolicy {
     applied_since_checkpoint: u64,
     /// Log data bytes of the records applied since the last checkpoint (approximate).
     applied_bytes_since_checkpoint: u64,
+    /// The checkpoint whose images are on their way to the log and home in a thread of its own
+    /// while passes go on applying (background mode only): at most one at a time.
+    in_flight: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
 /// What a caught panic said, for the failure latch.
@@ -286,6 +278,10 @@ pub struct Backend {
     worker_lock_takes: AtomicU64,
     front_lock: LockTimes,
     checkpoint_ns: AtomicU64,
+    checkpoints_beside: AtomicU64,
+    /// A checkpoint is due at least this often while records are applied
+    /// (`MountOptions::checkpoint_interval_ms`).
+    checkpoint_interval_ms: AtomicU64,
     held_records: AtomicU64,
     apply_ns: AtomicU64,
     drains: AtomicU64,
@@ -325,6 +321,7 @@ impl Backend {
                 last_checkpoint: Instant::now(),
                 applied_since_checkpoint: 0,
                 applied_bytes_since_checkpoint: 0,
+                in_flight: None,
             }),
             state: AtomicU8::new(STATE_RUNNING),
             failure: Mutex::new(None),
@@ -341,6 +338,8 @@ impl Backend {
             worker_lock_takes: AtomicU64::new(0),
             front_lock: LockTimes::default(),
             checkpoint_ns: AtomicU64::new(0),
+            checkpoints_beside: AtomicU64::new(0),
+            checkpoint_interval_ms: AtomicU64::new(crate::fs::types::CHECKPOINT_INTERVAL_MS_DEFAULT),
             held_records: AtomicU64::new(0),
             apply_ns: AtomicU64::new(0),
             drains: AtomicU64::new(0),
@@ -379,12 +378,23 @@ impl Backend {
         Ok(())
     }
 
+    /// How often a checkpoint is due at the least while records are applied.
+    pub fn set_checkpoint_interval(&self, interval: Duration) {
+        assert!(!interval.is_zero(), "a checkpoint interval of zero");
+        self.checkpoint_interval_ms.store(interval.as_millis().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
     /// Stops the thread and waits for it; idempotent.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.queue_signal.notify_all();
         if let Some(handle) = self.thread.lock().take() {
             let _ = handle.join();
+        }
+        // A checkpoint still writing must be done before the caller writes the superblock or
+        // lets the next mount in; its failure latches like any other.
+        if let Some(in_flight) = self.policy.lock().in_flight.take() {
+            let _ = self.join_checkpoint(in_flight);
         }
         if let Some(pool) = &self.pool {
             pool.stop();
@@ -407,7 +417,12 @@ impl Backend {
     /// Runs `change` on the volume with no pass or checkpoint in progress (both take the policy
     /// lock first): for superblock writes outside checkpoints (unmount, remount).
     pub fn with_volume_quiet<T>(&self, change: impl FnOnce(&mut Volume) -> T) -> T {
-        let _policy = self.policy.lock();
+        let mut policy = self.policy.lock();
+        // The superblock this writes must not be overtaken by a checkpoint's (its failure
+        // latches; the caller's own write then fails or is moot).
+        if let Some(in_flight) = policy.in_flight.take() {
+            let _ = self.join_checkpoint(in_flight);
+        }
         let mut volume = self.volume.lock();
         change(&mut volume)
     }
@@ -443,6 +458,7 @@ impl Backend {
             front_lock_takes,
             front_lock_wait_ns,
             front_lock_held_ns,
+            checkpoints_beside: self.checkpoints_beside.load(Ordering::Relaxed),
             checkpoint_ns: self.checkpoint_ns.load(Ordering::Relaxed),
             held_records: self.held_records.load(Ordering::Relaxed),
             checkpoints: self.checkpoints(),
@@ -726,7 +742,21 @@ impl Backend {
         })
     }
 
+    /// Takes a checkpoint when one is due (or `force`). In background mode only its snapshot
+    /// stops the passes: the images travel to the log and home in a thread of their own while
+    /// the next batches apply (`backend::checkpoint_finish` says why that is safe), and the
+    /// next call collects it. A forced checkpoint (unmount, free blocks running low, an
+    /// explicit call) is waited for, as is one in flight before it: the caller needs what it
+    /// makes reusable.
     fn maybe_checkpoint(&self, policy: &mut CheckpointPolicy, force: bool, sink: &dyn FrontSink) -> Result<()> {
+        if let Some(in_flight) = policy.in_flight.take() {
+            if !force && !in_flight.is_finished() {
+                policy.in_flight = Some(in_flight);
+                return Ok(());
+            }
+            self.join_checkpoint(in_flight)?;
+            self.report_space(sink);
+        }
         if policy.applied_since_checkpoint == 0 && !force {
             return Ok(());
         }
@@ -751,33 +781,79 @@ impl Backend {
             // Freed blocks wait for a checkpoint before reuse: take one before they are a
             // large share of what the volume could hand out.
             || pending_free_blocks * 2 > free_blocks
-            || policy.last_checkpoint.elapsed() > CHECKPOINT_INTERVAL;
+            || policy.last_checkpoint.elapsed() > Duration::from_millis(self.checkpoint_interval_ms.load(Ordering::Relaxed));
         if !due {
             return Ok(());
         }
         let applied = *self.applied_lsn.lock();
-        // No pass runs (the policy lock), so nothing is taken and unapplied: the first
-        // unapplied record is the first deposited or still being deposited after the cursor.
-        let first_unapplied = || self.queue.lock().first_unapplied(&self.log);
         // The workers' memo stays: a checkpoint changes no payload the memo can hold (see
         // `store::Memo`). Clearing it here cost every directory's working set a reload under
         // the volume lock after each checkpoint, a third of the workers' lock takes.
         let started = Instant::now();
-        if let Err(error) = checkpoint(&self.volume, &self.log, applied, &first_unapplied) {
-            self.fail(&error);
-            return Err(error);
-        }
+        let snapshot = checkpoint_snapshot(&self.volume, applied).inspect_err(|error| self.fail(error))?;
+        policy.last_checkpoint = Instant::now();
+        policy.applied_since_checkpoint = 0;
+        policy.applied_bytes_since_checkpoint = 0;
+        let finished = if self.background {
+            let (volume, log) = (self.volume.clone(), self.log.clone());
+            let spawned = std::thread::Builder::new()
+                .name("tandem-checkpoint".into())
+                .spawn(move || checkpoint_finish(&volume, &log, snapshot))
+                .map_err(|error| Error::Io { operation: "start checkpoint thread", offset: 0, source: error });
+            match spawned {
+                Ok(handle) if !force => {
+                    policy.in_flight = Some(handle);
+                    self.checkpoints_beside.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+                Ok(handle) => Some(self.join_checkpoint(handle)),
+                Err(error) => Some(Err(error)),
+            }
+        } else {
+            Some(checkpoint_finish(&self.volume, &self.log, snapshot).map(|()| {
+                self.checkpoints.fetch_add(1, Ordering::Relaxed);
+            }))
+        };
         self.checkpoint_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match finished {
+            None => Ok(()),
+            Some(Ok(())) => {
+                self.report_space(sink);
+                Ok(())
+            }
+            Some(Err(error)) => {
+                self.fail(&error);
+                Err(error)
+            }
+        }
+    }
+
+    /// Waits for a checkpoint's thread; latches its failure (or panic).
+    fn join_checkpoint(&self, handle: std::thread::JoinHandle<Result<()>>) -> Result<()> {
+        let waited = Instant::now();
+        let finished = handle.join().unwrap_or_else(|panic| {
+            Err(Error::invalid(format!("checkpoint thread panicked: {}", panic_reason(&*panic))))
+        });
+        self.checkpoint_ns.fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match finished {
+            Ok(()) => {
+                self.checkpoints.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) => {
+                self.fail(&error);
+                Err(error)
+            }
+        }
+    }
+
+    /// Tells the front end the free counts after a checkpoint made frees reusable.
+    fn report_space(&self, sink: &dyn FrontSink) {
         let (free_blocks, pending_free_blocks) = {
             let volume = self.volume.lock();
             (volume.free_blocks(), volume.blocks.pending_free_count())
         };
         sink.space_changed(free_blocks, pending_free_blocks);
-        policy.last_checkpoint = Instant::now();
-        policy.applied_since_checkpoint = 0;
-        policy.applied_bytes_since_checkpoint = 0;
-        self.checkpoints.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 
     // ------------------------------------------------------------------ drains and waits
@@ -966,7 +1042,7 @@ mod tests {
     }
 
     /// A record appended but not yet deposited holds up the records after it: a pass applies
-    /// none of them, and a checkpoint's "first unapplied record" names it, not a later one.
+    /// none of them, and a checkpoint's tail stops at it, not at a later one.
     /// Appending does not hold the queue: others enqueue meanwhile.
     #[test]
     fn a_record_on_its_way_to_the_queue_is_not_passed_over() {
@@ -982,8 +1058,9 @@ mod tests {
             assert!(backend.log().durable_lsn() >= later);
             assert!(!backend.pass(&QuietSink).unwrap(), "a pass skipped the record on its way");
             assert_eq!(backend.applied_lsn(), before);
-            let first_unapplied = backend.queue.lock().first_unapplied(backend.log());
-            assert_eq!(first_unapplied, Some(later - 1));
+            // A checkpoint's tail stops at it: the log knows it as a logical record from its
+            // reservation on (`backend::checkpoint_finish`).
+            assert_eq!(backend.log().appended_with_reserve(later - 1), Some(false));
             proceed.wait();
             let stalled_lsn = stalled.join().unwrap().unwrap();
             assert_eq!(stalled_lsn, later - 1);

@@ -23,6 +23,7 @@ use crate::block::inode::Inode;
 use crate::block::meta::{verify_block, BlockBuf, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64, TRAILER_KIND_OFFSET};
 use crate::block::superblock::{Superblock, STATE_MOUNTED};
 use crate::block::volume::{Image, Volume};
+use crate::device::Device;
 use crate::dir::{self, DirRoot, HashSeed};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot};
@@ -360,25 +361,44 @@ fn encode_commit(covered_lsn: u64, image_count: u64, superblock: &Superblock) ->
 }
 
 /// Writes a checkpoint covering every record up to `covered_lsn`, which must all be applied to
-/// the volume, and nothing after them until this returns (the caller is the only applier). The
-/// volume lock is held only to take the images and to record the result, so readers go on while
-/// the images travel through the log and home. See the module comment for the protocol.
-///
-/// `first_unapplied` names the first logical record appended but not applied, if any; it is
-/// asked after the commit is durable. The new tail skips this checkpoint's own records, up to
-/// that record, so that large image sets do not stay in the log until the next checkpoint.
-pub fn checkpoint(
-    volume: &parking_lot::Mutex<Volume>,
-    log: &Log,
+/// the volume, and nothing after them until the snapshot is taken (the caller is the only
+/// applier): `checkpoint_snapshot`, then `checkpoint_finish`.
+pub fn checkpoint(volume: &parking_lot::Mutex<Volume>, log: &Log, covered_lsn: u64) -> Result<()> {
+    let snapshot = checkpoint_snapshot(volume, covered_lsn)?;
+    checkpoint_finish(volume, log, snapshot)
+}
+
+/// A checkpoint's step 1, taken with the volume held: the images and the superblock they
+/// belong to.
+pub struct CheckpointSnapshot {
     covered_lsn: u64,
-    first_unapplied: &dyn Fn() -> Option<u64>,
-) -> Result<()> {
-    let (images, mut superblock, device) = {
-        let mut volume = volume.lock();
-        // A record that failed half way must never reach home: the log still holds it whole.
-        volume.check_whole()?;
-        (volume.snapshot_images()?, volume.superblock.clone(), volume.device.clone())
-    };
+    images: Vec<Image>,
+    superblock: Superblock,
+    device: Arc<dyn Device>,
+}
+
+/// Step 1: seals the images of every changed metadata block, with the volume held only for
+/// that. Every record up to `covered_lsn` must be applied and none after it.
+pub fn checkpoint_snapshot(volume: &parking_lot::Mutex<Volume>, covered_lsn: u64) -> Result<CheckpointSnapshot> {
+    let mut volume = volume.lock();
+    // A record that failed half way must never reach home: the log still holds it whole.
+    volume.check_whole()?;
+    let images = volume.snapshot_images()?;
+    let mut superblock = volume.superblock.clone();
+    // The counts the images' bitmaps hold: frees awaiting this checkpoint are free in them.
+    superblock.free_blocks = volume.blocks.free_count() + volume.blocks.pending_free_count();
+    superblock.free_inodes = volume.inodes.free_count();
+    Ok(CheckpointSnapshot { covered_lsn, images, superblock, device: volume.device.clone() })
+}
+
+/// Steps 2 to 5, with the volume lock taken only at the end. Records after the snapshot's may
+/// be applied meanwhile (the back end goes on while this runs in its own thread): the images
+/// are sealed copies (a change after the seal copies the block), a block freed by a record
+/// after the snapshot stays pending until a later checkpoint, the log tail stops at the first
+/// record the images do not cover, and only the cache entries still holding the sealed copy
+/// become clean.
+pub fn checkpoint_finish(volume: &parking_lot::Mutex<Volume>, log: &Log, snapshot: CheckpointSnapshot) -> Result<()> {
+    let CheckpointSnapshot { covered_lsn, images, mut superblock, device } = snapshot;
     let covered_bytes = covered_lsn.to_le_bytes();
     let mut image_count = 0u64;
     for chunk in images.chunks(IMAGES_PER_RECORD) {
@@ -401,10 +421,10 @@ pub fn checkpoint(
     Volume::write_images_home(device.as_ref(), &mut superblock, &images)?;
     device.flush()?;
     // Every record before the tail is reflected at home: logical records up to `covered_lsn`
-    // are applied, and the records after it are this checkpoint's own, unless a logical record
-    // was appended in between.
-    let tail_lsn = first_unapplied().map_or(commit_lsn + 1, |lsn| lsn.min(commit_lsn + 1));
-    assert!(tail_lsn > covered_lsn, "a record at or before the checkpoint is still unapplied");
+    // are in the images, and the records after it up to the first logical one are checkpoint
+    // records (this checkpoint's own, or an earlier one's, whose images this one repeats).
+    let tail_lsn = first_logical_after(log, covered_lsn, commit_lsn).unwrap_or(commit_lsn + 1);
+    assert!(tail_lsn > covered_lsn, "a record at or before the checkpoint is still uncovered");
     let tail = log.position(tail_lsn);
     superblock.sequence += 1;
     superblock.checkpoint_lsn = tail_lsn - 1;
@@ -412,16 +432,10 @@ pub fn checkpoint(
     superblock.log_tail_data_position = tail.data_position;
     superblock.checkpoint_count += 1;
     superblock.checkpoint_time_ns = now_ns();
-    {
-        let volume = volume.lock();
-        superblock.free_blocks = volume.blocks.free_count() + volume.blocks.pending_free_count();
-        superblock.free_inodes = volume.inodes.free_count();
-    }
     superblock.write(device.as_ref())?;
     device.flush()?;
     log.release(tail);
     let mut volume = volume.lock();
-    volume.images_home(&images);
     let current = &mut volume.superblock;
     current.sequence = superblock.sequence;
     current.checkpoint_lsn = superblock.checkpoint_lsn;
@@ -432,8 +446,18 @@ pub fn checkpoint(
     current.free_blocks = superblock.free_blocks;
     current.free_inodes = superblock.free_inodes;
     current.inode_table_initialized_blocks = superblock.inode_table_initialized_blocks;
+    volume.images_home(&images);
     volume.checkpoint_done(covered_lsn);
     Ok(())
+}
+
+/// The first record in `covered_lsn + 1 .. before_lsn` that is not a checkpoint record (all of
+/// them were appended: `before_lsn` is at most the log's next lsn). Records before the log's
+/// tail were released by an earlier checkpoint (a forced checkpoint may cover no more than the
+/// one before it): they are home, so the search starts at the tail at the earliest.
+fn first_logical_after(log: &Log, covered_lsn: u64, before_lsn: u64) -> Option<u64> {
+    let first = (covered_lsn + 1).max(log.tail().lsn);
+    (first..before_lsn).find(|lsn| log.appended_with_reserve(*lsn) != Some(true))
 }
 
 /// The images of one checkpoint found in the log.

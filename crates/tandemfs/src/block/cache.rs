@@ -165,11 +165,14 @@ impl BlockCache {
         images
     }
 
-    /// The images of these blocks are home: they may be evicted again.
-    pub fn mark_clean(&mut self, block_numbers: &[u64]) {
-        for block_number in block_numbers {
-            if let Some(entry) = self.entries.get_mut(block_number) {
-                if entry.dirty {
+    /// The images of these blocks are home: the entries that still hold the very copy that was
+    /// sealed may be evicted again. An entry changed since (a record applied while the
+    /// checkpoint ran copies the shared block first, `Arc::make_mut`, or puts a new one) holds
+    /// a change the images lack and stays dirty for the next checkpoint.
+    pub fn mark_clean_if_unchanged<'a>(&mut self, images: impl Iterator<Item = (u64, &'a SharedBlock)>) {
+        for (block_number, image) in images {
+            if let Some(entry) = self.entries.get_mut(&block_number) {
+                if entry.dirty && Arc::ptr_eq(&entry.block, image) {
                     entry.dirty = false;
                     self.dirty_count -= 1;
                 }
@@ -235,9 +238,9 @@ mod tests {
         cache.modify(0, BlockKind::DirLeaf).unwrap()[1] = 0x55;
         assert_eq!(images[0].1[1], 0xAA);
         assert_eq!(cache.get(0, BlockKind::DirLeaf).unwrap()[1], 0x55);
-        let numbers: Vec<u64> = images.iter().map(|(number, _)| *number).collect();
-        cache.mark_clean(&numbers);
-        assert_eq!(cache.dirty_count(), 0);
+        cache.mark_clean_if_unchanged(images.iter().map(|(number, block)| (*number, block)));
+        assert_eq!(cache.dirty_count(), 1, "the block changed after the seal holds what the images lack");
+        assert_eq!(cache.get(0, BlockKind::DirLeaf).unwrap()[1], 0x55);
         assert!(cache.entries.len() <= 16);
     }
 

@@ -833,8 +833,7 @@ impl Volume {
 
     /// The images from `snapshot_images` are home.
     pub fn images_home(&mut self, images: &[Image]) {
-        let numbers: Vec<u64> = images.iter().map(|image| image.block_number).collect();
-        self.cache.mark_clean(&numbers);
+        self.cache.mark_clean_if_unchanged(images.iter().map(|image| (image.block_number, &image.block)));
     }
 
     fn append_bitmap_images(&mut self, images: &mut Vec<Image>, dirty: [Vec<u64>; 2], generation: u64) {

@@ -183,10 +183,21 @@ pub struct MountOptions {
     /// Back-end apply workers (records on disjoint inodes apply side by side); 0 takes one per
     /// core (`backend::parallel::default_workers`), at most `backend::parallel::WORKERS_MAX`.
     pub backend_workers: usize,
+    /// A checkpoint is taken at least this often while records are applied (sooner when the
+    /// log fills): the longest stretch of log a mount after a crash replays, in time. From
+    /// `CHECKPOINT_INTERVAL_MS_MIN` to `CHECKPOINT_INTERVAL_MS_MAX`.
+    pub checkpoint_interval_ms: u64,
     /// The passphrase or key file that opens an encrypted volume (`crate::crypt::unlock`);
     /// ignored on a plain volume.
     pub key: Option<crate::crypt::Secret>,
 }
+
+/// `MountOptions::checkpoint_interval_ms` when none is given: 5 s.
+pub const CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 5_000;
+/// Shortest checkpoint interval accepted (tests take a checkpoint at nearly every pass).
+pub const CHECKPOINT_INTERVAL_MS_MIN: u64 = 1;
+/// Longest checkpoint interval accepted: an hour.
+pub const CHECKPOINT_INTERVAL_MS_MAX: u64 = 3_600_000;
 
 impl Default for MountOptions {
     fn default() -> MountOptions {
@@ -198,6 +209,7 @@ impl Default for MountOptions {
             read_only: false,
             mmp_interval_ms: None,
             backend_workers: 0,
+            checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS_DEFAULT,
             key: None,
         }
     }

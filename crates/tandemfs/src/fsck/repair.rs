@@ -113,7 +113,7 @@ pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Pr
                 ));
                 let covered_lsn = log.next_lsn() - 1;
                 let volume = parking_lot::Mutex::new(volume);
-                backend::checkpoint(&volume, &log, covered_lsn, &|| None)?;
+                backend::checkpoint(&volume, &log, covered_lsn)?;
             }
             None
         }
@@ -142,7 +142,7 @@ pub fn repair(device: Arc<dyn Device>, write: bool, progress: &mut dyn FnMut(&Pr
         volume.superblock.state = STATE_CLEAN;
         let covered_lsn = log.next_lsn() - 1;
         let volume = parking_lot::Mutex::new(volume);
-        backend::checkpoint(&volume, &log, covered_lsn, &|| None)?;
+        backend::checkpoint(&volume, &log, covered_lsn)?;
     }
     drop(log);
     progress(&Progress { phase: "checking the result", done: 0, total: 1 });

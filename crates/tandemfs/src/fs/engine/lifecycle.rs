@@ -83,6 +83,15 @@ impl FileSystem {
                 crate::backend::parallel::WORKERS_MAX
             )));
         }
+        let interval = crate::fs::types::CHECKPOINT_INTERVAL_MS_MIN..=crate::fs::types::CHECKPOINT_INTERVAL_MS_MAX;
+        if !interval.contains(&options.checkpoint_interval_ms) {
+            return Err(Error::invalid(format!(
+                "checkpoint interval {} ms is outside {}..={} ms",
+                options.checkpoint_interval_ms,
+                interval.start(),
+                interval.end()
+            )));
+        }
         let forced_read_only = (!options.read_only && device.is_read_only()).then(|| {
             "the medium refuses writes (no write permission, an immutable file or a read-only device)".to_string()
         });
@@ -175,7 +184,7 @@ impl FileSystem {
             let volume = Mutex::new(volume);
             if report.records_replayed > 0 || report.orphans_reclaimed > 0 {
                 // Read-only: into the gate's memory, like the replay itself.
-                backend::checkpoint(&volume, &log, last_lsn, &|| None)?;
+                backend::checkpoint(&volume, &log, last_lsn)?;
             }
             let mut volume = volume.into_inner();
             if setup.read_only {
@@ -220,6 +229,7 @@ impl FileSystem {
             Ok(backend) => backend,
             Err(error) => return Err((error, keeper)),
         };
+        backend.set_checkpoint_interval(std::time::Duration::from_millis(options.checkpoint_interval_ms));
         let inner = Arc::new(Inner {
             device,
             gate: setup.gate,
