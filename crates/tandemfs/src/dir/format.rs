@@ -405,20 +405,27 @@ impl RecordHeader {
 }
 
 /// Decodes the fixed part of the record at `slot` of a validated leaf, checking everything
-/// about it (the name's bytes are not read).
-#[inline]
+/// about it (the name's bytes are not read). The walk along a directory's list calls this for
+/// every record it passes, so the fixed header is taken as one array (one range check; the
+/// fields then sit at constant offsets), the error text is built only on failure, and the
+/// function is inlined into the walk (a call and its returned `Result` cost as much as the
+/// checks).
+#[inline(always)]
 pub fn decode_header(block: &BlockBuf, block_number: u64, slot: usize) -> Result<RecordHeader> {
+    const _: () = assert!(ENTRY_NAME_OFFSET <= DUMMY_BYTES && ENTRY_KIND_OFFSET < DUMMY_BYTES);
     let fail = |what: String| Err(Error::corruption(format!("directory leaf {block_number} slot {slot}: {what}")));
     if !(FIRST_ENTRY_SLOT..SLOTS_PER_BLOCK).contains(&slot) {
         return fail("slot out of range".into());
     }
     let base = slot * SLOT_BYTES;
     // The fixed header of a record fits in two slots; check room before reading it.
-    if base + DUMMY_BYTES > META_PAYLOAD_BYTES {
+    let Some(fixed) = block[..META_PAYLOAD_BYTES].get(base..base + DUMMY_BYTES) else {
         return fail("record header runs past the payload".into());
-    }
-    let kind = block[base + ENTRY_KIND_OFFSET];
-    let name_length = block[base + ENTRY_NAME_LENGTH_OFFSET] as usize;
+    };
+    let fixed: &[u8; DUMMY_BYTES] = fixed.try_into().expect("a range of DUMMY_BYTES");
+    let field_u64 = |offset: usize| u64::from_le_bytes(fixed[offset..offset + 8].try_into().expect("8 bytes"));
+    let kind = fixed[ENTRY_KIND_OFFSET];
+    let name_length = fixed[ENTRY_NAME_LENGTH_OFFSET] as usize;
     let is_dummy = match kind {
         ENTRY_KIND_NAME => false,
         ENTRY_KIND_DUMMY => true,
@@ -442,19 +449,19 @@ pub fn decode_header(block: &BlockBuf, block_number: u64, slot: usize) -> Result
         let free = slot + ((!window & mask) >> (slot % 8)).trailing_zeros() as usize;
         return fail(format!("record covers slot {free}, free in the bitmap"));
     }
-    let key = read_u64(&block[..], base + ENTRY_KEY_OFFSET);
+    let key = field_u64(ENTRY_KEY_OFFSET);
     if key >= 1 << 63 || (is_dummy && key as u32 != 0) {
         return fail(format!("key {key:#x} malformed"));
     }
-    let next = read_u64(&block[..], base + ENTRY_NEXT_OFFSET);
+    let next = field_u64(ENTRY_NEXT_OFFSET);
     if next != 0 && !position_is_valid(next) {
         return fail(format!("next position {next:#x} is not a valid entry position"));
     }
     Ok(RecordHeader {
         key,
         next,
-        inode_or_count: read_u64(&block[..], base + ENTRY_INODE_OFFSET),
-        file_type: block[base + ENTRY_FILE_TYPE_OFFSET],
+        inode_or_count: field_u64(ENTRY_INODE_OFFSET),
+        file_type: fixed[ENTRY_FILE_TYPE_OFFSET],
         is_dummy,
         name_length,
     })

@@ -170,9 +170,12 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
     let mut position = dummy.next;
     let mut steps = 0u64;
     // The leaf of the record before: consecutive records mostly share a leaf, and the leaf
-    // lists need a look only when it changes.
+    // lists need a look only when it changes. The walk holds that leaf and decodes each record
+    // from it, going to the session only when the list moves to another leaf (the walk is
+    // most of a directory operation's work: about 95 records per insert in a full region).
     let mut previous_leaf = block_of(dummy_position);
     let mut previous_leaf_is_member = true;
+    let mut leaf = session.leaf_shared(previous_leaf)?;
     // Headers only: names are compared in place, and only where the hash matches.
     while position != 0 {
         steps += 1;
@@ -182,13 +185,14 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
                 dummy.inode_or_count
             )));
         }
-        let record = session.header(position, &|| format!("entry after {previous:#x}"))?;
-        let leaf_changed = block_of(position) != previous_leaf;
-        if leaf_changed {
+        let (block_number, slot) = split_position(position, &|| format!("entry after {previous:#x}"))?;
+        if block_number != previous_leaf {
+            leaf = session.leaf_shared(block_number)?;
             note_leaf(&mut found.visited_leaves, position);
-            previous_leaf = block_of(position);
+            previous_leaf = block_number;
             previous_leaf_is_member = false;
         }
+        let record = decode_header(&leaf, block_number, slot)?;
         if record.is_dummy {
             if record.region_hash() <= region_hash {
                 return Err(Error::corruption(format!(

@@ -132,6 +132,12 @@ impl<'a> Session<'a> {
         Ok(&self.load(block_number, BlockKind::DirLeaf)?.block)
     }
 
+    /// The leaf as a shared copy, for a walk that reads record after record of it without
+    /// changing anything (the session keeps its own copy; a later change copies first).
+    pub fn leaf_shared(&mut self, block_number: u64) -> Result<SharedBlock> {
+        Ok(self.load(block_number, BlockKind::DirLeaf)?.block.clone())
+    }
+
     pub fn leaf_mut(&mut self, block_number: u64) -> Result<&mut BlockBuf> {
         let cached = self.load(block_number, BlockKind::DirLeaf)?;
         cached.dirty = true;
