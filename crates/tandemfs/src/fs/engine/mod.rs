@@ -620,10 +620,20 @@ impl FrontSink for FileSystem {
         for &(number, blocks) in &summary.owned_blocks {
             updates.entry(number).or_default().owned_blocks = Some(blocks);
         }
-        // One view at a time, each with its estimates and its count together, so that a stat
-        // never sees the estimate gone and the count not yet in.
-        for (number, update) in updates {
-            let mut shard = front.write_views(number);
+        // Each view with its estimates and its count together, so that a stat never sees the
+        // estimate gone and the count not yet in; each shard taken once for all its views of the
+        // batch (a batch of creates touches about two views a record, and a lock take each cost
+        // the front end's threads that wait on the same shards).
+        let mut updates: Vec<(usize, u64, ViewUpdate)> =
+            updates.into_iter().map(|(number, update)| (Front::view_shard_index(number), number, update)).collect();
+        updates.sort_unstable_by_key(|(shard_index, number, _)| (*shard_index, *number));
+        let mut held: Option<(usize, RwLockWriteGuard<'_, ViewShard>)> = None;
+        for (shard_index, number, update) in updates {
+            if held.as_ref().is_none_or(|(index, _)| *index != shard_index) {
+                drop(held.take()); // one shard at a time
+                held = Some((shard_index, front.write_views(number)));
+            }
+            let shard = &mut held.as_mut().expect("taken above").1;
             let Some(view) = shard.views.get_mut(&number) else {
                 continue;
             };
@@ -640,14 +650,23 @@ impl FrontSink for FileSystem {
                 view.blocks_owned = blocks;
             }
         }
+        drop(held);
         // A removed name's entry says what the H-tree now says: dropped, so that the names of
-        // deleted files do not fill the table (each directory's shard, one at a time).
+        // deleted files do not fill the table (one shard at a time, each taken once a batch).
+        removed.sort_by_key(|(directory, _, lsn)| (Front::name_shard_index(*directory), *lsn));
+        let mut held: Option<(usize, RwLockWriteGuard<'_, NameShard>)> = None;
         for (directory, name, lsn) in removed {
-            let mut shard = front.write_names(directory);
+            let shard_index = Front::name_shard_index(directory);
+            if held.as_ref().is_none_or(|(index, _)| *index != shard_index) {
+                drop(held.take());
+                held = Some((shard_index, front.write_names(directory)));
+            }
+            let shard = &mut held.as_mut().expect("taken above").1;
             if shard.table.forget_removed(directory, name, lsn) {
-                front.count_names(&mut shard);
+                front.count_names(shard);
             }
         }
+        drop(held);
         front.space.applied(returned_blocks, summary.free_blocks, summary.pending_free_blocks);
     }
 
