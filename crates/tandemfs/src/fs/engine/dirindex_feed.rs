@@ -141,6 +141,10 @@ struct FeedQueue {
 struct LearnRequests {
     order: VecDeque<u64>,
     asked: crate::FastHashSet<u64>,
+    /// Numbers that were not a directory or too big to learn when read: not asked again (so
+    /// that lookups in a huge directory do not make every pass read it), until the set is
+    /// full and starts over.
+    declined: crate::FastHashSet<u64>,
 }
 
 #[derive(Default)]
@@ -213,9 +217,20 @@ impl IndexFeed {
     /// Asks for `directory` to be learnt (read from the volume and marked complete).
     fn ask_to_learn(&self, directory: u64) {
         let mut learn = self.learn.lock();
-        if learn.order.len() < LEARN_REQUESTS_MAX && learn.asked.insert(directory) {
+        if learn.order.len() < LEARN_REQUESTS_MAX
+            && !learn.declined.contains(&directory)
+            && learn.asked.insert(directory)
+        {
             learn.order.push_back(directory);
         }
+    }
+
+    fn decline(&self, directory: u64) {
+        let mut learn = self.learn.lock();
+        if learn.declined.len() >= LEARN_REQUESTS_MAX {
+            learn.declined.clear();
+        }
+        learn.declined.insert(directory);
     }
 
     fn has_learn_requests(&self) -> bool {
@@ -300,7 +315,10 @@ impl IndexFeed {
                     }
                 }
                 // Not a directory, freed, or too big: stays unknown.
-                Ok(None) => entries += 1,
+                Ok(None) => {
+                    entries += 1;
+                    self.decline(directory);
+                }
                 // A volume that refuses readers (a failed record): asked again later.
                 Err(_) => {
                     self.ask_to_learn(directory);
@@ -321,8 +339,19 @@ impl IndexFeed {
                 self.idle_turn(&inner);
                 continue;
             }
-            if let Err(reason) = self.apply_items(items) {
-                self.fail(reason);
+            // An index that panics answers nothing more, rather than leave the feed behind
+            // and every batch waiting for it.
+            let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.apply_items(items)));
+            match applied {
+                Ok(Ok(())) => {}
+                Ok(Err(reason)) => self.fail(reason),
+                Err(panic) => {
+                    let reason = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()));
+                    self.fail(format!("index panicked: {}", reason.unwrap_or_default()));
+                }
             }
         }
     }
@@ -400,7 +429,9 @@ impl IndexFeed {
         let backend = &fs.inner.backend;
         let fed = self.fed_lsn();
         let wanted = backend.last_queued_lsn() > fed || self.has_learn_requests();
-        if !wanted || backend.is_failed() || backend.is_stopped() {
+        // The volume lock is taken only when the lsns say the volume may be quiet.
+        let maybe_quiet = backend.applied_lsn() == backend.last_queued_lsn();
+        if !wanted || !maybe_quiet || backend.is_failed() || backend.is_stopped() {
             return;
         }
         let Some(quiet_lsn) = self.quiet_lsn(&fs) else { return };
