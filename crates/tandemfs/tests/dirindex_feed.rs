@@ -205,140 +205,229 @@ fn a_tree_made_before_the_index_is_learnt_and_answered_as_the_single_calls() {
     }
 }
 
+/// What a name in a thread's subtree is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Directory,
+    Symlink,
+}
+
+/// One name a thread made.
+#[derive(Clone)]
+struct Node {
+    parent: u64,
+    name: Vec<u8>,
+    inode: u64,
+    kind: Kind,
+    alive: bool,
+}
+
 /// One thread's own subtree, as it made it: every name it made, alive or removed.
 struct Own {
     top: u64,
     top_path: Vec<u8>,
-    /// (parent, name, inode, directory, alive)
-    nodes: Vec<(u64, Vec<u8>, u64, bool, bool)>,
+    nodes: Vec<Node>,
+    /// Files unlinked while open (orphans), released a few changes later.
+    open_orphans: Vec<u64>,
 }
 
 impl Own {
-    fn live(&self, directory: bool) -> Vec<usize> {
-        (0..self.nodes.len()).filter(|&at| self.nodes[at].4 && self.nodes[at].3 == directory).collect()
+    fn live(&self, kind: Kind) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|&at| self.nodes[at].alive && self.nodes[at].kind == kind).collect()
     }
 
-    fn directories(&self) -> Vec<(u64, usize)> {
-        let mut directories = vec![(self.top, usize::MAX)];
-        directories.extend(self.live(true).into_iter().map(|at| (self.nodes[at].2, at)));
+    fn directories(&self) -> Vec<u64> {
+        let mut directories = vec![self.top];
+        directories.extend(self.live(Kind::Directory).into_iter().map(|at| self.nodes[at].inode));
         directories
     }
 
     /// The path of node `at` from the root, through its parents as the model has them.
     fn path(&self, at: usize) -> Vec<u8> {
-        let (parent, name, ..) = &self.nodes[at];
-        let parent_path = if *parent == self.top {
+        let node = &self.nodes[at];
+        let parent_path = if node.parent == self.top {
             self.top_path.clone()
         } else {
-            match self.nodes.iter().position(|node| node.2 == *parent && node.4) {
+            match self.nodes.iter().position(|up| up.inode == node.parent && up.alive) {
                 Some(up) => self.path(up),
                 None => self.top_path.clone(),
             }
         };
-        join(&parent_path, name)
+        join(&parent_path, &node.name)
     }
 
     fn name_in(&self, directory: u64, rng: &mut SmallRng) -> Vec<u8> {
-        let existing: Vec<&Vec<u8>> =
-            self.nodes.iter().filter(|node| node.0 == directory && node.4 && !node.3).map(|node| &node.1).collect();
+        let existing: Vec<&Vec<u8>> = self
+            .nodes
+            .iter()
+            .filter(|node| node.parent == directory && node.alive && node.kind != Kind::Directory)
+            .map(|node| &node.name)
+            .collect();
         if !existing.is_empty() && rng.gen_bool(0.2) {
             return existing.choose(rng).unwrap().to_vec();
         }
         short_name(rng)
     }
 
-    /// One random change: create, mkdir, unlink, rename (files anywhere in the subtree, with
-    /// a replaced file sometimes; directories to the top; now and then an exchange), setattr.
+    fn add(&mut self, parent: u64, name: Vec<u8>, inode: u64, kind: Kind) {
+        self.nodes.push(Node { parent, name, inode, kind, alive: true });
+    }
+
+    /// Marks the live name (parent, name) removed.
+    fn remove_name(&mut self, parent: u64, name: &[u8]) {
+        for node in self.nodes.iter_mut().filter(|node| node.parent == parent && node.name == name && node.alive) {
+            node.alive = false;
+        }
+    }
+
+    /// One random change: create, mkdir, symlink, link, unlink (sometimes while open), rename
+    /// (files anywhere in the subtree, replacing a file sometimes; directories to the top; now
+    /// and then an exchange), setattr, truncate, write, punch, allocate, set an xattr.
     fn change(&mut self, fs: &FileSystem, rng: &mut SmallRng) {
-        let directories = self.directories();
-        let (directory, _) = *directories.choose(rng).unwrap();
-        let files = self.live(false);
-        match rng.gen_range(0..10) {
-            0..=2 => {
+        let directory = *self.directories().choose(rng).unwrap();
+        let files = self.live(Kind::File);
+        let file = files.choose(rng).copied();
+        match (rng.gen_range(0..20), file) {
+            (0..=3, _) => {
                 let name = short_name(rng);
                 if let Ok(made) = fs.create(directory, &name, FileType::Regular, 0o640, 1, 2, 0) {
-                    self.nodes.push((directory, name, made.inode, false, true));
+                    self.add(directory, name, made.inode, Kind::File);
                 }
             }
-            3 => {
+            (4, _) => {
                 let name = short_name(rng);
                 if let Ok(made) = fs.make_directory(directory, &name, 0o750, 1, 2) {
-                    self.nodes.push((directory, name, made.inode, true, true));
+                    self.add(directory, name, made.inode, Kind::Directory);
                 }
             }
-            4 | 5 if !files.is_empty() => {
-                let at = *files.choose(rng).unwrap();
-                let (parent, name, ..) = self.nodes[at].clone();
-                fs.unlink(parent, &name).unwrap();
-                self.nodes[at].4 = false;
+            (5, _) => {
+                let name = short_name(rng);
+                if let Ok(made) = fs.symlink(directory, &name, b"../elsewhere", 1, 2) {
+                    self.add(directory, name, made.inode, Kind::Symlink);
+                }
             }
-            6 | 7 if !files.is_empty() => {
-                let at = *files.choose(rng).unwrap();
-                let (parent, name, inode, ..) = self.nodes[at].clone();
-                let new_name = self.name_in(directory, rng);
+            (6, Some(at)) => {
+                let name = short_name(rng);
+                let inode = self.nodes[at].inode;
+                if fs.link(inode, directory, &name).is_ok() {
+                    self.add(directory, name, inode, Kind::File);
+                }
+            }
+            (7 | 8, Some(at)) => {
+                let Node { parent, name, inode, .. } = self.nodes[at].clone();
+                let keep_open = rng.gen_bool(0.2);
+                if keep_open {
+                    fs.open_inode(inode).unwrap();
+                    self.open_orphans.push(inode);
+                }
+                fs.unlink(parent, &name).unwrap();
+                self.nodes[at].alive = false;
+            }
+            (9 | 10, Some(at)) => {
+                let Node { parent, name, inode, .. } = self.nodes[at].clone();
                 if rng.gen_bool(0.1) {
                     // An exchange with another file: the index forgets both directories.
                     let Some(&other) = files.iter().find(|&&other| other != at) else { return };
-                    let (other_parent, other_name, other_inode, ..) = self.nodes[other].clone();
+                    let Node { parent: other_parent, name: other_name, inode: other_inode, .. } =
+                        self.nodes[other].clone();
                     fs.rename(parent, &name, other_parent, &other_name, RenameMode::Exchange).unwrap();
-                    self.nodes[at].2 = other_inode;
-                    self.nodes[other].2 = inode;
+                    self.nodes[at].inode = other_inode;
+                    self.nodes[other].inode = inode;
                     return;
                 }
+                let new_name = self.name_in(directory, rng);
                 if (parent, &name) == (directory, &new_name) {
                     return;
                 }
                 // A file's name may collide with a directory's: refused, nothing changes.
                 let Ok(()) = fs.rename(parent, &name, directory, &new_name, RenameMode::Replace) else { return };
-                for node in self.nodes.iter_mut() {
-                    if node.0 == directory && node.1 == new_name && node.4 {
-                        node.4 = false;
-                    }
-                }
-                self.nodes[at].4 = false;
-                self.nodes.push((directory, new_name, inode, false, true));
+                self.remove_name(directory, &new_name);
+                self.nodes[at].alive = false;
+                self.add(directory, new_name, inode, Kind::File);
             }
-            8 => {
-                let moved = self.live(true);
-                if let Some(&at) = moved.choose(rng) {
-                    let (parent, name, inode, ..) = self.nodes[at].clone();
-                    let new_name = short_name(rng);
-                    if fs.rename(parent, &name, self.top, &new_name, RenameMode::NoReplace).is_ok() {
-                        self.nodes[at].4 = false;
-                        self.nodes.push((self.top, new_name, inode, true, true));
-                    }
+            (11, _) => {
+                let Some(&at) = self.live(Kind::Directory).choose(rng) else { return };
+                let Node { parent, name, inode, .. } = self.nodes[at].clone();
+                let new_name = short_name(rng);
+                if fs.rename(parent, &name, self.top, &new_name, RenameMode::NoReplace).is_ok() {
+                    self.nodes[at].alive = false;
+                    self.add(self.top, new_name, inode, Kind::Directory);
                 }
+            }
+            (12 | 13, Some(at)) => {
+                let inode = self.nodes[at].inode;
+                let data = vec![rng.gen::<u8>(); rng.gen_range(1..3 * 4096)];
+                fs.write(inode, rng.gen_range(0..64 << 10), &data).unwrap();
+            }
+            (14, Some(at)) => {
+                let inode = self.nodes[at].inode;
+                let changes =
+                    SetAttributes { size_bytes: Some(rng.gen_range(0..32 << 10)), ..SetAttributes::default() };
+                fs.set_attributes(inode, &changes).unwrap();
+            }
+            (15, Some(at)) => {
+                let inode = self.nodes[at].inode;
+                let (offset, length) = (rng.gen_range(0..16) * 4096, rng.gen_range(1..4) * 4096);
+                if rng.gen_bool(0.5) {
+                    fs.punch_hole(inode, offset, length).unwrap();
+                } else {
+                    fs.allocate(inode, offset, length, rng.gen_bool(0.5)).unwrap();
+                }
+            }
+            (16, Some(at)) => {
+                let value = vec![b'v'; rng.gen_range(1..64)];
+                fs.set_xattr(self.nodes[at].inode, b"user.tag", &value, XattrMode::CreateOrReplace).unwrap();
+            }
+            (17, _) if !self.open_orphans.is_empty() => {
+                let inode = self.open_orphans.swap_remove(0);
+                fs.release_inode(inode).unwrap();
             }
             _ => {
-                let Some(&at) = self.live(rng.gen_bool(0.3)).choose(rng) else { return };
+                let kind = *[Kind::File, Kind::Directory, Kind::Symlink].choose(rng).unwrap();
+                let Some(&at) = self.live(kind).choose(rng) else { return };
                 let changes = SetAttributes {
                     permissions: Some(rng.gen_range(0..0o7777)),
                     uid: rng.gen_bool(0.3).then(|| rng.gen_range(0..100)),
                     modify_time: Some(TimeToSet::Nanoseconds(rng.gen_range(0..1 << 40))),
                     ..SetAttributes::default()
                 };
-                fs.set_attributes(self.nodes[at].2, &changes).unwrap();
+                fs.set_attributes(self.nodes[at].inode, &changes).unwrap();
             }
+        }
+    }
+
+    /// Releases every file it kept open.
+    fn release_all(&mut self, fs: &FileSystem) {
+        for inode in self.open_orphans.drain(..) {
+            fs.release_inode(inode).unwrap();
         }
     }
 }
 
 /// Requests about one subtree: every name made (alive or removed, by path and by (parent,
 /// name)) and every inode, and the top directory itself.
-fn requests_of(own: &Own) -> (Vec<Vec<u8>>, Vec<(u64, Vec<u8>)>, Vec<u64>) {
+/// The three kinds of request a batch test asks.
+struct Requests {
+    paths: Vec<Vec<u8>>,
+    lookups: Vec<(u64, Vec<u8>)>,
+    inodes: Vec<u64>,
+}
+
+fn requests_of(own: &Own) -> Requests {
     let mut paths = vec![own.top_path.clone()];
     let mut lookups = Vec::new();
     let mut inodes = vec![own.top];
-    for (at, (parent, name, inode, ..)) in own.nodes.iter().enumerate() {
+    for (at, node) in own.nodes.iter().enumerate() {
         paths.push(own.path(at));
-        lookups.push((*parent, name.clone()));
-        inodes.push(*inode);
+        lookups.push((node.parent, node.name.clone()));
+        inodes.push(node.inode);
     }
-    (paths, lookups, inodes)
+    Requests { paths, lookups, inodes }
 }
 
-/// Several threads change their own subtrees (create, mkdir, unlink, rename, exchange, setattr)
-/// and ask batches about them between changes: each answer is one the single call gave just
+/// Several threads change their own subtrees (create, mkdir, symlink, link, unlink while open or
+/// not, rename, exchange, setattr, truncate, write, punch, allocate, xattr) and ask batches about them between changes: each answer is one the single call gave just
 /// before or just after the batch (both hold the thread's own acknowledged changes), and the
 /// index answers most of the requests.
 fn threads_change_and_ask(options: &MountOptions, engine: IndexEngine, seed: u64, threads: usize, rounds: usize) {
@@ -360,13 +449,13 @@ fn threads_change_and_ask(options: &MountOptions, engine: IndexEngine, seed: u64
                 let name = name.clone();
                 scope.spawn(move || {
                     let mut rng = rng(seed * 100 + thread as u64);
-                    let mut own = Own { top, top_path, nodes: Vec::new() };
+                    let mut own = Own { top, top_path, nodes: Vec::new(), open_orphans: Vec::new() };
                     let mut asked = 0;
                     for round in 0..rounds {
                         for _ in 0..rng.gen_range(1..6) {
                             own.change(&fs, &mut rng);
                         }
-                        let (paths, lookups, inodes) = requests_of(&own);
+                        let Requests { paths, lookups, inodes } = requests_of(&own);
                         let shown = |position: usize| {
                             format!("seed {seed}, thread {thread}, round {round}, {name}, request {position}")
                         };
@@ -386,6 +475,7 @@ fn threads_change_and_ask(options: &MountOptions, engine: IndexEngine, seed: u64
                         assert_between("stat", &single_before, &batch, &single_after, &shown);
                         asked += paths.len() + lookups.len() + inodes.len();
                     }
+                    own.release_all(&fs);
                     asked
                 })
             })

@@ -1053,7 +1053,7 @@ mod tests {
     fn an_image_without_a_block_count_is_forgotten() {
         let mut updates = Vec::new();
         let op = Arc::new(Op::SetAttributes { inode: image(4, 0o100644, 0), truncate: false });
-        updates_of_records(&[op.clone()], &[], &mut updates);
+        updates_of_records(std::slice::from_ref(&op), &[], &mut updates);
         assert_eq!(updates, vec![IndexUpdate::RemoveInode(4)]);
         updates.clear();
         updates_of_records(&[op], &[(4, 2)], &mut updates);
