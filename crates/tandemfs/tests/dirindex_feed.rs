@@ -630,3 +630,48 @@ fn gpu_adapter_answers_equal_the_single_calls() {
         threads_change_and_ask(&MountOptions::default(), IndexEngine::Gpu, seed, 4, 40);
     }
 }
+
+/// What feeding costs the back end: 4 threads create 5,000 files each (and write 1 KiB to
+/// every tenth) with no index and with the CPU twin installed, then the back end is drained;
+/// prints creates per second and the back end's apply time. A benchmark, not a check:
+/// `cargo test --release -p tandemfs --test dirindex_feed -- --ignored --nocapture bench`.
+#[test]
+#[ignore]
+fn bench_feeding_the_index_beside_the_back_end() {
+    const THREADS: usize = 4;
+    const FILES: usize = 5_000;
+    for round in 0..4 {
+        let with_index = round % 2 == 1;
+        let (fs, _device) = mount(&MountOptions::default());
+        if with_index {
+            fs.install_directory_index(&index_options(engine_from_environment(), 200)).unwrap();
+        }
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            for thread in 0..THREADS {
+                let fs = fs.clone();
+                scope.spawn(move || {
+                    let top =
+                        fs.make_directory(ROOT_INODE, format!("t{thread}").as_bytes(), 0o755, 0, 0).unwrap().inode;
+                    for number in 0..FILES {
+                        let file = fs.create(top, format!("f{number}").as_bytes(), FileType::Regular, 0o644, 0, 0, 0);
+                        if number % 10 == 0 {
+                            fs.write(file.unwrap().inode, 0, &[7u8; 1024]).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        let acknowledged = started.elapsed();
+        fs.checkpoint().unwrap();
+        let applied = started.elapsed();
+        let backend = fs.backend_statistics();
+        let creates_per_second = (THREADS * FILES) as f64 / acknowledged.as_secs_f64();
+        println!(
+            "index {with_index}: {creates_per_second:.0} creates/s acknowledged, all applied after {applied:?}, back end applying {:.1} ms; {:?}",
+            backend.apply_ns as f64 / 1e6,
+            fs.directory_index_statistics()
+        );
+        fs.unmount().unwrap();
+    }
+}

@@ -398,6 +398,8 @@ impl IndexFeed {
                 }
             }
         }
+        // One call, so that a query sees all of these batches or none of them.
+        keep_last_attributes(&mut updates);
         let report = self.index.apply(&updates).map_err(|error| format!("index apply failed: {error}"))?;
         if report.applied != updates.len() {
             return Err(format!("index applied {} of {} updates", report.applied, updates.len()));
@@ -696,8 +698,6 @@ fn updates_of_records(records: &[Arc<Op>], owned_blocks: &[(u64, u64)], updates:
                 let number = inode.inode_number;
                 made.insert(number);
                 set(updates, &made, parent);
-                // The number may have been a directory's before: nothing of that stays.
-                updates.push(IndexUpdate::DropDirectory(number));
                 set(updates, &made, inode);
                 updates.push(IndexUpdate::InsertEntry {
                     parent: parent.inode_number,
@@ -705,7 +705,11 @@ fn updates_of_records(records: &[Arc<Op>], owned_blocks: &[(u64, u64)], updates:
                     child: number,
                 });
                 if inode.file_type() == FileType::Directory {
-                    // Made empty: every entry it will have comes through a record.
+                    // Made empty: every entry it will have comes through a record (and nothing
+                    // stays of a directory the number was before). A file needs no drop: a
+                    // directory is empty when it is freed, and a lookup under a file answers
+                    // NotDirectory whatever the completeness flag says.
+                    updates.push(IndexUpdate::DropDirectory(number));
                     updates.push(IndexUpdate::MarkComplete(number));
                 }
             }
@@ -759,6 +763,24 @@ fn updates_of_records(records: &[Arc<Op>], owned_blocks: &[(u64, u64)], updates:
             Op::Reclaim { inode_number } => forget(updates, *inode_number),
         }
     }
+}
+
+/// Drops every attribute update that a later one of the same inode replaces. The caller
+/// applies `updates` in one call, so no query sees the earlier ones (a batch of creates in one
+/// directory sets the directory's attributes once, not once per create).
+fn keep_last_attributes(updates: &mut Vec<IndexUpdate>) {
+    let mut later: crate::FastHashSet<u64> = Default::default();
+    let mut keep = vec![true; updates.len()];
+    for (at, update) in updates.iter().enumerate().rev() {
+        let number = match update {
+            IndexUpdate::SetAttributes(attributes) => attributes.inode,
+            IndexUpdate::RemoveInode(number) => *number,
+            _ => continue,
+        };
+        keep[at] = later.insert(number);
+    }
+    let mut kept = keep.into_iter();
+    updates.retain(|_| kept.next().expect("one flag per update"));
 }
 
 /// The `BatchIndex` over a `DirectoryIndex` fed by an `IndexFeed`: answers only when the index
@@ -935,11 +957,13 @@ impl FileSystem {
     /// installed before; `unmount` removes it.
     pub fn install_directory_index(&self, options: &DirectoryIndexOptions) -> Result<String> {
         self.check_running()?;
+        // The index installed before goes first: a GPU serves one index at a time
+        // (docs/GPUDIR.md), and its feed must not see batches meant for the new one.
+        self.set_batch_index(None);
         let (index, gpu) = open_index(options)?;
         let name = index.name();
         let min_batch =
             options.min_batch.unwrap_or(if gpu { MIN_BATCH_GPU_DEFAULT } else { MIN_BATCH_CPU_DEFAULT }).max(1);
-        self.set_batch_index(None);
         let feed = Arc::new(IndexFeed::new(index, 0));
         *self.inner.batch.feed.write() = Some(feed.clone());
         // Read after the feed is in place: every batch applied later reaches the feed, and one
@@ -947,10 +971,14 @@ impl FileSystem {
         feed.advance(self.applied());
         feed.ask_to_learn(ROOT_INODE);
         let (runner, inner) = (feed.clone(), Arc::downgrade(&self.inner));
-        let handle = std::thread::Builder::new()
-            .name("tandem-dirindex-feed".into())
-            .spawn(move || runner.run(inner))
-            .map_err(|error| Error::invalid(format!("cannot start the directory index feeder: {error}")))?;
+        let spawned = std::thread::Builder::new().name("tandem-dirindex-feed".into()).spawn(move || runner.run(inner));
+        let handle = match spawned {
+            Ok(handle) => handle,
+            Err(error) => {
+                self.detach_index_feed();
+                return Err(Error::invalid(format!("cannot start the directory index feeder: {error}")));
+            }
+        };
         *feed.feeder.lock() = Some(handle);
         let adapter = IndexAdapter {
             feed,
@@ -1047,6 +1075,21 @@ mod tests {
         updates_of_records(&[rename(RenameKind::Exchange)], &owned, &mut updates);
         assert!(updates.contains(&IndexUpdate::MarkIncomplete(2)) && updates.contains(&IndexUpdate::MarkIncomplete(3)));
         assert!(!updates.iter().any(|update| matches!(update, IndexUpdate::InsertEntry { .. })));
+    }
+
+    #[test]
+    fn only_the_last_attributes_of_an_inode_are_kept() {
+        let (a, b) = (index_attributes(&image(4, 0o100644, 0), 1), index_attributes(&image(5, 0o40755, 1), 2));
+        let entry = IndexUpdate::InsertEntry { parent: 5, name: b"n".to_vec(), child: 4 };
+        let mut updates = vec![
+            IndexUpdate::SetAttributes(a),
+            IndexUpdate::SetAttributes(b),
+            entry.clone(),
+            IndexUpdate::RemoveInode(4),
+            IndexUpdate::SetAttributes(b),
+        ];
+        keep_last_attributes(&mut updates);
+        assert_eq!(updates, vec![entry, IndexUpdate::RemoveInode(4), IndexUpdate::SetAttributes(b)]);
     }
 
     #[test]
