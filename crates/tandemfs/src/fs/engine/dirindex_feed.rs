@@ -533,11 +533,13 @@ struct LearntDirectory {
 }
 
 impl LearntDirectory {
-    /// The updates that replace what the index knew of the directory with this.
+    /// The updates that make the index hold this directory whole. No drop first: the entries
+    /// the index holds are always a subset of the directory's (every removal is fed, and an
+    /// exchange removes both names), so inserting every entry makes it whole; a drop would also
+    /// cost the GPU a scan of its entry table.
     fn append_updates(&self, updates: &mut Vec<IndexUpdate>) {
         let number = self.directory.inode;
         updates.push(IndexUpdate::SetAttributes(self.directory));
-        updates.push(IndexUpdate::DropDirectory(number));
         for (name, child) in &self.entries {
             updates.push(IndexUpdate::SetAttributes(*child));
             updates.push(IndexUpdate::InsertEntry { parent: number, name: name.clone(), child: child.inode });
@@ -688,9 +690,13 @@ fn updates_of_records(records: &[Arc<Op>], owned_blocks: &[(u64, u64)], updates:
             None => updates.push(IndexUpdate::RemoveInode(number)),
         }
     };
+    // A freed inode: its attributes are forgotten, and its number loses any completeness it
+    // had as a directory (a freed directory is empty, so no entry stays behind; without the
+    // flag, a lookup under the number's next owner cannot answer NotFound for want of
+    // attributes). No `DropDirectory`: it would cost the GPU a scan of its entry table.
     let forget = |updates: &mut Vec<IndexUpdate>, number: u64| {
         updates.push(IndexUpdate::RemoveInode(number));
-        updates.push(IndexUpdate::DropDirectory(number));
+        updates.push(IndexUpdate::MarkIncomplete(number));
     };
     for op in records {
         match op.as_ref() {
@@ -705,11 +711,8 @@ fn updates_of_records(records: &[Arc<Op>], owned_blocks: &[(u64, u64)], updates:
                     child: number,
                 });
                 if inode.file_type() == FileType::Directory {
-                    // Made empty: every entry it will have comes through a record (and nothing
-                    // stays of a directory the number was before). A file needs no drop: a
-                    // directory is empty when it is freed, and a lookup under a file answers
-                    // NotDirectory whatever the completeness flag says.
-                    updates.push(IndexUpdate::DropDirectory(number));
+                    // Made empty: every entry it will have comes through a record (a directory
+                    // the number was before was empty when it was freed).
                     updates.push(IndexUpdate::MarkComplete(number));
                 }
             }
