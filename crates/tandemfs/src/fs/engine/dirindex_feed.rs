@@ -399,7 +399,7 @@ impl IndexFeed {
             }
         }
         // One call, so that a query sees all of these batches or none of them.
-        keep_last_attributes(&mut updates);
+        compact_updates(&mut updates);
         let report = self.index.apply(&updates).map_err(|error| format!("index apply failed: {error}"))?;
         if report.applied != updates.len() {
             return Err(format!("index applied {} of {} updates", report.applied, updates.len()));
@@ -768,22 +768,58 @@ fn updates_of_records(records: &[Arc<Op>], owned_blocks: &[(u64, u64)], updates:
     }
 }
 
-/// Drops every attribute update that a later one of the same inode replaces. The caller
-/// applies `updates` in one call, so no query sees the earlier ones (a batch of creates in one
-/// directory sets the directory's attributes once, not once per create).
-fn keep_last_attributes(updates: &mut Vec<IndexUpdate>) {
-    let mut later: crate::FastHashSet<u64> = Default::default();
+/// What one update decides: the attributes of an inode, one entry, or a directory's
+/// completeness. The index keeps the three apart (docs/GPUDIR.md), so within one `apply` only
+/// the last update of each key counts.
+#[derive(PartialEq, Eq, Hash)]
+enum UpdateKey<'a> {
+    Attributes(u64),
+    Entry(u64, &'a [u8]),
+    Completeness(u64),
+}
+
+fn update_key(update: &IndexUpdate) -> Option<UpdateKey<'_>> {
+    Some(match update {
+        IndexUpdate::SetAttributes(attributes) => UpdateKey::Attributes(attributes.inode),
+        IndexUpdate::RemoveInode(number) => UpdateKey::Attributes(*number),
+        IndexUpdate::InsertEntry { parent, name, .. } | IndexUpdate::RemoveEntry { parent, name } => {
+            UpdateKey::Entry(*parent, name)
+        }
+        IndexUpdate::MarkComplete(number) | IndexUpdate::MarkIncomplete(number) => UpdateKey::Completeness(*number),
+        IndexUpdate::DropDirectory(_) => return None,
+    })
+}
+
+/// Keeps the last update of each key and moves the completeness flags to the end. The caller
+/// applies `updates` in one call, so no query sees anything in between: the index ends in the
+/// same state, with fewer updates (a batch of creates in one directory sets its attributes
+/// once), and the GPU engine, which cuts an apply into a new command wherever an inode or an
+/// entry comes back (`wire::segments`), gets one or two commands instead of one per `mkdir`.
+/// A `DropDirectory` (which the feed does not send) would tie entries to completeness: with
+/// one, only attribute updates are compacted.
+fn compact_updates(updates: &mut Vec<IndexUpdate>) {
+    let has_drop = updates.iter().any(|update| matches!(update, IndexUpdate::DropDirectory(_)));
     let mut keep = vec![true; updates.len()];
-    for (at, update) in updates.iter().enumerate().rev() {
-        let number = match update {
-            IndexUpdate::SetAttributes(attributes) => attributes.inode,
-            IndexUpdate::RemoveInode(number) => *number,
-            _ => continue,
-        };
-        keep[at] = later.insert(number);
+    {
+        let mut later: std::collections::HashSet<UpdateKey<'_>, rustc_hash::FxBuildHasher> = Default::default();
+        for (at, update) in updates.iter().enumerate().rev() {
+            match update_key(update) {
+                Some(key @ UpdateKey::Attributes(_)) => keep[at] = later.insert(key),
+                Some(key) if !has_drop => keep[at] = later.insert(key),
+                _ => {}
+            }
+        }
     }
     let mut kept = keep.into_iter();
     updates.retain(|_| kept.next().expect("one flag per update"));
+    if !has_drop {
+        // Stable: among themselves the flags keep their order (each number appears once now).
+        let (flags, others): (Vec<IndexUpdate>, Vec<IndexUpdate>) = std::mem::take(updates)
+            .into_iter()
+            .partition(|update| matches!(update, IndexUpdate::MarkComplete(_) | IndexUpdate::MarkIncomplete(_)));
+        *updates = others;
+        updates.extend(flags);
+    }
 }
 
 /// The `BatchIndex` over a `DirectoryIndex` fed by an `IndexFeed`: answers only when the index
@@ -1081,18 +1117,80 @@ mod tests {
     }
 
     #[test]
-    fn only_the_last_attributes_of_an_inode_are_kept() {
+    fn only_the_last_update_of_a_key_is_kept_and_flags_go_last() {
         let (a, b) = (index_attributes(&image(4, 0o100644, 0), 1), index_attributes(&image(5, 0o40755, 1), 2));
-        let entry = IndexUpdate::InsertEntry { parent: 5, name: b"n".to_vec(), child: 4 };
+        let insert = |name: &[u8], child| IndexUpdate::InsertEntry { parent: 5, name: name.to_vec(), child };
+        let remove = |name: &[u8]| IndexUpdate::RemoveEntry { parent: 5, name: name.to_vec() };
         let mut updates = vec![
             IndexUpdate::SetAttributes(a),
+            IndexUpdate::MarkComplete(5),
             IndexUpdate::SetAttributes(b),
-            entry.clone(),
+            insert(b"n", 4),
+            insert(b"m", 6),
             IndexUpdate::RemoveInode(4),
+            remove(b"n"),
+            IndexUpdate::MarkIncomplete(5),
+            IndexUpdate::MarkComplete(4),
             IndexUpdate::SetAttributes(b),
         ];
-        keep_last_attributes(&mut updates);
-        assert_eq!(updates, vec![entry, IndexUpdate::RemoveInode(4), IndexUpdate::SetAttributes(b)]);
+        compact_updates(&mut updates);
+        let expected = vec![
+            insert(b"m", 6),
+            IndexUpdate::RemoveInode(4),
+            remove(b"n"),
+            IndexUpdate::SetAttributes(b),
+            IndexUpdate::MarkIncomplete(5),
+            IndexUpdate::MarkComplete(4),
+        ];
+        assert_eq!(updates, expected);
+        // With a drop, entries and flags stay as they are.
+        let mut updates =
+            vec![insert(b"n", 4), IndexUpdate::DropDirectory(5), insert(b"n", 4), IndexUpdate::MarkComplete(5)];
+        let unchanged = updates.clone();
+        compact_updates(&mut updates);
+        assert_eq!(updates, unchanged);
+    }
+
+    /// Compacted updates leave the CPU twin as the updates one by one do, on random batches
+    /// over a few inodes and names (so that keys come back often).
+    #[test]
+    fn compacted_updates_leave_the_index_as_the_updates_do() {
+        let mut state = 12345u64;
+        let mut next = |bound: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) % bound
+        };
+        for _ in 0..50 {
+            let updates: Vec<IndexUpdate> = (0..200)
+                .map(|_| {
+                    let (inode, other) = (2 + next(6), 2 + next(6));
+                    let name = vec![b'a' + next(4) as u8];
+                    match next(7) {
+                        0 => IndexUpdate::SetAttributes(index_attributes(&image(inode, 0o40755, 1), next(3))),
+                        1 => IndexUpdate::RemoveInode(inode),
+                        2 => IndexUpdate::InsertEntry { parent: inode, name, child: other },
+                        3 => IndexUpdate::RemoveEntry { parent: inode, name },
+                        4 => IndexUpdate::MarkComplete(inode),
+                        5 => IndexUpdate::MarkIncomplete(inode),
+                        _ => IndexUpdate::SetAttributes(index_attributes(&image(inode, 0o100644, 0), next(3))),
+                    }
+                })
+                .collect();
+            let mut compacted = updates.clone();
+            compact_updates(&mut compacted);
+            assert!(compacted.len() < updates.len());
+            let (plain, compact) = (CpuDirectoryIndex::new(1, 1).unwrap(), CpuDirectoryIndex::new(1, 1).unwrap());
+            plain.apply(&updates).unwrap();
+            compact.apply(&compacted).unwrap();
+            for inode in 2..8u64 {
+                assert_eq!(plain.stat(&[inode]).unwrap(), compact.stat(&[inode]).unwrap());
+                assert_eq!(plain.list(inode).unwrap(), compact.list(inode).unwrap());
+                for name in [b"a", b"b", b"c", b"d", b"e"] {
+                    let request = [(inode, name.as_slice())];
+                    assert_eq!(plain.lookup(&request).unwrap(), compact.lookup(&request).unwrap());
+                }
+            }
+        }
     }
 
     #[test]
