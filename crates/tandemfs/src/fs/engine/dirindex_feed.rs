@@ -29,10 +29,12 @@ const PUSH_WAIT_MAX: Duration = Duration::from_secs(2);
 const APPLY_RECORDS_MAX: usize = 1 << 14;
 /// Pending requests to learn a directory at most; more are dropped (asked again later).
 const LEARN_REQUESTS_MAX: usize = 1 << 16;
-/// Entries learnt per turn (a back-end pass, or an idle turn of the feeder) at most: learning
-/// reads the applied H-tree under the volume lock, so a turn is kept short. A directory is
+/// Entries learnt in one back-end pass at most: learning there reads the applied H-tree under
+/// the volume lock on the back end's own thread, so a pass pays little for it. A directory is
 /// always learnt whole, so a turn may pass this by one directory.
-const LEARN_ENTRIES_PER_TURN: u64 = 4096;
+const LEARN_ENTRIES_PER_PASS: u64 = 1024;
+/// Entries learnt in one idle turn of the feeder at most (the volume is quiet then).
+const LEARN_ENTRIES_PER_IDLE_TURN: u64 = 16384;
 /// Directories with more entries than this are never learnt (they stay unknown unless made
 /// while the index was installed): listing one would hold the volume too long.
 const LEARN_DIRECTORY_ENTRIES_MAX: u64 = 1 << 16;
@@ -237,8 +239,7 @@ impl IndexFeed {
         !self.learn.lock().order.is_empty()
     }
 
-    /// Takes directories to learn, up to about `LEARN_ENTRIES_PER_TURN` entries (sizes are
-    /// not known yet: taken a few at a time by the caller's loop).
+    /// The directory asked for first, taken off the requests.
     fn next_to_learn(&self) -> Option<u64> {
         let mut learn = self.learn.lock();
         let directory = learn.order.pop_front()?;
@@ -284,7 +285,7 @@ impl IndexFeed {
         let owned_blocks = summary.owned_blocks.clone();
         self.push(FeedItem::Applied { records, owned_blocks, last_lsn: summary.last_lsn });
         if self.has_learn_requests() {
-            if let Some(item) = self.learn_turn(fs, summary.last_lsn) {
+            if let Some(item) = self.learn_turn(fs, summary.last_lsn, LEARN_ENTRIES_PER_PASS) {
                 self.push(item);
             }
         }
@@ -292,14 +293,13 @@ impl IndexFeed {
 
     /// Reads directories asked for from the volume, which the caller knows holds exactly the
     /// records up to `lsn`: each directory whole, its entries and their attributes, then
-    /// marked complete. `None` when nothing was learnt.
-    fn learn_turn(&self, fs: &FileSystem, lsn: u64) -> Option<FeedItem> {
+    /// marked complete; about `budget` entries at most. `None` when nothing was learnt.
+    fn learn_turn(&self, fs: &FileSystem, lsn: u64, budget: u64) -> Option<FeedItem> {
         let mut updates = Vec::new();
         let mut entries = 0u64;
         let mut directories = Vec::new();
-        // Bounded: at most LEARN_REQUESTS_MAX directories are pending, and the turn ends once
-        // it has read LEARN_ENTRIES_PER_TURN entries.
-        while entries < LEARN_ENTRIES_PER_TURN {
+        // Bounded: each turn of the loop counts at least one entry against the budget.
+        while entries < budget {
             let Some(directory) = self.next_to_learn() else { break };
             match learn_directory(fs, directory, lsn) {
                 Ok(Some(learnt)) => {
@@ -445,7 +445,7 @@ impl IndexFeed {
         // volume's elsewhere), so the volume is checked to be still at `quiet_lsn` afterwards,
         // under the lock, and the item queued before the lock is let go: no later batch can be
         // queued ahead of it.
-        let Some(item) = self.learn_turn(&fs, quiet_lsn) else {
+        let Some(item) = self.learn_turn(&fs, quiet_lsn, LEARN_ENTRIES_PER_IDLE_TURN) else {
             self.advance(quiet_lsn);
             return;
         };
