@@ -15,8 +15,13 @@ use common::*;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tandem_accel::dirindex::{
+    ApplyReport, CpuDirectoryIndex, Credentials, DirectoryIndex, IndexUpdate, ListResult, LookupResult, ResolveResult,
+    StatResult,
+};
 use tandemfs::device::Device;
 use tandemfs::fs::*;
 use tandemfs::{Error, FileSystem};
@@ -567,6 +572,83 @@ fn requests_in_a_directory_with_unapplied_changes_are_answered_right() {
     // Two files are gone (freed): the index knows nothing of them, the CPU says NotFound.
     ask(asked - 2, "unapplied, waited");
     assert!(fs.directory_index_statistics().unwrap().batches_waited >= 1);
+    fs.unmount().unwrap();
+}
+
+/// The CPU twin behind a switch that makes its `apply` fail.
+struct FailingIndex {
+    twin: CpuDirectoryIndex,
+    fail: AtomicBool,
+}
+
+impl DirectoryIndex for FailingIndex {
+    fn name(&self) -> String {
+        format!("failing {}", self.twin.name())
+    }
+    fn root(&self) -> u64 {
+        self.twin.root()
+    }
+    fn apply(&self, updates: &[IndexUpdate]) -> tandem_accel::error::Result<ApplyReport> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(tandem_accel::error::AccelError::Device("the test's index failed".into()));
+        }
+        self.twin.apply(updates)
+    }
+    fn lookup(&self, requests: &[(u64, &[u8])]) -> tandem_accel::error::Result<Vec<LookupResult>> {
+        self.twin.lookup(requests)
+    }
+    fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> tandem_accel::error::Result<Vec<ResolveResult>> {
+        self.twin.resolve(paths, credentials)
+    }
+    fn stat(&self, inodes: &[u64]) -> tandem_accel::error::Result<Vec<StatResult>> {
+        self.twin.stat(inodes)
+    }
+    fn list(&self, directory: u64) -> tandem_accel::error::Result<ListResult> {
+        self.twin.list(directory)
+    }
+}
+
+/// An index whose `apply` fails stops the feed: from then on every batch is the CPU twin's
+/// (counted as index failures), right, and the statistics say why.
+#[test]
+fn a_failing_index_is_left_and_the_cpu_twin_answers() {
+    let (fs, _device) = mount(&MountOptions::default());
+    let mut rng = rng(31);
+    let tree = build_tree(&fs, &mut rng, 40);
+    let index =
+        Arc::new(FailingIndex { twin: CpuDirectoryIndex::new(ROOT_INODE, 1).unwrap(), fail: AtomicBool::new(false) });
+    assert!(fs.install_directory_index_with(index.clone(), 16, 2_000).unwrap().starts_with("failing"));
+    wait_until_learnt(&fs, tree.directories);
+    let lookups: Vec<(u64, Vec<u8>)> = tree.entries.clone();
+    wait_for_index(&fs, &lookups);
+    index.fail.store(true, Ordering::Relaxed);
+    fs.create(ROOT_INODE, b"after the failure", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.rename(ROOT_INODE, b"after the failure", ROOT_INODE, b"renamed", RenameMode::Replace).unwrap();
+    let before = fs.batch_statistics();
+    let answers = fs.lookup_batch(&lookups);
+    let after = fs.batch_statistics();
+    let single: Vec<_> = lookups.iter().map(|(parent, name)| fs.lookup(*parent, name)).collect();
+    assert_between("lookup", &single, &answers, &single, &|position| format!("request {position}"));
+    assert_eq!(after.index_failures - before.index_failures, 1);
+    assert_eq!(after.index_answers, before.index_answers);
+    let statistics = fs.directory_index_statistics().unwrap();
+    assert!(statistics.failure.as_deref().unwrap_or("").contains("the test's index failed"), "{statistics:?}");
+    fs.unmount().unwrap();
+}
+
+/// `GpuOrCpu` takes the CPU twin where no GPU opens (and the GPU where one does).
+#[test]
+fn gpu_or_cpu_takes_the_twin_without_a_gpu() {
+    let (fs, _device) = mount(&MountOptions::default());
+    let gpu = fs.install_directory_index(&index_options(IndexEngine::Gpu, 0));
+    let either = fs.install_directory_index(&index_options(IndexEngine::GpuOrCpu, 0)).unwrap();
+    match gpu {
+        Ok(name) => assert_eq!(either.split(':').next(), name.split(':').next(), "a GPU opened: {name}"),
+        Err(error) => {
+            println!("no GPU ({error:?}): GpuOrCpu took {either}");
+            assert!(either.contains("cpu"), "{either}");
+        }
+    }
     fs.unmount().unwrap();
 }
 

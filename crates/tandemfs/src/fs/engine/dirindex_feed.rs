@@ -212,6 +212,14 @@ impl IndexFeed {
         self.failed.load(Ordering::Acquire)
     }
 
+    /// `Err` with the reason once the feed has failed: the index may have missed a change.
+    fn check(&self) -> Result<()> {
+        if !self.is_failed() {
+            return Ok(());
+        }
+        Err(Error::invalid(format!("directory index feed failed: {}", self.failure.lock().clone().unwrap_or_default())))
+    }
+
     fn fed_lsn(&self) -> u64 {
         *self.fed_lsn.lock()
     }
@@ -848,9 +856,7 @@ impl IndexAdapter {
     /// feed, up to `catch_up_wait`. `Err` when the feed has failed.
     fn caught_up(&self, fs: &FileSystem) -> Result<bool> {
         let feed = &self.feed;
-        if feed.is_failed() {
-            return Err(Error::invalid(format!("directory index feed failed: {:?}", feed.failure.lock())));
-        }
+        feed.check()?;
         let acknowledged = fs.inner.backend.last_queued_lsn();
         if feed.fed_lsn() >= acknowledged {
             feed.counters.batches_current.fetch_add(1, Ordering::Relaxed);
@@ -860,6 +866,8 @@ impl IndexAdapter {
             let deadline = Instant::now() + self.catch_up_wait;
             fs.wait_applied(acknowledged).is_ok() && feed.wait_fed(acknowledged, deadline)
         };
+        // A feed that failed while this batch waited for it is a failure, not a decline.
+        feed.check()?;
         let counter = if caught_up { &feed.counters.batches_waited } else { &feed.counters.batches_declined };
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(caught_up)
@@ -1000,9 +1008,25 @@ impl FileSystem {
         // (docs/GPUDIR.md), and its feed must not see batches meant for the new one.
         self.set_batch_index(None);
         let (index, gpu) = open_index(options)?;
+        let min_batch = options.min_batch.unwrap_or(if gpu { MIN_BATCH_GPU_DEFAULT } else { MIN_BATCH_CPU_DEFAULT });
+        self.install_directory_index_with(index, min_batch, options.catch_up_wait_ms)
+    }
+
+    /// `install_directory_index` with an index the caller opened (a GPU index of its own
+    /// configuration, a wrapper in tests). The index must be new (empty) and resolve paths from
+    /// the root inode; it serves batches of at least `min_batch` requests.
+    pub fn install_directory_index_with(
+        &self,
+        index: Arc<dyn DirectoryIndex>,
+        min_batch: usize,
+        catch_up_wait_ms: u64,
+    ) -> Result<String> {
+        self.check_running()?;
+        if index.root() != ROOT_INODE {
+            return Err(Error::invalid(format!("a directory index rooted at {}, not the root", index.root())));
+        }
+        self.set_batch_index(None);
         let name = index.name();
-        let min_batch =
-            options.min_batch.unwrap_or(if gpu { MIN_BATCH_GPU_DEFAULT } else { MIN_BATCH_CPU_DEFAULT }).max(1);
         let feed = Arc::new(IndexFeed::new(index, 0));
         *self.inner.batch.feed.write() = Some(feed.clone());
         // Read after the feed is in place: every batch applied later reaches the feed, and one
@@ -1022,8 +1046,8 @@ impl FileSystem {
         let adapter = IndexAdapter {
             feed,
             inner: Arc::downgrade(&self.inner),
-            min_batch,
-            catch_up_wait: Duration::from_millis(options.catch_up_wait_ms),
+            min_batch: min_batch.max(1),
+            catch_up_wait: Duration::from_millis(catch_up_wait_ms),
         };
         *self.inner.batch.index.write() = Some(Arc::new(adapter));
         Ok(name)
