@@ -636,6 +636,86 @@ fn a_failing_index_is_left_and_the_cpu_twin_answers() {
     fs.unmount().unwrap();
 }
 
+/// The CPU twin whose `apply` stalls while `stall` is set (at most 20 s).
+struct StallingIndex {
+    twin: CpuDirectoryIndex,
+    stall: AtomicBool,
+}
+
+impl DirectoryIndex for StallingIndex {
+    fn name(&self) -> String {
+        format!("stalling {}", self.twin.name())
+    }
+    fn root(&self) -> u64 {
+        self.twin.root()
+    }
+    fn apply(&self, updates: &[IndexUpdate]) -> tandem_accel::error::Result<ApplyReport> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.stall.load(Ordering::Relaxed) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.twin.apply(updates)
+    }
+    fn lookup(&self, requests: &[(u64, &[u8])]) -> tandem_accel::error::Result<Vec<LookupResult>> {
+        self.twin.lookup(requests)
+    }
+    fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> tandem_accel::error::Result<Vec<ResolveResult>> {
+        self.twin.resolve(paths, credentials)
+    }
+    fn stat(&self, inodes: &[u64]) -> tandem_accel::error::Result<Vec<StatResult>> {
+        self.twin.stat(inodes)
+    }
+    fn list(&self, directory: u64) -> tandem_accel::error::Result<ListResult> {
+        self.twin.list(directory)
+    }
+}
+
+/// An index that stops taking updates fills the feed's queue; the back end then waits for room
+/// a bounded time (2 s), the feed fails instead of dropping records, the changes all succeed,
+/// and every later batch is the CPU twin's, right.
+#[test]
+fn a_stalled_index_fails_its_feed_after_a_bounded_wait() {
+    let (fs, _device) = mount(&MountOptions::default());
+    let index =
+        Arc::new(StallingIndex { twin: CpuDirectoryIndex::new(ROOT_INODE, 1).unwrap(), stall: AtomicBool::new(true) });
+    fs.install_directory_index_with(index.clone(), 16, 100).unwrap();
+    let started = Instant::now();
+    let directories: Vec<u64> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|thread| {
+                let fs = fs.clone();
+                scope.spawn(move || {
+                    let top =
+                        fs.make_directory(ROOT_INODE, format!("d{thread}").as_bytes(), 0o755, 0, 0).unwrap().inode;
+                    // More records than the queue holds (65536), between the four threads.
+                    for number in 0..17_000 {
+                        fs.create(top, format!("f{number}").as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
+                    }
+                    top
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+    });
+    fs.checkpoint().unwrap();
+    index.stall.store(false, Ordering::Relaxed);
+    let statistics = fs.directory_index_statistics().unwrap();
+    assert!(statistics.failure.as_deref().unwrap_or("").contains("fell behind"), "{statistics:?}");
+    assert!(started.elapsed() < Duration::from_secs(20), "the back end waited {:?}", started.elapsed());
+    // Enough requests for the index's minimum batch (16): 4 made and 1 missing per directory.
+    let names: [&[u8]; 5] = [b"f0", b"f1", b"f8000", b"f16999", b"no"];
+    let lookups: Vec<(u64, Vec<u8>)> =
+        directories.iter().flat_map(|top| names.iter().map(|name| (*top, name.to_vec()))).collect();
+    let before = fs.batch_statistics();
+    let answers = fs.lookup_batch(&lookups);
+    let after = fs.batch_statistics();
+    let single: Vec<_> = lookups.iter().map(|(parent, name)| fs.lookup(*parent, name)).collect();
+    assert_between("lookup", &single, &answers, &single, &|position| format!("request {position}"));
+    assert!(answers.iter().filter(|answer| answer.is_ok()).count() == 16, "{answers:?}");
+    assert_eq!((after.index_failures - before.index_failures, after.index_answers - before.index_answers), (1, 0));
+    fs.unmount().unwrap();
+}
+
 /// `GpuOrCpu` takes the CPU twin where no GPU opens (and the GPU where one does).
 #[test]
 fn gpu_or_cpu_takes_the_twin_without_a_gpu() {
