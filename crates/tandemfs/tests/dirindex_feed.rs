@@ -837,3 +837,67 @@ fn bench_feeding_the_index_beside_the_back_end() {
         fs.unmount().unwrap();
     }
 }
+
+/// Batch resolves, lookups and stats through a mount, answered by the CPU twin of the batch
+/// API (no index) and by the installed index (`TANDEM_INDEX_ENGINE=gpu` for the GPU), on a
+/// tree of `TANDEM_BENCH_DIRECTORIES` (default 100) directories of 100 files; prints requests
+/// per second and how many the index answered. A benchmark, not a check:
+/// `cargo test --release -p tandemfs --test dirindex_feed -- --ignored --nocapture bench`.
+#[test]
+#[ignore]
+fn bench_batches_through_the_index() {
+    let directories: usize =
+        std::env::var("TANDEM_BENCH_DIRECTORIES").ok().and_then(|text| text.parse().ok()).unwrap_or(100);
+    const FILES: usize = 100;
+    const REQUESTS: usize = 200_000;
+    let (_memory, device) = memory_volume((directories * FILES * 4096).max(64 << 20) as u64, false);
+    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+    let mut paths = Vec::new();
+    let mut lookups = Vec::new();
+    let mut inodes = Vec::new();
+    for directory in 0..directories {
+        let name = format!("d{directory}");
+        let top = fs.make_directory(ROOT_INODE, name.as_bytes(), 0o755, 0, 0).unwrap().inode;
+        for file in 0..FILES {
+            let file_name = format!("f{file}");
+            inodes.push(fs.create(top, file_name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap().inode);
+            paths.push(format!("{name}/{file_name}").into_bytes());
+            lookups.push((top, file_name.into_bytes()));
+        }
+    }
+    fs.checkpoint().unwrap();
+    let mut rng = rng(77);
+    let paths: Vec<Vec<u8>> = (0..REQUESTS).map(|_| paths.choose(&mut rng).unwrap().clone()).collect();
+    let lookups: Vec<(u64, Vec<u8>)> = (0..REQUESTS).map(|_| lookups.choose(&mut rng).unwrap().clone()).collect();
+    let inodes: Vec<u64> = (0..REQUESTS).map(|_| *inodes.choose(&mut rng).unwrap()).collect();
+    let run = |what: &str| {
+        let before = fs.batch_statistics();
+        let started = Instant::now();
+        let resolved = fs.resolve_paths(&paths);
+        let resolve_time = started.elapsed();
+        let started = Instant::now();
+        fs.lookup_batch(&lookups);
+        let lookup_time = started.elapsed();
+        let started = Instant::now();
+        fs.stat_batch(&inodes);
+        let stat_time = started.elapsed();
+        let after = fs.batch_statistics();
+        assert!(resolved.iter().all(|answer| answer.is_ok()));
+        let rate = |time: Duration| REQUESTS as f64 / time.as_secs_f64() / 1e6;
+        println!(
+            "{what}: resolve {:.2} M/s, lookup {:.2} M/s, stat {:.2} M/s; {} of {} answered by the index",
+            rate(resolve_time),
+            rate(lookup_time),
+            rate(stat_time),
+            after.index_answers - before.index_answers,
+            3 * REQUESTS
+        );
+        resolved
+    };
+    let by_cpu = run("CPU twin of the batch API");
+    let name = fs.install_directory_index(&index_options(engine_from_environment(), 1_000)).unwrap();
+    wait_until_learnt(&fs, directories + 1);
+    let by_index = run(&format!("index {name}"));
+    assert_between("resolve", &by_cpu, &by_index, &by_cpu, &|position| format!("request {position}"));
+    fs.unmount().unwrap();
+}
