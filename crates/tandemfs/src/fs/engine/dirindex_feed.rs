@@ -586,6 +586,11 @@ fn learn_directory(fs: &FileSystem, directory: u64, lsn: u64) -> Result<Option<L
             // Bounded by the entry count checked above (and the H-tree's own bounds).
             entries.len() as u64 <= LEARN_DIRECTORY_ENTRIES_MAX
         })?;
+        // A listing cut short, or a name no lookup can ask for, would make the index answer
+        // NotFound for a name that exists: such a directory stays unknown (fsck's business).
+        if entries.len() as u64 > LEARN_DIRECTORY_ENTRIES_MAX || !entries.iter().all(|(name, _)| indexable_name(name)) {
+            return Ok(None);
+        }
         for (name, number) in entries {
             let child = volume.read_inode(number)?;
             listed.push((name, number, AttributeImage::from_inode(&child), child.blocks_owned));
@@ -599,11 +604,8 @@ fn learn_directory(fs: &FileSystem, directory: u64, lsn: u64) -> Result<Option<L
         index_attributes(&image, blocks)
     };
     let directory_attributes = attributes(directory, directory_image.0, directory_image.1);
-    let entries = listed
-        .into_iter()
-        .filter(|(name, ..)| indexable_name(name))
-        .map(|(name, number, image, blocks)| (name, attributes(number, image, blocks)))
-        .collect();
+    let entries =
+        listed.into_iter().map(|(name, number, image, blocks)| (name, attributes(number, image, blocks))).collect();
     Ok(Some(LearntDirectory { directory: directory_attributes, entries }))
 }
 
