@@ -439,6 +439,12 @@ impl Backend {
         self.applied_lsn_fast.load(Ordering::Acquire)
     }
 
+    /// The lsn of the last record queued: every change acknowledged to a caller is at or below
+    /// it (the directory index's freshness rule, docs/BATCH.md).
+    pub fn last_queued_lsn(&self) -> u64 {
+        self.last_queued_lsn.load(Ordering::Acquire)
+    }
+
     pub fn checkpoints(&self) -> u64 {
         self.checkpoints.load(Ordering::Relaxed)
     }

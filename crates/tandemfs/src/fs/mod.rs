@@ -7,5 +7,9 @@ pub mod front;
 pub mod types;
 
 pub use engine::batch::{BatchAnswer, BatchIndex, BatchStatistics, CreateRequest};
+pub use engine::dirindex_feed::{
+    DirectoryIndexOptions, DirectoryIndexStatistics, IndexEngine, CATCH_UP_WAIT_MS_DEFAULT, MIN_BATCH_CPU_DEFAULT,
+    MIN_BATCH_GPU_DEFAULT,
+};
 pub use engine::FileSystem;
 pub use types::*;

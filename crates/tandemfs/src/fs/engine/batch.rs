@@ -78,7 +78,10 @@ pub struct BatchStatistics {
 /// The batch API's state in a mount: the installed index and the counters.
 #[derive(Default)]
 pub(super) struct BatchState {
-    index: parking_lot::RwLock<Option<Arc<dyn BatchIndex>>>,
+    pub(super) index: parking_lot::RwLock<Option<Arc<dyn BatchIndex>>>,
+    /// The feed of the installed directory index (`dirindex_feed`), which the back end's
+    /// `batch_applied` hands each applied batch.
+    pub(super) feed: parking_lot::RwLock<Option<Arc<super::dirindex_feed::IndexFeed>>>,
     batches: AtomicU64,
     index_answers: AtomicU64,
     cpu_answers: AtomicU64,
@@ -156,9 +159,11 @@ impl FileSystem {
 
     /// Installs (or with `None` removes) the index that answers lookups, resolves and stats of
     /// batches at least its `min_batch` long. The caller keeps it current: see `BatchIndex`.
-    /// `unmount` removes it.
+    /// `unmount` removes it. A directory index installed with `install_directory_index` stops
+    /// being fed.
     pub fn set_batch_index(&self, index: Option<Arc<dyn BatchIndex>>) {
         *self.inner.batch.index.write() = index;
+        self.detach_index_feed();
     }
 
     /// The installed batch index, if any.

@@ -7,6 +7,7 @@
 
 pub mod batch;
 mod data;
+pub mod dirindex_feed;
 mod lifecycle;
 mod namespace;
 mod xattrs;
@@ -668,6 +669,8 @@ impl FrontSink for FileSystem {
         }
         drop(held);
         front.space.applied(returned_blocks, summary.free_blocks, summary.pending_free_blocks);
+        // Last, so that a directory it learns sees the views as this batch left them.
+        self.feed_directory_index(summary);
     }
 
     fn space_changed(&self, free_blocks: u64, pending_free_blocks: u64) {
