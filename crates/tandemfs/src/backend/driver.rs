@@ -755,40 +755,21 @@ impl Backend {
     /// explicit call) is waited for, as is one in flight before it: the caller needs what it
     /// makes reusable.
     fn maybe_checkpoint(&self, policy: &mut CheckpointPolicy, force: bool, sink: &dyn FrontSink) -> Result<()> {
+        let due = force || self.checkpoint_due(policy);
+        // One in flight is collected when it is done, and waited for when the next one is due:
+        // the passes must not run on while a due checkpoint cannot start, or the dirty set would
+        // outgrow the half of the log's reserve that each checkpoint's images may take (the
+        // images of the one before may still be in the log: its tail stops at the first record
+        // after what it covers, which a pass beside it applied, but which precedes its images).
         if let Some(in_flight) = policy.in_flight.take() {
-            if !force && !in_flight.is_finished() {
+            if !due && !in_flight.is_finished() {
                 policy.in_flight = Some(in_flight);
                 return Ok(());
             }
             self.join_checkpoint(in_flight)?;
             self.report_space(sink);
         }
-        if policy.applied_since_checkpoint == 0 && !force {
-            return Ok(());
-        }
-        let usage = self.log.usage();
-        let (dirty_bytes, free_blocks, pending_free_blocks) = {
-            let volume = self.volume.lock();
-            (
-                volume.cache_dirty_count() as u64 * BLOCK_SIZE_U64,
-                volume.free_blocks(),
-                volume.blocks.pending_free_count(),
-            )
-        };
-        // A checkpoint frees the log only up to the last applied record, so it is due when what
-        // was applied since the last one fills a good part of the log's normal share, not when
-        // the log is full of records still waiting to be applied (checkpointing then would only
-        // add images). Its images go to the reserve: take one while they fit in half of it.
-        let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
-        let due = force
-            || policy.applied_bytes_since_checkpoint * 4 > usage.data_bytes_normal
-            || policy.applied_since_checkpoint * 4 > usage.header_slots_normal
-            || dirty_bytes * 2 > reserve_bytes
-            // Freed blocks wait for a checkpoint before reuse: take one before they are a
-            // large share of what the volume could hand out.
-            || pending_free_blocks * 2 > free_blocks
-            || policy.last_checkpoint.elapsed() > Duration::from_millis(self.checkpoint_interval_ms.load(Ordering::Relaxed));
-        if !due {
+        if !due || (policy.applied_since_checkpoint == 0 && !force) {
             return Ok(());
         }
         let applied = *self.applied_lsn.lock();
@@ -832,6 +813,35 @@ impl Backend {
                 Err(error)
             }
         }
+    }
+
+    /// Whether the records applied since the last checkpoint call for one now.
+    fn checkpoint_due(&self, policy: &CheckpointPolicy) -> bool {
+        if policy.applied_since_checkpoint == 0 {
+            return false;
+        }
+        let usage = self.log.usage();
+        let (dirty_bytes, free_blocks, pending_free_blocks) = {
+            let volume = self.volume.lock();
+            (
+                volume.cache_unsealed_dirty_count() as u64 * BLOCK_SIZE_U64,
+                volume.free_blocks(),
+                volume.blocks.pending_free_count(),
+            )
+        };
+        // A checkpoint frees the log only up to the last applied record, so it is due when what
+        // was applied since the last one fills a good part of the log's normal share, not when
+        // the log is full of records still waiting to be applied (checkpointing then would only
+        // add images). Its images go to the reserve: take one while they fit in half of it.
+        let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
+        let interval = Duration::from_millis(self.checkpoint_interval_ms.load(Ordering::Relaxed));
+        policy.applied_bytes_since_checkpoint * 4 > usage.data_bytes_normal
+            || policy.applied_since_checkpoint * 4 > usage.header_slots_normal
+            || dirty_bytes * 2 > reserve_bytes
+            // Freed blocks wait for a checkpoint before reuse: take one before they are a
+            // large share of what the volume could hand out.
+            || pending_free_blocks * 2 > free_blocks
+            || policy.last_checkpoint.elapsed() > interval
     }
 
     /// Waits for a checkpoint's thread; latches its failure (or panic).

@@ -11,6 +11,9 @@ struct Entry {
     block: SharedBlock,
     kind: BlockKind,
     dirty: bool,
+    /// Dirty and sealed into the images of a checkpoint still on its way home, unchanged since:
+    /// the next checkpoint will not need it (`mark_clean_if_unchanged` cleans it).
+    sealed: bool,
     stamp: u64,
 }
 
@@ -19,6 +22,8 @@ pub struct BlockCache {
     /// (block, stamp) in use order; an element is stale when the entry's stamp moved on.
     recency: VecDeque<(u64, u64)>,
     dirty_count: usize,
+    /// Entries `sealed`: `dirty_count - sealed_count` is what the next checkpoint would write.
+    sealed_count: usize,
     clock: u64,
     capacity_blocks: usize,
     pub hits: u64,
@@ -32,6 +37,7 @@ impl BlockCache {
             entries: FastHashMap::default(),
             recency: VecDeque::new(),
             dirty_count: 0,
+            sealed_count: 0,
             clock: 0,
             capacity_blocks,
             hits: 0,
@@ -89,6 +95,10 @@ impl BlockCache {
             entry.dirty = true;
             self.dirty_count += 1;
         }
+        if entry.sealed {
+            entry.sealed = false;
+            self.sealed_count -= 1;
+        }
         self.recency.push_back((block_number, stamp));
         // No eviction here (the entry count does not change), but the queue stays bounded.
         self.bound_recency();
@@ -100,7 +110,8 @@ impl BlockCache {
     pub fn insert_clean(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) {
         self.misses += 1;
         let stamp = self.touch(block_number);
-        if let Some(old) = self.entries.insert(block_number, Entry { block, kind, dirty: false, stamp }) {
+        if let Some(old) = self.entries.insert(block_number, Entry { block, kind, dirty: false, sealed: false, stamp })
+        {
             assert!(!old.dirty, "clean insert over dirty block {block_number}");
         }
         // The caller reads the block it just inserted (and may modify it next): it must not be
@@ -120,9 +131,13 @@ impl BlockCache {
                     entry.dirty = true;
                     self.dirty_count += 1;
                 }
+                if entry.sealed {
+                    entry.sealed = false;
+                    self.sealed_count -= 1;
+                }
             }
             None => {
-                self.entries.insert(block_number, Entry { block, kind, dirty: true, stamp });
+                self.entries.insert(block_number, Entry { block, kind, dirty: true, sealed: false, stamp });
                 self.dirty_count += 1;
             }
         }
@@ -135,11 +150,20 @@ impl BlockCache {
             if entry.dirty {
                 self.dirty_count -= 1;
             }
+            if entry.sealed {
+                self.sealed_count -= 1;
+            }
         }
     }
 
     pub fn dirty_count(&self) -> usize {
         self.dirty_count
+    }
+
+    /// Dirty blocks the next checkpoint would write: those not sealed into the images of one
+    /// still on its way home, or changed since.
+    pub fn unsealed_dirty_count(&self) -> usize {
+        self.dirty_count - self.sealed_count
     }
 
     /// The numbers and kinds of every dirty block, in block order.
@@ -160,6 +184,10 @@ impl BlockCache {
         for (number, entry) in self.entries.iter_mut().filter(|(_, entry)| entry.dirty) {
             seal(*number, entry.kind, Arc::make_mut(&mut entry.block));
             images.push((*number, entry.block.clone()));
+            if !entry.sealed {
+                entry.sealed = true;
+                self.sealed_count += 1;
+            }
         }
         images.sort_unstable_by_key(|(block_number, _)| *block_number);
         images
@@ -175,6 +203,10 @@ impl BlockCache {
                 if entry.dirty && Arc::ptr_eq(&entry.block, image) {
                     entry.dirty = false;
                     self.dirty_count -= 1;
+                    if entry.sealed {
+                        entry.sealed = false;
+                        self.sealed_count -= 1;
+                    }
                 }
             }
         }
@@ -238,8 +270,10 @@ mod tests {
         cache.modify(0, BlockKind::DirLeaf).unwrap()[1] = 0x55;
         assert_eq!(images[0].1[1], 0xAA);
         assert_eq!(cache.get(0, BlockKind::DirLeaf).unwrap()[1], 0x55);
+        assert_eq!(cache.unsealed_dirty_count(), 1, "only the block changed after the seal is new");
         cache.mark_clean_if_unchanged(images.iter().map(|(number, block)| (*number, block)));
         assert_eq!(cache.dirty_count(), 1, "the block changed after the seal holds what the images lack");
+        assert_eq!(cache.unsealed_dirty_count(), 1);
         assert_eq!(cache.get(0, BlockKind::DirLeaf).unwrap()[1], 0x55);
         assert!(cache.entries.len() <= 16);
     }

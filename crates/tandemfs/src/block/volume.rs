@@ -183,6 +183,11 @@ impl Volume {
     pub fn cache_dirty_count(&self) -> usize {
         self.cache.dirty_count()
     }
+    /// Dirty metadata blocks the next checkpoint would write (`BlockCache::unsealed_dirty_count`):
+    /// not those sealed into a checkpoint still on its way home, unless changed since.
+    pub fn cache_unsealed_dirty_count(&self) -> usize {
+        self.cache.unsealed_dirty_count()
+    }
     pub fn cache_hit_counts(&self) -> (u64, u64) {
         (self.cache.hits, self.cache.misses)
     }
