@@ -347,3 +347,22 @@ fn relatime_moves_a_day_old_access_time_and_strictatime_moves_every_time() {
     assert!(AccessTimeUpdates::Strict.read_moves(now - 1, 0, 0, now));
     assert!(!AccessTimeUpdates::Never.read_moves(0, now, now, now));
 }
+
+/// A symbolic link's target takes a data block, and `st_blocks` says so from the create on,
+/// the same before the back end applied it, after, and after a remount (it used to read 0
+/// until the link's view was loaded again from the volume).
+#[test]
+fn a_symbolic_link_counts_its_block_from_the_start() {
+    let (_memory, device) = memory_volume(64 << 20, false);
+    let fs = FileSystem::mount(device.clone(), &inline_options()).unwrap().0;
+    let link = fs.symlink(ROOT_INODE, b"l", b"some/target", 0, 0).unwrap().inode;
+    let long = fs.symlink(ROOT_INODE, b"long", &[b'x'; 4000], 0, 0).unwrap().inode;
+    let blocks = |fs: &FileSystem| [link, long].map(|inode| fs.get_attributes(inode).unwrap().blocks_512);
+    assert_eq!(blocks(&fs), [8, 8], "right after the create");
+    fs.run_backend().unwrap();
+    assert_eq!(blocks(&fs), [8, 8], "applied");
+    fs.unmount().unwrap();
+    let fs = FileSystem::mount(device, &inline_options()).unwrap().0;
+    assert_eq!(blocks(&fs), [8, 8], "after a remount");
+    fs.unmount().unwrap();
+}

@@ -51,11 +51,14 @@ pub fn now_ns() -> i64 {
 struct Touched {
     inodes: BTreeMap<u64, Inode>,
     deleted: Vec<u64>,
+    /// (inode, blocks owned) of inodes the record created, which it writes itself: reported
+    /// with the touched ones, so that the front end's view takes the volume's count.
+    created: Vec<(u64, u64)>,
 }
 
 impl Touched {
     fn new() -> Touched {
-        Touched { inodes: BTreeMap::new(), deleted: Vec::new() }
+        Touched { inodes: BTreeMap::new(), deleted: Vec::new(), created: Vec::new() }
     }
     fn get<'a>(&'a mut self, volume: &mut dyn ApplyStore, inode_number: u64) -> Result<&'a mut Inode> {
         match self.inodes.entry(inode_number) {
@@ -84,7 +87,8 @@ impl Touched {
     }
     /// Writes the touched inodes back; returns (inode, blocks owned) of each one still in use.
     fn write_back(self, volume: &mut dyn ApplyStore) -> Result<Vec<(u64, u64)>> {
-        let mut owned = Vec::with_capacity(self.inodes.len());
+        let mut owned = Vec::with_capacity(self.inodes.len() + self.created.len());
+        owned.extend_from_slice(&self.created);
         for (inode_number, inode) in &self.inodes {
             if !self.deleted.contains(inode_number) {
                 volume.write_inode(inode)?;
@@ -144,6 +148,7 @@ impl Applier {
                     _ => {}
                 }
                 volume.create_inode(&inode)?;
+                touched.created.push((inode.inode_number, inode.blocks_owned));
                 volume.raise_next_generation(image.generation + 1);
                 let parent_inode = touched.get(volume, parent.inode_number)?;
                 let mut root = dir_root(parent_inode)?;

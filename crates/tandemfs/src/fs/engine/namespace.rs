@@ -286,7 +286,11 @@ impl FileSystem {
         let parent_view = views.get(parent);
         FileSystem::commit_view(parent_view, parent_image, lsn, true);
         parent_view.entry_count += 1;
-        let mut view = InodeView::new(image, 0, 0);
+        // A symbolic link's target takes data blocks as a file's bytes do (the create writes it
+        // through the extent tree): counted now, as the volume will count them once applied and
+        // after a remount, so that `st_blocks` never changes under a link that did not.
+        let blocks_owned = node.symlink_target.len().div_ceil(BLOCK_SIZE_U64 as usize) as u64;
+        let mut view = InodeView::new(image, blocks_owned, 0);
         view.last_change_lsn = lsn;
         view.structural_lsn = lsn;
         view.last_use.store(front.tick(), Ordering::Relaxed);
