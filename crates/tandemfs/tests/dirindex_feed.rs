@@ -575,20 +575,33 @@ fn requests_in_a_directory_with_unapplied_changes_are_answered_right() {
     fs.unmount().unwrap();
 }
 
-/// The CPU twin behind a switch that makes its `apply` fail.
-struct FailingIndex {
+/// The CPU twin behind two switches on its `apply`: `fail` makes it fail, `stall` makes it
+/// wait while set (at most 20 s). Everything else is the twin's.
+struct SwitchedIndex {
     twin: CpuDirectoryIndex,
     fail: AtomicBool,
+    stall: AtomicBool,
 }
 
-impl DirectoryIndex for FailingIndex {
+impl SwitchedIndex {
+    fn new(fail: bool, stall: bool) -> SwitchedIndex {
+        let twin = CpuDirectoryIndex::new(ROOT_INODE, 1).unwrap();
+        SwitchedIndex { twin, fail: AtomicBool::new(fail), stall: AtomicBool::new(stall) }
+    }
+}
+
+impl DirectoryIndex for SwitchedIndex {
     fn name(&self) -> String {
-        format!("failing {}", self.twin.name())
+        format!("switched {}", self.twin.name())
     }
     fn root(&self) -> u64 {
         self.twin.root()
     }
     fn apply(&self, updates: &[IndexUpdate]) -> tandem_accel::error::Result<ApplyReport> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.stall.load(Ordering::Relaxed) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         if self.fail.load(Ordering::Relaxed) {
             return Err(tandem_accel::error::AccelError::Device("the test's index failed".into()));
         }
@@ -615,9 +628,8 @@ fn a_failing_index_is_left_and_the_cpu_twin_answers() {
     let (fs, _device) = mount(&MountOptions::default());
     let mut rng = rng(31);
     let tree = build_tree(&fs, &mut rng, 40);
-    let index =
-        Arc::new(FailingIndex { twin: CpuDirectoryIndex::new(ROOT_INODE, 1).unwrap(), fail: AtomicBool::new(false) });
-    assert!(fs.install_directory_index_with(index.clone(), 16, 2_000).unwrap().starts_with("failing"));
+    let index = Arc::new(SwitchedIndex::new(false, false));
+    assert!(fs.install_directory_index_with(index.clone(), 16, 2_000).unwrap().starts_with("switched"));
     wait_until_learnt(&fs, tree.directories);
     let lookups: Vec<(u64, Vec<u8>)> = tree.entries.clone();
     wait_for_index(&fs, &lookups);
@@ -636,48 +648,13 @@ fn a_failing_index_is_left_and_the_cpu_twin_answers() {
     fs.unmount().unwrap();
 }
 
-/// The CPU twin whose `apply` stalls while `stall` is set (at most 20 s).
-struct StallingIndex {
-    twin: CpuDirectoryIndex,
-    stall: AtomicBool,
-}
-
-impl DirectoryIndex for StallingIndex {
-    fn name(&self) -> String {
-        format!("stalling {}", self.twin.name())
-    }
-    fn root(&self) -> u64 {
-        self.twin.root()
-    }
-    fn apply(&self, updates: &[IndexUpdate]) -> tandem_accel::error::Result<ApplyReport> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.stall.load(Ordering::Relaxed) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        self.twin.apply(updates)
-    }
-    fn lookup(&self, requests: &[(u64, &[u8])]) -> tandem_accel::error::Result<Vec<LookupResult>> {
-        self.twin.lookup(requests)
-    }
-    fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> tandem_accel::error::Result<Vec<ResolveResult>> {
-        self.twin.resolve(paths, credentials)
-    }
-    fn stat(&self, inodes: &[u64]) -> tandem_accel::error::Result<Vec<StatResult>> {
-        self.twin.stat(inodes)
-    }
-    fn list(&self, directory: u64) -> tandem_accel::error::Result<ListResult> {
-        self.twin.list(directory)
-    }
-}
-
 /// An index that stops taking updates fills the feed's queue; the back end then waits for room
 /// a bounded time (2 s), the feed fails instead of dropping records, the changes all succeed,
 /// and every later batch is the CPU twin's, right.
 #[test]
 fn a_stalled_index_fails_its_feed_after_a_bounded_wait() {
     let (fs, _device) = mount(&MountOptions::default());
-    let index =
-        Arc::new(StallingIndex { twin: CpuDirectoryIndex::new(ROOT_INODE, 1).unwrap(), stall: AtomicBool::new(true) });
+    let index = Arc::new(SwitchedIndex::new(false, true));
     fs.install_directory_index_with(index.clone(), 16, 100).unwrap();
     let started = Instant::now();
     let directories: Vec<u64> = std::thread::scope(|scope| {
