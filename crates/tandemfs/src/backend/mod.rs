@@ -3,7 +3,9 @@
 //!
 //! Checkpoint protocol (the log is the only journal):
 //! 1. take sealed images of every changed metadata block, covering records up to lsn X;
-//! 2. append them to the log as image records, then a commit record naming X; flush the log;
+//! 2. flush the device (the file data of records up to X, written home when they were
+//!    applied, is durable before a commit naming X can exist on the medium); append the images
+//!    to the log as image records, then a commit record naming X; flush the log;
 //! 3. write the images home; flush the device;
 //! 4. write the superblock with the log tail at the first unapplied record (or just past this
 //!    checkpoint's own records) and the checkpoint one before it; flush;
@@ -404,6 +406,12 @@ pub fn checkpoint_snapshot(volume: &parking_lot::Mutex<Volume>, covered_lsn: u64
 /// become clean.
 pub fn checkpoint_finish(volume: &parking_lot::Mutex<Volume>, log: &Log, snapshot: CheckpointSnapshot) -> Result<()> {
     let CheckpointSnapshot { covered_lsn, images, mut superblock, device } = snapshot;
+    // File data goes home when its record is applied, not through the log, and a mount that
+    // finds this checkpoint's commit replays nothing the commit covers. So that data must be
+    // durable before the commit can reach the medium: writes before a flush reach it in any
+    // order, and a crash may keep the unflushed commit and lose the data (a zero block under a
+    // checksum that records the data, `tests/crash.rs`).
+    device.flush()?;
     let covered_bytes = covered_lsn.to_le_bytes();
     let mut image_count = 0u64;
     for chunk in images.chunks(IMAGES_PER_RECORD) {
