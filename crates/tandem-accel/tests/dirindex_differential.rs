@@ -572,8 +572,9 @@ mod emulator {
     use std::ffi::{c_void, CString};
     use std::path::PathBuf;
     use std::sync::Mutex;
+    use tandem_accel::dirindex::resolve_within_limit;
     use tandem_accel::dirindex::wire::{self, Layout, Segment};
-    use tandem_accel::dirindex::{LookupResult, ResolveResult, StatResult, MAXIMUM_PATH_BYTES};
+    use tandem_accel::dirindex::{LookupResult, ResolveResult, StatResult};
     use tandem_accel::{AccelError, Result};
 
     type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
@@ -797,27 +798,17 @@ mod emulator {
         }
 
         fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
-            let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
-            let mut buffer = Self::buffer(wire::resolve_sizes(&short));
-            let layout = wire::encode_resolves(&short, Self::bytes(&mut buffer));
-            let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
-            self.run(wire::COMMAND_RESOLVE, short.len(), &mut buffer, &layout, arguments)?;
-            let bytes = Self::bytes(&mut buffer);
-            let answers = wire::decode_resolves(
-                &bytes[layout.answers_offset..layout.answers_offset + layout.answers_bytes],
-                short.len(),
-            )?;
-            let mut answers = answers.into_iter();
-            Ok(paths
-                .iter()
-                .map(|path| {
-                    if path.len() > MAXIMUM_PATH_BYTES {
-                        ResolveResult::NameTooLong
-                    } else {
-                        answers.next().expect("one answer per short path")
-                    }
-                })
-                .collect())
+            resolve_within_limit(paths, |short| {
+                let mut buffer = Self::buffer(wire::resolve_sizes(short));
+                let layout = wire::encode_resolves(short, Self::bytes(&mut buffer));
+                let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
+                self.run(wire::COMMAND_RESOLVE, short.len(), &mut buffer, &layout, arguments)?;
+                let bytes = Self::bytes(&mut buffer);
+                wire::decode_resolves(
+                    &bytes[layout.answers_offset..layout.answers_offset + layout.answers_bytes],
+                    short.len(),
+                )
+            })
         }
 
         fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
@@ -876,7 +867,7 @@ mod ring_index {
     use std::time::Duration;
     use tandem_accel::dirindex::ring::{Ring, RingCommand, RING_BYTES};
     use tandem_accel::dirindex::wire::{self, Layout, Segment};
-    use tandem_accel::dirindex::{ApplyReport, LookupResult, ResolveResult, StatResult, MAXIMUM_PATH_BYTES};
+    use tandem_accel::dirindex::{resolve_within_limit, ApplyReport, LookupResult, ResolveResult, StatResult};
     use tandem_accel::{AccelError, Result};
 
     const LIST_BYTES: usize = 16 << 20;
@@ -1001,22 +992,13 @@ mod ring_index {
         }
 
         fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
-            let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
-            let mut buffer = EmulatedKernel::buffer(wire::resolve_sizes(&short));
-            let layout = wire::encode_resolves(&short, EmulatedKernel::bytes(&mut buffer));
-            let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
-            self.run(&Self::command(&mut buffer, wire::COMMAND_RESOLVE, short.len(), &layout, arguments))?;
-            let mut answers = wire::decode_resolves(&Self::answers(&mut buffer, &layout), short.len())?.into_iter();
-            Ok(paths
-                .iter()
-                .map(|path| {
-                    if path.len() > MAXIMUM_PATH_BYTES {
-                        ResolveResult::NameTooLong
-                    } else {
-                        answers.next().expect("one answer per short path")
-                    }
-                })
-                .collect())
+            resolve_within_limit(paths, |short| {
+                let mut buffer = EmulatedKernel::buffer(wire::resolve_sizes(short));
+                let layout = wire::encode_resolves(short, EmulatedKernel::bytes(&mut buffer));
+                let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
+                self.run(&Self::command(&mut buffer, wire::COMMAND_RESOLVE, short.len(), &layout, arguments))?;
+                wire::decode_resolves(&Self::answers(&mut buffer, &layout), short.len())
+            })
         }
 
         fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {

@@ -798,27 +798,18 @@ impl DirectoryIndex for GpuDirectoryIndex {
     }
 
     fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
-        // Paths longer than the walk accepts are answered here (they need no GPU), so every
-        // request fits a staging buffer; the answer is the twin's.
-        let mut answers = vec![ResolveResult::NameTooLong; paths.len()];
-        let (short_indices, short): (Vec<usize>, Vec<&[u8]>) = paths
-            .iter()
-            .enumerate()
-            .filter(|(_, path)| path.len() <= super::MAXIMUM_PATH_BYTES)
-            .map(|(index, path)| (index, *path))
-            .unzip();
-        let resolved = self.batched(
-            &short,
-            |paths| wire::resolve_sizes(paths).collect(),
-            wire::encode_resolves,
-            wire::COMMAND_RESOLVE,
-            [credentials.uid as u64, credentials.gid as u64, 0],
-            |answers, part| wire::decode_resolves(answers, part.len()),
-        )?;
-        for (index, answer) in short_indices.into_iter().zip(resolved) {
-            answers[index] = answer;
-        }
-        Ok(answers)
+        // Paths longer than the walk accepts are answered without the GPU, so every request
+        // fits a staging buffer; the answer is the twin's.
+        super::resolve_within_limit(paths, |short| {
+            self.batched(
+                short,
+                |paths| wire::resolve_sizes(paths).collect(),
+                wire::encode_resolves,
+                wire::COMMAND_RESOLVE,
+                [credentials.uid as u64, credentials.gid as u64, 0],
+                |answers, part| wire::decode_resolves(answers, part.len()),
+            )
+        })
     }
 
     fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {

@@ -296,6 +296,29 @@ pub(crate) trait WalkSource {
     fn lookup_one(&self, parent: u64, name: &[u8]) -> LookupResult;
 }
 
+/// Answers `paths` as an engine's `resolve`: the paths longer than the walk accepts are
+/// `NameTooLong` here, and only the others go to `resolve_short`, in order, so that a kernel
+/// never stages a path past `MAXIMUM_PATH_BYTES`. `resolve_short` must answer each path it is
+/// given; an engine that answers another count is a device error.
+pub fn resolve_within_limit(
+    paths: &[&[u8]],
+    resolve_short: impl FnOnce(&[&[u8]]) -> Result<Vec<ResolveResult>>,
+) -> Result<Vec<ResolveResult>> {
+    let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
+    let resolved = resolve_short(&short)?;
+    if resolved.len() != short.len() {
+        return Err(AccelError::Device(format!("{} answers for {} paths", resolved.len(), short.len())));
+    }
+    let mut resolved = resolved.into_iter();
+    Ok(paths
+        .iter()
+        .map(|path| match path.len() > MAXIMUM_PATH_BYTES {
+            true => ResolveResult::NameTooLong,
+            false => resolved.next().expect("counted above"),
+        })
+        .collect())
+}
+
 /// The path walk, shared by the CPU twin and mirrored line by line in `dirindex.cu`
 /// (`resolve_one`). docs/GPUDIR.md states the rules.
 pub(crate) fn resolve_walk(
