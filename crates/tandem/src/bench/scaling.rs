@@ -34,12 +34,17 @@ impl Layout {
     }
 }
 
-/// Seconds each phase took, for one thread count.
+/// Seconds each phase took, for one thread count, and the machine's busy CPU seconds during it
+/// (/proc/stat, all CPUs: the back end's workers and, for ext4, the kernel's own threads count
+/// too; 0 where /proc/stat cannot be read).
 #[derive(Clone, Copy, Default)]
 pub struct PhaseSeconds {
     create: f64,
     stat: f64,
     unlink: f64,
+    create_cpu: f64,
+    stat_cpu: f64,
+    unlink_cpu: f64,
 }
 
 /// What a thread does to one file system: the three operations on names it is given.
@@ -139,7 +144,7 @@ fn run_phases(
     let workers: Vec<_> = (0..threads)
         .map(|thread| {
             let (target, barrier, directory) = (target.clone(), barrier.clone(), directories[thread]);
-            std::thread::spawn(move || -> Result<[(Instant, Instant); 3], String> {
+            std::thread::spawn(move || -> Result<([(Instant, Instant); 3], [(f64, f64); 3]), String> {
                 let name = |serial: u64| format!("t{thread}-f{serial}");
                 let phases: [&dyn Fn(u64) -> Result<(), String>; 3] = [
                     &|serial| target.create(directory, &name(serial)),
@@ -148,29 +153,47 @@ fn run_phases(
                 ];
                 let mut outcome = Ok(());
                 let mut spans = [(Instant::now(), Instant::now()); 3];
-                for (phase, span) in phases.iter().zip(spans.iter_mut()) {
+                // Thread 0 reads the machine's CPU time as each phase starts and ends.
+                let mut busy = [(0.0f64, 0.0f64); 3];
+                let busy_now = || if thread == 0 { super::cpu::machine_busy_seconds().unwrap_or(0.0) } else { 0.0 };
+                for ((phase, span), busy) in phases.iter().zip(spans.iter_mut()).zip(busy.iter_mut()) {
                     barrier.wait();
+                    busy.0 = busy_now();
                     let started = Instant::now();
                     if outcome.is_ok() {
                         outcome = (0..files_per_thread).try_for_each(phase);
                     }
                     *span = (started, Instant::now());
                     barrier.wait();
+                    busy.1 = busy_now();
                 }
-                outcome.map(|()| spans)
+                outcome.map(|()| (spans, busy))
             })
         })
         .collect();
     let mut spans: Vec<[(Instant, Instant); 3]> = Vec::with_capacity(threads);
-    for worker in workers {
-        spans.push(worker.join().map_err(|_| "a benchmark thread panicked".to_string())??);
+    let mut busy = [(0.0f64, 0.0f64); 3];
+    for (thread, worker) in workers.into_iter().enumerate() {
+        let (thread_spans, thread_busy) = worker.join().map_err(|_| "a benchmark thread panicked".to_string())??;
+        spans.push(thread_spans);
+        if thread == 0 {
+            busy = thread_busy;
+        }
     }
+    let cpu = |phase: usize| (busy[phase].1 - busy[phase].0).max(0.0);
     let seconds = |phase: usize| {
         let first_start = spans.iter().map(|span| span[phase].0).min().expect("at least one thread");
         let last_end = spans.iter().map(|span| span[phase].1).max().expect("at least one thread");
         last_end.duration_since(first_start).as_secs_f64()
     };
-    Ok(PhaseSeconds { create: seconds(0), stat: seconds(1), unlink: seconds(2) })
+    Ok(PhaseSeconds {
+        create: seconds(0),
+        stat: seconds(1),
+        unlink: seconds(2),
+        create_cpu: cpu(0),
+        stat_cpu: cpu(1),
+        unlink_cpu: cpu(2),
+    })
 }
 
 /// The median of each phase over `rounds` (after one warm-up round).
@@ -193,7 +216,14 @@ fn measure(
         values.sort_by(f64::total_cmp);
         values[values.len() / 2]
     };
-    Ok(PhaseSeconds { create: median(|s| s.create), stat: median(|s| s.stat), unlink: median(|s| s.unlink) })
+    Ok(PhaseSeconds {
+        create: median(|s| s.create),
+        stat: median(|s| s.stat),
+        unlink: median(|s| s.unlink),
+        create_cpu: median(|s| s.create_cpu),
+        stat_cpu: median(|s| s.stat_cpu),
+        unlink_cpu: median(|s| s.unlink_cpu),
+    })
 }
 
 /// Rows of one layout: per thread count, tandemfs and ext4 rates and their ratios.
@@ -284,6 +314,7 @@ impl ScalingRun {
             let (rows, statistics) = self.measure_layout(layout)?;
             println!("\n{}:", layout.label());
             print_layout(&rows, self.files_per_thread);
+            print_cpu(&rows, self.files_per_thread);
             print_backend(&statistics);
         }
         if !self.with_ext4 {
@@ -384,6 +415,51 @@ fn print_layout(rows: &[(usize, PhaseSeconds, Option<PhaseSeconds>)], files_per_
         }
         table.push(row);
     }
+    print_table(&headers, &table);
+}
+
+/// Where the CPU went: for each phase, how many cores were busy on average (the whole machine's
+/// busy time over the phase's wall time) and the machine's CPU microseconds per operation. A
+/// phase that keeps every core busy is bound by its CPU cost per operation; one that leaves
+/// cores idle is bound by waiting.
+fn print_cpu(rows: &[(usize, PhaseSeconds, Option<PhaseSeconds>)], files_per_thread: u64) {
+    let headers = [
+        "threads",
+        "create cores",
+        "µs CPU",
+        "ext4 cores",
+        "µs CPU",
+        "stat cores",
+        "µs CPU",
+        "ext4 cores",
+        "µs CPU",
+        "unlink cores",
+        "µs CPU",
+        "ext4 cores",
+        "µs CPU",
+    ];
+    let cell = |seconds: f64, cpu: f64, operations: f64| -> [String; 2] {
+        // /proc/stat counts in ticks of 10 ms: a shorter phase gives no useful number.
+        if seconds < 0.1 || cpu <= 0.0 {
+            return ["-".into(), "-".into()];
+        }
+        [format!("{:.1}", cpu / seconds), format!("{:.1}", cpu * 1e6 / operations)]
+    };
+    let mut table = Vec::new();
+    for (threads, ours, theirs) in rows {
+        let operations = *threads as f64 * files_per_thread as f64;
+        let mut row = vec![threads.to_string()];
+        let phases: [fn(&PhaseSeconds) -> (f64, f64); 3] =
+            [|s| (s.create, s.create_cpu), |s| (s.stat, s.stat_cpu), |s| (s.unlink, s.unlink_cpu)];
+        for pick in phases {
+            let (seconds, cpu) = pick(ours);
+            row.extend(cell(seconds, cpu, operations));
+            let (seconds, cpu) = theirs.as_ref().map_or((0.0, 0.0), pick);
+            row.extend(cell(seconds, cpu, operations));
+        }
+        table.push(row);
+    }
+    println!("CPU (whole machine, /proc/stat):");
     print_table(&headers, &table);
 }
 
