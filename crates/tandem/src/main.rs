@@ -80,6 +80,9 @@ enum BenchCommand {
     /// The batch API (path resolutions, creates) on a tree of directories × files, beside
     /// single calls on threads and ext4; the CPU twin where no GPU directory index is present
     GpuDir(bench::gpu_dir::GpuDirArguments),
+    /// Inserts and collapses at any byte of a file, until applied, beside FlexSpace (when
+    /// TANDEM_FLEXSPACE_LIB names its library) and ext4 (fallocate, read-and-rewrite)
+    Flex(bench::flex::FlexBenchArguments),
 }
 
 fn run(cli: Cli) -> CliResult<i32> {
@@ -100,6 +103,7 @@ fn run(cli: Cli) -> CliResult<i32> {
             BenchCommand::Memory(arguments) => bench::memory::run(arguments),
             BenchCommand::Services(arguments) => bench::run_services(arguments),
             BenchCommand::GpuDir(arguments) => bench::gpu_dir::run(arguments),
+            BenchCommand::Flex(arguments) => bench::flex::run(arguments),
         },
     }
 }
