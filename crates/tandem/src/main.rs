@@ -136,7 +136,9 @@ fn parse_arguments() -> Cli {
             let message = joined.trim_start_matches("error: ");
             let words: Vec<String> = std::env::args().skip(1).take(2).collect();
             let help = match words.first().map(String::as_str) {
-                Some("bench") if words.len() == 2 && ["meta", "mount", "services"].contains(&words[1].as_str()) => {
+                Some("bench")
+                    if words.len() == 2 && ["meta", "mount", "services", "flex"].contains(&words[1].as_str()) =>
+                {
                     format!("tandem bench {} --help", words[1])
                 }
                 Some("key") if words.len() == 2 && ["add", "remove", "change"].contains(&words[1].as_str()) => {

@@ -644,6 +644,10 @@ pub fn run(arguments: FlexBenchArguments) -> CliResult<i32> {
     let library =
         FlexSpaceLibrary::from_environment().map_err(|error| CliError::new(format!("bench flex: {error}")))?;
     let list = workloads(arguments.count, arguments.file_size, !arguments.no_growth);
+    // A file too small for its collapses is a usage error: say so before anything runs.
+    for workload in &list {
+        plan(workload, arguments.seed).map_err(|error| CliError::new(format!("bench flex: {error}")))?;
+    }
     let largest = list.iter().map(|workload| workload.file_bytes).max().unwrap_or(0);
     // FlexFile has no holes: its file is written in full. The other images stay sparse.
     if library.is_some() {
