@@ -251,6 +251,9 @@ fn merge_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     merged
 }
 
+/// Reads a system's bytes at an offset, filling the whole buffer or failing.
+pub type ReadAt<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), String> + 'a;
+
 /// How much of a file a check compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Checked {
@@ -261,12 +264,7 @@ pub struct Checked {
 /// Compares a system's file with the model: its size, then the ranges `ranges_to_check`
 /// chooses, read through `read` (which fills the whole buffer or fails). The error names the
 /// system, the first byte that differs and both values.
-pub fn verify(
-    system: &str,
-    model: &Model,
-    size: u64,
-    read: &mut dyn FnMut(u64, &mut [u8]) -> Result<(), String>,
-) -> Result<Checked, String> {
+pub fn verify(system: &str, model: &Model, size: u64, read: &mut ReadAt) -> Result<Checked, String> {
     if size != model.size() {
         return Err(format!("{system}: the file holds {size} bytes, the model says {}", model.size()));
     }

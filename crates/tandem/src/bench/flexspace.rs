@@ -177,8 +177,9 @@ impl<'library> FlexFile<'library> {
     }
 
     pub fn size(&self) -> u64 {
-        // SAFETY: the handle is open.
-        unsafe { (self.library.size)(self.handle) as u64 }
+        // SAFETY: the handle is open. (`unsigned long` is 64 bits on every target FlexFile
+        // builds for: it manages 800 GB of address space.)
+        unsafe { (self.library.size)(self.handle) }
     }
 
     /// Bytes of space FlexFile's data file holds (its blocks), if stat can tell.
