@@ -857,6 +857,30 @@ mod tests {
         print_report(&rows);
     }
 
+    /// FlexSpace through its library, when `TANDEM_FLEXSPACE_LIB` names one (skipped with the
+    /// reason otherwise): a short run of every workload kind verifies against the model, as
+    /// tandemfs's does.
+    #[test]
+    fn flexspace_through_its_library_verifies_when_given() {
+        let library = match FlexSpaceLibrary::from_environment() {
+            Ok(Some(library)) => library,
+            Ok(None) => {
+                eprintln!("skipped: {LIBRARY_VARIABLE} names no FlexSpace library (docs/BENCHMARKS.md)");
+                return;
+            }
+            Err(error) => panic!("{error}"),
+        };
+        let scratch = std::env::temp_dir();
+        let peers = Peers { flexspace: Some(&library), ext4: false, rewrite_count: None };
+        for workload in workloads(Some(1200), Some(8 << 20), false) {
+            let row = run_workload(&workload, &peers, &scratch, 11).unwrap();
+            let flexspace = row.flexspace.expect("FlexSpace ran");
+            assert_eq!(flexspace.operations, 1200);
+            assert!(flexspace.checked.whole_file && flexspace.checked.bytes == flexspace.mapped_bytes);
+            assert_eq!(flexspace.mapped_bytes, row.tandem.mapped_bytes, "both files end the same size");
+        }
+    }
+
     /// A target that gets one byte of the later inserts wrong (the size stays right): the run
     /// must fail with the model's message naming the system and the byte.
     #[test]
