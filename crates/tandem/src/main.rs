@@ -80,6 +80,9 @@ enum BenchCommand {
     /// The batch API (path resolutions, creates) on a tree of directories × files, beside
     /// single calls on threads and ext4; the CPU twin where no GPU directory index is present
     GpuDir(bench::gpu_dir::GpuDirArguments),
+    /// Inserts and collapses at any byte of a file, until applied, beside FlexSpace (when
+    /// TANDEM_FLEXSPACE_LIB names its library) and ext4 (fallocate, read-and-rewrite)
+    Flex(bench::flex::FlexBenchArguments),
 }
 
 fn run(cli: Cli) -> CliResult<i32> {
@@ -100,6 +103,7 @@ fn run(cli: Cli) -> CliResult<i32> {
             BenchCommand::Memory(arguments) => bench::memory::run(arguments),
             BenchCommand::Services(arguments) => bench::run_services(arguments),
             BenchCommand::GpuDir(arguments) => bench::gpu_dir::run(arguments),
+            BenchCommand::Flex(arguments) => bench::flex::run(arguments),
         },
     }
 }
@@ -132,7 +136,9 @@ fn parse_arguments() -> Cli {
             let message = joined.trim_start_matches("error: ");
             let words: Vec<String> = std::env::args().skip(1).take(2).collect();
             let help = match words.first().map(String::as_str) {
-                Some("bench") if words.len() == 2 && ["meta", "mount", "services"].contains(&words[1].as_str()) => {
+                Some("bench")
+                    if words.len() == 2 && ["meta", "mount", "services", "flex"].contains(&words[1].as_str()) =>
+                {
                     format!("tandem bench {} --help", words[1])
                 }
                 Some("key") if words.len() == 2 && ["add", "remove", "change"].contains(&words[1].as_str()) => {

@@ -66,6 +66,39 @@ fn usage_errors_are_one_line_with_exit_code_2() {
     assert_one_line_failure(&tandem(&["nosuchcommand"]), "nosuchcommand");
 }
 
+/// `bench flex` on the library alone, small: it completes, says FlexSpace was not given and
+/// that the bytes verified; a FlexSpace path that is no library and a file too small for the
+/// collapses are one-line failures.
+#[test]
+fn bench_flex_runs_short_on_the_library_and_verifies() {
+    let scratch = Scratch::new("bench-flex");
+    let flex = |arguments: &[&str], library: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tandem"));
+        command.args(["bench", "flex", "--no-ext4", "--dir", text(&scratch.path)]).args(arguments);
+        match library {
+            Some(path) => command.env("TANDEM_FLEXSPACE_LIB", path),
+            None => command.env_remove("TANDEM_FLEXSPACE_LIB"),
+        };
+        command.output().expect("run tandem")
+    };
+    let output = flex(&["--count", "40", "--file-size", "2M"], None);
+    assert_eq!(output.status.code(), Some(0), "stderr: {}", stderr(&output));
+    let printed = stdout(&output);
+    assert!(printed.contains("FlexSpace: not given"), "{printed}");
+    assert!(printed.contains("ext4: skipped (--no-ext4)"), "{printed}");
+    assert!(printed.contains("verified: every system's final bytes equal the model's"), "{printed}");
+    assert!(printed.contains("40 × 100 B inserts, 2.0 MiB"), "{printed}");
+    assert!(printed.contains("growth: 40 × 1–4096 B collapses at any byte"), "{printed}");
+    let missing = scratch.join("no-such-library.so");
+    assert_one_line_failure(&flex(&["--count", "5", "--file-size", "1M"], Some(text(&missing))), "no such file");
+    let not_a_library = scratch.join("not-a-library.so");
+    std::fs::write(&not_a_library, b"not an ELF file").unwrap();
+    assert_one_line_failure(&flex(&["--count", "5", "--file-size", "1M"], Some(text(&not_a_library))), "cannot load");
+    assert_one_line_failure(&flex(&["--count", "1000", "--file-size", "64K"], None), "raise --file-size");
+    let left: Vec<_> = std::fs::read_dir(&scratch.path).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 1, "only the fake library is left: {left:?}");
+}
+
 #[test]
 fn help_and_version_succeed() {
     let help = tandem(&["--help"]);

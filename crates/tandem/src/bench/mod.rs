@@ -1,10 +1,14 @@
 //! Benchmarks: `meta` (library path), `mount` (through FUSE), `log` (parallel log appends),
-//! `memory` (the front end's caches), `services` (the accelerator) and `gpu-dir` (the batch API).
+//! `memory` (the front end's caches), `services` (the accelerator), `gpu-dir` (the batch API) and
+//! `flex` (inserts and collapses at any byte, beside FlexSpace).
 //! Each compares tandemfs with ext4 on the same medium; docs/BENCHMARKS.md says how to read them.
 
 pub mod cpu;
 pub mod dmcrypt;
 pub mod ext4;
+pub mod flex;
+pub mod flex_model;
+pub mod flexspace;
 pub mod gocryptfs;
 pub mod gpu_dir;
 pub mod library;
