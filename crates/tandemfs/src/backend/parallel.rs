@@ -13,7 +13,7 @@
 //!
 //! Batches overlap: the dispatcher hands each batch to the pool as soon as its records are
 //! durable, and a group waits only for the earlier groups (of any batch) that name one of its
-//! inodes ([`Scheduler`]), so each directory's records stream through the workers while a slow
+//! inodes (`Scheduler`), so each directory's records stream through the workers while a slow
 //! group elsewhere finishes. The batch stays the unit of everything else: batches are made
 //! applied in lsn order, each only when every group of it is done (the applied lsn stays a
 //! watermark below which everything is applied, and nothing is made applied after a failure);
