@@ -7,7 +7,7 @@
 //! the back end failed, keeps the first reason, and wakes every waiter. Every wait here is
 //! bounded or wakes on the latch, so callers get `Error::Shutdown`, never a hang.
 
-use super::parallel::{self, ApplyPool, Job};
+use super::parallel::{self, ApplyPool, Job, JobContext};
 use super::room::BacklogRoom;
 use super::store::{LockTimes, Memo, TimedVolume};
 use super::{checkpoint_finish, checkpoint_snapshot, Applier};
@@ -29,6 +29,16 @@ const BATCH_RECORDS_MAX: usize = 32;
 /// keep every worker busy, few enough that a pass (and so `wait_applied`) stays short. Workers
 /// hold the volume lock only per block, so the batch does not hold up readers.
 const PARALLEL_BATCH_RECORDS_MAX: usize = 1024;
+/// Batches in flight on the workers at once. Each directory's groups wait only for its own
+/// earlier groups, so a few batches in flight keep every worker busy while the largest group of
+/// the oldest one finishes; the backlog's image budget bounds the records in them anyway.
+const JOBS_IN_FLIGHT_MAX: usize = 16;
+/// How long a pass with nothing new to hand out waits for the oldest batch in flight before it
+/// looks at the queue again.
+const IN_FLIGHT_WAIT: Duration = Duration::from_micros(250);
+/// How long stopping or a quiet change of the volume waits for a batch on the workers: as long
+/// as the workers may take before they are declared stuck.
+const IN_FLIGHT_STOP_WAIT: Duration = Duration::from_secs(600);
 /// Below this many free blocks, with frees pending, the back end checkpoints before it applies
 /// more: comfortably above what one batch of records allocates.
 const BACKEND_LOW_WATER_BLOCKS: u64 = 1024;
@@ -208,7 +218,19 @@ struct AppliedBatch {
     pending_free_blocks: u64,
 }
 
+/// A batch handed to the workers and not yet made applied.
+struct InFlight {
+    job: Arc<Job>,
+    batch: Vec<Queued>,
+    /// The image-budget bounds of its records, summed.
+    image_blocks: u64,
+}
+
 struct CheckpointPolicy {
+    /// Batches handed to the workers, oldest first; made applied in this order.
+    jobs: VecDeque<InFlight>,
+    /// When the workers last went from no batch in flight to one.
+    pipeline_since: Option<Instant>,
     last_checkpoint: Instant,
     applied_since_checkpoint: u64,
     /// Log data bytes of the records applied since the last checkpoint (approximate).
@@ -318,6 +340,8 @@ impl Backend {
             last_queued_lsn: AtomicU64::new(applied_lsn),
             applied_signal: Condvar::new(),
             policy: Mutex::new(CheckpointPolicy {
+                jobs: VecDeque::new(),
+                pipeline_since: None,
                 last_checkpoint: Instant::now(),
                 applied_since_checkpoint: 0,
                 applied_bytes_since_checkpoint: 0,
@@ -392,10 +416,16 @@ impl Backend {
             let _ = handle.join();
         }
         // A checkpoint still writing must be done before the caller writes the superblock or
-        // lets the next mount in; its failure latches like any other.
-        if let Some(in_flight) = self.policy.lock().in_flight.take() {
+        // lets the next mount in; its failure latches like any other. So must batches still on
+        // the workers (the thread finishes them as it ends; a caller's pass may have left some).
+        let mut policy = self.policy.lock();
+        for flight in &policy.jobs {
+            flight.job.wait_finished(IN_FLIGHT_STOP_WAIT);
+        }
+        if let Some(in_flight) = policy.in_flight.take() {
             let _ = self.join_checkpoint(in_flight);
         }
+        drop(policy);
         if let Some(pool) = &self.pool {
             pool.stop();
         }
@@ -418,6 +448,11 @@ impl Backend {
     /// lock first): for superblock writes outside checkpoints (unmount, remount).
     pub fn with_volume_quiet<T>(&self, change: impl FnOnce(&mut Volume) -> T) -> T {
         let mut policy = self.policy.lock();
+        // Batches still on the workers finish first (the next pass makes them applied; an
+        // error among them latches there).
+        for flight in &policy.jobs {
+            flight.job.wait_finished(IN_FLIGHT_STOP_WAIT);
+        }
         // The superblock this writes must not be overtaken by a checkpoint's (its failure
         // latches; the caller's own write then fails or is moot).
         if let Some(in_flight) = policy.in_flight.take() {
@@ -551,6 +586,18 @@ impl Backend {
     // ------------------------------------------------------------------ the thread
 
     fn run(&self, sink: &dyn FrontSink) {
+        self.run_passes(sink);
+        // Whatever is still on the workers is made applied before the thread ends (an error
+        // latches; after a failure this only waits for the workers to let go of the volume).
+        let mut policy = self.policy.lock();
+        if self.finish_in_flight(&mut policy, sink).is_err() {
+            for flight in &policy.jobs {
+                flight.job.wait_finished(IN_FLIGHT_STOP_WAIT);
+            }
+        }
+    }
+
+    fn run_passes(&self, sink: &dyn FrontSink) {
         while !self.stop.load(Ordering::Acquire) {
             match self.pass(sink) {
                 Ok(true) => continue,
@@ -585,8 +632,15 @@ impl Backend {
         }
     }
 
-    /// Applies durable queued records; returns whether it applied any. Also checkpoints when
-    /// the log or the dirty set has grown, or time has passed.
+    /// Applies durable queued records; returns whether it applied any (or any batch handed to
+    /// the workers is still in flight). Also checkpoints when the log or the dirty set has
+    /// grown, or time has passed.
+    ///
+    /// With a back-end thread and apply workers, a batch that splits into groups goes to the
+    /// workers and the pass returns at once: batches overlap (`parallel::Job`), and each is made
+    /// applied (the front end told, the applied lsn moved) when it and every batch before it are
+    /// done. A checkpoint, a batch applied with the volume held, and the end of the thread wait
+    /// until none is in flight. Without a thread, every pass finishes what it started.
     pub fn pass(&self, sink: &dyn FrontSink) -> Result<bool> {
         // First, so that it drops last: every lock below is released before it latches.
         let _latch_on_panic = PanicLatch(self);
@@ -594,23 +648,145 @@ impl Backend {
         if self.is_failed() {
             return Err(Error::Shutdown);
         }
+        let mut progressed = self.publish_finished(&mut policy, sink)?;
         let durable = self.log.durable_lsn();
         let batch_max = if self.pool.is_some() { PARALLEL_BATCH_RECORDS_MAX } else { BATCH_RECORDS_MAX };
-        let mut batch: Vec<Queued> = self.queue.lock().take_prefix(durable, batch_max, &self.log);
+        let mut batch: Vec<Queued> = if policy.jobs.len() < JOBS_IN_FLIGHT_MAX {
+            self.queue.lock().take_prefix(durable, batch_max, &self.log)
+        } else {
+            Vec::new()
+        };
         if batch.is_empty() {
+            if let Some(head) = policy.jobs.front() {
+                // Nothing new to hand out: wait a little for the oldest batch in flight.
+                head.job.wait_finished(IN_FLIGHT_WAIT);
+                progressed |= self.publish_finished(&mut policy, sink)?;
+                progressed |= !policy.jobs.is_empty();
+            }
             self.maybe_checkpoint(&mut policy, false, sink)?;
-            return Ok(false);
+            return Ok(progressed);
         }
+        if let Some(pool) = &self.pool {
+            let groups = parallel::group_by_inode(&batch);
+            if (groups.len() > 1 || !policy.jobs.is_empty())
+                && !batch.iter().any(|queued| parallel::needs_whole_volume(&queued.op))
+                && !self.space_low_for(&batch, &policy)
+            {
+                self.submit_batch(pool, &mut policy, batch, groups);
+                if !self.background {
+                    self.finish_in_flight(&mut policy, sink)?;
+                }
+                self.maybe_checkpoint(&mut policy, false, sink)?;
+                return Ok(true);
+            }
+        }
+        // The volume held throughout: nothing else may be applying.
+        self.finish_in_flight(&mut policy, sink)?;
+        let started = Instant::now();
         let AppliedBatch { applied_count, owned_blocks, free_blocks, pending_free_blocks } =
-            self.apply_batch(&batch)?;
+            self.apply_batch_held(&batch)?;
+        self.apply_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let space_low = applied_count < batch.len();
         if space_low {
             // Back to the head of the queue, in lsn order: they precede everything queued since.
             let leftover = batch.split_off(applied_count);
             self.queue.lock().put_back(leftover);
         }
-        let last_lsn = batch.last().expect("at least one record is applied per pass").lsn;
-        sink.batch_applied(&BatchSummary { records: &batch, owned_blocks, free_blocks, pending_free_blocks, last_lsn });
+        self.publish_applied(&mut policy, &batch, owned_blocks, free_blocks, pending_free_blocks, sink);
+        self.maybe_checkpoint(&mut policy, space_low, sink)?;
+        Ok(true)
+    }
+
+    /// Whether free blocks run so low that `batch`, with the batches in flight, might need a
+    /// checkpoint half way: such a batch is applied record by record with the volume held,
+    /// which stops to checkpoint.
+    fn space_low_for(&self, batch: &[Queued], policy: &CheckpointPolicy) -> bool {
+        let in_flight_bound: u64 = policy.jobs.iter().map(|flight| flight.image_blocks).sum();
+        let images_bound: u64 = batch.iter().map(|queued| queued.image_blocks).sum::<u64>() + in_flight_bound;
+        let volume = self.volume.lock();
+        volume.free_blocks() < BACKEND_LOW_WATER_BLOCKS + images_bound && volume.blocks.pending_free_count() > 0
+    }
+
+    /// Hands `batch` to the workers; it is made applied by a later `publish_finished`.
+    fn submit_batch(&self, pool: &ApplyPool, policy: &mut CheckpointPolicy, batch: Vec<Queued>, groups: Vec<Vec<u32>>) {
+        let context = JobContext { volume: &self.volume, memo: &self.memo, applier: &self.applier, room: &self.room };
+        let job = Arc::new(Job::new(pool.next_job_id(), context, &batch, groups));
+        pool.submit(&job);
+        if policy.jobs.is_empty() {
+            policy.pipeline_since = Some(Instant::now());
+        }
+        let image_blocks = batch.iter().map(|queued| queued.image_blocks).sum();
+        policy.jobs.push_back(InFlight { job, batch, image_blocks });
+        assert!(policy.jobs.len() <= JOBS_IN_FLIGHT_MAX);
+    }
+
+    /// Makes applied the finished batches at the head of those in flight, in order; returns
+    /// whether there were any.
+    fn publish_finished(&self, policy: &mut CheckpointPolicy, sink: &dyn FrontSink) -> Result<bool> {
+        let mut published = false;
+        while policy.jobs.front().is_some_and(|flight| flight.job.is_finished()) {
+            let flight = policy.jobs.pop_front().expect("a batch in flight");
+            self.publish_job(policy, flight, sink)?;
+            published = true;
+        }
+        Ok(published)
+    }
+
+    /// Waits for every batch in flight and makes each applied, in order.
+    fn finish_in_flight(&self, policy: &mut CheckpointPolicy, sink: &dyn FrontSink) -> Result<()> {
+        while let Some(flight) = policy.jobs.pop_front() {
+            self.publish_job(policy, flight, sink)?;
+        }
+        Ok(())
+    }
+
+    /// Collects one batch from the workers (waiting for it) and makes it applied; latches its
+    /// error.
+    fn publish_job(&self, policy: &mut CheckpointPolicy, flight: InFlight, sink: &dyn FrontSink) -> Result<()> {
+        // Once the back end has failed nothing more is made applied: a batch after the one that
+        // failed may have finished on the workers, but the records of the failed one before it
+        // are not all in the volume, and the applied lsn must stay a watermark below which
+        // everything is. (Making such a later batch applied let the front end answer from the
+        // volume as if the failed batch's records were there: a listing missing a name, a read
+        // answering NotFound.)
+        if self.is_failed() {
+            return Err(Error::Shutdown);
+        }
+        let report = flight.job.wait().inspect_err(|error| self.fail(error))?;
+        if policy.jobs.is_empty() {
+            if let Some(since) = policy.pipeline_since.take() {
+                let elapsed_ns = since.elapsed().as_nanos() as u64;
+                self.parallel_ns.fetch_add(elapsed_ns, Ordering::Relaxed);
+                self.apply_ns.fetch_add(elapsed_ns, Ordering::Relaxed);
+            }
+        }
+        self.worker_busy_ns.fetch_add(report.busy_ns, Ordering::Relaxed);
+        self.worker_lock_wait_ns.fetch_add(report.lock_wait_ns, Ordering::Relaxed);
+        self.worker_lock_held_ns.fetch_add(report.lock_held_ns, Ordering::Relaxed);
+        self.worker_lock_takes.fetch_add(report.lock_takes, Ordering::Relaxed);
+        self.parallel_records.fetch_add(flight.batch.len() as u64, Ordering::Relaxed);
+        self.parallel_batches.fetch_add(1, Ordering::Relaxed);
+        self.parallel_groups.fetch_add(flight.job.group_count() as u64, Ordering::Relaxed);
+        let (free_blocks, pending_free_blocks) = {
+            let volume = self.volume.lock();
+            (volume.free_blocks(), volume.blocks.pending_free_count())
+        };
+        self.publish_applied(policy, &flight.batch, report.owned_blocks, free_blocks, pending_free_blocks, sink);
+        Ok(())
+    }
+
+    /// Tells the front end what `batch` changed and moves the applied lsn to its last record.
+    fn publish_applied(
+        &self,
+        policy: &mut CheckpointPolicy,
+        batch: &[Queued],
+        owned_blocks: Vec<(u64, u64)>,
+        free_blocks: u64,
+        pending_free_blocks: u64,
+        sink: &dyn FrontSink,
+    ) {
+        let last_lsn = batch.last().expect("at least one record is applied per batch").lsn;
+        sink.batch_applied(&BatchSummary { records: batch, owned_blocks, free_blocks, pending_free_blocks, last_lsn });
         {
             let mut applied = self.applied_lsn.lock();
             assert!(last_lsn > *applied, "records apply in lsn order");
@@ -621,82 +797,6 @@ impl Backend {
         policy.applied_since_checkpoint += batch.len() as u64;
         policy.applied_bytes_since_checkpoint +=
             batch.iter().map(|queued| (RECORD_OVERHEAD_BYTES + queued.op.tail().len()) as u64).sum::<u64>();
-        self.maybe_checkpoint(&mut policy, space_low, sink)?;
-        Ok(true)
-    }
-
-    /// Applies a batch: on the workers when it splits into independent groups, otherwise in
-    /// this thread with the volume held. Returns how many records it applied (at least one),
-    /// the blocks owned by the inodes they touched, and the free and pending-free counts.
-    fn apply_batch(&self, batch: &[Queued]) -> Result<AppliedBatch> {
-        let started = Instant::now();
-        let applied = self.apply_batch_either_way(batch);
-        self.apply_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        applied
-    }
-
-    fn apply_batch_either_way(&self, batch: &[Queued]) -> Result<AppliedBatch> {
-        if let Some(pool) = &self.pool {
-            let groups = parallel::group_by_inode(batch);
-            if groups.len() > 1 && !batch.iter().any(|queued| parallel::needs_whole_volume(&queued.op)) {
-                if let Some(applied) = self.apply_batch_parallel(pool, batch, groups)? {
-                    return Ok(applied);
-                }
-            }
-        }
-        self.apply_batch_held(batch)
-    }
-
-    /// Applies the whole batch on the workers, unless free blocks run so low that the batch
-    /// might need a checkpoint half way (`None`: the caller applies it record by record).
-    fn apply_batch_parallel(
-        &self,
-        pool: &ApplyPool,
-        batch: &[Queued],
-        groups: Vec<Vec<u32>>,
-    ) -> Result<Option<AppliedBatch>> {
-        let images_bound: u64 = batch.iter().map(|queued| queued.image_blocks).sum();
-        {
-            let volume = self.volume.lock();
-            if volume.free_blocks() < BACKEND_LOW_WATER_BLOCKS + images_bound && volume.blocks.pending_free_count() > 0
-            {
-                return Ok(None);
-            }
-        }
-        let group_count = groups.len() as u64;
-        let job = Arc::new(Job::new(
-            self.volume.clone(),
-            self.memo.clone(),
-            self.applier.clone(),
-            self.room.clone(),
-            batch,
-            groups,
-        ));
-        let started = Instant::now();
-        let owned_blocks = match pool.run(job) {
-            Ok(report) => {
-                self.parallel_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                self.worker_busy_ns.fetch_add(report.busy_ns, Ordering::Relaxed);
-                self.worker_lock_wait_ns.fetch_add(report.lock_wait_ns, Ordering::Relaxed);
-                self.worker_lock_held_ns.fetch_add(report.lock_held_ns, Ordering::Relaxed);
-                self.worker_lock_takes.fetch_add(report.lock_takes, Ordering::Relaxed);
-                report.owned_blocks
-            }
-            Err(error) => {
-                self.fail(&error);
-                return Err(error);
-            }
-        };
-        self.parallel_records.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        self.parallel_batches.fetch_add(1, Ordering::Relaxed);
-        self.parallel_groups.fetch_add(group_count, Ordering::Relaxed);
-        let volume = self.volume.lock();
-        Ok(Some(AppliedBatch {
-            applied_count: batch.len(),
-            owned_blocks,
-            free_blocks: volume.free_blocks(),
-            pending_free_blocks: volume.blocks.pending_free_count(),
-        }))
     }
 
     /// Applies a batch in this thread, holding the volume lock for `BATCH_RECORDS_MAX` records
@@ -755,7 +855,14 @@ impl Backend {
     /// explicit call) is waited for, as is one in flight before it: the caller needs what it
     /// makes reusable.
     fn maybe_checkpoint(&self, policy: &mut CheckpointPolicy, force: bool, sink: &dyn FrontSink) -> Result<()> {
-        let due = force || self.checkpoint_due(policy);
+        let mut due = force || self.checkpoint_due(policy);
+        if due && !policy.jobs.is_empty() {
+            // A checkpoint covers exactly the applied prefix, with no worker changing the
+            // volume under its snapshot: the batches in flight finish first (and may make one
+            // due that was not).
+            self.finish_in_flight(policy, sink)?;
+            due = force || self.checkpoint_due(policy);
+        }
         // One in flight is collected when it is done, and waited for when the next one is due:
         // the passes must not run on while a due checkpoint cannot start, or the dirty set would
         // outgrow the half of the log's reserve that each checkpoint's images may take (the
@@ -1055,6 +1162,30 @@ mod tests {
             appended
         };
         backend.enqueue(op, 0, 0, append).unwrap()
+    }
+
+    /// Once the back end has failed, a batch that finished on the workers is not made applied:
+    /// the applied lsn is a watermark below which every record is in the volume, and the batch
+    /// that failed may lie below this one. (A streaming pass made such a batch applied at the
+    /// end of its thread; `crash_threads` then listed directories without the failed batch's
+    /// names.)
+    #[test]
+    fn nothing_is_made_applied_after_a_failure() {
+        let backend = backend_with_workers(false, 4);
+        let before = backend.applied_lsn();
+        let lsn = enqueue_root_touch(&backend);
+        backend.log.flush().unwrap();
+        let mut policy = backend.policy.lock();
+        let batch = backend.queue.lock().take_prefix(backend.log.durable_lsn(), 16, &backend.log);
+        assert_eq!(batch.len(), 1);
+        let groups = parallel::group_by_inode(&batch);
+        backend.submit_batch(backend.pool.as_ref().unwrap(), &mut policy, batch, groups);
+        assert!(policy.jobs[0].job.wait_finished(Duration::from_secs(60)), "the workers apply the batch");
+        backend.fail(&Error::invalid("an earlier batch failed"));
+        assert!(matches!(backend.finish_in_flight(&mut policy, &QuietSink), Err(Error::Shutdown)));
+        assert_eq!(backend.applied_lsn(), before, "record {lsn} was made applied after the failure");
+        drop(policy);
+        backend.stop();
     }
 
     /// A record appended but not yet deposited holds up the records after it: a pass applies
