@@ -47,6 +47,12 @@ pub struct PhaseSeconds {
     unlink_cpu: f64,
 }
 
+/// Each phase's (start, end), and the machine's busy CPU seconds at its start and end (read by
+/// thread 0 only; zeros in the others).
+type ThreadSpans = ([(Instant, Instant); 3], [(f64, f64); 3]);
+/// Picks one phase's (wall seconds, CPU seconds) out of a row.
+type PhasePick = fn(&PhaseSeconds) -> (f64, f64);
+
 /// What a thread does to one file system: the three operations on names it is given.
 trait Target: Send + Sync {
     /// Prepares the directory a thread works in; returns its handle for the other calls.
@@ -144,7 +150,7 @@ fn run_phases(
     let workers: Vec<_> = (0..threads)
         .map(|thread| {
             let (target, barrier, directory) = (target.clone(), barrier.clone(), directories[thread]);
-            std::thread::spawn(move || -> Result<([(Instant, Instant); 3], [(f64, f64); 3]), String> {
+            std::thread::spawn(move || -> Result<ThreadSpans, String> {
                 let name = |serial: u64| format!("t{thread}-f{serial}");
                 let phases: [&dyn Fn(u64) -> Result<(), String>; 3] = [
                     &|serial| target.create(directory, &name(serial)),
@@ -449,7 +455,7 @@ fn print_cpu(rows: &[(usize, PhaseSeconds, Option<PhaseSeconds>)], files_per_thr
     for (threads, ours, theirs) in rows {
         let operations = *threads as f64 * files_per_thread as f64;
         let mut row = vec![threads.to_string()];
-        let phases: [fn(&PhaseSeconds) -> (f64, f64); 3] =
+        let phases: [PhasePick; 3] =
             [|s| (s.create, s.create_cpu), |s| (s.stat, s.stat_cpu), |s| (s.unlink, s.unlink_cpu)];
         for pick in phases {
             let (seconds, cpu) = pick(ours);
