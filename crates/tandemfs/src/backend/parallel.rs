@@ -599,6 +599,15 @@ mod tests {
         )
     }
 
+    /// A create, a rename or an attribute change over inodes `1..inodes`, at random.
+    fn random_record(random: &mut rand::rngs::SmallRng, lsn: u64, inodes: u64) -> Queued {
+        match random.gen_range(0..3) {
+            0 => create(lsn, random.gen_range(1..inodes), random.gen_range(1..inodes)),
+            1 => rename(lsn, random.gen_range(1..inodes), random.gen_range(1..inodes), random.gen_range(1..inodes)),
+            _ => queued(lsn, Op::SetAttributes { inode: image(random.gen_range(1..inodes)), truncate: false }),
+        }
+    }
+
     /// A job for `batch` on a throwaway volume: the scheduler looks only at its groups.
     fn job_for(
         id: u64,
@@ -640,19 +649,7 @@ mod tests {
                     let batch: Vec<Queued> = (0..count)
                         .map(|_| {
                             lsn += 1;
-                            match random.gen_range(0..3) {
-                                0 => create(lsn, random.gen_range(1..inodes), random.gen_range(1..inodes)),
-                                1 => rename(
-                                    lsn,
-                                    random.gen_range(1..inodes),
-                                    random.gen_range(1..inodes),
-                                    random.gen_range(1..inodes),
-                                ),
-                                _ => queued(
-                                    lsn,
-                                    Op::SetAttributes { inode: image(random.gen_range(1..inodes)), truncate: false },
-                                ),
-                            }
+                            random_record(&mut random, lsn, inodes)
                         })
                         .collect();
                     scheduler.next_job_id += 1;
@@ -709,18 +706,7 @@ mod tests {
         for _ in 0..200 {
             let count = random.gen_range(1..200u64);
             let inodes = random.gen_range(2..60u64);
-            let batch: Vec<Queued> = (1..=count)
-                .map(|lsn| match random.gen_range(0..3) {
-                    0 => create(lsn, random.gen_range(1..inodes), random.gen_range(1..inodes)),
-                    1 => rename(
-                        lsn,
-                        random.gen_range(1..inodes),
-                        random.gen_range(1..inodes),
-                        random.gen_range(1..inodes),
-                    ),
-                    _ => queued(lsn, Op::SetAttributes { inode: image(random.gen_range(1..inodes)), truncate: false }),
-                })
-                .collect();
+            let batch: Vec<Queued> = (1..=count).map(|lsn| random_record(&mut random, lsn, inodes)).collect();
             let groups = group_by_inode(&batch);
             let mut seen = vec![false; batch.len()];
             let mut owner: FastHashMap<u64, usize> = FastHashMap::default();
