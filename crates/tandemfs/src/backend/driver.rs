@@ -265,7 +265,8 @@ pub struct Backend {
     log: Arc<Log>,
     volume: Arc<Mutex<Volume>>,
     applier: Applier,
-    /// Apply workers besides the pass's own thread; `None` with one worker.
+    /// The apply workers (the pass only hands them batches); `None` with one worker, when every
+    /// record applies in the pass's own thread with the volume held.
     pool: Option<ApplyPool>,
     /// The backlog's image budget: admitted by the front end, released as records apply.
     room: Arc<BacklogRoom>,
