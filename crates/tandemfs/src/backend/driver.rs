@@ -218,6 +218,14 @@ struct AppliedBatch {
     pending_free_blocks: u64,
 }
 
+/// Waits until the workers are done with every batch in `policy` (without making any applied):
+/// before the volume changes another way or the pool stops.
+fn wait_for_workers(policy: &CheckpointPolicy) {
+    for flight in &policy.jobs {
+        flight.job.wait_finished(IN_FLIGHT_STOP_WAIT);
+    }
+}
+
 /// A batch handed to the workers and not yet made applied.
 struct InFlight {
     job: Arc<Job>,
@@ -420,9 +428,7 @@ impl Backend {
         // lets the next mount in; its failure latches like any other. So must batches still on
         // the workers (the thread finishes them as it ends; a caller's pass may have left some).
         let mut policy = self.policy.lock();
-        for flight in &policy.jobs {
-            flight.job.wait_finished(IN_FLIGHT_STOP_WAIT);
-        }
+        wait_for_workers(&policy);
         if let Some(in_flight) = policy.in_flight.take() {
             let _ = self.join_checkpoint(in_flight);
         }
@@ -451,9 +457,7 @@ impl Backend {
         let mut policy = self.policy.lock();
         // Batches still on the workers finish first (the next pass makes them applied; an
         // error among them latches there).
-        for flight in &policy.jobs {
-            flight.job.wait_finished(IN_FLIGHT_STOP_WAIT);
-        }
+        wait_for_workers(&policy);
         // The superblock this writes must not be overtaken by a checkpoint's (its failure
         // latches; the caller's own write then fails or is moot).
         if let Some(in_flight) = policy.in_flight.take() {
@@ -589,12 +593,11 @@ impl Backend {
     fn run(&self, sink: &dyn FrontSink) {
         self.run_passes(sink);
         // Whatever is still on the workers is made applied before the thread ends (an error
-        // latches; after a failure this only waits for the workers to let go of the volume).
+        // latches; after a failure nothing is, and this only waits for the workers to let go
+        // of the volume).
         let mut policy = self.policy.lock();
         if self.finish_in_flight(&mut policy, sink).is_err() {
-            for flight in &policy.jobs {
-                flight.job.wait_finished(IN_FLIGHT_STOP_WAIT);
-            }
+            wait_for_workers(&policy);
         }
     }
 

@@ -229,7 +229,7 @@ impl Job {
             // batch's group can fail while an earlier batch still has groups to run).
             Err(Error::Shutdown)
         } else {
-            let apply = std::panic::AssertUnwindSafe(|| self.apply_group(&self.groups[group]));
+            let apply = std::panic::AssertUnwindSafe(|| self.apply_group(group));
             std::panic::catch_unwind(apply).unwrap_or_else(|panic| {
                 let reason = super::driver::panic_reason(panic.as_ref());
                 Err(Error::invalid(format!("apply worker panicked: {reason}")))
@@ -261,10 +261,11 @@ impl Job {
 
     /// Applies one group's records in lsn order; returns the blocks owned by the inodes they
     /// wrote and the store's volume-lock wait and hold times.
-    fn apply_group(&self, places: &[u32]) -> Result<GroupOutcome> {
+    fn apply_group(&self, group: usize) -> Result<GroupOutcome> {
+        let places = &self.groups[group];
         let mut owned = Vec::new();
         let mut store = RecordStore::new(&self.volume, &self.memo);
-        store.prefetch_inodes(&inodes_read(&self.records, places));
+        store.prefetch_inodes(&inodes_read(&self.records, places, &self.group_inodes[group]));
         let mut uncommitted = 0;
         for &place in places {
             let (lsn, op) = &self.records[place as usize];
@@ -335,10 +336,10 @@ fn inodes_of(records: &[(u64, Arc<Op>)], places: &[u32]) -> Vec<u64> {
     all
 }
 
-/// The inodes the records at `places` may read from the volume: every inode they name but
-/// those a create among them makes (it writes a fresh record and reads none; prefetching it
-/// took the volume lock once per group of creates to find nothing).
-fn inodes_read(records: &[(u64, Arc<Op>)], places: &[u32]) -> Vec<u64> {
+/// The inodes the records at `places` may read from the volume: of `named` (every inode they
+/// name, sorted), all but those a create among them makes (it writes a fresh record and reads
+/// none; prefetching it took the volume lock once per group of creates to find nothing).
+fn inodes_read(records: &[(u64, Arc<Op>)], places: &[u32], named: &[u64]) -> Vec<u64> {
     let mut created: Vec<u64> = places
         .iter()
         .filter_map(|&place| match records[place as usize].1.as_ref() {
@@ -347,9 +348,7 @@ fn inodes_read(records: &[(u64, Arc<Op>)], places: &[u32]) -> Vec<u64> {
         })
         .collect();
     created.sort_unstable();
-    let mut named = inodes_of(records, places);
-    named.retain(|number| created.binary_search(number).is_err());
-    named
+    named.iter().copied().filter(|number| created.binary_search(number).is_err()).collect()
 }
 
 /// A group of a job, as the scheduler names it.
