@@ -8,14 +8,12 @@
 //! bounded or wakes on the latch, so callers get `Error::Shutdown`, never a hang.
 
 use super::parallel::{self, ApplyPool, Job, JobContext};
-use super::room::BacklogRoom;
 use super::store::{LockTimes, Memo, TimedVolume};
 use super::{checkpoint_finish, checkpoint_snapshot, Applier};
 use crate::backend::record::Op;
-use crate::block::meta::BLOCK_SIZE_U64;
 use crate::block::volume::Volume;
 use crate::error::{Error, Result};
-use crate::log::Log;
+use crate::log::{Log, Pledges};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -31,7 +29,7 @@ const BATCH_RECORDS_MAX: usize = 32;
 const PARALLEL_BATCH_RECORDS_MAX: usize = 1024;
 /// Batches in flight on the workers at once. Each directory's groups wait only for its own
 /// earlier groups, so a few batches in flight keep every worker busy while the largest group of
-/// the oldest one finishes; the backlog's image budget bounds the records in them anyway.
+/// the oldest one finishes; the log's reserve bounds the images of the records in them (`pass`).
 const JOBS_IN_FLIGHT_MAX: usize = 16;
 /// How long a pass with nothing new to hand out waits for the oldest batch in flight before it
 /// looks at the queue again.
@@ -70,7 +68,7 @@ pub struct Queued {
     pub op: Arc<Op>,
     /// Blocks the front end promised this record; returned when it is applied.
     pub reserved_blocks: u64,
-    /// Bound on the metadata blocks applying it may dirty (the front end's image budget).
+    /// Bound on the metadata blocks applying it may dirty, pledged in the log (`log::pledge`).
     pub image_blocks: u64,
 }
 
@@ -107,11 +105,21 @@ impl DepositRing {
 
     /// Takes up to `max` records in lsn order, none after `durable_lsn`, stopping at a record
     /// still being deposited.
-    fn take_prefix(&mut self, durable_lsn: u64, max: usize, log: &Log) -> Vec<Queued> {
+    /// Takes up to `max` durable records in lsn order whose image bounds sum to at most
+    /// `image_blocks_max` (the first record is taken whatever its bound).
+    fn take_prefix(&mut self, durable_lsn: u64, max: usize, image_blocks_max: u64, log: &Log) -> Vec<Queued> {
         let mut batch = Vec::new();
+        let mut image_blocks = 0u64;
         while batch.len() < max && self.consumed_lsn < durable_lsn {
+            let next_blocks = self.entries.front().and_then(Option::as_ref).map(|queued| queued.image_blocks);
+            if next_blocks.is_some_and(|blocks| !batch.is_empty() && image_blocks + blocks > image_blocks_max) {
+                break;
+            }
             match self.entries.front_mut().and_then(Option::take) {
-                Some(queued) => batch.push(queued),
+                Some(queued) => {
+                    image_blocks += queued.image_blocks;
+                    batch.push(queued);
+                }
                 None if self.next_is_not_logical(log) => {}
                 None => break,
             }
@@ -230,7 +238,7 @@ fn wait_for_workers(policy: &CheckpointPolicy) {
 struct InFlight {
     job: Arc<Job>,
     batch: Vec<Queued>,
-    /// The image-budget bounds of its records, summed.
+    /// The image bounds of its records, summed.
     image_blocks: u64,
 }
 
@@ -276,8 +284,9 @@ pub struct Backend {
     /// The apply workers (the pass only hands them batches); `None` with one worker, when every
     /// record applies in the pass's own thread with the volume held.
     pool: Option<ApplyPool>,
-    /// The backlog's image budget: admitted by the front end, released as records apply.
-    room: Arc<BacklogRoom>,
+    /// The log's pledge of checkpoint images (`log::pledge`): the front end's appends count
+    /// their records' bounds in it, and the back end releases them as the records apply.
+    pledges: Arc<Pledges>,
     /// What the workers' stores last read or committed (see `store::Memo`).
     memo: Arc<Memo>,
     queue: Mutex<DepositRing>,
@@ -332,11 +341,12 @@ impl Backend {
         applied_lsn: u64,
         background: bool,
         workers: usize,
-        image_budget_blocks: u64,
     ) -> Result<Arc<Backend>> {
         let pool = if workers > 1 { Some(ApplyPool::start(workers)?) } else { None };
+        let mut volume = volume;
+        volume.set_image_gauge(log.pledges().dirty_gauge());
         Ok(Arc::new(Backend {
-            room: Arc::new(BacklogRoom::new(image_budget_blocks)),
+            pledges: log.pledges().clone(),
             log,
             volume: Arc::new(Mutex::new(volume)),
             applier,
@@ -383,9 +393,9 @@ impl Backend {
         }))
     }
 
-    /// The backlog's image budget (see `room`).
-    pub fn room(&self) -> &BacklogRoom {
-        &self.room
+    /// The log's pledge of checkpoint images (see `log::pledge`).
+    pub fn pledges(&self) -> &Pledges {
+        &self.pledges
     }
 
     /// How many appliers this back end runs.
@@ -655,11 +665,18 @@ impl Backend {
         let mut progressed = self.publish_finished(&mut policy, sink)?;
         let durable = self.log.durable_lsn();
         let batch_max = if self.pool.is_some() { PARALLEL_BATCH_RECORDS_MAX } else { BATCH_RECORDS_MAX };
-        let mut batch: Vec<Queued> = if policy.jobs.len() < JOBS_IN_FLIGHT_MAX {
-            self.queue.lock().take_prefix(durable, batch_max, &self.log)
-        } else {
-            Vec::new()
-        };
+        // The next checkpoint images the blocks dirty now and those of every record in flight
+        // (they are applied before its snapshot), and its images must fit the log's reserve
+        // (see `log::pledge`): hand out only records whose bounds still fit beside them.
+        let in_flight_blocks: u64 = policy.jobs.iter().map(|flight| flight.image_blocks).sum();
+        let room_blocks =
+            self.log.reserve_image_blocks().saturating_sub(self.pledges.dirty_blocks() + in_flight_blocks);
+        let mut batch: Vec<Queued> =
+            if policy.jobs.len() < JOBS_IN_FLIGHT_MAX && (room_blocks > 0 || policy.jobs.is_empty()) {
+                self.queue.lock().take_prefix(durable, batch_max, room_blocks, &self.log)
+            } else {
+                Vec::new()
+            };
         if batch.is_empty() {
             if let Some(head) = policy.jobs.front() {
                 // Nothing new to hand out: wait a little for the oldest batch in flight.
@@ -713,7 +730,8 @@ impl Backend {
 
     /// Hands `batch` to the workers; it is made applied by a later `publish_finished`.
     fn submit_batch(&self, pool: &ApplyPool, policy: &mut CheckpointPolicy, batch: Vec<Queued>, groups: Vec<Vec<u32>>) {
-        let context = JobContext { volume: &self.volume, memo: &self.memo, applier: &self.applier, room: &self.room };
+        let context =
+            JobContext { volume: &self.volume, memo: &self.memo, applier: &self.applier, pledges: &self.pledges };
         let job = Arc::new(Job::new(pool.next_job_id(), context, &batch, groups));
         pool.submit(&job);
         if policy.jobs.is_empty() {
@@ -815,6 +833,8 @@ impl Backend {
         let mut volume = self.volume.lock();
         for queued in batch {
             if applied_count > 0 && applied_count % BATCH_RECORDS_MAX == 0 {
+                // Appenders may read the dirt while the lock is let go.
+                volume.publish_image_estimate();
                 MutexGuard::bump(&mut volume);
             }
             // Blocks the back end frees (leaves that compaction empties, for one) are reusable
@@ -842,8 +862,10 @@ impl Backend {
             applied_count += 1;
         }
         self.held_records.fetch_add(applied_count as u64, Ordering::Relaxed);
-        // Records put back for the next pass still count against the backlog.
-        self.room.release(batch[..applied_count].iter().map(|queued| queued.image_blocks).sum());
+        // Their dirt first, then their bounds (see `Pledges::total_blocks`); records put back
+        // for the next pass keep theirs.
+        volume.publish_image_estimate();
+        self.pledges.records_applied(batch[..applied_count].iter().map(|queued| queued.image_blocks).sum());
         Ok(AppliedBatch {
             applied_count,
             owned_blocks: owned,
@@ -888,15 +910,21 @@ impl Backend {
         // `store::Memo`). Clearing it here cost every directory's working set a reload under
         // the volume lock after each checkpoint, a third of the workers' lock takes.
         let started = Instant::now();
-        let snapshot = checkpoint_snapshot(&self.volume, applied).inspect_err(|error| self.fail(error))?;
+        let snapshot =
+            checkpoint_snapshot(&self.volume, applied, Some(&self.pledges)).inspect_err(|error| self.fail(error))?;
+        let sealed_blocks = snapshot.image_count();
         policy.last_checkpoint = Instant::now();
         policy.applied_since_checkpoint = 0;
         policy.applied_bytes_since_checkpoint = 0;
         let finished = if self.background {
-            let (volume, log) = (self.volume.clone(), self.log.clone());
+            let (volume, log, pledges) = (self.volume.clone(), self.log.clone(), self.pledges.clone());
             let spawned = std::thread::Builder::new()
                 .name("tandem-checkpoint".into())
-                .spawn(move || checkpoint_finish(&volume, &log, snapshot))
+                .spawn(move || {
+                    checkpoint_finish(&volume, &log, snapshot)?;
+                    pledges.checkpoint_complete(sealed_blocks);
+                    Ok(())
+                })
                 .map_err(|error| Error::Io { operation: "start checkpoint thread", offset: 0, source: error });
             match spawned {
                 Ok(handle) if !force => {
@@ -909,6 +937,7 @@ impl Backend {
             }
         } else {
             Some(checkpoint_finish(&self.volume, &self.log, snapshot).map(|()| {
+                self.pledges.checkpoint_complete(sealed_blocks);
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
             }))
         };
@@ -932,23 +961,19 @@ impl Backend {
             return false;
         }
         let usage = self.log.usage();
-        let (dirty_bytes, free_blocks, pending_free_blocks) = {
+        let (image_blocks, free_blocks, pending_free_blocks) = {
             let volume = self.volume.lock();
-            (
-                volume.cache_unsealed_dirty_count() as u64 * BLOCK_SIZE_U64,
-                volume.free_blocks(),
-                volume.blocks.pending_free_count(),
-            )
+            (volume.image_estimate_blocks(), volume.free_blocks(), volume.blocks.pending_free_count())
         };
         // A checkpoint frees the log only up to the last applied record, so it is due when what
         // was applied since the last one fills a good part of the log's normal share, not when
         // the log is full of records still waiting to be applied (checkpointing then would only
-        // add images). Its images go to the reserve: take one while they fit in half of it.
-        let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
+        // add images). Its images go to the reserve: take one while they fill half of it, so
+        // that the other half takes the records in flight (see `pass`).
         let interval = Duration::from_millis(self.checkpoint_interval_ms.load(Ordering::Relaxed));
         policy.applied_bytes_since_checkpoint * 4 > usage.data_bytes_normal
             || policy.applied_since_checkpoint * 4 > usage.header_slots_normal
-            || dirty_bytes * 2 > reserve_bytes
+            || image_blocks * 2 > self.log.reserve_image_blocks()
             // Freed blocks wait for a checkpoint before reuse: take one before they are a
             // large share of what the volume could hand out.
             || pending_free_blocks * 2 > free_blocks
@@ -1014,7 +1039,7 @@ impl Backend {
         Err(error)
     }
 
-    /// Waits until the back end releases part of the backlog's image budget after the release
+    /// Waits until the back end releases part of the log's pledge of images after the release
     /// count `releases_seen` (read before the refused admission): the caller's append was refused
     /// because the backlog is full, and applying any group of records releases its share. The
     /// log is flushed first, since the back end applies only durable records. Without a
@@ -1030,7 +1055,7 @@ impl Backend {
         self.log.flush()?;
         self.queue_signal.notify_all();
         let give_up = || self.is_failed() || self.stop.load(Ordering::Acquire);
-        if self.room.wait_released(seen, ROOM_WAIT_MAX, WAIT_SLICE, &give_up) {
+        if self.pledges.wait_released(seen, ROOM_WAIT_MAX, WAIT_SLICE, &give_up) {
             self.room_waits.fetch_add(1, Ordering::Relaxed);
             self.room_wait_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             return Ok(());
@@ -1129,7 +1154,7 @@ mod tests {
         let log_options = LogOptions { flush_delay_us: 1_000, reserve_fraction: 0.5 };
         let (volume, log, applier, _) = open_volume(device, log_options, 1024, true).unwrap();
         let applied_lsn = log.next_lsn() - 1;
-        Backend::new(volume, log, applier, applied_lsn, background, workers, 1 << 20).unwrap()
+        Backend::new(volume, log, applier, applied_lsn, background, workers).unwrap()
     }
 
     /// Appends an attribute record for the root that changes nothing.
@@ -1180,7 +1205,7 @@ mod tests {
         let lsn = enqueue_root_touch(&backend);
         backend.log.flush().unwrap();
         let mut policy = backend.policy.lock();
-        let batch = backend.queue.lock().take_prefix(backend.log.durable_lsn(), 16, &backend.log);
+        let batch = backend.queue.lock().take_prefix(backend.log.durable_lsn(), 16, u64::MAX, &backend.log);
         assert_eq!(batch.len(), 1);
         let groups = parallel::group_by_inode(&batch);
         backend.submit_batch(backend.pool.as_ref().unwrap(), &mut policy, batch, groups);

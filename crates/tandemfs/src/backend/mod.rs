@@ -17,7 +17,6 @@
 pub mod driver;
 pub mod parallel;
 pub mod record;
-pub mod room;
 pub mod store;
 
 use crate::block::codec::Decoder;
@@ -371,7 +370,7 @@ fn encode_commit(covered_lsn: u64, image_count: u64, superblock: &Superblock) ->
 /// the volume, and nothing after them until the snapshot is taken (the caller is the only
 /// applier): `checkpoint_snapshot`, then `checkpoint_finish`.
 pub fn checkpoint(volume: &parking_lot::Mutex<Volume>, log: &Log, covered_lsn: u64) -> Result<()> {
-    let snapshot = checkpoint_snapshot(volume, covered_lsn)?;
+    let snapshot = checkpoint_snapshot(volume, covered_lsn, None)?;
     checkpoint_finish(volume, log, snapshot)
 }
 
@@ -384,13 +383,33 @@ pub struct CheckpointSnapshot {
     device: Arc<dyn Device>,
 }
 
+impl CheckpointSnapshot {
+    /// How many block images it sealed.
+    pub fn image_count(&self) -> u64 {
+        self.images.len() as u64
+    }
+}
+
 /// Step 1: seals the images of every changed metadata block, with the volume held only for
-/// that. Every record up to `covered_lsn` must be applied and none after it.
-pub fn checkpoint_snapshot(volume: &parking_lot::Mutex<Volume>, covered_lsn: u64) -> Result<CheckpointSnapshot> {
+/// that. Every record up to `covered_lsn` must be applied and none after it. With `pledges`,
+/// the sealed images are pledged twice until the caller reports the checkpoint complete
+/// (`Pledges::checkpoint_complete`), counted before the sealing lowers the volume's estimate.
+pub fn checkpoint_snapshot(
+    volume: &parking_lot::Mutex<Volume>,
+    covered_lsn: u64,
+    pledges: Option<&crate::log::Pledges>,
+) -> Result<CheckpointSnapshot> {
     let mut volume = volume.lock();
     // A record that failed half way must never reach home: the log still holds it whole.
     volume.check_whole()?;
+    let bound_blocks = volume.snapshot_bound_blocks();
+    if let Some(pledges) = pledges {
+        pledges.checkpoint_begins(bound_blocks);
+    }
     let images = volume.snapshot_images()?;
+    if let Some(pledges) = pledges {
+        pledges.checkpoint_sealed(bound_blocks, images.len() as u64);
+    }
     let mut superblock = volume.superblock.clone();
     // The counts the images' bitmaps hold: frees awaiting this checkpoint are free in them.
     superblock.free_blocks = volume.blocks.free_count() + volume.blocks.pending_free_count();

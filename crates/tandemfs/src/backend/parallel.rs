@@ -22,11 +22,11 @@
 
 use super::driver::Queued;
 use super::record::{Disposition, Op};
-use super::room::BacklogRoom;
 use super::store::{Memo, RecordStore};
 use super::Applier;
 use crate::block::volume::Volume;
 use crate::error::{Error, Result};
+use crate::log::Pledges;
 use crate::FastHashMap;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -148,10 +148,11 @@ pub struct Job {
     groups: Vec<Vec<u32>>,
     /// Per group, every inode its records name, sorted, once each: what later groups wait on.
     group_inodes: Vec<Vec<u64>>,
-    /// Per group, the image-budget bounds of its records: released to `room` as soon as the
-    /// group is committed, so that appenders need not wait for the batch's last group.
+    /// Per group, the image bounds of its records: released from the log's pledge as soon as
+    /// the group is committed (its dirt is then in the volume's estimate), so that appenders
+    /// need not wait for the batch's last group.
     group_image_blocks: Vec<u64>,
-    room: Arc<BacklogRoom>,
+    pledges: Arc<Pledges>,
     outcome: Mutex<Outcome>,
     finished: Condvar,
 }
@@ -184,12 +185,12 @@ pub struct JobReport {
 }
 
 /// What a job needs besides its records: the volume, the workers' memo, the applier and the
-/// backlog's image budget, shared by every job of one back end.
+/// log's pledge of checkpoint images, shared by every job of one back end.
 pub struct JobContext<'a> {
     pub volume: &'a Arc<Mutex<Volume>>,
     pub memo: &'a Arc<Memo>,
     pub applier: &'a Applier,
-    pub room: &'a Arc<BacklogRoom>,
+    pub pledges: &'a Arc<Pledges>,
 }
 
 impl Job {
@@ -205,7 +206,7 @@ impl Job {
             id,
             group_image_blocks,
             group_inodes,
-            room: context.room.clone(),
+            pledges: context.pledges.clone(),
             volume: context.volume.clone(),
             memo: context.memo.clone(),
             applier: context.applier.clone(),
@@ -241,8 +242,9 @@ impl Job {
         match result {
             Ok((owned, (lock_wait_ns, lock_held_ns, lock_takes))) => {
                 outcome.lock_takes += lock_takes;
-                // Applied and committed: its records no longer count against the backlog.
-                self.room.release(self.group_image_blocks[group]);
+                // Applied and committed (its dirt is in the volume's estimate): its records'
+                // bounds leave the pledge.
+                self.pledges.records_applied(self.group_image_blocks[group]);
                 outcome.owned_blocks.extend(owned);
                 outcome.lock_wait_ns += lock_wait_ns;
                 outcome.lock_held_ns += lock_held_ns;
@@ -611,10 +613,10 @@ mod tests {
     fn job_for(
         id: u64,
         batch: &[Queued],
-        context: &(Arc<Mutex<Volume>>, Arc<Memo>, Applier, Arc<BacklogRoom>),
+        context: &(Arc<Mutex<Volume>>, Arc<Memo>, Applier, Arc<Pledges>),
     ) -> Arc<Job> {
-        let (volume, memo, applier, room) = context;
-        let context = JobContext { volume, memo, applier, room };
+        let (volume, memo, applier, pledges) = context;
+        let context = JobContext { volume, memo, applier, pledges };
         Arc::new(Job::new(id, context, batch, group_by_inode(batch)))
     }
 
@@ -630,7 +632,7 @@ mod tests {
         crate::fs::FileSystem::format(device.clone(), &crate::fs::types::FormatOptions::default()).unwrap();
         let options = crate::log::LogOptions { flush_delay_us: u64::MAX, reserve_fraction: 0.5 };
         let (volume, _log, applier, _) = crate::backend::open_volume(device, options, 64, true).unwrap();
-        let context = (Arc::new(Mutex::new(volume)), Arc::new(Memo::default()), applier, Arc::new(BacklogRoom::new(1)));
+        let context = (Arc::new(Mutex::new(volume)), Arc::new(Memo::default()), applier, Arc::new(Pledges::default()));
         for seed in 0..40u64 {
             let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
             let mut scheduler = Scheduler::default();

@@ -370,6 +370,8 @@ impl<'a> RecordStore<'a> {
                 return Err(error);
             }
             volume.superblock.next_generation = volume.superblock.next_generation.max(generation);
+            // Before the group's bounds leave the log's pledge (see `log::pledge`).
+            volume.publish_image_estimate();
         }
         for (block_number, (kind, block)) in blocks {
             self.memo.put_block(block_number, kind, block);

@@ -278,6 +278,11 @@ impl Bitmap {
         Ok(())
     }
 
+    /// Bitmap blocks changed since the last `take_dirty_blocks`.
+    pub fn dirty_block_count(&self) -> u64 {
+        self.dirty_blocks.len() as u64
+    }
+
     pub fn take_dirty_blocks(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.dirty_blocks).into_iter().collect()
     }

@@ -52,6 +52,11 @@ pub struct Volume {
     /// Runs of data blocks handed out (true) or freed (false) since the last checkpoint's
     /// images, in order: it records `GENERATION_DATA` or 0 for them.
     data_changes: Vec<(u64, u64, bool)>,
+    /// Level-0 generation-table blocks that `data_changes` may touch: per run, one per table
+    /// block it spans plus one (it may start and end in part of one).
+    data_change_table_blocks: u64,
+    /// Where `publish_image_estimate` stores its count, when the log's pledge reads it.
+    image_gauge: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// Computes the data checksums (`checksums`): the GPU for large batches when present.
     /// Taken at the first checksum, so that a volume that never touches data (mkfs, stat)
     /// never starts the runtime (on a GPU host: the driver and a calibration).
@@ -91,6 +96,8 @@ impl Volume {
             table_levels,
             freed_metadata: Vec::new(),
             data_changes: Vec::new(),
+            data_change_table_blocks: 0,
+            image_gauge: None,
             accelerator: None,
             replaying: false,
             checksum_statistics: DataChecksumStatistics::default(),
@@ -188,6 +195,49 @@ impl Volume {
     pub fn cache_unsealed_dirty_count(&self) -> usize {
         self.cache.unsealed_dirty_count()
     }
+    /// An upper bound on the images of the next checkpoint after the one under way (if any):
+    /// every dirty block not sealed by that one and every dirty bitmap block, a level-0
+    /// generation-table block for each of them and each freed metadata block, the table blocks
+    /// the runs of data handed out or freed touch, and every block of the table's upper levels
+    /// (`snapshot_images`). Blocks the checkpoint under way sealed are its own count.
+    pub fn image_estimate_blocks(&self) -> u64 {
+        self.image_bound_blocks(self.cache.unsealed_dirty_count() as u64)
+    }
+
+    /// An upper bound on the images `snapshot_images` would seal now: the estimate above, with
+    /// the blocks a checkpoint sealed and has not made clean (one that failed) counted too.
+    pub fn snapshot_bound_blocks(&self) -> u64 {
+        self.image_bound_blocks(self.cache.dirty_count() as u64)
+    }
+
+    fn image_bound_blocks(&self, dirty_blocks: u64) -> u64 {
+        let items = dirty_blocks
+            + self.blocks.dirty_block_count()
+            + self.inodes.dirty_block_count()
+            + self.freed_metadata.len() as u64;
+        let upper_levels: u64 = self.table_levels.iter().skip(1).map(|(_, blocks)| blocks).sum();
+        2 * items + self.data_change_table_blocks + upper_levels
+    }
+
+    /// Stores `image_estimate_blocks` where the log's pledge reads it (see `log::pledge`). Called
+    /// with the volume held after every change, so the stores are in the order of the changes.
+    pub fn publish_image_estimate(&self) {
+        if let Some(gauge) = &self.image_gauge {
+            gauge.store(self.image_estimate_blocks(), std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Where `publish_image_estimate` stores from now on; stores the current estimate.
+    pub fn set_image_gauge(&mut self, gauge: Arc<std::sync::atomic::AtomicU64>) {
+        self.image_gauge = Some(gauge);
+        self.publish_image_estimate();
+    }
+
+    fn note_data_change(&mut self, first: u64, count: u64, in_use: bool) {
+        self.data_changes.push((first, count, in_use));
+        self.data_change_table_blocks += count.div_ceil(GENERATIONS_PER_TABLE_BLOCK) + 1;
+    }
+
     pub fn cache_hit_counts(&self) -> (u64, u64) {
         (self.cache.hits, self.cache.misses)
     }
@@ -626,6 +676,7 @@ impl Volume {
             self.set_expected_generation(0, block, 0)?;
         }
         // In order: a run handed out and freed again since the last checkpoint ends free.
+        self.data_change_table_blocks = 0;
         for (first, count, in_use) in std::mem::take(&mut self.data_changes) {
             self.set_expected_range(first, count, if in_use { GENERATION_DATA } else { 0 })?;
         }
@@ -657,6 +708,8 @@ impl Volume {
             self.superblock.metadata_generation = generation;
         }
         images.sort_by_key(|image| image.block_number);
+        // Sealed: the next checkpoint's images start from what changes after this one.
+        self.publish_image_estimate();
         Ok(images)
     }
 
@@ -1025,7 +1078,7 @@ impl DataStore for Volume {
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
         let (first, given) = self.blocks.allocate(near, count, self.superblock.first_data_block)?;
         self.check_allocated_unused(first, given)?;
-        self.data_changes.push((first, given, true));
+        self.note_data_change(first, given, true);
         // A block handed out holds nothing written yet (an entry left by a repair that freed
         // blocks through the bitmap alone would describe old bytes).
         self.clear_data_checksums(first, given)?;
@@ -1037,7 +1090,7 @@ impl DataStore for Volume {
             return Err(Error::corruption(format!("free of data block {first} inside the fixed regions")));
         }
         self.blocks.free_range(first, count, self.current_lsn)?;
-        self.data_changes.push((first, count, false));
+        self.note_data_change(first, count, false);
         self.clear_data_checksums(first, count)
     }
 }

@@ -16,6 +16,7 @@
 //! oldest of them was appended.
 
 pub mod format;
+pub mod pledge;
 mod recover;
 
 #[cfg(test)]
@@ -33,7 +34,26 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub use format::{LogGeometry, RecordHeader, HEADERS_PER_BLOCK, HEADER_SIZE, MAX_PAYLOAD_BYTES};
+pub use pledge::Pledges;
 pub use recover::LogDamage;
+
+/// What `Log::append_pledged` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Appended {
+    /// The record's lsn.
+    At(u64),
+    /// The normal share of the log holds no room for the record's bytes.
+    LogFull,
+    /// The record fits, but not with the images pledged to the records before it
+    /// (`pledge.rs`): applying some of them makes room.
+    Pledged,
+}
+
+/// Why a reservation was refused.
+enum Refused {
+    Full,
+    Pledged,
+}
 
 /// Bytes of a device block: the unit an encrypted device reads and writes whole.
 const BLOCK_BYTES: u64 = crate::block::meta::BLOCK_SIZE_U64;
@@ -203,6 +223,8 @@ struct Inner {
     flush_delay: Option<Duration>,
     normal_slots: u64,
     normal_data: u64,
+    /// Images promised to the records not yet checkpointed; checked by `append_pledged`.
+    pledges: Arc<Pledges>,
     state: Mutex<State>,
     /// The stage: `STAGE_SLOTS` slots, record `lsn` in slot `lsn % STAGE_SLOTS`. A reservation
     /// is refused (flush first) while `STAGE_SLOTS` records are not durable, so a slot is
@@ -297,6 +319,7 @@ impl Log {
             flush_delay: (options.flush_delay_us != u64::MAX).then(|| Duration::from_micros(options.flush_delay_us)),
             normal_slots,
             normal_data,
+            pledges: Arc::new(Pledges::default()),
             state: Mutex::new(state),
             slots: (0..STAGE_SLOTS)
                 .map(|_| Slot {
@@ -391,13 +414,42 @@ impl Log {
     /// `InvalidArgument` if the payload could never fit the normal share. The record is not
     /// durable until `wait_durable` or `flush` returns for it (or the background flush ran).
     pub fn append(&self, kind: u16, payload_parts: &[&[u8]]) -> Result<Option<u64>> {
-        self.inner.append(kind, payload_parts, false)
+        match self.inner.append(kind, payload_parts, Share::Normal)? {
+            Appended::At(lsn) => Ok(Some(lsn)),
+            Appended::LogFull | Appended::Pledged => Ok(None),
+        }
+    }
+
+    /// Like `append`, for a record whose application may need up to `image_blocks` checkpoint
+    /// images: refused with `Pledged` while the normal share cannot hold the record together
+    /// with the images pledged to every record not yet checkpointed and its own (unless no
+    /// record waits to be applied, so that one record is always admitted); counts its images
+    /// in the pledge once appended. The back end releases them (`Pledges::records_applied`).
+    pub fn append_pledged(&self, kind: u16, payload_parts: &[&[u8]], image_blocks: u64) -> Result<Appended> {
+        self.inner.append(kind, payload_parts, Share::Pledged(image_blocks))
     }
 
     /// Like `append`, but may use the reserve share (for checkpoint records). `None` only when
     /// the log is truly full.
     pub fn append_reserved(&self, kind: u16, payload_parts: &[&[u8]]) -> Result<Option<u64>> {
-        self.inner.append(kind, payload_parts, true)
+        match self.inner.append(kind, payload_parts, Share::Reserve)? {
+            Appended::At(lsn) => Ok(Some(lsn)),
+            Appended::LogFull | Appended::Pledged => Ok(None),
+        }
+    }
+
+    /// The images pledged to the records not yet checkpointed (see `pledge.rs`).
+    pub fn pledges(&self) -> &Arc<Pledges> {
+        &self.inner.pledges
+    }
+
+    /// Image blocks the log's reserve holds: what one checkpoint's images, and the records
+    /// counted twice while it runs, may take beyond the normal share (see `pledge.rs`).
+    pub fn reserve_image_blocks(&self) -> u64 {
+        let g = &self.inner.geometry;
+        let bytes = (g.data_bytes - self.inner.normal_data).saturating_sub(pledge::CHECKPOINT_OVERHEAD_BYTES);
+        let slots = (g.header_slots - self.inner.normal_slots).saturating_sub(pledge::CHECKPOINT_OVERHEAD_SLOTS);
+        (bytes / pledge::IMAGE_LOG_BYTES).min(slots.saturating_mul(pledge::IMAGES_PER_SLOT))
     }
 
     /// Returns once record `lsn` (and every record before it) is durable. Concurrent callers
@@ -581,6 +633,15 @@ impl Drop for Log {
     }
 }
 
+/// Which share of the log an append may use.
+#[derive(Clone, Copy)]
+enum Share {
+    Normal,
+    /// The normal share, with this many images pledged (`append_pledged`).
+    Pledged(u64),
+    Reserve,
+}
+
 /// Unpublished reservation: if the appender unwinds between reserving its lsn and publishing
 /// the record, the log latches failed, so that no flush waits for a record that never comes.
 struct PublishGuard<'a> {
@@ -606,7 +667,8 @@ impl Inner {
         self.slot(lsn).filled_lsn.load(Ordering::SeqCst) == lsn
     }
 
-    fn append(&self, kind: u16, parts: &[&[u8]], reserved: bool) -> Result<Option<u64>> {
+    fn append(&self, kind: u16, parts: &[&[u8]], share: Share) -> Result<Appended> {
+        let reserved = matches!(share, Share::Reserve);
         let mut length: u64 = 0;
         for part in parts {
             length += part.len() as u64;
@@ -622,8 +684,10 @@ impl Inner {
         for part in parts {
             payload_crc = tandem_accel::crc32c(payload_crc, part);
         }
-        let Some((lsn, position)) = self.reserve(length, reserved)? else {
-            return Ok(None);
+        let (lsn, position) = match self.reserve(length, share)? {
+            Ok(reservation) => reservation,
+            Err(Refused::Full) => return Ok(Appended::LogFull),
+            Err(Refused::Pledged) => return Ok(Appended::Pledged),
         };
         // From here on the record is published or the log latches failed (the guard).
         let mut guard = PublishGuard { inner: self, published: false };
@@ -661,12 +725,13 @@ impl Inner {
             drop(self.state.lock());
             self.durable_changed.notify_all();
         }
-        Ok(Some(lsn))
+        Ok(Appended::At(lsn))
     }
 
     /// The short critical section of an append: checks space, assigns the lsn and the data
     /// position, and advances the head. Flushes first when too much is pending.
-    fn reserve(&self, length: u64, reserved: bool) -> Result<Option<(u64, u64)>> {
+    fn reserve(&self, length: u64, share: Share) -> Result<std::result::Result<(u64, u64), Refused>> {
+        let reserved = matches!(share, Share::Reserve);
         let (slot_limit, data_limit) = if reserved {
             (self.geometry.header_slots, self.geometry.data_bytes)
         } else {
@@ -677,10 +742,15 @@ impl Inner {
             if state.failed || state.closed {
                 return Err(Error::Shutdown);
             }
-            if state.next_lsn - state.tail.lsn >= slot_limit
-                || state.next_position - state.tail.data_position + length > data_limit
-            {
-                return Ok(None);
+            let used_slots = state.next_lsn - state.tail.lsn;
+            let used_bytes = state.next_position - state.tail.data_position;
+            if used_slots >= slot_limit || used_bytes + length > data_limit {
+                return Ok(Err(Refused::Full));
+            }
+            if let Share::Pledged(image_blocks) = share {
+                if !self.pledge_fits(used_slots, used_bytes + length, image_blocks) {
+                    return Ok(Err(Refused::Pledged));
+                }
             }
             let pending_records = state.next_lsn - 1 - state.durable_lsn;
             let pending_bytes = state.next_position - state.durable_position;
@@ -699,6 +769,10 @@ impl Inner {
             let Some(next_position) = position.checked_add(length) else {
                 return Err(Error::NoSpace);
             };
+            if let Share::Pledged(image_blocks) = share {
+                // Under the lock, so that two appenders cannot both take the last room.
+                self.pledges.pledge_record(image_blocks);
+            }
             state.positions.push_back(position);
             state.reserve_flags.push_back(reserved);
             state.next_lsn = lsn + 1;
@@ -712,9 +786,22 @@ impl Inner {
             if wake {
                 self.flusher_wake.notify_one();
             }
-            return Ok(Some((lsn, position)));
+            return Ok(Ok((lsn, position)));
         }
         Err(Error::invalid("log append found the stage full after every flush: other appenders keep refilling it"))
+    }
+
+    /// Whether the normal share holds `used_slots + 1` records and `used_bytes` (the record
+    /// included) together with the images of the pledge and `image_blocks` more. Always true
+    /// while no record waits to be applied: the pledge is then the volume's own dirt and
+    /// checkpoint, which the back end bounds, and refusing would wait for nothing.
+    fn pledge_fits(&self, used_slots: u64, used_bytes: u64, image_blocks: u64) -> bool {
+        if self.pledges.unapplied_blocks() == 0 {
+            return true;
+        }
+        let pledged = self.pledges.total_blocks().saturating_add(image_blocks);
+        used_bytes.saturating_add(pledge::image_log_bytes(pledged)) <= self.normal_data
+            && used_slots + 1 + pledge::image_log_slots(pledged) <= self.normal_slots
     }
 
     /// Makes every record up to `target` durable, leading a flush or following one. Waits for

@@ -217,15 +217,7 @@ impl FileSystem {
             0 => crate::backend::parallel::default_workers(),
             count => count,
         };
-        let backend = match Backend::new(
-            volume,
-            log.clone(),
-            applier,
-            last_lsn,
-            options.background_backend,
-            workers,
-            image_budget_blocks(&log.usage()),
-        ) {
+        let backend = match Backend::new(volume, log.clone(), applier, last_lsn, options.background_backend, workers) {
             Ok(backend) => backend,
             Err(error) => return Err((error, keeper)),
         };

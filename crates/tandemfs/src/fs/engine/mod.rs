@@ -27,7 +27,7 @@ use crate::device::{Device, Gate};
 use crate::dir::{self, DirRoot};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot, MAX_FILE_BYTES};
-use crate::log::{Log, LogOptions};
+use crate::log::{Appended, Log, LogOptions};
 use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,7 +38,7 @@ use std::sync::Arc;
 /// retries, hence more than a few attempts. A volume that is really full answers NoSpace after
 /// this many drains (each cheap then).
 const SPACE_ATTEMPTS_MAX: usize = 64;
-/// Waits of one operation for room in the backlog's image budget. Not a shortage: each wait
+/// Waits of one operation for room in the log's pledge of images. Not a shortage: each wait
 /// ends when the back end applies a group of records, and many threads may take that room
 /// before this one retries (16 threads creating at once lost 64 turns in a row and answered a
 /// false NoSpace), so these do not count as attempts; the bound only keeps the loop finite.
@@ -57,23 +57,16 @@ const DEPTH_WALK_MAX: usize = 1 << 16;
 /// block, its parent's leaf or index block, a bitmap block. A record's new metadata blocks are
 /// counted up to a namespace operation's reservation; file data goes home from the log's data
 /// ring, not through checkpoint images, and a write's worst-case extent-tree reservation is
-/// rarely used, so the budget below is an average bound with a margin, not a worst case.
+/// rarely used, so this is an average bound with a margin, not a worst case (the dirt of
+/// applied records is counted exactly: `Volume::image_estimate_blocks`).
 const IMAGE_BLOCKS_PER_RECORD: u64 = 3;
 
 thread_local! {
     /// This thread's last refused append was refused for the backlog bound alone (see
-    /// `with_space`), with the budget's release count read before the refusal. Per thread:
+    /// `with_space`), with the pledge's release count read before the refusal. Per thread:
     /// with many threads refused at once, one thread's reason must not be taken, or cleared,
     /// by another.
     static REFUSED_FOR_BACKLOG: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
-}
-
-/// How many image blocks the unapplied backlog may stand for: a quarter of the log's reserve, so
-/// that the images of the blocks already dirty (the back end checkpoints before they pass half
-/// the reserve) and those of the whole backlog fit in it together.
-fn image_budget_blocks(usage: &crate::log::LogUsage) -> u64 {
-    let reserve_bytes = usage.data_bytes_capacity - usage.data_bytes_normal;
-    (reserve_bytes / 4 / BLOCK_SIZE_U64).max(8 * (NAMESPACE_RESERVE_BLOCKS + IMAGE_BLOCKS_PER_RECORD))
 }
 
 /// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
@@ -407,29 +400,34 @@ impl FileSystem {
             return Err(Error::ReadOnly);
         }
         let space = &self.inner.front.space;
-        // Every checkpoint writes its block images into the log's reserve, and while records
-        // older than them wait, the tail cannot pass those images. A backlog whose application
-        // dirties more than the reserve can hold would leave the back end (and a replay after a
-        // crash) with nowhere to write a checkpoint. So the backlog is bounded by a budget of
-        // image blocks, as well as by log bytes: past it, the caller drains the back end.
+        // Every checkpoint writes its block images into the log, and while records older than
+        // them wait, the tail cannot pass those images. A backlog whose application dirties
+        // more than the log can hold would leave the back end (and a replay after a crash) with
+        // nowhere to write a checkpoint. So each record pledges the images it may need, and the
+        // log admits it only while its bytes and every pledge fit (`log::pledge`): past that,
+        // the caller waits for the back end to apply some of the backlog.
         let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
-        let room = self.inner.backend.room();
-        let releases_seen = room.releases();
-        if !room.admit(image_blocks) {
-            REFUSED_FOR_BACKLOG.set(Some(releases_seen));
-            return Ok(None);
-        }
         if !space.reserve(new_blocks, tree_blocks) {
-            room.release(image_blocks);
             return Ok(None);
         }
         let head = op.encode_head();
         let log = &self.inner.log;
-        let append_to_log = |op: &Op| log.append(op.kind(), &[&head, op.tail()]);
+        let releases_seen = log.pledges().releases();
+        let refused_for_pledge = std::cell::Cell::new(false);
+        let append_to_log = |op: &Op| match log.append_pledged(op.kind(), &[&head, op.tail()], image_blocks)? {
+            Appended::At(lsn) => Ok(Some(lsn)),
+            Appended::LogFull => Ok(None),
+            Appended::Pledged => {
+                refused_for_pledge.set(true);
+                Ok(None)
+            }
+        };
         let appended = self.inner.backend.enqueue(op, reserved_blocks, image_blocks, append_to_log);
         if !matches!(appended, Ok(Some(_))) {
             space.unreserve(reserved_blocks);
-            room.release(image_blocks);
+        }
+        if refused_for_pledge.get() {
+            REFUSED_FOR_BACKLOG.set(Some(releases_seen));
         }
         appended
     }
