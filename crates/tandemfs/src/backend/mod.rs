@@ -379,6 +379,8 @@ pub fn checkpoint(volume: &parking_lot::Mutex<Volume>, log: &Log, covered_lsn: u
 pub struct CheckpointSnapshot {
     covered_lsn: u64,
     images: Vec<Image>,
+    /// The log's pledge, told when the images are in the log (`checkpoint_finish`).
+    pledges: Option<Arc<crate::log::Pledges>>,
     superblock: Superblock,
     device: Arc<dyn Device>,
 }
@@ -397,7 +399,7 @@ impl CheckpointSnapshot {
 pub fn checkpoint_snapshot(
     volume: &parking_lot::Mutex<Volume>,
     covered_lsn: u64,
-    pledges: Option<&crate::log::Pledges>,
+    pledges: Option<&Arc<crate::log::Pledges>>,
 ) -> Result<CheckpointSnapshot> {
     let mut volume = volume.lock();
     // A record that failed half way must never reach home: the log still holds it whole.
@@ -414,7 +416,7 @@ pub fn checkpoint_snapshot(
     // The counts the images' bitmaps hold: frees awaiting this checkpoint are free in them.
     superblock.free_blocks = volume.blocks.free_count() + volume.blocks.pending_free_count();
     superblock.free_inodes = volume.inodes.free_count();
-    Ok(CheckpointSnapshot { covered_lsn, images, superblock, device: volume.device.clone() })
+    Ok(CheckpointSnapshot { covered_lsn, images, pledges: pledges.cloned(), superblock, device: volume.device.clone() })
 }
 
 /// Steps 2 to 5, with the volume lock taken only at the end. Records after the snapshot's may
@@ -424,7 +426,7 @@ pub fn checkpoint_snapshot(
 /// record the images do not cover, and only the cache entries still holding the sealed copy
 /// become clean.
 pub fn checkpoint_finish(volume: &parking_lot::Mutex<Volume>, log: &Log, snapshot: CheckpointSnapshot) -> Result<()> {
-    let CheckpointSnapshot { covered_lsn, images, mut superblock, device } = snapshot;
+    let CheckpointSnapshot { covered_lsn, images, pledges, mut superblock, device } = snapshot;
     // File data goes home when its record is applied, not through the log, and a mount that
     // finds this checkpoint's commit replays nothing the commit covers. So that data must be
     // durable before the commit can reach the medium: writes before a flush reach it in any
@@ -446,6 +448,9 @@ pub fn checkpoint_finish(volume: &parking_lot::Mutex<Volume>, log: &Log, snapsho
         }
         log.append_reserved(KIND_CHECKPOINT_IMAGES, &parts)?.ok_or(Error::NoSpace)?;
         image_count += chunk.len() as u64;
+    }
+    if let Some(pledges) = &pledges {
+        pledges.checkpoint_images_logged(image_count);
     }
     let commit = encode_commit(covered_lsn, image_count, &superblock);
     let commit_lsn = log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;

@@ -196,10 +196,11 @@ impl Volume {
         self.cache.unsealed_dirty_count()
     }
     /// An upper bound on the images of the next checkpoint after the one under way (if any):
-    /// every dirty block not sealed by that one and every dirty bitmap block, a level-0
-    /// generation-table block for each of them and each freed metadata block, the table blocks
-    /// the runs of data handed out or freed touch, and every block of the table's upper levels
-    /// (`snapshot_images`). Blocks the checkpoint under way sealed are its own count.
+    /// every dirty block not sealed by that one and every dirty bitmap block; a level-0
+    /// generation-table block for each of them, each freed metadata block and each table block
+    /// the runs of data handed out or freed touch, but never more than the level has; and every
+    /// block of the table's upper levels (`snapshot_images`). Blocks the checkpoint under way
+    /// sealed are its own count.
     pub fn image_estimate_blocks(&self) -> u64 {
         self.image_bound_blocks(self.cache.unsealed_dirty_count() as u64)
     }
@@ -211,12 +212,12 @@ impl Volume {
     }
 
     fn image_bound_blocks(&self, dirty_blocks: u64) -> u64 {
-        let items = dirty_blocks
-            + self.blocks.dirty_block_count()
-            + self.inodes.dirty_block_count()
-            + self.freed_metadata.len() as u64;
+        let imaged = dirty_blocks + self.blocks.dirty_block_count() + self.inodes.dirty_block_count();
+        let entries_changed = imaged + self.freed_metadata.len() as u64;
+        let (_, level_zero_blocks) = self.table_levels[0];
+        let level_zero = (entries_changed + self.data_change_table_blocks).min(level_zero_blocks);
         let upper_levels: u64 = self.table_levels.iter().skip(1).map(|(_, blocks)| blocks).sum();
-        2 * items + self.data_change_table_blocks + upper_levels
+        imaged + level_zero + upper_levels
     }
 
     /// Stores `image_estimate_blocks` where the log's pledge reads it (see `log::pledge`). Called

@@ -12,9 +12,10 @@
 //! - `dirty`: the volume's own count of the images its next checkpoint would write now (dirty
 //!   blocks, bitmap blocks and generation-table blocks; `Volume::publish_image_estimate`),
 //!   stored with the volume held, so applied records are counted by what they really dirtied;
-//! - `checkpoint`: twice the images of the checkpoint under way, from its snapshot until it is
-//!   complete: once for the log space its images are about to take, once for the images a
-//!   replay after a crash before it completes would write again.
+//! - `checkpoint`: the images of the checkpoint under way, from its snapshot until it is
+//!   complete, for the images a replay after a crash before it completes would write again;
+//!   and once more until they are in the log, for the space they are about to take (once
+//!   appended, the log's own count of bytes in use holds them).
 //!
 //! `Log::append_pledged` checks the pledge, with the record's own bound, against the log's
 //! normal share under the log's lock, and counts the bound in `unapplied` as it appends.
@@ -114,17 +115,28 @@ impl Pledges {
         self.release_checkpoint(bound_blocks - sealed_blocks);
     }
 
-    /// The checkpoint of `sealed_blocks` images is complete (or failed: the volume stops).
-    pub fn checkpoint_complete(&self, sealed_blocks: u64) {
-        self.release_checkpoint(sealed_blocks);
+    /// The `sealed_blocks` images of the checkpoint under way are in the log: their space is
+    /// counted there now.
+    pub fn checkpoint_images_logged(&self, sealed_blocks: u64) {
+        self.release_checkpoint_once(sealed_blocks);
     }
 
+    /// The checkpoint of `sealed_blocks` images is complete (after `checkpoint_images_logged`).
+    pub fn checkpoint_complete(&self, sealed_blocks: u64) {
+        self.release_checkpoint_once(sealed_blocks);
+    }
+
+    /// Releases both counts of `image_blocks` (sealed beyond need, or never logged).
     fn release_checkpoint(&self, image_blocks: u64) {
+        self.release_checkpoint_once(2 * image_blocks);
+    }
+
+    fn release_checkpoint_once(&self, image_blocks: u64) {
         if image_blocks == 0 {
             return;
         }
-        let before = self.checkpoint_blocks.fetch_sub(2 * image_blocks, Ordering::SeqCst);
-        assert!(before >= 2 * image_blocks, "checkpoint pledge released more often than made");
+        let before = self.checkpoint_blocks.fetch_sub(image_blocks, Ordering::SeqCst);
+        assert!(before >= image_blocks, "checkpoint pledge released more often than made");
         self.wake_waiters();
     }
 
@@ -182,6 +194,8 @@ mod tests {
         pledges.dirty_gauge().store(0, Ordering::SeqCst);
         assert_eq!(pledges.total_blocks(), 18);
         pledges.records_applied(12);
+        pledges.checkpoint_images_logged(3);
+        assert_eq!(pledges.total_blocks(), 3);
         pledges.checkpoint_complete(3);
         assert_eq!(pledges.total_blocks(), 0);
     }
