@@ -156,7 +156,7 @@ impl RequestCounters {
 }
 
 /// Requests served so far, per kind (a snapshot; subtract two with [`RequestCounts::since`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RequestCounts {
     counts: [u64; RequestKind::ALL.len()],
 }
@@ -183,6 +183,13 @@ impl RequestCounts {
     /// The kinds with at least one request, in protocol order.
     pub fn nonzero(&self) -> impl Iterator<Item = (RequestKind, u64)> + '_ {
         RequestKind::ALL.into_iter().map(|kind| (kind, self.get(kind))).filter(|(_, count)| *count > 0)
+    }
+}
+
+impl std::fmt::Debug for RequestCounts {
+    /// The kinds with requests, by name: `{LOOKUP: 3, CREATE: 3}`.
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_map().entries(self.nonzero().map(|(kind, count)| (kind.name(), count))).finish()
     }
 }
 
@@ -215,5 +222,6 @@ mod tests {
         assert_eq!(between.total(), 3);
         let listed: Vec<(RequestKind, u64)> = between.nonzero().collect();
         assert_eq!(listed, vec![(RequestKind::Release, 1), (RequestKind::Create, 2)]);
+        assert_eq!(format!("{between:?}"), "{\"RELEASE\": 1, \"CREATE\": 2}");
     }
 }
