@@ -16,6 +16,7 @@ use fuser::{
 use tandemfs::error::Error;
 use tandemfs::fs::{Attributes, FileSystem, FileType, InodeNumber, RenameMode, SetAttributes, TimeToSet, XattrMode};
 
+use crate::counters::{RequestCounters, RequestKind};
 use crate::errno::fuse_errno;
 use crate::ioctl::{self, RangeRequest};
 use crate::permissions::{self, Caller, EXECUTE, READ, WRITE};
@@ -72,11 +73,18 @@ pub(crate) struct Adapter {
     kernel_checks_permissions: bool,
     /// Set once the session exists; used to drop cached pages after insert and collapse.
     notifier: Arc<OnceLock<Notifier>>,
+    /// Requests served, per kind (read by `BackgroundMount::request_counts`).
+    counters: Arc<RequestCounters>,
 }
 
 impl Adapter {
-    pub(crate) fn new(fs: FileSystem, kernel_checks_permissions: bool, notifier: Arc<OnceLock<Notifier>>) -> Adapter {
-        Adapter { fs, kernel_checks_permissions, notifier }
+    pub(crate) fn new(
+        fs: FileSystem,
+        kernel_checks_permissions: bool,
+        notifier: Arc<OnceLock<Notifier>>,
+        counters: Arc<RequestCounters>,
+    ) -> Adapter {
+        Adapter { fs, kernel_checks_permissions, notifier, counters }
     }
 
     /// Access check for mounts without `default_permissions`; with it, the kernel has already
@@ -313,7 +321,15 @@ impl fuser::Filesystem for Adapter {
         }
     }
 
+    fn forget(&self, _request: &Request, _inode: INodeNo, _lookups: u64) {
+        // The engine keeps no lookup counts (node ids are inode numbers, valid until the inode
+        // is reclaimed), so there is nothing to drop; counted so that the requests an unlink
+        // costs are visible.
+        self.counters.count(RequestKind::Forget);
+    }
+
     fn lookup(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.counters.count(RequestKind::Lookup);
         let name = name_bytes(name);
         // "." and ".." come only from the kernel resolving a file handle (FUSE_EXPORT_SUPPORT),
         // never from a path, and the kernel has already checked the caller's right to do that
@@ -354,6 +370,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn getattr(&self, _request: &Request, inode: INodeNo, _handle: Option<FileHandle>, reply: ReplyAttr) {
+        self.counters.count(RequestKind::Getattr);
         match self.fs.get_attributes(inode.0) {
             Ok(attributes) => reply.attr(&CACHE_TIMEOUT, &file_attr(&attributes)),
             Err(error) => reply.error(fuse_errno(&error)),
@@ -378,6 +395,7 @@ impl fuser::Filesystem for Adapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.counters.count(RequestKind::Setattr);
         let current = match self.fs.get_attributes(inode.0) {
             Ok(current) => current,
             Err(error) => return reply.error(fuse_errno(&error)),
@@ -408,6 +426,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn readlink(&self, _request: &Request, inode: INodeNo, reply: ReplyData) {
+        self.counters.count(RequestKind::Readlink);
         match self.fs.read_link(inode.0) {
             Ok(target) => reply.data(&target),
             Err(error) => reply.error(fuse_errno(&error)),
@@ -424,6 +443,7 @@ impl fuser::Filesystem for Adapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.counters.count(RequestKind::Mknod);
         let caller = Caller::of(request);
         if let Err(errno) = self.check_directory_change(&caller, parent.0, None) {
             return reply.error(errno);
@@ -448,6 +468,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn mkdir(&self, request: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        self.counters.count(RequestKind::Mkdir);
         let caller = Caller::of(request);
         if let Err(errno) = self.check_directory_change(&caller, parent.0, None) {
             return reply.error(errno);
@@ -457,6 +478,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn unlink(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counters.count(RequestKind::Unlink);
         if let Err(errno) = self.check_directory_change(&Caller::of(request), parent.0, Some(name_bytes(name))) {
             return reply.error(errno);
         }
@@ -464,6 +486,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn rmdir(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counters.count(RequestKind::Rmdir);
         if let Err(errno) = self.check_directory_change(&Caller::of(request), parent.0, Some(name_bytes(name))) {
             return reply.error(errno);
         }
@@ -471,6 +494,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn symlink(&self, request: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        self.counters.count(RequestKind::Symlink);
         let caller = Caller::of(request);
         if let Err(errno) = self.check_directory_change(&caller, parent.0, None) {
             return reply.error(errno);
@@ -490,6 +514,7 @@ impl fuser::Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(RequestKind::Rename);
         let mode = if flags.is_empty() {
             RenameMode::Replace
         } else if flags == RenameFlags::RENAME_NOREPLACE {
@@ -511,6 +536,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn link(&self, request: &Request, inode: INodeNo, new_parent: INodeNo, new_name: &OsStr, reply: ReplyEntry) {
+        self.counters.count(RequestKind::Link);
         if let Err(errno) = self.check_directory_change(&Caller::of(request), new_parent.0, None) {
             return reply.error(errno);
         }
@@ -519,6 +545,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn open(&self, request: &Request, inode: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.counters.count(RequestKind::Open);
         let mask = match flags.acc_mode() {
             OpenAccMode::O_RDONLY => READ,
             OpenAccMode::O_WRONLY => WRITE,
@@ -547,6 +574,7 @@ impl fuser::Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.counters.count(RequestKind::Read);
         // One buffer per worker thread, reused: a fresh vector per request meant zeroing it,
         // and above 128 KiB an mmap, page faults and munmap, for every read of up to 1 MiB.
         // Bytes past what the engine returned are never sent.
@@ -577,6 +605,7 @@ impl fuser::Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.counters.count(RequestKind::Write);
         // O_APPEND writes go to the end of the file as the engine knows it. The kernel has
         // computed the offset from its cached size, which is the same unless an insert or
         // collapse changed the size and nobody has asked for attributes since. Write-back of
@@ -612,6 +641,7 @@ impl fuser::Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(RequestKind::Flush);
         // close(2) promises no durability; fsync does. Nothing is buffered in the adapter, and
         // the engine takes (and checks, space included) every write when it arrives, so a
         // close has nothing to report. ENOSYS makes the kernel stop sending FLUSH for the rest
@@ -630,14 +660,17 @@ impl fuser::Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(RequestKind::Release);
         Self::reply_empty(reply, self.fs.release_inode(inode.0));
     }
 
     fn fsync(&self, _request: &Request, inode: INodeNo, _handle: FileHandle, data_only: bool, reply: ReplyEmpty) {
+        self.counters.count(RequestKind::Fsync);
         Self::reply_empty(reply, self.fs.fsync(inode.0, data_only));
     }
 
     fn opendir(&self, request: &Request, inode: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.counters.count(RequestKind::Opendir);
         if let Err(errno) = self.check_access(&Caller::of(request), inode.0, READ) {
             return reply.error(errno);
         }
@@ -648,6 +681,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn readdir(&self, _request: &Request, inode: INodeNo, _handle: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        self.counters.count(RequestKind::Readdir);
         // The kernel's offset is the cookie of the last entry it received; engine cookies stay
         // valid across directory splits, so a listing resumes exactly where it stopped.
         let result = self.fs.read_directory(inode.0, offset, &mut |entry| {
@@ -673,6 +707,7 @@ impl fuser::Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.counters.count(RequestKind::Readdirplus);
         // Gather a batch of entries first and fetch their attributes after the listing call
         // has returned, so the engine is never re-entered from inside its own directory walk.
         // Entries that do not fit the reply are listed again by the next request, which
@@ -717,14 +752,17 @@ impl fuser::Filesystem for Adapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(RequestKind::Releasedir);
         Self::reply_empty(reply, self.fs.release_inode(inode.0));
     }
 
     fn fsyncdir(&self, _request: &Request, inode: INodeNo, _handle: FileHandle, data_only: bool, reply: ReplyEmpty) {
+        self.counters.count(RequestKind::Fsyncdir);
         Self::reply_empty(reply, self.fs.fsync(inode.0, data_only));
     }
 
     fn statfs(&self, _request: &Request, _inode: INodeNo, reply: ReplyStatfs) {
+        self.counters.count(RequestKind::Statfs);
         match self.fs.statistics() {
             Ok(statistics) => reply.statfs(
                 statistics.blocks_total,
@@ -750,6 +788,7 @@ impl fuser::Filesystem for Adapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(RequestKind::Setxattr);
         let mode = match flags {
             0 => XattrMode::CreateOrReplace,
             XATTR_CREATE => XattrMode::Create,
@@ -766,6 +805,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn getxattr(&self, request: &Request, inode: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.counters.count(RequestKind::Getxattr);
         if is_acl_attribute(name_bytes(name)) {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
         }
@@ -782,6 +822,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn listxattr(&self, request: &Request, inode: INodeNo, size: u32, reply: ReplyXattr) {
+        self.counters.count(RequestKind::Listxattr);
         if let Err(errno) = self.check_access(&Caller::of(request), inode.0, READ) {
             return reply.error(errno);
         }
@@ -806,6 +847,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn removexattr(&self, request: &Request, inode: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counters.count(RequestKind::Removexattr);
         if is_acl_attribute(name_bytes(name)) {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
         }
@@ -816,6 +858,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn access(&self, request: &Request, inode: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.counters.count(RequestKind::Access);
         // Only called without `default_permissions`. F_OK (mask 0) asks for existence only.
         let wanted = mask.bits() as u32 & (READ | WRITE | EXECUTE);
         match self.fs.get_attributes(inode.0) {
@@ -835,6 +878,7 @@ impl fuser::Filesystem for Adapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.counters.count(RequestKind::Create);
         let caller = Caller::of(request);
         if let Err(errno) = self.check_directory_change(&caller, parent.0, None) {
             return reply.error(errno);
@@ -888,6 +932,7 @@ impl fuser::Filesystem for Adapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        self.counters.count(RequestKind::Ioctl);
         if command != ioctl::INSERT && command != ioctl::COLLAPSE {
             // The conventional answer for "this file does not know that ioctl".
             return reply.error(Errno::from_i32(libc::ENOTTY));
@@ -908,6 +953,7 @@ impl fuser::Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(RequestKind::Fallocate);
         let keep_size = mode & FALLOCATE_KEEP_SIZE != 0;
         let result = match mode & !FALLOCATE_KEEP_SIZE {
             0 => self.fs.allocate(inode.0, offset, length, keep_size),
@@ -943,6 +989,7 @@ impl fuser::Filesystem for Adapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        self.counters.count(RequestKind::Lseek);
         // The kernel asks only for SEEK_DATA and SEEK_HOLE. The engine does not expose where
         // its holes are, so the whole file counts as data, as POSIX allows: the next data is
         // at `offset`, the next hole is at the end of the file.

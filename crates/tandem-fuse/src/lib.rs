@@ -7,10 +7,12 @@
 //! collapse ioctls (see [`ioctl`]). `docs/FUSE.md` describes the whole mapping.
 
 mod adapter;
+mod counters;
 mod errno;
 pub mod ioctl;
 mod mount;
 mod permissions;
 
+pub use counters::{RequestCounts, RequestKind};
 pub use errno::errno_of;
 pub use mount::{mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig};

@@ -15,6 +15,7 @@ use fuser::{MountOption, Notifier, Session, SessionACL};
 use tandemfs::fs::FileSystem;
 
 use crate::adapter::Adapter;
+use crate::counters::{RequestCounters, RequestCounts};
 
 /// The file system type shown in /proc/mounts is `fuse.` followed by this.
 const SUBTYPE: &str = "tandemfs";
@@ -155,10 +156,11 @@ fn start_session(
     mountpoint: &Path,
     resolved_mountpoint: &Path,
     config: &MountConfig,
+    counters: Arc<RequestCounters>,
 ) -> io::Result<Session<Adapter>> {
     install_logger();
     let notifier = Arc::new(OnceLock::<Notifier>::new());
-    let adapter = Adapter::new(fs, config.default_permissions, notifier.clone());
+    let adapter = Adapter::new(fs, config.default_permissions, notifier.clone(), counters);
     let session = Session::new(adapter, mountpoint, &session_config(config))
         .map_err(|error| io::Error::new(error.kind(), format!("mounting {}: {error}", mountpoint.display())))?;
     // `Session::new` has completed the INIT handshake, and the kernel sets the mount's
@@ -183,7 +185,8 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     let resolved_mountpoint = canonical_or_absolute(mountpoint);
     let marker = ServingMarker::claim(mountpoint)?;
     let blocked = BlockedSignals::block()?;
-    let session = match start_session(fs.clone(), mountpoint, &resolved_mountpoint, config) {
+    let counters = Arc::new(RequestCounters::default());
+    let session = match start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters) {
         Ok(session) => session,
         Err(error) => {
             drop(blocked);
@@ -211,6 +214,7 @@ pub struct BackgroundMount {
     server: Option<JoinHandle<io::Result<()>>>,
     fs: FileSystem,
     control: Option<RemountControl>,
+    counters: Arc<RequestCounters>,
     _marker: ServingMarker,
 }
 
@@ -220,7 +224,8 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     let resolved_mountpoint = canonical_or_absolute(mountpoint);
     let marker = ServingMarker::claim(mountpoint)?;
     marker.mark_background();
-    let session = start_session(fs.clone(), mountpoint, &resolved_mountpoint, config)?;
+    let counters = Arc::new(RequestCounters::default());
+    let session = start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters.clone())?;
     let control = RemountControl::start(&marker, fs.clone())?;
     let server = std::thread::Builder::new().name("tandemfs-fuse".to_string()).spawn(move || session.run())?;
     Ok(BackgroundMount {
@@ -228,6 +233,7 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
         server: Some(server),
         fs,
         control: Some(control),
+        counters,
         _marker: marker,
     })
 }
@@ -235,6 +241,12 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
 impl BackgroundMount {
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// The requests this mount has served so far, per kind. Asynchronous ones (RELEASE,
+    /// FORGET) arrive after the system call that caused them has returned.
+    pub fn request_counts(&self) -> RequestCounts {
+        self.counters.snapshot()
     }
 
     /// Unmounts (fails with EBUSY while files are open, and may then be called again), waits

@@ -277,3 +277,55 @@ fn the_adapter_checks_permissions_when_the_kernel_does_not() {
     assert!(as_nobody(&["rm", &path("sticky/mine")]));
     assert!(volume.path("sticky/root-owned").exists());
 }
+
+/// The kernel round trips behind a create, a stat and an unlink (docs/FUSE.md, "What a create,
+/// stat and unlink cost through the mount"): no change to the adapter may add one. Counted by
+/// the adapter itself; RELEASE and FORGET arrive after the system call returns, so the
+/// counters are read once they stop moving.
+#[test]
+fn create_stat_and_unlink_cost_no_more_requests_than_the_kernel_asks() {
+    use tandem_fuse::{RequestCounts, RequestKind};
+    let Some(volume) = mounted() else { return };
+    let counts = |volume: &MountedVolume| -> RequestCounts {
+        let mount = volume.mount.as_ref().expect("mounted");
+        let mut last = mount.request_counts();
+        for _ in 0..40 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let now = mount.request_counts();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
+    };
+    fs::create_dir(volume.path("probe")).unwrap();
+    const FILES: u64 = 200;
+    let names: Vec<PathBuf> = (0..FILES).map(|index| volume.path(&format!("probe/f{index:04}"))).collect();
+    let before = counts(&volume);
+    for name in &names {
+        OpenOptions::new().write(true).create_new(true).open(name).unwrap();
+    }
+    let created = counts(&volume).since(&before);
+    let before = counts(&volume);
+    for name in &names {
+        fs::metadata(name).unwrap();
+    }
+    let stated = counts(&volume).since(&before);
+    let before = counts(&volume);
+    for name in &names {
+        fs::remove_file(name).unwrap();
+    }
+    let unlinked = counts(&volume).since(&before);
+
+    // A create: the parent's GETATTR, LOOKUP, CREATE and RELEASE; the mount's first close
+    // also sends the one FLUSH that the adapter refuses for good.
+    assert_eq!(created.get(RequestKind::Create), FILES, "{created:?}");
+    assert!(created.get(RequestKind::Flush) <= 1, "{created:?}");
+    assert!(created.total() <= 4 * FILES + 1, "{created:?}");
+    // A stat of a name the kernel knows: nothing but, at most, one GETATTR of the directory.
+    assert!(stated.total() <= 1, "{stated:?}");
+    // An unlink: the parent's GETATTR, UNLINK and FORGET.
+    assert_eq!(unlinked.get(RequestKind::Unlink), FILES, "{unlinked:?}");
+    assert!(unlinked.total() <= 3 * FILES, "{unlinked:?}");
+}

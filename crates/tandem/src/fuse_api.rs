@@ -1,3 +1,5 @@
 //! The FUSE adapter's entry points, gathered in one place so the commands name them once.
 
-pub use tandem_fuse::{ioctl, mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig};
+pub use tandem_fuse::{
+    ioctl, mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig, RequestCounts,
+};

@@ -18,6 +18,7 @@ pub mod meta;
 pub mod mount;
 pub mod passthrough;
 pub mod peers;
+pub mod requests;
 pub mod scaling;
 pub mod system;
 pub mod table;

@@ -57,6 +57,9 @@ pub struct MountBenchArguments {
     /// With --encrypt: skip gocryptfs (it needs the gocryptfs package and what ext4 needs)
     #[arg(long)]
     pub no_gocryptfs: bool,
+    /// FUSE worker threads serving the tandemfs mount (`tandem mount -o threads=N`)
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=64))]
+    pub fuse_threads: u64,
 }
 
 /// Empties the kernel's page cache so reads come from the file system, not from memory the
@@ -229,10 +232,21 @@ fn measure_tandemfs(
     let fs = fresh_volume(Arc::new(device), inode_count(size), encryption)?;
     let mountpoint = std::env::temp_dir().join(format!("tandem-bench-fuse-{}", std::process::id()));
     std::fs::create_dir_all(&mountpoint).map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
-    let config = MountConfig { volume_name: "tandem-bench".into(), threads: 4, ..Default::default() };
+    let config = MountConfig {
+        volume_name: "tandem-bench".into(),
+        threads: arguments.fuse_threads as usize,
+        ..Default::default()
+    };
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {
         Ok(mut mount) => {
-            let measured = run_workload(&mountpoint, size, arguments, label, &|| fs.data_checksum_statistics());
+            let measured = run_workload(&mountpoint, size, arguments, label, &|| fs.data_checksum_statistics())
+                .and_then(|measured| {
+                    let requests = super::requests::probe(&mountpoint, &mount)?;
+                    for line in super::requests::describe(&requests) {
+                        eprintln!("  {label}: FUSE requests per {line}");
+                    }
+                    Ok(measured)
+                });
             let unmounted = mount.unmount().map_err(|error| format!("unmount: {error}"));
             measured.and_then(|measured| unmounted.map(|_| measured))
         }
