@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
 use tandem_accel::dirindex::{
     CpuDirectoryIndex, Credentials, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig, IndexAttributes, IndexKind,
-    IndexUpdate, ListResult, MAXIMUM_NAME_BYTES,
+    IndexUpdate, ListResult, ResolveResult, MAXIMUM_NAME_BYTES,
 };
 
 const ROOT: u64 = 1;
@@ -322,14 +322,14 @@ fn compare_everything(
     queries: usize,
 ) {
     let lookups = random_lookups(rng, tree, queries);
-    let borrowed: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
-    let expected = reference.lookup(&borrowed).expect("reference lookup");
-    let answered = other.lookup(&borrowed).expect("lookup");
-    for (index, request) in borrowed.iter().enumerate() {
+    let borrowed_lookups: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+    let expected_lookups = reference.lookup(&borrowed_lookups).expect("reference lookup");
+    let answered = other.lookup(&borrowed_lookups).expect("lookup");
+    for (index, request) in borrowed_lookups.iter().enumerate() {
         assert!(
-            expected[index] == answered[index],
+            expected_lookups[index] == answered[index],
             "lookup {request:?}: {:?} vs {:?}",
-            expected[index],
+            expected_lookups[index],
             answered[index]
         );
     }
@@ -369,6 +369,16 @@ fn compare_everything(
         let answered = other.list(directory).expect("list");
         assert!(expected == answered, "list {directory}: {} vs {}", describe(&expected), describe(&answered));
     }
+    // The `_into` calls answer the same into vectors that hold stale answers of another batch.
+    let mut reused_lookups = reference.lookup(&borrowed_lookups[..borrowed_lookups.len() / 3]).unwrap();
+    other.lookup_into(&borrowed_lookups, &mut reused_lookups).expect("lookup_into");
+    assert!(reused_lookups == expected_lookups, "lookup_into differs from lookup");
+    let mut reused_resolves = vec![ResolveResult::NeedsCpu; 7];
+    other.resolve_into(&borrowed, CREDENTIALS[1], &mut reused_resolves).expect("resolve_into");
+    assert!(reused_resolves == reference.resolve(&borrowed, CREDENTIALS[1]).unwrap(), "resolve_into differs");
+    let mut reused_stats = reference.stat(&inodes[..inodes.len() / 2]).unwrap();
+    other.stat_into(&inodes, &mut reused_stats).expect("stat_into");
+    assert!(reused_stats == reference.stat(&inodes).unwrap(), "stat_into differs from stat");
     // Batches of one (the mapped-memory path on the GPU).
     for (parent, name) in lookups.iter().take(50) {
         let request = [(*parent, &name[..])];

@@ -4,7 +4,7 @@
 //! path resolutions, lookups and stats per second, and the single-command round trip in µs.
 //! The GPU engine's answers are checked against the CPU twin's on the same batches.
 
-use super::{CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
+use super::{wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
 use super::{Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, LookupResult, ResolveResult};
 use crate::error::Result;
 use std::fmt::Write as _;
@@ -188,7 +188,20 @@ fn measure_engine(
         &format!("resolve {} paths", paths.len()),
         Some(resolves),
         None,
-        format!("{found} found{check}; target ≥ 100 M/s end to end"),
+        format!("{found} found{check}; a fresh answer vector per call; target ≥ 100 M/s end to end"),
+    ));
+    let mut reused = Vec::new();
+    let into =
+        rate(paths.len(), config.minimum_seconds, || index.resolve_into(&path_slices, Credentials::ROOT, &mut reused))?;
+    let same = match reused == answers {
+        true => "the same answers",
+        false => "ANSWERS DIFFER from resolve's",
+    };
+    rows.push(row(
+        &format!("resolve {} paths, reused vector", paths.len()),
+        Some(into),
+        None,
+        format!("resolve_into, answers written in place: {same}"),
     ));
     let names: Vec<(u64, Vec<u8>)> = {
         let mut state = 0xABCDu64;
@@ -203,9 +216,15 @@ fn measure_engine(
     let hits = index.lookup(&lookups)?.iter().filter(|answer| matches!(answer, LookupResult::Found(_))).count();
     let lookup_rate = rate(lookups.len(), config.minimum_seconds, || index.lookup(&lookups).map(|_| ()))?;
     rows.push(row(&format!("lookup {} names", lookups.len()), Some(lookup_rate), None, format!("{hits} found")));
+    let mut reused = Vec::new();
+    let lookup_into = rate(lookups.len(), config.minimum_seconds, || index.lookup_into(&lookups, &mut reused))?;
+    rows.push(row(&format!("lookup {} names, reused vector", lookups.len()), Some(lookup_into), None, String::new()));
     let inodes: Vec<u64> = names.iter().enumerate().map(|(i, _)| shape.file(i as u64 % shape.directories, 0)).collect();
     let stat_rate = rate(inodes.len(), config.minimum_seconds, || index.stat(&inodes).map(|_| ()))?;
     rows.push(row(&format!("stat {} inodes", inodes.len()), Some(stat_rate), None, String::new()));
+    let mut reused = Vec::new();
+    let stat_into = rate(inodes.len(), config.minimum_seconds, || index.stat_into(&inodes, &mut reused))?;
+    rows.push(row(&format!("stat {} inodes, reused vector", inodes.len()), Some(stat_into), None, String::new()));
     let (median, tail) = round_trip(index, &paths, config.round_trips)?;
     rows.push(row(
         "single-path resolve round trip",
@@ -214,6 +233,69 @@ fn measure_engine(
         format!("median of {}; p99 {tail:.1} µs; target ≤ 10 µs", config.round_trips),
     ));
     Ok((rows, answers))
+}
+
+/// The host's share of the GPU engine's resolve, without a GPU, on one thread: encoding the
+/// paths into staging buffers as the engine cuts them, and checking and decoding a buffer of
+/// answers (the twin's, in the kernel's layout) into a reused vector. The engine spreads
+/// both over its batch workers; these rows say what one worker's share costs.
+fn host_side_rows(
+    cpu: &CpuDirectoryIndex,
+    paths: &[&[u8]],
+    config: &DirectoryBenchConfig,
+) -> Result<Vec<DirectoryBenchRow>> {
+    let staging_bytes = GpuIndexConfig::for_entries(1).staging_bytes;
+    let bounds = wire::chunk_bounds(
+        paths.len(),
+        |index| (wire::RESOLVE_RECORD_BYTES + wire::padded(paths[index].len()), wire::ANSWER_BYTES),
+        staging_bytes,
+        1,
+        1,
+    );
+    let mut staging = vec![0u8; staging_bytes];
+    let encode = rate(paths.len(), config.minimum_seconds, || {
+        for &(start, end) in &bounds {
+            std::hint::black_box(wire::encode_resolves(&paths[start..end], &mut staging));
+        }
+        Ok(())
+    })?;
+    // One staging buffer of answers, decoded once per chunk.
+    let (start, end) = bounds[0];
+    let layout = wire::encode_resolves(&paths[start..end], &mut staging);
+    let expected = cpu.resolve(&paths[start..end], Credentials::ROOT)?;
+    wire::encode_resolve_answers(&expected, &mut staging[layout.answers_offset..]);
+    let answers = &staging[layout.answers_offset..layout.answers_offset + layout.answers_bytes];
+    let mut out: Vec<ResolveResult> = Vec::new();
+    let decode = rate(paths.len(), config.minimum_seconds, || {
+        for &(start, end) in &bounds {
+            out.clear();
+            out.reserve(end - start);
+            let count = (end - start).min(expected.len());
+            wire::decode_resolves_into(&answers[..count * wire::ANSWER_BYTES], &mut out.spare_capacity_mut()[..count])?;
+            std::hint::black_box(&out);
+        }
+        Ok(())
+    })?;
+    let decoded = wire::decode_resolves(answers, expected.len())?;
+    let engine = "host side of the GPU engine, 1 thread".to_string();
+    let row = |operation: String, per_second: f64, note: &str| DirectoryBenchRow {
+        operation,
+        engine: engine.clone(),
+        per_second: Some(per_second),
+        microseconds: None,
+        note: note.to_string(),
+    };
+    Ok(vec![
+        row(format!("encode {} paths", paths.len()), encode, "into 8 MiB staging buffers, as the engine cuts them"),
+        row(
+            format!("decode {} answers", paths.len()),
+            decode,
+            match decoded == expected {
+                true => "checked and decoded in place; round trip equal",
+                false => "ROUND TRIP DIFFERS",
+            },
+        ),
+    ])
 }
 
 /// Runs the benchmark on the CPU twin and, when one is found, the GPU engine. Says why there
@@ -234,6 +316,9 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
     });
     let (cpu_rows, cpu_answers) = measure_engine(&cpu, &shape, config, None)?;
     rows.extend(cpu_rows);
+    let paths = random_paths(&shape, config.batch, 0x5EED);
+    let path_slices: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+    rows.extend(host_side_rows(&cpu, &path_slices, config)?);
     if !config.gpu {
         notes.push("GPU not asked for: CPU twin only".into());
         return Ok((rows, notes));
@@ -304,6 +389,7 @@ mod tests {
         let text = render(&rows, &notes);
         assert!(text.contains("resolve 5000 paths") && text.contains("round trip"), "{text}");
         assert!(text.contains("5000 found"), "every path exists: {text}");
+        assert!(!text.contains("DIFFER") && text.contains("decode 5000 answers"), "{text}");
         assert!(rows.iter().all(|row| row.per_second.is_some() || row.microseconds.is_some()));
     }
 }

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::error::{AccelError, Result};
 use std::collections::HashSet;
+use std::mem::MaybeUninit;
 
 // Command codes (`struct Command.opcode`).
 pub const COMMAND_STOP: u32 = 1;
@@ -99,6 +100,57 @@ pub fn items_that_fit(sizes: impl Iterator<Item = (usize, usize)>, capacity_byte
     count
 }
 
+/// Cuts `count` items (item i takes `size_of(i)` = (request bytes, answer bytes)) into
+/// consecutive chunks for `workers` staging buffers of `capacity_bytes` each: every chunk fits
+/// a buffer; a batch of fewer than 2 × `minimum_items` stays one chunk when it fits (no thread
+/// start for a short batch); otherwise the chunks hold about equal bytes and there are at least
+/// `workers` of them, their number rounded up to a multiple of `workers`, so that the workers
+/// finish together instead of one worker serving a last odd chunk alone. One pass over the
+/// sizes for the total, one to cut; nothing per item is kept.
+pub fn chunk_bounds(
+    count: usize,
+    size_of: impl Fn(usize) -> (usize, usize),
+    capacity_bytes: usize,
+    workers: usize,
+    minimum_items: usize,
+) -> Vec<(usize, usize)> {
+    assert!(workers > 0 && minimum_items > 0 && capacity_bytes > ANSWERS_ALIGNMENT_BYTES);
+    if count == 0 {
+        return Vec::new();
+    }
+    let total: usize = (0..count).map(&size_of).map(|(request, answer)| request + answer).sum();
+    // Room of a buffer less the alignment gap between requests and answers.
+    let usable = capacity_bytes - ANSWERS_ALIGNMENT_BYTES;
+    let by_capacity = total.div_ceil(usable);
+    let by_items = (count / minimum_items).max(1);
+    let mut chunks = by_capacity.max(workers.min(by_items));
+    if chunks > 1 {
+        chunks = chunks.div_ceil(workers) * workers;
+        chunks = chunks.min(by_items.max(by_capacity));
+    }
+    let target_bytes = total.div_ceil(chunks);
+    let mut bounds = Vec::with_capacity(chunks + 1);
+    let (mut start, mut requests, mut answers) = (0usize, 0usize, 0usize);
+    for index in 0..count {
+        let (request, answer) = size_of(index);
+        if index > start && Layout::new(requests + request, answers + answer).total_bytes() > capacity_bytes {
+            bounds.push((start, index));
+            (start, requests, answers) = (index, 0, 0);
+        }
+        requests += request;
+        answers += answer;
+        assert!(Layout::new(requests, answers).total_bytes() <= capacity_bytes, "item {index} fits no staging buffer");
+        if requests + answers >= target_bytes {
+            bounds.push((start, index + 1));
+            (start, requests, answers) = (index + 1, 0, 0);
+        }
+    }
+    if start < count {
+        bounds.push((start, count));
+    }
+    bounds
+}
+
 fn put_u32(buffer: &mut [u8], at: usize, value: u32) {
     buffer[at..at + 4].copy_from_slice(&value.to_le_bytes());
 }
@@ -152,18 +204,40 @@ pub fn put_attributes(buffer: &mut [u8], at: usize, attributes: &IndexAttributes
     }
 }
 
-/// Reads a record back, refusing one no host could have written.
+/// Reads a record back, refusing one no host could have written. Runs once per answer,
+/// millions of times a second: one bounds check, the kind checked before the record becomes
+/// an `IndexAttributes` (the only field with invalid bit patterns), then the value checks.
 pub fn get_attributes(buffer: &[u8], at: usize) -> Result<IndexAttributes> {
-    // One bounds check for the record; the fixed offsets below need none (this runs once per
-    // answer, millions of times a second).
     let record: &[u8; ATTRIBUTES_BYTES] = buffer
         .get(at..at + ATTRIBUTES_BYTES)
         .and_then(|slice| slice.try_into().ok())
         .ok_or_else(|| bad(format!("attribute record at {at} past {} bytes", buffer.len())))?;
+    let kind = u32::from_le_bytes(record[80..84].try_into().unwrap());
+    if IndexKind::from_code(kind).is_none() {
+        return Err(bad(format!("kind code {kind}")));
+    }
+    let attributes = attributes_from_record(record);
+    if attributes.reserved != 0 || attributes.permissions > 0o7777 || super::check_inode(attributes.inode).is_err() {
+        return Err(bad(format!("attributes of inode {} have stray bits", attributes.inode)));
+    }
+    Ok(attributes)
+}
+
+/// The record as a value: on a little-endian host its bytes are the `#[repr(C)]` layout itself.
+#[cfg(target_endian = "little")]
+fn attributes_from_record(record: &[u8; ATTRIBUTES_BYTES]) -> IndexAttributes {
+    // The caller checked the kind code (bytes 80..84), so every field holds a valid value.
+    assert!(IndexKind::from_code(u32::from_le_bytes(record[80..84].try_into().unwrap())).is_some());
+    // SAFETY: IndexAttributes is repr(C), 104 bytes without padding (asserted in mod.rs); every
+    // field but `kind` is a plain integer, and `kind` holds a valid discriminant (asserted).
+    unsafe { std::ptr::read_unaligned(record.as_ptr() as *const IndexAttributes) }
+}
+
+#[cfg(not(target_endian = "little"))]
+fn attributes_from_record(record: &[u8; ATTRIBUTES_BYTES]) -> IndexAttributes {
     let word = |index: usize| u64::from_le_bytes(record[8 * index..8 * index + 8].try_into().unwrap());
     let small = |index: usize| u32::from_le_bytes(record[80 + 4 * index..84 + 4 * index].try_into().unwrap());
-    let kind = IndexKind::from_code(small(0)).ok_or_else(|| bad(format!("kind code {}", small(0))))?;
-    let attributes = IndexAttributes {
+    IndexAttributes {
         inode: word(0),
         generation: word(1),
         size_bytes: word(2),
@@ -174,15 +248,13 @@ pub fn get_attributes(buffer: &[u8], at: usize) -> Result<IndexAttributes> {
         btime_ns: word(7) as i64,
         rdev: word(8),
         parent: word(9),
-        kind,
+        kind: IndexKind::from_code(small(0)).expect("checked by the caller"),
         permissions: small(1),
         uid: small(2),
         gid: small(3),
         link_count: small(4),
         reserved: small(5),
-    };
-    super::check_attributes(&attributes).map_err(|error| bad(error.to_string()))?;
-    Ok(attributes)
+    }
 }
 
 // ---------------------------------------------------------------- requests
@@ -346,63 +418,88 @@ pub fn segments(updates: &[IndexUpdate], capacity_bytes: usize) -> Vec<Segment> 
 
 // ---------------------------------------------------------------- answers
 
-fn answer_status(answers: &[u8], index: usize) -> Result<u32> {
-    let at = index * ANSWER_BYTES;
-    if answers.len() < at + ANSWER_BYTES {
-        return Err(bad(format!("{} answer bytes for answer {index}", answers.len())));
+/// Decodes one answer per element of `out` (memory the caller owns, maybe uninitialised) with
+/// `one(status, offset of the answer)`. On `Ok` every element is written; on `Err` the caller
+/// must treat `out` as uninitialised. Nothing is allocated.
+fn decode_into<T: Copy>(
+    answers: &[u8],
+    out: &mut [MaybeUninit<T>],
+    one: impl Fn(u32, usize) -> Result<T>,
+) -> Result<()> {
+    if answers.len() < out.len() * ANSWER_BYTES {
+        return Err(bad(format!("{} answer bytes for {} answers", answers.len(), out.len())));
     }
-    Ok(get_u32(answers, at))
+    for (index, slot) in out.iter_mut().enumerate() {
+        let at = index * ANSWER_BYTES;
+        slot.write(one(get_u32(answers, at), at)?);
+    }
+    Ok(())
+}
+
+/// A vector of `count` answers filled by `fill` (which writes all of them or fails).
+pub fn decoded<T: Copy>(count: usize, fill: impl FnOnce(&mut [MaybeUninit<T>]) -> Result<()>) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(count);
+    fill(&mut out.spare_capacity_mut()[..count])?;
+    // SAFETY: `fill` returned Ok, so it wrote each of the first `count` elements.
+    unsafe { out.set_len(count) };
+    Ok(out)
+}
+
+pub fn decode_lookups_into(answers: &[u8], out: &mut [MaybeUninit<LookupResult>]) -> Result<()> {
+    decode_into(answers, out, |status, at| {
+        Ok(match status {
+            STATUS_FOUND => LookupResult::Found(get_attributes(answers, at + 8)?),
+            STATUS_NOT_FOUND => LookupResult::NotFound,
+            STATUS_UNKNOWN => LookupResult::Unknown,
+            STATUS_NOT_DIRECTORY => LookupResult::NotDirectory,
+            other => return Err(bad(format!("lookup status {other}"))),
+        })
+    })
+}
+
+pub fn decode_resolves_into(answers: &[u8], out: &mut [MaybeUninit<ResolveResult>]) -> Result<()> {
+    decode_into(answers, out, |status, at| {
+        Ok(match status {
+            STATUS_FOUND => ResolveResult::Found(get_attributes(answers, at + 8)?),
+            STATUS_NOT_FOUND => ResolveResult::NotFound,
+            STATUS_NOT_DIRECTORY => ResolveResult::NotDirectory,
+            STATUS_PERMISSION_DENIED => ResolveResult::PermissionDenied,
+            STATUS_NAME_TOO_LONG => ResolveResult::NameTooLong,
+            STATUS_NEEDS_CPU => ResolveResult::NeedsCpu,
+            other => return Err(bad(format!("resolve status {other}"))),
+        })
+    })
+}
+
+/// Stat answers; a found record must be the inode asked for (`inodes[i]` for `out[i]`).
+pub fn decode_stats_into(answers: &[u8], inodes: &[u64], out: &mut [MaybeUninit<StatResult>]) -> Result<()> {
+    assert_eq!(inodes.len(), out.len());
+    decode_into(answers, out, |status, at| {
+        let inode = inodes[at / ANSWER_BYTES];
+        Ok(match status {
+            STATUS_FOUND => {
+                let attributes = get_attributes(answers, at + 8)?;
+                if attributes.inode != inode {
+                    return Err(bad(format!("stat of {inode} answered inode {}", attributes.inode)));
+                }
+                StatResult::Found(attributes)
+            }
+            STATUS_UNKNOWN => StatResult::Unknown,
+            other => return Err(bad(format!("stat status {other}"))),
+        })
+    })
 }
 
 pub fn decode_lookups(answers: &[u8], count: usize) -> Result<Vec<LookupResult>> {
-    (0..count)
-        .map(|index| {
-            Ok(match answer_status(answers, index)? {
-                STATUS_FOUND => LookupResult::Found(get_attributes(answers, index * ANSWER_BYTES + 8)?),
-                STATUS_NOT_FOUND => LookupResult::NotFound,
-                STATUS_UNKNOWN => LookupResult::Unknown,
-                STATUS_NOT_DIRECTORY => LookupResult::NotDirectory,
-                other => return Err(bad(format!("lookup status {other}"))),
-            })
-        })
-        .collect()
+    decoded(count, |out| decode_lookups_into(answers, out))
 }
 
 pub fn decode_resolves(answers: &[u8], count: usize) -> Result<Vec<ResolveResult>> {
-    (0..count)
-        .map(|index| {
-            Ok(match answer_status(answers, index)? {
-                STATUS_FOUND => ResolveResult::Found(get_attributes(answers, index * ANSWER_BYTES + 8)?),
-                STATUS_NOT_FOUND => ResolveResult::NotFound,
-                STATUS_NOT_DIRECTORY => ResolveResult::NotDirectory,
-                STATUS_PERMISSION_DENIED => ResolveResult::PermissionDenied,
-                STATUS_NAME_TOO_LONG => ResolveResult::NameTooLong,
-                STATUS_NEEDS_CPU => ResolveResult::NeedsCpu,
-                other => return Err(bad(format!("resolve status {other}"))),
-            })
-        })
-        .collect()
+    decoded(count, |out| decode_resolves_into(answers, out))
 }
 
-/// Stat answers; a found record must be the inode asked for.
 pub fn decode_stats(answers: &[u8], inodes: &[u64]) -> Result<Vec<StatResult>> {
-    inodes
-        .iter()
-        .enumerate()
-        .map(|(index, &inode)| {
-            Ok(match answer_status(answers, index)? {
-                STATUS_FOUND => {
-                    let attributes = get_attributes(answers, index * ANSWER_BYTES + 8)?;
-                    if attributes.inode != inode {
-                        return Err(bad(format!("stat of {inode} answered inode {}", attributes.inode)));
-                    }
-                    StatResult::Found(attributes)
-                }
-                STATUS_UNKNOWN => StatResult::Unknown,
-                other => return Err(bad(format!("stat status {other}"))),
-            })
-        })
-        .collect()
+    decoded(inodes.len(), |out| decode_stats_into(answers, inodes, out))
 }
 
 /// Parses `total_bytes` of list records into (name, child) pairs, sorted by name.
@@ -657,6 +754,39 @@ mod tests {
             next = end;
         }
         assert_eq!(next, 100);
+    }
+
+    #[test]
+    fn chunk_bounds_cover_the_batch_fit_the_buffers_and_balance_the_workers() {
+        let check = |count: usize, size: (usize, usize), capacity: usize, workers: usize, minimum: usize| {
+            let bounds = chunk_bounds(count, |_| size, capacity, workers, minimum);
+            let mut next = 0;
+            for &(start, end) in &bounds {
+                assert!(start == next && end > start, "{bounds:?}");
+                assert!(Layout::new((end - start) * size.0, (end - start) * size.1).total_bytes() <= capacity);
+                next = end;
+            }
+            assert_eq!(next, count);
+            bounds
+        };
+        assert!(check(0, (24, 112), 1 << 20, 8, 4096).is_empty());
+        assert_eq!(check(5000, (24, 112), 8 << 20, 8, 4096).len(), 1, "short batch: one chunk");
+        // 1M resolves of 24 request bytes in 8 MiB buffers: a multiple of 8 chunks, equal sizes.
+        let bounds = check(1_000_000, (24, 112), 8 << 20, 8, 4096);
+        assert!(bounds.len() >= 8 && bounds.len().is_multiple_of(8), "{}", bounds.len());
+        let sizes: Vec<usize> = bounds.iter().map(|(start, end)| end - start).collect();
+        assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= sizes[0] / 100, "{sizes:?}");
+        // Capacity bounds a chunk even when the workers would want fewer, larger ones.
+        assert!(check(100_000, (1000, 112), 1 << 20, 2, 16).len() >= 100_000 * 1112 / (1 << 20));
+        // Items of different sizes still fit.
+        let bounds = chunk_bounds(10_000, |i| (8 + 8 * (i % 500), 112), 1 << 20, 4, 100);
+        let mut next = 0;
+        for &(start, end) in &bounds {
+            let requests: usize = (start..end).map(|i| 8 + 8 * (i % 500)).sum();
+            assert!(start == next && Layout::new(requests, (end - start) * 112).total_bytes() <= 1 << 20);
+            next = end;
+        }
+        assert_eq!(next, 10_000);
     }
 
     #[test]
