@@ -590,6 +590,7 @@ mod emulator {
     type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
     type Close = unsafe extern "C" fn(*mut c_void);
     type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64, u32);
+    type Counts = unsafe extern "C" fn(*mut c_void, *mut u64, *mut u64);
     type Command = unsafe extern "C" fn(
         *mut c_void,
         u32,
@@ -616,6 +617,7 @@ mod emulator {
         close: Close,
         command: Command,
         serve: Serve,
+        counts: Counts,
         root: u64,
         entry_slots: u64,
     }
@@ -657,8 +659,8 @@ mod emulator {
     }
 
     /// Compiles and loads the emulator once per process (the file is removed once loaded).
-    fn library() -> std::result::Result<(Open, Close, Command, Serve), String> {
-        type Symbols = (usize, usize, usize, usize);
+    fn library() -> std::result::Result<(Open, Close, Command, Serve, Counts), String> {
+        type Symbols = (usize, usize, usize, usize, usize);
         static LIBRARY: std::sync::OnceLock<std::result::Result<Symbols, String>> = std::sync::OnceLock::new();
         let loaded = LIBRARY.get_or_init(|| {
             let directory = std::env::temp_dir().join(format!("tandem-dirindex-emulator-{}", std::process::id()));
@@ -673,9 +675,10 @@ mod emulator {
                 symbol(handle, "dirindex_emulator_close") as usize,
                 symbol(handle, "dirindex_emulator_command") as usize,
                 symbol(handle, "dirindex_emulator_serve") as usize,
+                symbol(handle, "dirindex_emulator_counts") as usize,
             ))
         });
-        let (open, close, command, serve) = loaded.clone()?;
+        let (open, close, command, serve, counts) = loaded.clone()?;
         // SAFETY: the symbols have exactly these C signatures in dirindex_emulator.cpp.
         unsafe {
             Ok((
@@ -683,17 +686,26 @@ mod emulator {
                 std::mem::transmute::<usize, Close>(close),
                 std::mem::transmute::<usize, Command>(command),
                 std::mem::transmute::<usize, Serve>(serve),
+                std::mem::transmute::<usize, Counts>(counts),
             ))
         }
     }
 
     impl EmulatedKernel {
         pub fn build(root: u64, entries: usize) -> std::result::Result<Self, String> {
-            let (open, close, command, serve) = library()?;
+            let (open, close, command, serve, counts) = library()?;
             let slots = ((entries + entries / 2).max(1024)).next_power_of_two() as u64;
             // SAFETY: plain sizes; the emulator owns what it allocates until close.
             let state = unsafe { open(slots, slots, (entries * 64 / 8) as u64, root) };
-            Ok(EmulatedKernel { state: Mutex::new(state as usize), close, command, serve, root, entry_slots: slots })
+            Ok(EmulatedKernel {
+                state: Mutex::new(state as usize),
+                close,
+                command,
+                serve,
+                counts,
+                root,
+                entry_slots: slots,
+            })
         }
 
         /// Runs one command over `buffer` (requests at 0, answers at `layout.answers_offset`).
@@ -742,6 +754,15 @@ mod emulator {
             unsafe {
                 (self.serve)(state as *mut c_void, ring, tandem_accel::dirindex::ring::RING_SLOTS as u64, blocks)
             };
+        }
+
+        /// Commands the serving loop served by block 0 alone and by the whole grid.
+        pub fn served_counts(&self) -> (u64, u64) {
+            let state = *self.state.lock().unwrap();
+            let (mut alone, mut grid) = (0, 0);
+            // SAFETY: out-parameters; the emulator lives until close.
+            unsafe { (self.counts)(state as *mut c_void, &mut alone, &mut grid) };
+            (alone, grid)
         }
 
         pub fn entry_slots(&self) -> u64 {
@@ -867,6 +888,11 @@ fn kernel_serving_loop_on_the_host_answers_through_the_ring() {
         }
     });
     served.stop();
+    // Both ways of serving ran: single requests and small applies by block 0 alone, the
+    // batches and lists by the grid.
+    let (alone, grid) = kernel.served_counts();
+    println!("commands served by block 0 alone: {alone}, by the grid: {grid}");
+    assert!(alone >= 400 && grid > 10, "alone {alone}, grid {grid}");
 }
 
 mod ring_index {

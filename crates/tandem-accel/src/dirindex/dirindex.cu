@@ -5,11 +5,12 @@
 // CPU twin's (src/dirindex/cpu.rs and resolve_walk in src/dirindex/mod.rs).
 //
 // Memory ordering. Host-written ring words are read with volatile loads followed by
-// __threadfence_system(); answers are written, then every thread fences system-wide before
-// its block reports; the last block to finish a command writes `done` last. Data that other
-// SMs changed in earlier commands (tables, arena, staging) is read with ld.global.cg / volatile
-// loads (never through a possibly stale L1), and every thread fences after it sees a new
-// command announced.
+// __threadfence_system(); answers are written, then every thread that wrote any fences
+// system-wide (the others at device scope) before its block reports; whoever completes a
+// command (block 0 for a command it served alone, else the last block to finish) writes
+// `done` last. Data that other SMs changed in earlier commands (tables, arena, staging) is
+// read with ld.global.cg / volatile loads (never through a possibly stale L1), and every
+// thread fences after it sees a new command.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -109,12 +110,14 @@ static_assert(sizeof(RingSlot) == 256, "RingSlot is 256 bytes");
 
 // Device-memory state of the serving grid (zeroed before launch).
 struct Control {
-    u64 announced;      // sequence of the command every block is to serve
-    u64 finished;       // blocks that finished a command, summed over all commands
+    u64 announced;      // sequence of the grid command every block is to serve
+    u64 finished;       // blocks that finished the current grid command (reset when announced)
     u64 list_bytes;     // list output cursor of the current command
     u64 overflows;      // overflows of the current command
     u64 arena_top;      // bytes of the name arena in use
     u64 completed;      // sequence of the last command whose completion is written
+    u64 alone_commands; // commands block 0 served alone, and commands the grid served (tests)
+    u64 grid_commands;
     u32 overflowed;     // sticky: some insert found no room; no negative answers any more
     u32 error;          // error of the current command
     Command current;    // the command being served, copied from the ring
@@ -648,64 +651,122 @@ __device__ void copy_command(Command* target, const Command* source) {
     for (u32 word = 0; word < COMMAND_WORDS; ++word) to[word] = words[word];
 }
 
-// Block 0, thread 0: waits until command `served` is completed (every block finished it and
-// the last one has written its completion: that block reads this command's counters, so they
-// must not be reset before), then for the host to publish command `served + 1` in its ring
-// slot; copies it to device memory and announces it.
-__device__ void announce_next(const Tables& t, u64 served) {
+// How long block 0 sleeps at most between two polls of the doorbell. A poll is a read over
+// PCIe (about 1 µs); a pause of a few hundred ns keeps the read rate at about a million a
+// second while adding little to the round trip.
+#define MAXIMUM_POLL_PAUSE_NS 256u
+
+// Commands block 0 serves alone: queries and applies of at most one request per thread of a
+// block. They skip the announcement to the other blocks, the finished count and the last
+// block's completion, so a single request answers in the time of the doorbell, its own work
+// and the completion. Lists and drops scan the whole entry table, and the stop command must
+// reach every block, so they always go to the whole grid. Either way commands are served one
+// at a time in sequence order: block 0 takes the next only once the last is completed.
+__device__ __forceinline__ bool served_alone(const Command& c) {
+    const bool small = c.count <= blockDim.x;
+    return small && (c.opcode == COMMAND_LOOKUP || c.opcode == COMMAND_RESOLVE || c.opcode == COMMAND_STAT ||
+                     c.opcode == COMMAND_APPLY);
+}
+
+// Block 0, thread 0: waits until command `taken` is completed (its completion reads the
+// command's counters, so they must not be reset before), then for the host to publish command
+// `taken + 1` in its ring slot; copies it into `command` (block 0's shared copy) and resets the
+// counters. A command for the grid is also copied to device memory and announced. Returns
+// whether block 0 serves it alone.
+__device__ bool take_next(const Tables& t, u64 taken, Command* command) {
     Control* control = t.control;
-    u32 pause_ns = 0;
-    while (load_volatile_u64(&control->completed) < served) {
+    while (load_volatile_u64(&control->completed) < taken) {
         __nanosleep(32);
     }
-    RingSlot* slot = &t.ring[served % t.ring_slots];
-    while (load_volatile_u64(&slot->command.sequence) != served + 1) {
+    RingSlot* slot = &t.ring[taken % t.ring_slots];
+    u32 pause_ns = 0;
+    while (load_volatile_u64(&slot->command.sequence) != taken + 1) {
         if (pause_ns) __nanosleep(pause_ns);
-        pause_ns = pause_ns < 1000 ? pause_ns + 50 : 1000;
+        pause_ns = pause_ns < MAXIMUM_POLL_PAUSE_NS ? pause_ns + 32 : MAXIMUM_POLL_PAUSE_NS;
     }
     __threadfence_system();
-    copy_command(&control->current, &slot->command);
+    copy_command(command, &slot->command);
     store_volatile_u64(&control->list_bytes, 0);
     store_volatile_u64(&control->overflows, 0);
     store_volatile_u32(&control->error, ERROR_NONE);
+    if (served_alone(*command)) {
+        __threadfence();
+        return true;
+    }
+    copy_command(&control->current, command);
+    // Every block added its share of the last grid command before it was completed.
+    store_volatile_u64(&control->finished, 0);
     __threadfence();
-    store_volatile_u64(&control->announced, served + 1);
+    store_volatile_u64(&control->announced, taken + 1);
+    return false;
 }
 
-// The last block of a command writes its completion into the ring, `done` last, then marks
-// the command completed for block 0.
-__device__ void complete(const Tables& t, u64 sequence, const Command& c) {
+// Thread 0 of a block other than 0: waits for block 0 to announce a grid command after `seen`
+// and copies it into the block's shared `command`.
+__device__ void wait_announced(const Tables& t, u64 seen, Command* command) {
+    while (load_volatile_u64(&t.control->announced) == seen) __nanosleep(64);
+    __threadfence();
+    copy_command(command, &t.control->current);
+}
+
+// Writes the completion of command `c` into the ring, `done` last, then marks the command
+// completed for block 0. Called by thread 0 of block 0 for a command it served alone, else by
+// thread 0 of the block that finished the grid command last.
+__device__ void complete(const Tables& t, const Command& c) {
     Control* control = t.control;
     __threadfence();
     const u32 error = load_volatile_u32(&control->error);
     u64 result0 = 0, result1 = 0;
     command_results(t, c, &result0, &result1);
-    Completion* completion = &t.ring[(sequence - 1) % t.ring_slots].completion;
+    Completion* completion = &t.ring[(c.sequence - 1) % t.ring_slots].completion;
     store_volatile_u32(&completion->status, error);
     store_volatile_u64(&completion->result0, result0);
     store_volatile_u64(&completion->result1, result1);
     __threadfence_system();
-    store_volatile_u64(&completion->done, sequence);
-    __threadfence_system();
-    // Only now may block 0 reset the counters read above and announce the next command.
-    store_volatile_u64(&control->completed, sequence);
+    store_volatile_u64(&completion->done, c.sequence);
+    // The counters were read above; only now may block 0 reset them for the next command.
+    __threadfence();
+    store_volatile_u64(&control->completed, c.sequence);
+}
+
+// Whether this thread stored into the command's answers (host memory, or the staging copy in
+// device memory): a query warp with at least one request, any thread of a list.
+__device__ __forceinline__ bool wrote_answers(const Command& c, u64 thread) {
+    switch (c.opcode) {
+        case COMMAND_LOOKUP:
+        case COMMAND_RESOLVE:
+        case COMMAND_STAT: return (thread & ~31ull) < c.count;
+        case COMMAND_LIST: return true;
+        default: return false;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t) {
     __shared__ Command command;
-    const u64 thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const u64 threads = (u64)gridDim.x * blockDim.x;
+    // Written by block 0 only (the host build shares it between its emulated blocks).
+    __shared__ u32 block_zero_alone;
+    const u64 grid_thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 grid_threads = (u64)gridDim.x * blockDim.x;
+    // Thread 0's sequence of the last command taken (block 0) or grid command served (others).
+    u64 taken = 0;
     // One command per pass; the loop ends with the stop command (the host's only way out).
-    for (u64 served = 0;; ++served) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) announce_next(t, served);
+    for (;;) {
         if (threadIdx.x == 0) {
-            while (load_volatile_u64(&t.control->announced) != served + 1) __nanosleep(64);
-            __threadfence();
-            copy_command(&command, &t.control->current);
+            if (blockIdx.x == 0) {
+                block_zero_alone = take_next(t, taken, &command) ? 1u : 0u;
+            } else {
+                wait_announced(t, taken, &command);
+            }
+            taken = command.sequence;
         }
         __syncthreads();
+        // Thread 0 saw the command after its fence; every thread fences too, so that its own
+        // reads of what earlier commands wrote come after the command's publication.
         __threadfence();
         const Command c = command;
+        const bool alone = blockIdx.x == 0 && block_zero_alone != 0;
+        const u64 thread = alone ? threadIdx.x : grid_thread;
+        const u64 threads = alone ? blockDim.x : grid_threads;
         switch (c.opcode) {
             case COMMAND_STOP: break;
             case COMMAND_APPLY: serve_apply(t, c, thread, threads); break;
@@ -718,13 +779,23 @@ extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t
                 if (thread == 0) fail(t, ERROR_BAD_OPCODE);
                 break;
         }
-        // Every thread's answers reach memory the host and the copy engines see, then the
-        // block reports; the block that reports last completes the command.
-        __threadfence_system();
+        // Answers reach memory the host (and the copy engines) see before the completion: the
+        // threads that stored any fence system-wide (over PCIe a fence costs a microsecond or
+        // more, so the others skip it); table changes are fenced at device scope.
+        if (wrote_answers(c, thread)) {
+            __threadfence_system();
+        } else {
+            __threadfence();
+        }
         __syncthreads();
         if (threadIdx.x == 0) {
-            const u64 before = atomicAdd(&t.control->finished, 1ull);
-            if (before + 1 == (served + 1) * gridDim.x) complete(t, served + 1, c);
+            if (alone) {
+                store_volatile_u64(&t.control->alone_commands, load_volatile_u64(&t.control->alone_commands) + 1);
+                complete(t, c);
+            } else if (atomicAdd(&t.control->finished, 1ull) + 1 == gridDim.x) {
+                store_volatile_u64(&t.control->grid_commands, load_volatile_u64(&t.control->grid_commands) + 1);
+                complete(t, c);
+            }
         }
         if (c.opcode == COMMAND_STOP) return;
     }
