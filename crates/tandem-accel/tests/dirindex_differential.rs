@@ -549,6 +549,27 @@ fn kernel_source_on_the_host_equals_the_cpu_twin() {
     drop(kernel);
 }
 
+/// The walk carries the record a lookup found as the attributes of the inode it walks to, so
+/// the kernel must store a record only under its own inode: an apply whose key is not the
+/// record's inode is a command error, and nothing of it is stored.
+#[test]
+fn kernel_source_refuses_a_record_under_another_inode() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 1024) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    let record = IndexAttributes::new(7, IndexKind::File, 0o644);
+    let updates = [IndexUpdate::SetAttributes(record)];
+    assert!(kernel.apply_with_key(&updates, 7).is_ok(), "its own inode is stored");
+    assert_eq!(kernel.stat(&[7]).unwrap(), vec![tandem_accel::dirindex::StatResult::Found(record)]);
+    let error = kernel.apply_with_key(&updates, 8).expect_err("a record under inode 8 is refused");
+    assert!(error.to_string().contains("error 2"), "{error}");
+    assert_eq!(kernel.stat(&[8]).unwrap(), vec![tandem_accel::dirindex::StatResult::Unknown]);
+}
+
 /// The kernel's answer to running out of room: every change it could not store is counted,
 /// and from then on it gives no negative answer (a correct cache, only a less useful one).
 #[test]
@@ -743,6 +764,16 @@ mod emulator {
                 return Err(AccelError::Device(format!("emulated kernel error {error}")));
             }
             Ok((result0, result1))
+        }
+
+        /// Applies one `SetAttributes` with the key word of its request set to `key`, as a
+        /// host that broke the layout's rule would send it.
+        pub fn apply_with_key(&self, updates: &[IndexUpdate], key: u64) -> Result<(u64, u64)> {
+            assert!(updates.len() == 1 && matches!(updates[0], IndexUpdate::SetAttributes(_)));
+            let mut buffer = Self::buffer(wire::apply_sizes(updates));
+            let layout = wire::encode_updates(updates, Self::bytes(&mut buffer));
+            Self::bytes(&mut buffer)[8..16].copy_from_slice(&key.to_le_bytes());
+            self.run(wire::COMMAND_APPLY, 1, &mut buffer, &layout, [0; 3])
         }
 
         /// Runs the kernel's persistent serving loop over `ring` (RING_BYTES) as `blocks`

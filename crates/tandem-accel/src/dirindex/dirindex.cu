@@ -249,9 +249,6 @@ __device__ __forceinline__ u32 inode_flags_of(const Tables& t, long long slot) {
     return slot < 0 ? 0u : load_volatile_u32(&t.inode_flags[slot]);
 }
 
-__device__ __forceinline__ const IndexAttributes* attributes_of(const Tables& t, long long slot) {
-    return (slot >= 0 && (inode_flags_of(t, slot) & FLAG_ATTRIBUTES)) ? &t.inode_attributes[slot] : nullptr;
-}
 
 // ---------------------------------------------------------------- entry table
 
@@ -333,6 +330,59 @@ __device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 
     if (entry_find(t, parent, words, length, hash, &found) == PROBE_HIT) atomicExch(&t.entry_state[found], SLOT_TOMBSTONE);
 }
 
+// ---------------------------------------------------------------- reads of query commands
+
+// A query command never runs beside a command that changes the tables: commands are served
+// one at a time, and every change was fenced before its command completed. So a query reads
+// all the fields of a slot at once with relaxed L2 loads, instead of the state first (acquire)
+// and then each field after the one before: the loads of a probe overlap, which more than
+// halves the dependent memory round trips of a lookup and of each step of a walk.
+
+// Slot of `inode` and its flags (0 when absent), or -1.
+__device__ long long inode_find_stable(const Tables& t, u64 inode, u32* flags) {
+    u64 slot = inode_hash_of(inode) & t.inode_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.inode_mask; ++probe) {
+        const u32 state = load_table_u32(&t.inode_state[slot]);
+        const u64 key = load_table_u64(&t.inode_key[slot]);
+        const u32 slot_flags = load_table_u32(&t.inode_flags[slot]);
+        if (state == SLOT_EMPTY) break;
+        if (state == SLOT_FULL && key == inode) {
+            *flags = slot_flags;
+            return (long long)slot;
+        }
+        slot = (slot + 1) & t.inode_mask;
+    }
+    *flags = 0;
+    return -1;
+}
+
+// The attributes of `inode`, or null when the index has none.
+__device__ const IndexAttributes* attributes_stable(const Tables& t, u64 inode) {
+    u32 flags = 0;
+    const long long slot = inode_find_stable(t, inode, &flags);
+    return (slot >= 0 && (flags & FLAG_ATTRIBUTES)) ? &t.inode_attributes[slot] : nullptr;
+}
+
+// entry_find for queries: PROBE_HIT with *child set, PROBE_MISS or PROBE_LIMIT.
+__device__ int entry_find_stable(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* child) {
+    const u32 tag = (u32)(hash >> 32);
+    u64 slot = hash & t.entry_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
+        const u32 state = load_table_u32(&t.entry_state[slot]);
+        const u32 slot_tag = load_table_u32(&t.entry_hash[slot]);
+        const u64 slot_parent = load_table_u64(&t.entry_parent[slot]);
+        const u64 packed = load_table_u64(&t.entry_name[slot]);
+        const u64 slot_child = load_table_u64(&t.entry_child[slot]);
+        if (state == SLOT_EMPTY) return PROBE_MISS;
+        if (state == SLOT_FULL && slot_tag == tag && slot_parent == parent && arena_name_equals(t, packed, words, length)) {
+            *child = slot_child;
+            return PROBE_HIT;
+        }
+        slot = (slot + 1) & t.entry_mask;
+    }
+    return PROBE_LIMIT;
+}
+
 // ---------------------------------------------------------------- answers
 
 #define FULL_WARP 0xFFFFFFFFu
@@ -345,42 +395,55 @@ __device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 
 __device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 status, const IndexAttributes* attributes) {
     const u32 lane = threadIdx.x & 31;
     const u64 mine = (u64)attributes;
-    for (u32 chunk = lane; chunk < 32 * ANSWER_CHUNKS; chunk += 32) {
+    // Every load of the lane's 7 pieces is issued before any store: a store waits for its
+    // loads, so loads and stores in turn would cost 7 memory round trips instead of one.
+    u64 low[ANSWER_CHUNKS], high[ANSWER_CHUNKS];
+    u64 target_offset[ANSWER_CHUNKS];
+    bool present[ANSWER_CHUNKS];
+#pragma unroll
+    for (u32 round = 0; round < ANSWER_CHUNKS; ++round) {
+        const u32 chunk = lane + 32 * round;
         const u32 owner = chunk / ANSWER_CHUNKS;
         const u32 part = chunk % ANSWER_CHUNKS;
         const u64 owner_status = __shfl_sync(FULL_WARP, (u64)status, owner);
         const u64* words = (const u64*)__shfl_sync(FULL_WARP, mine, owner);
-        if (first + owner >= count) continue;
-        u64 low, high;
+        present[round] = first + owner < count;
+        target_offset[round] = (first + owner) * ANSWER_BYTES + 16 * part;
         if (part == 0) {
-            low = owner_status;
-            high = words ? load_table_u64(words) : 0ull;
+            low[round] = owner_status;
+            high[round] = (present[round] && words) ? load_table_u64(words) : 0ull;
         } else {
-            low = words ? load_table_u64(words + 2 * part - 1) : 0ull;
-            high = words ? load_table_u64(words + 2 * part) : 0ull;
+            low[round] = (present[round] && words) ? load_table_u64(words + 2 * part - 1) : 0ull;
+            high[round] = (present[round] && words) ? load_table_u64(words + 2 * part) : 0ull;
         }
-        ulonglong2* target = (ulonglong2*)(answers + (first + owner) * ANSWER_BYTES + 16 * part);
-        *target = make_ulonglong2(low, high);
+    }
+#pragma unroll
+    for (u32 round = 0; round < ANSWER_CHUNKS; ++round) {
+        if (!present[round]) continue;
+        *(ulonglong2*)(answers + target_offset[round]) = make_ulonglong2(low[round], high[round]);
     }
 }
 
 __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volatile_u32(&t.control->overflowed) != 0; }
 
-// The lookup rule of the CPU twin (State::lookup_one). *attributes is set when Found.
+// The lookup rule of the CPU twin (State::lookup_one), for query commands (stable reads).
+// *attributes is set when Found.
 __device__ u32 lookup_one(const Tables& t, u64 parent, const u64* words, u32 length, const IndexAttributes** attributes) {
     const u64 hash = entry_hash_of(parent, words, length);
-    u64 found = 0;
-    const int probe_result = entry_find(t, parent, words, length, hash, &found);
+    u64 child = 0;
+    const int probe_result = entry_find_stable(t, parent, words, length, hash, &child);
     if (probe_result == PROBE_HIT) {
-        const u64 child = load_table_u64(&t.entry_child[found]);
-        *attributes = attributes_of(t, inode_find(t, child));
+        *attributes = attributes_stable(t, child);
         return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
     }
     if (probe_result == PROBE_LIMIT) return STATUS_UNKNOWN;
-    const long long parent_slot = inode_find(t, parent);
-    const IndexAttributes* parent_attributes = attributes_of(t, parent_slot);
-    if (parent_attributes && load_table_u32(&parent_attributes->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    if ((inode_flags_of(t, parent_slot) & FLAG_COMPLETE) && !overflowed(t)) return STATUS_NOT_FOUND;
+    u32 parent_flags = 0;
+    const long long parent_slot = inode_find_stable(t, parent, &parent_flags);
+    if (parent_slot >= 0 && (parent_flags & FLAG_ATTRIBUTES) &&
+        load_table_u32(&t.inode_attributes[parent_slot].kind) != KIND_DIRECTORY) {
+        return STATUS_NOT_DIRECTORY;
+    }
+    if ((parent_flags & FLAG_COMPLETE) && !overflowed(t)) return STATUS_NOT_FOUND;
     return STATUS_UNKNOWN;
 }
 
@@ -417,40 +480,57 @@ __device__ u32 answer_lookup(const Tables& t, const Command& c, u64 index, const
 }
 
 __device__ u32 answer_stat(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
-    *attributes = attributes_of(t, inode_find(t, load_volatile_u64((const u64*)c.requests + index)));
+    *attributes = attributes_stable(t, load_volatile_u64((const u64*)c.requests + index));
     return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
 }
 
-// search permission: the rule of may_search in mod.rs.
-__device__ bool may_search(const IndexAttributes* a, u32 uid, u32 gid) {
+// search permission: the rule of may_search in mod.rs, on fields already loaded.
+__device__ __forceinline__ bool may_search(u32 owner, u32 group, u32 permissions, u32 uid, u32 gid) {
     if (uid == 0) return true;
-    const u32 owner = load_table_u32(&a->uid);
-    const u32 group = load_table_u32(&a->gid);
     const u32 bit = uid == owner ? 0100u : (gid == group ? 0010u : 0001u);
-    return (load_table_u32(&a->permissions) & bit) != 0;
+    return (permissions & bit) != 0;
 }
 
 #define WALK_ON 0u
 
 // One component of the walk (resolve_walk in mod.rs, step for step): `words` holds its first
-// 255 bytes, `length` its whole length. WALK_ON to go on, else the answer.
-__device__ u32 walk_component(const Tables& t, u64* current, const u64* words, u32 length, u32 uid, u32 gid) {
-    const IndexAttributes* here = attributes_of(t, inode_find(t, *current));
-    if (!here) return STATUS_NEEDS_CPU;
-    if (load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    if (!may_search(here, uid, gid)) return STATUS_PERMISSION_DENIED;
+// 255 bytes, `length` its whole length; `*here` is the attributes of `*current` (null when the
+// index has none). WALK_ON to go on, else the answer.
+//
+// The walk carries `here` from one step to the next instead of looking `current` up again:
+// the child's record found by the lookup is the record of the inode the walk goes to, because
+// a record is stored under its own inode (apply refuses a record whose inode is not its key),
+// exactly as the twin keys its map by `attributes.inode`.
+__device__ u32 walk_component(const Tables& t, u64* current, const IndexAttributes** here, const u64* words, u32 length,
+                              u32 uid, u32 gid) {
+    const IndexAttributes* directory = *here;
+    if (!directory) return STATUS_NEEDS_CPU;
+    // Every field the step may need, loaded at once.
+    const u32 kind = load_table_u32(&directory->kind);
+    const u32 owner = load_table_u32(&directory->uid);
+    const u32 group = load_table_u32(&directory->gid);
+    const u32 permissions = load_table_u32(&directory->permissions);
+    const u64 parent = load_table_u64(&directory->parent);
+    if (kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (!may_search(owner, group, permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
     if (length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 1 && (words[0] & 0xFF) == '.') return WALK_ON;
     if (length == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
-        if (*current != t.root) *current = load_table_u64(&here->parent);
+        if (*current != t.root) {
+            *current = parent;
+            *here = attributes_stable(t, parent);
+        }
         return WALK_ON;
     }
     const IndexAttributes* child = nullptr;
     const u32 status = lookup_one(t, *current, words, length, &child);
     if (status == STATUS_NOT_FOUND) return STATUS_NOT_FOUND;
     if (status != STATUS_FOUND) return STATUS_NEEDS_CPU;
-    if (load_table_u32(&child->kind) == KIND_SYMLINK) return STATUS_NEEDS_CPU;
-    *current = load_table_u64(&child->inode);
+    const u32 child_kind = load_table_u32(&child->kind);
+    const u64 child_inode = load_table_u64(&child->inode);
+    if (child_kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
+    *current = child_inode;
+    *here = child;
     return WALK_ON;
 }
 
@@ -461,6 +541,7 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 0) return STATUS_NOT_FOUND;
     u64 current = t.root;
+    const IndexAttributes* here = attributes_stable(t, current);
     u64 words[MAXIMUM_NAME_WORDS];
     u32 component = 0;
     u64 word = 0;
@@ -482,14 +563,13 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
             continue;
         }
         if (component == 0) continue;
-        const u32 status = walk_component(t, &current, words, component, uid, gid);
+        const u32 status = walk_component(t, &current, &here, words, component, uid, gid);
         if (status != WALK_ON) return status;
         component = 0;
     }
-    const IndexAttributes* last = attributes_of(t, inode_find(t, current));
-    if (!last) return STATUS_NEEDS_CPU;
-    if (last_byte == '/' && load_table_u32(&last->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    *result = last;
+    if (!here) return STATUS_NEEDS_CPU;
+    if (last_byte == '/' && load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    *result = here;
     return STATUS_FOUND;
 }
 
@@ -551,12 +631,17 @@ __device__ void apply_update(const Tables& t, const Command& c, u64 index) {
                 fail(t, ERROR_BAD_REQUEST);
                 return;
             }
+            const u64* source = (const u64*)(c.requests + offset);
+            // A record is stored under its own inode (the walk relies on it).
+            if (load_volatile_u64(source) != key) {
+                fail(t, ERROR_BAD_REQUEST);
+                return;
+            }
             const long long slot = inode_claim(t, key);
             if (slot < 0) {
                 count_overflow(t);
                 return;
             }
-            const u64* source = (const u64*)(c.requests + offset);
             u64* target = (u64*)&t.inode_attributes[slot];
             for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) target[word] = load_volatile_u64(source + word);
             __threadfence();
