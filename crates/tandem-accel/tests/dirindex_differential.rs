@@ -1131,6 +1131,7 @@ fn bench_directory_index() {
     let config = tandem_accel::dirindex::bench::DirectoryBenchConfig {
         directories: number("TANDEM_DIRINDEX_DIRECTORIES", 1000),
         files_per_directory: number("TANDEM_DIRINDEX_FILES", 1000),
+        staging_buffers: number("TANDEM_DIRINDEX_WORKERS", 0),
         ..Default::default()
     };
     let (rows, notes) = tandem_accel::dirindex::bench::run(&config).expect("benchmark");

@@ -27,6 +27,8 @@ pub struct DirectoryBenchConfig {
     pub threads: usize,
     /// Run the GPU engine when one is found (false: CPU twin only).
     pub gpu: bool,
+    /// The GPU engine's staging buffers, so its batch workers (0 = its default).
+    pub staging_buffers: usize,
 }
 
 impl Default for DirectoryBenchConfig {
@@ -39,6 +41,7 @@ impl Default for DirectoryBenchConfig {
             minimum_seconds: 1.0,
             threads: 0,
             gpu: true,
+            staging_buffers: 0,
         }
     }
 }
@@ -325,6 +328,9 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
     }
     let mut gpu_config = GpuIndexConfig::for_entries(shape.total_entries() + shape.directories as usize + 16);
     gpu_config.arena_bytes = (shape.total_entries() + 1024) * 16;
+    if config.staging_buffers > 0 {
+        gpu_config.staging_buffers = config.staging_buffers;
+    }
     match GpuDirectoryIndex::open(ROOT, gpu_config) {
         Err(reason) => notes.push(format!("no GPU found ({reason}): CPU twin only")),
         Ok(gpu) => {
@@ -384,6 +390,7 @@ mod tests {
             minimum_seconds: 0.01,
             threads: 2,
             gpu: false,
+            staging_buffers: 0,
         };
         let (rows, notes) = run(&config).unwrap();
         let text = render(&rows, &notes);

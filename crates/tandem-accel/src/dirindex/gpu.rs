@@ -34,7 +34,10 @@ const CONTROL_BYTES: usize = 512;
 const THREADS_PER_BLOCK: u32 = 256;
 /// Host threads one batch uses at most (each takes a staging buffer per chunk): encoding
 /// requests and checking answers is host work that must keep up with the GPU.
-const MAXIMUM_BATCH_WORKERS: usize = 8;
+const MAXIMUM_BATCH_WORKERS: usize = 16;
+/// Staging buffers by default, so batch workers at most: enough to keep a GPU busy with
+/// commands of tens of thousands of requests (the benchmark's `staging_buffers` tries others).
+const DEFAULT_STAGING_BUFFERS: usize = 8;
 /// A batch is spread over workers only in chunks of at least this many requests (a thread
 /// start costs tens of microseconds, a command a few).
 const MINIMUM_REQUESTS_PER_WORKER: usize = 4096;
@@ -79,7 +82,7 @@ impl GpuIndexConfig {
             inode_capacity: entries,
             arena_bytes: entries * 32,
             blocks: 0,
-            staging_buffers: MAXIMUM_BATCH_WORKERS,
+            staging_buffers: DEFAULT_STAGING_BUFFERS,
             staging_bytes: 8 << 20,
             copy_above_bytes: None,
             command_timeout: Duration::from_secs(10),
@@ -438,12 +441,14 @@ impl GpuDirectoryIndex {
     /// Blocks and threads of the persistent kernel, and commands served so far.
     pub fn describe(&self) -> String {
         format!(
-            "GPU {} ({}): persistent kernel of {} blocks × {} threads; {} entry slots; {} commands",
+            "GPU {} ({}): persistent kernel of {} blocks × {} threads; {} entry slots; {} staging buffers of {} KiB; {} commands",
             self.device.ordinal,
             self.device.name,
             self.blocks,
             THREADS_PER_BLOCK,
             self.entry_slots,
+            self.config.staging_buffers,
+            self.config.staging_bytes >> 10,
             self.commands.load(Ordering::Relaxed)
         )
     }
@@ -638,56 +643,16 @@ impl GpuDirectoryIndex {
             workers,
             MINIMUM_REQUESTS_PER_WORKER,
         );
-        out.reserve(requests.len());
-        let mut pieces = Vec::with_capacity(bounds.len());
-        let mut rest = &mut out.spare_capacity_mut()[..requests.len()];
-        for &(start, end) in &bounds {
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(end - start);
-            pieces.push((start, end, piece));
-            rest = tail;
-        }
-        assert!(rest.is_empty(), "the chunks cover the batch");
-        let run_chunk = |(start, end, piece): (usize, usize, &mut [MaybeUninit<T>])| -> Result<()> {
+        let run_chunk = |start: usize, end: usize, piece: &mut [MaybeUninit<T>]| -> Result<()> {
             let mut staging = self.take_staging()?;
             let answered =
                 self.run_chunk_into(&mut staging, &requests[start..end], &encode, (opcode, arguments), &decode, piece);
             self.return_staging(staging);
             answered
         };
-        if pieces.len() == 1 {
-            // One chunk (the common small batch) runs on the calling thread: no thread start in
-            // the round trip.
-            self.device.bind_context()?;
-            run_chunk(pieces.pop().expect("one piece"))?;
-        } else {
-            let threads = workers.min(pieces.len());
-            let queue = Mutex::new(pieces.into_iter());
-            let results: Vec<Result<()>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..threads)
-                    .map(|_| {
-                        scope.spawn(|| -> Result<()> {
-                            self.device.bind_context()?;
-                            // Bounded by the number of chunks; a staging buffer is held per
-                            // chunk only, so concurrent batches share them fairly.
-                            loop {
-                                let next = queue.lock().expect("chunk queue poisoned").next();
-                                match next {
-                                    Some(piece) => run_chunk(piece)?,
-                                    None => return Ok(()),
-                                }
-                            }
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|handle| handle.join().expect("index worker panicked")).collect()
-            });
-            results.into_iter().collect::<Result<()>>()?;
-        }
-        // SAFETY: every chunk was run (the queue was drained by workers that all returned Ok)
-        // and each run's decode returned Ok, which writes every answer of its piece; the
-        // pieces cover the first requests.len() elements.
-        unsafe { out.set_len(requests.len()) };
-        Ok(())
+        // Every worker thread binds the context; a staging buffer is held per chunk only, so
+        // concurrent batches share them fairly.
+        wire::fill_in_chunks(requests.len(), &bounds, workers, out, || self.device.bind_context(), run_chunk)
     }
 
     /// One command of a query batch in one staging buffer; its answers decoded into `out`.

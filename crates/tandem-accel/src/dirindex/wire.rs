@@ -151,6 +151,70 @@ pub fn chunk_bounds(
     bounds
 }
 
+/// Fills `out` (cleared first) with `count` answers, chunk by chunk: `run(start, end, piece)`
+/// must write every element of `piece` (the answers start..end) or fail. `bounds` are
+/// consecutive and cover 0..count. One chunk runs on the calling thread (after `setup`); more
+/// are taken in order by up to `workers` scoped threads, each calling `setup` first (the GPU
+/// engine binds its context there). Each chunk's answers go straight to their place in `out`,
+/// so nothing is gathered afterwards, and a fresh `out` is first touched by all the workers.
+/// All or nothing: after any failure `out` is left empty.
+pub fn fill_in_chunks<T: Copy + Send>(
+    count: usize,
+    bounds: &[(usize, usize)],
+    workers: usize,
+    out: &mut Vec<T>,
+    setup: impl Fn() -> Result<()> + Sync,
+    run: impl Fn(usize, usize, &mut [MaybeUninit<T>]) -> Result<()> + Sync,
+) -> Result<()> {
+    assert!(workers > 0);
+    out.clear();
+    out.reserve(count);
+    let mut pieces = Vec::with_capacity(bounds.len());
+    let mut rest = &mut out.spare_capacity_mut()[..count];
+    let mut next = 0;
+    for &(start, end) in bounds {
+        assert!(start == next && end > start, "chunk {start}..{end} does not follow {next}");
+        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(end - start);
+        pieces.push((start, end, piece));
+        rest = tail;
+        next = end;
+    }
+    assert!(next == count && rest.is_empty(), "the chunks cover the batch");
+    if pieces.len() <= 1 {
+        setup()?;
+        if let Some((start, end, piece)) = pieces.pop() {
+            run(start, end, piece)?;
+        }
+    } else {
+        let threads = workers.min(pieces.len());
+        let queue = std::sync::Mutex::new(pieces.into_iter());
+        let results: Vec<Result<()>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| -> Result<()> {
+                        setup()?;
+                        // Bounded by the number of chunks.
+                        loop {
+                            let next = queue.lock().expect("chunk queue poisoned").next();
+                            match next {
+                                Some((start, end, piece)) => run(start, end, piece)?,
+                                None => return Ok(()),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|handle| handle.join().expect("batch worker panicked")).collect()
+        });
+        results.into_iter().collect::<Result<()>>()?;
+    }
+    // SAFETY: a worker returns Ok only once the queue is empty, and every chunk it took was
+    // run with Ok, which writes each element of its piece; so every piece was written, and the
+    // pieces cover the first `count` elements.
+    unsafe { out.set_len(count) };
+    Ok(())
+}
+
 fn put_u32(buffer: &mut [u8], at: usize, value: u32) {
     buffer[at..at + 4].copy_from_slice(&value.to_le_bytes());
 }
@@ -787,6 +851,39 @@ mod tests {
             next = end;
         }
         assert_eq!(next, 10_000);
+    }
+
+    #[test]
+    fn chunks_fill_their_place_in_the_answers_or_nothing() {
+        let bounds = chunk_bounds(100_000, |_| (8, ANSWER_BYTES), 1 << 20, 4, 1000);
+        assert!(bounds.len() >= 4);
+        let mut out = vec![7u64; 3];
+        let setups = std::sync::atomic::AtomicUsize::new(0);
+        let setup = || {
+            setups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        };
+        let square = |start: usize, _end: usize, piece: &mut [MaybeUninit<u64>]| {
+            for (offset, slot) in piece.iter_mut().enumerate() {
+                slot.write(((start + offset) as u64).pow(2));
+            }
+            Ok(())
+        };
+        fill_in_chunks(100_000, &bounds, 4, &mut out, setup, square).unwrap();
+        assert!(out.iter().enumerate().all(|(index, &value)| value == (index as u64).pow(2)));
+        assert_eq!(setups.load(std::sync::atomic::Ordering::Relaxed), 4, "one setup per worker");
+        // One failing chunk fails the whole batch and leaves nothing behind.
+        let failing = |start: usize, end: usize, piece: &mut [MaybeUninit<u64>]| match start {
+            0 => Err(bad("refused".into())),
+            _ => square(start, end, piece),
+        };
+        assert!(fill_in_chunks(100_000, &bounds, 4, &mut out, || Ok(()), failing).is_err());
+        assert!(out.is_empty());
+        // One chunk runs on the calling thread; none for an empty batch.
+        fill_in_chunks(5, &[(0, 5)], 4, &mut out, || Ok(()), square).unwrap();
+        assert_eq!(out, vec![0, 1, 4, 9, 16]);
+        fill_in_chunks(0, &[], 4, &mut out, || Ok(()), square).unwrap();
+        assert!(out.is_empty());
     }
 
     #[test]
