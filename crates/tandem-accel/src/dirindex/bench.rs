@@ -280,6 +280,7 @@ fn host_side_rows(
         Ok(())
     })?;
     let decoded = wire::decode_resolves(answers, expected.len())?;
+    let (workers, pipeline) = host_pipeline(cpu, paths, config)?;
     let engine = "host side of the GPU engine, 1 thread".to_string();
     let row = |operation: String, per_second: f64, note: &str| DirectoryBenchRow {
         operation,
@@ -298,7 +299,59 @@ fn host_side_rows(
                 false => "ROUND TRIP DIFFERS",
             },
         ),
+        DirectoryBenchRow {
+            operation: format!("resolve {} paths, host side only", paths.len()),
+            engine: format!("host side of the GPU engine, {workers} workers"),
+            per_second: Some(pipeline),
+            microseconds: None,
+            note: "the engine's chunks and workers, answers already in staging: the ceiling an instant GPU would leave"
+                .into(),
+        },
     ])
+}
+
+/// The host's whole share of a resolve batch as the GPU engine runs it (`chunk_bounds`,
+/// `fill_in_chunks`, encoding each chunk into a staging buffer, decoding its answers into a
+/// reused vector) with the GPU's part left out: each worker's buffer holds the twin's answers
+/// already, as if the kernel had written them. Returns (workers, paths per second).
+fn host_pipeline(cpu: &CpuDirectoryIndex, paths: &[&[u8]], config: &DirectoryBenchConfig) -> Result<(usize, f64)> {
+    let engine_defaults = GpuIndexConfig::for_entries(1);
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    let workers = match config.staging_buffers {
+        0 => engine_defaults.staging_buffers,
+        buffers => buffers,
+    }
+    .min(cores)
+    .max(1);
+    let staging_bytes = engine_defaults.staging_bytes;
+    let size_of = |index: usize| (wire::RESOLVE_RECORD_BYTES + wire::padded(paths[index].len()), wire::ANSWER_BYTES);
+    let bounds = wire::chunk_bounds(paths.len(), size_of, staging_bytes, workers, 4096);
+    let largest = bounds.iter().map(|(start, end)| end - start).max().unwrap_or(0);
+    let expected = cpu.resolve(&paths[..largest], Credentials::ROOT)?;
+    // Each buffer: requests in the first half, the kernel's answers in the second.
+    let mut template = vec![0u8; staging_bytes];
+    wire::encode_resolve_answers(&expected, &mut template);
+    let buffers: Vec<Vec<u8>> = (0..workers)
+        .map(|_| {
+            let mut buffer = vec![0u8; 2 * staging_bytes];
+            buffer[staging_bytes..].copy_from_slice(&template);
+            buffer
+        })
+        .collect();
+    let free = std::sync::Mutex::new(buffers);
+    let mut out = Vec::new();
+    let per_second = rate(paths.len(), config.minimum_seconds, || {
+        let run = |start: usize, end: usize, piece: &mut [std::mem::MaybeUninit<ResolveResult>]| {
+            let mut buffer = free.lock().expect("buffers").pop().expect("one buffer per worker");
+            let (requests, answers) = buffer.split_at_mut(staging_bytes);
+            std::hint::black_box(wire::encode_resolves(&paths[start..end], requests));
+            let decoded = wire::decode_resolves_into(&answers[..(end - start) * wire::ANSWER_BYTES], piece);
+            free.lock().expect("buffers").push(buffer);
+            decoded
+        };
+        wire::fill_in_chunks(paths.len(), &bounds, workers, &mut out, || Ok(()), run)
+    })?;
+    Ok((workers, per_second))
 }
 
 /// Runs the benchmark on the CPU twin and, when one is found, the GPU engine. Says why there

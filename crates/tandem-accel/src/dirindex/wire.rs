@@ -276,6 +276,13 @@ pub fn get_attributes(buffer: &[u8], at: usize) -> Result<IndexAttributes> {
         .get(at..at + ATTRIBUTES_BYTES)
         .and_then(|slice| slice.try_into().ok())
         .ok_or_else(|| bad(format!("attribute record at {at} past {} bytes", buffer.len())))?;
+    record_attributes(record)
+}
+
+/// `get_attributes` of a record already cut to size (no bounds to check). Inlined into the
+/// decoders: called out of line it moved each record through the stack three times.
+#[inline(always)]
+fn record_attributes(record: &[u8; ATTRIBUTES_BYTES]) -> Result<IndexAttributes> {
     let kind = u32::from_le_bytes(record[80..84].try_into().unwrap());
     if IndexKind::from_code(kind).is_none() {
         return Err(bad(format!("kind code {kind}")));
@@ -289,6 +296,7 @@ pub fn get_attributes(buffer: &[u8], at: usize) -> Result<IndexAttributes> {
 
 /// The record as a value: on a little-endian host its bytes are the `#[repr(C)]` layout itself.
 #[cfg(target_endian = "little")]
+#[inline(always)]
 fn attributes_from_record(record: &[u8; ATTRIBUTES_BYTES]) -> IndexAttributes {
     // The caller checked the kind code (bytes 80..84), so every field holds a valid value.
     assert!(IndexKind::from_code(u32::from_le_bytes(record[80..84].try_into().unwrap())).is_some());
@@ -483,19 +491,22 @@ pub fn segments(updates: &[IndexUpdate], capacity_bytes: usize) -> Vec<Segment> 
 // ---------------------------------------------------------------- answers
 
 /// Decodes one answer per element of `out` (memory the caller owns, maybe uninitialised) with
-/// `one(status, offset of the answer)`. On `Ok` every element is written; on `Err` the caller
-/// must treat `out` as uninitialised. Nothing is allocated.
+/// `one(status, attributes record, index)`. On `Ok` every element is written; on `Err` the
+/// caller must treat `out` as uninitialised. Nothing is allocated, and the answers are walked
+/// as fixed-size records, so the only bounds check is the one on the whole buffer.
 fn decode_into<T: Copy>(
     answers: &[u8],
     out: &mut [MaybeUninit<T>],
-    one: impl Fn(u32, usize) -> Result<T>,
+    one: impl Fn(u32, &[u8; ATTRIBUTES_BYTES], usize) -> Result<T>,
 ) -> Result<()> {
     if answers.len() < out.len() * ANSWER_BYTES {
         return Err(bad(format!("{} answer bytes for {} answers", answers.len(), out.len())));
     }
-    for (index, slot) in out.iter_mut().enumerate() {
-        let at = index * ANSWER_BYTES;
-        slot.write(one(get_u32(answers, at), at)?);
+    for (index, (answer, slot)) in answers.chunks_exact(ANSWER_BYTES).zip(out.iter_mut()).enumerate() {
+        let answer: &[u8; ANSWER_BYTES] = answer.try_into().expect("chunks_exact");
+        let status = u32::from_le_bytes(answer[..4].try_into().unwrap());
+        let record: &[u8; ATTRIBUTES_BYTES] = answer[8..].try_into().expect("104 bytes after the status");
+        slot.write(one(status, record, index)?);
     }
     Ok(())
 }
@@ -510,9 +521,9 @@ pub fn decoded<T: Copy>(count: usize, fill: impl FnOnce(&mut [MaybeUninit<T>]) -
 }
 
 pub fn decode_lookups_into(answers: &[u8], out: &mut [MaybeUninit<LookupResult>]) -> Result<()> {
-    decode_into(answers, out, |status, at| {
+    decode_into(answers, out, |status, record, _| {
         Ok(match status {
-            STATUS_FOUND => LookupResult::Found(get_attributes(answers, at + 8)?),
+            STATUS_FOUND => LookupResult::Found(record_attributes(record)?),
             STATUS_NOT_FOUND => LookupResult::NotFound,
             STATUS_UNKNOWN => LookupResult::Unknown,
             STATUS_NOT_DIRECTORY => LookupResult::NotDirectory,
@@ -522,9 +533,9 @@ pub fn decode_lookups_into(answers: &[u8], out: &mut [MaybeUninit<LookupResult>]
 }
 
 pub fn decode_resolves_into(answers: &[u8], out: &mut [MaybeUninit<ResolveResult>]) -> Result<()> {
-    decode_into(answers, out, |status, at| {
+    decode_into(answers, out, |status, record, _| {
         Ok(match status {
-            STATUS_FOUND => ResolveResult::Found(get_attributes(answers, at + 8)?),
+            STATUS_FOUND => ResolveResult::Found(record_attributes(record)?),
             STATUS_NOT_FOUND => ResolveResult::NotFound,
             STATUS_NOT_DIRECTORY => ResolveResult::NotDirectory,
             STATUS_PERMISSION_DENIED => ResolveResult::PermissionDenied,
@@ -538,11 +549,11 @@ pub fn decode_resolves_into(answers: &[u8], out: &mut [MaybeUninit<ResolveResult
 /// Stat answers; a found record must be the inode asked for (`inodes[i]` for `out[i]`).
 pub fn decode_stats_into(answers: &[u8], inodes: &[u64], out: &mut [MaybeUninit<StatResult>]) -> Result<()> {
     assert_eq!(inodes.len(), out.len());
-    decode_into(answers, out, |status, at| {
-        let inode = inodes[at / ANSWER_BYTES];
+    decode_into(answers, out, |status, record, index| {
+        let inode = inodes[index];
         Ok(match status {
             STATUS_FOUND => {
-                let attributes = get_attributes(answers, at + 8)?;
+                let attributes = record_attributes(record)?;
                 if attributes.inode != inode {
                     return Err(bad(format!("stat of {inode} answered inode {}", attributes.inode)));
                 }
