@@ -417,11 +417,11 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
 
 pub fn render(rows: &[DirectoryBenchRow], notes: &[String]) -> String {
     let mut text = String::new();
-    let _ = writeln!(text, "{:<34} {:<44} {:>14} {:>10}  note", "operation", "engine", "per second", "µs");
+    let _ = writeln!(text, "{:<40} {:<44} {:>14} {:>10}  note", "operation", "engine", "per second", "µs");
     for row in rows {
         let rate = row.per_second.map_or("-".to_string(), |rate| format!("{:.3e}", rate));
         let latency = row.microseconds.map_or("-".to_string(), |us| format!("{us:.2}"));
-        let _ = writeln!(text, "{:<34} {:<44} {:>14} {:>10}  {}", row.operation, row.engine, rate, latency, row.note);
+        let _ = writeln!(text, "{:<40} {:<44} {:>14} {:>10}  {}", row.operation, row.engine, rate, latency, row.note);
     }
     for note in notes {
         let _ = writeln!(text, "{note}");
