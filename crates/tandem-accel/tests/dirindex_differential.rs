@@ -1132,6 +1132,7 @@ fn bench_directory_index() {
         directories: number("TANDEM_DIRINDEX_DIRECTORIES", 1000),
         files_per_directory: number("TANDEM_DIRINDEX_FILES", 1000),
         staging_buffers: number("TANDEM_DIRINDEX_WORKERS", 0),
+        blocks: number("TANDEM_DIRINDEX_BLOCKS", 0) as u32,
         ..Default::default()
     };
     let (rows, notes) = tandem_accel::dirindex::bench::run(&config).expect("benchmark");

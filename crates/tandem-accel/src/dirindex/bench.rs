@@ -29,6 +29,9 @@ pub struct DirectoryBenchConfig {
     pub gpu: bool,
     /// The GPU engine's staging buffers, so its batch workers (0 = its default).
     pub staging_buffers: usize,
+    /// Blocks of the GPU engine's persistent kernel (0 = one per multiprocessor; the engine
+    /// caps it at what can be resident at once).
+    pub blocks: u32,
 }
 
 impl Default for DirectoryBenchConfig {
@@ -42,6 +45,7 @@ impl Default for DirectoryBenchConfig {
             threads: 0,
             gpu: true,
             staging_buffers: 0,
+            blocks: 0,
         }
     }
 }
@@ -384,6 +388,7 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
     if config.staging_buffers > 0 {
         gpu_config.staging_buffers = config.staging_buffers;
     }
+    gpu_config.blocks = config.blocks;
     match GpuDirectoryIndex::open(ROOT, gpu_config) {
         Err(reason) => notes.push(format!("no GPU found ({reason}): CPU twin only")),
         Ok(gpu) => {
@@ -444,6 +449,7 @@ mod tests {
             threads: 2,
             gpu: false,
             staging_buffers: 0,
+            blocks: 0,
         };
         let (rows, notes) = run(&config).unwrap();
         let text = render(&rows, &notes);

@@ -534,12 +534,23 @@ __device__ u32 walk_component(const Tables& t, u64* current, const IndexAttribut
     return WALK_ON;
 }
 
-// The path is read once, front to back, a word at a time (from mapped host memory each word is
-// a PCIe read): bytes gather into the current component, and a '/' or the end walks it.
+// Words of a path loaded together before the walk starts (the rest one at a time as reached).
+#define PATH_HEAD_WORDS 4u
+static_assert(PATH_HEAD_WORDS == 4, "resolve_one names head0..head3");
+
+// The path is read once, front to back: its first PATH_HEAD_WORDS words with loads issued
+// together (from mapped host memory each is a PCIe read of about 1 µs, so a path of up to 32
+// bytes costs one round trip, not one per word), the rest a word at a time as the walk reaches
+// them. Bytes gather into the current component, and a '/' or the end walks it.
 __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
                            const IndexAttributes** result) {
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 0) return STATUS_NOT_FOUND;
+    const u32 path_words = (length + 7) / 8;
+    const u64 head0 = load_volatile_u64(source);
+    const u64 head1 = path_words > 1 ? load_volatile_u64(source + 1) : 0ull;
+    const u64 head2 = path_words > 2 ? load_volatile_u64(source + 2) : 0ull;
+    const u64 head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
     u64 current = t.root;
     const IndexAttributes* here = attributes_stable(t, current);
     u64 words[MAXIMUM_NAME_WORDS];
@@ -550,7 +561,14 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     for (u32 position = 0; position <= length; ++position) {
         u32 byte = '/';
         if (position < length) {
-            if ((position & 7) == 0) word = load_volatile_u64(source + position / 8);
+            if ((position & 7) == 0) {
+                const u32 index = position / 8;
+                word = index == 0   ? head0
+                       : index == 1 ? head1
+                       : index == 2 ? head2
+                       : index == 3 ? head3
+                                    : load_volatile_u64(source + index);
+            }
             byte = (u32)((word >> (8 * (position & 7))) & 0xFF);
             last_byte = byte;
         }
