@@ -353,7 +353,8 @@ fn host_pipeline(cpu: &CpuDirectoryIndex, paths: &[&[u8]], config: &DirectoryBen
             free.lock().expect("buffers").push(buffer);
             decoded
         };
-        wire::fill_in_chunks(paths.len(), &bounds, workers, &mut out, || Ok(()), run)
+        let cutter = wire::ChunkCutter::new(paths.len(), size_of, staging_bytes, workers, 4096);
+        wire::fill_in_chunks(cutter, workers, &mut out, || Ok(()), run)
     })?;
     Ok((workers, per_second))
 }

@@ -636,7 +636,7 @@ impl GpuDirectoryIndex {
             return Ok(());
         }
         let workers = self.config.staging_buffers.clamp(1, MAXIMUM_BATCH_WORKERS);
-        let bounds = wire::chunk_bounds(
+        let cutter = wire::ChunkCutter::new(
             requests.len(),
             |index| (request_bytes(&requests[index]), wire::ANSWER_BYTES),
             self.config.staging_bytes,
@@ -652,7 +652,7 @@ impl GpuDirectoryIndex {
         };
         // Every worker thread binds the context; a staging buffer is held per chunk only, so
         // concurrent batches share them fairly.
-        wire::fill_in_chunks(requests.len(), &bounds, workers, out, || self.device.bind_context(), run_chunk)
+        wire::fill_in_chunks(cutter, workers, out, || self.device.bind_context(), run_chunk)
     }
 
     /// One command of a query batch in one staging buffer; its answers decoded into `out`.

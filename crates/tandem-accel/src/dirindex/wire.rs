@@ -120,12 +120,83 @@ fn estimated_total_bytes(count: usize, size_of: &impl Fn(usize) -> (usize, usize
 }
 
 /// Cuts `count` items (item i takes `size_of(i)` = (request bytes, answer bytes)) into
-/// consecutive chunks for `workers` staging buffers of `capacity_bytes` each: every chunk fits
-/// a buffer; a batch of fewer than 2 × `minimum_items` stays one chunk when it fits (no thread
+/// consecutive chunks for `workers` staging buffers of `capacity_bytes` each, one chunk at a
+/// time, so that workers start on the first chunks while the rest are cut: every chunk fits a
+/// buffer; a batch of fewer than 2 × `minimum_items` stays one chunk when it fits (no thread
 /// start for a short batch); otherwise the chunks hold about equal bytes and there are at least
 /// `workers` of them, their number rounded up to a multiple of `workers`, so that the workers
-/// finish together instead of one worker serving a last odd chunk alone. One pass over the
-/// sizes (the total is estimated from a sample); nothing per item is kept.
+/// finish together instead of one worker serving a last odd chunk alone. The total that sets
+/// the number of chunks is estimated from a sample; the last chunk aimed for takes whatever is
+/// left that fits, so a low estimate leaves no small chunk over. Nothing per item is kept.
+pub struct ChunkCutter<F> {
+    size_of: F,
+    count: usize,
+    /// Room of a buffer less the alignment gap between requests and answers: bytes are
+    /// counted as requests plus answers, and the gap before the answers is under
+    /// ANSWERS_ALIGNMENT_BYTES, so a chunk of at most `usable` such bytes fits a buffer.
+    usable: usize,
+    target_bytes: usize,
+    aimed: usize,
+    next: usize,
+    produced: usize,
+}
+
+impl<F: Fn(usize) -> (usize, usize)> ChunkCutter<F> {
+    pub fn new(count: usize, size_of: F, capacity_bytes: usize, workers: usize, minimum_items: usize) -> Self {
+        assert!(workers > 0 && minimum_items > 0 && capacity_bytes > ANSWERS_ALIGNMENT_BYTES);
+        let total = estimated_total_bytes(count, &size_of);
+        let usable = capacity_bytes - ANSWERS_ALIGNMENT_BYTES;
+        let by_capacity = total.div_ceil(usable).max(1);
+        let by_items = (count / minimum_items).max(1);
+        let mut aimed = by_capacity.max(workers.min(by_items));
+        if aimed > 1 {
+            aimed = aimed.div_ceil(workers) * workers;
+            aimed = aimed.min(by_items.max(by_capacity));
+        }
+        let target_bytes = total.div_ceil(aimed);
+        ChunkCutter { size_of, count, usable, target_bytes, aimed, next: 0, produced: 0 }
+    }
+
+    /// Requests in the batch.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Chunks the cut aims for (more follow only when the estimate was low and the rest does
+    /// not fit the last one).
+    pub fn aimed(&self) -> usize {
+        self.aimed
+    }
+
+    /// The next chunk (start, end), or None once the batch is cut.
+    pub fn next_chunk(&mut self) -> Option<(usize, usize)> {
+        if self.next >= self.count {
+            return None;
+        }
+        let start = self.next;
+        let last = self.produced + 1 >= self.aimed;
+        let (mut index, mut used) = (start, 0usize);
+        // Bounded by the batch; a chunk takes at least one request (asserted to fit).
+        while index < self.count {
+            let (request, answer) = (self.size_of)(index);
+            let bytes = request + answer;
+            assert!(bytes <= self.usable, "item {index} of {bytes} bytes fits no staging buffer");
+            if used + bytes > self.usable {
+                break;
+            }
+            used += bytes;
+            index += 1;
+            if !last && used >= self.target_bytes {
+                break;
+            }
+        }
+        self.next = index;
+        self.produced += 1;
+        Some((start, index))
+    }
+}
+
+/// Every chunk of `ChunkCutter::new(...)` at once (tests, the benchmark).
 pub fn chunk_bounds(
     count: usize,
     size_of: impl Fn(usize) -> (usize, usize),
@@ -133,113 +204,61 @@ pub fn chunk_bounds(
     workers: usize,
     minimum_items: usize,
 ) -> Vec<(usize, usize)> {
-    assert!(workers > 0 && minimum_items > 0 && capacity_bytes > ANSWERS_ALIGNMENT_BYTES);
-    if count == 0 {
-        return Vec::new();
-    }
-    let total = estimated_total_bytes(count, &size_of);
-    // Room of a buffer less the alignment gap between requests and answers.
-    let usable = capacity_bytes - ANSWERS_ALIGNMENT_BYTES;
-    let by_capacity = total.div_ceil(usable);
-    let by_items = (count / minimum_items).max(1);
-    let mut chunks = by_capacity.max(workers.min(by_items));
-    if chunks > 1 {
-        chunks = chunks.div_ceil(workers) * workers;
-        chunks = chunks.min(by_items.max(by_capacity));
-    }
-    let target_bytes = total.div_ceil(chunks);
-    let mut bounds = Vec::with_capacity(chunks + 1);
-    // Bytes are counted as requests plus answers: the gap before the answers is under
-    // ANSWERS_ALIGNMENT_BYTES, so a chunk of at most `usable` such bytes fits a buffer. (This
-    // loop runs once per request on the calling thread before any worker starts: for 1M
-    // requests a Layout per request cost 4 ms, half the time a batch may take.)
-    let (mut start, mut used, mut last_used) = (0usize, 0usize, 0usize);
-    for index in 0..count {
-        let (request, answer) = size_of(index);
-        let bytes = request + answer;
-        assert!(bytes <= usable, "item {index} of {bytes} bytes fits no staging buffer");
-        if used + bytes > usable {
-            bounds.push((start, index));
-            (start, last_used, used) = (index, used, 0);
-        }
-        used += bytes;
-        if used >= target_bytes {
-            bounds.push((start, index + 1));
-            (start, last_used, used) = (index + 1, used, 0);
-        }
-    }
-    if start < count {
-        // A remainder past the chunks aimed for (the estimate was a little low) joins the last
-        // chunk when it fits, so that no worker serves a small chunk alone at the end.
-        let enough = bounds.len() >= chunks;
-        match bounds.last_mut() {
-            Some(last) if enough && last_used + used <= usable => last.1 = count,
-            _ => bounds.push((start, count)),
-        }
-    }
-    bounds
+    let mut cutter = ChunkCutter::new(count, size_of, capacity_bytes, workers, minimum_items);
+    std::iter::from_fn(|| cutter.next_chunk()).collect()
 }
 
-/// Fills `out` (cleared first) with `count` answers, chunk by chunk: `run(start, end, piece)`
-/// must write every element of `piece` (the answers start..end) or fail. `bounds` are
-/// consecutive and cover 0..count. One chunk runs on the calling thread (after `setup`); more
-/// are taken in order by up to `workers` scoped threads, each calling `setup` first (the GPU
-/// engine binds its context there). Each chunk's answers go straight to their place in `out`,
-/// so nothing is gathered afterwards, and a fresh `out` is first touched by all the workers.
-/// All or nothing: after any failure `out` is left empty.
-pub fn fill_in_chunks<T: Copy + Send>(
-    count: usize,
-    bounds: &[(usize, usize)],
+/// Fills `out` (cleared first) with the answers of the batch `cutter` cuts, chunk by chunk:
+/// `run(start, end, piece)` must write every element of `piece` (the answers start..end) or
+/// fail. A batch the cutter aims to keep whole runs on the calling thread (after `setup`);
+/// otherwise up to `workers` scoped threads, each calling `setup` first (the GPU engine binds
+/// its context there), take the chunks in order as the cutter cuts them. Each chunk's answers
+/// go straight to their place in `out`, so nothing is gathered afterwards, and a fresh `out`
+/// is first touched by all the workers. All or nothing: after any failure `out` is left empty.
+pub fn fill_in_chunks<T: Copy + Send, F: Fn(usize) -> (usize, usize) + Send>(
+    cutter: ChunkCutter<F>,
     workers: usize,
     out: &mut Vec<T>,
     setup: impl Fn() -> Result<()> + Sync,
     run: impl Fn(usize, usize, &mut [MaybeUninit<T>]) -> Result<()> + Sync,
 ) -> Result<()> {
     assert!(workers > 0);
+    let count = cutter.count();
+    let threads = workers.min(cutter.aimed());
     out.clear();
     out.reserve(count);
-    let mut pieces = Vec::with_capacity(bounds.len());
-    let mut rest = &mut out.spare_capacity_mut()[..count];
-    let mut next = 0;
-    for &(start, end) in bounds {
-        assert!(start == next && end > start, "chunk {start}..{end} does not follow {next}");
-        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(end - start);
-        pieces.push((start, end, piece));
-        rest = tail;
-        next = end;
-    }
-    assert!(next == count && rest.is_empty(), "the chunks cover the batch");
-    if pieces.len() <= 1 {
+    let queue = std::sync::Mutex::new((cutter, &mut out.spare_capacity_mut()[..count]));
+    // The next chunk and its part of `out`; None once the batch is cut.
+    let take = || {
+        let mut state = queue.lock().expect("chunk queue poisoned");
+        let (cutter, rest) = &mut *state;
+        let (start, end) = cutter.next_chunk()?;
+        let (piece, tail) = std::mem::take(rest).split_at_mut(end - start);
+        *rest = tail;
+        Some((start, end, piece))
+    };
+    // Bounded by the number of chunks.
+    let serve = || -> Result<()> {
         setup()?;
-        if let Some((start, end, piece)) = pieces.pop() {
+        while let Some((start, end, piece)) = take() {
             run(start, end, piece)?;
         }
+        Ok(())
+    };
+    if threads <= 1 {
+        serve()?;
     } else {
-        let threads = workers.min(pieces.len());
-        let queue = std::sync::Mutex::new(pieces.into_iter());
         let results: Vec<Result<()>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| -> Result<()> {
-                        setup()?;
-                        // Bounded by the number of chunks.
-                        loop {
-                            let next = queue.lock().expect("chunk queue poisoned").next();
-                            match next {
-                                Some((start, end, piece)) => run(start, end, piece)?,
-                                None => return Ok(()),
-                            }
-                        }
-                    })
-                })
-                .collect();
+            let handles: Vec<_> = (0..threads).map(|_| scope.spawn(serve)).collect();
             handles.into_iter().map(|handle| handle.join().expect("batch worker panicked")).collect()
         });
         results.into_iter().collect::<Result<()>>()?;
     }
-    // SAFETY: a worker returns Ok only once the queue is empty, and every chunk it took was
-    // run with Ok, which writes each element of its piece; so every piece was written, and the
-    // pieces cover the first `count` elements.
+    let (mut cutter, rest) = queue.into_inner().expect("chunk queue poisoned");
+    assert!(cutter.next_chunk().is_none() && rest.is_empty(), "the chunks cover the batch");
+    // SAFETY: a worker returns Ok only once the cutter is done, and every chunk it took was
+    // run with Ok, which writes each element of its piece; the pieces were split off `out`'s
+    // first `count` elements in order and, asserted above, cover them all.
     unsafe { out.set_len(count) };
     Ok(())
 }
@@ -895,8 +914,8 @@ mod tests {
 
     #[test]
     fn chunks_fill_their_place_in_the_answers_or_nothing() {
-        let bounds = chunk_bounds(100_000, |_| (8, ANSWER_BYTES), 1 << 20, 4, 1000);
-        assert!(bounds.len() >= 4);
+        let cutter = || ChunkCutter::new(100_000, |_| (8, ANSWER_BYTES), 1 << 20, 4, 1000);
+        assert!(cutter().aimed() >= 4);
         let mut out = vec![7u64; 3];
         let setups = std::sync::atomic::AtomicUsize::new(0);
         let setup = || {
@@ -909,7 +928,7 @@ mod tests {
             }
             Ok(())
         };
-        fill_in_chunks(100_000, &bounds, 4, &mut out, setup, square).unwrap();
+        fill_in_chunks(cutter(), 4, &mut out, setup, square).unwrap();
         assert!(out.iter().enumerate().all(|(index, &value)| value == (index as u64).pow(2)));
         assert_eq!(setups.load(std::sync::atomic::Ordering::Relaxed), 4, "one setup per worker");
         // One failing chunk fails the whole batch and leaves nothing behind.
@@ -917,13 +936,34 @@ mod tests {
             0 => Err(bad("refused".into())),
             _ => square(start, end, piece),
         };
-        assert!(fill_in_chunks(100_000, &bounds, 4, &mut out, || Ok(()), failing).is_err());
+        assert!(fill_in_chunks(cutter(), 4, &mut out, || Ok(()), failing).is_err());
         assert!(out.is_empty());
         // One chunk runs on the calling thread; none for an empty batch.
-        fill_in_chunks(5, &[(0, 5)], 4, &mut out, || Ok(()), square).unwrap();
+        let short = ChunkCutter::new(5, |_| (8, ANSWER_BYTES), 1 << 20, 4, 4096);
+        assert_eq!(short.aimed(), 1);
+        let caller = std::thread::current().id();
+        let on_the_caller = |start: usize, end: usize, piece: &mut [MaybeUninit<u64>]| {
+            assert_eq!(std::thread::current().id(), caller);
+            square(start, end, piece)
+        };
+        fill_in_chunks(short, 4, &mut out, || Ok(()), on_the_caller).unwrap();
         assert_eq!(out, vec![0, 1, 4, 9, 16]);
-        fill_in_chunks(0, &[], 4, &mut out, || Ok(()), square).unwrap();
+        fill_in_chunks(ChunkCutter::new(0, |_| (8, ANSWER_BYTES), 1 << 20, 4, 1), 4, &mut out, || Ok(()), square)
+            .unwrap();
         assert!(out.is_empty());
+        // A batch whose size the sample underestimates (every sampled request is small, the
+        // others large) is still cut into chunks that fit, covering it.
+        let skewed = |index: usize| (if index.is_multiple_of(24) { 8 } else { 4096 }, ANSWER_BYTES);
+        let bounds = chunk_bounds(100_000, skewed, 8 << 20, 8, 1000);
+        let mut next = 0;
+        for &(start, end) in &bounds {
+            let bytes: usize = (start..end).map(|index| skewed(index).0 + ANSWER_BYTES).sum();
+            assert!(start == next && end > start && bytes + ANSWERS_ALIGNMENT_BYTES <= 8 << 20);
+            next = end;
+        }
+        assert_eq!(next, 100_000);
+        fill_in_chunks(ChunkCutter::new(100_000, skewed, 8 << 20, 8, 1000), 8, &mut out, || Ok(()), square).unwrap();
+        assert!(out.iter().enumerate().all(|(index, &value)| value == (index as u64).pow(2)));
     }
 
     #[test]
