@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
 use tandem_accel::dirindex::{
     CpuDirectoryIndex, Credentials, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig, IndexAttributes, IndexKind,
-    IndexUpdate, ListResult, MAXIMUM_NAME_BYTES,
+    IndexUpdate, ListResult, ResolveResult, MAXIMUM_NAME_BYTES,
 };
 
 const ROOT: u64 = 1;
@@ -322,14 +322,14 @@ fn compare_everything(
     queries: usize,
 ) {
     let lookups = random_lookups(rng, tree, queries);
-    let borrowed: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
-    let expected = reference.lookup(&borrowed).expect("reference lookup");
-    let answered = other.lookup(&borrowed).expect("lookup");
-    for (index, request) in borrowed.iter().enumerate() {
+    let borrowed_lookups: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+    let expected_lookups = reference.lookup(&borrowed_lookups).expect("reference lookup");
+    let answered = other.lookup(&borrowed_lookups).expect("lookup");
+    for (index, request) in borrowed_lookups.iter().enumerate() {
         assert!(
-            expected[index] == answered[index],
+            expected_lookups[index] == answered[index],
             "lookup {request:?}: {:?} vs {:?}",
-            expected[index],
+            expected_lookups[index],
             answered[index]
         );
     }
@@ -369,6 +369,16 @@ fn compare_everything(
         let answered = other.list(directory).expect("list");
         assert!(expected == answered, "list {directory}: {} vs {}", describe(&expected), describe(&answered));
     }
+    // The `_into` calls answer the same into vectors that hold stale answers of another batch.
+    let mut reused_lookups = reference.lookup(&borrowed_lookups[..borrowed_lookups.len() / 3]).unwrap();
+    other.lookup_into(&borrowed_lookups, &mut reused_lookups).expect("lookup_into");
+    assert!(reused_lookups == expected_lookups, "lookup_into differs from lookup");
+    let mut reused_resolves = vec![ResolveResult::NeedsCpu; 7];
+    other.resolve_into(&borrowed, CREDENTIALS[1], &mut reused_resolves).expect("resolve_into");
+    assert!(reused_resolves == reference.resolve(&borrowed, CREDENTIALS[1]).unwrap(), "resolve_into differs");
+    let mut reused_stats = reference.stat(&inodes[..inodes.len() / 2]).unwrap();
+    other.stat_into(&inodes, &mut reused_stats).expect("stat_into");
+    assert!(reused_stats == reference.stat(&inodes).unwrap(), "stat_into differs from stat");
     // Batches of one (the mapped-memory path on the GPU).
     for (parent, name) in lookups.iter().take(50) {
         let request = [(*parent, &name[..])];
@@ -539,6 +549,27 @@ fn kernel_source_on_the_host_equals_the_cpu_twin() {
     drop(kernel);
 }
 
+/// The walk carries the record a lookup found as the attributes of the inode it walks to, so
+/// the kernel must store a record only under its own inode: an apply whose key is not the
+/// record's inode is a command error, and nothing of it is stored.
+#[test]
+fn kernel_source_refuses_a_record_under_another_inode() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 1024) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    let record = IndexAttributes::new(7, IndexKind::File, 0o644);
+    let updates = [IndexUpdate::SetAttributes(record)];
+    assert!(kernel.apply_with_key(&updates, 7).is_ok(), "its own inode is stored");
+    assert_eq!(kernel.stat(&[7]).unwrap(), vec![tandem_accel::dirindex::StatResult::Found(record)]);
+    let error = kernel.apply_with_key(&updates, 8).expect_err("a record under inode 8 is refused");
+    assert!(error.to_string().contains("error 2"), "{error}");
+    assert_eq!(kernel.stat(&[8]).unwrap(), vec![tandem_accel::dirindex::StatResult::Unknown]);
+}
+
 /// The kernel's answer to running out of room: every change it could not store is counted,
 /// and from then on it gives no negative answer (a correct cache, only a less useful one).
 #[test]
@@ -580,6 +611,7 @@ mod emulator {
     type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
     type Close = unsafe extern "C" fn(*mut c_void);
     type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64, u32);
+    type Counts = unsafe extern "C" fn(*mut c_void, *mut u64, *mut u64);
     type Command = unsafe extern "C" fn(
         *mut c_void,
         u32,
@@ -606,6 +638,7 @@ mod emulator {
         close: Close,
         command: Command,
         serve: Serve,
+        counts: Counts,
         root: u64,
         entry_slots: u64,
     }
@@ -647,8 +680,8 @@ mod emulator {
     }
 
     /// Compiles and loads the emulator once per process (the file is removed once loaded).
-    fn library() -> std::result::Result<(Open, Close, Command, Serve), String> {
-        type Symbols = (usize, usize, usize, usize);
+    fn library() -> std::result::Result<(Open, Close, Command, Serve, Counts), String> {
+        type Symbols = (usize, usize, usize, usize, usize);
         static LIBRARY: std::sync::OnceLock<std::result::Result<Symbols, String>> = std::sync::OnceLock::new();
         let loaded = LIBRARY.get_or_init(|| {
             let directory = std::env::temp_dir().join(format!("tandem-dirindex-emulator-{}", std::process::id()));
@@ -663,9 +696,10 @@ mod emulator {
                 symbol(handle, "dirindex_emulator_close") as usize,
                 symbol(handle, "dirindex_emulator_command") as usize,
                 symbol(handle, "dirindex_emulator_serve") as usize,
+                symbol(handle, "dirindex_emulator_counts") as usize,
             ))
         });
-        let (open, close, command, serve) = loaded.clone()?;
+        let (open, close, command, serve, counts) = loaded.clone()?;
         // SAFETY: the symbols have exactly these C signatures in dirindex_emulator.cpp.
         unsafe {
             Ok((
@@ -673,17 +707,26 @@ mod emulator {
                 std::mem::transmute::<usize, Close>(close),
                 std::mem::transmute::<usize, Command>(command),
                 std::mem::transmute::<usize, Serve>(serve),
+                std::mem::transmute::<usize, Counts>(counts),
             ))
         }
     }
 
     impl EmulatedKernel {
         pub fn build(root: u64, entries: usize) -> std::result::Result<Self, String> {
-            let (open, close, command, serve) = library()?;
+            let (open, close, command, serve, counts) = library()?;
             let slots = ((entries + entries / 2).max(1024)).next_power_of_two() as u64;
             // SAFETY: plain sizes; the emulator owns what it allocates until close.
             let state = unsafe { open(slots, slots, (entries * 64 / 8) as u64, root) };
-            Ok(EmulatedKernel { state: Mutex::new(state as usize), close, command, serve, root, entry_slots: slots })
+            Ok(EmulatedKernel {
+                state: Mutex::new(state as usize),
+                close,
+                command,
+                serve,
+                counts,
+                root,
+                entry_slots: slots,
+            })
         }
 
         /// Runs one command over `buffer` (requests at 0, answers at `layout.answers_offset`).
@@ -723,6 +766,16 @@ mod emulator {
             Ok((result0, result1))
         }
 
+        /// Applies one `SetAttributes` with the key word of its request set to `key`, as a
+        /// host that broke the layout's rule would send it.
+        pub fn apply_with_key(&self, updates: &[IndexUpdate], key: u64) -> Result<(u64, u64)> {
+            assert!(updates.len() == 1 && matches!(updates[0], IndexUpdate::SetAttributes(_)));
+            let mut buffer = Self::buffer(wire::apply_sizes(updates));
+            let layout = wire::encode_updates(updates, Self::bytes(&mut buffer));
+            Self::bytes(&mut buffer)[8..16].copy_from_slice(&key.to_le_bytes());
+            self.run(wire::COMMAND_APPLY, 1, &mut buffer, &layout, [0; 3])
+        }
+
         /// Runs the kernel's persistent serving loop over `ring` (RING_BYTES) as `blocks`
         /// blocks of 32 host threads until it is told to stop. Commands through `command` must
         /// not run meanwhile.
@@ -732,6 +785,15 @@ mod emulator {
             unsafe {
                 (self.serve)(state as *mut c_void, ring, tandem_accel::dirindex::ring::RING_SLOTS as u64, blocks)
             };
+        }
+
+        /// Commands the serving loop served by block 0 alone and by the whole grid.
+        pub fn served_counts(&self) -> (u64, u64) {
+            let state = *self.state.lock().unwrap();
+            let (mut alone, mut grid) = (0, 0);
+            // SAFETY: out-parameters; the emulator lives until close.
+            unsafe { (self.counts)(state as *mut c_void, &mut alone, &mut grid) };
+            (alone, grid)
         }
 
         pub fn entry_slots(&self) -> u64 {
@@ -857,6 +919,11 @@ fn kernel_serving_loop_on_the_host_answers_through_the_ring() {
         }
     });
     served.stop();
+    // Both ways of serving ran: single requests and small applies by block 0 alone, the
+    // batches and lists by the grid.
+    let (alone, grid) = kernel.served_counts();
+    println!("commands served by block 0 alone: {alone}, by the grid: {grid}");
+    assert!(alone >= 400 && grid > 10, "alone {alone}, grid {grid}");
 }
 
 mod ring_index {
@@ -1064,6 +1131,8 @@ fn bench_directory_index() {
     let config = tandem_accel::dirindex::bench::DirectoryBenchConfig {
         directories: number("TANDEM_DIRINDEX_DIRECTORIES", 1000),
         files_per_directory: number("TANDEM_DIRINDEX_FILES", 1000),
+        staging_buffers: number("TANDEM_DIRINDEX_WORKERS", 0),
+        blocks: number("TANDEM_DIRINDEX_BLOCKS", 0) as u32,
         ..Default::default()
     };
     let (rows, notes) = tandem_accel::dirindex::bench::run(&config).expect("benchmark");

@@ -237,3 +237,11 @@ extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots
     }
     for (auto& thread : threads) thread.join();
 }
+
+// Commands the serving loop served by block 0 alone and by the whole grid (since the last
+// dirindex_emulator_serve began).
+extern "C" void dirindex_emulator_counts(void* emulator, u64* alone, u64* grid) {
+    Emulator* e = (Emulator*)emulator;
+    *alone = __atomic_load_n(&e->control.alone_commands, __ATOMIC_SEQ_CST);
+    *grid = __atomic_load_n(&e->control.grid_commands, __ATOMIC_SEQ_CST);
+}

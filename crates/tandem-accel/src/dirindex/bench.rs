@@ -4,7 +4,7 @@
 //! path resolutions, lookups and stats per second, and the single-command round trip in µs.
 //! The GPU engine's answers are checked against the CPU twin's on the same batches.
 
-use super::{CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
+use super::{wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
 use super::{Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, LookupResult, ResolveResult};
 use crate::error::Result;
 use std::fmt::Write as _;
@@ -27,6 +27,11 @@ pub struct DirectoryBenchConfig {
     pub threads: usize,
     /// Run the GPU engine when one is found (false: CPU twin only).
     pub gpu: bool,
+    /// The GPU engine's staging buffers, so its batch workers (0 = its default).
+    pub staging_buffers: usize,
+    /// Blocks of the GPU engine's persistent kernel (0 = one per multiprocessor; the engine
+    /// caps it at what can be resident at once).
+    pub blocks: u32,
 }
 
 impl Default for DirectoryBenchConfig {
@@ -39,6 +44,8 @@ impl Default for DirectoryBenchConfig {
             minimum_seconds: 1.0,
             threads: 0,
             gpu: true,
+            staging_buffers: 0,
+            blocks: 0,
         }
     }
 }
@@ -188,7 +195,20 @@ fn measure_engine(
         &format!("resolve {} paths", paths.len()),
         Some(resolves),
         None,
-        format!("{found} found{check}; target ≥ 100 M/s end to end"),
+        format!("{found} found{check}; a fresh answer vector per call; target ≥ 100 M/s end to end"),
+    ));
+    let mut reused = Vec::new();
+    let into =
+        rate(paths.len(), config.minimum_seconds, || index.resolve_into(&path_slices, Credentials::ROOT, &mut reused))?;
+    let same = match reused == answers {
+        true => "the same answers",
+        false => "ANSWERS DIFFER from resolve's",
+    };
+    rows.push(row(
+        &format!("resolve {} paths, reused vector", paths.len()),
+        Some(into),
+        None,
+        format!("resolve_into, answers written in place: {same}"),
     ));
     let names: Vec<(u64, Vec<u8>)> = {
         let mut state = 0xABCDu64;
@@ -203,9 +223,15 @@ fn measure_engine(
     let hits = index.lookup(&lookups)?.iter().filter(|answer| matches!(answer, LookupResult::Found(_))).count();
     let lookup_rate = rate(lookups.len(), config.minimum_seconds, || index.lookup(&lookups).map(|_| ()))?;
     rows.push(row(&format!("lookup {} names", lookups.len()), Some(lookup_rate), None, format!("{hits} found")));
+    let mut reused = Vec::new();
+    let lookup_into = rate(lookups.len(), config.minimum_seconds, || index.lookup_into(&lookups, &mut reused))?;
+    rows.push(row(&format!("lookup {} names, reused vector", lookups.len()), Some(lookup_into), None, String::new()));
     let inodes: Vec<u64> = names.iter().enumerate().map(|(i, _)| shape.file(i as u64 % shape.directories, 0)).collect();
     let stat_rate = rate(inodes.len(), config.minimum_seconds, || index.stat(&inodes).map(|_| ()))?;
     rows.push(row(&format!("stat {} inodes", inodes.len()), Some(stat_rate), None, String::new()));
+    let mut reused = Vec::new();
+    let stat_into = rate(inodes.len(), config.minimum_seconds, || index.stat_into(&inodes, &mut reused))?;
+    rows.push(row(&format!("stat {} inodes, reused vector", inodes.len()), Some(stat_into), None, String::new()));
     let (median, tail) = round_trip(index, &paths, config.round_trips)?;
     rows.push(row(
         "single-path resolve round trip",
@@ -214,6 +240,123 @@ fn measure_engine(
         format!("median of {}; p99 {tail:.1} µs; target ≤ 10 µs", config.round_trips),
     ));
     Ok((rows, answers))
+}
+
+/// The host's share of the GPU engine's resolve, without a GPU, on one thread: encoding the
+/// paths into staging buffers as the engine cuts them, and checking and decoding a buffer of
+/// answers (the twin's, in the kernel's layout) into a reused vector. The engine spreads
+/// both over its batch workers; these rows say what one worker's share costs.
+fn host_side_rows(
+    cpu: &CpuDirectoryIndex,
+    paths: &[&[u8]],
+    config: &DirectoryBenchConfig,
+) -> Result<Vec<DirectoryBenchRow>> {
+    let staging_bytes = GpuIndexConfig::for_entries(1).staging_bytes;
+    let bounds = wire::chunk_bounds(
+        paths.len(),
+        |index| (wire::RESOLVE_RECORD_BYTES + wire::padded(paths[index].len()), wire::ANSWER_BYTES),
+        staging_bytes,
+        1,
+        1,
+    );
+    let mut staging = vec![0u8; staging_bytes];
+    let encode = rate(paths.len(), config.minimum_seconds, || {
+        for &(start, end) in &bounds {
+            std::hint::black_box(wire::encode_resolves(&paths[start..end], &mut staging));
+        }
+        Ok(())
+    })?;
+    // One staging buffer of answers, decoded once per chunk.
+    let (start, end) = bounds[0];
+    let layout = wire::encode_resolves(&paths[start..end], &mut staging);
+    let expected = cpu.resolve(&paths[start..end], Credentials::ROOT)?;
+    wire::encode_resolve_answers(&expected, &mut staging[layout.answers_offset..]);
+    let answers = &staging[layout.answers_offset..layout.answers_offset + layout.answers_bytes];
+    let mut out: Vec<ResolveResult> = Vec::new();
+    let decode = rate(paths.len(), config.minimum_seconds, || {
+        for &(start, end) in &bounds {
+            out.clear();
+            out.reserve(end - start);
+            let count = (end - start).min(expected.len());
+            wire::decode_resolves_into(&answers[..count * wire::ANSWER_BYTES], &mut out.spare_capacity_mut()[..count])?;
+            std::hint::black_box(&out);
+        }
+        Ok(())
+    })?;
+    let decoded = wire::decode_resolves(answers, expected.len())?;
+    let (workers, pipeline) = host_pipeline(cpu, paths, config)?;
+    let engine = "host side of the GPU engine, 1 thread".to_string();
+    let row = |operation: String, per_second: f64, note: &str| DirectoryBenchRow {
+        operation,
+        engine: engine.clone(),
+        per_second: Some(per_second),
+        microseconds: None,
+        note: note.to_string(),
+    };
+    Ok(vec![
+        row(format!("encode {} paths", paths.len()), encode, "into 8 MiB staging buffers, as the engine cuts them"),
+        row(
+            format!("decode {} answers", paths.len()),
+            decode,
+            match decoded == expected {
+                true => "checked and decoded in place; round trip equal",
+                false => "ROUND TRIP DIFFERS",
+            },
+        ),
+        DirectoryBenchRow {
+            operation: format!("resolve {} paths, host side only", paths.len()),
+            engine: format!("host side of the GPU engine, {workers} workers"),
+            per_second: Some(pipeline),
+            microseconds: None,
+            note: "the engine's chunks and workers, answers already in staging: the ceiling an instant GPU would leave"
+                .into(),
+        },
+    ])
+}
+
+/// The host's whole share of a resolve batch as the GPU engine runs it (`chunk_bounds`,
+/// `fill_in_chunks`, encoding each chunk into a staging buffer, decoding its answers into a
+/// reused vector) with the GPU's part left out: each worker's buffer holds the twin's answers
+/// already, as if the kernel had written them. Returns (workers, paths per second).
+fn host_pipeline(cpu: &CpuDirectoryIndex, paths: &[&[u8]], config: &DirectoryBenchConfig) -> Result<(usize, f64)> {
+    let engine_defaults = GpuIndexConfig::for_entries(1);
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    let workers = match config.staging_buffers {
+        0 => engine_defaults.staging_buffers,
+        buffers => buffers,
+    }
+    .min(cores)
+    .max(1);
+    let staging_bytes = engine_defaults.staging_bytes;
+    let size_of = |index: usize| (wire::RESOLVE_RECORD_BYTES + wire::padded(paths[index].len()), wire::ANSWER_BYTES);
+    let bounds = wire::chunk_bounds(paths.len(), size_of, staging_bytes, workers, 4096);
+    let largest = bounds.iter().map(|(start, end)| end - start).max().unwrap_or(0);
+    let expected = cpu.resolve(&paths[..largest], Credentials::ROOT)?;
+    // Each buffer: requests in the first half, the kernel's answers in the second.
+    let mut template = vec![0u8; staging_bytes];
+    wire::encode_resolve_answers(&expected, &mut template);
+    let buffers: Vec<Vec<u8>> = (0..workers)
+        .map(|_| {
+            let mut buffer = vec![0u8; 2 * staging_bytes];
+            buffer[staging_bytes..].copy_from_slice(&template);
+            buffer
+        })
+        .collect();
+    let free = std::sync::Mutex::new(buffers);
+    let mut out = Vec::new();
+    let per_second = rate(paths.len(), config.minimum_seconds, || {
+        let run = |start: usize, end: usize, piece: &mut [std::mem::MaybeUninit<ResolveResult>]| {
+            let mut buffer = free.lock().expect("buffers").pop().expect("one buffer per worker");
+            let (requests, answers) = buffer.split_at_mut(staging_bytes);
+            std::hint::black_box(wire::encode_resolves(&paths[start..end], requests));
+            let decoded = wire::decode_resolves_into(&answers[..(end - start) * wire::ANSWER_BYTES], piece);
+            free.lock().expect("buffers").push(buffer);
+            decoded
+        };
+        let cutter = wire::ChunkCutter::new(paths.len(), size_of, staging_bytes, workers, 4096);
+        wire::fill_in_chunks(cutter, workers, &mut out, || Ok(()), run)
+    })?;
+    Ok((workers, per_second))
 }
 
 /// Runs the benchmark on the CPU twin and, when one is found, the GPU engine. Says why there
@@ -234,12 +377,19 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
     });
     let (cpu_rows, cpu_answers) = measure_engine(&cpu, &shape, config, None)?;
     rows.extend(cpu_rows);
+    let paths = random_paths(&shape, config.batch, 0x5EED);
+    let path_slices: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+    rows.extend(host_side_rows(&cpu, &path_slices, config)?);
     if !config.gpu {
         notes.push("GPU not asked for: CPU twin only".into());
         return Ok((rows, notes));
     }
     let mut gpu_config = GpuIndexConfig::for_entries(shape.total_entries() + shape.directories as usize + 16);
     gpu_config.arena_bytes = (shape.total_entries() + 1024) * 16;
+    if config.staging_buffers > 0 {
+        gpu_config.staging_buffers = config.staging_buffers;
+    }
+    gpu_config.blocks = config.blocks;
     match GpuDirectoryIndex::open(ROOT, gpu_config) {
         Err(reason) => notes.push(format!("no GPU found ({reason}): CPU twin only")),
         Ok(gpu) => {
@@ -273,11 +423,11 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
 
 pub fn render(rows: &[DirectoryBenchRow], notes: &[String]) -> String {
     let mut text = String::new();
-    let _ = writeln!(text, "{:<34} {:<44} {:>14} {:>10}  note", "operation", "engine", "per second", "µs");
+    let _ = writeln!(text, "{:<40} {:<44} {:>14} {:>10}  note", "operation", "engine", "per second", "µs");
     for row in rows {
         let rate = row.per_second.map_or("-".to_string(), |rate| format!("{:.3e}", rate));
         let latency = row.microseconds.map_or("-".to_string(), |us| format!("{us:.2}"));
-        let _ = writeln!(text, "{:<34} {:<44} {:>14} {:>10}  {}", row.operation, row.engine, rate, latency, row.note);
+        let _ = writeln!(text, "{:<40} {:<44} {:>14} {:>10}  {}", row.operation, row.engine, rate, latency, row.note);
     }
     for note in notes {
         let _ = writeln!(text, "{note}");
@@ -299,11 +449,14 @@ mod tests {
             minimum_seconds: 0.01,
             threads: 2,
             gpu: false,
+            staging_buffers: 0,
+            blocks: 0,
         };
         let (rows, notes) = run(&config).unwrap();
         let text = render(&rows, &notes);
         assert!(text.contains("resolve 5000 paths") && text.contains("round trip"), "{text}");
         assert!(text.contains("5000 found"), "every path exists: {text}");
+        assert!(!text.contains("DIFFER") && text.contains("decode 5000 answers"), "{text}");
         assert!(rows.iter().all(|row| row.per_second.is_some() || row.microseconds.is_some()));
     }
 }

@@ -130,23 +130,47 @@ impl CpuDirectoryIndex {
         (state.directories.values().map(|directory| directory.entries.len()).sum(), state.inodes.len())
     }
 
-    /// Runs `answer` over `requests` on up to `self.threads` threads, results in request order.
-    fn parallel<R: Sync, T: Send>(&self, requests: &[R], answer: impl Fn(&State, &R) -> T + Sync) -> Vec<T> {
+    /// Runs `answer` over `requests` on up to `self.threads` threads into `out` (cleared
+    /// first), results in request order. Each thread writes its answers in place: no vector
+    /// per thread and no gathering copy, which for a million answers (104 MB) cost more than
+    /// the answers themselves.
+    fn parallel_into<R: Sync, T: Copy + Send>(
+        &self,
+        requests: &[R],
+        answer: impl Fn(&State, &R) -> T + Sync,
+        out: &mut Vec<T>,
+    ) {
+        out.clear();
         let state = self.state.read().expect("index lock poisoned");
         let threads = self.threads.min(requests.len() / MINIMUM_REQUESTS_PER_THREAD).max(1);
         if threads == 1 {
-            return requests.iter().map(|request| answer(&state, request)).collect();
+            out.extend(requests.iter().map(|request| answer(&state, request)));
+            return;
         }
+        out.reserve(requests.len());
         let chunk = requests.len().div_ceil(threads);
         let state: &State = &state;
         let answer = &answer;
+        let targets = out.spare_capacity_mut()[..requests.len()].chunks_mut(chunk);
         std::thread::scope(|scope| {
-            let handles: Vec<_> = requests
-                .chunks(chunk)
-                .map(|part| scope.spawn(move || part.iter().map(|request| answer(state, request)).collect::<Vec<T>>()))
-                .collect();
-            handles.into_iter().flat_map(|handle| handle.join().expect("index worker panicked")).collect()
-        })
+            for (part, target) in requests.chunks(chunk).zip(targets) {
+                scope.spawn(move || {
+                    for (request, slot) in part.iter().zip(target.iter_mut()) {
+                        slot.write(answer(state, request));
+                    }
+                });
+            }
+        });
+        // SAFETY: the scope joined every thread (a panic in one propagates before this line);
+        // the chunks of `requests` and of the target zip one to one, and each thread wrote
+        // every slot of its target chunk.
+        unsafe { out.set_len(requests.len()) };
+    }
+
+    fn parallel<R: Sync, T: Copy + Send>(&self, requests: &[R], answer: impl Fn(&State, &R) -> T + Sync) -> Vec<T> {
+        let mut out = Vec::new();
+        self.parallel_into(requests, answer, &mut out);
+        out
     }
 }
 
@@ -180,15 +204,39 @@ impl DirectoryIndex for CpuDirectoryIndex {
 
     fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
         check_inodes(inodes)?;
-        Ok(self.parallel(inodes, |state, inode| match state.inodes.get(inode) {
-            Some(attributes) => StatResult::Found(*attributes),
-            None => StatResult::Unknown,
-        }))
+        Ok(self.parallel(inodes, stat_one))
     }
 
     fn list(&self, directory: u64) -> Result<ListResult> {
         super::check_inode(directory)?;
         Ok(self.state.read().expect("index lock poisoned").list(directory))
+    }
+
+    fn lookup_into(&self, requests: &[(u64, &[u8])], answers: &mut Vec<LookupResult>) -> Result<()> {
+        answers.clear();
+        check_lookups(requests)?;
+        self.parallel_into(requests, |state, (parent, name)| state.lookup_one(*parent, name), answers);
+        Ok(())
+    }
+
+    fn resolve_into(&self, paths: &[&[u8]], credentials: Credentials, answers: &mut Vec<ResolveResult>) -> Result<()> {
+        let root = self.root;
+        self.parallel_into(paths, |state, path| resolve_walk(state, root, path, credentials), answers);
+        Ok(())
+    }
+
+    fn stat_into(&self, inodes: &[u64], answers: &mut Vec<StatResult>) -> Result<()> {
+        answers.clear();
+        check_inodes(inodes)?;
+        self.parallel_into(inodes, stat_one, answers);
+        Ok(())
+    }
+}
+
+fn stat_one(state: &State, inode: &u64) -> StatResult {
+    match state.inodes.get(inode) {
+        Some(attributes) => StatResult::Found(*attributes),
+        None => StatResult::Unknown,
     }
 }
 

@@ -5,11 +5,12 @@
 // CPU twin's (src/dirindex/cpu.rs and resolve_walk in src/dirindex/mod.rs).
 //
 // Memory ordering. Host-written ring words are read with volatile loads followed by
-// __threadfence_system(); answers are written, then every thread fences system-wide before
-// its block reports; the last block to finish a command writes `done` last. Data that other
-// SMs changed in earlier commands (tables, arena, staging) is read with ld.global.cg / volatile
-// loads (never through a possibly stale L1), and every thread fences after it sees a new
-// command announced.
+// __threadfence_system(); answers are written, then every thread that wrote any fences
+// system-wide (the others at device scope) before its block reports; whoever completes a
+// command (block 0 for a command it served alone, else the last block to finish) writes
+// `done` last. Data that other SMs changed in earlier commands (tables, arena, staging) is
+// read with ld.global.cg / volatile loads (never through a possibly stale L1), and every
+// thread fences after it sees a new command.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -109,12 +110,14 @@ static_assert(sizeof(RingSlot) == 256, "RingSlot is 256 bytes");
 
 // Device-memory state of the serving grid (zeroed before launch).
 struct Control {
-    u64 announced;      // sequence of the command every block is to serve
-    u64 finished;       // blocks that finished a command, summed over all commands
+    u64 announced;      // sequence of the grid command every block is to serve
+    u64 finished;       // blocks that finished the current grid command (reset when announced)
     u64 list_bytes;     // list output cursor of the current command
     u64 overflows;      // overflows of the current command
     u64 arena_top;      // bytes of the name arena in use
     u64 completed;      // sequence of the last command whose completion is written
+    u64 alone_commands; // commands block 0 served alone, and commands the grid served (tests)
+    u64 grid_commands;
     u32 overflowed;     // sticky: some insert found no room; no negative answers any more
     u32 error;          // error of the current command
     Command current;    // the command being served, copied from the ring
@@ -246,9 +249,6 @@ __device__ __forceinline__ u32 inode_flags_of(const Tables& t, long long slot) {
     return slot < 0 ? 0u : load_volatile_u32(&t.inode_flags[slot]);
 }
 
-__device__ __forceinline__ const IndexAttributes* attributes_of(const Tables& t, long long slot) {
-    return (slot >= 0 && (inode_flags_of(t, slot) & FLAG_ATTRIBUTES)) ? &t.inode_attributes[slot] : nullptr;
-}
 
 // ---------------------------------------------------------------- entry table
 
@@ -330,6 +330,59 @@ __device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 
     if (entry_find(t, parent, words, length, hash, &found) == PROBE_HIT) atomicExch(&t.entry_state[found], SLOT_TOMBSTONE);
 }
 
+// ---------------------------------------------------------------- reads of query commands
+
+// A query command never runs beside a command that changes the tables: commands are served
+// one at a time, and every change was fenced before its command completed. So a query reads
+// all the fields of a slot at once with relaxed L2 loads, instead of the state first (acquire)
+// and then each field after the one before: the loads of a probe overlap, which more than
+// halves the dependent memory round trips of a lookup and of each step of a walk.
+
+// Slot of `inode` and its flags (0 when absent), or -1.
+__device__ long long inode_find_stable(const Tables& t, u64 inode, u32* flags) {
+    u64 slot = inode_hash_of(inode) & t.inode_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.inode_mask; ++probe) {
+        const u32 state = load_table_u32(&t.inode_state[slot]);
+        const u64 key = load_table_u64(&t.inode_key[slot]);
+        const u32 slot_flags = load_table_u32(&t.inode_flags[slot]);
+        if (state == SLOT_EMPTY) break;
+        if (state == SLOT_FULL && key == inode) {
+            *flags = slot_flags;
+            return (long long)slot;
+        }
+        slot = (slot + 1) & t.inode_mask;
+    }
+    *flags = 0;
+    return -1;
+}
+
+// The attributes of `inode`, or null when the index has none.
+__device__ const IndexAttributes* attributes_stable(const Tables& t, u64 inode) {
+    u32 flags = 0;
+    const long long slot = inode_find_stable(t, inode, &flags);
+    return (slot >= 0 && (flags & FLAG_ATTRIBUTES)) ? &t.inode_attributes[slot] : nullptr;
+}
+
+// entry_find for queries: PROBE_HIT with *child set, PROBE_MISS or PROBE_LIMIT.
+__device__ int entry_find_stable(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* child) {
+    const u32 tag = (u32)(hash >> 32);
+    u64 slot = hash & t.entry_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
+        const u32 state = load_table_u32(&t.entry_state[slot]);
+        const u32 slot_tag = load_table_u32(&t.entry_hash[slot]);
+        const u64 slot_parent = load_table_u64(&t.entry_parent[slot]);
+        const u64 packed = load_table_u64(&t.entry_name[slot]);
+        const u64 slot_child = load_table_u64(&t.entry_child[slot]);
+        if (state == SLOT_EMPTY) return PROBE_MISS;
+        if (state == SLOT_FULL && slot_tag == tag && slot_parent == parent && arena_name_equals(t, packed, words, length)) {
+            *child = slot_child;
+            return PROBE_HIT;
+        }
+        slot = (slot + 1) & t.entry_mask;
+    }
+    return PROBE_LIMIT;
+}
+
 // ---------------------------------------------------------------- answers
 
 #define FULL_WARP 0xFFFFFFFFu
@@ -342,42 +395,55 @@ __device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 
 __device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 status, const IndexAttributes* attributes) {
     const u32 lane = threadIdx.x & 31;
     const u64 mine = (u64)attributes;
-    for (u32 chunk = lane; chunk < 32 * ANSWER_CHUNKS; chunk += 32) {
+    // Every load of the lane's 7 pieces is issued before any store: a store waits for its
+    // loads, so loads and stores in turn would cost 7 memory round trips instead of one.
+    u64 low[ANSWER_CHUNKS], high[ANSWER_CHUNKS];
+    u64 target_offset[ANSWER_CHUNKS];
+    bool present[ANSWER_CHUNKS];
+#pragma unroll
+    for (u32 round = 0; round < ANSWER_CHUNKS; ++round) {
+        const u32 chunk = lane + 32 * round;
         const u32 owner = chunk / ANSWER_CHUNKS;
         const u32 part = chunk % ANSWER_CHUNKS;
         const u64 owner_status = __shfl_sync(FULL_WARP, (u64)status, owner);
         const u64* words = (const u64*)__shfl_sync(FULL_WARP, mine, owner);
-        if (first + owner >= count) continue;
-        u64 low, high;
+        present[round] = first + owner < count;
+        target_offset[round] = (first + owner) * ANSWER_BYTES + 16 * part;
         if (part == 0) {
-            low = owner_status;
-            high = words ? load_table_u64(words) : 0ull;
+            low[round] = owner_status;
+            high[round] = (present[round] && words) ? load_table_u64(words) : 0ull;
         } else {
-            low = words ? load_table_u64(words + 2 * part - 1) : 0ull;
-            high = words ? load_table_u64(words + 2 * part) : 0ull;
+            low[round] = (present[round] && words) ? load_table_u64(words + 2 * part - 1) : 0ull;
+            high[round] = (present[round] && words) ? load_table_u64(words + 2 * part) : 0ull;
         }
-        ulonglong2* target = (ulonglong2*)(answers + (first + owner) * ANSWER_BYTES + 16 * part);
-        *target = make_ulonglong2(low, high);
+    }
+#pragma unroll
+    for (u32 round = 0; round < ANSWER_CHUNKS; ++round) {
+        if (!present[round]) continue;
+        *(ulonglong2*)(answers + target_offset[round]) = make_ulonglong2(low[round], high[round]);
     }
 }
 
 __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volatile_u32(&t.control->overflowed) != 0; }
 
-// The lookup rule of the CPU twin (State::lookup_one). *attributes is set when Found.
+// The lookup rule of the CPU twin (State::lookup_one), for query commands (stable reads).
+// *attributes is set when Found.
 __device__ u32 lookup_one(const Tables& t, u64 parent, const u64* words, u32 length, const IndexAttributes** attributes) {
     const u64 hash = entry_hash_of(parent, words, length);
-    u64 found = 0;
-    const int probe_result = entry_find(t, parent, words, length, hash, &found);
+    u64 child = 0;
+    const int probe_result = entry_find_stable(t, parent, words, length, hash, &child);
     if (probe_result == PROBE_HIT) {
-        const u64 child = load_table_u64(&t.entry_child[found]);
-        *attributes = attributes_of(t, inode_find(t, child));
+        *attributes = attributes_stable(t, child);
         return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
     }
     if (probe_result == PROBE_LIMIT) return STATUS_UNKNOWN;
-    const long long parent_slot = inode_find(t, parent);
-    const IndexAttributes* parent_attributes = attributes_of(t, parent_slot);
-    if (parent_attributes && load_table_u32(&parent_attributes->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    if ((inode_flags_of(t, parent_slot) & FLAG_COMPLETE) && !overflowed(t)) return STATUS_NOT_FOUND;
+    u32 parent_flags = 0;
+    const long long parent_slot = inode_find_stable(t, parent, &parent_flags);
+    if (parent_slot >= 0 && (parent_flags & FLAG_ATTRIBUTES) &&
+        load_table_u32(&t.inode_attributes[parent_slot].kind) != KIND_DIRECTORY) {
+        return STATUS_NOT_DIRECTORY;
+    }
+    if ((parent_flags & FLAG_COMPLETE) && !overflowed(t)) return STATUS_NOT_FOUND;
     return STATUS_UNKNOWN;
 }
 
@@ -414,50 +480,79 @@ __device__ u32 answer_lookup(const Tables& t, const Command& c, u64 index, const
 }
 
 __device__ u32 answer_stat(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
-    *attributes = attributes_of(t, inode_find(t, load_volatile_u64((const u64*)c.requests + index)));
+    *attributes = attributes_stable(t, load_volatile_u64((const u64*)c.requests + index));
     return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
 }
 
-// search permission: the rule of may_search in mod.rs.
-__device__ bool may_search(const IndexAttributes* a, u32 uid, u32 gid) {
+// search permission: the rule of may_search in mod.rs, on fields already loaded.
+__device__ __forceinline__ bool may_search(u32 owner, u32 group, u32 permissions, u32 uid, u32 gid) {
     if (uid == 0) return true;
-    const u32 owner = load_table_u32(&a->uid);
-    const u32 group = load_table_u32(&a->gid);
     const u32 bit = uid == owner ? 0100u : (gid == group ? 0010u : 0001u);
-    return (load_table_u32(&a->permissions) & bit) != 0;
+    return (permissions & bit) != 0;
 }
 
 #define WALK_ON 0u
 
 // One component of the walk (resolve_walk in mod.rs, step for step): `words` holds its first
-// 255 bytes, `length` its whole length. WALK_ON to go on, else the answer.
-__device__ u32 walk_component(const Tables& t, u64* current, const u64* words, u32 length, u32 uid, u32 gid) {
-    const IndexAttributes* here = attributes_of(t, inode_find(t, *current));
-    if (!here) return STATUS_NEEDS_CPU;
-    if (load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    if (!may_search(here, uid, gid)) return STATUS_PERMISSION_DENIED;
+// 255 bytes, `length` its whole length; `*here` is the attributes of `*current` (null when the
+// index has none). WALK_ON to go on, else the answer.
+//
+// The walk carries `here` from one step to the next instead of looking `current` up again:
+// the child's record found by the lookup is the record of the inode the walk goes to, because
+// a record is stored under its own inode (apply refuses a record whose inode is not its key),
+// exactly as the twin keys its map by `attributes.inode`.
+__device__ u32 walk_component(const Tables& t, u64* current, const IndexAttributes** here, const u64* words, u32 length,
+                              u32 uid, u32 gid) {
+    const IndexAttributes* directory = *here;
+    if (!directory) return STATUS_NEEDS_CPU;
+    // Every field the step may need, loaded at once.
+    const u32 kind = load_table_u32(&directory->kind);
+    const u32 owner = load_table_u32(&directory->uid);
+    const u32 group = load_table_u32(&directory->gid);
+    const u32 permissions = load_table_u32(&directory->permissions);
+    const u64 parent = load_table_u64(&directory->parent);
+    if (kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (!may_search(owner, group, permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
     if (length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 1 && (words[0] & 0xFF) == '.') return WALK_ON;
     if (length == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
-        if (*current != t.root) *current = load_table_u64(&here->parent);
+        if (*current != t.root) {
+            *current = parent;
+            *here = attributes_stable(t, parent);
+        }
         return WALK_ON;
     }
     const IndexAttributes* child = nullptr;
     const u32 status = lookup_one(t, *current, words, length, &child);
     if (status == STATUS_NOT_FOUND) return STATUS_NOT_FOUND;
     if (status != STATUS_FOUND) return STATUS_NEEDS_CPU;
-    if (load_table_u32(&child->kind) == KIND_SYMLINK) return STATUS_NEEDS_CPU;
-    *current = load_table_u64(&child->inode);
+    const u32 child_kind = load_table_u32(&child->kind);
+    const u64 child_inode = load_table_u64(&child->inode);
+    if (child_kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
+    *current = child_inode;
+    *here = child;
     return WALK_ON;
 }
 
-// The path is read once, front to back, a word at a time (from mapped host memory each word is
-// a PCIe read): bytes gather into the current component, and a '/' or the end walks it.
+// Words of a path loaded together before the walk starts (the rest one at a time as reached).
+#define PATH_HEAD_WORDS 4u
+static_assert(PATH_HEAD_WORDS == 4, "resolve_one names head0..head3");
+
+// The path is read once, front to back: its first PATH_HEAD_WORDS words with loads issued
+// together (from mapped host memory each is a PCIe read of about 1 µs, so a path of up to 32
+// bytes costs one round trip, not one per word), the rest a word at a time as the walk reaches
+// them. Bytes gather into the current component, and a '/' or the end walks it.
 __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
                            const IndexAttributes** result) {
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 0) return STATUS_NOT_FOUND;
+    const u32 path_words = (length + 7) / 8;
+    const u64 head0 = load_volatile_u64(source);
+    const u64 head1 = path_words > 1 ? load_volatile_u64(source + 1) : 0ull;
+    const u64 head2 = path_words > 2 ? load_volatile_u64(source + 2) : 0ull;
+    const u64 head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
     u64 current = t.root;
+    const IndexAttributes* here = attributes_stable(t, current);
     u64 words[MAXIMUM_NAME_WORDS];
     u32 component = 0;
     u64 word = 0;
@@ -466,7 +561,14 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     for (u32 position = 0; position <= length; ++position) {
         u32 byte = '/';
         if (position < length) {
-            if ((position & 7) == 0) word = load_volatile_u64(source + position / 8);
+            if ((position & 7) == 0) {
+                const u32 index = position / 8;
+                word = index == 0   ? head0
+                       : index == 1 ? head1
+                       : index == 2 ? head2
+                       : index == 3 ? head3
+                                    : load_volatile_u64(source + index);
+            }
             byte = (u32)((word >> (8 * (position & 7))) & 0xFF);
             last_byte = byte;
         }
@@ -479,14 +581,13 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
             continue;
         }
         if (component == 0) continue;
-        const u32 status = walk_component(t, &current, words, component, uid, gid);
+        const u32 status = walk_component(t, &current, &here, words, component, uid, gid);
         if (status != WALK_ON) return status;
         component = 0;
     }
-    const IndexAttributes* last = attributes_of(t, inode_find(t, current));
-    if (!last) return STATUS_NEEDS_CPU;
-    if (last_byte == '/' && load_table_u32(&last->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    *result = last;
+    if (!here) return STATUS_NEEDS_CPU;
+    if (last_byte == '/' && load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    *result = here;
     return STATUS_FOUND;
 }
 
@@ -548,12 +649,17 @@ __device__ void apply_update(const Tables& t, const Command& c, u64 index) {
                 fail(t, ERROR_BAD_REQUEST);
                 return;
             }
+            const u64* source = (const u64*)(c.requests + offset);
+            // A record is stored under its own inode (the walk relies on it).
+            if (load_volatile_u64(source) != key) {
+                fail(t, ERROR_BAD_REQUEST);
+                return;
+            }
             const long long slot = inode_claim(t, key);
             if (slot < 0) {
                 count_overflow(t);
                 return;
             }
-            const u64* source = (const u64*)(c.requests + offset);
             u64* target = (u64*)&t.inode_attributes[slot];
             for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) target[word] = load_volatile_u64(source + word);
             __threadfence();
@@ -648,64 +754,122 @@ __device__ void copy_command(Command* target, const Command* source) {
     for (u32 word = 0; word < COMMAND_WORDS; ++word) to[word] = words[word];
 }
 
-// Block 0, thread 0: waits until command `served` is completed (every block finished it and
-// the last one has written its completion: that block reads this command's counters, so they
-// must not be reset before), then for the host to publish command `served + 1` in its ring
-// slot; copies it to device memory and announces it.
-__device__ void announce_next(const Tables& t, u64 served) {
+// How long block 0 sleeps at most between two polls of the doorbell. A poll is a read over
+// PCIe (about 1 µs); a pause of a few hundred ns keeps the read rate at about a million a
+// second while adding little to the round trip.
+#define MAXIMUM_POLL_PAUSE_NS 256u
+
+// Commands block 0 serves alone: queries and applies of at most one request per thread of a
+// block. They skip the announcement to the other blocks, the finished count and the last
+// block's completion, so a single request answers in the time of the doorbell, its own work
+// and the completion. Lists and drops scan the whole entry table, and the stop command must
+// reach every block, so they always go to the whole grid. Either way commands are served one
+// at a time in sequence order: block 0 takes the next only once the last is completed.
+__device__ __forceinline__ bool served_alone(const Command& c) {
+    const bool small = c.count <= blockDim.x;
+    return small && (c.opcode == COMMAND_LOOKUP || c.opcode == COMMAND_RESOLVE || c.opcode == COMMAND_STAT ||
+                     c.opcode == COMMAND_APPLY);
+}
+
+// Block 0, thread 0: waits until command `taken` is completed (its completion reads the
+// command's counters, so they must not be reset before), then for the host to publish command
+// `taken + 1` in its ring slot; copies it into `command` (block 0's shared copy) and resets the
+// counters. A command for the grid is also copied to device memory and announced. Returns
+// whether block 0 serves it alone.
+__device__ bool take_next(const Tables& t, u64 taken, Command* command) {
     Control* control = t.control;
-    u32 pause_ns = 0;
-    while (load_volatile_u64(&control->completed) < served) {
+    while (load_volatile_u64(&control->completed) < taken) {
         __nanosleep(32);
     }
-    RingSlot* slot = &t.ring[served % t.ring_slots];
-    while (load_volatile_u64(&slot->command.sequence) != served + 1) {
+    RingSlot* slot = &t.ring[taken % t.ring_slots];
+    u32 pause_ns = 0;
+    while (load_volatile_u64(&slot->command.sequence) != taken + 1) {
         if (pause_ns) __nanosleep(pause_ns);
-        pause_ns = pause_ns < 1000 ? pause_ns + 50 : 1000;
+        pause_ns = pause_ns < MAXIMUM_POLL_PAUSE_NS ? pause_ns + 32 : MAXIMUM_POLL_PAUSE_NS;
     }
     __threadfence_system();
-    copy_command(&control->current, &slot->command);
+    copy_command(command, &slot->command);
     store_volatile_u64(&control->list_bytes, 0);
     store_volatile_u64(&control->overflows, 0);
     store_volatile_u32(&control->error, ERROR_NONE);
+    if (served_alone(*command)) {
+        __threadfence();
+        return true;
+    }
+    copy_command(&control->current, command);
+    // Every block added its share of the last grid command before it was completed.
+    store_volatile_u64(&control->finished, 0);
     __threadfence();
-    store_volatile_u64(&control->announced, served + 1);
+    store_volatile_u64(&control->announced, taken + 1);
+    return false;
 }
 
-// The last block of a command writes its completion into the ring, `done` last, then marks
-// the command completed for block 0.
-__device__ void complete(const Tables& t, u64 sequence, const Command& c) {
+// Thread 0 of a block other than 0: waits for block 0 to announce a grid command after `seen`
+// and copies it into the block's shared `command`.
+__device__ void wait_announced(const Tables& t, u64 seen, Command* command) {
+    while (load_volatile_u64(&t.control->announced) == seen) __nanosleep(64);
+    __threadfence();
+    copy_command(command, &t.control->current);
+}
+
+// Writes the completion of command `c` into the ring, `done` last, then marks the command
+// completed for block 0. Called by thread 0 of block 0 for a command it served alone, else by
+// thread 0 of the block that finished the grid command last.
+__device__ void complete(const Tables& t, const Command& c) {
     Control* control = t.control;
     __threadfence();
     const u32 error = load_volatile_u32(&control->error);
     u64 result0 = 0, result1 = 0;
     command_results(t, c, &result0, &result1);
-    Completion* completion = &t.ring[(sequence - 1) % t.ring_slots].completion;
+    Completion* completion = &t.ring[(c.sequence - 1) % t.ring_slots].completion;
     store_volatile_u32(&completion->status, error);
     store_volatile_u64(&completion->result0, result0);
     store_volatile_u64(&completion->result1, result1);
     __threadfence_system();
-    store_volatile_u64(&completion->done, sequence);
-    __threadfence_system();
-    // Only now may block 0 reset the counters read above and announce the next command.
-    store_volatile_u64(&control->completed, sequence);
+    store_volatile_u64(&completion->done, c.sequence);
+    // The counters were read above; only now may block 0 reset them for the next command.
+    __threadfence();
+    store_volatile_u64(&control->completed, c.sequence);
+}
+
+// Whether this thread stored into the command's answers (host memory, or the staging copy in
+// device memory): a query warp with at least one request, any thread of a list.
+__device__ __forceinline__ bool wrote_answers(const Command& c, u64 thread) {
+    switch (c.opcode) {
+        case COMMAND_LOOKUP:
+        case COMMAND_RESOLVE:
+        case COMMAND_STAT: return (thread & ~31ull) < c.count;
+        case COMMAND_LIST: return true;
+        default: return false;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t) {
     __shared__ Command command;
-    const u64 thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const u64 threads = (u64)gridDim.x * blockDim.x;
+    // Written by block 0 only (the host build shares it between its emulated blocks).
+    __shared__ u32 block_zero_alone;
+    const u64 grid_thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 grid_threads = (u64)gridDim.x * blockDim.x;
+    // Thread 0's sequence of the last command taken (block 0) or grid command served (others).
+    u64 taken = 0;
     // One command per pass; the loop ends with the stop command (the host's only way out).
-    for (u64 served = 0;; ++served) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) announce_next(t, served);
+    for (;;) {
         if (threadIdx.x == 0) {
-            while (load_volatile_u64(&t.control->announced) != served + 1) __nanosleep(64);
-            __threadfence();
-            copy_command(&command, &t.control->current);
+            if (blockIdx.x == 0) {
+                block_zero_alone = take_next(t, taken, &command) ? 1u : 0u;
+            } else {
+                wait_announced(t, taken, &command);
+            }
+            taken = command.sequence;
         }
         __syncthreads();
+        // Thread 0 saw the command after its fence; every thread fences too, so that its own
+        // reads of what earlier commands wrote come after the command's publication.
         __threadfence();
         const Command c = command;
+        const bool alone = blockIdx.x == 0 && block_zero_alone != 0;
+        const u64 thread = alone ? threadIdx.x : grid_thread;
+        const u64 threads = alone ? blockDim.x : grid_threads;
         switch (c.opcode) {
             case COMMAND_STOP: break;
             case COMMAND_APPLY: serve_apply(t, c, thread, threads); break;
@@ -718,13 +882,25 @@ extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t
                 if (thread == 0) fail(t, ERROR_BAD_OPCODE);
                 break;
         }
-        // Every thread's answers reach memory the host and the copy engines see, then the
-        // block reports; the block that reports last completes the command.
-        __threadfence_system();
+        // Answers reach memory the host (and the copy engines) see before the completion: the
+        // threads that stored any fence system-wide (over PCIe a fence costs a microsecond or
+        // more, so the others skip it); table changes are fenced at device scope.
+        if (wrote_answers(c, thread)) {
+            __threadfence_system();
+        } else {
+            __threadfence();
+        }
         __syncthreads();
         if (threadIdx.x == 0) {
-            const u64 before = atomicAdd(&t.control->finished, 1ull);
-            if (before + 1 == (served + 1) * gridDim.x) complete(t, served + 1, c);
+            // The counters (for the tests) are added after the completion, off the round trip;
+            // an atomic whose result is unused is a reduction the thread does not wait for.
+            if (alone) {
+                complete(t, c);
+                atomicAdd(&t.control->alone_commands, 1ull);
+            } else if (atomicAdd(&t.control->finished, 1ull) + 1 == gridDim.x) {
+                complete(t, c);
+                atomicAdd(&t.control->grid_commands, 1ull);
+            }
         }
         if (c.opcode == COMMAND_STOP) return;
     }

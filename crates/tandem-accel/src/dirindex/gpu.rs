@@ -21,7 +21,8 @@ use crate::error::{AccelError, Result};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,13 @@ const CONTROL_BYTES: usize = 512;
 const THREADS_PER_BLOCK: u32 = 256;
 /// Host threads one batch uses at most (each takes a staging buffer per chunk): encoding
 /// requests and checking answers is host work that must keep up with the GPU.
-const MAXIMUM_BATCH_WORKERS: usize = 8;
+const MAXIMUM_BATCH_WORKERS: usize = 16;
+/// Staging buffers by default, so batch workers at most: enough to keep a GPU busy with
+/// commands of tens of thousands of requests (the benchmark's `staging_buffers` tries others).
+const DEFAULT_STAGING_BUFFERS: usize = 8;
+/// A batch is spread over workers only in chunks of at least this many requests (a thread
+/// start costs tens of microseconds, a command a few).
+const MINIMUM_REQUESTS_PER_WORKER: usize = 4096;
 /// Commands one `list` may take (ranges split when a page overflows).
 const MAXIMUM_LIST_COMMANDS: usize = 4096;
 const CU_MEMHOSTALLOC_PORTABLE: u32 = 0x01;
@@ -75,7 +82,7 @@ impl GpuIndexConfig {
             inode_capacity: entries,
             arena_bytes: entries * 32,
             blocks: 0,
-            staging_buffers: MAXIMUM_BATCH_WORKERS,
+            staging_buffers: DEFAULT_STAGING_BUFFERS,
             staging_bytes: 8 << 20,
             copy_above_bytes: None,
             command_timeout: Duration::from_secs(10),
@@ -434,12 +441,14 @@ impl GpuDirectoryIndex {
     /// Blocks and threads of the persistent kernel, and commands served so far.
     pub fn describe(&self) -> String {
         format!(
-            "GPU {} ({}): persistent kernel of {} blocks × {} threads; {} entry slots; {} commands",
+            "GPU {} ({}): persistent kernel of {} blocks × {} threads; {} entry slots; {} staging buffers of {} KiB; {} commands",
             self.device.ordinal,
             self.device.name,
             self.blocks,
             THREADS_PER_BLOCK,
             self.entry_slots,
+            self.config.staging_buffers,
+            self.config.staging_bytes >> 10,
             self.commands.load(Ordering::Relaxed)
         )
     }
@@ -607,93 +616,63 @@ impl GpuDirectoryIndex {
         }
     }
 
-    /// Runs a query batch: cut into chunks that fit a staging buffer, chunks spread over up to
-    /// MAXIMUM_BATCH_WORKERS host threads, answers in request order.
-    fn batched<R: Sync, T: Send>(
+    /// Runs a query batch into `out` (cleared, then one answer per request in request order).
+    /// The batch is cut into chunks (`wire::chunk_bounds`) spread over up to
+    /// MAXIMUM_BATCH_WORKERS host threads; each decodes its chunk's answers straight into its
+    /// own part of `out`: no vector per chunk, no gathering copy, and the first touch of a
+    /// fresh `out` is spread over the workers too.
+    fn batched_into<R: Sync, T: Copy + Send>(
         &self,
         requests: &[R],
-        sizes: impl Fn(&[R]) -> Vec<(usize, usize)>,
+        request_bytes: impl Fn(&R) -> usize + Sync,
         encode: impl Fn(&[R], &mut [u8]) -> Layout + Sync,
-        opcode: u32,
-        arguments: [u64; 3],
-        decode: impl Fn(&[u8], &[R]) -> Result<Vec<T>> + Sync,
-    ) -> Result<Vec<T>> {
+        (opcode, arguments): (u32, [u64; 3]),
+        decode: impl Fn(&[u8], &[R], &mut [MaybeUninit<T>]) -> Result<()> + Sync,
+        out: &mut Vec<T>,
+    ) -> Result<()> {
+        out.clear();
         self.check_failed()?;
         if requests.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        let item_sizes = sizes(requests);
-        let mut bounds = Vec::new();
-        let mut start = 0;
-        while start < requests.len() {
-            let count = wire::items_that_fit(item_sizes[start..].iter().copied(), self.config.staging_bytes);
-            assert!(count > 0, "one request always fits a staging buffer");
-            bounds.push((start, start + count));
-            start += count;
-        }
-        let run_chunk = |(start, end): (usize, usize)| -> Result<Vec<T>> {
+        let workers = self.config.staging_buffers.clamp(1, MAXIMUM_BATCH_WORKERS);
+        let cutter = wire::ChunkCutter::new(
+            requests.len(),
+            |index| (request_bytes(&requests[index]), wire::ANSWER_BYTES),
+            self.config.staging_bytes,
+            workers,
+            MINIMUM_REQUESTS_PER_WORKER,
+        );
+        let run_chunk = |start: usize, end: usize, piece: &mut [MaybeUninit<T>]| -> Result<()> {
             let mut staging = self.take_staging()?;
-            let answers = self.run_chunk_with(&mut staging, &requests[start..end], &encode, opcode, arguments, &decode);
+            let answered =
+                self.run_chunk_into(&mut staging, &requests[start..end], &encode, (opcode, arguments), &decode, piece);
             self.return_staging(staging);
-            answers
+            answered
         };
-        // One chunk (the common small batch) runs on the calling thread: no thread start in
-        // the round trip.
-        if bounds.len() == 1 {
-            self.device.bind_context()?;
-            return run_chunk(bounds[0]);
-        }
-        let workers = bounds.len().min(self.config.staging_buffers).min(MAXIMUM_BATCH_WORKERS);
-        let next_chunk = AtomicUsize::new(0);
-        type Answered<T> = Result<Vec<(usize, Vec<T>)>>;
-        let pieces: Vec<Answered<T>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    scope.spawn(|| -> Answered<T> {
-                        self.device.bind_context()?;
-                        let mut done = Vec::new();
-                        // Bounded by the number of chunks; a staging buffer is held per chunk
-                        // only, so concurrent batches share them fairly.
-                        loop {
-                            let chunk = next_chunk.fetch_add(1, Ordering::Relaxed);
-                            if chunk >= bounds.len() {
-                                return Ok(done);
-                            }
-                            done.push((chunk, run_chunk(bounds[chunk])?));
-                        }
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|handle| handle.join().expect("index worker panicked")).collect()
-        });
-        let mut chunks: Vec<(usize, Vec<T>)> = Vec::with_capacity(bounds.len());
-        for piece in pieces {
-            chunks.extend(piece?);
-        }
-        chunks.sort_unstable_by_key(|(chunk, _)| *chunk);
-        if chunks.len() != bounds.len() {
-            return Err(AccelError::Device(format!("{} of {} chunks answered", chunks.len(), bounds.len())));
-        }
-        Ok(chunks.into_iter().flat_map(|(_, answers)| answers).collect())
+        // Every worker thread binds the context; a staging buffer is held per chunk only, so
+        // concurrent batches share them fairly.
+        wire::fill_in_chunks(cutter, workers, out, || self.device.bind_context(), run_chunk)
     }
 
-    /// One command of a query batch in one staging buffer.
-    fn run_chunk_with<R, T>(
+    /// One command of a query batch in one staging buffer; its answers decoded into `out`.
+    fn run_chunk_into<R, T>(
         &self,
         staging: &mut Staging,
         part: &[R],
         encode: &impl Fn(&[R], &mut [u8]) -> Layout,
-        opcode: u32,
-        arguments: [u64; 3],
-        decode: &impl Fn(&[u8], &[R]) -> Result<Vec<T>>,
-    ) -> Result<Vec<T>> {
+        (opcode, arguments): (u32, [u64; 3]),
+        decode: &impl Fn(&[u8], &[R], &mut [MaybeUninit<T>]) -> Result<()>,
+        out: &mut [MaybeUninit<T>],
+    ) -> Result<()> {
+        assert_eq!(part.len(), out.len());
         let layout = encode(part, staging.bytes());
         let base = self.stage_in(staging, &layout)?;
         let fields = Self::fields(opcode, part.len(), base, &layout, arguments);
         let (slot, sequence) = self.submit(&mut self.ring.lock(), &fields)?;
         self.wait(slot, sequence)?;
         self.stage_out(staging, base, layout.answers_offset, layout.answers_bytes)?;
-        decode(&staging.bytes()[layout.answers_offset..layout.answers_offset + layout.answers_bytes], part)
+        decode(&staging.bytes()[layout.answers_offset..layout.answers_offset + layout.answers_bytes], part, out)
     }
 
     /// Stops the kernel (bounded) and frees everything; leaks instead when it will not stop,
@@ -786,41 +765,61 @@ impl DirectoryIndex for GpuDirectoryIndex {
     }
 
     fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
-        check_lookups(requests)?;
-        self.batched(
-            requests,
-            |requests| wire::lookup_sizes(requests).collect(),
-            wire::encode_lookups,
-            wire::COMMAND_LOOKUP,
-            [0; 3],
-            |answers, part| wire::decode_lookups(answers, part.len()),
-        )
+        let mut answers = Vec::new();
+        self.lookup_into(requests, &mut answers)?;
+        Ok(answers)
     }
 
     fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
+        let mut answers = Vec::new();
+        self.resolve_into(paths, credentials, &mut answers)?;
+        Ok(answers)
+    }
+
+    fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+        let mut answers = Vec::new();
+        self.stat_into(inodes, &mut answers)?;
+        Ok(answers)
+    }
+
+    fn lookup_into(&self, requests: &[(u64, &[u8])], answers: &mut Vec<LookupResult>) -> Result<()> {
+        answers.clear();
+        check_lookups(requests)?;
+        self.batched_into(
+            requests,
+            |(_, name)| wire::LOOKUP_RECORD_BYTES + wire::padded(name.len()),
+            wire::encode_lookups,
+            (wire::COMMAND_LOOKUP, [0; 3]),
+            |bytes, _, out| wire::decode_lookups_into(bytes, out),
+            answers,
+        )
+    }
+
+    fn resolve_into(&self, paths: &[&[u8]], credentials: Credentials, answers: &mut Vec<ResolveResult>) -> Result<()> {
         // Paths longer than the walk accepts are answered without the GPU, so every request
         // fits a staging buffer; the answer is the twin's.
-        super::resolve_within_limit(paths, |short| {
-            self.batched(
+        super::resolve_within_limit_into(paths, answers, |short, answers| {
+            self.batched_into(
                 short,
-                |paths| wire::resolve_sizes(paths).collect(),
+                |path| wire::RESOLVE_RECORD_BYTES + wire::padded(path.len()),
                 wire::encode_resolves,
-                wire::COMMAND_RESOLVE,
-                [credentials.uid as u64, credentials.gid as u64, 0],
-                |answers, part| wire::decode_resolves(answers, part.len()),
+                (wire::COMMAND_RESOLVE, [credentials.uid as u64, credentials.gid as u64, 0]),
+                |bytes, _, out| wire::decode_resolves_into(bytes, out),
+                answers,
             )
         })
     }
 
-    fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+    fn stat_into(&self, inodes: &[u64], answers: &mut Vec<StatResult>) -> Result<()> {
+        answers.clear();
         check_inodes(inodes)?;
-        self.batched(
+        self.batched_into(
             inodes,
-            |inodes| wire::stat_sizes(inodes).collect(),
+            |_| wire::STAT_RECORD_BYTES,
             wire::encode_stats,
-            wire::COMMAND_STAT,
-            [0; 3],
-            wire::decode_stats,
+            (wire::COMMAND_STAT, [0; 3]),
+            wire::decode_stats_into,
+            answers,
         )
     }
 

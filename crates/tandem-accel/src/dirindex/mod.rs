@@ -199,6 +199,29 @@ pub trait DirectoryIndex: Send + Sync {
     fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>>;
     fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>>;
     fn list(&self, directory: u64) -> Result<ListResult>;
+
+    /// `lookup` into `answers` (cleared first, one answer per request on `Ok`). An engine may
+    /// write the answers in place and reuse the vector's allocation: for a batch of a million
+    /// answers (104 MB) allocating and first touching the vector costs more than the lookups.
+    fn lookup_into(&self, requests: &[(u64, &[u8])], answers: &mut Vec<LookupResult>) -> Result<()> {
+        answers.clear();
+        *answers = self.lookup(requests)?;
+        Ok(())
+    }
+
+    /// `resolve` into `answers`, as `lookup_into`.
+    fn resolve_into(&self, paths: &[&[u8]], credentials: Credentials, answers: &mut Vec<ResolveResult>) -> Result<()> {
+        answers.clear();
+        *answers = self.resolve(paths, credentials)?;
+        Ok(())
+    }
+
+    /// `stat` into `answers`, as `lookup_into`.
+    fn stat_into(&self, inodes: &[u64], answers: &mut Vec<StatResult>) -> Result<()> {
+        answers.clear();
+        *answers = self.stat(inodes)?;
+        Ok(())
+    }
 }
 
 fn invalid(message: String) -> AccelError {
@@ -262,16 +285,49 @@ pub(crate) fn check_updates(updates: &[IndexUpdate]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn check_lookups(requests: &[(u64, &[u8])]) -> Result<()> {
-    for (parent, name) in requests {
-        check_inode(*parent)?;
-        check_lookup_name(name)?;
+/// Requests one thread checks at least when a batch's checks are spread over threads.
+const CHECKS_PER_THREAD: usize = 1 << 16;
+/// Threads a batch's checks use at most.
+const MAXIMUM_CHECK_THREADS: usize = 16;
+
+/// The index of the first item for which `ok` is false, or None. A batch of a million is
+/// scanned by several threads (on one, checking 1M lookup names took 3.5 ms and scanning 1M
+/// path lengths 1 ms on the VM, serial work on the calling thread before any answer); the
+/// answer is the same as a scan in order.
+pub(crate) fn first_failure<R: Sync>(items: &[R], ok: impl Fn(&R) -> bool + Sync) -> Option<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    let threads = (items.len() / CHECKS_PER_THREAD).min(cores).min(MAXIMUM_CHECK_THREADS);
+    if threads <= 1 {
+        return items.iter().position(|item| !ok(item));
     }
-    Ok(())
+    let chunk = items.len().div_ceil(threads);
+    let ok = &ok;
+    let firsts: Vec<Option<usize>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .enumerate()
+            .map(|(part, items)| {
+                scope.spawn(move || items.iter().position(|item| !ok(item)).map(|at| part * chunk + at))
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().expect("check thread panicked")).collect()
+    });
+    firsts.into_iter().flatten().next()
+}
+
+pub(crate) fn check_lookups(requests: &[(u64, &[u8])]) -> Result<()> {
+    let check = |(parent, name): &(u64, &[u8])| check_inode(*parent).and_then(|()| check_lookup_name(name));
+    match first_failure(requests, |request| check(request).is_ok()) {
+        Some(index) => check(&requests[index]),
+        None => Ok(()),
+    }
 }
 
 pub(crate) fn check_inodes(inodes: &[u64]) -> Result<()> {
-    inodes.iter().try_for_each(|&inode| check_inode(inode))
+    match first_failure(inodes, |&inode| check_inode(inode).is_ok()) {
+        Some(index) => check_inode(inodes[index]),
+        None => Ok(()),
+    }
 }
 
 /// Whether `credentials` may search (x) the directory with these attributes: uid 0 always;
@@ -304,19 +360,41 @@ pub fn resolve_within_limit(
     paths: &[&[u8]],
     resolve_short: impl FnOnce(&[&[u8]]) -> Result<Vec<ResolveResult>>,
 ) -> Result<Vec<ResolveResult>> {
-    let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
-    let resolved = resolve_short(&short)?;
-    if resolved.len() != short.len() {
-        return Err(AccelError::Device(format!("{} answers for {} paths", resolved.len(), short.len())));
+    let mut answers = Vec::new();
+    resolve_within_limit_into(paths, &mut answers, |short, answers| {
+        *answers = resolve_short(short)?;
+        Ok(())
+    })?;
+    Ok(answers)
+}
+
+/// `resolve_within_limit` into `answers` (cleared first). When no path is too long (the
+/// common case) the paths go to `resolve_short` as they are and it answers into `answers`
+/// directly: nothing is copied or allocated here.
+pub fn resolve_within_limit_into(
+    paths: &[&[u8]],
+    answers: &mut Vec<ResolveResult>,
+    resolve_short: impl FnOnce(&[&[u8]], &mut Vec<ResolveResult>) -> Result<()>,
+) -> Result<()> {
+    answers.clear();
+    let counted = |answers: &Vec<ResolveResult>, asked: usize| match answers.len() == asked {
+        true => Ok(()),
+        false => Err(AccelError::Device(format!("{} answers for {asked} paths", answers.len()))),
+    };
+    if first_failure(paths, |path| path.len() <= MAXIMUM_PATH_BYTES).is_none() {
+        resolve_short(paths, answers)?;
+        return counted(answers, paths.len());
     }
+    let short: Vec<&[u8]> = paths.iter().copied().filter(|path| path.len() <= MAXIMUM_PATH_BYTES).collect();
+    let mut resolved = Vec::new();
+    resolve_short(&short, &mut resolved)?;
+    counted(&resolved, short.len())?;
     let mut resolved = resolved.into_iter();
-    Ok(paths
-        .iter()
-        .map(|path| match path.len() > MAXIMUM_PATH_BYTES {
-            true => ResolveResult::NameTooLong,
-            false => resolved.next().expect("counted above"),
-        })
-        .collect())
+    answers.extend(paths.iter().map(|path| match path.len() > MAXIMUM_PATH_BYTES {
+        true => ResolveResult::NameTooLong,
+        false => resolved.next().expect("counted above"),
+    }));
+    Ok(())
 }
 
 /// The path walk, shared by the CPU twin and mirrored line by line in `dirindex.cu`
@@ -375,4 +453,32 @@ pub(crate) fn resolve_walk(
         return ResolveResult::NotDirectory;
     }
     ResolveResult::Found(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_failure_is_the_first_in_request_order() {
+        let mut items = vec![1u32; 300_000];
+        assert_eq!(first_failure(&items, |&item| item == 1), None);
+        for bad in [299_999, 150_000, 70_000, 0] {
+            items[bad] = 0;
+            assert_eq!(first_failure(&items, |&item| item == 1), Some(bad), "after marking {bad}");
+        }
+        assert_eq!(first_failure(&items[1..10], |&item| item == 1), None);
+        assert_eq!(first_failure(&[] as &[u32], |_| false), None);
+        // The refused argument of a whole call is the first bad request's, as a scan in order.
+        let names: Vec<Vec<u8>> = (0..200_000).map(|i| format!("n{i}").into_bytes()).collect();
+        let mut requests: Vec<(u64, &[u8])> = names.iter().map(|name| (5, &name[..])).collect();
+        assert!(check_lookups(&requests).is_ok());
+        requests[190_000].1 = b"a/b";
+        requests[150_001].0 = 0;
+        let error = check_lookups(&requests).unwrap_err().to_string();
+        assert!(error.contains("inode 0"), "{error}");
+        let mut inodes = vec![3u64; 200_000];
+        inodes[199_999] = 0;
+        assert!(check_inodes(&inodes).is_err());
+    }
 }

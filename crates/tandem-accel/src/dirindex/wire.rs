@@ -12,6 +12,7 @@ use super::{
 };
 use crate::error::{AccelError, Result};
 use std::collections::HashSet;
+use std::mem::MaybeUninit;
 
 // Command codes (`struct Command.opcode`).
 pub const COMMAND_STOP: u32 = 1;
@@ -99,6 +100,169 @@ pub fn items_that_fit(sizes: impl Iterator<Item = (usize, usize)>, capacity_byte
     count
 }
 
+/// Items whose sizes `chunk_bounds` adds up exactly; of a larger batch it adds up this many,
+/// evenly spaced, and scales. The estimate only sets how many chunks to aim for: every chunk's
+/// fit is checked item by item all the same, so a wrong estimate costs balance, never a fit.
+/// (Adding up all of 1M paths' sizes took 2 ms on the calling thread before any worker starts.)
+const EXACT_TOTAL_ITEMS: usize = 4096;
+
+fn estimated_total_bytes(count: usize, size_of: &impl Fn(usize) -> (usize, usize)) -> usize {
+    let bytes = |index: usize| {
+        let (request, answer) = size_of(index);
+        request + answer
+    };
+    if count <= EXACT_TOTAL_ITEMS {
+        return (0..count).map(bytes).sum();
+    }
+    let step = count / EXACT_TOTAL_ITEMS;
+    let sampled: usize = (0..EXACT_TOTAL_ITEMS).map(|sample| bytes(sample * step)).sum();
+    (sampled as u128 * count as u128 / EXACT_TOTAL_ITEMS as u128) as usize
+}
+
+/// Cuts `count` items (item i takes `size_of(i)` = (request bytes, answer bytes)) into
+/// consecutive chunks for `workers` staging buffers of `capacity_bytes` each, one chunk at a
+/// time, so that workers start on the first chunks while the rest are cut: every chunk fits a
+/// buffer; a batch of fewer than 2 × `minimum_items` stays one chunk when it fits (no thread
+/// start for a short batch); otherwise the chunks hold about equal bytes and there are at least
+/// `workers` of them, their number rounded up to a multiple of `workers`, so that the workers
+/// finish together instead of one worker serving a last odd chunk alone. The total that sets
+/// the number of chunks is estimated from a sample; the last chunk aimed for takes whatever is
+/// left that fits, so a low estimate leaves no small chunk over. Nothing per item is kept.
+pub struct ChunkCutter<F> {
+    size_of: F,
+    count: usize,
+    /// Room of a buffer less the alignment gap between requests and answers: bytes are
+    /// counted as requests plus answers, and the gap before the answers is under
+    /// ANSWERS_ALIGNMENT_BYTES, so a chunk of at most `usable` such bytes fits a buffer.
+    usable: usize,
+    target_bytes: usize,
+    aimed: usize,
+    next: usize,
+    produced: usize,
+}
+
+impl<F: Fn(usize) -> (usize, usize)> ChunkCutter<F> {
+    pub fn new(count: usize, size_of: F, capacity_bytes: usize, workers: usize, minimum_items: usize) -> Self {
+        assert!(workers > 0 && minimum_items > 0 && capacity_bytes > ANSWERS_ALIGNMENT_BYTES);
+        let total = estimated_total_bytes(count, &size_of);
+        let usable = capacity_bytes - ANSWERS_ALIGNMENT_BYTES;
+        let by_capacity = total.div_ceil(usable).max(1);
+        let by_items = (count / minimum_items).max(1);
+        let mut aimed = by_capacity.max(workers.min(by_items));
+        if aimed > 1 {
+            aimed = aimed.div_ceil(workers) * workers;
+            aimed = aimed.min(by_items.max(by_capacity));
+        }
+        let target_bytes = total.div_ceil(aimed);
+        ChunkCutter { size_of, count, usable, target_bytes, aimed, next: 0, produced: 0 }
+    }
+
+    /// Requests in the batch.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Chunks the cut aims for (more follow only when the estimate was low and the rest does
+    /// not fit the last one).
+    pub fn aimed(&self) -> usize {
+        self.aimed
+    }
+
+    /// The next chunk (start, end), or None once the batch is cut.
+    pub fn next_chunk(&mut self) -> Option<(usize, usize)> {
+        if self.next >= self.count {
+            return None;
+        }
+        let start = self.next;
+        let last = self.produced + 1 >= self.aimed;
+        let (mut index, mut used) = (start, 0usize);
+        // Bounded by the batch; a chunk takes at least one request (asserted to fit).
+        while index < self.count {
+            let (request, answer) = (self.size_of)(index);
+            let bytes = request + answer;
+            assert!(bytes <= self.usable, "item {index} of {bytes} bytes fits no staging buffer");
+            if used + bytes > self.usable {
+                break;
+            }
+            used += bytes;
+            index += 1;
+            if !last && used >= self.target_bytes {
+                break;
+            }
+        }
+        self.next = index;
+        self.produced += 1;
+        Some((start, index))
+    }
+}
+
+/// Every chunk of `ChunkCutter::new(...)` at once (tests, the benchmark).
+pub fn chunk_bounds(
+    count: usize,
+    size_of: impl Fn(usize) -> (usize, usize),
+    capacity_bytes: usize,
+    workers: usize,
+    minimum_items: usize,
+) -> Vec<(usize, usize)> {
+    let mut cutter = ChunkCutter::new(count, size_of, capacity_bytes, workers, minimum_items);
+    std::iter::from_fn(|| cutter.next_chunk()).collect()
+}
+
+/// Fills `out` (cleared first) with the answers of the batch `cutter` cuts, chunk by chunk:
+/// `run(start, end, piece)` must write every element of `piece` (the answers start..end) or
+/// fail. A batch the cutter aims to keep whole runs on the calling thread (after `setup`);
+/// otherwise up to `workers` scoped threads, each calling `setup` first (the GPU engine binds
+/// its context there), take the chunks in order as the cutter cuts them. Each chunk's answers
+/// go straight to their place in `out`, so nothing is gathered afterwards, and a fresh `out`
+/// is first touched by all the workers. All or nothing: after any failure `out` is left empty.
+pub fn fill_in_chunks<T: Copy + Send, F: Fn(usize) -> (usize, usize) + Send>(
+    cutter: ChunkCutter<F>,
+    workers: usize,
+    out: &mut Vec<T>,
+    setup: impl Fn() -> Result<()> + Sync,
+    run: impl Fn(usize, usize, &mut [MaybeUninit<T>]) -> Result<()> + Sync,
+) -> Result<()> {
+    assert!(workers > 0);
+    let count = cutter.count();
+    let threads = workers.min(cutter.aimed());
+    out.clear();
+    out.reserve(count);
+    let queue = std::sync::Mutex::new((cutter, &mut out.spare_capacity_mut()[..count]));
+    // The next chunk and its part of `out`; None once the batch is cut.
+    let take = || {
+        let mut state = queue.lock().expect("chunk queue poisoned");
+        let (cutter, rest) = &mut *state;
+        let (start, end) = cutter.next_chunk()?;
+        let (piece, tail) = std::mem::take(rest).split_at_mut(end - start);
+        *rest = tail;
+        Some((start, end, piece))
+    };
+    // Bounded by the number of chunks.
+    let serve = || -> Result<()> {
+        setup()?;
+        while let Some((start, end, piece)) = take() {
+            run(start, end, piece)?;
+        }
+        Ok(())
+    };
+    if threads <= 1 {
+        serve()?;
+    } else {
+        let results: Vec<Result<()>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads).map(|_| scope.spawn(serve)).collect();
+            handles.into_iter().map(|handle| handle.join().expect("batch worker panicked")).collect()
+        });
+        results.into_iter().collect::<Result<()>>()?;
+    }
+    let (mut cutter, rest) = queue.into_inner().expect("chunk queue poisoned");
+    assert!(cutter.next_chunk().is_none() && rest.is_empty(), "the chunks cover the batch");
+    // SAFETY: a worker returns Ok only once the cutter is done, and every chunk it took was
+    // run with Ok, which writes each element of its piece; the pieces were split off `out`'s
+    // first `count` elements in order and, asserted above, cover them all.
+    unsafe { out.set_len(count) };
+    Ok(())
+}
+
 fn put_u32(buffer: &mut [u8], at: usize, value: u32) {
     buffer[at..at + 4].copy_from_slice(&value.to_le_bytes());
 }
@@ -152,18 +316,48 @@ pub fn put_attributes(buffer: &mut [u8], at: usize, attributes: &IndexAttributes
     }
 }
 
-/// Reads a record back, refusing one no host could have written.
+/// Reads a record back, refusing one no host could have written. Runs once per answer,
+/// millions of times a second: one bounds check, the kind checked before the record becomes
+/// an `IndexAttributes` (the only field with invalid bit patterns), then the value checks.
 pub fn get_attributes(buffer: &[u8], at: usize) -> Result<IndexAttributes> {
-    // One bounds check for the record; the fixed offsets below need none (this runs once per
-    // answer, millions of times a second).
     let record: &[u8; ATTRIBUTES_BYTES] = buffer
         .get(at..at + ATTRIBUTES_BYTES)
         .and_then(|slice| slice.try_into().ok())
         .ok_or_else(|| bad(format!("attribute record at {at} past {} bytes", buffer.len())))?;
+    record_attributes(record)
+}
+
+/// `get_attributes` of a record already cut to size (no bounds to check). Inlined into the
+/// decoders: called out of line it moved each record through the stack three times.
+#[inline(always)]
+fn record_attributes(record: &[u8; ATTRIBUTES_BYTES]) -> Result<IndexAttributes> {
+    let kind = u32::from_le_bytes(record[80..84].try_into().unwrap());
+    if IndexKind::from_code(kind).is_none() {
+        return Err(bad(format!("kind code {kind}")));
+    }
+    let attributes = attributes_from_record(record);
+    if attributes.reserved != 0 || attributes.permissions > 0o7777 || super::check_inode(attributes.inode).is_err() {
+        return Err(bad(format!("attributes of inode {} have stray bits", attributes.inode)));
+    }
+    Ok(attributes)
+}
+
+/// The record as a value: on a little-endian host its bytes are the `#[repr(C)]` layout itself.
+#[cfg(target_endian = "little")]
+#[inline(always)]
+fn attributes_from_record(record: &[u8; ATTRIBUTES_BYTES]) -> IndexAttributes {
+    // The caller checked the kind code (bytes 80..84), so every field holds a valid value.
+    assert!(IndexKind::from_code(u32::from_le_bytes(record[80..84].try_into().unwrap())).is_some());
+    // SAFETY: IndexAttributes is repr(C), 104 bytes without padding (asserted in mod.rs); every
+    // field but `kind` is a plain integer, and `kind` holds a valid discriminant (asserted).
+    unsafe { std::ptr::read_unaligned(record.as_ptr() as *const IndexAttributes) }
+}
+
+#[cfg(not(target_endian = "little"))]
+fn attributes_from_record(record: &[u8; ATTRIBUTES_BYTES]) -> IndexAttributes {
     let word = |index: usize| u64::from_le_bytes(record[8 * index..8 * index + 8].try_into().unwrap());
     let small = |index: usize| u32::from_le_bytes(record[80 + 4 * index..84 + 4 * index].try_into().unwrap());
-    let kind = IndexKind::from_code(small(0)).ok_or_else(|| bad(format!("kind code {}", small(0))))?;
-    let attributes = IndexAttributes {
+    IndexAttributes {
         inode: word(0),
         generation: word(1),
         size_bytes: word(2),
@@ -174,15 +368,13 @@ pub fn get_attributes(buffer: &[u8], at: usize) -> Result<IndexAttributes> {
         btime_ns: word(7) as i64,
         rdev: word(8),
         parent: word(9),
-        kind,
+        kind: IndexKind::from_code(small(0)).expect("checked by the caller"),
         permissions: small(1),
         uid: small(2),
         gid: small(3),
         link_count: small(4),
         reserved: small(5),
-    };
-    super::check_attributes(&attributes).map_err(|error| bad(error.to_string()))?;
-    Ok(attributes)
+    }
 }
 
 // ---------------------------------------------------------------- requests
@@ -346,63 +538,91 @@ pub fn segments(updates: &[IndexUpdate], capacity_bytes: usize) -> Vec<Segment> 
 
 // ---------------------------------------------------------------- answers
 
-fn answer_status(answers: &[u8], index: usize) -> Result<u32> {
-    let at = index * ANSWER_BYTES;
-    if answers.len() < at + ANSWER_BYTES {
-        return Err(bad(format!("{} answer bytes for answer {index}", answers.len())));
+/// Decodes one answer per element of `out` (memory the caller owns, maybe uninitialised) with
+/// `one(status, attributes record, index)`. On `Ok` every element is written; on `Err` the
+/// caller must treat `out` as uninitialised. Nothing is allocated, and the answers are walked
+/// as fixed-size records, so the only bounds check is the one on the whole buffer.
+fn decode_into<T: Copy>(
+    answers: &[u8],
+    out: &mut [MaybeUninit<T>],
+    one: impl Fn(u32, &[u8; ATTRIBUTES_BYTES], usize) -> Result<T>,
+) -> Result<()> {
+    if answers.len() < out.len() * ANSWER_BYTES {
+        return Err(bad(format!("{} answer bytes for {} answers", answers.len(), out.len())));
     }
-    Ok(get_u32(answers, at))
+    for (index, (answer, slot)) in answers.chunks_exact(ANSWER_BYTES).zip(out.iter_mut()).enumerate() {
+        let answer: &[u8; ANSWER_BYTES] = answer.try_into().expect("chunks_exact");
+        let status = u32::from_le_bytes(answer[..4].try_into().unwrap());
+        let record: &[u8; ATTRIBUTES_BYTES] = answer[8..].try_into().expect("104 bytes after the status");
+        slot.write(one(status, record, index)?);
+    }
+    Ok(())
+}
+
+/// A vector of `count` answers filled by `fill` (which writes all of them or fails).
+pub fn decoded<T: Copy>(count: usize, fill: impl FnOnce(&mut [MaybeUninit<T>]) -> Result<()>) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(count);
+    fill(&mut out.spare_capacity_mut()[..count])?;
+    // SAFETY: `fill` returned Ok, so it wrote each of the first `count` elements.
+    unsafe { out.set_len(count) };
+    Ok(out)
+}
+
+pub fn decode_lookups_into(answers: &[u8], out: &mut [MaybeUninit<LookupResult>]) -> Result<()> {
+    decode_into(answers, out, |status, record, _| {
+        Ok(match status {
+            STATUS_FOUND => LookupResult::Found(record_attributes(record)?),
+            STATUS_NOT_FOUND => LookupResult::NotFound,
+            STATUS_UNKNOWN => LookupResult::Unknown,
+            STATUS_NOT_DIRECTORY => LookupResult::NotDirectory,
+            other => return Err(bad(format!("lookup status {other}"))),
+        })
+    })
+}
+
+pub fn decode_resolves_into(answers: &[u8], out: &mut [MaybeUninit<ResolveResult>]) -> Result<()> {
+    decode_into(answers, out, |status, record, _| {
+        Ok(match status {
+            STATUS_FOUND => ResolveResult::Found(record_attributes(record)?),
+            STATUS_NOT_FOUND => ResolveResult::NotFound,
+            STATUS_NOT_DIRECTORY => ResolveResult::NotDirectory,
+            STATUS_PERMISSION_DENIED => ResolveResult::PermissionDenied,
+            STATUS_NAME_TOO_LONG => ResolveResult::NameTooLong,
+            STATUS_NEEDS_CPU => ResolveResult::NeedsCpu,
+            other => return Err(bad(format!("resolve status {other}"))),
+        })
+    })
+}
+
+/// Stat answers; a found record must be the inode asked for (`inodes[i]` for `out[i]`).
+pub fn decode_stats_into(answers: &[u8], inodes: &[u64], out: &mut [MaybeUninit<StatResult>]) -> Result<()> {
+    assert_eq!(inodes.len(), out.len());
+    decode_into(answers, out, |status, record, index| {
+        let inode = inodes[index];
+        Ok(match status {
+            STATUS_FOUND => {
+                let attributes = record_attributes(record)?;
+                if attributes.inode != inode {
+                    return Err(bad(format!("stat of {inode} answered inode {}", attributes.inode)));
+                }
+                StatResult::Found(attributes)
+            }
+            STATUS_UNKNOWN => StatResult::Unknown,
+            other => return Err(bad(format!("stat status {other}"))),
+        })
+    })
 }
 
 pub fn decode_lookups(answers: &[u8], count: usize) -> Result<Vec<LookupResult>> {
-    (0..count)
-        .map(|index| {
-            Ok(match answer_status(answers, index)? {
-                STATUS_FOUND => LookupResult::Found(get_attributes(answers, index * ANSWER_BYTES + 8)?),
-                STATUS_NOT_FOUND => LookupResult::NotFound,
-                STATUS_UNKNOWN => LookupResult::Unknown,
-                STATUS_NOT_DIRECTORY => LookupResult::NotDirectory,
-                other => return Err(bad(format!("lookup status {other}"))),
-            })
-        })
-        .collect()
+    decoded(count, |out| decode_lookups_into(answers, out))
 }
 
 pub fn decode_resolves(answers: &[u8], count: usize) -> Result<Vec<ResolveResult>> {
-    (0..count)
-        .map(|index| {
-            Ok(match answer_status(answers, index)? {
-                STATUS_FOUND => ResolveResult::Found(get_attributes(answers, index * ANSWER_BYTES + 8)?),
-                STATUS_NOT_FOUND => ResolveResult::NotFound,
-                STATUS_NOT_DIRECTORY => ResolveResult::NotDirectory,
-                STATUS_PERMISSION_DENIED => ResolveResult::PermissionDenied,
-                STATUS_NAME_TOO_LONG => ResolveResult::NameTooLong,
-                STATUS_NEEDS_CPU => ResolveResult::NeedsCpu,
-                other => return Err(bad(format!("resolve status {other}"))),
-            })
-        })
-        .collect()
+    decoded(count, |out| decode_resolves_into(answers, out))
 }
 
-/// Stat answers; a found record must be the inode asked for.
 pub fn decode_stats(answers: &[u8], inodes: &[u64]) -> Result<Vec<StatResult>> {
-    inodes
-        .iter()
-        .enumerate()
-        .map(|(index, &inode)| {
-            Ok(match answer_status(answers, index)? {
-                STATUS_FOUND => {
-                    let attributes = get_attributes(answers, index * ANSWER_BYTES + 8)?;
-                    if attributes.inode != inode {
-                        return Err(bad(format!("stat of {inode} answered inode {}", attributes.inode)));
-                    }
-                    StatResult::Found(attributes)
-                }
-                STATUS_UNKNOWN => StatResult::Unknown,
-                other => return Err(bad(format!("stat status {other}"))),
-            })
-        })
-        .collect()
+    decoded(inodes.len(), |out| decode_stats_into(answers, inodes, out))
 }
 
 /// Parses `total_bytes` of list records into (name, child) pairs, sorted by name.
@@ -657,6 +877,93 @@ mod tests {
             next = end;
         }
         assert_eq!(next, 100);
+    }
+
+    #[test]
+    fn chunk_bounds_cover_the_batch_fit_the_buffers_and_balance_the_workers() {
+        let check = |count: usize, size: (usize, usize), capacity: usize, workers: usize, minimum: usize| {
+            let bounds = chunk_bounds(count, |_| size, capacity, workers, minimum);
+            let mut next = 0;
+            for &(start, end) in &bounds {
+                assert!(start == next && end > start, "{bounds:?}");
+                assert!(Layout::new((end - start) * size.0, (end - start) * size.1).total_bytes() <= capacity);
+                next = end;
+            }
+            assert_eq!(next, count);
+            bounds
+        };
+        assert!(check(0, (24, 112), 1 << 20, 8, 4096).is_empty());
+        assert_eq!(check(5000, (24, 112), 8 << 20, 8, 4096).len(), 1, "short batch: one chunk");
+        // 1M resolves of 24 request bytes in 8 MiB buffers: a multiple of 8 chunks, equal sizes.
+        let bounds = check(1_000_000, (24, 112), 8 << 20, 8, 4096);
+        assert!(bounds.len() >= 8 && bounds.len().is_multiple_of(8), "{}", bounds.len());
+        let sizes: Vec<usize> = bounds.iter().map(|(start, end)| end - start).collect();
+        assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= sizes[0] / 100, "{sizes:?}");
+        // Capacity bounds a chunk even when the workers would want fewer, larger ones.
+        assert!(check(100_000, (1000, 112), 1 << 20, 2, 16).len() >= 100_000 * 1112 / (1 << 20));
+        // Items of different sizes still fit.
+        let bounds = chunk_bounds(10_000, |i| (8 + 8 * (i % 500), 112), 1 << 20, 4, 100);
+        let mut next = 0;
+        for &(start, end) in &bounds {
+            let requests: usize = (start..end).map(|i| 8 + 8 * (i % 500)).sum();
+            assert!(start == next && Layout::new(requests, (end - start) * 112).total_bytes() <= 1 << 20);
+            next = end;
+        }
+        assert_eq!(next, 10_000);
+    }
+
+    #[test]
+    fn chunks_fill_their_place_in_the_answers_or_nothing() {
+        let cutter = || ChunkCutter::new(100_000, |_| (8, ANSWER_BYTES), 1 << 20, 4, 1000);
+        assert!(cutter().aimed() >= 4);
+        let mut out = vec![7u64; 3];
+        let setups = std::sync::atomic::AtomicUsize::new(0);
+        let setup = || {
+            setups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        };
+        let square = |start: usize, _end: usize, piece: &mut [MaybeUninit<u64>]| {
+            for (offset, slot) in piece.iter_mut().enumerate() {
+                slot.write(((start + offset) as u64).pow(2));
+            }
+            Ok(())
+        };
+        fill_in_chunks(cutter(), 4, &mut out, setup, square).unwrap();
+        assert!(out.iter().enumerate().all(|(index, &value)| value == (index as u64).pow(2)));
+        assert_eq!(setups.load(std::sync::atomic::Ordering::Relaxed), 4, "one setup per worker");
+        // One failing chunk fails the whole batch and leaves nothing behind.
+        let failing = |start: usize, end: usize, piece: &mut [MaybeUninit<u64>]| match start {
+            0 => Err(bad("refused".into())),
+            _ => square(start, end, piece),
+        };
+        assert!(fill_in_chunks(cutter(), 4, &mut out, || Ok(()), failing).is_err());
+        assert!(out.is_empty());
+        // One chunk runs on the calling thread; none for an empty batch.
+        let short = ChunkCutter::new(5, |_| (8, ANSWER_BYTES), 1 << 20, 4, 4096);
+        assert_eq!(short.aimed(), 1);
+        let caller = std::thread::current().id();
+        let on_the_caller = |start: usize, end: usize, piece: &mut [MaybeUninit<u64>]| {
+            assert_eq!(std::thread::current().id(), caller);
+            square(start, end, piece)
+        };
+        fill_in_chunks(short, 4, &mut out, || Ok(()), on_the_caller).unwrap();
+        assert_eq!(out, vec![0, 1, 4, 9, 16]);
+        fill_in_chunks(ChunkCutter::new(0, |_| (8, ANSWER_BYTES), 1 << 20, 4, 1), 4, &mut out, || Ok(()), square)
+            .unwrap();
+        assert!(out.is_empty());
+        // A batch whose size the sample underestimates (every sampled request is small, the
+        // others large) is still cut into chunks that fit, covering it.
+        let skewed = |index: usize| (if index.is_multiple_of(24) { 8 } else { 4096 }, ANSWER_BYTES);
+        let bounds = chunk_bounds(100_000, skewed, 8 << 20, 8, 1000);
+        let mut next = 0;
+        for &(start, end) in &bounds {
+            let bytes: usize = (start..end).map(|index| skewed(index).0 + ANSWER_BYTES).sum();
+            assert!(start == next && end > start && bytes + ANSWERS_ALIGNMENT_BYTES <= 8 << 20);
+            next = end;
+        }
+        assert_eq!(next, 100_000);
+        fill_in_chunks(ChunkCutter::new(100_000, skewed, 8 << 20, 8, 1000), 8, &mut out, || Ok(()), square).unwrap();
+        assert!(out.iter().enumerate().all(|(index, &value)| value == (index as u64).pow(2)));
     }
 
     #[test]
