@@ -1,7 +1,8 @@
 //! `tandem bench device`: the library's device (`FileDevice`) against fio on the same file of
 //! the same file system. Four workloads: large sequential writes and reads, random 4 KiB reads
 //! and writes, each through the device's three transports (io_uring with O_DIRECT, io_uring
-//! through the page cache, pread/pwrite) and through fio (`--ioengine=io_uring --direct=1`,
+//! through the page cache, pread/pwrite; the line above the table says which one a volume on
+//! this medium gets) and through fio (`--ioengine=io_uring --direct=1`,
 //! or `--direct=0` where the medium refuses O_DIRECT). Writes end with a flush (fdatasync), and
 //! fio's with `--end_fsync=1`; reads start with the file's page cache dropped (fio does the same
 //! with its default `--invalidate=1`). docs/BENCHMARKS.md says how to read the table.
@@ -127,8 +128,12 @@ pub fn run(arguments: DeviceBenchArguments) -> CliResult<i32> {
         std::thread::available_parallelism().map_or(1, |cores| cores.get())
     );
 
+    let automatic = FileDevice::open(&scratch.path, FileDeviceOptions::default())
+        .map_err(|error| fail(format!("open: {error}")))?
+        .transport();
+    println!("a volume on this medium runs on: {automatic}");
     let mut engines: Vec<Engine> = Vec::new();
-    for transport in [TransportChoice::Automatic, TransportChoice::IoUringBuffered, TransportChoice::Syscalls] {
+    for transport in [TransportChoice::IoUringDirect, TransportChoice::IoUringBuffered, TransportChoice::Syscalls] {
         let opened = FileDevice::open_with_async_options(
             &scratch.path,
             FileDeviceOptions::default(),
@@ -239,7 +244,16 @@ enum Engine {
 impl Engine {
     fn label(&self) -> String {
         match self {
-            Engine::Device(device) => format!("tandemfs {}", device.transport()),
+            Engine::Device(device) => {
+                // Short: the line above the table carries the notes.
+                let statistics = device.transport();
+                let shape = match (statistics.name, statistics.direct) {
+                    ("io_uring", true) => " + O_DIRECT",
+                    ("io_uring", false) => " (page cache)",
+                    _ => "",
+                };
+                format!("tandemfs {}{shape}", statistics.name)
+            }
             Engine::Fio { version, direct } => format!("{version} io_uring --direct={}", u8::from(*direct)),
         }
     }

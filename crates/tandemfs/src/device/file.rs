@@ -55,11 +55,17 @@ impl Default for AsyncOptions {
 /// The transport a [`FileDevice`] should use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TransportChoice {
-    /// io_uring with `O_DIRECT` for aligned transfers where the medium allows both; otherwise
-    /// as much of that as works, down to pread/pwrite.
+    /// `IoUringDirect` where it pays; pread/pwrite where io_uring or `O_DIRECT` is refused, and
+    /// for an image in RAM (tmpfs, ramfs), where io_uring costs a hop to a kernel worker per
+    /// request and pread/pwrite are ten times faster (docs/BENCHMARKS.md).
     #[default]
     Automatic,
-    /// io_uring through the page cache only (no `O_DIRECT`), pread/pwrite where refused.
+    /// io_uring with `O_DIRECT` for transfers in whole 4096-byte blocks; the page-cache
+    /// transfers (the others) and flushes are pread/pwrite/fdatasync. Pread/pwrite where
+    /// io_uring or `O_DIRECT` is refused.
+    IoUringDirect,
+    /// io_uring for everything, through the page cache (no `O_DIRECT`), flushes included;
+    /// pread/pwrite where io_uring is refused.
     IoUringBuffered,
     /// pread/pwrite/fdatasync, as before io_uring.
     Syscalls,
@@ -83,7 +89,8 @@ impl std::fmt::Display for TransportStatistics {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(formatter, "{}", self.name)?;
         if self.name == "io_uring" {
-            write!(formatter, "{}", if self.direct { " + O_DIRECT" } else { " (page cache)" })?;
+            let shape = if self.direct { " + O_DIRECT (page-cache transfers: pread/pwrite)" } else { " (page cache)" };
+            write!(formatter, "{shape}")?;
         }
         if !self.note.is_empty() {
             write!(formatter, " ({})", self.note)?;
@@ -219,17 +226,15 @@ impl FileDevice {
 
         let (uring, transport_note) = match async_options.transport {
             TransportChoice::Syscalls => (None, String::new()),
+            TransportChoice::Automatic if file_type.is_file() && is_in_ram(&file) => {
+                (None, "the image is in RAM, on tmpfs: pread/pwrite beat io_uring there".to_string())
+            }
             choice => {
-                let try_direct = choice == TransportChoice::Automatic;
-                match UringEngine::new(&file, path, options.read_only, try_direct) {
-                    Ok(engine) => {
-                        let note = if try_direct && !engine.is_direct() {
-                            "the medium refuses O_DIRECT".to_string()
-                        } else {
-                            String::new()
-                        };
-                        (Some(engine), note)
-                    }
+                let direct = choice != TransportChoice::IoUringBuffered;
+                match UringEngine::new(&file, path, options.read_only, direct, !direct) {
+                    // Without O_DIRECT this shape sends nothing through the rings.
+                    Ok(engine) if direct && !engine.is_direct() => (None, "the medium refuses O_DIRECT".to_string()),
+                    Ok(engine) => (Some(engine), String::new()),
                     Err(reason) => (None, reason),
                 }
             }
@@ -269,10 +274,11 @@ impl FileDevice {
                 let (direct_transfers, buffered_transfers) = engine.transfer_counts();
                 let direct = engine.is_direct();
                 let mut note = self.shared.transport_note.clone();
-                if note.is_empty() && !direct && direct_transfers > 0 {
+                if note.is_empty() && !direct && !engine.runs_page_cache_through_ring() {
                     note = "the medium refused an O_DIRECT transfer".to_string();
                 }
-                TransportStatistics { name: "io_uring", direct, note, direct_transfers, buffered_transfers }
+                let name = if direct || engine.runs_page_cache_through_ring() { "io_uring" } else { "pread/pwrite" };
+                TransportStatistics { name, direct, note, direct_transfers, buffered_transfers }
             }
             None => TransportStatistics {
                 name: "pread/pwrite",
@@ -625,6 +631,19 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
     }
 }
 
+/// Whether the file lives in RAM (tmpfs, ramfs): `fstatfs`'s magic number. Only asked of
+/// regular files: a block device's node lives on devtmpfs whatever its medium.
+fn is_in_ram(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    // SAFETY: fstatfs writes one struct through the pointer, which outlives the call.
+    let mut status: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut status) } != 0 {
+        return false;
+    }
+    matches!(status.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC)
+}
+
 /// Whether the block device refuses writes (`BLKROGET`, `_IO(0x12, 94)`); false where unknown.
 #[cfg(target_os = "linux")]
 fn block_device_is_read_only(file: &File) -> bool {
@@ -720,8 +739,12 @@ mod tests {
 
     /// Every transport a test runs on. Where the machine refuses io_uring, the first two run as
     /// pread/pwrite and say so (each test prints the transport it got).
-    const TRANSPORTS: [TransportChoice; 3] =
-        [TransportChoice::Automatic, TransportChoice::IoUringBuffered, TransportChoice::Syscalls];
+    const TRANSPORTS: [TransportChoice; 4] = [
+        TransportChoice::Automatic,
+        TransportChoice::IoUringDirect,
+        TransportChoice::IoUringBuffered,
+        TransportChoice::Syscalls,
+    ];
 
     fn create_with(path: &Path, size_bytes: u64, transport: TransportChoice) -> FileDevice {
         let device = FileDevice::open_with_async_options(
@@ -1117,7 +1140,7 @@ mod tests {
     fn file_falls_back_to_syscalls_when_io_uring_is_refused() {
         let path = TemporaryPath::new("refused");
         super::super::uring::tests_hooks::REFUSE_RINGS.with(|refuse| refuse.set(true));
-        let device = create_with(&path.0, 1 << 20, TransportChoice::Automatic);
+        let device = create_with(&path.0, 1 << 20, TransportChoice::IoUringDirect);
         super::super::uring::tests_hooks::REFUSE_RINGS.with(|refuse| refuse.set(false));
         let statistics = device.transport();
         assert_eq!(statistics.name, "pread/pwrite");
@@ -1137,7 +1160,7 @@ mod tests {
     #[test]
     fn file_direct_refused_at_transfer_falls_back_to_the_page_cache() {
         let path = TemporaryPath::new("direct-refused");
-        let device = create_with(&path.0, 1 << 20, TransportChoice::Automatic);
+        let device = create_with(&path.0, 1 << 20, TransportChoice::IoUringDirect);
         if !device.transport().direct {
             eprintln!("skipped: no O_DIRECT here ({})", device.transport());
             return;
@@ -1168,6 +1191,9 @@ mod tests {
         for transport in TRANSPORTS {
             let path = TemporaryPath(directory.join(format!("tandemfs-device-tmpfs-{}.img", std::process::id())));
             let device = create_with(&path.0, 2 << 20, transport);
+            if transport == TransportChoice::Automatic {
+                assert_eq!(device.transport().name, "pread/pwrite", "tmpfs is RAM: {}", device.transport());
+            }
             for (offset, length) in [(0u64, 1usize << 20), (4093, 10_000), (8192, 4096)] {
                 let data = pattern(length, offset as u8);
                 device.write_at(offset, &data).unwrap();

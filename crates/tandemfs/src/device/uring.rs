@@ -147,6 +147,8 @@ pub(crate) struct UringEngine {
     direct: Option<File>,
     /// Cleared for good when the medium refuses a direct transfer it accepted at open.
     direct_enabled: AtomicBool,
+    /// Whether page-cache transfers and flushes go through the rings (else pread/pwrite/fdatasync).
+    page_cache_through_ring: bool,
     /// Counters for the statistics: transfers that went direct, and those that went buffered.
     direct_transfers: AtomicUsize,
     buffered_transfers: AtomicUsize,
@@ -186,6 +188,7 @@ impl UringEngine {
         path: &Path,
         read_only: bool,
         try_direct: bool,
+        page_cache_through_ring: bool,
     ) -> std::result::Result<UringEngine, String> {
         let direct = if try_direct {
             use std::os::unix::fs::OpenOptionsExt;
@@ -206,6 +209,7 @@ impl UringEngine {
             rings,
             buffered_fd: file.as_raw_fd(),
             direct_enabled: AtomicBool::new(direct.is_some()),
+            page_cache_through_ring,
             direct,
             direct_transfers: AtomicUsize::new(0),
             buffered_transfers: AtomicUsize::new(0),
@@ -248,36 +252,49 @@ impl UringEngine {
         if length == 0 {
             return Some(Ok(()));
         }
-        self.with_ring(|ring| {
-            let aligned =
-                offset.is_multiple_of(DIRECT_ALIGNMENT_BYTES as u64) && length.is_multiple_of(DIRECT_ALIGNMENT_BYTES);
-            if aligned && self.is_direct() {
+        let aligned =
+            offset.is_multiple_of(DIRECT_ALIGNMENT_BYTES as u64) && length.is_multiple_of(DIRECT_ALIGNMENT_BYTES);
+        if aligned && self.is_direct() {
+            // `?`: no ring for this thread, the syscalls do it.
+            let attempt = self.with_ring(|ring| {
                 #[cfg(test)]
-                let attempt = if tests_hooks::REFUSE_DIRECT.with(std::cell::Cell::get) {
-                    Err(DirectRefused)
-                } else {
-                    ring.direct_transfer(direction, offset, pointer, length, path)
-                };
-                #[cfg(not(test))]
-                let attempt = ring.direct_transfer(direction, offset, pointer, length, path);
-                match attempt {
-                    Ok(result) => {
-                        self.direct_transfers.fetch_add(1, Ordering::Relaxed);
-                        return result;
-                    }
-                    // Turned off for the whole device: a medium that refuses one aligned direct
-                    // transfer refuses them all, and retrying each costs a round trip.
-                    Err(DirectRefused) => self.direct_enabled.store(false, Ordering::Relaxed),
+                if tests_hooks::REFUSE_DIRECT.with(std::cell::Cell::get) {
+                    return Err(DirectRefused);
                 }
+                ring.direct_transfer(direction, offset, pointer, length, path)
+            })?;
+            match attempt {
+                Ok(result) => {
+                    self.direct_transfers.fetch_add(1, Ordering::Relaxed);
+                    return Some(result);
+                }
+                // Turned off for the whole device: a medium that refuses one aligned direct
+                // transfer refuses them all, and retrying each costs a round trip.
+                Err(DirectRefused) => self.direct_enabled.store(false, Ordering::Relaxed),
             }
-            self.buffered_transfers.fetch_add(1, Ordering::Relaxed);
-            ring.buffered_transfer(direction, offset, pointer, length, path)
-        })
+        }
+        self.buffered_transfers.fetch_add(1, Ordering::Relaxed);
+        if !self.page_cache_through_ring {
+            // A page-cache transfer gains nothing from a ring when the caller waits for it, and
+            // costs a hop to a kernel worker where the file system cannot do it without
+            // blocking: pread/pwrite do it (measured in docs/BENCHMARKS.md).
+            return None;
+        }
+        self.with_ring(|ring| ring.buffered_transfer(direction, offset, pointer, length, path))
     }
 
-    /// fdatasync through the ring. `None`: no ring for this thread.
+    /// fdatasync through the ring. `None`: the syscall does it (no ring for this thread, or
+    /// page-cache work is not sent through the ring).
     pub(crate) fn flush(&self, path: &Path) -> Option<Result<()>> {
+        if !self.page_cache_through_ring {
+            return None;
+        }
         self.with_ring(|ring| ring.flush(path))
+    }
+
+    /// Whether page-cache transfers and flushes go through the rings too.
+    pub(crate) fn runs_page_cache_through_ring(&self) -> bool {
+        self.page_cache_through_ring
     }
 }
 
