@@ -144,7 +144,13 @@ pub fn run(arguments: DeviceBenchArguments) -> CliResult<i32> {
     }
     let fio = if arguments.no_fio { Err("left out (--no-fio)".to_string()) } else { fio_version() };
     match &fio {
-        Ok(version) => engines.push(Engine::Fio { version: version.clone(), direct: direct_allowed }),
+        Ok(version) => {
+            // fio through the page cache too, so that the page-cache rows have their peer.
+            engines.push(Engine::Fio { version: version.clone(), direct: false });
+            if direct_allowed {
+                engines.push(Engine::Fio { version: version.clone(), direct: true });
+            }
+        }
         Err(reason) => println!("fio skipped: {reason}"),
     }
     // Labels are taken after the runs: a device that lost O_DIRECT on the way says so.
@@ -161,12 +167,20 @@ pub fn run(arguments: DeviceBenchArguments) -> CliResult<i32> {
             measured[index].push(median(results));
         }
     }
-    let results: Vec<(String, Vec<Result<Measured, String>>)> =
-        engines.iter().map(Engine::label).zip(measured).collect();
+    let results: Vec<Column> = engines
+        .iter()
+        .zip(measured)
+        .map(|(engine, measured)| Column {
+            label: engine.label(),
+            direct: engine.is_direct(),
+            is_fio: matches!(engine, Engine::Fio { .. }),
+            measured,
+        })
+        .collect();
     if !direct_allowed {
         println!("the medium refuses O_DIRECT: every engine goes through the page cache");
     }
-    print_results(&arguments, &results, fio.is_ok());
+    print_results(&arguments, &results);
     Ok(EXIT_SUCCESS)
 }
 
@@ -235,13 +249,29 @@ fn drop_page_cache(path: &Path) {
     }
 }
 
-/// One column of the table: the library's device on one transport, or fio.
+/// What one engine measured, for the table.
+struct Column {
+    label: String,
+    direct: bool,
+    is_fio: bool,
+    measured: Vec<Result<Measured, String>>,
+}
+
+/// One engine of the table: the library's device on one transport, or fio.
 enum Engine {
     Device(FileDevice),
     Fio { version: String, direct: bool },
 }
 
 impl Engine {
+    /// Whether the engine's transfers go around the page cache.
+    fn is_direct(&self) -> bool {
+        match self {
+            Engine::Device(device) => device.transport().direct,
+            Engine::Fio { direct, .. } => *direct,
+        }
+    }
+
     fn label(&self) -> String {
         match self {
             Engine::Device(device) => {
@@ -401,17 +431,19 @@ fn run_fio(
     Ok(Measured { bytes: total_bytes, requests: (iops * seconds).round() as u64, seconds })
 }
 
-fn print_results(arguments: &DeviceBenchArguments, results: &[(String, Vec<Result<Measured, String>>)], has_fio: bool) {
-    let fio = if has_fio { results.last() } else { None };
+/// One row per workload and engine; "vs fio" compares with fio of the same kind (direct rows
+/// with `--direct=1`, page-cache rows with `--direct=0`).
+fn print_results(arguments: &DeviceBenchArguments, columns: &[Column]) {
     let mut rows = Vec::new();
     for (index, &workload) in WORKLOADS.iter().enumerate() {
-        for (label, measured) in results {
-            let mut row = vec![workload.label(arguments.block_size), label.clone()];
-            match &measured[index] {
+        for column in columns {
+            let mut row = vec![workload.label(arguments.block_size), column.label.clone()];
+            match &column.measured[index] {
                 Ok(measured) => {
                     row.push(format!("{:.0}", measured.mebibytes_per_second()));
                     row.push(format_count(measured.requests_per_second().round() as u64));
-                    let ratio = match fio.map(|(_, fio)| &fio[index]) {
+                    let peer = columns.iter().find(|peer| peer.is_fio && peer.direct == column.direct);
+                    let ratio = match peer.map(|peer| &peer.measured[index]) {
                         Some(Ok(fio)) => {
                             format!("{:.2}×", measured.mebibytes_per_second() / fio.mebibytes_per_second())
                         }
