@@ -80,7 +80,9 @@ pub struct TransportStatistics {
     pub direct: bool,
     /// Why io_uring or `O_DIRECT` is not used, where it was wanted; empty otherwise.
     pub note: String,
-    /// Transfers through io_uring that went direct, and those that went through the page cache.
+    /// Transfers that went direct (through io_uring) and those that went through the page cache
+    /// (through the ring with `IoUringBuffered`, else pread/pwrite); not counted (zero) when the
+    /// transport is pread/pwrite from the start.
     pub direct_transfers: usize,
     pub buffered_transfers: usize,
 }

@@ -177,6 +177,17 @@ impl Drop for Ring {
     }
 }
 
+/// A second descriptor on the image with `O_DIRECT`, or `None` where the medium refuses it. The
+/// path is opened again, so the new descriptor must be checked to name the same file: an image
+/// renamed or replaced in between would otherwise take the direct writes.
+fn open_direct(file: &File, path: &Path, read_only: bool) -> Option<File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let direct =
+        std::fs::OpenOptions::new().read(true).write(!read_only).custom_flags(libc::O_DIRECT).open(path).ok()?;
+    let (original, reopened) = (file.metadata().ok()?, direct.metadata().ok()?);
+    (original.dev() == reopened.dev() && original.ino() == reopened.ino()).then_some(direct)
+}
+
 /// The outcome of a direct attempt that the medium refused: redo buffered.
 struct DirectRefused;
 
@@ -190,12 +201,7 @@ impl UringEngine {
         try_direct: bool,
         page_cache_through_ring: bool,
     ) -> std::result::Result<UringEngine, String> {
-        let direct = if try_direct {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new().read(true).write(!read_only).custom_flags(libc::O_DIRECT).open(path).ok()
-        } else {
-            None
-        };
+        let direct = if try_direct { open_direct(file, path, read_only) } else { None };
         let ring_count = std::thread::available_parallelism()
             .map_or(MINIMUM_RING_COUNT, |count| count.get())
             .clamp(MINIMUM_RING_COUNT, MAXIMUM_RING_COUNT);
