@@ -83,6 +83,9 @@ enum BenchCommand {
     /// Inserts and collapses at any byte of a file, until applied, beside FlexSpace (when
     /// TANDEM_FLEXSPACE_LIB names its library) and ext4 (fallocate, read-and-rewrite)
     Flex(bench::flex::FlexBenchArguments),
+    /// Large sequential and random 4 KiB I/O through the file device (io_uring with and
+    /// without O_DIRECT, pread/pwrite), beside fio on the same file
+    Device(bench::device::DeviceBenchArguments),
 }
 
 fn run(cli: Cli) -> CliResult<i32> {
@@ -104,6 +107,7 @@ fn run(cli: Cli) -> CliResult<i32> {
             BenchCommand::Services(arguments) => bench::run_services(arguments),
             BenchCommand::GpuDir(arguments) => bench::gpu_dir::run(arguments),
             BenchCommand::Flex(arguments) => bench::flex::run(arguments),
+            BenchCommand::Device(arguments) => bench::device::run(arguments),
         },
     }
 }

@@ -1,9 +1,11 @@
 //! Benchmarks: `meta` (library path), `mount` (through FUSE), `log` (parallel log appends),
 //! `memory` (the front end's caches), `services` (the accelerator), `gpu-dir` (the batch API) and
-//! `flex` (inserts and collapses at any byte, beside FlexSpace).
+//! `flex` (inserts and collapses at any byte, beside FlexSpace), `device` (the file device's
+//! transports beside fio).
 //! Each compares tandemfs with ext4 on the same medium; docs/BENCHMARKS.md says how to read them.
 
 pub mod cpu;
+pub mod device;
 pub mod dmcrypt;
 pub mod ext4;
 pub mod flex;

@@ -1,8 +1,10 @@
 //! A device backed by a regular file (an image) or a block device.
 //!
-//! The synchronous path is plain pread/pwrite/fdatasync on the calling thread. `submit` hands
-//! batches to a pool of worker threads (see `worker.rs`), started on first use so that tools
-//! which never submit (mkfs, fsck) never start threads.
+//! The synchronous path runs on the calling thread, through io_uring where the kernel allows it
+//! (`uring.rs`: per-thread rings, O_DIRECT where the medium takes it) and otherwise as plain
+//! pread/pwrite/fdatasync. `submit` hands batches to a pool of worker threads (see `worker.rs`),
+//! started on first use so that tools which never submit (mkfs, fsck) never start threads; the
+//! workers use the same transport.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -11,6 +13,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use super::uring::{Direction, UringEngine};
 use super::worker::{WorkerPool, MAXIMUM_QUEUE_DEPTH_BATCHES, MAXIMUM_WORKER_COUNT};
 use super::{check_range, run_batch, Device, IoRequest, IoTicket};
 use crate::error::{Error, Result};
@@ -29,20 +32,72 @@ pub struct FileDeviceOptions {
     pub read_only: bool,
 }
 
-/// Shape of the asynchronous path of a [`FileDevice`].
+/// Shape of the I/O path of a [`FileDevice`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AsyncOptions {
     /// Worker threads; each owns one queue.
     pub worker_count: usize,
     /// Batches each worker's queue holds before `submit` blocks.
     pub queue_depth_batches: usize,
+    /// Which system calls move the bytes. The default picks io_uring when the kernel allows it;
+    /// tests and benchmarks force the others.
+    pub transport: TransportChoice,
 }
 
 impl Default for AsyncOptions {
     fn default() -> AsyncOptions {
         // Two workers keep one request in flight while another completes, which is what a
         // single NVMe queue or a file on a fast SSD needs; more is a per-volume choice.
-        AsyncOptions { worker_count: 2, queue_depth_batches: 64 }
+        AsyncOptions { worker_count: 2, queue_depth_batches: 64, transport: TransportChoice::Automatic }
+    }
+}
+
+/// The transport a [`FileDevice`] should use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// `IoUringDirect` where it pays; pread/pwrite where io_uring or `O_DIRECT` is refused, and
+    /// for an image in RAM (tmpfs, ramfs), where io_uring costs a hop to a kernel worker per
+    /// request and pread/pwrite are ten times faster (docs/BENCHMARKS.md).
+    #[default]
+    Automatic,
+    /// io_uring with `O_DIRECT` for transfers in whole 4096-byte blocks; the page-cache
+    /// transfers (the others) and flushes are pread/pwrite/fdatasync. Pread/pwrite where
+    /// io_uring or `O_DIRECT` is refused.
+    IoUringDirect,
+    /// io_uring for everything, through the page cache (no `O_DIRECT`), flushes included;
+    /// pread/pwrite where io_uring is refused.
+    IoUringBuffered,
+    /// pread/pwrite/fdatasync, as before io_uring.
+    Syscalls,
+}
+
+/// Which transport a [`FileDevice`] runs, why, and how its transfers went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransportStatistics {
+    /// "io_uring" or "pread/pwrite".
+    pub name: &'static str,
+    /// Whether aligned transfers go through `O_DIRECT` now.
+    pub direct: bool,
+    /// Why io_uring or `O_DIRECT` is not used, where it was wanted; empty otherwise.
+    pub note: String,
+    /// Transfers that went direct (through io_uring) and those that went through the page cache
+    /// (through the ring with `IoUringBuffered`, else pread/pwrite); not counted (zero) when the
+    /// transport is pread/pwrite from the start.
+    pub direct_transfers: usize,
+    pub buffered_transfers: usize,
+}
+
+impl std::fmt::Display for TransportStatistics {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{}", self.name)?;
+        if self.name == "io_uring" {
+            let shape = if self.direct { " + O_DIRECT (page-cache transfers: pread/pwrite)" } else { " (page cache)" };
+            write!(formatter, "{shape}")?;
+        }
+        if !self.note.is_empty() {
+            write!(formatter, " ({})", self.note)?;
+        }
+        Ok(())
     }
 }
 
@@ -60,17 +115,33 @@ pub struct FileDevice {
     is_block_device: bool,
 }
 
-/// What both the calling threads and the workers use: the open file and its fixed size.
+/// What both the calling threads and the workers use: the open file, its fixed size and the
+/// transport.
 struct FileShared {
+    // Declared before `file`: the rings go before the descriptor they name.
+    uring: Option<UringEngine>,
+    /// Why io_uring or O_DIRECT is not in use where it was wanted (said once, in the statistics).
+    transport_note: String,
     file: File,
     path: PathBuf,
     size_bytes: u64,
     read_only: bool,
 }
 
+impl Drop for FileShared {
+    fn drop(&mut self) {
+        // The lock belongs to the open file description, which a ring being torn down in the
+        // kernel may still reference for a moment after the rings are gone: release it
+        // explicitly so that the image can be taken again as soon as the device is dropped.
+        // Harmless where no lock was taken.
+        // SAFETY: the descriptor is open (the file is dropped after this).
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
 /// Upper bound on retries of one system call interrupted by signals. A signal storm that
 /// outlasts it is reported instead of looping forever.
-const MAXIMUM_INTERRUPTED_RETRIES: u32 = 1000;
+pub(super) const MAXIMUM_INTERRUPTED_RETRIES: u32 = 1000;
 
 impl FileDevice {
     /// Opens `path` as a device with the default asynchronous shape.
@@ -155,9 +226,32 @@ impl FileDevice {
             return Err(Error::invalid(format!("{}: neither a regular file nor a block device", path.display())));
         };
 
+        let (uring, transport_note) = match async_options.transport {
+            TransportChoice::Syscalls => (None, String::new()),
+            TransportChoice::Automatic if file_type.is_file() && is_in_ram(&file) => {
+                (None, "the image is in RAM, on tmpfs: pread/pwrite beat io_uring there".to_string())
+            }
+            choice => {
+                let direct = choice != TransportChoice::IoUringBuffered;
+                match UringEngine::new(&file, path, options.read_only, direct, !direct) {
+                    // Without O_DIRECT this shape sends nothing through the rings.
+                    Ok(engine) if direct && !engine.is_direct() => (None, "the medium refuses O_DIRECT".to_string()),
+                    Ok(engine) => (Some(engine), String::new()),
+                    Err(reason) => (None, reason),
+                }
+            }
+        };
+
         Ok(FileDevice {
             workers: OnceLock::new(),
-            shared: Arc::new(FileShared { file, path: path.to_path_buf(), size_bytes, read_only: options.read_only }),
+            shared: Arc::new(FileShared {
+                uring,
+                transport_note,
+                file,
+                path: path.to_path_buf(),
+                size_bytes,
+                read_only: options.read_only,
+            }),
             async_options,
             direct: OnceLock::new(),
             is_block_device: file_type.is_block_device(),
@@ -171,6 +265,31 @@ impl FileDevice {
 
     pub fn is_read_only(&self) -> bool {
         self.shared.read_only
+    }
+
+    /// The transport in use and why, and the transfers it moved; `to_string()` gives the line
+    /// that `tandem mount` and the benchmarks print ("io_uring + O_DIRECT", "pread/pwrite
+    /// (io_uring refused: ...)").
+    pub fn transport(&self) -> TransportStatistics {
+        match &self.shared.uring {
+            Some(engine) => {
+                let (direct_transfers, buffered_transfers) = engine.transfer_counts();
+                let direct = engine.is_direct();
+                let mut note = self.shared.transport_note.clone();
+                if note.is_empty() && !direct && !engine.runs_page_cache_through_ring() {
+                    note = "the medium refused an O_DIRECT transfer".to_string();
+                }
+                let name = if direct || engine.runs_page_cache_through_ring() { "io_uring" } else { "pread/pwrite" };
+                TransportStatistics { name, direct, note, direct_transfers, buffered_transfers }
+            }
+            None => TransportStatistics {
+                name: "pread/pwrite",
+                direct: false,
+                note: self.shared.transport_note.clone(),
+                direct_transfers: 0,
+                buffered_transfers: 0,
+            },
+        }
     }
 
     /// The `O_DIRECT` descriptor of a block device, opened once.
@@ -261,16 +380,24 @@ impl FileDevice {
 }
 
 /// Alignment of `O_DIRECT` transfers: a 4096-byte logical block covers every device we accept.
-const DIRECT_ALIGNMENT_BYTES: usize = 4096;
+pub(super) const DIRECT_ALIGNMENT_BYTES: usize = 4096;
 
 /// A heap buffer aligned for `O_DIRECT`.
-struct AlignedBuffer {
+pub(super) struct AlignedBuffer {
     pointer: *mut u8,
     layout: std::alloc::Layout,
 }
 
+// SAFETY: the buffer owns its memory exclusively; moving it between threads moves that ownership.
+unsafe impl Send for AlignedBuffer {}
+
 impl AlignedBuffer {
-    fn new(length: usize) -> AlignedBuffer {
+    /// The first byte; valid for the buffer's length while the buffer lives.
+    pub(super) fn pointer(&self) -> *mut u8 {
+        self.pointer
+    }
+
+    pub(super) fn new(length: usize) -> AlignedBuffer {
         assert!(length > 0 && length.is_multiple_of(DIRECT_ALIGNMENT_BYTES));
         let layout = std::alloc::Layout::from_size_align(length, DIRECT_ALIGNMENT_BYTES).expect("valid layout");
         // SAFETY: the layout has a non-zero size; the memory is zeroed, so it is initialised.
@@ -364,6 +491,14 @@ impl Device for FileShared {
 
     fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
         check_range(self.size_bytes, offset, buffer.len(), "read")?;
+        if let Some(engine) = &self.uring {
+            // `None`: this thread has no ring (a resource limit); the syscalls below do the same.
+            if let Some(result) =
+                engine.transfer(Direction::Read, offset, buffer.as_mut_ptr(), buffer.len(), &self.path)
+            {
+                return result;
+            }
+        }
         let mut done_bytes = 0usize;
         let mut interrupted_retries = 0u32;
         // Each pass moves at least one byte or ends with an error, so the loop is bounded by
@@ -398,6 +533,13 @@ impl Device for FileShared {
             return Err(Error::ReadOnly);
         }
         check_range(self.size_bytes, offset, data.len(), "write")?;
+        if let Some(engine) = &self.uring {
+            // The engine only reads through the pointer of a write.
+            let pointer = data.as_ptr().cast_mut();
+            if let Some(result) = engine.transfer(Direction::Write, offset, pointer, data.len(), &self.path) {
+                return result;
+            }
+        }
         let mut done_bytes = 0usize;
         let mut interrupted_retries = 0u32;
         while done_bytes < data.len() {
@@ -430,6 +572,9 @@ impl Device for FileShared {
             // Nothing was written through this handle, so nothing of ours can be volatile.
             return Ok(());
         }
+        if let Some(result) = self.uring.as_ref().and_then(|engine| engine.flush(&self.path)) {
+            return result;
+        }
         let mut interrupted_retries = 0u32;
         loop {
             // fdatasync: the data and the metadata needed to read it back (the file length),
@@ -452,7 +597,7 @@ impl Device for FileShared {
 
 /// An I/O error whose message names the image, so a user with several volumes knows which
 /// one failed.
-fn path_error(operation: &'static str, offset: u64, path: &Path, error: std::io::Error) -> Error {
+pub(super) fn path_error(operation: &'static str, offset: u64, path: &Path, error: std::io::Error) -> Error {
     Error::Io { operation, offset, source: std::io::Error::new(error.kind(), format!("{}: {error}", path.display())) }
 }
 
@@ -486,6 +631,19 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
             _ => return Err(path_error("exclusive lock", 0, path, error)),
         }
     }
+}
+
+/// Whether the file lives in RAM (tmpfs, ramfs): `fstatfs`'s magic number. Only asked of
+/// regular files: a block device's node lives on devtmpfs whatever its medium.
+fn is_in_ram(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    // SAFETY: fstatfs writes one struct through the pointer, which outlives the call.
+    let mut status: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut status) } != 0 {
+        return false;
+    }
+    matches!(status.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC)
 }
 
 /// Whether the block device refuses writes (`BLKROGET`, `_IO(0x12, 94)`); false where unknown.
@@ -581,6 +739,26 @@ mod tests {
         .expect("create image")
     }
 
+    /// Every transport a test runs on. Where the machine refuses io_uring, the first two run as
+    /// pread/pwrite and say so (each test prints the transport it got).
+    const TRANSPORTS: [TransportChoice; 4] = [
+        TransportChoice::Automatic,
+        TransportChoice::IoUringDirect,
+        TransportChoice::IoUringBuffered,
+        TransportChoice::Syscalls,
+    ];
+
+    fn create_with(path: &Path, size_bytes: u64, transport: TransportChoice) -> FileDevice {
+        let device = FileDevice::open_with_async_options(
+            path,
+            FileDeviceOptions { create_size_bytes: Some(size_bytes), ..FileDeviceOptions::default() },
+            AsyncOptions { transport, ..AsyncOptions::default() },
+        )
+        .expect("create image");
+        eprintln!("{transport:?} on {}: transport {}", path.display(), device.transport());
+        device
+    }
+
     fn pattern(length: usize, seed: u8) -> Vec<u8> {
         (0..length).map(|index| (index as u8).wrapping_mul(31).wrapping_add(seed)).collect()
     }
@@ -612,9 +790,15 @@ mod tests {
 
     #[test]
     fn file_short_and_long_transfers() {
+        for transport in TRANSPORTS {
+            short_and_long_transfers(transport);
+        }
+    }
+
+    fn short_and_long_transfers(transport: TransportChoice) {
         let path = TemporaryPath::new("lengths");
         let size_bytes = 8 << 20;
-        let device = create(&path.0, size_bytes);
+        let device = create_with(&path.0, size_bytes, transport);
         // Empty, one byte, and a transfer bigger than one pread usually moves at once on
         // some systems; the last one ends exactly at the device end.
         device.write_at(0, &[]).unwrap();
@@ -634,8 +818,14 @@ mod tests {
 
     #[test]
     fn file_out_of_range_is_invalid_argument() {
+        for transport in TRANSPORTS {
+            out_of_range_is_invalid_argument(transport);
+        }
+    }
+
+    fn out_of_range_is_invalid_argument(transport: TransportChoice) {
         let path = TemporaryPath::new("range");
-        let device = create(&path.0, 4096);
+        let device = create_with(&path.0, 4096, transport);
         let mut buffer = [0u8; 16];
         assert!(matches!(device.read_at(4090, &mut buffer), Err(Error::InvalidArgument(_))));
         assert!(matches!(device.read_at(u64::MAX - 3, &mut buffer), Err(Error::InvalidArgument(_))));
@@ -668,7 +858,7 @@ mod tests {
         assert!(matches!(&missing, Error::Io { source, .. } if source.kind() == ErrorKind::NotFound));
         let conflicting = FileDeviceOptions { create_size_bytes: Some(4096), lock_exclusive: false, read_only: true };
         assert!(matches!(FileDevice::open(&path.0, conflicting), Err(Error::InvalidArgument(_))));
-        let no_workers = AsyncOptions { worker_count: 0, queue_depth_batches: 1 };
+        let no_workers = AsyncOptions { worker_count: 0, queue_depth_batches: 1, ..AsyncOptions::default() };
         assert!(matches!(
             FileDevice::open_with_async_options(&path.0, FileDeviceOptions::default(), no_workers),
             Err(Error::InvalidArgument(_))
@@ -703,8 +893,14 @@ mod tests {
 
     #[test]
     fn file_async_batches_complete_in_order() {
+        for transport in TRANSPORTS {
+            async_batches_complete_in_order(transport);
+        }
+    }
+
+    fn async_batches_complete_in_order(transport: TransportChoice) {
         let path = TemporaryPath::new("async");
-        let device = create(&path.0, 1 << 20);
+        let device = create_with(&path.0, 1 << 20, transport);
         let mut tickets = Vec::new();
         // Each batch writes, flushes, then reads back the same place; the per-thread queue
         // must keep batches of this thread in submission order, so later batches see earlier
@@ -764,8 +960,14 @@ mod tests {
 
     #[test]
     fn file_async_from_many_threads() {
+        for transport in TRANSPORTS {
+            async_from_many_threads(transport);
+        }
+    }
+
+    fn async_from_many_threads(transport: TransportChoice) {
         let path = TemporaryPath::new("async-threads");
-        let device = Arc::new(create(&path.0, 1 << 20));
+        let device = Arc::new(create_with(&path.0, 1 << 20, transport));
         let threads: Vec<_> = (0..4u64)
             .map(|thread_index| {
                 let device = Arc::clone(&device);
@@ -787,6 +989,221 @@ mod tests {
             .collect();
         for thread in threads {
             thread.join().unwrap();
+        }
+    }
+
+    /// One random transfer: half in whole 4096-byte blocks (the direct path where there is one,
+    /// up to 1.25 MiB so that one request keeps every bounce buffer busy), half at any byte.
+    fn random_extent(random: &mut rand::rngs::SmallRng, size_bytes: usize) -> (usize, usize) {
+        use rand::Rng;
+        if random.gen_bool(0.5) {
+            let blocks = size_bytes / 4096;
+            let start = random.gen_range(0..blocks);
+            let count = random.gen_range(1..=(blocks - start).min(320));
+            (start * 4096, count * 4096)
+        } else {
+            let offset = random.gen_range(0..=size_bytes);
+            let length = random.gen_range(0..=(size_bytes - offset).min(300_000));
+            (offset, length)
+        }
+    }
+
+    /// Random writes, reads and flushes, through the synchronous calls and through batches,
+    /// checked against a model of the image on every read and once more after a reopen.
+    fn random_round_trips(transport: TransportChoice, seed: u64) {
+        use rand::{Rng, RngCore, SeedableRng};
+        let path = TemporaryPath::new("model");
+        let size_bytes = 4usize << 20;
+        let mut model = vec![0u8; size_bytes];
+        let device = create_with(&path.0, size_bytes as u64, transport);
+        let mut random = rand::rngs::SmallRng::seed_from_u64(seed);
+        for step in 0..300 {
+            let (offset, length) = random_extent(&mut random, size_bytes);
+            let batched = step % 3 == 0;
+            match random.gen_range(0..5) {
+                0 | 1 => {
+                    let mut data = vec![0u8; length];
+                    random.fill_bytes(&mut data);
+                    model[offset..offset + length].copy_from_slice(&data);
+                    if batched {
+                        device.submit(vec![IoRequest::Write { offset: offset as u64, data }]).wait().unwrap();
+                    } else {
+                        device.write_at(offset as u64, &data).unwrap();
+                    }
+                }
+                2 | 3 => {
+                    let read = if batched {
+                        let request = IoRequest::Read { offset: offset as u64, buffer: vec![0xee; length] };
+                        match device.submit(vec![request]).wait().unwrap().pop() {
+                            Some(IoCompletion::Read(buffer)) => buffer,
+                            other => panic!("a read completed as {other:?}"),
+                        }
+                    } else {
+                        let mut buffer = vec![0xee; length];
+                        device.read_at(offset as u64, &mut buffer).unwrap();
+                        buffer
+                    };
+                    assert!(read == model[offset..offset + length], "step {step}: {length} bytes at {offset} differ");
+                }
+                _ => device.flush().unwrap(),
+            }
+        }
+        device.flush().unwrap();
+        let statistics = device.transport();
+        eprintln!("{transport:?}: {statistics:?}");
+        if statistics.name == "io_uring" && statistics.direct {
+            assert!(statistics.direct_transfers > 0 && statistics.buffered_transfers > 0, "{statistics:?}");
+        }
+        drop(device);
+        let reopened = FileDevice::open_with_async_options(
+            &path.0,
+            FileDeviceOptions { read_only: true, ..FileDeviceOptions::default() },
+            AsyncOptions { transport: TransportChoice::Syscalls, ..AsyncOptions::default() },
+        )
+        .unwrap();
+        let mut image = vec![0u8; size_bytes];
+        reopened.read_at(0, &mut image).unwrap();
+        assert!(image == model, "{transport:?}: the reopened image differs from the model");
+    }
+
+    #[test]
+    fn file_random_round_trips_match_a_model_on_every_transport() {
+        for (index, transport) in TRANSPORTS.into_iter().enumerate() {
+            random_round_trips(transport, 0x7a4d_0000 + index as u64);
+        }
+    }
+
+    #[test]
+    fn file_concurrent_threads_match_their_models_on_every_transport() {
+        use rand::{Rng, RngCore, SeedableRng};
+        for transport in TRANSPORTS {
+            let path = TemporaryPath::new("threads-model");
+            let region_bytes = 1usize << 20;
+            let thread_count = 4;
+            let device = Arc::new(create_with(&path.0, (region_bytes * thread_count) as u64, transport));
+            // More threads than rings share rings: each thread owns one region and its model.
+            let threads: Vec<_> = (0..thread_count)
+                .map(|thread_index| {
+                    let device = Arc::clone(&device);
+                    std::thread::spawn(move || {
+                        let base = thread_index * region_bytes;
+                        let mut model = vec![0u8; region_bytes];
+                        let mut random = rand::rngs::SmallRng::seed_from_u64(thread_index as u64);
+                        for _ in 0..150 {
+                            let (offset, length) = random_extent(&mut random, region_bytes);
+                            if random.gen_bool(0.5) {
+                                let mut data = vec![0u8; length];
+                                random.fill_bytes(&mut data);
+                                model[offset..offset + length].copy_from_slice(&data);
+                                device.write_at((base + offset) as u64, &data).unwrap();
+                            } else {
+                                let mut buffer = vec![0u8; length];
+                                device.read_at((base + offset) as u64, &mut buffer).unwrap();
+                                assert!(buffer == model[offset..offset + length]);
+                            }
+                        }
+                        device.flush().unwrap();
+                        model
+                    })
+                })
+                .collect();
+            let models: Vec<Vec<u8>> = threads.into_iter().map(|thread| thread.join().unwrap()).collect();
+            let mut image = vec![0u8; region_bytes * thread_count];
+            device.read_at(0, &mut image).unwrap();
+            assert!(image == models.concat(), "{transport:?}: the image differs from the threads' models");
+        }
+    }
+
+    #[test]
+    fn file_shortened_image_reads_are_eof_errors_on_every_transport() {
+        for transport in TRANSPORTS {
+            let path = TemporaryPath::new("shortened");
+            let device = create_with(&path.0, 1 << 20, transport);
+            device.write_at(0, &pattern(1 << 20, 9)).unwrap();
+            device.flush().unwrap();
+            OpenOptions::new().write(true).open(&path.0).unwrap().set_len(512 << 10).unwrap();
+            // Aligned (direct where there is one: its piece comes back short) and unaligned.
+            for (offset, length) in [((512 << 10) - 4096, 8192usize), ((512 << 10) - 100, 300)] {
+                let mut buffer = vec![0u8; length];
+                let error = device.read_at(offset, &mut buffer).expect_err("a read past the shortened end");
+                assert!(
+                    matches!(&error, Error::Io { operation: "read", offset: at, source }
+                        if source.kind() == ErrorKind::UnexpectedEof && *at == 512 << 10),
+                    "{transport:?}: {error:?}"
+                );
+            }
+            let mut inside = vec![0u8; 4096];
+            device.read_at((512 << 10) - 4096, &mut inside).unwrap();
+            assert_eq!(inside, pattern(1 << 20, 9)[(512 << 10) - 4096..512 << 10]);
+        }
+    }
+
+    #[test]
+    fn file_falls_back_to_syscalls_when_io_uring_is_refused() {
+        let path = TemporaryPath::new("refused");
+        super::super::uring::tests_hooks::REFUSE_RINGS.with(|refuse| refuse.set(true));
+        let device = create_with(&path.0, 1 << 20, TransportChoice::IoUringDirect);
+        super::super::uring::tests_hooks::REFUSE_RINGS.with(|refuse| refuse.set(false));
+        let statistics = device.transport();
+        assert_eq!(statistics.name, "pread/pwrite");
+        assert!(statistics.note.contains("io_uring refused"), "the reason is said: {statistics:?}");
+        assert!(device.transport().to_string().starts_with("pread/pwrite (io_uring refused"));
+        let data = pattern(8192, 4);
+        device.write_at(4096, &data).unwrap();
+        device.flush().unwrap();
+        let mut buffer = vec![0u8; data.len()];
+        device.read_at(4096, &mut buffer).unwrap();
+        assert_eq!(buffer, data);
+
+        let forced = create_with(&path.0, 1 << 20, TransportChoice::Syscalls);
+        assert_eq!(forced.transport().to_string(), "pread/pwrite");
+    }
+
+    #[test]
+    fn file_direct_refused_at_transfer_falls_back_to_the_page_cache() {
+        let path = TemporaryPath::new("direct-refused");
+        let device = create_with(&path.0, 1 << 20, TransportChoice::IoUringDirect);
+        if !device.transport().direct {
+            eprintln!("skipped: no O_DIRECT here ({})", device.transport());
+            return;
+        }
+        let data = pattern(65536, 2);
+        super::super::uring::tests_hooks::REFUSE_DIRECT.with(|refuse| refuse.set(true));
+        let written = device.write_at(65536, &data);
+        super::super::uring::tests_hooks::REFUSE_DIRECT.with(|refuse| refuse.set(false));
+        written.unwrap();
+        let statistics = device.transport();
+        assert!(!statistics.direct, "direct transfers are off after a refusal: {statistics:?}");
+        assert_eq!(statistics.buffered_transfers, 1);
+        let mut buffer = vec![0u8; data.len()];
+        device.read_at(65536, &mut buffer).unwrap();
+        assert_eq!(buffer, data);
+        assert_eq!(device.transport().direct_transfers, 0);
+    }
+
+    /// tmpfs takes `O_DIRECT` on some kernels and refuses it on others; either way every
+    /// transfer, aligned or not, must work there.
+    #[test]
+    fn file_transports_work_on_tmpfs() {
+        let directory = Path::new("/dev/shm");
+        if !directory.is_dir() {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        }
+        for transport in TRANSPORTS {
+            let path = TemporaryPath(directory.join(format!("tandemfs-device-tmpfs-{}.img", std::process::id())));
+            let device = create_with(&path.0, 2 << 20, transport);
+            if transport == TransportChoice::Automatic {
+                assert_eq!(device.transport().name, "pread/pwrite", "tmpfs is RAM: {}", device.transport());
+            }
+            for (offset, length) in [(0u64, 1usize << 20), (4093, 10_000), (8192, 4096)] {
+                let data = pattern(length, offset as u8);
+                device.write_at(offset, &data).unwrap();
+                let mut buffer = vec![0u8; length];
+                device.read_at(offset, &mut buffer).unwrap();
+                assert_eq!(buffer, data, "{transport:?}: {length} bytes at {offset}");
+            }
+            device.flush().unwrap();
         }
     }
 }

@@ -1,14 +1,15 @@
 //! `device`: where bytes live. A [`Device`] reads and writes at byte offsets, flushes, and accepts
 //! batches of asynchronous requests. Implementations: [`FileDevice`] (regular file or block
-//! device, pread/pwrite/fdatasync) and [`MemoryDevice`] (RAM, models crashes and injects errors).
+//! device, io_uring with O_DIRECT where allowed, else pread/pwrite/fdatasync) and [`MemoryDevice`] (RAM, models crashes and injects errors).
 //! Nothing here knows about blocks, files or directories.
 
 mod file;
 mod gate;
 mod memory;
+mod uring;
 mod worker;
 
-pub use file::{AsyncOptions, FileDevice, FileDeviceOptions};
+pub use file::{AsyncOptions, FileDevice, FileDeviceOptions, TransportChoice, TransportStatistics};
 pub use gate::Gate;
 pub use memory::{CrashMode, Fault, FaultOperation, MemoryCounters, MemoryDevice, SECTOR_SIZE_BYTES};
 
