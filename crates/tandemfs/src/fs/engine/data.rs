@@ -429,11 +429,52 @@ impl FileSystem {
     }
 
     pub fn zero_range(&self, inode: InodeNumber, offset: u64, length: u64, keep_size: bool) -> Result<()> {
-        self.range_operation(inode, RangeKind::ZeroRange, offset, length, keep_size)
+        self.range_in_pieces(inode, RangeKind::ZeroRange, offset, length, keep_size)
     }
 
     /// fallocate mode 0 / KEEP_SIZE: reserves space that reads as zeros.
     pub fn allocate(&self, inode: InodeNumber, offset: u64, length: u64, keep_size: bool) -> Result<()> {
-        self.range_operation(inode, RangeKind::Allocate, offset, length, keep_size)
+        self.range_in_pieces(inode, RangeKind::Allocate, offset, length, keep_size)
+    }
+
+    /// A range operation that hands out data blocks, as records of at most
+    /// `range_piece_bytes` each, in order: every block handed out needs its generation-table
+    /// entry in the next checkpoint's images, and one record must never need more images than
+    /// the log's reserve holds (a 32 GiB fallocate on a 4 MiB log made a volume that could not
+    /// checkpoint, nor mount again). Like ext4's, a fallocate that fails half way (no space)
+    /// keeps the pieces it made.
+    fn range_in_pieces(
+        &self,
+        inode: InodeNumber,
+        kind: RangeKind,
+        offset: u64,
+        length: u64,
+        keep_size: bool,
+    ) -> Result<()> {
+        let piece_bytes = self.range_piece_bytes();
+        let mut done_bytes = 0u64;
+        // Bounded: each pass covers `piece_bytes` (> 0) more of `length`.
+        loop {
+            let piece = (length - done_bytes).min(piece_bytes);
+            self.range_operation(inode, kind, offset + done_bytes, piece, keep_size)?;
+            done_bytes += piece;
+            if done_bytes >= length {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The largest range one allocating record covers: its images (`data_run_image_blocks`)
+    /// within a quarter of the log's reserve, in whole table blocks' worth of data.
+    fn range_piece_bytes(&self) -> u64 {
+        let budget = (self.inner.log.reserve_image_blocks() / 4).saturating_sub(8);
+        // data_run_image_blocks(n) <= n/G + 2 + 2n/B + 2 = n * (1/G + 2/B) + 4 with G table
+        // entries and B bitmap bits per block; B = 64 G, so that is n * 33 / (32 G) + 4, below
+        // n * 5 / (4 G) + 4.
+        let blocks = budget.saturating_sub(4) * 4 * GENERATIONS_PER_TABLE_BLOCK / 5;
+        let blocks =
+            blocks.max(GENERATIONS_PER_TABLE_BLOCK) / GENERATIONS_PER_TABLE_BLOCK * GENERATIONS_PER_TABLE_BLOCK;
+        assert!(data_run_image_blocks(blocks) <= budget.max(data_run_image_blocks(GENERATIONS_PER_TABLE_BLOCK)));
+        blocks * BLOCK_SIZE_U64
     }
 }

@@ -21,7 +21,9 @@ use crate::backend::{self, now_ns};
 use crate::block::inode::Inode;
 use crate::block::meta::BLOCK_SIZE_U64;
 use crate::block::mmp::MmpKeeper;
-use crate::block::superblock::{Superblock, STATE_CLEAN, STATE_MOUNTED};
+use crate::block::superblock::{
+    Superblock, BITS_PER_BITMAP_BLOCK, GENERATIONS_PER_TABLE_BLOCK, STATE_CLEAN, STATE_MOUNTED,
+};
 use crate::block::volume::{Volume, XATTR_BLOCK_PAYLOAD_BYTES, XATTR_NAMESPACES};
 use crate::device::{Device, Gate};
 use crate::dir::{self, DirRoot};
@@ -67,6 +69,18 @@ thread_local! {
     /// with many threads refused at once, one thread's reason must not be taken, or cleared,
     /// by another.
     static REFUSED_FOR_BACKLOG: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Images beyond `IMAGE_BLOCKS_PER_RECORD` that handing out `data_blocks` data blocks in one
+/// record may need: the generation table records every data block (a level-0 table block per
+/// `GENERATIONS_PER_TABLE_BLOCK` blocks), and the bitmap blocks the run spans, each with a
+/// table entry. Counted past one table block's worth; a smaller run is within the average
+/// bound (a fallocate of 32 GiB takes 16,384 table blocks: 64 MiB of images).
+pub(super) fn data_run_image_blocks(data_blocks: u64) -> u64 {
+    if data_blocks <= GENERATIONS_PER_TABLE_BLOCK {
+        return 0;
+    }
+    data_blocks.div_ceil(GENERATIONS_PER_TABLE_BLOCK) + 1 + 2 * (data_blocks.div_ceil(BITS_PER_BITMAP_BLOCK) + 1)
 }
 
 /// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
@@ -406,7 +420,8 @@ impl FileSystem {
         // nowhere to write a checkpoint. So each record pledges the images it may need, and the
         // log admits it only while its bytes and every pledge fit (`log::pledge`): past that,
         // the caller waits for the back end to apply some of the backlog.
-        let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD;
+        let image_blocks =
+            reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD + data_run_image_blocks(new_blocks);
         if !space.reserve(new_blocks, tree_blocks) {
             return Ok(None);
         }
