@@ -1,8 +1,8 @@
 //! Back-end cost per operation, apart from the front end: the back end runs only when called, so
 //! each phase first appends its records (front end) and then applies and checkpoints them
-//! (back end), timed separately. The backlog's bound (`backend::room`) makes the front end
-//! apply what it appended whenever the backlog fills (about a thousand records), so the front
-//! end's time includes most of the applying; the instruction count of the whole run under
+//! (back end), timed separately. The log's pledge of checkpoint images (`log::pledge`) makes
+//! the front end apply what it appended whenever the backlog fills, so the front end's time
+//! includes most of the applying; the instruction count of the whole run under
 //! callgrind is the repeatable measure (`valgrind --tool=callgrind` without the toggle).
 //!
 //! `cargo run --release --example backend_cost -- [count] [phase]`; phase is `create` (one

@@ -256,6 +256,13 @@ struct CheckpointPolicy {
     in_flight: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
+impl CheckpointPolicy {
+    /// The image bounds of every record in the batches on the workers.
+    fn in_flight_image_blocks(&self) -> u64 {
+        self.jobs.iter().map(|flight| flight.image_blocks).sum()
+    }
+}
+
 /// What a caught panic said, for the failure latch.
 pub(super) fn panic_reason(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -668,7 +675,7 @@ impl Backend {
         // The next checkpoint images the blocks dirty now and those of every record in flight
         // (they are applied before its snapshot), and its images must fit the log's reserve
         // (see `log::pledge`): hand out only records whose bounds still fit beside them.
-        let in_flight_blocks: u64 = policy.jobs.iter().map(|flight| flight.image_blocks).sum();
+        let in_flight_blocks = policy.in_flight_image_blocks();
         let room_blocks =
             self.log.reserve_image_blocks().saturating_sub(self.pledges.dirty_blocks() + in_flight_blocks);
         let mut batch: Vec<Queued> =
@@ -722,8 +729,8 @@ impl Backend {
     /// checkpoint half way: such a batch is applied record by record with the volume held,
     /// which stops to checkpoint.
     fn space_low_for(&self, batch: &[Queued], policy: &CheckpointPolicy) -> bool {
-        let in_flight_bound: u64 = policy.jobs.iter().map(|flight| flight.image_blocks).sum();
-        let images_bound: u64 = batch.iter().map(|queued| queued.image_blocks).sum::<u64>() + in_flight_bound;
+        let images_bound: u64 =
+            batch.iter().map(|queued| queued.image_blocks).sum::<u64>() + policy.in_flight_image_blocks();
         let volume = self.volume.lock();
         volume.free_blocks() < BACKEND_LOW_WATER_BLOCKS + images_bound && volume.blocks.pending_free_count() > 0
     }

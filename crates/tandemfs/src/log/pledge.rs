@@ -112,26 +112,22 @@ impl Pledges {
             sealed_blocks <= bound_blocks,
             "checkpoint sealed {sealed_blocks} images, above its bound {bound_blocks}"
         );
-        self.release_checkpoint(bound_blocks - sealed_blocks);
+        // Neither copy of the images sealed beyond need is wanted.
+        self.release_checkpoint(2 * (bound_blocks - sealed_blocks));
     }
 
     /// The `sealed_blocks` images of the checkpoint under way are in the log: their space is
     /// counted there now.
     pub fn checkpoint_images_logged(&self, sealed_blocks: u64) {
-        self.release_checkpoint_once(sealed_blocks);
+        self.release_checkpoint(sealed_blocks);
     }
 
     /// The checkpoint of `sealed_blocks` images is complete (after `checkpoint_images_logged`).
     pub fn checkpoint_complete(&self, sealed_blocks: u64) {
-        self.release_checkpoint_once(sealed_blocks);
+        self.release_checkpoint(sealed_blocks);
     }
 
-    /// Releases both counts of `image_blocks` (sealed beyond need, or never logged).
     fn release_checkpoint(&self, image_blocks: u64) {
-        self.release_checkpoint_once(2 * image_blocks);
-    }
-
-    fn release_checkpoint_once(&self, image_blocks: u64) {
         if image_blocks == 0 {
             return;
         }
