@@ -172,6 +172,13 @@ fn mkfs_rejects_bad_targets_and_sizes() {
     assert_one_line_failure(&tandem(&["mkfs", "/dev/null"]), "neither a regular file nor a block device");
     assert_one_line_failure(&tandem(&["mkfs", text(&image), "--size", "32M", "--log-size", "32M"]), "does not fit");
     assert!(!image.exists());
+    // A log whose checkpoints cannot hold the volume's whole block bitmap: deleting a file of
+    // most of the volume would need that much.
+    assert_one_line_failure(
+        &tandem(&["mkfs", text(&image), "--size", "64G", "--log-size", "4M"]),
+        "too small for a volume of 65536 MiB: at least 17 MiB",
+    );
+    assert!(!image.exists());
     let long_name = scratch.join(&format!("{}.img", "n".repeat(300)));
     assert_one_line_failure(&tandem(&["mkfs", text(&long_name), "--size", "32M"]), "too long");
 }

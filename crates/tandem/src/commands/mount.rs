@@ -258,6 +258,14 @@ pub fn describe_report(report: &MountReport) {
     if let Some(owner) = &report.mmp_taken_over_from {
         println!("took the volume over from {owner}, which stopped without unmounting");
     }
+    if let (Some(version), true) = (report.format_upgraded_from, report.read_only) {
+        println!("format version {version}: read as it is (a read-write mount takes it forward)");
+    } else if let Some(version) = report.format_upgraded_from {
+        println!(
+            "format version {version} taken forward to {}: a tandem older than this one no longer mounts the volume",
+            tandemfs::block::superblock::FORMAT_VERSION
+        );
+    }
     if report.was_dirty {
         println!("the volume was not unmounted cleanly; recovering from the log");
     }

@@ -22,7 +22,7 @@ pub mod store;
 use crate::block::codec::Decoder;
 use crate::block::inode::Inode;
 use crate::block::meta::{verify_block, BlockBuf, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64, TRAILER_KIND_OFFSET};
-use crate::block::superblock::{Superblock, STATE_MOUNTED};
+use crate::block::superblock::{Superblock, FORMAT_VERSION, STATE_MOUNTED};
 use crate::block::volume::{Image, Volume};
 use crate::device::Device;
 use crate::dir::{self, DirRoot, HashSeed};
@@ -750,6 +750,16 @@ pub fn open_volume(
             .map(|problem| format!("{problem}; used copy {} (run tandem fsck --repair)", copies.best_copy)),
         ..MountReport::default()
     };
+    if write && superblock.format_version < FORMAT_VERSION {
+        // Before anything this build writes reaches home: from here on the volume may hold what
+        // only the current version allows (a free leaves its generation-table and checksum
+        // entries), so an older build must refuse it.
+        report.format_upgraded_from = Some(superblock.format_version);
+        superblock.format_version = FORMAT_VERSION;
+        superblock.sequence += 1;
+        superblock.write(device.as_ref())?;
+        device.flush()?;
+    }
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, log_options)?;
     let plan = plan_replay(&records, &superblock).map_err(|(lsn, error)| record_error(lsn, error))?;

@@ -8,7 +8,11 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
+/// The oldest version this build reads and takes forward: version 6 only lets a free leave a
+/// data block's generation-table and checksum entries behind, so every version-5 volume is a
+/// valid version-6 volume, and the first superblock a read-write mount writes records 6.
+pub const OLDEST_READABLE_VERSION: u32 = 5;
 /// Inode records per inode-table block (256-byte records in the 4064-byte payload).
 pub const INODES_PER_BLOCK: u64 = 15;
 /// Bits per bitmap block (the 4064-byte payload).
@@ -27,6 +31,10 @@ const _: () = assert!(CHECKSUMS_PER_TABLE_BLOCK == 1016);
 pub const MIN_VOLUME_BYTES: u64 = 16 << 20;
 pub const MIN_LOG_BYTES: u64 = 4 << 20;
 pub const MAX_LOG_BYTES: u64 = 1 << 30;
+/// Log blocks a volume needs per block-bitmap block (see `Superblock::layout`): 17 MiB for a
+/// 64 GiB volume; a volume above 4 TiB needs more than `MAX_LOG_BYTES`, which its default log
+/// and its limit then grow to (a 16 TiB volume: a 4 GiB log, 0.025%).
+pub const LOG_BLOCKS_PER_BITMAP_BLOCK: u64 = 8;
 pub const STATE_CLEAN: u32 = 1;
 pub const STATE_MOUNTED: u32 = 2;
 /// `features_incompat` bit: the volume is encrypted (see `crate::crypt`). A build that does
@@ -97,6 +105,9 @@ pub const OFFSET_CRC: usize = 4092;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// The version the volume was read with (`OLDEST_READABLE_VERSION..=FORMAT_VERSION`), for
+    /// reports; `encode` always writes `FORMAT_VERSION`.
+    pub format_version: u32,
     pub sequence: u64,
     pub block_count: u64,
     pub uuid: [u8; 16],
@@ -210,12 +221,28 @@ impl Superblock {
                 volume_bytes
             )));
         }
-        let log_bytes = log_bytes.unwrap_or((volume_bytes / 16).clamp(MIN_LOG_BYTES, MAX_LOG_BYTES));
-        if !(MIN_LOG_BYTES..=MAX_LOG_BYTES).contains(&log_bytes) || log_bytes > volume_bytes / 2 {
+        // One record may free every data block of the volume, which dirties the whole block
+        // bitmap: its images must fit in one checkpoint, in the log's reserve (half the log),
+        // beside what other records dirtied meanwhile (up to half the reserve before a
+        // checkpoint is due).
+        let bitmap_log_bytes =
+            LOG_BLOCKS_PER_BITMAP_BLOCK * block_count.div_ceil(BITS_PER_BITMAP_BLOCK) * BLOCK_SIZE_U64;
+        let min_log_bytes = bitmap_log_bytes.next_multiple_of(1 << 20).max(MIN_LOG_BYTES);
+        let max_log_bytes = MAX_LOG_BYTES.max(min_log_bytes);
+        let log_bytes = log_bytes.unwrap_or((volume_bytes / 16).clamp(MIN_LOG_BYTES, MAX_LOG_BYTES).max(min_log_bytes));
+        if log_bytes < min_log_bytes && log_bytes >= MIN_LOG_BYTES {
+            return Err(Error::invalid(format!(
+                "a log of {} MiB is too small for a volume of {} MiB: at least {} MiB (a checkpoint must hold the whole block bitmap)",
+                log_bytes >> 20,
+                volume_bytes >> 20,
+                min_log_bytes >> 20
+            )));
+        }
+        if !(min_log_bytes..=max_log_bytes).contains(&log_bytes) || log_bytes > volume_bytes / 2 {
             return Err(Error::invalid(format!(
                 "log size {log_bytes} bytes must be between {} MiB, {} MiB and half the volume",
-                MIN_LOG_BYTES >> 20,
-                MAX_LOG_BYTES >> 20
+                min_log_bytes >> 20,
+                max_log_bytes >> 20
             )));
         }
         let log_blocks = log_bytes / BLOCK_SIZE_U64;
@@ -247,6 +274,7 @@ impl Superblock {
             )));
         }
         Ok(Superblock {
+            format_version: FORMAT_VERSION,
             sequence: 1,
             block_count,
             uuid: [0; 16],
@@ -359,12 +387,12 @@ impl Superblock {
             return fail(format!("checksum {:#010x} stored, {crc:#010x} computed", get_u32(bytes, OFFSET_CRC)));
         }
         let version = get_u32(bytes, OFFSET_VERSION);
-        if version < FORMAT_VERSION {
+        if version < OLDEST_READABLE_VERSION {
             return fail(format!(
                 "format version {version} is older than this build's {FORMAT_VERSION}; mount it with the tandem that made it and copy the files to a volume made by this build's mkfs"
             ));
         }
-        if version != FORMAT_VERSION {
+        if version > FORMAT_VERSION {
             return fail(format!(
                 "format version {version} is newer than this build's {FORMAT_VERSION}; use a newer tandem"
             ));
@@ -380,6 +408,7 @@ impl Superblock {
             *word = get_u32(bytes, OFFSET_HASH_SEED + 4 * index);
         }
         let superblock = Superblock {
+            format_version: version,
             sequence: get_u64(bytes, OFFSET_SEQUENCE),
             block_count: get_u64(bytes, OFFSET_BLOCK_COUNT),
             uuid: bytes[OFFSET_UUID..OFFSET_UUID + 16].try_into().unwrap(),
@@ -670,8 +699,43 @@ mod tests {
             let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
             put_u32(&mut bytes[..], OFFSET_CRC, crc);
             let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-            assert!(error.contains(&format!("format version {version} is older than this build's 5")), "{error}");
+            assert!(error.contains(&format!("format version {version} is older than this build's 6")), "{error}");
         }
+    }
+
+    #[test]
+    fn a_version_5_volume_is_read_and_written_back_as_version_6() {
+        let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
+        let superblock = Superblock::layout(blocks, None, None).unwrap();
+        let mut bytes = superblock.encode();
+        put_u32(&mut bytes[..], OFFSET_VERSION, 5);
+        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+        put_u32(&mut bytes[..], OFFSET_CRC, crc);
+        let decoded = Superblock::decode(&bytes, 0, blocks).unwrap();
+        assert_eq!(decoded.format_version, 5);
+        assert_eq!(get_u32(&decoded.encode()[..], OFFSET_VERSION), 6);
+        put_u32(&mut bytes[..], OFFSET_VERSION, 7);
+        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+        put_u32(&mut bytes[..], OFFSET_CRC, crc);
+        let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
+        assert!(error.contains("format version 7 is newer than this build's 6"), "{error}");
+    }
+
+    #[test]
+    fn the_log_holds_the_whole_block_bitmap() {
+        for volume_bytes in [64u64 << 20, 12 << 30, 64 << 30, 4 << 40, 16 << 40] {
+            let blocks = volume_bytes / BLOCK_SIZE_U64;
+            let superblock = Superblock::layout(blocks, None, None).unwrap();
+            let log_blocks = superblock.log_header_blocks + superblock.log_data_blocks;
+            assert!(log_blocks >= LOG_BLOCKS_PER_BITMAP_BLOCK * superblock.block_bitmap_blocks, "{volume_bytes}");
+            let expected_default = (volume_bytes / 16).clamp(MIN_LOG_BYTES, MAX_LOG_BYTES);
+            assert!(log_blocks * BLOCK_SIZE_U64 >= expected_default, "{volume_bytes}");
+        }
+        // 16 TiB: the default log grows past MAX_LOG_BYTES to hold the bitmap.
+        let superblock = Superblock::layout((16u64 << 40) / BLOCK_SIZE_U64, None, None).unwrap();
+        assert!((superblock.log_header_blocks + superblock.log_data_blocks) * BLOCK_SIZE_U64 > MAX_LOG_BYTES);
+        let error = Superblock::layout((64u64 << 30) / BLOCK_SIZE_U64, None, Some(16 << 20)).unwrap_err().to_string();
+        assert!(error.contains("a log of 16 MiB is too small for a volume of 65536 MiB: at least 17 MiB"), "{error}");
     }
 
     #[test]

@@ -49,10 +49,11 @@ pub struct Volume {
     /// Metadata blocks freed since the last checkpoint's images: it records generation 0 for
     /// them, so that the table names only blocks that hold metadata (see `check_allocated_unused`).
     freed_metadata: Vec<u64>,
-    /// Runs of data blocks handed out (true) or freed (false) since the last checkpoint's
-    /// images, in order: it records `GENERATION_DATA` or 0 for them.
-    data_changes: Vec<(u64, u64, bool)>,
-    /// Level-0 generation-table blocks that `data_changes` may touch: per run, one per table
+    /// Runs of data blocks handed out since the last checkpoint's images: it records
+    /// `GENERATION_DATA` for them. A free leaves a data block's entry as it is (format
+    /// version 6), so that freeing a file costs its bitmap blocks alone.
+    data_handed_out: Vec<(u64, u64)>,
+    /// Level-0 generation-table blocks that `data_handed_out` may touch: per run, one per table
     /// block it spans plus one (it may start and end in part of one).
     data_change_table_blocks: u64,
     /// Where `publish_image_estimate` stores its count, when the log's pledge reads it.
@@ -95,7 +96,7 @@ impl Volume {
             bitmap_disagreement: None,
             table_levels,
             freed_metadata: Vec::new(),
-            data_changes: Vec::new(),
+            data_handed_out: Vec::new(),
             data_change_table_blocks: 0,
             image_gauge: None,
             accelerator: None,
@@ -234,8 +235,8 @@ impl Volume {
         self.publish_image_estimate();
     }
 
-    fn note_data_change(&mut self, first: u64, count: u64, in_use: bool) {
-        self.data_changes.push((first, count, in_use));
+    fn note_data_handed_out(&mut self, first: u64, count: u64) {
+        self.data_handed_out.push((first, count));
         self.data_change_table_blocks += count.div_ceil(GENERATIONS_PER_TABLE_BLOCK) + 1;
     }
 
@@ -288,11 +289,15 @@ impl Volume {
         self.cache.forget_clean_unless(|block| blocks.is_set(block));
     }
 
-    ///
-    /// The generation table is checked the same way: it records a generation only for blocks
-    /// that hold metadata (a checkpoint records 0 for the blocks freed since the last one), so
-    /// a nonzero entry under a free bit is metadata that the bitmap lost, even when it is not
-    /// cached. It costs one table lookup per block, one table block per 508.
+    /// Refuses to hand out blocks `first..first + count` that something still uses although the
+    /// block bitmap calls them free (a lost bit): a block held in the metadata cache, or one
+    /// whose generation-table entry records metadata. The table records a metadata generation
+    /// only for blocks that hold metadata (a checkpoint records 0 for the metadata blocks freed
+    /// since the last one), so such an entry under a free bit is metadata that the bitmap lost,
+    /// even when it is not cached. `GENERATION_DATA` under a free bit is normal since format
+    /// version 6 (a free leaves data entries alone); a data block the bitmap lost is found by
+    /// fsck, which walks the files' extents. It costs one table lookup per block, one table
+    /// block per 508.
     fn check_allocated_unused(&mut self, first: u64, count: u64) -> Result<()> {
         if let Some(block) = (first..first + count).find(|block| self.cache.holds(*block)) {
             return Err(Error::corruption(format!(
@@ -306,12 +311,7 @@ impl Volume {
             let end = (first + count).min((block / GENERATIONS_PER_TABLE_BLOCK + 1) * GENERATIONS_PER_TABLE_BLOCK);
             for number in block..end {
                 let generation = get_u64(&table[..], (number % GENERATIONS_PER_TABLE_BLOCK) as usize * 8);
-                if generation == GENERATION_DATA {
-                    return Err(Error::corruption(format!(
-                        "block {number} is free in the block bitmap but the generation table records file data there: not reused"
-                    )));
-                }
-                if generation != 0 {
+                if generation != 0 && generation != GENERATION_DATA {
                     return Err(Error::corruption(format!(
                         "block {number} is free in the block bitmap but the generation table records metadata of generation {generation} there: not reused"
                     )));
@@ -337,9 +337,10 @@ impl Volume {
         Ok(changed)
     }
 
-    /// Records generation 0 for every block the block bitmap calls free (fsck's repair, after
-    /// it rebuilt the bitmap: blocks it stopped using were not freed one by one). Returns how
-    /// many entries it cleared.
+    /// Records generation 0 for every block the block bitmap calls free whose entry records
+    /// metadata (fsck's repair, after it rebuilt the bitmap: blocks it stopped using were not
+    /// freed one by one). `GENERATION_DATA` under a free bit is left: a free leaves it too.
+    /// Returns how many entries it cleared.
     pub fn forget_generations_of_free_blocks(&mut self) -> Result<u64> {
         let (_, level_blocks) = self.table_levels[0];
         let mut cleared = 0;
@@ -348,7 +349,8 @@ impl Volume {
             let first = index * GENERATIONS_PER_TABLE_BLOCK;
             let free: Vec<u64> = (first..(first + GENERATIONS_PER_TABLE_BLOCK).min(self.superblock.block_count))
                 .filter(|number| {
-                    get_u64(&table[..], (number - first) as usize * 8) != 0 && !self.blocks.is_set(*number)
+                    let generation = get_u64(&table[..], (number - first) as usize * 8);
+                    generation != 0 && generation != GENERATION_DATA && !self.blocks.is_set(*number)
                 })
                 .collect();
             drop(table);
@@ -676,10 +678,9 @@ impl Volume {
         for block in std::mem::take(&mut self.freed_metadata) {
             self.set_expected_generation(0, block, 0)?;
         }
-        // In order: a run handed out and freed again since the last checkpoint ends free.
         self.data_change_table_blocks = 0;
-        for (first, count, in_use) in std::mem::take(&mut self.data_changes) {
-            self.set_expected_range(first, count, if in_use { GENERATION_DATA } else { 0 })?;
+        for (first, count) in std::mem::take(&mut self.data_handed_out) {
+            self.set_expected_range(first, count, GENERATION_DATA)?;
         }
         let table_start = self.superblock.generation_table_start;
         for level in 0..self.table_levels.len() {
@@ -1079,9 +1080,9 @@ impl DataStore for Volume {
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
         let (first, given) = self.blocks.allocate(near, count, self.superblock.first_data_block)?;
         self.check_allocated_unused(first, given)?;
-        self.note_data_change(first, given, true);
-        // A block handed out holds nothing written yet (an entry left by a repair that freed
-        // blocks through the bitmap alone would describe old bytes).
+        self.note_data_handed_out(first, given);
+        // A block handed out holds nothing written yet: the entry a free left behind describes
+        // the bytes of the file that had it.
         self.clear_data_checksums(first, given)?;
         Ok((first, given))
     }
@@ -1090,9 +1091,10 @@ impl DataStore for Volume {
         if first < self.superblock.first_data_block {
             return Err(Error::corruption(format!("free of data block {first} inside the fixed regions")));
         }
-        self.blocks.free_range(first, count, self.current_lsn)?;
-        self.note_data_change(first, count, false);
-        self.clear_data_checksums(first, count)
+        // Only the bitmap changes: the block's generation-table entry stays `GENERATION_DATA`
+        // and its checksum stays until the block is handed out again (`allocate_data`), so a
+        // free of any size dirties one bitmap block per 32,512 blocks and nothing else.
+        self.blocks.free_range(first, count, self.current_lsn)
     }
 }
 

@@ -149,11 +149,15 @@ impl InodeView {
         }
     }
 
+    /// The blocks the file owns, counting those of records not yet applied (written data,
+    /// fallocated space): they are the file's already, as on ext4, for `du`, `stat` and
+    /// sparse-file heuristics, and for the images a record that frees them may need.
+    pub fn blocks_with_pending(&self) -> u64 {
+        self.blocks_owned + self.pending_blocks.iter().map(|(_, blocks)| blocks).sum::<u64>()
+    }
+
     pub fn to_attributes(&self) -> Attributes {
         let image = &self.attributes;
-        // Blocks of records not yet applied (written data, fallocated space) are the file's
-        // already, as on ext4: `du`, `stat` and sparse-file heuristics see them at once.
-        let pending_blocks: u64 = self.pending_blocks.iter().map(|(_, blocks)| blocks).sum();
         Attributes {
             inode: image.inode_number,
             generation: image.generation,
@@ -163,7 +167,7 @@ impl InodeView {
             uid: image.uid,
             gid: image.gid,
             size_bytes: image.size_bytes,
-            blocks_512: (self.blocks_owned + pending_blocks) * 8,
+            blocks_512: self.blocks_with_pending() * 8,
             access_time_ns: image.access_time_ns,
             modify_time_ns: image.modify_time_ns,
             change_time_ns: image.change_time_ns,

@@ -239,6 +239,9 @@ pub struct MountReport {
     /// A read-write mount took over the multi-mount protection block of a mount that ended
     /// without unmounting: the owner it names.
     pub mmp_taken_over_from: Option<String>,
+    /// The volume was of this older format version and now records the current one
+    /// (`block::superblock::OLDEST_READABLE_VERSION`); in memory only on a read-only mount.
+    pub format_upgraded_from: Option<u32>,
 }
 
 /// The state of the operation log, for `tandem stat`.

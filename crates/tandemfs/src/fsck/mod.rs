@@ -434,6 +434,16 @@ pub fn inspect_with_options(device: Arc<dyn Device>, options: &FsckOptions) -> R
 }
 
 /// The encryption line of `inspect`: none, or the cipher and every key slot.
+/// The volume's format version, and what a read-write mount makes of an older one.
+fn format_version_line(version: u32) -> String {
+    use crate::block::superblock::FORMAT_VERSION;
+    if version == FORMAT_VERSION {
+        version.to_string()
+    } else {
+        format!("{version} (the next read-write mount records {FORMAT_VERSION})")
+    }
+}
+
 fn encryption_line(device: &dyn Device, superblock: &Superblock) -> Result<String> {
     if !superblock.is_encrypted() {
         return Ok("none".into());
@@ -476,7 +486,7 @@ pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
     let used_blocks = superblock.block_count - volume.blocks.free_count();
     let lines = vec![
         ("uuid", uuid),
-        ("format version", crate::block::superblock::FORMAT_VERSION.to_string()),
+        ("format version", format_version_line(superblock.format_version)),
         ("state", if superblock.state == STATE_CLEAN { "clean".into() } else { "not cleanly unmounted (replay at mount)".into() }),
         ("size", format!("{} blocks of 4096 bytes ({})", superblock.block_count, mebibytes(superblock.block_count))),
         ("blocks used", format!("{used_blocks} ({:.1}%)", 100.0 * used_blocks as f64 / superblock.block_count as f64)),

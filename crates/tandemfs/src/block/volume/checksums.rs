@@ -687,11 +687,21 @@ mod tests {
     }
 
     #[test]
-    fn freed_and_fresh_blocks_have_no_checksum() {
+    fn a_free_leaves_the_checksums_and_handing_out_clears_them() {
         let (_device, mut volume, first) = volume();
         volume.write_data(first, 0, &pattern(2 * BLOCK_SIZE, 1)).unwrap();
-        assert!(volume.data_checksums(first, 2).unwrap().iter().all(|entry| *entry != NO_CHECKSUM));
+        let written = volume.data_checksums(first, 2).unwrap();
+        assert!(written.iter().all(|entry| *entry != NO_CHECKSUM));
+        let dirty = volume.cache_dirty_count();
+        // Format version 6: a free changes the bitmap alone.
         volume.free_data(first, 2).unwrap();
+        assert_eq!(volume.data_checksums(first, 2).unwrap(), written);
+        assert_eq!(volume.cache_dirty_count(), dirty);
+        // Handed out again (once a checkpoint covers the free), the blocks hold nothing
+        // written: the old entries would describe the bytes of the file that had them.
+        volume.blocks.release_checkpointed(volume.current_lsn);
+        let (again, given) = volume.allocate_data(first, 2).unwrap();
+        assert_eq!((again, given), (first, 2));
         assert_eq!(volume.data_checksums(first, 2).unwrap(), vec![NO_CHECKSUM; 2]);
         // A read of a block without a checksum is refused, never served unchecked.
         let mut buffer = vec![0u8; 10];

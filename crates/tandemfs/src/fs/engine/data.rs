@@ -187,7 +187,7 @@ impl FileSystem {
             image.modify_time_ns = now;
             image.change_time_ns = now;
             let op = Op::Write { inode: image.clone(), offset, data: shared.clone() };
-            let Some(lsn) = self.append_reserving(op, new_blocks, DATA_RESERVE_BLOCKS)? else {
+            let Some(lsn) = self.append_reserving(op, new_blocks, DATA_RESERVE_BLOCKS, 0)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(view, image, lsn, false);
@@ -264,8 +264,15 @@ impl FileSystem {
                 }
                 _ => 0,
             };
+            // Punch, collapse and zero range free what the range held: at most the file's blocks.
+            let freed_blocks = match kind {
+                RangeKind::Allocate | RangeKind::Insert => 0,
+                RangeKind::Collapse | RangeKind::PunchHole | RangeKind::ZeroRange => {
+                    shard.views.get(&inode).expect("held under the lock").blocks_with_pending()
+                }
+            };
             let op = Op::Range { inode: image.clone(), kind, offset, length, keep_size };
-            let Some(lsn) = self.append_reserving(op, new_blocks, DATA_RESERVE_BLOCKS)? else {
+            let Some(lsn) = self.append_reserving(op, new_blocks, DATA_RESERVE_BLOCKS, freed_blocks)? else {
                 return Ok(None);
             };
             let view = shard.views.get_mut(&inode).expect("held under the lock");
@@ -468,10 +475,12 @@ impl FileSystem {
     /// within a quarter of the log's reserve, in whole table blocks' worth of data.
     fn range_piece_bytes(&self) -> u64 {
         let budget = (self.inner.log.reserve_image_blocks() / 4).saturating_sub(8);
-        // data_run_image_blocks(n) <= n/G + 2 + 2n/B + 2 = n * (1/G + 2/B) + 4 with G table
-        // entries and B bitmap bits per block; B = 64 G, so that is n * 33 / (32 G) + 4, below
-        // n * 5 / (4 G) + 4.
-        let blocks = budget.saturating_sub(4) * 4 * GENERATIONS_PER_TABLE_BLOCK / 5;
+        // data_run_image_blocks(n) <= n/G + 2 + 2n/C + 4 + 2n/B + 4 = n * (1/G + 2/C + 2/B) + 10
+        // with G generation entries, C checksum entries and B bitmap bits per block; C = 2 G
+        // and B = 64 G, so that is n * 65 / (32 G) + 10.
+        const _: () = assert!(CHECKSUMS_PER_TABLE_BLOCK == 2 * GENERATIONS_PER_TABLE_BLOCK);
+        const _: () = assert!(BITS_PER_BITMAP_BLOCK == 64 * GENERATIONS_PER_TABLE_BLOCK);
+        let blocks = budget.saturating_sub(10) * 32 * GENERATIONS_PER_TABLE_BLOCK / 65;
         let blocks =
             blocks.max(GENERATIONS_PER_TABLE_BLOCK) / GENERATIONS_PER_TABLE_BLOCK * GENERATIONS_PER_TABLE_BLOCK;
         assert!(data_run_image_blocks(blocks) <= budget.max(data_run_image_blocks(GENERATIONS_PER_TABLE_BLOCK)));

@@ -501,7 +501,8 @@ impl FileSystem {
                 view.open_count -= 1;
                 return Ok(Some(()));
             }
-            let Some(lsn) = self.append(Op::Reclaim { inode_number: inode }, 0)? else {
+            let freed_blocks = view.blocks_with_pending();
+            let Some(lsn) = self.append_reserving(Op::Reclaim { inode_number: inode }, 0, 0, freed_blocks)? else {
                 return Ok(None);
             };
             view.open_count = 0;

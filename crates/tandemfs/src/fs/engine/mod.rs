@@ -22,7 +22,8 @@ use crate::block::inode::Inode;
 use crate::block::meta::BLOCK_SIZE_U64;
 use crate::block::mmp::MmpKeeper;
 use crate::block::superblock::{
-    Superblock, BITS_PER_BITMAP_BLOCK, GENERATIONS_PER_TABLE_BLOCK, STATE_CLEAN, STATE_MOUNTED,
+    Superblock, BITS_PER_BITMAP_BLOCK, CHECKSUMS_PER_TABLE_BLOCK, GENERATIONS_PER_TABLE_BLOCK, STATE_CLEAN,
+    STATE_MOUNTED,
 };
 use crate::block::volume::{Volume, XATTR_BLOCK_PAYLOAD_BYTES, XATTR_NAMESPACES};
 use crate::device::{Device, Gate};
@@ -73,14 +74,34 @@ thread_local! {
 
 /// Images beyond `IMAGE_BLOCKS_PER_RECORD` that handing out `data_blocks` data blocks in one
 /// record may need: the generation table records every data block (a level-0 table block per
-/// `GENERATIONS_PER_TABLE_BLOCK` blocks), and the bitmap blocks the run spans, each with a
-/// table entry. Counted past one table block's worth; a smaller run is within the average
-/// bound (a fallocate of 32 GiB takes 16,384 table blocks: 64 MiB of images).
+/// `GENERATIONS_PER_TABLE_BLOCK` blocks); the data checksum table clears their entries (a
+/// table block per `CHECKSUMS_PER_TABLE_BLOCK`, each with a generation-table entry), since a
+/// free leaves them behind; and the bitmap blocks the run spans, each with a table entry.
+/// Counted past one table block's worth; a smaller run is within the average bound (a
+/// fallocate of 32 GiB takes 16,384 table blocks: 64 MiB of images).
 pub(super) fn data_run_image_blocks(data_blocks: u64) -> u64 {
     if data_blocks <= GENERATIONS_PER_TABLE_BLOCK {
         return 0;
     }
-    data_blocks.div_ceil(GENERATIONS_PER_TABLE_BLOCK) + 1 + 2 * (data_blocks.div_ceil(BITS_PER_BITMAP_BLOCK) + 1)
+    data_blocks.div_ceil(GENERATIONS_PER_TABLE_BLOCK)
+        + 1
+        + 2 * (data_blocks.div_ceil(CHECKSUMS_PER_TABLE_BLOCK) + 1)
+        + 2 * (data_blocks.div_ceil(BITS_PER_BITMAP_BLOCK) + 1)
+}
+
+/// Images beyond `IMAGE_BLOCKS_PER_RECORD` that freeing up to `data_blocks` data blocks in one
+/// record may need. A free changes only the block bitmap (format version 6: the generation
+/// and checksum entries stay until the block is handed out again), a bitmap block per
+/// `BITS_PER_BITMAP_BLOCK` blocks of a contiguous file plus one at each end, each with a
+/// generation-table entry. Like `IMAGE_BLOCKS_PER_RECORD` an average bound, not a worst case:
+/// a file scattered in small runs over the volume touches more bitmap blocks, which the
+/// volume's exact count of dirty blocks (`Volume::image_estimate_blocks`) then brings to the
+/// next checkpoint. Freeing 32 GiB takes 258 bitmap blocks.
+pub(super) fn data_free_image_blocks(data_blocks: u64) -> u64 {
+    if data_blocks <= BITS_PER_BITMAP_BLOCK {
+        return 0;
+    }
+    2 * (data_blocks.div_ceil(BITS_PER_BITMAP_BLOCK) + 1)
 }
 
 /// Blocks a namespace operation may need: a leaf and an index block of the parent's H-tree,
@@ -401,12 +422,18 @@ impl FileSystem {
     /// every name and view shard the record changes held, so records that touch a common inode
     /// or directory get lsns in the order in which they were validated.
     pub(super) fn append(&self, op: Op, reserved_blocks: u64) -> Result<Option<u64>> {
-        self.append_reserving(op, reserved_blocks, 0)
+        self.append_reserving(op, reserved_blocks, 0, 0)
     }
 
-    /// `append` for a record that takes `new_blocks` and may take up to `tree_blocks` more for
-    /// its extent tree (see `Space::reserve`).
-    pub(super) fn append_reserving(&self, op: Op, new_blocks: u64, tree_blocks: u64) -> Result<Option<u64>> {
+    /// `append` for a record that takes `new_blocks`, may take up to `tree_blocks` more for its
+    /// extent tree (see `Space::reserve`) and may free up to `freed_blocks` data blocks.
+    pub(super) fn append_reserving(
+        &self,
+        op: Op,
+        new_blocks: u64,
+        tree_blocks: u64,
+        freed_blocks: u64,
+    ) -> Result<Option<u64>> {
         let reserved_blocks = new_blocks + tree_blocks;
         // Every change passes here with a view shard locked; a remount read-only sets the flag
         // and then takes every view shard once, so no change slips in after it.
@@ -420,8 +447,10 @@ impl FileSystem {
         // nowhere to write a checkpoint. So each record pledges the images it may need, and the
         // log admits it only while its bytes and every pledge fit (`log::pledge`): past that,
         // the caller waits for the back end to apply some of the backlog.
-        let image_blocks =
-            reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS) + IMAGE_BLOCKS_PER_RECORD + data_run_image_blocks(new_blocks);
+        let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS)
+            + IMAGE_BLOCKS_PER_RECORD
+            + data_run_image_blocks(new_blocks)
+            + data_free_image_blocks(freed_blocks);
         if !space.reserve(new_blocks, tree_blocks) {
             return Ok(None);
         }

@@ -128,8 +128,9 @@ impl FileSystem {
             // A truncate takes no new data blocks, only perhaps a split of the extent tree: it
             // may use the tree pool, so shrinking a file on a full volume works.
             let tree_reserve = if truncate { DATA_RESERVE_BLOCKS } else { 0 };
+            let freed_blocks = if truncate { view.blocks_with_pending() } else { 0 };
             let op = Op::SetAttributes { inode: image.clone(), truncate };
-            let Some(lsn) = self.append_reserving(op, 0, tree_reserve)? else {
+            let Some(lsn) = self.append_reserving(op, 0, tree_reserve, freed_blocks)? else {
                 return Ok(None);
             };
             FileSystem::commit_view(view, image, lsn, truncate);
@@ -455,9 +456,12 @@ impl FileSystem {
             if directory {
                 parent_image.link_count -= 1;
             }
+            // The last name of a file nobody has open: the record frees its blocks.
+            let freed_blocks =
+                if disposition == Disposition::Reclaim { views.get(number).blocks_with_pending() } else { 0 };
             let op =
                 Op::Unlink { parent: parent_image.clone(), name: name.to_vec(), inode: image.clone(), disposition };
-            let Some(lsn) = self.append(op, 0)? else {
+            let Some(lsn) = self.append_reserving(op, 0, 0, freed_blocks)? else {
                 return Ok(None);
             };
             let parent_view = views.get(parent);
@@ -647,6 +651,11 @@ impl FileSystem {
         if parent != new_parent && images[new_parent_index].link_count > LINK_MAX {
             return Err(Error::TooManyLinks);
         }
+        // A replaced file that loses its last name and is not open is freed by the record.
+        let freed_blocks = match replaced {
+            Some((other, Disposition::Reclaim)) => views.get(other).blocks_with_pending(),
+            _ => 0,
+        };
         let op = Op::Rename {
             parent,
             name: name.to_vec(),
@@ -656,7 +665,7 @@ impl FileSystem {
             replaced,
             images: images.clone(),
         };
-        let Some(lsn) = self.append(op, NAMESPACE_RESERVE_BLOCKS)? else {
+        let Some(lsn) = self.append_reserving(op, NAMESPACE_RESERVE_BLOCKS, 0, freed_blocks)? else {
             return Ok(None);
         };
         for image in images {

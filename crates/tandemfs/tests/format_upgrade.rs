@@ -1,0 +1,68 @@
+//! A volume of the previous format version (5) is read by this build and taken forward to the
+//! current one (6) by its first read-write mount, before anything of this build reaches home:
+//! version 6 only lets a free leave a data block's generation-table and checksum entries, so
+//! every version-5 volume is a valid version-6 one, and an older build must then refuse it.
+
+use std::sync::Arc;
+use tandemfs::block::superblock::{Superblock, FORMAT_VERSION, OFFSET_CRC, OFFSET_VERSION};
+use tandemfs::device::{Device, MemoryDevice};
+use tandemfs::fs::*;
+use tandemfs::{fsck, FileSystem};
+
+/// Rewrites both superblock copies as `version`, with their checksums.
+fn set_version(device: &dyn Device, version: u32) {
+    for copy in 0..2u64 {
+        let mut block = vec![0u8; 4096];
+        device.read_at(copy * 4096, &mut block).unwrap();
+        block[OFFSET_VERSION..OFFSET_VERSION + 4].copy_from_slice(&version.to_le_bytes());
+        let crc = tandem_accel::crc32c(0, &block[..OFFSET_CRC]);
+        block[OFFSET_CRC..OFFSET_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+        device.write_at(copy * 4096, &block).unwrap();
+    }
+}
+
+fn on_disk_version(device: &dyn Device) -> u32 {
+    Superblock::read_both(device).unwrap().best.format_version
+}
+
+#[test]
+fn a_version_5_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
+    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
+    FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
+    let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    let file = fs.create(ROOT_INODE, b"kept", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(file, 0, b"version five").unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    set_version(device.as_ref(), 5);
+
+    // fsck reads it as it is and says what a mount will do; nothing is written.
+    let report = fsck::check(device.clone()).unwrap();
+    assert!(report.problems.is_empty(), "fsck: {:?}", report.problems);
+    let lines = fsck::inspect(device.clone()).unwrap();
+    let version = lines.lines.iter().find(|(name, _)| name == "format version").unwrap();
+    assert!(version.1.starts_with("5 (the next read-write mount records 6)"), "{version:?}");
+    assert_eq!(on_disk_version(device.as_ref()), 5);
+
+    // A read-only mount leaves the medium at 5.
+    let read_only = MountOptions { read_only: true, ..MountOptions::default() };
+    let (fs, report) = FileSystem::mount(device.clone(), &read_only).unwrap();
+    assert_eq!(report.format_upgraded_from, Some(5));
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_eq!(on_disk_version(device.as_ref()), 5);
+
+    let (fs, report) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    assert_eq!(report.format_upgraded_from, Some(5));
+    assert_eq!(on_disk_version(device.as_ref()), FORMAT_VERSION);
+    let mut buffer = [0u8; 12];
+    fs.read(file, 0, &mut buffer).unwrap();
+    assert_eq!(&buffer, b"version five");
+    fs.unlink(ROOT_INODE, b"kept").unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let (fs, report) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    assert_eq!(report.format_upgraded_from, None);
+    fs.unmount().unwrap();
+    assert!(fsck::check(device).unwrap().problems.is_empty());
+}
