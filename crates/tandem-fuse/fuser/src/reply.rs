@@ -92,7 +92,9 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
-            ReplySender::Sink(_) => unreachable!("no backing file id exists without a /dev/fuse channel"),
+            ReplySender::Sink(_) => {
+                unreachable!("no backing file id exists without a /dev/fuse channel")
+            }
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
