@@ -358,8 +358,18 @@ pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
     }
 }
 
+/// The environment variable that picks the FUSE transport when `-o transport=` does not (the
+/// mount suite runs whole on one transport with it, fstab and helper mounts included).
+const TRANSPORT_VARIABLE: &str = "TANDEM_FUSE_TRANSPORT";
+
 pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
     let mut options = parse_options(&arguments.options)?;
+    if options.transport.is_none() {
+        if let Ok(name) = std::env::var(TRANSPORT_VARIABLE) {
+            options.transport =
+                Some(name.parse().map_err(|why| CliError::new(format!("{TRANSPORT_VARIABLE}={name}: {why}")))?);
+        }
+    }
     if arguments.key_file.is_some() {
         options.key_file = arguments.key_file.clone();
     }
