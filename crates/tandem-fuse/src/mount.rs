@@ -152,6 +152,16 @@ impl log::Log for StandardErrorLogger {
         {
             return;
         }
+        // The kernel answers ENOENT to a reply whose request no longer waits: above all
+        // fuser's ENOSYS to an INTERRUPT of a request that io_uring served (the kernel looks for
+        // it among /dev/fuse's requests only, so it keeps sending interrupts), or of one that
+        // completed meanwhile. Nothing is lost; not worth an error line per signal.
+        if record.target().starts_with("fuser")
+            && message.starts_with("Failed to send FUSE reply")
+            && message.contains("os error 2)")
+        {
+            return;
+        }
         eprintln!("[{}] {message}", record.level());
     }
     fn flush(&self) {}
