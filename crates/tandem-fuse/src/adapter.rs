@@ -607,6 +607,16 @@ impl fuser::Filesystem for Adapter {
         reply: ReplyData,
     ) {
         self.counters.count(RequestKind::Read);
+        // Over io_uring the data goes straight into the entry's payload buffer, which is where
+        // the reply is sent from: no copy between the volume and the kernel's.
+        if let Some(mut area) = crate::uring::queue::reply_area(size as usize) {
+            let area = area.as_mut_slice();
+            match self.fs.read(inode.0, offset, area) {
+                Ok(count) => reply.data(&area[..count]),
+                Err(error) => reply.error(fuse_errno(&error)),
+            }
+            return;
+        }
         // One buffer per worker thread, reused: a fresh vector per request meant zeroing it,
         // and above 128 KiB an mmap, page faults and munmap, for every read of up to 1 MiB.
         // Bytes past what the engine returned are never sent.

@@ -411,7 +411,11 @@ impl<FS: fuser::Filesystem> Entry<FS> {
         // A request with no payload lies wholly before the payload buffer, so its reply may be
         // written there directly; otherwise the reply is gathered aside until the dispatcher is
         // done with the request's bytes.
-        sink.arm(arrival.payload_bytes == 0);
+        let direct = arrival.payload_bytes == 0;
+        sink.arm(direct);
+        if direct {
+            REPLY_AREA.with(|area| area.set(Some((memory.payload(), memory.payload_capacity()))));
+        }
         let served = if start % 8 == 0 {
             // SAFETY: see above; the slice ends before any byte the sink writes while armed
             // directly, and in gathering mode the sink writes nothing into the buffer.
@@ -428,6 +432,7 @@ impl<FS: fuser::Filesystem> Entry<FS> {
             };
             self.dispatcher.dispatch(request, sink.clone())
         };
+        REPLY_AREA.with(|area| area.set(None));
         let unique = abi::unique_of(header);
         match sink.disarm() {
             Some((out_header, payload_bytes)) => abi::set_reply(header, &out_header, payload_bytes),
@@ -464,6 +469,37 @@ fn pin_to_cpu(cpu: usize) -> bool {
         libc::CPU_SET(cpu, &mut set);
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
+}
+
+thread_local! {
+    /// The payload buffer of the entry this thread is serving, while its reply may be built in
+    /// place (the request has no payload): see [`reply_area`].
+    static REPLY_AREA: std::cell::Cell<Option<(*mut u8, usize)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Memory a reply's data may be built in: the payload buffer of the io_uring entry being
+/// served on this thread. A reply whose data lies there already is not copied again.
+pub(crate) struct ReplyArea {
+    start: *mut u8,
+    length: usize,
+}
+
+impl ReplyArea {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `reply_area` hands the area out once per request, while the entry thread
+        // serves that request and nothing else refers to the payload buffer (the request's bytes
+        // lie before it); the sink does not write over data that is already in place.
+        unsafe { std::slice::from_raw_parts_mut(self.start, self.length) }
+    }
+}
+
+/// On an io_uring entry thread serving a request without payload, the first `bytes` of the
+/// entry's payload buffer, where the reply's data goes (the out-header travels apart): a read
+/// fills it straight from the volume. None elsewhere, when asked twice for one request, or for
+/// more than the buffer holds.
+pub(crate) fn reply_area(bytes: usize) -> Option<ReplyArea> {
+    let (start, capacity) = REPLY_AREA.with(|area| area.take())?;
+    (bytes <= capacity).then_some(ReplyArea { start, length: bytes })
 }
 
 /// Where the dispatcher's reply for the request an entry holds goes.
@@ -556,8 +592,12 @@ impl ReplySink for EntrySink {
             let at = written - abi::OUT_HEADER_BYTES;
             if state.direct {
                 // SAFETY: at + len <= total - 16 <= payload_capacity (checked above), and in
-                // direct mode the request's bytes lie before the payload buffer.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), state.payload.add(at), bytes.len()) };
+                // direct mode the request's bytes lie before the payload buffer. Data built in
+                // place (`reply_area`) is already where it belongs.
+                let target = unsafe { state.payload.add(at) };
+                if !std::ptr::eq(bytes.as_ptr(), target) {
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), target, bytes.len()) };
+                }
             } else {
                 state.aside.extend_from_slice(bytes);
             }
