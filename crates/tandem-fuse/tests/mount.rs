@@ -362,21 +362,21 @@ fn check_request_costs(volume: &MountedVolume) {
     fs::create_dir(volume.path("probe")).unwrap();
     const FILES: u64 = 200;
     let names: Vec<PathBuf> = (0..FILES).map(|index| volume.path(&format!("probe/f{index:04}"))).collect();
-    let before = counts(&volume);
+    let before = counts(volume);
     for name in &names {
         OpenOptions::new().write(true).create_new(true).open(name).unwrap();
     }
-    let created = counts(&volume).since(&before);
-    let before = counts(&volume);
+    let created = counts(volume).since(&before);
+    let before = counts(volume);
     for name in &names {
         fs::metadata(name).unwrap();
     }
-    let stated = counts(&volume).since(&before);
-    let before = counts(&volume);
+    let stated = counts(volume).since(&before);
+    let before = counts(volume);
     for name in &names {
         fs::remove_file(name).unwrap();
     }
-    let unlinked = counts(&volume).since(&before);
+    let unlinked = counts(volume).since(&before);
 
     // A create: the parent's GETATTR, LOOKUP, CREATE and RELEASE; the mount's first close
     // also sends the one FLUSH that the adapter refuses for good.

@@ -245,7 +245,9 @@ impl<FS: fuser::Filesystem> Entry<FS> {
         drop(ring);
         match end {
             End::Released => memory.free(),
-            End::StillRegistered => std::mem::forget(memory),
+            // Not freed (`EntryMemory` frees only through `free`): the kernel may still write
+            // into an entry it holds until the ring's descriptor, closed above, is torn down.
+            End::StillRegistered => {}
         }
     }
 
