@@ -614,3 +614,79 @@ impl ReplySink for EntrySink {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply as fuser builds one: an out-header for `data`, then the data in `pieces`.
+    fn reply(unique: u64, data: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&((abi::OUT_HEADER_BYTES + data.len()) as u32).to_ne_bytes());
+        bytes.extend_from_slice(&0i32.to_ne_bytes());
+        bytes.extend_from_slice(&unique.to_ne_bytes());
+        bytes.extend_from_slice(data);
+        bytes
+    }
+
+    fn send_in_pieces(sink: &EntrySink, bytes: &[u8], cut: &[usize]) -> io::Result<()> {
+        let mut slices = Vec::new();
+        let mut start = 0;
+        for &end in cut.iter().chain(std::iter::once(&bytes.len())) {
+            slices.push(IoSlice::new(&bytes[start..end]));
+            start = end;
+        }
+        sink.send(&slices)
+    }
+
+    #[test]
+    fn replies_land_in_the_payload_directly_or_after_the_request() {
+        for direct in [true, false] {
+            let mut payload = vec![0u8; 64];
+            let sink = EntrySink::new(payload.as_mut_ptr(), payload.len());
+            sink.arm(direct);
+            let bytes = reply(9, b"twenty bytes of data");
+            // The out-header split across slices, as a header slice and data slices may be.
+            send_in_pieces(&sink, &bytes, &[5, 16, 30]).unwrap();
+            let (out_header, payload_bytes) = sink.disarm().expect("a reply");
+            assert_eq!(&out_header[..], &bytes[..16]);
+            assert_eq!(payload_bytes, 20);
+            assert_eq!(&payload[..20], b"twenty bytes of data", "direct: {direct}");
+        }
+    }
+
+    #[test]
+    fn replies_outside_a_request_too_large_or_mis_sized_are_refused() {
+        let mut payload = vec![0u8; 8];
+        let sink = EntrySink::new(payload.as_mut_ptr(), payload.len());
+        assert!(sink.send(&[IoSlice::new(&reply(1, b""))]).is_err(), "not armed");
+        sink.arm(true);
+        assert!(sink.send(&[IoSlice::new(&reply(1, b"nine byte"))]).is_err(), "over the payload buffer");
+        let mut lying = reply(1, b"four");
+        lying[0] = 99;
+        assert!(sink.send(&[IoSlice::new(&lying)]).is_err(), "length not the reply's");
+        assert!(sink.send(&[IoSlice::new(&reply(1, b"four"))]).is_ok());
+        assert!(sink.send(&[IoSlice::new(&reply(1, b"four"))]).is_err(), "a second reply");
+        assert_eq!(sink.disarm().map(|(_, bytes)| bytes), Some(4));
+        assert_eq!(sink.disarm(), None, "nothing after the request ended");
+    }
+
+    #[test]
+    fn the_reply_area_is_offered_once_per_request_and_only_where_it_fits() {
+        assert!(reply_area(1).is_none(), "no entry served on this thread");
+        let mut payload = vec![0u8; 16];
+        REPLY_AREA.with(|area| area.set(Some((payload.as_mut_ptr(), payload.len()))));
+        assert!(reply_area(17).is_none(), "larger than the buffer (and withdrawn)");
+        REPLY_AREA.with(|area| area.set(Some((payload.as_mut_ptr(), payload.len()))));
+        let mut area = reply_area(8).expect("offered");
+        area.as_mut_slice().copy_from_slice(b"in place");
+        assert!(reply_area(8).is_none(), "offered once");
+        // A reply whose data is already in the payload buffer is not copied over itself.
+        let sink = EntrySink::new(payload.as_mut_ptr(), payload.len());
+        sink.arm(true);
+        let header = &reply(3, b"in place")[..16];
+        sink.send(&[IoSlice::new(header), IoSlice::new(area.as_mut_slice())]).unwrap();
+        assert_eq!(sink.disarm().map(|(_, bytes)| bytes), Some(8));
+        assert_eq!(&payload[..8], b"in place");
+    }
+}
