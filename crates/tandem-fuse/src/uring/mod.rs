@@ -68,7 +68,7 @@ pub struct TransportReport {
 
 impl fmt::Display for TransportReport {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(formatter, "{} ({})", self.transport, self.reason)
+        write!(formatter, "{}: {}", self.transport, self.reason)
     }
 }
 
