@@ -47,10 +47,21 @@ test: toolchain
 	    echo "SKIPPED mount tests: /dev/fuse is missing (apt-get install fuse3; modprobe fuse)"; \
 	else \
 	    $(CARGO) build --release -p tandem || fail "release build"; \
-	    echo "running mount tests: $(MOUNT_TESTS) $(TANDEM)"; \
-	    bash $(MOUNT_TESTS) $(TANDEM) 2>&1 | tee target/mount-tests.log || fail "mount tests"; \
+	    echo "running mount tests over /dev/fuse: $(MOUNT_TESTS) $(TANDEM)"; \
+	    TRANSPORT=dev-fuse bash $(MOUNT_TESTS) $(TANDEM) 2>&1 | tee target/mount-tests.log || fail "mount tests"; \
 	    failed=$$(tail -n 5 target/mount-tests.log | grep -oE '[0-9]+ failed' | tail -n 1 | grep -oE '[0-9]+'); \
 	    [ -z "$$failed" ] || [ "$$failed" = 0 ] || fail "$$failed mount tests failed"; \
+	    uring=$$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null || echo absent); \
+	    if [ "$$uring" = Y ]; then \
+	        echo "running mount tests over io_uring: TRANSPORT=uring $(MOUNT_TESTS) $(TANDEM)"; \
+	        TRANSPORT=uring bash $(MOUNT_TESTS) $(TANDEM) 2>&1 | tee target/mount-tests-uring.log || fail "mount tests over io_uring"; \
+	        failed=$$(tail -n 5 target/mount-tests-uring.log | grep -oE '[0-9]+ failed' | tail -n 1 | grep -oE '[0-9]+'); \
+	        [ -z "$$failed" ] || [ "$$failed" = 0 ] || fail "$$failed mount tests over io_uring failed"; \
+	    elif [ "$$uring" = absent ]; then \
+	        echo "SKIPPED mount tests over io_uring: this kernel has no FUSE over io_uring (Linux 6.14 or later)"; \
+	    else \
+	        echo "SKIPPED mount tests over io_uring: /sys/module/fuse/parameters/enable_uring is $$uring (echo Y > it as root to run them)"; \
+	    fi; \
 	fi; \
 	echo "make test: PASSED"
 

@@ -4,6 +4,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -50,6 +51,9 @@ const DIRECTORY_PLUS_BATCH_BYTES: usize = 32 << 10;
 /// that is freed afterwards.
 const READ_BUFFER_KEPT_BYTES_MAX: usize = 1 << 20;
 
+/// The largest read or write request: 256 pages, the kernel's default `max_pages` limit.
+pub(crate) const MAX_REQUEST_BYTES: u32 = 1 << 20;
+
 thread_local! {
     /// The buffer each FUSE worker thread reads file data into before replying.
     static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -75,6 +79,9 @@ pub(crate) struct Adapter {
     notifier: Arc<OnceLock<Notifier>>,
     /// Requests served, per kind (read by `BackgroundMount::request_counts`).
     counters: Arc<RequestCounters>,
+    /// Set when the mount wants FUSE over io_uring; INIT sets it true when the kernel offered
+    /// it and it was asked for.
+    io_uring: Option<Arc<AtomicBool>>,
 }
 
 impl Adapter {
@@ -83,8 +90,22 @@ impl Adapter {
         kernel_checks_permissions: bool,
         notifier: Arc<OnceLock<Notifier>>,
         counters: Arc<RequestCounters>,
+        io_uring: Option<Arc<AtomicBool>>,
     ) -> Adapter {
-        Adapter { fs, kernel_checks_permissions, notifier, counters }
+        Adapter { fs, kernel_checks_permissions, notifier, counters, io_uring }
+    }
+
+    /// A second handle on the same volume, notifier and counters, for the io_uring queues'
+    /// dispatcher (the session owns the first). Nothing per request lives in the adapter, so
+    /// the two serve alike.
+    pub(crate) fn second_handle(&self) -> Adapter {
+        Adapter::new(
+            self.fs.clone(),
+            self.kernel_checks_permissions,
+            self.notifier.clone(),
+            self.counters.clone(),
+            None,
+        )
     }
 
     /// Access check for mounts without `default_permissions`; with it, the kernel has already
@@ -312,6 +333,17 @@ impl fuser::Filesystem for Adapter {
             }
         }
         let _ = config.set_max_background(64);
+        // Writes of up to 1 MiB, the most the kernel sends anyway (256 pages, FUSE_MAX_PAGES,
+        // which fuser asks for): fuser's default of 16 MiB would make the kernel size every
+        // io_uring entry's payload buffer for 16 MiB.
+        let _ = config.set_max_write(MAX_REQUEST_BYTES);
+        if let Some(granted) = &self.io_uring {
+            if config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
+                && config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok()
+            {
+                granted.store(true, Ordering::Release);
+            }
+        }
         Ok(())
     }
 
@@ -575,6 +607,16 @@ impl fuser::Filesystem for Adapter {
         reply: ReplyData,
     ) {
         self.counters.count(RequestKind::Read);
+        // Over io_uring the data goes straight into the entry's payload buffer, which is where
+        // the reply is sent from: no copy between the volume and the kernel's.
+        if let Some(mut area) = crate::uring::queue::reply_area(size as usize) {
+            let area = area.as_mut_slice();
+            match self.fs.read(inode.0, offset, area) {
+                Ok(count) => reply.data(&area[..count]),
+                Err(error) => reply.error(fuse_errno(&error)),
+            }
+            return;
+        }
         // One buffer per worker thread, reused: a fresh vector per request meant zeroing it,
         // and above 128 KiB an mmap, page faults and munmap, for every read of up to 1 MiB.
         // Bytes past what the engine returned are never sent.

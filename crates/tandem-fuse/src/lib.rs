@@ -12,7 +12,9 @@ mod errno;
 pub mod ioctl;
 mod mount;
 mod permissions;
+mod uring;
 
 pub use counters::{RequestCounts, RequestKind};
 pub use errno::errno_of;
 pub use mount::{mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig};
+pub use uring::{availability as uring_availability, FuseTransport, TransportReport};

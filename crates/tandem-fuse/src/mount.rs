@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -14,8 +15,10 @@ use std::time::{Duration, Instant};
 use fuser::{MountOption, Notifier, Session, SessionACL};
 use tandemfs::fs::FileSystem;
 
-use crate::adapter::Adapter;
+use crate::adapter::{Adapter, MAX_REQUEST_BYTES};
 use crate::counters::{RequestCounters, RequestCounts};
+use crate::uring::queue::{QueueShape, Queues};
+use crate::uring::{self, FuseTransport, TransportReport};
 
 /// The file system type shown in /proc/mounts is `fuse.` followed by this.
 const SUBTYPE: &str = "tandemfs";
@@ -51,6 +54,12 @@ pub struct MountConfig {
     pub no_atime: bool,
     /// The "source" column of /proc/mounts.
     pub volume_name: String,
+    /// How requests travel: io_uring where allowed (`Auto`, the default), only io_uring, or
+    /// only /dev/fuse (docs/FUSE.md, "Transports").
+    pub transport: FuseTransport,
+    /// io_uring entries (each with its own thread) per CPU queue; at least 2 (see
+    /// `uring::queue` for why).
+    pub uring_entries_per_queue: usize,
 }
 
 impl Default for MountConfig {
@@ -66,6 +75,8 @@ impl Default for MountConfig {
             no_exec: false,
             no_atime: false,
             volume_name: "tandemfs".to_string(),
+            transport: FuseTransport::Auto,
+            uring_entries_per_queue: 2,
         }
     }
 }
@@ -115,9 +126,17 @@ fn session_config(config: &MountConfig) -> fuser::Config {
 /// installed its own logger keeps it.
 struct StandardErrorLogger;
 
+/// The log target of the one line per mount that says which transport serves it and why:
+/// written at `info` but shown at the default `warn` level too.
+const TRANSPORT_LOG_TARGET: &str = "tandemfs::transport";
+
+/// The level the mount log shows (`TANDEM_LOG`, else warn), apart from the transport line.
+static LOG_LEVEL: OnceLock<log::LevelFilter> = OnceLock::new();
+
 impl log::Log for StandardErrorLogger {
     fn enabled(&self, metadata: &log::Metadata) -> bool {
-        metadata.level() <= log::max_level()
+        metadata.level() <= *LOG_LEVEL.get().unwrap_or(&log::LevelFilter::Warn)
+            || (metadata.target() == TRANSPORT_LOG_TARGET && metadata.level() <= log::Level::Info)
     }
     fn log(&self, record: &log::Record) {
         if !self.enabled(record.metadata()) {
@@ -133,6 +152,16 @@ impl log::Log for StandardErrorLogger {
         {
             return;
         }
+        // The kernel answers ENOENT to a reply whose request no longer waits: above all
+        // fuser's ENOSYS to an INTERRUPT of a request that io_uring served (the kernel looks for
+        // it among /dev/fuse's requests only, so it keeps sending interrupts), or of one that
+        // completed meanwhile. Nothing is lost; not worth an error line per signal.
+        if record.target().starts_with("fuser")
+            && message.starts_with("Failed to send FUSE reply")
+            && message.contains("os error 2)")
+        {
+            return;
+        }
         eprintln!("[{}] {message}", record.level());
     }
     fn flush(&self) {}
@@ -145,9 +174,23 @@ fn install_logger() {
             .ok()
             .and_then(|value| value.parse::<log::LevelFilter>().ok())
             .unwrap_or(log::LevelFilter::Warn);
-        log::set_max_level(level);
+        let _ = LOG_LEVEL.set(level);
+        // Info passes the macros' filter so that the transport line reaches `enabled`, which
+        // drops other info records below the chosen level (a few, none per request).
+        log::set_max_level(level.max(log::LevelFilter::Info));
     }
 }
+
+/// A mounted session and, when io_uring runs, its queues.
+struct Serving {
+    session: Session<Adapter>,
+    queues: Option<Queues>,
+    transport: TransportReport,
+}
+
+/// How long an unmount waits for the io_uring queue threads (they end as soon as the kernel
+/// lets go of their entries, which the unmount does).
+const QUEUE_STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// `resolved_mountpoint` is the path as /proc/self/mountinfo will show it, resolved before
 /// mounting (afterwards resolving it needs the server, which only answers once `run` starts).
@@ -157,10 +200,20 @@ fn start_session(
     resolved_mountpoint: &Path,
     config: &MountConfig,
     counters: Arc<RequestCounters>,
-) -> io::Result<Session<Adapter>> {
+) -> io::Result<Serving> {
     install_logger();
     let notifier = Arc::new(OnceLock::<Notifier>::new());
-    let adapter = Adapter::new(fs, config.default_permissions, notifier.clone(), counters);
+    // Whether to ask the kernel for io_uring in INIT; an explicit `uring` that cannot be had
+    // fails here, before anything is mounted.
+    let uring_wish = match (config.transport, uring::availability()) {
+        (FuseTransport::DevFuse, _) => Err("chosen by the mount options".to_string()),
+        (_, Ok(())) => Ok(Arc::new(AtomicBool::new(false))),
+        (FuseTransport::Uring, Err(why)) => return Err(io::Error::other(format!("transport=uring: {why}"))),
+        (FuseTransport::Auto, Err(why)) => Err(why),
+    };
+    let adapter =
+        Adapter::new(fs, config.default_permissions, notifier.clone(), counters, uring_wish.as_ref().ok().cloned());
+    let second_handle = adapter.second_handle();
     let session = Session::new(adapter, mountpoint, &session_config(config))
         .map_err(|error| io::Error::new(error.kind(), format!("mounting {}: {error}", mountpoint.display())))?;
     // `Session::new` has completed the INIT handshake, and the kernel sets the mount's
@@ -172,7 +225,56 @@ fn start_session(
     // Requests are served only once `run` starts, so the notifier is in place before the
     // first one.
     let _ = notifier.set(session.notifier());
-    Ok(session)
+    let (queues, transport) = match uring_wish {
+        Err(why) => (None, TransportReport { transport: FuseTransport::DevFuse, reason: why }),
+        Ok(granted) => match start_queues(&session, second_handle, &granted, config) {
+            Ok((queues, reason)) => (Some(queues), TransportReport { transport: FuseTransport::Uring, reason }),
+            // Dropping the session unmounts.
+            Err(why) if config.transport == FuseTransport::Uring => {
+                return Err(io::Error::other(format!("transport=uring: {why}")))
+            }
+            Err(why) => (None, TransportReport { transport: FuseTransport::DevFuse, reason: why }),
+        },
+    };
+    log::info!(target: TRANSPORT_LOG_TARGET, "tandemfs: {} serves through {transport}", mountpoint.display());
+    Ok(Serving { session, queues, transport })
+}
+
+/// Starts the io_uring queues of a session whose INIT asked for them; the reason for the
+/// log, or why io_uring does not run (the caller then serves through /dev/fuse, which the
+/// kernel keeps using until every queue has an entry).
+fn start_queues(
+    session: &Session<Adapter>,
+    handle: Adapter,
+    granted: &AtomicBool,
+    config: &MountConfig,
+) -> Result<(Queues, String), String> {
+    if !granted.load(Ordering::Acquire) {
+        return Err("the kernel did not offer FUSE_OVER_IO_URING in INIT".to_string());
+    }
+    let device = session
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|error| format!("duplicating the /dev/fuse descriptor: {error}"))?;
+    let shape = QueueShape {
+        queues: uring::queue_count(),
+        entries_per_queue: config.uring_entries_per_queue.max(2),
+        payload_bytes: MAX_REQUEST_BYTES as usize,
+    };
+    let queues = Queues::start(Arc::new(device), Arc::new(session.raw_dispatcher(handle)), shape)?;
+    let pinning = match queues.unpinned {
+        0 => "each pinned to its CPU".to_string(),
+        unpinned => format!("{unpinned} of them not pinned: the scheduler refused"),
+    };
+    Ok((
+        queues,
+        format!(
+            "{} queues of {} entries, {pinning}; {} is Y",
+            shape.queues,
+            shape.entries_per_queue,
+            uring::ENABLE_PARAMETER
+        ),
+    ))
 }
 
 /// Mounts `fs` at `mountpoint` and serves it on this thread until it is unmounted, by
@@ -186,8 +288,8 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     let marker = ServingMarker::claim(mountpoint)?;
     let blocked = BlockedSignals::block()?;
     let counters = Arc::new(RequestCounters::default());
-    let session = match start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters) {
-        Ok(session) => session,
+    let serving = match start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters) {
+        Ok(serving) => serving,
         Err(error) => {
             drop(blocked);
             return Err(error);
@@ -195,7 +297,11 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     };
     let watcher = SignalWatcher::start(resolved_mountpoint)?;
     let control = RemountControl::start(&marker, fs.clone())?;
+    let Serving { session, queues, transport: _ } = serving;
     let served = session.run();
+    if let Some(mut queues) = queues {
+        queues.stop(QUEUE_STOP_WAIT);
+    }
     control.stop();
     watcher.stop();
     let synced = fs.sync();
@@ -215,6 +321,8 @@ pub struct BackgroundMount {
     fs: FileSystem,
     control: Option<RemountControl>,
     counters: Arc<RequestCounters>,
+    queues: Option<Queues>,
+    transport: TransportReport,
     _marker: ServingMarker,
 }
 
@@ -225,7 +333,8 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     let marker = ServingMarker::claim(mountpoint)?;
     marker.mark_background();
     let counters = Arc::new(RequestCounters::default());
-    let session = start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters.clone())?;
+    let Serving { session, queues, transport } =
+        start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters.clone())?;
     let control = RemountControl::start(&marker, fs.clone())?;
     let server = std::thread::Builder::new().name("tandemfs-fuse".to_string()).spawn(move || session.run())?;
     Ok(BackgroundMount {
@@ -234,6 +343,8 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
         fs,
         control: Some(control),
         counters,
+        queues,
+        transport,
         _marker: marker,
     })
 }
@@ -241,6 +352,11 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
 impl BackgroundMount {
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// The transport this mount serves through, and why.
+    pub fn transport(&self) -> &TransportReport {
+        &self.transport
     }
 
     /// The requests this mount has served so far, per kind. Asynchronous ones (RELEASE,
@@ -265,6 +381,9 @@ impl BackgroundMount {
             return Err(error);
         }
         let served = server.join().unwrap_or_else(|_| Err(io::Error::other("FUSE server thread panicked")));
+        if let Some(mut queues) = self.queues.take() {
+            queues.stop(QUEUE_STOP_WAIT);
+        }
         if let Some(control) = self.control.take() {
             control.stop();
         }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tandem_fuse::{ioctl, mount_background, BackgroundMount, MountConfig};
+use tandem_fuse::{ioctl, mount_background, uring_availability, BackgroundMount, FuseTransport, MountConfig};
 use tandemfs::device::MemoryDevice;
 use tandemfs::fs::{FormatOptions, MountOptions};
 use tandemfs::FileSystem;
@@ -284,9 +284,69 @@ fn the_adapter_checks_permissions_when_the_kernel_does_not() {
 /// counters are read once they stop moving.
 #[test]
 fn create_stat_and_unlink_cost_no_more_requests_than_the_kernel_asks() {
-    use tandem_fuse::{RequestCounts, RequestKind};
-    let Some(volume) = mounted() else { return };
-    let counts = |volume: &MountedVolume| -> RequestCounts {
+    let Some(volume) = mounted_with(&MountConfig { transport: FuseTransport::DevFuse, ..MountConfig::default() })
+    else {
+        return;
+    };
+    assert_eq!(volume.mount.as_ref().unwrap().transport().transport, FuseTransport::DevFuse);
+    check_request_costs(&volume);
+}
+
+/// The same counts over io_uring: the transport changes how requests travel, not which.
+#[test]
+fn create_stat_and_unlink_cost_the_same_requests_over_io_uring() {
+    let Some(volume) = mounted_over_io_uring() else { return };
+    check_request_costs(&volume);
+}
+
+/// A volume mounted with `transport: Uring`; None (saying why) where this machine does not
+/// allow it.
+fn mounted_over_io_uring() -> Option<MountedVolume> {
+    if let Err(why) = uring_availability() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let volume = mounted_with(&MountConfig { transport: FuseTransport::Uring, ..MountConfig::default() })?;
+    assert_eq!(volume.mount.as_ref().unwrap().transport().transport, FuseTransport::Uring);
+    Some(volume)
+}
+
+/// Create, stat, write, read back and unlink through the io_uring transport, in several
+/// threads so that requests arrive on every CPU's queue.
+#[test]
+fn create_stat_and_unlink_round_trip_over_io_uring() {
+    let Some(volume) = mounted_over_io_uring() else { return };
+    fs::create_dir(volume.path("ring")).unwrap();
+    let directory = volume.path("ring");
+    std::thread::scope(|scope| {
+        for worker in 0..4 {
+            let directory = &directory;
+            scope.spawn(move || {
+                for index in 0..100 {
+                    let name = directory.join(format!("w{worker}-f{index}"));
+                    let contents = format!("worker {worker} file {index}").repeat(index + 1);
+                    File::create_new(&name).unwrap().write_all(contents.as_bytes()).unwrap();
+                    let metadata = fs::metadata(&name).unwrap();
+                    assert_eq!(metadata.len(), contents.len() as u64);
+                    assert_eq!(fs::read(&name).unwrap(), contents.as_bytes());
+                    fs::remove_file(&name).unwrap();
+                    assert_eq!(fs::metadata(&name).unwrap_err().kind(), ErrorKind::NotFound);
+                }
+            });
+        }
+    });
+    // A 3 MiB write and read: requests of the full 1 MiB payload in both directions.
+    let large: Vec<u8> = (0..3u32 << 20).map(|index| (index % 251) as u8).collect();
+    fs::write(volume.path("large"), &large).unwrap();
+    let file = File::open(volume.path("large")).unwrap();
+    drop_cached_pages(&file);
+    assert_eq!(fs::read(volume.path("large")).unwrap(), large);
+    assert_eq!(fs::read_dir(&directory).unwrap().count(), 0);
+}
+
+fn check_request_costs(volume: &MountedVolume) {
+    use tandem_fuse::RequestKind;
+    let counts = |volume: &MountedVolume| -> tandem_fuse::RequestCounts {
         let mount = volume.mount.as_ref().expect("mounted");
         let mut last = mount.request_counts();
         for _ in 0..40 {
@@ -302,21 +362,21 @@ fn create_stat_and_unlink_cost_no_more_requests_than_the_kernel_asks() {
     fs::create_dir(volume.path("probe")).unwrap();
     const FILES: u64 = 200;
     let names: Vec<PathBuf> = (0..FILES).map(|index| volume.path(&format!("probe/f{index:04}"))).collect();
-    let before = counts(&volume);
+    let before = counts(volume);
     for name in &names {
         OpenOptions::new().write(true).create_new(true).open(name).unwrap();
     }
-    let created = counts(&volume).since(&before);
-    let before = counts(&volume);
+    let created = counts(volume).since(&before);
+    let before = counts(volume);
     for name in &names {
         fs::metadata(name).unwrap();
     }
-    let stated = counts(&volume).since(&before);
-    let before = counts(&volume);
+    let stated = counts(volume).since(&before);
+    let before = counts(volume);
     for name in &names {
         fs::remove_file(name).unwrap();
     }
-    let unlinked = counts(&volume).since(&before);
+    let unlinked = counts(volume).since(&before);
 
     // A create: the parent's GETATTR, LOOKUP, CREATE and RELEASE; the mount's first close
     // also sends the one FLUSH that the adapter refuses for good.
@@ -328,4 +388,22 @@ fn create_stat_and_unlink_cost_no_more_requests_than_the_kernel_asks() {
     // An unlink: the parent's GETATTR, UNLINK and FORGET.
     assert_eq!(unlinked.get(RequestKind::Unlink), FILES, "{unlinked:?}");
     assert!(unlinked.total() <= 3 * FILES, "{unlinked:?}");
+}
+
+/// `Auto` runs io_uring exactly where this machine allows it, and otherwise says why not.
+#[test]
+fn automatic_transport_follows_what_the_kernel_allows() {
+    let Some(volume) = mounted_with(&MountConfig { transport: FuseTransport::Auto, ..MountConfig::default() }) else {
+        return;
+    };
+    let report = volume.mount.as_ref().unwrap().transport().clone();
+    match uring_availability() {
+        Ok(()) => assert_eq!(report.transport, FuseTransport::Uring, "{report}"),
+        Err(why) => {
+            assert_eq!(report.transport, FuseTransport::DevFuse, "{report}");
+            assert_eq!(report.reason, why);
+        }
+    }
+    fs::write(volume.path("file"), b"either way").unwrap();
+    assert_eq!(fs::read(volume.path("file")).unwrap(), b"either way");
 }

@@ -1,5 +1,6 @@
 //! The FUSE adapter's entry points, gathered in one place so the commands name them once.
 
 pub use tandem_fuse::{
-    ioctl, mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig, RequestCounts,
+    ioctl, mount_background, mount_foreground, remount, unmount, uring_availability, BackgroundMount, FuseTransport,
+    MountConfig, RequestCounts,
 };

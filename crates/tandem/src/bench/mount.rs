@@ -11,7 +11,7 @@ use super::table::print_table;
 use super::workload::{measure, Operation, WorkloadSize};
 use crate::commands::mount::require_fuse;
 use crate::error::{CliError, CliResult, EXIT_SUCCESS};
-use crate::fuse_api::{self, MountConfig};
+use crate::fuse_api::{self, FuseTransport, MountConfig};
 use crate::size::{format_bytes, format_count, parse_nonzero_size};
 use clap::Args;
 use std::io::{Read, Write};
@@ -60,6 +60,10 @@ pub struct MountBenchArguments {
     /// FUSE worker threads serving the tandemfs mount (`tandem mount -o threads=N`)
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=64))]
     pub fuse_threads: u64,
+    /// Transports to measure tandemfs over: both (a /dev/fuse column and, where the kernel
+    /// allows it, an io_uring one), dev-fuse, uring or auto (`tandem mount -o transport=`)
+    #[arg(long, default_value = "both")]
+    pub fuse_transport: String,
 }
 
 /// Empties the kernel's page cache so reads come from the file system, not from memory the
@@ -220,12 +224,8 @@ fn measure_tandemfs(
     volume_bytes: u64,
     size: WorkloadSize,
     arguments: &MountBenchArguments,
-    encryption: Encryption,
+    (label, encryption, transport): (&'static str, Encryption, FuseTransport),
 ) -> Result<Measured, String> {
-    let label = match encryption {
-        Encryption::Plain => TANDEMFS,
-        Encryption::Encrypted => ENCRYPTED,
-    };
     let options = FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
     let device =
         FileDevice::open(image, options).map_err(|error| format!("cannot create {}: {error}", image.display()))?;
@@ -235,10 +235,12 @@ fn measure_tandemfs(
     let config = MountConfig {
         volume_name: "tandem-bench".into(),
         threads: arguments.fuse_threads as usize,
+        transport,
         ..Default::default()
     };
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {
         Ok(mut mount) => {
+            eprintln!("  {label}: FUSE transport {}", mount.transport());
             let measured = run_workload(&mountpoint, size, arguments, label, &|| fs.data_checksum_statistics())
                 .and_then(|measured| {
                     let requests = super::requests::probe(&mountpoint, &mount)?;
@@ -268,6 +270,7 @@ fn throughput(bytes: u64, seconds: f64) -> String {
 
 /// Column labels.
 const TANDEMFS: &str = "tandemfs FUSE";
+const URING: &str = "tandemfs FUSE io_uring";
 const ENCRYPTED: &str = "tandemfs FUSE encrypted";
 const EXT4: &str = "ext4";
 
@@ -327,15 +330,11 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
     if let Some(note) = super::cpu::background_note() {
         results.notes.push(note);
     }
-    let encryptions: &[(&'static str, Encryption)] = if arguments.encrypt {
-        &[(TANDEMFS, Encryption::Plain), (ENCRYPTED, Encryption::Encrypted)]
-    } else {
-        &[(TANDEMFS, Encryption::Plain)]
-    };
-    for &(label, encryption) in encryptions {
+    for column in tandemfs_columns(&arguments, &mut results)? {
         let image = super::ScratchFile { path: scratch.join(format!("tandem-bench-mount-{}.img", std::process::id())) };
+        let label = column.0;
         let result = super::contain_panic("the engine", || {
-            measure_tandemfs(&image.path, volume_bytes, size, &arguments, encryption)
+            measure_tandemfs(&image.path, volume_bytes, size, &arguments, column)
         });
         drop(image);
         results.record(label, result);
@@ -354,6 +353,31 @@ pub fn run(arguments: MountBenchArguments) -> CliResult<i32> {
         }
         Err(CliError::new(format!("{} of the measurements failed (see above)", results.failures.len())))
     }
+}
+
+/// The tandemfs columns to measure: label, encryption and transport. `--fuse-transport both`
+/// gives a /dev/fuse column and an io_uring one, or a note saying why io_uring is skipped.
+fn tandemfs_columns(
+    arguments: &MountBenchArguments,
+    results: &mut Results,
+) -> CliResult<Vec<(&'static str, Encryption, FuseTransport)>> {
+    let (plain_transport, uring_too) = match arguments.fuse_transport.as_str() {
+        "both" => (FuseTransport::DevFuse, true),
+        other => {
+            (other.parse::<FuseTransport>().map_err(|why| CliError::new(format!("--fuse-transport: {why}")))?, false)
+        }
+    };
+    let mut columns = vec![(TANDEMFS, Encryption::Plain, plain_transport)];
+    if uring_too {
+        match fuse_api::uring_availability() {
+            Ok(()) => columns.push((URING, Encryption::Plain, FuseTransport::Uring)),
+            Err(why) => results.notes.push(format!("{URING}: skipped: {why}")),
+        }
+    }
+    if arguments.encrypt {
+        columns.push((ENCRYPTED, Encryption::Encrypted, plain_transport));
+    }
+    Ok(columns)
 }
 
 /// ext4 on a loop device and, on a directory of that same volume, libfuse's passthrough_ll.
@@ -503,11 +527,18 @@ fn comparisons(encrypt: bool) -> Comparisons {
         }
     } else {
         Comparisons {
-            metadata: vec![(TANDEMFS, EXT4, "vs ext4"), (TANDEMFS, PASSTHROUGH, "vs passthrough_ll")],
+            metadata: vec![
+                (TANDEMFS, EXT4, "vs ext4"),
+                (TANDEMFS, PASSTHROUGH, "vs passthrough_ll"),
+                (URING, EXT4, "io_uring vs ext4"),
+                (URING, TANDEMFS, "io_uring vs /dev/fuse"),
+            ],
             metadata_target: None,
             sequential: vec![
                 pair(TANDEMFS, EXT4, "tandemfs vs ext4", None),
                 pair(TANDEMFS, PASSTHROUGH, "tandemfs vs passthrough_ll", None),
+                pair(URING, EXT4, "io_uring vs ext4", None),
+                pair(URING, TANDEMFS, "io_uring vs /dev/fuse", None),
             ],
         }
     }

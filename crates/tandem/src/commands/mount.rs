@@ -32,6 +32,7 @@ pub struct MountArguments {
     pub daemon: bool,
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
     /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads),
+    /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
     /// backend_workers=N (threads applying the log; default one per core), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
@@ -79,6 +80,8 @@ pub struct ParsedOptions {
     pub checkpoint_interval_ms: Option<u64>,
     /// The key file of an encrypted volume (`--key-file` or `-o key_file=FILE`).
     pub key_file: Option<PathBuf>,
+    /// `transport=auto|uring|dev-fuse` (`None`: the adapter's default, auto).
+    pub transport: Option<crate::fuse_api::FuseTransport>,
 }
 
 /// Options mount(8) and /etc/fstab pass that mean nothing to a tandemfs mount (they steer
@@ -95,7 +98,7 @@ const KERNEL_FUSE_OPTIONS: [&str; 8] =
 
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, transport=auto|uring|dev-fuse, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -138,6 +141,10 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                         count.parse().ok().filter(|&value: &usize| (1..=1024).contains(&value)).ok_or_else(|| {
                             CliError::new(format!("-o threads={count}: expected a whole number from 1 to 1024"))
                         })?;
+                }
+                Some(("transport", name)) => {
+                    parsed.transport =
+                        Some(name.parse().map_err(|why| CliError::new(format!("-o transport={name}: {why}")))?);
                 }
                 Some(("backend_workers", count)) => {
                     let most = tandemfs::backend::parallel::WORKERS_MAX;
@@ -354,11 +361,23 @@ pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
         no_exec: options.no_exec,
         no_atime: options.no_atime,
         volume_name: image.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or(defaults.volume_name),
+        transport: options.transport.unwrap_or(defaults.transport),
+        uring_entries_per_queue: defaults.uring_entries_per_queue,
     }
 }
 
+/// The environment variable that picks the FUSE transport when `-o transport=` does not (the
+/// mount suite runs whole on one transport with it, fstab and helper mounts included).
+const TRANSPORT_VARIABLE: &str = "TANDEM_FUSE_TRANSPORT";
+
 pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
     let mut options = parse_options(&arguments.options)?;
+    if options.transport.is_none() {
+        if let Ok(name) = std::env::var(TRANSPORT_VARIABLE) {
+            options.transport =
+                Some(name.parse().map_err(|why| CliError::new(format!("{TRANSPORT_VARIABLE}={name}: {why}")))?);
+        }
+    }
     if arguments.key_file.is_some() {
         options.key_file = arguments.key_file.clone();
     }
@@ -652,6 +671,11 @@ mod tests {
         assert!(parse_options(&["nosuch".into()]).is_err());
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert!(parse_options(&["threads=x".into()]).is_err());
+        assert_eq!(
+            parse_options(&["transport=uring".into()]).unwrap().transport,
+            Some(crate::fuse_api::FuseTransport::Uring)
+        );
+        assert!(parse_options(&["transport=pigeon".into()]).is_err());
         assert_eq!(parse_options(&[]).unwrap(), ParsedOptions::default());
     }
 
