@@ -80,7 +80,7 @@ pub struct ParsedOptions {
     pub checkpoint_interval_ms: Option<u64>,
     /// The key file of an encrypted volume (`--key-file` or `-o key_file=FILE`).
     pub key_file: Option<PathBuf>,
-    /// `transport=auto|uring|dev-fuse` (`None`: the adapter's default, auto).
+    /// `transport=auto|uring|dev-fuse` (`None`: the adapter's default, dev-fuse).
     pub transport: Option<crate::fuse_api::FuseTransport>,
 }
 
