@@ -207,9 +207,10 @@ fn start_session(
     // Whether to ask the kernel for io_uring in INIT; an explicit `uring` that cannot be had
     // fails here, before anything is mounted.
     let uring_wish = match (config.transport, uring::availability()) {
-        (FuseTransport::DevFuse, _) => {
-            Err("the default (-o transport=auto or uring serves through io_uring where the kernel allows it; docs/FUSE.md)".to_string())
-        }
+        (FuseTransport::DevFuse, _) => Err(
+            "the default (-o transport=auto or uring serves through io_uring where the kernel allows it; docs/FUSE.md)"
+                .to_string(),
+        ),
         (_, Ok(())) => Ok(Arc::new(AtomicBool::new(false))),
         (FuseTransport::Uring, Err(why)) => return Err(io::Error::other(format!("transport=uring: {why}"))),
         (FuseTransport::Auto, Err(why)) => Err(why),

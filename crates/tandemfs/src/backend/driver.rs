@@ -919,19 +919,14 @@ impl Backend {
         let started = Instant::now();
         let snapshot =
             checkpoint_snapshot(&self.volume, applied, Some(&self.pledges)).inspect_err(|error| self.fail(error))?;
-        let sealed_blocks = snapshot.image_count();
         policy.last_checkpoint = Instant::now();
         policy.applied_since_checkpoint = 0;
         policy.applied_bytes_since_checkpoint = 0;
         let finished = if self.background {
-            let (volume, log, pledges) = (self.volume.clone(), self.log.clone(), self.pledges.clone());
+            let (volume, log) = (self.volume.clone(), self.log.clone());
             let spawned = std::thread::Builder::new()
                 .name("tandem-checkpoint".into())
-                .spawn(move || {
-                    checkpoint_finish(&volume, &log, snapshot)?;
-                    pledges.checkpoint_complete(sealed_blocks);
-                    Ok(())
-                })
+                .spawn(move || checkpoint_finish(&volume, &log, snapshot))
                 .map_err(|error| Error::Io { operation: "start checkpoint thread", offset: 0, source: error });
             match spawned {
                 Ok(handle) if !force => {
@@ -944,7 +939,6 @@ impl Backend {
             }
         } else {
             Some(checkpoint_finish(&self.volume, &self.log, snapshot).map(|()| {
-                self.pledges.checkpoint_complete(sealed_blocks);
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
             }))
         };

@@ -394,8 +394,8 @@ impl CheckpointSnapshot {
 
 /// Step 1: seals the images of every changed metadata block, with the volume held only for
 /// that. Every record up to `covered_lsn` must be applied and none after it. With `pledges`,
-/// the sealed images are pledged twice until the caller reports the checkpoint complete
-/// (`Pledges::checkpoint_complete`), counted before the sealing lowers the volume's estimate.
+/// the sealed images are pledged twice until `checkpoint_finish` has their commit durable
+/// (`Pledges::checkpoint_committed`), counted before the sealing lowers the volume's estimate.
 pub fn checkpoint_snapshot(
     volume: &parking_lot::Mutex<Volume>,
     covered_lsn: u64,
@@ -455,6 +455,11 @@ pub fn checkpoint_finish(volume: &parking_lot::Mutex<Volume>, log: &Log, snapsho
     let commit = encode_commit(covered_lsn, image_count, &superblock);
     let commit_lsn = log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;
     log.wait_durable(commit_lsn)?;
+    // From here a replay completes this checkpoint from the log: writing the images home takes
+    // no more room, and the appenders waiting for room need not wait for it.
+    if let Some(pledges) = &pledges {
+        pledges.checkpoint_committed(image_count);
+    }
     Volume::write_images_home(device.as_ref(), &mut superblock, &images)?;
     device.flush()?;
     // Every record before the tail is reflected at home: logical records up to `covered_lsn`

@@ -12,10 +12,13 @@
 //! - `dirty`: the volume's own count of the images its next checkpoint would write now (dirty
 //!   blocks, bitmap blocks and generation-table blocks; `Volume::publish_image_estimate`),
 //!   stored with the volume held, so applied records are counted by what they really dirtied;
-//! - `checkpoint`: the images of the checkpoint under way, from its snapshot until it is
-//!   complete, for the images a replay after a crash before it completes would write again;
-//!   and once more until they are in the log, for the space they are about to take (once
-//!   appended, the log's own count of bytes in use holds them).
+//! - `checkpoint`: the images of the checkpoint under way, from its snapshot until its commit
+//!   record is durable, for the images a replay after a crash before then would write again
+//!   (after it, a replay completes this checkpoint from the log and takes no more room: the
+//!   images go home, and the records after it are pledged on their own); and once more until
+//!   they are in the log, for the space they are about to take (once appended, the log's own
+//!   count of bytes in use holds them). Writing them home, which takes as long again, holds no
+//!   pledge.
 //!
 //! `Log::append_pledged` checks the pledge, with the record's own bound, against the log's
 //! normal share under the log's lock, and counts the bound in `unapplied` as it appends.
@@ -122,8 +125,9 @@ impl Pledges {
         self.release_checkpoint(sealed_blocks);
     }
 
-    /// The checkpoint of `sealed_blocks` images is complete (after `checkpoint_images_logged`).
-    pub fn checkpoint_complete(&self, sealed_blocks: u64) {
+    /// The commit record of the checkpoint of `sealed_blocks` images is durable (after
+    /// `checkpoint_images_logged`): a replay would finish it from the log.
+    pub fn checkpoint_committed(&self, sealed_blocks: u64) {
         self.release_checkpoint(sealed_blocks);
     }
 
@@ -192,7 +196,7 @@ mod tests {
         pledges.records_applied(12);
         pledges.checkpoint_images_logged(3);
         assert_eq!(pledges.total_blocks(), 3);
-        pledges.checkpoint_complete(3);
+        pledges.checkpoint_committed(3);
         assert_eq!(pledges.total_blocks(), 0);
     }
 
