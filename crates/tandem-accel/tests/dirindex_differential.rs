@@ -611,7 +611,7 @@ mod emulator {
     type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
     type Close = unsafe extern "C" fn(*mut c_void);
     type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64, u32);
-    type Counts = unsafe extern "C" fn(*mut c_void, *mut u64, *mut u64);
+    type Counts = unsafe extern "C" fn(*mut c_void, *mut u64, *mut u64, *mut u64);
     type Command = unsafe extern "C" fn(
         *mut c_void,
         u32,
@@ -776,7 +776,7 @@ mod emulator {
             self.run(wire::COMMAND_APPLY, 1, &mut buffer, &layout, [0; 3])
         }
 
-        /// Runs the kernel's persistent serving loop over `ring` (RING_BYTES) as `blocks`
+        /// Runs the kernel's persistent serving loop over `ring` (RING_MEMORY_BYTES) as `blocks`
         /// blocks of 32 host threads until it is told to stop. Commands through `command` must
         /// not run meanwhile.
         pub fn serve(&self, ring: *mut u8, blocks: u32) {
@@ -787,13 +787,14 @@ mod emulator {
             };
         }
 
-        /// Commands the serving loop served by block 0 alone and by the whole grid.
-        pub fn served_counts(&self) -> (u64, u64) {
+        /// Commands the serving loop served by block 0 alone, by the whole grid and by the
+        /// express path.
+        pub fn served_counts(&self) -> (u64, u64, u64) {
             let state = *self.state.lock().unwrap();
-            let (mut alone, mut grid) = (0, 0);
+            let (mut alone, mut grid, mut express) = (0, 0, 0);
             // SAFETY: out-parameters; the emulator lives until close.
-            unsafe { (self.counts)(state as *mut c_void, &mut alone, &mut grid) };
-            (alone, grid)
+            unsafe { (self.counts)(state as *mut c_void, &mut alone, &mut grid, &mut express) };
+            (alone, grid, express)
         }
 
         pub fn entry_slots(&self) -> u64 {
@@ -918,12 +919,40 @@ fn kernel_serving_loop_on_the_host_answers_through_the_ring() {
             });
         }
     });
+    // Express commands of every kind and size, against the twin: one request, a full warp,
+    // the empty command, a path past the prefetched KiB, and requests the kernel refuses.
+    let mut rng = StdRng::seed_from_u64(77);
+    let tree = build(&mut rng, 2_000, &[&cpu, &served]);
+    for round in 0..40 {
+        let count = [0, 1, 2, 31, 32][round % 5];
+        let lookups = random_lookups(&mut rng, &tree, count);
+        let lookups: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+        assert_eq!(served.express_lookup(&lookups).unwrap(), cpu.lookup(&lookups).unwrap(), "round {round}");
+        let paths: Vec<Vec<u8>> = (0..count).map(|_| tree.random_path(&mut rng)).collect();
+        let paths: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+        let user = Credentials { uid: rng.gen_range(0..3), gid: rng.gen_range(0..3) };
+        assert_eq!(served.express_resolve(&paths, user).unwrap(), cpu.resolve(&paths, user).unwrap(), "round {round}");
+        let inodes: Vec<u64> = (0..count).map(|_| rng.gen_range(1..3_000)).collect();
+        assert_eq!(served.express_stat(&inodes).unwrap(), cpu.stat(&inodes).unwrap(), "round {round}");
+    }
+    let mut long = Vec::new();
+    while long.len() < 3_000 {
+        long.extend_from_slice(b"./");
+    }
+    long.extend_from_slice(b".");
+    let long_paths: [&[u8]; 2] = [&long, b"/"];
+    let expected = cpu.resolve(&long_paths, Credentials::ROOT).unwrap();
+    assert_eq!(served.express_resolve(&long_paths, Credentials::ROOT).unwrap(), expected);
+    assert!(matches!(expected[0], ResolveResult::Found(_)));
+    // A NOP answers; a request of a name of 0 bytes is refused (status, not a hang).
+    served.nop();
+    assert!(served.express_lookup(&[(ROOT, b"")]).is_err());
     served.stop();
-    // Both ways of serving ran: single requests and small applies by block 0 alone, the
-    // batches and lists by the grid.
-    let (alone, grid) = kernel.served_counts();
-    println!("commands served by block 0 alone: {alone}, by the grid: {grid}");
-    assert!(alone >= 400 && grid > 10, "alone {alone}, grid {grid}");
+    // Every way of serving ran: single requests (half of them) and small applies by block 0
+    // alone, the other single requests by warp 0's express path, batches and lists by the grid.
+    let (alone, grid, express) = kernel.served_counts();
+    println!("commands served by block 0 alone: {alone}, by the grid: {grid}, express: {express}");
+    assert!(alone >= 200 && grid > 10 && express >= 300, "alone {alone}, grid {grid}, express {express}");
 }
 
 mod ring_index {
@@ -932,8 +961,9 @@ mod ring_index {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, MutexGuard};
     use std::time::Duration;
-    use tandem_accel::dirindex::ring::{Ring, RingCommand, RING_BYTES};
+    use tandem_accel::dirindex::ring::{self, Ring, RingCommand, RING_MEMORY_BYTES};
     use tandem_accel::dirindex::wire::{self, Layout, Segment};
+    use tandem_accel::dirindex::wire::{LOOKUP_RECORD_BYTES, RESOLVE_RECORD_BYTES, STAT_RECORD_BYTES};
     use tandem_accel::dirindex::{resolve_within_limit, ApplyReport, LookupResult, ResolveResult, StatResult};
     use tandem_accel::{AccelError, Result};
 
@@ -948,13 +978,16 @@ mod ring_index {
         kernel: Arc<EmulatedKernel>,
         stopped: Arc<AtomicBool>,
         server: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+        /// Small query batches alternate between the express path and block 0's batch path,
+        /// so that both are compared with the twin.
+        calls: std::sync::atomic::AtomicU64,
     }
 
     impl RingIndex {
         pub fn new(kernel: Arc<EmulatedKernel>) -> Self {
-            let mut memory = vec![0u64; RING_BYTES / 8];
+            let mut memory = vec![0u64; RING_MEMORY_BYTES / 8];
             let address = memory.as_mut_ptr() as usize;
-            // SAFETY: RING_BYTES of zeroed, aligned memory kept until the server is joined.
+            // SAFETY: RING_MEMORY_BYTES of zeroed, aligned memory kept until the server is joined.
             let ring = unsafe { Ring::new(address as *mut u8, Duration::from_secs(60)) };
             let stopped = Arc::new(AtomicBool::new(false));
             let server = {
@@ -964,7 +997,14 @@ mod ring_index {
                     stopped.store(true, Ordering::Release);
                 })
             };
-            RingIndex { ring, _memory: memory, kernel, stopped, server: std::sync::Mutex::new(Some(server)) }
+            RingIndex {
+                ring,
+                _memory: memory,
+                kernel,
+                stopped,
+                server: std::sync::Mutex::new(Some(server)),
+                calls: std::sync::atomic::AtomicU64::new(0),
+            }
         }
 
         fn alive(&self) -> Result<()> {
@@ -1013,6 +1053,55 @@ mod ring_index {
             assert!(self.stopped.load(Ordering::Acquire));
         }
 
+        /// Whether this small batch goes the express way (every other one does).
+        fn take_express<R>(&self, requests: &[R], request_bytes: impl Fn(&R) -> usize) -> bool {
+            ring::fits_express(requests, request_bytes) && self.calls.fetch_add(1, Ordering::Relaxed) % 2 == 0
+        }
+
+        fn express_query<R, T: Copy>(
+            &self,
+            requests: &[R],
+            command: (u32, [u64; 3]),
+            encode: impl FnOnce(&[R], &mut [u8]) -> Layout,
+            decode: impl FnOnce(&[u8], &[R], &mut [std::mem::MaybeUninit<T>]) -> Result<()>,
+        ) -> Result<Vec<T>> {
+            let mut out = Vec::new();
+            let failure = |reason: String| AccelError::Device(reason);
+            ring::express_query(
+                &self.ring,
+                requests,
+                command,
+                encode,
+                decode,
+                &mut || self.alive(),
+                &failure,
+                &mut out,
+            )?;
+            Ok(out)
+        }
+
+        pub fn express_lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
+            self.express_query(requests, (wire::COMMAND_LOOKUP, [0; 3]), wire::encode_lookups, |bytes, _, out| {
+                wire::decode_lookups_into(bytes, out)
+            })
+        }
+
+        pub fn express_resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
+            let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
+            self.express_query(paths, (wire::COMMAND_RESOLVE, arguments), wire::encode_resolves, |bytes, _, out| {
+                wire::decode_resolves_into(bytes, out)
+            })
+        }
+
+        pub fn express_stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+            self.express_query(inodes, (wire::COMMAND_STAT, [0; 3]), wire::encode_stats, wire::decode_stats_into)
+        }
+
+        pub fn nop(&self) {
+            let command = RingCommand { opcode: wire::COMMAND_NOP, ..RingCommand::default() };
+            assert_eq!(self.run(&command).expect("a NOP is answered"), (0, 0));
+        }
+
         fn answers(buffer: &mut [u64], layout: &Layout) -> Vec<u8> {
             EmulatedKernel::bytes(buffer)[layout.answers_offset..layout.answers_offset + layout.answers_bytes].to_vec()
         }
@@ -1052,6 +1141,9 @@ mod ring_index {
         }
 
         fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
+            if self.take_express(requests, |(_, name)| LOOKUP_RECORD_BYTES + wire::padded(name.len())) {
+                return self.express_lookup(requests);
+            }
             let mut buffer = EmulatedKernel::buffer(wire::lookup_sizes(requests));
             let layout = wire::encode_lookups(requests, EmulatedKernel::bytes(&mut buffer));
             self.run(&Self::command(&mut buffer, wire::COMMAND_LOOKUP, requests.len(), &layout, [0; 3]))?;
@@ -1060,6 +1152,9 @@ mod ring_index {
 
         fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
             resolve_within_limit(paths, |short| {
+                if self.take_express(short, |path| RESOLVE_RECORD_BYTES + wire::padded(path.len())) {
+                    return self.express_resolve(short, credentials);
+                }
                 let mut buffer = EmulatedKernel::buffer(wire::resolve_sizes(short));
                 let layout = wire::encode_resolves(short, EmulatedKernel::bytes(&mut buffer));
                 let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
@@ -1069,6 +1164,9 @@ mod ring_index {
         }
 
         fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+            if self.take_express(inodes, |_| STAT_RECORD_BYTES) {
+                return self.express_stat(inodes);
+            }
             let mut buffer = EmulatedKernel::buffer(wire::stat_sizes(inodes));
             let layout = wire::encode_stats(inodes, EmulatedKernel::bytes(&mut buffer));
             self.run(&Self::command(&mut buffer, wire::COMMAND_STAT, inodes.len(), &layout, [0; 3]))?;

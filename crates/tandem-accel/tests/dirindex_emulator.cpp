@@ -7,6 +7,7 @@
 // (dirindex_emulator_serve). Built and driven by tests/dirindex_differential.rs.
 
 #define DIRINDEX_HOST_EMULATION 1
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -91,6 +92,25 @@ static inline unsigned long long __shfl_sync(unsigned int, unsigned long long va
     const unsigned long long result = shuffle_exchange[blockIdx.x][lane];
     __syncthreads();
     return result;
+}
+// A warp barrier: in the serving loop block 0's one warp is the whole emulated block; the
+// command mode never runs the express path, which is the only caller.
+static inline void __syncwarp(unsigned int = 0xFFFFFFFFu) {
+    if (serving_mode) __syncthreads();
+}
+static inline bool __any_sync(unsigned int, bool predicate) {
+    if (!serving_mode) return predicate;
+    shuffle_exchange[blockIdx.x][threadIdx.x] = predicate ? 1 : 0;
+    __syncthreads();
+    bool any = false;
+    for (unsigned int lane = 0; lane < 32; ++lane) any = any || shuffle_exchange[blockIdx.x][lane] != 0;
+    __syncthreads();
+    return any;
+}
+static inline unsigned long long emulated_clock_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
 }
 struct ulonglong2 {
     unsigned long long x, y;
@@ -215,7 +235,8 @@ extern "C" u32 dirindex_emulator_command(void* emulator, u32 opcode, u32 count, 
 }
 
 // Runs the persistent serving loop (dirindex_serve_kernel) as `blocks` blocks of 32 host
-// threads over `ring` (RING_BYTES, written by the Rust side's Ring) until the stop command.
+// threads over `ring` (RING_MEMORY_BYTES: the slots and their express areas, written by the
+// Rust side's Ring) until the stop command.
 // One serving loop per process at a time (the barriers and the grid size are shared).
 extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots, u32 blocks) {
     Emulator* e = (Emulator*)emulator;
@@ -238,10 +259,11 @@ extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots
     for (auto& thread : threads) thread.join();
 }
 
-// Commands the serving loop served by block 0 alone and by the whole grid (since the last
-// dirindex_emulator_serve began).
-extern "C" void dirindex_emulator_counts(void* emulator, u64* alone, u64* grid) {
+// Commands the serving loop served by block 0 alone, by the whole grid and by warp 0's express
+// path (since the last dirindex_emulator_serve began).
+extern "C" void dirindex_emulator_counts(void* emulator, u64* alone, u64* grid, u64* express) {
     Emulator* e = (Emulator*)emulator;
     *alone = __atomic_load_n(&e->control.alone_commands, __ATOMIC_SEQ_CST);
     *grid = __atomic_load_n(&e->control.grid_commands, __ATOMIC_SEQ_CST);
+    *express = __atomic_load_n(&e->control.express_commands, __ATOMIC_SEQ_CST);
 }

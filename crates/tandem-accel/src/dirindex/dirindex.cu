@@ -25,6 +25,15 @@ typedef unsigned char u8;
 #define COMMAND_RESOLVE 5u
 #define COMMAND_STAT 6u
 #define COMMAND_LIST 7u
+#define COMMAND_NOP 8u
+// Flag on a lookup, resolve or stat: the requests are in the slot's express area and block 0's
+// warp 0 answers them there (see "the express path" below). Must equal ring.rs.
+#define COMMAND_EXPRESS 0x100u
+#define EXPRESS_SLOT_BYTES 8192u
+#define EXPRESS_REQUEST_BYTES 4096u
+#define EXPRESS_REQUEST_WORDS (EXPRESS_REQUEST_BYTES / 8u)
+#define EXPRESS_MAXIMUM_REQUESTS 32u
+#define EXPRESS_ANSWERS_OFFSET EXPRESS_REQUEST_BYTES
 
 #define UPDATE_INSERT 1u
 #define UPDATE_REMOVE 2u
@@ -55,6 +64,8 @@ typedef unsigned char u8;
 #define ANSWER_BYTES 112u
 #define ATTRIBUTES_WORDS 13u
 #define LIST_RECORD_HEADER_BYTES 16u
+#define EXPRESS_STAMPS_OFFSET (EXPRESS_ANSWERS_OFFSET + EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES)
+static_assert(EXPRESS_STAMPS_OFFSET + 24 <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
 
 // Slot states of both hash tables.
 #define SLOT_EMPTY 0u
@@ -118,10 +129,13 @@ struct Control {
     u64 completed;      // sequence of the last command whose completion is written
     u64 alone_commands; // commands block 0 served alone, and commands the grid served (tests)
     u64 grid_commands;
+    u64 express_commands; // express commands warp 0 of block 0 served (tests)
     u32 overflowed;     // sticky: some insert found no room; no negative answers any more
     u32 error;          // error of the current command
     Command current;    // the command being served, copied from the ring
 };
+
+static_assert(sizeof(Control) <= 512, "Control fits CONTROL_BYTES of gpu.rs");
 
 // Kernel parameter: where everything is. Must equal `TablePointers` in gpu.rs.
 struct Tables {
@@ -158,6 +172,28 @@ __device__ __forceinline__ u32 load_state(const u32* address) {
 #else
     u32 value;
     asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+    return value;
+#endif
+}
+// The doorbell: acquire at system scope, so the loads after it (of the command and the express
+// area, which the host wrote before the doorbell) see what the host wrote, without a
+// system-wide fence.
+__device__ __forceinline__ u64 load_acquire_system_u64(const u64* address) {
+#ifdef DIRINDEX_HOST_EMULATION
+    return __atomic_load_n(address, __ATOMIC_ACQUIRE);
+#else
+    u64 value;
+    asm volatile("ld.acquire.sys.b64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+    return value;
+#endif
+}
+// The GPU's global timer in ns (its resolution varies: 32 ns to 1 µs), for the express stamps.
+__device__ __forceinline__ u64 clock_ns() {
+#ifdef DIRINDEX_HOST_EMULATION
+    return emulated_clock_ns();
+#else
+    u64 value;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
     return value;
 #endif
 }
@@ -771,24 +807,12 @@ __device__ __forceinline__ bool served_alone(const Command& c) {
                      c.opcode == COMMAND_APPLY);
 }
 
-// Block 0, thread 0: waits until command `taken` is completed (its completion reads the
-// command's counters, so they must not be reset before), then for the host to publish command
-// `taken + 1` in its ring slot; copies it into `command` (block 0's shared copy) and resets the
-// counters. A command for the grid is also copied to device memory and announced. Returns
-// whether block 0 serves it alone.
-__device__ bool take_next(const Tables& t, u64 taken, Command* command) {
+// Block 0, lane 0 of warp 0, once a command that is not express is in `command`: resets the
+// counters (the last command is completed, so its completion has read them) and, for a
+// command of the grid, copies it to device memory and announces it. Returns whether block 0
+// serves it alone.
+__device__ bool begin_command(const Tables& t, const Command* command) {
     Control* control = t.control;
-    while (load_volatile_u64(&control->completed) < taken) {
-        __nanosleep(32);
-    }
-    RingSlot* slot = &t.ring[taken % t.ring_slots];
-    u32 pause_ns = 0;
-    while (load_volatile_u64(&slot->command.sequence) != taken + 1) {
-        if (pause_ns) __nanosleep(pause_ns);
-        pause_ns = pause_ns < MAXIMUM_POLL_PAUSE_NS ? pause_ns + 32 : MAXIMUM_POLL_PAUSE_NS;
-    }
-    __threadfence_system();
-    copy_command(command, &slot->command);
     store_volatile_u64(&control->list_bytes, 0);
     store_volatile_u64(&control->overflows, 0);
     store_volatile_u32(&control->error, ERROR_NONE);
@@ -800,8 +824,153 @@ __device__ bool take_next(const Tables& t, u64 taken, Command* command) {
     // Every block added its share of the last grid command before it was completed.
     store_volatile_u64(&control->finished, 0);
     __threadfence();
-    store_volatile_u64(&control->announced, taken + 1);
+    store_volatile_u64(&control->announced, command->sequence);
     return false;
+}
+
+// ---------------------------------------------------------------- the express path
+
+// The express area of ring slot `slot`: behind the ring's slots in the same mapped memory.
+__device__ __forceinline__ u8* express_area(const Tables& t, u64 slot) {
+    return (u8*)t.ring + t.ring_slots * sizeof(RingSlot) + slot * EXPRESS_SLOT_BYTES;
+}
+
+// Words of the express area loaded with every command, whether express or not (one PCIe round
+// trip with the command's own words: 1 KiB holds a single path of up to about 1000 bytes).
+#define EXPRESS_PREFETCH_WORDS 128u
+#define EXPRESS_PREFETCH_ROUNDS (EXPRESS_PREFETCH_WORDS / 32u)
+#define EXPRESS_REST_ROUNDS ((EXPRESS_REQUEST_WORDS - EXPRESS_PREFETCH_WORDS) / 32u)
+
+__device__ __forceinline__ bool express_opcode(u32 opcode) {
+    const u32 base = opcode & ~COMMAND_EXPRESS;
+    return (opcode & COMMAND_EXPRESS) != 0 &&
+           (base == COMMAND_LOOKUP || base == COMMAND_RESOLVE || base == COMMAND_STAT);
+}
+
+// Loads the words of a long express request past the prefetch into `words` (shared): every
+// lane issues its loads before its first store, so this is one more round trip, not twelve.
+__device__ void stage_express_rest(const u64* area, u64 request_bytes, u64* words) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 needed = (request_bytes + 7) / 8;
+    u64 rest[EXPRESS_REST_ROUNDS];
+#pragma unroll
+    for (u32 round = 0; round < EXPRESS_REST_ROUNDS; ++round) {
+        const u64 word = EXPRESS_PREFETCH_WORDS + 32 * round + lane;
+        rest[round] = word < needed ? load_volatile_u64(area + word) : 0ull;
+    }
+#pragma unroll
+    for (u32 round = 0; round < EXPRESS_REST_ROUNDS; ++round) {
+        const u64 word = EXPRESS_PREFETCH_WORDS + 32 * round + lane;
+        if (word < needed) words[word] = rest[round];
+    }
+}
+
+// Serves express command `host` (taken from ring slot `slot`, its request words already in
+// `words`, shared memory) with the 32 lanes of warp 0, answers into the slot's area, and
+// completes it. The answer functions are the batch path's; they read the requests from shared
+// memory. A bad request (status 0 from an answer function) or a malformed command fails it.
+__device__ void serve_express(const Tables& t, const Command& host, u64 slot, u64* words, u64 seen_ns) {
+    const u32 lane = threadIdx.x & 31;
+    u8* area = express_area(t, slot);
+    const u32 opcode = host.opcode & ~COMMAND_EXPRESS;
+    const bool valid = host.count <= EXPRESS_MAXIMUM_REQUESTS && host.request_bytes <= EXPRESS_REQUEST_BYTES;
+    if (valid && host.request_bytes > EXPRESS_PREFETCH_WORDS * 8) stage_express_rest((const u64*)area, host.request_bytes, words);
+    __syncwarp();
+    const u64 staged_ns = clock_ns();
+    Command c = host;
+    c.opcode = opcode;
+    c.requests = (u64)words;
+    c.answers = (u64)(area + EXPRESS_ANSWERS_OFFSET);
+    c.answer_bytes = (u64)EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES;
+    u32 status = 0;
+    const IndexAttributes* attributes = nullptr;
+    if (valid && lane < c.count) {
+        status = opcode == COMMAND_LOOKUP    ? answer_lookup(t, c, lane, &attributes)
+                 : opcode == COMMAND_RESOLVE ? answer_resolve(t, c, lane, &attributes)
+                                             : answer_stat(t, c, lane, &attributes);
+    }
+    if (valid) write_answers_of_warp((u8*)c.answers, 0, c.count, status, attributes);
+    // Every answer function returns a status of 1..7 unless the request was bad.
+    const bool bad = !valid || __any_sync(FULL_WARP, lane < c.count && status == 0);
+    if (lane == 0) {
+        u64* stamps = (u64*)(area + EXPRESS_STAMPS_OFFSET);
+        store_volatile_u64(stamps, seen_ns);
+        store_volatile_u64(stamps + 1, staged_ns);
+        store_volatile_u64(stamps + 2, clock_ns());
+        Completion* completion = &t.ring[slot].completion;
+        store_volatile_u32(&completion->status, bad ? ERROR_BAD_REQUEST : ERROR_NONE);
+        store_volatile_u64(&completion->result0, 0);
+        store_volatile_u64(&completion->result1, 0);
+    }
+    // Each lane orders its own stores (answers; lane 0 also the stamps and the status) before
+    // the barrier, and `done` is stored after it: one system fence on the round trip (the warp
+    // executes it once), where the batch path pays two in turn.
+    __threadfence_system();
+    __syncwarp();
+    if (lane == 0) {
+        store_volatile_u64(&t.ring[slot].completion.done, host.sequence);
+        store_volatile_u64(&t.control->completed, host.sequence);
+        atomicAdd(&t.control->express_commands, 1ull);
+    }
+}
+
+// Block 0, warp 0: takes commands in sequence order. Lane 0 waits until command `*taken` is
+// completed (its completion reads the command's counters), then polls the next slot's
+// doorbell (acquire at system scope); the warp then loads the command and the first KiB of
+// the slot's express area together. An express command or a NOP it serves itself and goes on
+// to the next; any other command is left in `command` (block 0's shared copy) for the block
+// or the grid, and the return says whether block 0 serves it alone (lane 0's answer counts).
+// Bounded like the serving loop: it returns at the latest with the stop command.
+__device__ bool take_next(const Tables& t, u64* taken, Command* command, u64* words) {
+    const u32 lane = threadIdx.x & 31;
+    Control* control = t.control;
+    for (;;) {
+        const u64 expected = *taken + 1;
+        if (lane == 0) {
+            while (load_volatile_u64(&control->completed) < *taken) __nanosleep(32);
+        }
+        const u64 slot_index = *taken % t.ring_slots;
+        RingSlot* slot = &t.ring[slot_index];
+        u32 pause_ns = 0;
+        for (;;) {
+            u64 seen = 0;
+            if (lane == 0) seen = load_acquire_system_u64(&slot->command.sequence);
+            seen = __shfl_sync(FULL_WARP, seen, 0);
+            if (seen == expected) break;
+            if (pause_ns) __nanosleep(pause_ns);
+            pause_ns = pause_ns < MAXIMUM_POLL_PAUSE_NS ? pause_ns + 32 : MAXIMUM_POLL_PAUSE_NS;
+        }
+        // Lane 0's acquire reaches the other lanes through the barrier.
+        __syncwarp();
+        const u64 seen_ns = clock_ns();
+        const u64* area = (const u64*)express_area(t, slot_index);
+        const u64 command_word = lane < COMMAND_WORDS ? load_volatile_u64((const u64*)&slot->command + lane) : 0ull;
+        u64 prefetched[EXPRESS_PREFETCH_ROUNDS];
+#pragma unroll
+        for (u32 round = 0; round < EXPRESS_PREFETCH_ROUNDS; ++round) prefetched[round] = load_volatile_u64(area + 32 * round + lane);
+        if (lane < COMMAND_WORDS) ((u64*)command)[lane] = command_word;
+#pragma unroll
+        for (u32 round = 0; round < EXPRESS_PREFETCH_ROUNDS; ++round) words[32 * round + lane] = prefetched[round];
+        __syncwarp();
+        const Command c = *command;
+        *taken = expected;
+        if (c.opcode == COMMAND_NOP) {
+            // No data to order before `done`: the completion alone.
+            if (lane == 0) {
+                store_volatile_u32(&slot->completion.status, ERROR_NONE);
+                store_volatile_u64(&slot->completion.done, expected);
+                store_volatile_u64(&control->completed, expected);
+            }
+            continue;
+        }
+        if (express_opcode(c.opcode)) {
+            serve_express(t, c, slot_index, words, seen_ns);
+            continue;
+        }
+        bool alone = false;
+        if (lane == 0) alone = begin_command(t, command);
+        return alone;
+    }
 }
 
 // Thread 0 of a block other than 0: waits for block 0 to announce a grid command after `seen`
@@ -848,18 +1017,24 @@ extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t
     __shared__ Command command;
     // Written by block 0 only (the host build shares it between its emulated blocks).
     __shared__ u32 block_zero_alone;
+    // Block 0's copy of an express command's requests (4 KiB).
+    __shared__ u64 express_words[EXPRESS_REQUEST_WORDS];
     const u64 grid_thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 grid_threads = (u64)gridDim.x * blockDim.x;
-    // Thread 0's sequence of the last command taken (block 0) or grid command served (others).
+    // The sequence of the last command taken (block 0's warp 0) or grid command served
+    // (thread 0 of the other blocks).
     u64 taken = 0;
     // One command per pass; the loop ends with the stop command (the host's only way out).
     for (;;) {
-        if (threadIdx.x == 0) {
-            if (blockIdx.x == 0) {
-                block_zero_alone = take_next(t, taken, &command) ? 1u : 0u;
-            } else {
-                wait_announced(t, taken, &command);
+        if (blockIdx.x == 0) {
+            // Warp 0 serves express commands by itself and comes back with the next command
+            // for the block or the grid; the other warps wait at the barrier meanwhile.
+            if (threadIdx.x < 32) {
+                const bool alone = take_next(t, &taken, &command, express_words);
+                if (threadIdx.x == 0) block_zero_alone = alone ? 1u : 0u;
             }
+        } else if (threadIdx.x == 0) {
+            wait_announced(t, taken, &command);
             taken = command.sequence;
         }
         __syncthreads();

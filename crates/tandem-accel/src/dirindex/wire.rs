@@ -22,6 +22,9 @@ pub const COMMAND_LOOKUP: u32 = 4;
 pub const COMMAND_RESOLVE: u32 = 5;
 pub const COMMAND_STAT: u32 = 6;
 pub const COMMAND_LIST: u32 = 7;
+/// Answered by the kernel's polling warp with the completion alone (no fence, no table access):
+/// the bare doorbell round trip of the ring, for the benchmark.
+pub const COMMAND_NOP: u32 = 8;
 
 // Update codes inside an apply command.
 pub const UPDATE_INSERT: u32 = 1;
