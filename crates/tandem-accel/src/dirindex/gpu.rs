@@ -221,6 +221,9 @@ pub struct GpuDirectoryIndex {
     failed: AtomicBool,
     failure: Mutex<String>,
     commands: AtomicU64,
+    /// Whether small batches take the express path (on; the benchmark turns it off to time
+    /// the batch path's round trip beside it).
+    express_enabled: AtomicBool,
     resources: Option<Resources>,
 }
 
@@ -429,6 +432,7 @@ impl GpuDirectoryIndex {
             failed: AtomicBool::new(false),
             failure: Mutex::new(String::new()),
             commands: AtomicU64::new(0),
+            express_enabled: AtomicBool::new(true),
             resources: Some(resources),
             config,
         };
@@ -477,6 +481,12 @@ impl GpuDirectoryIndex {
         let fields = RingCommand { opcode: wire::COMMAND_NOP, ..RingCommand::default() };
         let (slot, sequence) = self.submit(&mut self.ring.lock(), &fields)?;
         self.wait(slot, sequence).map(|_| ())
+    }
+
+    /// Whether batches of up to 32 small requests take the express path (the default) or the
+    /// batch path (a staging buffer, block 0 or the grid): the benchmark times both.
+    pub fn set_express(&self, enabled: bool) {
+        self.express_enabled.store(enabled, Ordering::Relaxed);
     }
 
     /// One path resolved by the express path, with the kernel's time stamps (benchmark).
@@ -701,7 +711,7 @@ impl GpuDirectoryIndex {
         if requests.is_empty() {
             return Ok(());
         }
-        if ring::fits_express(requests, &request_bytes) {
+        if self.express_enabled.load(Ordering::Relaxed) && ring::fits_express(requests, &request_bytes) {
             return self.express(requests, (opcode, arguments), &encode, decode, out).map(|_| ());
         }
         let workers = self.config.staging_buffers.clamp(1, MAXIMUM_BATCH_WORKERS);
