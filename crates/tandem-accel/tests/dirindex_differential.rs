@@ -9,8 +9,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
 use tandem_accel::dirindex::{
-    CpuDirectoryIndex, Credentials, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig, IndexAttributes, IndexKind,
-    IndexUpdate, ListResult, ResolveResult, MAXIMUM_NAME_BYTES,
+    CpuDirectoryIndex, CreateEntry, CreateResult, Credentials, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig,
+    IndexAttributes, IndexKind, IndexUpdate, ListResult, ResolveResult, MAXIMUM_NAME_BYTES,
 };
 
 const ROOT: u64 = 1;
@@ -450,6 +450,77 @@ fn concurrent_rounds(
     });
 }
 
+/// A random create batch of `count`: most into three hot directories (many creates race in one
+/// directory), names already there, names twice in the batch, parents that are files, unknown
+/// or made earlier in the same batch, a fifth of them directories. Owned names and attributes.
+fn random_creates(rng: &mut StdRng, tree: &mut Tree, count: usize) -> Vec<(u64, Vec<u8>, IndexAttributes)> {
+    let hot: Vec<u64> = (0..3).map(|_| tree.random_directory(rng)).collect();
+    let mut made_directories: Vec<u64> = Vec::new();
+    let mut creates: Vec<(u64, Vec<u8>, IndexAttributes)> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let parent = match rng.gen_range(0..100) {
+            0..=59 => hot[rng.gen_range(0..hot.len())],
+            60..=64 => tree.random_entry(rng).map_or(ROOT, |(_, _, child)| child),
+            65..=67 => tree.next_inode + 5_000_000 + rng.gen_range(0..1000),
+            68..=79 if !made_directories.is_empty() => made_directories[rng.gen_range(0..made_directories.len())],
+            _ => tree.random_directory(rng),
+        };
+        let name = match rng.gen_range(0..100) {
+            0..=14 => tree.children.get(&parent).map(|children| children[rng.gen_range(0..children.len())].0.clone()),
+            15..=24 => creates.iter().rev().find(|(earlier, _, _)| *earlier == parent).map(|(_, name, _)| name.clone()),
+            _ => None,
+        }
+        .unwrap_or_else(|| random_name(rng));
+        let inode = tree.next_inode;
+        tree.next_inode += 1;
+        let kind = if rng.gen_range(0..5) == 0 { IndexKind::Directory } else { IndexKind::File };
+        if kind == IndexKind::Directory {
+            made_directories.push(inode);
+        }
+        creates.push((parent, name, random_attributes(rng, inode, kind, parent)));
+    }
+    creates
+}
+
+/// A create batch on both indexes: the answers must be equal; the tree learns what was made.
+fn create_everywhere(
+    rng: &mut StdRng,
+    tree: &mut Tree,
+    count: usize,
+    reference: &dyn DirectoryIndex,
+    other: &dyn DirectoryIndex,
+) {
+    let creates = random_creates(rng, tree, count);
+    let requests: Vec<CreateEntry<'_>> = creates
+        .iter()
+        .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+        .collect();
+    let expected = reference.create_entries(&requests).expect("reference creates");
+    let answered = other.create_entries(&requests).expect("creates");
+    for (index, request) in requests.iter().enumerate() {
+        assert_eq!(expected[index], answered[index], "create {index} of {count}: {request:?}");
+    }
+    let made = expected.iter().filter(|result| **result == CreateResult::Created).count();
+    let exists = expected.iter().filter(|result| matches!(result, CreateResult::Exists(_))).count();
+    let others = expected.len() - made - exists;
+    assert!(
+        made > count / 4 && exists > count / 20 && others > 0,
+        "the batch exercises every rule: {made} {exists} {others}"
+    );
+    for (request, result) in requests.iter().zip(&expected) {
+        if *result != CreateResult::Created {
+            continue;
+        }
+        let (parent, child) = (request.parent, request.attributes.inode);
+        tree.children.entry(parent).or_default().push((request.name.to_vec(), child));
+        tree.names.insert((parent, request.name.to_vec()));
+        if request.attributes.kind == IndexKind::Directory {
+            tree.directories.push(child);
+            tree.directory_set.insert(child);
+        }
+    }
+}
+
 fn run_seed(seed: u64, entries: usize, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
     run_seed_sized(seed, entries, (entries / 2).clamp(10_000, 1_000_000), reference, other)
 }
@@ -476,6 +547,12 @@ fn run_seed_sized(
         apply_everywhere(&[reference, other], &updates);
         compare_everything(&mut rng, &tree, reference, other, queries / 4);
         println!("  round {round}: {} updates applied, answers equal", updates.len());
+    }
+    for round in 0..2 {
+        let count = (entries / 20).clamp(2_000, 200_000);
+        create_everywhere(&mut rng, &mut tree, count, reference, other);
+        compare_everything(&mut rng, &tree, reference, other, queries / 4);
+        println!("  creates {round}: {count} creates, answers and the index after them equal");
     }
     concurrent_rounds(seed, &tree, (queries / 5).max(100), reference, other);
     println!("  concurrent batches from 4 threads: answers equal");
@@ -766,6 +843,16 @@ mod emulator {
             Ok((result0, result1))
         }
 
+        /// One create command of every request at once, without cutting the batch: requests
+        /// that share a key race for it on the command's host threads.
+        pub fn create_unsegmented(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+            let mut buffer = Self::buffer(wire::create_sizes(requests));
+            let layout = wire::encode_creates(requests, Self::bytes(&mut buffer));
+            self.run(wire::COMMAND_CREATE, requests.len(), &mut buffer, &layout, [0; 3])?;
+            let bytes = &Self::bytes(&mut buffer)[layout.answers_offset..layout.total_bytes()];
+            wire::decoded(requests.len(), |out| wire::decode_creates_into(bytes, out))
+        }
+
         /// Applies one `SetAttributes` with the key word of its request set to `key`, as a
         /// host that broke the layout's rule would send it.
         pub fn apply_with_key(&self, updates: &[IndexUpdate], key: u64) -> Result<(u64, u64)> {
@@ -822,6 +909,14 @@ mod emulator {
     impl DirectoryIndex for EmulatedKernel {
         fn name(&self) -> String {
             format!("dirindex.cu on the host ({THREADS} threads a command)")
+        }
+
+        fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+            let mut answers = Vec::with_capacity(requests.len());
+            for (start, end) in wire::create_segments(requests, 64 << 20) {
+                answers.extend(self.create_unsegmented(&requests[start..end])?);
+            }
+            Ok(answers)
         }
 
         fn root(&self) -> u64 {
@@ -892,6 +987,252 @@ mod emulator {
             Ok(wire::list_result(complete == 1, entries))
         }
     }
+}
+
+/// A directory tree for create tests: the root and `directories` complete directories under it
+/// (inodes 2..), applied to every index.
+fn create_tree(directories: u64, indexes: &[&dyn DirectoryIndex]) {
+    let mut updates = vec![
+        IndexUpdate::SetAttributes(IndexAttributes {
+            parent: ROOT,
+            ..IndexAttributes::new(ROOT, IndexKind::Directory, 0o755)
+        }),
+        IndexUpdate::MarkComplete(ROOT),
+    ];
+    for directory in 0..directories {
+        let inode = 2 + directory;
+        updates.push(IndexUpdate::InsertEntry {
+            parent: ROOT,
+            name: format!("d{directory}").into_bytes(),
+            child: inode,
+        });
+        updates.push(IndexUpdate::SetAttributes(IndexAttributes {
+            parent: ROOT,
+            ..IndexAttributes::new(inode, IndexKind::Directory, 0o755)
+        }));
+        updates.push(IndexUpdate::MarkComplete(inode));
+    }
+    apply_everywhere(indexes, &updates);
+}
+
+/// Checks one create batch's answers where requests share names: of each (parent, name) exactly
+/// one request is `Created` and every other names its inode (`Exists`), and a lookup finds the
+/// winner. Returns the winners' (parent, name, inode).
+fn check_one_winner_per_name(
+    index: &dyn DirectoryIndex,
+    requests: &[CreateEntry<'_>],
+    answers: &[CreateResult],
+) -> Vec<(u64, Vec<u8>, u64)> {
+    let mut winners: HashMap<(u64, &[u8]), u64> = HashMap::new();
+    for (request, answer) in requests.iter().zip(answers) {
+        if *answer == CreateResult::Created {
+            let earlier = winners.insert((request.parent, request.name), request.attributes.inode);
+            assert!(earlier.is_none(), "{:?} created twice", String::from_utf8_lossy(request.name));
+        }
+    }
+    for (request, answer) in requests.iter().zip(answers) {
+        let winner = winners.get(&(request.parent, request.name)).copied();
+        assert!(winner.is_some(), "nobody created {:?}", String::from_utf8_lossy(request.name));
+        if *answer != CreateResult::Created {
+            assert_eq!(*answer, CreateResult::Exists(winner.unwrap()), "a loser names the winner");
+        }
+    }
+    let lookups: Vec<(u64, &[u8])> = winners.keys().copied().collect();
+    for ((parent, name), found) in lookups.iter().zip(index.lookup(&lookups).unwrap()) {
+        match found {
+            tandem_accel::dirindex::LookupResult::Found(attributes) => {
+                assert_eq!(attributes.inode, winners[&(*parent, *name)]);
+            }
+            other => panic!("lookup of a created name: {other:?}"),
+        }
+    }
+    winners.into_iter().map(|((parent, name), inode)| (parent, name.to_vec(), inode)).collect()
+}
+
+/// `threads` host threads create at once into `directories` directories, each thread every
+/// name of a shared list in its own order (so every name is asked for `threads` times at once,
+/// from different calls): one winner a name, the others told its inode, and the index lists
+/// exactly the winners.
+fn creates_from_many_threads(index: &dyn DirectoryIndex, threads: u64, directories: u64, names: u64) {
+    create_tree(directories, &[index]);
+    let first_inode = 1_000_000u64;
+    let answers: Vec<(Vec<(u64, Vec<u8>, IndexAttributes)>, Vec<CreateResult>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|thread| {
+                scope.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(900 + thread);
+                    let mut order: Vec<u64> = (0..directories * names).collect();
+                    for position in (1..order.len()).rev() {
+                        order.swap(position, rng.gen_range(0..=position));
+                    }
+                    let mut answers = Vec::new();
+                    let mut asked = Vec::new();
+                    for chunk in order.chunks(997) {
+                        let creates: Vec<(u64, Vec<u8>, IndexAttributes)> = chunk
+                            .iter()
+                            .map(|&serial| {
+                                let parent = 2 + serial % directories;
+                                let inode = first_inode + thread * directories * names + serial;
+                                let attributes = random_attributes(&mut rng, inode, IndexKind::File, parent);
+                                (parent, format!("name-{}", serial / directories).into_bytes(), attributes)
+                            })
+                            .collect();
+                        let requests: Vec<CreateEntry<'_>> = creates
+                            .iter()
+                            .map(|(parent, name, attributes)| CreateEntry {
+                                parent: *parent,
+                                name,
+                                attributes: *attributes,
+                            })
+                            .collect();
+                        answers.extend(index.create_entries(&requests).expect("creates"));
+                        asked.extend(creates);
+                    }
+                    (asked, answers)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|worker| worker.join().expect("create thread")).collect()
+    });
+    let asked: Vec<(u64, Vec<u8>, IndexAttributes)> = answers.iter().flat_map(|(asked, _)| asked.clone()).collect();
+    let results: Vec<CreateResult> = answers.iter().flat_map(|(_, results)| results.clone()).collect();
+    let requests: Vec<CreateEntry<'_>> = asked
+        .iter()
+        .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+        .collect();
+    let winners = check_one_winner_per_name(index, &requests, &results);
+    assert_eq!(winners.len() as u64, directories * names);
+    for directory in 0..directories {
+        match index.list(2 + directory).unwrap() {
+            ListResult::Listed(entries) => assert_eq!(entries.len() as u64, names, "directory {directory}"),
+            ListResult::Unknown => panic!("a complete directory lists"),
+        }
+    }
+}
+
+#[test]
+fn twin_creates_from_many_threads_make_one_entry_a_name() {
+    let index = CpuDirectoryIndex::new(ROOT, 0).unwrap();
+    creates_from_many_threads(&index, 8, 3, 2_000);
+}
+
+/// The kernel's create on host threads with no cutting of the batch: requests for the same
+/// name race inside one command (four host threads), and still one wins.
+#[test]
+fn kernel_source_creates_of_one_name_race_to_one_entry() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 200_000) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    create_tree(2, &[&kernel]);
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut next_inode = 1_000u64;
+    for round in 0..30 {
+        let mut creates = Vec::new();
+        for name in 0..50 {
+            for _ in 0..rng.gen_range(1..12) {
+                let parent = 2 + name % 2;
+                creates.push((
+                    parent,
+                    format!("r{round}-{name}").into_bytes(),
+                    random_attributes(&mut rng, next_inode, IndexKind::File, parent),
+                ));
+                next_inode += 1;
+            }
+        }
+        for position in (1..creates.len()).rev() {
+            creates.swap(position, rng.gen_range(0..=position));
+        }
+        let requests: Vec<CreateEntry<'_>> = creates
+            .iter()
+            .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+            .collect();
+        let answers = kernel.create_unsegmented(&requests).expect("one command");
+        check_one_winner_per_name(&kernel, &requests, &answers);
+    }
+    // One name asked for by every request of a command: the threads start together and walk
+    // the same chain to the same empty slot.
+    for round in 0..2000 {
+        let creates: Vec<(u64, Vec<u8>, IndexAttributes)> = (0..8)
+            .map(|_| {
+                next_inode += 1;
+                (2, format!("same-{round}").into_bytes(), random_attributes(&mut rng, next_inode, IndexKind::File, 2))
+            })
+            .collect();
+        let requests: Vec<CreateEntry<'_>> = creates
+            .iter()
+            .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+            .collect();
+        let answers = kernel.create_unsegmented(&requests).expect("one command");
+        check_one_winner_per_name(&kernel, &requests, &answers);
+    }
+    match kernel.list(2).unwrap() {
+        ListResult::Listed(entries) => {
+            let names: HashSet<&Vec<u8>> = entries.iter().map(|(name, _)| name).collect();
+            assert_eq!(names.len(), entries.len(), "a name listed twice");
+        }
+        ListResult::Unknown => panic!("a complete directory lists"),
+    }
+}
+
+/// The GPU engine from many host threads at once (each call holds the ring for its commands),
+/// then a million creates into a thousand directories in one batch, against the twin: the same
+/// answers and the same listings (every SM inserts into the same directories at once).
+#[test]
+fn gpu_creates_from_many_sms_equal_the_twin() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let gpu = match GpuDirectoryIndex::open(ROOT, gpu_config(1_500_000)) {
+        Ok(gpu) => gpu,
+        Err(reason) => {
+            println!("no GPU: skipped ({reason})");
+            return;
+        }
+    };
+    creates_from_many_threads(&gpu, 8, 3, 2_000);
+    println!("  many threads: one entry a name; {}", gpu.describe());
+    drop(gpu);
+    let gpu = GpuDirectoryIndex::open(ROOT, gpu_config(1_500_000)).expect("opened before");
+    let cpu = CpuDirectoryIndex::new(ROOT, 0).unwrap();
+    let directories = 1_000u64;
+    create_tree(directories, &[&cpu, &gpu]);
+    let mut rng = StdRng::seed_from_u64(11);
+    let creates: Vec<(u64, Vec<u8>, IndexAttributes)> = (0..1_000_000u64)
+        .map(|serial| {
+            let parent = 2 + serial % directories;
+            let kind = if serial % 50 == 0 { IndexKind::Directory } else { IndexKind::File };
+            (
+                parent,
+                format!("f{}", serial / directories).into_bytes(),
+                random_attributes(&mut rng, 10_000 + serial, kind, parent),
+            )
+        })
+        .collect();
+    let requests: Vec<CreateEntry<'_>> = creates
+        .iter()
+        .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+        .collect();
+    let expected = cpu.create_entries(&requests).unwrap();
+    let answered = gpu.create_entries(&requests).unwrap();
+    assert_eq!(expected.iter().filter(|result| **result == CreateResult::Created).count(), 1_000_000);
+    assert!(expected == answered, "{} answers differ", expected.iter().zip(&answered).filter(|(a, b)| a != b).count());
+    for directory in 0..directories {
+        assert_eq!(cpu.list(2 + directory).unwrap(), gpu.list(2 + directory).unwrap(), "directory {directory}");
+    }
+    let inodes: Vec<u64> = (0..1_000_000u64).map(|serial| 10_000 + serial).collect();
+    assert!(cpu.stat(&inodes).unwrap() == gpu.stat(&inodes).unwrap(), "stats after the creates differ");
+    // The same batch again: every name exists now, naming the same inodes on both.
+    let again: Vec<CreateEntry<'_>> = requests
+        .iter()
+        .map(|request| CreateEntry {
+            attributes: IndexAttributes { inode: request.attributes.inode + 2_000_000, ..request.attributes },
+            ..*request
+        })
+        .collect();
+    assert!(cpu.create_entries(&again).unwrap() == gpu.create_entries(&again).unwrap());
+    println!("  1,000,000 creates into 1,000 directories: equal answers, listings and stats; {}", gpu.describe());
 }
 
 /// The persistent serving loop itself (dirindex_serve_kernel, as one block of 32 host
@@ -1110,6 +1451,21 @@ mod ring_index {
     impl DirectoryIndex for RingIndex {
         fn name(&self) -> String {
             "dirindex.cu's serving loop on the host, through the ring".into()
+        }
+
+        fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+            let mut answers = Vec::with_capacity(requests.len());
+            let mut next = self.ring.lock();
+            for (start, end) in wire::create_segments(requests, 64 << 20) {
+                let part = &requests[start..end];
+                let mut buffer = EmulatedKernel::buffer(wire::create_sizes(part));
+                let layout = wire::encode_creates(part, EmulatedKernel::bytes(&mut buffer));
+                let command = Self::command(&mut buffer, wire::COMMAND_CREATE, part.len(), &layout, [0; 3]);
+                self.run_held(&mut next, &command)?;
+                let bytes = Self::answers(&mut buffer, &layout);
+                answers.extend(wire::decoded(part.len(), |out| wire::decode_creates_into(&bytes, out))?);
+            }
+            Ok(answers)
         }
 
         fn root(&self) -> u64 {

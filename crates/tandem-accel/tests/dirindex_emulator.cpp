@@ -7,6 +7,7 @@
 // (dirindex_emulator_serve). Built and driven by tests/dirindex_differential.rs.
 
 #define DIRINDEX_HOST_EMULATION 1
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -160,6 +161,7 @@ void serve(const Tables& t, const Command& c, u64 thread, u64 threads) {
         case COMMAND_APPLY: serve_apply(t, c, thread, threads); break;
         case COMMAND_DROP: serve_drop(t, c, thread, threads); break;
         case COMMAND_LIST: serve_list(t, c, thread, threads); break;
+        case COMMAND_CREATE: serve_create(t, c, thread, threads); break;
         case COMMAND_LOOKUP:
         case COMMAND_RESOLVE:
         case COMMAND_STAT: serve_query_as_warps(t, c, thread, threads); break;
@@ -224,10 +226,21 @@ extern "C" u32 dirindex_emulator_command(void* emulator, u32 opcode, u32 count, 
     e->control.list_bytes = 0;
     e->control.overflows = 0;
     e->control.error = ERROR_NONE;
+    // The command's threads start together (a thread start costs tens of µs, a request about
+    // one): so requests really run at once, and creates of one name race for its slot.
+    std::atomic<u32> started{0};
+    const auto together = [&started, threads] {
+        started.fetch_add(1);
+        while (started.load() < threads) std::this_thread::yield();
+    };
     std::vector<std::thread> workers;
     for (u32 thread = 1; thread < threads; ++thread) {
-        workers.emplace_back([e, &c, thread, threads] { serve(e->tables, c, thread, threads); });
+        workers.emplace_back([e, &c, thread, threads, &together] {
+            together();
+            serve(e->tables, c, thread, threads);
+        });
     }
+    together();
     serve(e->tables, c, 0, threads);
     for (auto& worker : workers) worker.join();
     command_results(e->tables, c, result0, result1);

@@ -26,6 +26,7 @@ typedef unsigned char u8;
 #define COMMAND_STAT 6u
 #define COMMAND_LIST 7u
 #define COMMAND_NOP 8u
+#define COMMAND_CREATE 9u
 // Flag on a lookup, resolve or stat: the requests are in the slot's express area and block 0's
 // warp 0 answers them there (see "the express path" below). Must equal ring.rs.
 #define COMMAND_EXPRESS 0x100u
@@ -49,11 +50,15 @@ typedef unsigned char u8;
 #define STATUS_PERMISSION_DENIED 5u
 #define STATUS_NAME_TOO_LONG 6u
 #define STATUS_NEEDS_CPU 7u
+#define STATUS_CREATED 8u
+#define STATUS_EXISTS 9u
 
 // Command errors (`Completion.status`), reported to the host, which fails the index.
 #define ERROR_NONE 0u
 #define ERROR_BAD_OPCODE 1u
 #define ERROR_BAD_REQUEST 2u
+// A create waited past its bound for a slot another request of its command was filling.
+#define ERROR_STUCK 3u
 
 #define KIND_DIRECTORY 2u
 #define KIND_SYMLINK 3u
@@ -64,6 +69,8 @@ typedef unsigned char u8;
 #define ANSWER_BYTES 112u
 #define ATTRIBUTES_WORDS 13u
 #define LIST_RECORD_HEADER_BYTES 16u
+#define CREATE_RECORD_BYTES 24u
+#define CREATE_ANSWER_BYTES 16u
 #define EXPRESS_STAMPS_OFFSET (EXPRESS_ANSWERS_OFFSET + EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES)
 static_assert(EXPRESS_STAMPS_OFFSET + 24 <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
 
@@ -716,6 +723,127 @@ __device__ void apply_update(const Tables& t, const Command& c, u64 index) {
     }
 }
 
+// ---------------------------------------------------------------- creates
+
+#define CLAIM_CLAIMED 0
+#define CLAIM_EXISTS 1
+#define CLAIM_ABSENT 2
+#define CLAIM_LIMIT 3
+#define CLAIM_STUCK 4
+// Polls of a slot another request of the command is filling (busy) before the create gives
+// up and fails the command: a filler needs a few memory round trips, so this is far beyond.
+#define MAXIMUM_BUSY_POLLS (1u << 22)
+
+// Finds the entry (parent, name) or, with `claim`, claims the slot it will take, safe against
+// any number of threads creating in the same directory, the same name included:
+// * slots never become empty again (removes leave tombstones), so an entry sits before the
+//   first empty slot of its chain;
+// * a create claims only an empty slot, never a tombstone: every thread creating the same key
+//   walks the same chain in the same order and reaches the same first empty slot, where one
+//   CAS wins; the others look at that slot again, wait while it is busy, and find the key
+//   there (CLAIM_EXISTS) or, if the winner gave it up (a tombstone), walk on.
+// CLAIM_CLAIMED leaves the slot busy in *result for entry_fill; CLAIM_EXISTS puts the child
+// in *result.
+__device__ int entry_claim(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, bool claim,
+                           u64* result) {
+    const u32 tag = (u32)(hash >> 32);
+    u64 slot = hash & t.entry_mask;
+    u32 probe = 0;
+    u32 busy_polls = 0;
+    while (probe < MAXIMUM_PROBES && probe <= t.entry_mask) {
+        const u32 state = load_state(&t.entry_state[slot]);
+        if (state == SLOT_EMPTY) {
+            if (!claim) return CLAIM_ABSENT;
+            if (atomicCAS(&t.entry_state[slot], SLOT_EMPTY, SLOT_BUSY) == SLOT_EMPTY) {
+                *result = slot;
+                return CLAIM_CLAIMED;
+            }
+            continue;  // taken meanwhile: look at the same slot again
+        }
+        if (state == SLOT_BUSY) {
+            if (++busy_polls > MAXIMUM_BUSY_POLLS) return CLAIM_STUCK;
+            __nanosleep(64);
+            continue;
+        }
+        if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
+            load_table_u64(&t.entry_parent[slot]) == parent &&
+            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words, length)) {
+            *result = load_table_u64(&t.entry_child[slot]);
+            return CLAIM_EXISTS;
+        }
+        slot = (slot + 1) & t.entry_mask;
+        ++probe;
+    }
+    return CLAIM_LIMIT;
+}
+
+// Request `index` of a create command (the create rule of the twin, State::create_one):
+// the entry exists → EXISTS; the parent is known and not a directory → NOT_DIRECTORY; the
+// parent is complete → the entry's slot claimed, the child's attributes stored (complete if a
+// directory: it is empty), then the entry published → CREATED; else UNKNOWN. The host cuts
+// batches so that no request of a command creates another's parent or shares its key or its
+// new inode; the claim is safe without that all the same (see entry_claim).
+__device__ void create_request(const Tables& t, const Command& c, u64 index) {
+    u64 words[MAXIMUM_NAME_WORDS];
+    const u64* record = (const u64*)(c.requests + index * CREATE_RECORD_BYTES);
+    const u64 parent = load_volatile_u64(record);
+    const u64 packed = load_volatile_u64(record + 1);
+    const u64 attributes_offset = load_volatile_u64(record + 2);
+    const u32 length = (u32)(packed >> 32);
+    if (!read_name(c, packed & 0xFFFFFFFFull, length, words) || (attributes_offset & 7) != 0 ||
+        attributes_offset + sizeof(IndexAttributes) > c.request_bytes) {
+        fail(t, ERROR_BAD_REQUEST);
+        return;
+    }
+    const u64* source = (const u64*)(c.requests + attributes_offset);
+    const u64 child = load_volatile_u64(source);
+    const u32 child_kind = (u32)load_volatile_u64(source + 10);  // kind: bytes 80..84
+    const long long parent_slot = inode_find(t, parent);
+    const u32 parent_flags = inode_flags_of(t, parent_slot);
+    const bool not_directory = (parent_flags & FLAG_ATTRIBUTES) &&
+                               load_table_u32(&t.inode_attributes[parent_slot].kind) != KIND_DIRECTORY;
+    const bool complete = (parent_flags & FLAG_COMPLETE) && !overflowed(t);
+    const u64 hash = entry_hash_of(parent, words, length);
+    u64 found = 0;
+    const int claimed = entry_claim(t, parent, words, length, hash, complete && !not_directory, &found);
+    u32 status = STATUS_UNKNOWN;
+    u64 existing = 0;
+    if (claimed == CLAIM_EXISTS) {
+        status = STATUS_EXISTS;
+        existing = found;
+    } else if (not_directory) {
+        status = STATUS_NOT_DIRECTORY;
+    } else if (claimed == CLAIM_STUCK) {
+        fail(t, ERROR_STUCK);
+    } else if (claimed == CLAIM_LIMIT && complete) {
+        count_overflow(t);
+    } else if (claimed == CLAIM_CLAIMED) {
+        // The attributes first, so that the entry is never seen without them.
+        const long long slot = inode_claim(t, child);
+        if (slot < 0) {
+            atomicExch(&t.entry_state[found], SLOT_TOMBSTONE);
+            count_overflow(t);
+        } else {
+            u64* target = (u64*)&t.inode_attributes[slot];
+            for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) target[word] = load_volatile_u64(source + word);
+            __threadfence();
+            atomicOr(&t.inode_flags[slot], FLAG_ATTRIBUTES | (child_kind == KIND_DIRECTORY ? FLAG_COMPLETE : 0u));
+            if (entry_fill(t, found, parent, words, length, hash, child)) {
+                status = STATUS_CREATED;
+            } else {
+                count_overflow(t);
+            }
+        }
+    }
+    u64* answer = (u64*)(c.answers + index * CREATE_ANSWER_BYTES);
+    answer[0] = (u64)status;
+    answer[1] = existing;
+}
+
+__device__ void serve_create(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    for (u64 index = thread; index < c.count; index += threads) create_request(t, c, index);
+}
+
 __device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 threads) {
     for (u64 index = thread; index < c.count; index += threads) apply_update(t, c, index);
 }
@@ -764,7 +892,7 @@ __device__ void serve_list(const Tables& t, const Command& c, u64 thread, u64 th
 __device__ void command_results(const Tables& t, const Command& c, u64* result0, u64* result1) {
     *result0 = 0;
     *result1 = 0;
-    if (c.opcode == COMMAND_APPLY) {
+    if (c.opcode == COMMAND_APPLY || c.opcode == COMMAND_CREATE) {
         *result0 = load_volatile_u64(&t.control->overflows);
     } else if (c.opcode == COMMAND_LIST) {
         *result0 = load_volatile_u64(&t.control->list_bytes);
@@ -804,7 +932,7 @@ __device__ void copy_command(Command* target, const Command* source) {
 __device__ __forceinline__ bool served_alone(const Command& c) {
     const bool small = c.count <= blockDim.x;
     return small && (c.opcode == COMMAND_LOOKUP || c.opcode == COMMAND_RESOLVE || c.opcode == COMMAND_STAT ||
-                     c.opcode == COMMAND_APPLY);
+                     c.opcode == COMMAND_APPLY || c.opcode == COMMAND_CREATE);
 }
 
 // Block 0, lane 0 of warp 0, once a command that is not express is in `command`: resets the
@@ -1008,6 +1136,7 @@ __device__ __forceinline__ bool wrote_answers(const Command& c, u64 thread) {
         case COMMAND_LOOKUP:
         case COMMAND_RESOLVE:
         case COMMAND_STAT: return (thread & ~31ull) < c.count;
+        case COMMAND_CREATE: return thread < c.count;
         case COMMAND_LIST: return true;
         default: return false;
     }
@@ -1053,6 +1182,7 @@ extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t
             case COMMAND_RESOLVE: serve_query(t, c, thread, threads, answer_resolve); break;
             case COMMAND_STAT: serve_query(t, c, thread, threads, answer_stat); break;
             case COMMAND_LIST: serve_list(t, c, thread, threads); break;
+            case COMMAND_CREATE: serve_create(t, c, thread, threads); break;
             default:
                 if (thread == 0) fail(t, ERROR_BAD_OPCODE);
                 break;

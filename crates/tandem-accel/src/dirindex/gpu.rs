@@ -13,8 +13,8 @@
 use super::ring::{self, KernelStamps, Ring, RingCommand, RingCompletion, RING_MEMORY_BYTES, RING_SLOTS};
 use super::wire::{self, Layout, Segment};
 use super::{
-    check_inode, check_inodes, check_lookups, check_updates, ApplyReport, Credentials, DirectoryIndex, IndexUpdate,
-    ListResult, LookupResult, ResolveResult, StatResult, ATTRIBUTES_BYTES,
+    check_creates, check_inode, check_inodes, check_lookups, check_updates, ApplyReport, CreateEntry, CreateResult,
+    Credentials, DirectoryIndex, IndexUpdate, ListResult, LookupResult, ResolveResult, StatResult, ATTRIBUTES_BYTES,
 };
 use crate::cuda::{check, compile_cached, CudaDevice, CudaSystem};
 use crate::error::{AccelError, Result};
@@ -841,6 +841,37 @@ impl DirectoryIndex for GpuDirectoryIndex {
         })();
         self.return_staging(staging);
         result.map(|()| report)
+    }
+
+    /// Cut into commands by `wire::create_segments` (no request of a command depends on
+    /// another, so each command's creates run on every thread of the grid at once), holding the
+    /// ring so that no query runs between them, as `apply` does.
+    fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+        check_creates(requests)?;
+        self.check_failed()?;
+        self.device.bind_context()?;
+        let mut answers: Vec<CreateResult> = Vec::with_capacity(requests.len());
+        let mut staging = self.take_staging()?;
+        let result = (|| -> Result<()> {
+            let mut next = self.ring.lock();
+            for (start, end) in wire::create_segments(requests, self.config.staging_bytes) {
+                let part = &requests[start..end];
+                let layout = wire::encode_creates(part, staging.bytes());
+                let base = self.stage_in(&mut staging, &layout)?;
+                let fields = Self::fields(wire::COMMAND_CREATE, part.len(), base, &layout, [0; 3]);
+                let (slot, sequence) = self.submit(&mut next, &fields)?;
+                self.wait(slot, sequence)?;
+                self.stage_out(&mut staging, base, layout.answers_offset, layout.answers_bytes)?;
+                let bytes = &staging.bytes()[layout.answers_offset..layout.answers_offset + layout.answers_bytes];
+                let spare = &mut answers.spare_capacity_mut()[..part.len()];
+                wire::decode_creates_into(bytes, spare)?;
+                // SAFETY: the decoder returned Ok, so it wrote each of these part.len() elements.
+                unsafe { answers.set_len(answers.len() + part.len()) };
+            }
+            Ok(())
+        })();
+        self.return_staging(staging);
+        result.map(|()| answers)
     }
 
     fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
