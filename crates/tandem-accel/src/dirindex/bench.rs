@@ -5,6 +5,7 @@
 //! The GPU engine's answers are checked against the CPU twin's on the same batches.
 
 use super::{wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
+use super::{CreateEntry, CreateResult};
 use super::{Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, LookupResult, ResolveResult};
 use crate::error::Result;
 use std::fmt::Write as _;
@@ -159,6 +160,53 @@ fn round_trip(index: &dyn DirectoryIndex, paths: &[Vec<u8>], calls: usize) -> Re
     }
     samples.sort_by(f64::total_cmp);
     Ok((samples[samples.len() / 2], samples[samples.len() * 99 / 100]))
+}
+
+/// One batch of `shape.files` new names in each of the tree's directories ("c0", "c1", ...,
+/// the directories taking turns, as `tandem bench gpu-dir` creates files), new inodes past the
+/// tree's: every create finds its name free. Timed once (a create cannot be repeated); the
+/// answers are compared with `reference` (the twin's) when given.
+fn create_row(
+    index: &dyn DirectoryIndex,
+    shape: &Shape,
+    reference: Option<&[CreateResult]>,
+) -> Result<(DirectoryBenchRow, Vec<CreateResult>)> {
+    let first_inode = shape.file(shape.directories, 0);
+    let count = shape.directories * shape.files;
+    let names: Vec<Vec<u8>> =
+        (0..count).map(|serial| format!("c{}", serial / shape.directories).into_bytes()).collect();
+    let requests: Vec<CreateEntry<'_>> = names
+        .iter()
+        .enumerate()
+        .map(|(serial, name)| {
+            let serial = serial as u64;
+            let parent = shape.directory(serial % shape.directories);
+            let attributes =
+                IndexAttributes { parent: 0, ..IndexAttributes::new(first_inode + serial, IndexKind::File, 0o644) };
+            CreateEntry { parent, name, attributes }
+        })
+        .collect();
+    let start = Instant::now();
+    let answers = index.create_entries(&requests)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let created = answers.iter().filter(|answer| **answer == CreateResult::Created).count();
+    let check = match reference {
+        Some(expected) => {
+            let differ = expected.iter().zip(&answers).filter(|(a, b)| a != b).count();
+            format!("; {differ} answers differ from the CPU twin's")
+        }
+        None => String::new(),
+    };
+    let row = DirectoryBenchRow {
+        operation: format!("create {count} entries into {} directories", shape.directories),
+        engine: index.name(),
+        per_second: Some(count as f64 / seconds),
+        microseconds: None,
+        note: format!(
+            "{created} created{check}; the index's part of a create (name checked free, entry and attributes placed), not a file system create (no log record, no inode allocated, no H-tree); one batch, timed once"
+        ),
+    };
+    Ok((row, answers))
 }
 
 /// The single-command round trip target of issue 9.
@@ -481,6 +529,11 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
     });
     let (cpu_rows, cpu_answers) = measure_engine(&cpu, &shape, config, None)?;
     rows.extend(cpu_rows);
+    let (cpu_create, cpu_creates) = create_row(&cpu, &shape, None)?;
+    rows.push(DirectoryBenchRow {
+        note: format!("{}; the twin creates on one thread (its write lock)", cpu_create.note),
+        ..cpu_create
+    });
     let paths = random_paths(&shape, config.batch, 0x5EED);
     let path_slices: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
     rows.extend(host_side_rows(&cpu, &path_slices, config)?);
@@ -488,8 +541,9 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
         notes.push("GPU not asked for: CPU twin only".into());
         return Ok((rows, notes));
     }
-    let mut gpu_config = GpuIndexConfig::for_entries(shape.total_entries() + shape.directories as usize + 16);
-    gpu_config.arena_bytes = (shape.total_entries() + 1024) * 16;
+    // Room for the tree and as many creates again.
+    let mut gpu_config = GpuIndexConfig::for_entries(2 * shape.total_entries() + shape.directories as usize + 16);
+    gpu_config.arena_bytes = (2 * shape.total_entries() + 1024) * 16;
     if config.staging_buffers > 0 {
         gpu_config.staging_buffers = config.staging_buffers;
     }
@@ -508,6 +562,7 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
             let (gpu_rows, _) = measure_engine(&gpu, &shape, config, Some(&cpu_answers))?;
             rows.extend(gpu_rows);
             rows.extend(round_trip_rows(&gpu, &paths, config.round_trips)?);
+            rows.push(create_row(&gpu, &shape, Some(&cpu_creates))?.0);
             notes.push(gpu.describe());
         }
     }
@@ -550,6 +605,7 @@ mod tests {
         assert!(text.contains("resolve 5000 paths") && text.contains("round trip"), "{text}");
         assert!(text.contains("5000 found"), "every path exists: {text}");
         assert!(!text.contains("DIFFER") && text.contains("decode 5000 answers"), "{text}");
+        assert!(text.contains("create 1000 entries into 20 directories") && text.contains("1000 created"), "{text}");
         assert!(rows.iter().all(|row| row.per_second.is_some() || row.microseconds.is_some()));
     }
 }

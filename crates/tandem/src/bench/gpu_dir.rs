@@ -13,6 +13,7 @@ use crate::size::{format_bytes, format_count};
 use clap::Args;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
+use tandem_accel::dirindex::bench::DirectoryBenchRow;
 use tandemfs::device::{Device, MemoryDevice};
 use tandemfs::fs::{CreateRequest, FileType, FormatOptions, MountOptions};
 use tandemfs::FileSystem;
@@ -158,7 +159,8 @@ pub fn run(arguments: GpuDirArguments) -> CliResult<i32> {
     }
     if gpu_present && !arguments.no_gpu_index {
         println!();
-        measure_directory_index(shape).map_err(CliError::new)?;
+        let rows = measure_directory_index(shape).map_err(CliError::new)?;
+        print_index_against_ext4(&rows, ext4.as_ref(), shape.threads);
     }
     Ok(EXIT_SUCCESS)
 }
@@ -167,7 +169,7 @@ pub fn run(arguments: GpuDirArguments) -> CliResult<i32> {
 /// the same shape: batch resolutions, lookups and stats, then the single-command round trips
 /// (the bare doorbell, the batch protocol and the express path, each against issue 9's
 /// ≤ 10 µs) and where an express resolve spends its time by the GPU's clock.
-fn measure_directory_index(shape: Shape) -> Result<(), String> {
+fn measure_directory_index(shape: Shape) -> Result<Vec<DirectoryBenchRow>, String> {
     let config = tandem_accel::dirindex::bench::DirectoryBenchConfig {
         directories: shape.directories as usize,
         files_per_directory: (shape.files / shape.directories) as usize,
@@ -184,7 +186,44 @@ fn measure_directory_index(shape: Shape) -> Result<(), String> {
         tandem_accel::dirindex::bench::run(&config).map_err(|error| error.to_string())
     })?;
     print!("{}", tandem_accel::dirindex::bench::render(&rows, &notes));
-    Ok(())
+    Ok(rows)
+}
+
+/// The GPU index's batch resolutions and creates against ext4's (`stat` and `open(O_CREAT)`
+/// on the same threads), with issue 9's targets.
+fn print_index_against_ext4(rows: &[DirectoryBenchRow], ext4: Option<&Column>, threads: usize) {
+    let gpu_rate = |prefix: &str, suffix: &str| {
+        rows.iter()
+            .find(|row| {
+                row.engine.starts_with("gpu") && row.operation.starts_with(prefix) && row.operation.ends_with(suffix)
+            })
+            .and_then(|row| row.per_second)
+    };
+    let Some(ext4) = ext4 else {
+        println!("GPU index against ext4: no ext4 column in this run");
+        return;
+    };
+    let lines = [
+        ("resolve", gpu_rate("resolve ", ", reused vector"), ext4.resolve, "stat", "≥ 75×"),
+        (
+            "create",
+            gpu_rate("create ", " directories"),
+            ext4.create,
+            "open(O_CREAT)",
+            "≥ 10× (the index's part of a create only)",
+        ),
+    ];
+    for (what, gpu, ext4_seconds, call, target) in lines {
+        match (gpu, ext4_seconds) {
+            (Some(rate), Some(seconds)) => println!(
+                "GPU index {what} against ext4 {call} on {threads} threads: {:.1}× ({} against {}); issue 9 target {target}",
+                rate * seconds,
+                format_rate(1.0 / rate),
+                format_rate(seconds)
+            ),
+            _ => println!("GPU index {what} against ext4: a rate is missing (no GPU row or no ext4 row)"),
+        }
+    }
 }
 
 fn measure_tandemfs(shape: Shape) -> Result<(Column, Column), String> {
