@@ -19,7 +19,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __global__
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 // Block-shared memory becomes a static shared by every emulated block. That is harmless for
 // the one thing the kernel keeps there, its copy of the current command: every block copies
 // the same command, and the next is copied only after every block has finished with this one.
