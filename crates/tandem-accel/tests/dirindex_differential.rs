@@ -450,6 +450,9 @@ fn concurrent_rounds(
     });
 }
 
+/// A create request with its name owned: (parent, name, attributes).
+type OwnedCreate = (u64, Vec<u8>, IndexAttributes);
+
 /// A random create batch of `count`: most into three hot directories (many creates race in one
 /// directory), names already there, names twice in the batch, parents that are files, unknown
 /// or made earlier in the same batch, a fifth of them directories. Owned names and attributes.
@@ -1056,7 +1059,7 @@ fn check_one_winner_per_name(
 fn creates_from_many_threads(index: &dyn DirectoryIndex, threads: u64, directories: u64, names: u64) {
     create_tree(directories, &[index]);
     let first_inode = 1_000_000u64;
-    let answers: Vec<(Vec<(u64, Vec<u8>, IndexAttributes)>, Vec<CreateResult>)> = std::thread::scope(|scope| {
+    let answers: Vec<(Vec<OwnedCreate>, Vec<CreateResult>)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|thread| {
                 scope.spawn(move || {
@@ -1396,7 +1399,7 @@ mod ring_index {
 
         /// Whether this small batch goes the express way (every other one does).
         fn take_express<R>(&self, requests: &[R], request_bytes: impl Fn(&R) -> usize) -> bool {
-            ring::fits_express(requests, request_bytes) && self.calls.fetch_add(1, Ordering::Relaxed) % 2 == 0
+            ring::fits_express(requests, request_bytes) && self.calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(2)
         }
 
         fn express_query<R, T: Copy>(
