@@ -3,6 +3,10 @@
 //! memory. The host writes a command into a ring slot and publishes its sequence number; the
 //! kernel copies it, serves it with every block, and writes the completion back into the slot.
 //!
+//! A batch of at most 32 small queries takes the express path instead: its requests go into
+//! the ring slot's own area and the kernel's polling warp answers them there (ring.rs,
+//! docs/GPUDIR.md "The express path"). Creates (`create_entries`) run on the whole grid.
+//!
 //! Requests and answers of a command live in a staging buffer: small commands are read and
 //! answered in mapped host memory directly (no copy, no launch), larger ones are copied to
 //! device memory and back by DMA on the staging buffer's own stream. The kernel runs on its own

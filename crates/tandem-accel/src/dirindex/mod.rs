@@ -1,5 +1,6 @@
 //! The directory index (issue 9): a cache of directory entries and inode attributes that
-//! answers batched lookups, path resolutions, stats and listings, on the CPU
+//! answers batched lookups, path resolutions, stats and listings, and places creates whose
+//! names it finds free (`create_entries`), on the CPU
 //! ([`CpuDirectoryIndex`], the twin) or resident on a GPU ([`GpuDirectoryIndex`], a
 //! persistent kernel serving a command ring). Both give identical answers; `docs/GPUDIR.md`
 //! defines every answer exactly. This folder owns the index types, both engines, the wire
