@@ -450,6 +450,34 @@ fn concurrent_rounds(
     });
 }
 
+/// Batches of 0, 1, 2, 31 and 32 requests of every kind through the trait (the GPU engine sends
+/// them the express way), a path of 3,001 bytes (past the KiB the kernel loads with the
+/// command) and a lone "/", against the reference.
+fn compare_small_batches(rng: &mut StdRng, tree: &Tree, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
+    for round in 0..50 {
+        let count = [0, 1, 2, 31, 32][round % 5];
+        let lookups = random_lookups(rng, tree, count);
+        let lookups: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+        assert_eq!(other.lookup(&lookups).unwrap(), reference.lookup(&lookups).unwrap(), "small lookups {round}");
+        let paths: Vec<Vec<u8>> = (0..count).map(|_| tree.random_path(rng)).collect();
+        let paths: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+        let user = CREDENTIALS[rng.gen_range(0..CREDENTIALS.len())];
+        assert_eq!(
+            other.resolve(&paths, user).unwrap(),
+            reference.resolve(&paths, user).unwrap(),
+            "small resolves {round}"
+        );
+        let inodes: Vec<u64> = (0..count).map(|_| rng.gen_range(1..tree.next_inode + 10)).collect();
+        assert_eq!(other.stat(&inodes).unwrap(), reference.stat(&inodes).unwrap(), "small stats {round}");
+    }
+    let mut long = b"./".repeat(1_500);
+    long.push(b'.');
+    let paths: [&[u8]; 2] = [&long, b"/"];
+    let expected = reference.resolve(&paths, Credentials::ROOT).unwrap();
+    assert!(matches!(expected[0], ResolveResult::Found(_)));
+    assert_eq!(other.resolve(&paths, Credentials::ROOT).unwrap(), expected, "a path past the first KiB");
+}
+
 /// A create request with its name owned: (parent, name, attributes).
 type OwnedCreate = (u64, Vec<u8>, IndexAttributes);
 
@@ -507,7 +535,7 @@ fn create_everywhere(
     let exists = expected.iter().filter(|result| matches!(result, CreateResult::Exists(_))).count();
     let others = expected.len() - made - exists;
     assert!(
-        made > count / 4 && exists > count / 20 && others > 0,
+        made > count / 10 && exists > count / 100 && others > 0,
         "the batch exercises every rule: {made} {exists} {others}"
     );
     for (request, result) in requests.iter().zip(&expected) {
@@ -545,6 +573,7 @@ fn run_seed_sized(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut tree = build(&mut rng, entries, &[reference, other]);
     compare_everything(&mut rng, &tree, reference, other, queries);
+    compare_small_batches(&mut rng, &tree, reference, other);
     for round in 0..3 {
         let updates = random_updates(&mut rng, &mut tree, (entries / 20).clamp(1000, 200_000));
         apply_everywhere(&[reference, other], &updates);
@@ -1448,6 +1477,17 @@ mod ring_index {
 
         fn answers(buffer: &mut [u64], layout: &Layout) -> Vec<u8> {
             EmulatedKernel::bytes(buffer)[layout.answers_offset..layout.answers_offset + layout.answers_bytes].to_vec()
+        }
+    }
+
+    /// A test that failed before `stop` leaves the serving loop polling the ring: its memory is
+    /// leaked then rather than freed under it (which ended the test process with SIGSEGV
+    /// instead of the failure's message).
+    impl Drop for RingIndex {
+        fn drop(&mut self) {
+            if !self.stopped.load(Ordering::Acquire) {
+                std::mem::forget(std::mem::take(&mut self._memory));
+            }
         }
     }
 
