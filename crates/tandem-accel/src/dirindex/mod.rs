@@ -321,7 +321,8 @@ pub(crate) fn check_updates(updates: &[IndexUpdate]) -> Result<()> {
 /// Checks a create batch before anything is done: parents, names and attributes as for
 /// `apply`, and every new inode once in the batch and not its own parent.
 pub(crate) fn check_creates(requests: &[CreateEntry<'_>]) -> Result<()> {
-    let mut children = std::collections::HashSet::with_capacity(requests.len());
+    let mut children: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
+    children.reserve(requests.len());
     for request in requests {
         check_inode(request.parent)?;
         check_entry_name(request.name)?;

@@ -598,9 +598,13 @@ pub fn decode_creates_into(answers: &[u8], out: &mut [MaybeUninit<CreateResult>]
 /// too, but which of them would win is not the twin's request order).
 pub fn create_segments(requests: &[CreateEntry<'_>], capacity_bytes: usize) -> Vec<(usize, usize)> {
     let mut result = Vec::new();
-    let mut entries: HashSet<(u64, &[u8])> = HashSet::new();
-    let mut parents: HashSet<u64> = HashSet::new();
-    let mut children: HashSet<u64> = HashSet::new();
+    // A command holds some tens of thousands of creates: sized for that, a fast hash.
+    let room = requests.len().min(1 << 16);
+    let mut entries: rustc_hash::FxHashSet<(u64, &[u8])> = rustc_hash::FxHashSet::default();
+    let mut parents: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
+    let mut children: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
+    entries.reserve(room);
+    children.reserve(room);
     let (mut start, mut request_bytes, mut answer_bytes) = (0, 0, 0);
     for (index, (request, (request_size, answer_size))) in requests.iter().zip(create_sizes(requests)).enumerate() {
         let child = request.attributes.inode;
