@@ -9,8 +9,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
 use tandem_accel::dirindex::{
-    CpuDirectoryIndex, Credentials, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig, IndexAttributes, IndexKind,
-    IndexUpdate, ListResult, ResolveResult, MAXIMUM_NAME_BYTES,
+    CpuDirectoryIndex, CreateEntry, CreateResult, Credentials, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig,
+    IndexAttributes, IndexKind, IndexUpdate, ListResult, ResolveResult, MAXIMUM_NAME_BYTES,
 };
 
 const ROOT: u64 = 1;
@@ -450,6 +450,108 @@ fn concurrent_rounds(
     });
 }
 
+/// Batches of 0, 1, 2, 31 and 32 requests of every kind through the trait (the GPU engine sends
+/// them the express way), a path of 3,001 bytes (past the KiB the kernel loads with the
+/// command) and a lone "/", against the reference.
+fn compare_small_batches(rng: &mut StdRng, tree: &Tree, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
+    for round in 0..50 {
+        let count = [0, 1, 2, 31, 32][round % 5];
+        let lookups = random_lookups(rng, tree, count);
+        let lookups: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+        assert_eq!(other.lookup(&lookups).unwrap(), reference.lookup(&lookups).unwrap(), "small lookups {round}");
+        let paths: Vec<Vec<u8>> = (0..count).map(|_| tree.random_path(rng)).collect();
+        let paths: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+        let user = CREDENTIALS[rng.gen_range(0..CREDENTIALS.len())];
+        assert_eq!(
+            other.resolve(&paths, user).unwrap(),
+            reference.resolve(&paths, user).unwrap(),
+            "small resolves {round}"
+        );
+        let inodes: Vec<u64> = (0..count).map(|_| rng.gen_range(1..tree.next_inode + 10)).collect();
+        assert_eq!(other.stat(&inodes).unwrap(), reference.stat(&inodes).unwrap(), "small stats {round}");
+    }
+    let mut long = b"./".repeat(1_500);
+    long.push(b'.');
+    let paths: [&[u8]; 2] = [&long, b"/"];
+    let expected = reference.resolve(&paths, Credentials::ROOT).unwrap();
+    assert!(matches!(expected[0], ResolveResult::Found(_)));
+    assert_eq!(other.resolve(&paths, Credentials::ROOT).unwrap(), expected, "a path past the first KiB");
+}
+
+/// A create request with its name owned: (parent, name, attributes).
+type OwnedCreate = (u64, Vec<u8>, IndexAttributes);
+
+/// A random create batch of `count`: most into three hot directories (many creates race in one
+/// directory), names already there, names twice in the batch, parents that are files, unknown
+/// or made earlier in the same batch, a fifth of them directories. Owned names and attributes.
+fn random_creates(rng: &mut StdRng, tree: &mut Tree, count: usize) -> Vec<(u64, Vec<u8>, IndexAttributes)> {
+    let hot: Vec<u64> = (0..3).map(|_| tree.random_directory(rng)).collect();
+    let mut made_directories: Vec<u64> = Vec::new();
+    let mut creates: Vec<(u64, Vec<u8>, IndexAttributes)> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let parent = match rng.gen_range(0..100) {
+            0..=59 => hot[rng.gen_range(0..hot.len())],
+            60..=64 => tree.random_entry(rng).map_or(ROOT, |(_, _, child)| child),
+            65..=67 => tree.next_inode + 5_000_000 + rng.gen_range(0..1000),
+            68..=79 if !made_directories.is_empty() => made_directories[rng.gen_range(0..made_directories.len())],
+            _ => tree.random_directory(rng),
+        };
+        let name = match rng.gen_range(0..100) {
+            0..=14 => tree.children.get(&parent).map(|children| children[rng.gen_range(0..children.len())].0.clone()),
+            15..=24 => creates.iter().rev().find(|(earlier, _, _)| *earlier == parent).map(|(_, name, _)| name.clone()),
+            _ => None,
+        }
+        .unwrap_or_else(|| random_name(rng));
+        let inode = tree.next_inode;
+        tree.next_inode += 1;
+        let kind = if rng.gen_range(0..5) == 0 { IndexKind::Directory } else { IndexKind::File };
+        if kind == IndexKind::Directory {
+            made_directories.push(inode);
+        }
+        creates.push((parent, name, random_attributes(rng, inode, kind, parent)));
+    }
+    creates
+}
+
+/// A create batch on both indexes: the answers must be equal; the tree learns what was made.
+fn create_everywhere(
+    rng: &mut StdRng,
+    tree: &mut Tree,
+    count: usize,
+    reference: &dyn DirectoryIndex,
+    other: &dyn DirectoryIndex,
+) {
+    let creates = random_creates(rng, tree, count);
+    let requests: Vec<CreateEntry<'_>> = creates
+        .iter()
+        .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+        .collect();
+    let expected = reference.create_entries(&requests).expect("reference creates");
+    let answered = other.create_entries(&requests).expect("creates");
+    for (index, request) in requests.iter().enumerate() {
+        assert_eq!(expected[index], answered[index], "create {index} of {count}: {request:?}");
+    }
+    let made = expected.iter().filter(|result| **result == CreateResult::Created).count();
+    let exists = expected.iter().filter(|result| matches!(result, CreateResult::Exists(_))).count();
+    let others = expected.len() - made - exists;
+    assert!(
+        made > count / 10 && exists > count / 100 && others > 0,
+        "the batch exercises every rule: {made} {exists} {others}"
+    );
+    for (request, result) in requests.iter().zip(&expected) {
+        if *result != CreateResult::Created {
+            continue;
+        }
+        let (parent, child) = (request.parent, request.attributes.inode);
+        tree.children.entry(parent).or_default().push((request.name.to_vec(), child));
+        tree.names.insert((parent, request.name.to_vec()));
+        if request.attributes.kind == IndexKind::Directory {
+            tree.directories.push(child);
+            tree.directory_set.insert(child);
+        }
+    }
+}
+
 fn run_seed(seed: u64, entries: usize, reference: &dyn DirectoryIndex, other: &dyn DirectoryIndex) {
     run_seed_sized(seed, entries, (entries / 2).clamp(10_000, 1_000_000), reference, other)
 }
@@ -471,11 +573,18 @@ fn run_seed_sized(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut tree = build(&mut rng, entries, &[reference, other]);
     compare_everything(&mut rng, &tree, reference, other, queries);
+    compare_small_batches(&mut rng, &tree, reference, other);
     for round in 0..3 {
         let updates = random_updates(&mut rng, &mut tree, (entries / 20).clamp(1000, 200_000));
         apply_everywhere(&[reference, other], &updates);
         compare_everything(&mut rng, &tree, reference, other, queries / 4);
         println!("  round {round}: {} updates applied, answers equal", updates.len());
+    }
+    for round in 0..2 {
+        let count = (entries / 20).clamp(2_000, 200_000);
+        create_everywhere(&mut rng, &mut tree, count, reference, other);
+        compare_everything(&mut rng, &tree, reference, other, queries / 4);
+        println!("  creates {round}: {count} creates, answers and the index after them equal");
     }
     concurrent_rounds(seed, &tree, (queries / 5).max(100), reference, other);
     println!("  concurrent batches from 4 threads: answers equal");
@@ -611,7 +720,7 @@ mod emulator {
     type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
     type Close = unsafe extern "C" fn(*mut c_void);
     type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64, u32);
-    type Counts = unsafe extern "C" fn(*mut c_void, *mut u64, *mut u64);
+    type Counts = unsafe extern "C" fn(*mut c_void, *mut u64, *mut u64, *mut u64);
     type Command = unsafe extern "C" fn(
         *mut c_void,
         u32,
@@ -766,6 +875,16 @@ mod emulator {
             Ok((result0, result1))
         }
 
+        /// One create command of every request at once, without cutting the batch: requests
+        /// that share a key race for it on the command's host threads.
+        pub fn create_unsegmented(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+            let mut buffer = Self::buffer(wire::create_sizes(requests));
+            let layout = wire::encode_creates(requests, Self::bytes(&mut buffer));
+            self.run(wire::COMMAND_CREATE, requests.len(), &mut buffer, &layout, [0; 3])?;
+            let bytes = &Self::bytes(&mut buffer)[layout.answers_offset..layout.total_bytes()];
+            wire::decoded(requests.len(), |out| wire::decode_creates_into(bytes, out))
+        }
+
         /// Applies one `SetAttributes` with the key word of its request set to `key`, as a
         /// host that broke the layout's rule would send it.
         pub fn apply_with_key(&self, updates: &[IndexUpdate], key: u64) -> Result<(u64, u64)> {
@@ -776,7 +895,7 @@ mod emulator {
             self.run(wire::COMMAND_APPLY, 1, &mut buffer, &layout, [0; 3])
         }
 
-        /// Runs the kernel's persistent serving loop over `ring` (RING_BYTES) as `blocks`
+        /// Runs the kernel's persistent serving loop over `ring` (RING_MEMORY_BYTES) as `blocks`
         /// blocks of 32 host threads until it is told to stop. Commands through `command` must
         /// not run meanwhile.
         pub fn serve(&self, ring: *mut u8, blocks: u32) {
@@ -787,13 +906,14 @@ mod emulator {
             };
         }
 
-        /// Commands the serving loop served by block 0 alone and by the whole grid.
-        pub fn served_counts(&self) -> (u64, u64) {
+        /// Commands the serving loop served by block 0 alone, by the whole grid and by the
+        /// express path.
+        pub fn served_counts(&self) -> (u64, u64, u64) {
             let state = *self.state.lock().unwrap();
-            let (mut alone, mut grid) = (0, 0);
+            let (mut alone, mut grid, mut express) = (0, 0, 0);
             // SAFETY: out-parameters; the emulator lives until close.
-            unsafe { (self.counts)(state as *mut c_void, &mut alone, &mut grid) };
-            (alone, grid)
+            unsafe { (self.counts)(state as *mut c_void, &mut alone, &mut grid, &mut express) };
+            (alone, grid, express)
         }
 
         pub fn entry_slots(&self) -> u64 {
@@ -821,6 +941,14 @@ mod emulator {
     impl DirectoryIndex for EmulatedKernel {
         fn name(&self) -> String {
             format!("dirindex.cu on the host ({THREADS} threads a command)")
+        }
+
+        fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+            let mut answers = Vec::with_capacity(requests.len());
+            for (start, end) in wire::create_segments(requests, 64 << 20) {
+                answers.extend(self.create_unsegmented(&requests[start..end])?);
+            }
+            Ok(answers)
         }
 
         fn root(&self) -> u64 {
@@ -893,6 +1021,252 @@ mod emulator {
     }
 }
 
+/// A directory tree for create tests: the root and `directories` complete directories under it
+/// (inodes 2..), applied to every index.
+fn create_tree(directories: u64, indexes: &[&dyn DirectoryIndex]) {
+    let mut updates = vec![
+        IndexUpdate::SetAttributes(IndexAttributes {
+            parent: ROOT,
+            ..IndexAttributes::new(ROOT, IndexKind::Directory, 0o755)
+        }),
+        IndexUpdate::MarkComplete(ROOT),
+    ];
+    for directory in 0..directories {
+        let inode = 2 + directory;
+        updates.push(IndexUpdate::InsertEntry {
+            parent: ROOT,
+            name: format!("d{directory}").into_bytes(),
+            child: inode,
+        });
+        updates.push(IndexUpdate::SetAttributes(IndexAttributes {
+            parent: ROOT,
+            ..IndexAttributes::new(inode, IndexKind::Directory, 0o755)
+        }));
+        updates.push(IndexUpdate::MarkComplete(inode));
+    }
+    apply_everywhere(indexes, &updates);
+}
+
+/// Checks one create batch's answers where requests share names: of each (parent, name) exactly
+/// one request is `Created` and every other names its inode (`Exists`), and a lookup finds the
+/// winner. Returns the winners' (parent, name, inode).
+fn check_one_winner_per_name(
+    index: &dyn DirectoryIndex,
+    requests: &[CreateEntry<'_>],
+    answers: &[CreateResult],
+) -> Vec<(u64, Vec<u8>, u64)> {
+    let mut winners: HashMap<(u64, &[u8]), u64> = HashMap::new();
+    for (request, answer) in requests.iter().zip(answers) {
+        if *answer == CreateResult::Created {
+            let earlier = winners.insert((request.parent, request.name), request.attributes.inode);
+            assert!(earlier.is_none(), "{:?} created twice", String::from_utf8_lossy(request.name));
+        }
+    }
+    for (request, answer) in requests.iter().zip(answers) {
+        let winner = winners.get(&(request.parent, request.name)).copied();
+        assert!(winner.is_some(), "nobody created {:?}", String::from_utf8_lossy(request.name));
+        if *answer != CreateResult::Created {
+            assert_eq!(*answer, CreateResult::Exists(winner.unwrap()), "a loser names the winner");
+        }
+    }
+    let lookups: Vec<(u64, &[u8])> = winners.keys().copied().collect();
+    for ((parent, name), found) in lookups.iter().zip(index.lookup(&lookups).unwrap()) {
+        match found {
+            tandem_accel::dirindex::LookupResult::Found(attributes) => {
+                assert_eq!(attributes.inode, winners[&(*parent, *name)]);
+            }
+            other => panic!("lookup of a created name: {other:?}"),
+        }
+    }
+    winners.into_iter().map(|((parent, name), inode)| (parent, name.to_vec(), inode)).collect()
+}
+
+/// `threads` host threads create at once into `directories` directories, each thread every
+/// name of a shared list in its own order (so every name is asked for `threads` times at once,
+/// from different calls): one winner a name, the others told its inode, and the index lists
+/// exactly the winners.
+fn creates_from_many_threads(index: &dyn DirectoryIndex, threads: u64, directories: u64, names: u64) {
+    create_tree(directories, &[index]);
+    let first_inode = 1_000_000u64;
+    let answers: Vec<(Vec<OwnedCreate>, Vec<CreateResult>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|thread| {
+                scope.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(900 + thread);
+                    let mut order: Vec<u64> = (0..directories * names).collect();
+                    for position in (1..order.len()).rev() {
+                        order.swap(position, rng.gen_range(0..=position));
+                    }
+                    let mut answers = Vec::new();
+                    let mut asked = Vec::new();
+                    for chunk in order.chunks(997) {
+                        let creates: Vec<(u64, Vec<u8>, IndexAttributes)> = chunk
+                            .iter()
+                            .map(|&serial| {
+                                let parent = 2 + serial % directories;
+                                let inode = first_inode + thread * directories * names + serial;
+                                let attributes = random_attributes(&mut rng, inode, IndexKind::File, parent);
+                                (parent, format!("name-{}", serial / directories).into_bytes(), attributes)
+                            })
+                            .collect();
+                        let requests: Vec<CreateEntry<'_>> = creates
+                            .iter()
+                            .map(|(parent, name, attributes)| CreateEntry {
+                                parent: *parent,
+                                name,
+                                attributes: *attributes,
+                            })
+                            .collect();
+                        answers.extend(index.create_entries(&requests).expect("creates"));
+                        asked.extend(creates);
+                    }
+                    (asked, answers)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|worker| worker.join().expect("create thread")).collect()
+    });
+    let asked: Vec<(u64, Vec<u8>, IndexAttributes)> = answers.iter().flat_map(|(asked, _)| asked.clone()).collect();
+    let results: Vec<CreateResult> = answers.iter().flat_map(|(_, results)| results.clone()).collect();
+    let requests: Vec<CreateEntry<'_>> = asked
+        .iter()
+        .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+        .collect();
+    let winners = check_one_winner_per_name(index, &requests, &results);
+    assert_eq!(winners.len() as u64, directories * names);
+    for directory in 0..directories {
+        match index.list(2 + directory).unwrap() {
+            ListResult::Listed(entries) => assert_eq!(entries.len() as u64, names, "directory {directory}"),
+            ListResult::Unknown => panic!("a complete directory lists"),
+        }
+    }
+}
+
+#[test]
+fn twin_creates_from_many_threads_make_one_entry_a_name() {
+    let index = CpuDirectoryIndex::new(ROOT, 0).unwrap();
+    creates_from_many_threads(&index, 8, 3, 2_000);
+}
+
+/// The kernel's create on host threads with no cutting of the batch: requests for the same
+/// name race inside one command (four host threads), and still one wins.
+#[test]
+fn kernel_source_creates_of_one_name_race_to_one_entry() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 200_000) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    create_tree(2, &[&kernel]);
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut next_inode = 1_000u64;
+    for round in 0..30 {
+        let mut creates = Vec::new();
+        for name in 0..50 {
+            for _ in 0..rng.gen_range(1..12) {
+                let parent = 2 + name % 2;
+                creates.push((
+                    parent,
+                    format!("r{round}-{name}").into_bytes(),
+                    random_attributes(&mut rng, next_inode, IndexKind::File, parent),
+                ));
+                next_inode += 1;
+            }
+        }
+        for position in (1..creates.len()).rev() {
+            creates.swap(position, rng.gen_range(0..=position));
+        }
+        let requests: Vec<CreateEntry<'_>> = creates
+            .iter()
+            .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+            .collect();
+        let answers = kernel.create_unsegmented(&requests).expect("one command");
+        check_one_winner_per_name(&kernel, &requests, &answers);
+    }
+    // One name asked for by every request of a command: the threads start together and walk
+    // the same chain to the same empty slot.
+    for round in 0..2000 {
+        let creates: Vec<(u64, Vec<u8>, IndexAttributes)> = (0..8)
+            .map(|_| {
+                next_inode += 1;
+                (2, format!("same-{round}").into_bytes(), random_attributes(&mut rng, next_inode, IndexKind::File, 2))
+            })
+            .collect();
+        let requests: Vec<CreateEntry<'_>> = creates
+            .iter()
+            .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+            .collect();
+        let answers = kernel.create_unsegmented(&requests).expect("one command");
+        check_one_winner_per_name(&kernel, &requests, &answers);
+    }
+    match kernel.list(2).unwrap() {
+        ListResult::Listed(entries) => {
+            let names: HashSet<&Vec<u8>> = entries.iter().map(|(name, _)| name).collect();
+            assert_eq!(names.len(), entries.len(), "a name listed twice");
+        }
+        ListResult::Unknown => panic!("a complete directory lists"),
+    }
+}
+
+/// The GPU engine from many host threads at once (each call holds the ring for its commands),
+/// then a million creates into a thousand directories in one batch, against the twin: the same
+/// answers and the same listings (every SM inserts into the same directories at once).
+#[test]
+fn gpu_creates_from_many_sms_equal_the_twin() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let gpu = match GpuDirectoryIndex::open(ROOT, gpu_config(1_500_000)) {
+        Ok(gpu) => gpu,
+        Err(reason) => {
+            println!("no GPU: skipped ({reason})");
+            return;
+        }
+    };
+    creates_from_many_threads(&gpu, 8, 3, 2_000);
+    println!("  many threads: one entry a name; {}", gpu.describe());
+    drop(gpu);
+    let gpu = GpuDirectoryIndex::open(ROOT, gpu_config(1_500_000)).expect("opened before");
+    let cpu = CpuDirectoryIndex::new(ROOT, 0).unwrap();
+    let directories = 1_000u64;
+    create_tree(directories, &[&cpu, &gpu]);
+    let mut rng = StdRng::seed_from_u64(11);
+    let creates: Vec<(u64, Vec<u8>, IndexAttributes)> = (0..1_000_000u64)
+        .map(|serial| {
+            let parent = 2 + serial % directories;
+            let kind = if serial % 50 == 0 { IndexKind::Directory } else { IndexKind::File };
+            (
+                parent,
+                format!("f{}", serial / directories).into_bytes(),
+                random_attributes(&mut rng, 10_000 + serial, kind, parent),
+            )
+        })
+        .collect();
+    let requests: Vec<CreateEntry<'_>> = creates
+        .iter()
+        .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+        .collect();
+    let expected = cpu.create_entries(&requests).unwrap();
+    let answered = gpu.create_entries(&requests).unwrap();
+    assert_eq!(expected.iter().filter(|result| **result == CreateResult::Created).count(), 1_000_000);
+    assert!(expected == answered, "{} answers differ", expected.iter().zip(&answered).filter(|(a, b)| a != b).count());
+    for directory in 0..directories {
+        assert_eq!(cpu.list(2 + directory).unwrap(), gpu.list(2 + directory).unwrap(), "directory {directory}");
+    }
+    let inodes: Vec<u64> = (0..1_000_000u64).map(|serial| 10_000 + serial).collect();
+    assert!(cpu.stat(&inodes).unwrap() == gpu.stat(&inodes).unwrap(), "stats after the creates differ");
+    // The same batch again: every name exists now, naming the same inodes on both.
+    let again: Vec<CreateEntry<'_>> = requests
+        .iter()
+        .map(|request| CreateEntry {
+            attributes: IndexAttributes { inode: request.attributes.inode + 2_000_000, ..request.attributes },
+            ..*request
+        })
+        .collect();
+    assert!(cpu.create_entries(&again).unwrap() == gpu.create_entries(&again).unwrap());
+    println!("  1,000,000 creates into 1,000 directories: equal answers, listings and stats; {}", gpu.describe());
+}
+
 /// The persistent serving loop itself (dirindex_serve_kernel, as one block of 32 host
 /// threads) behind the Rust half of the ring (`dirindex::ring::Ring`, the one the GPU engine
 /// uses): the whole harness, concurrent submitters and ring wrap-around included, then stop.
@@ -918,12 +1292,40 @@ fn kernel_serving_loop_on_the_host_answers_through_the_ring() {
             });
         }
     });
+    // Express commands of every kind and size, against the twin: one request, a full warp,
+    // the empty command, a path past the prefetched KiB, and requests the kernel refuses.
+    let mut rng = StdRng::seed_from_u64(77);
+    let tree = build(&mut rng, 2_000, &[&cpu, &served]);
+    for round in 0..40 {
+        let count = [0, 1, 2, 31, 32][round % 5];
+        let lookups = random_lookups(&mut rng, &tree, count);
+        let lookups: Vec<(u64, &[u8])> = lookups.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+        assert_eq!(served.express_lookup(&lookups).unwrap(), cpu.lookup(&lookups).unwrap(), "round {round}");
+        let paths: Vec<Vec<u8>> = (0..count).map(|_| tree.random_path(&mut rng)).collect();
+        let paths: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+        let user = Credentials { uid: rng.gen_range(0..3), gid: rng.gen_range(0..3) };
+        assert_eq!(served.express_resolve(&paths, user).unwrap(), cpu.resolve(&paths, user).unwrap(), "round {round}");
+        let inodes: Vec<u64> = (0..count).map(|_| rng.gen_range(1..3_000)).collect();
+        assert_eq!(served.express_stat(&inodes).unwrap(), cpu.stat(&inodes).unwrap(), "round {round}");
+    }
+    let mut long = Vec::new();
+    while long.len() < 3_000 {
+        long.extend_from_slice(b"./");
+    }
+    long.extend_from_slice(b".");
+    let long_paths: [&[u8]; 2] = [&long, b"/"];
+    let expected = cpu.resolve(&long_paths, Credentials::ROOT).unwrap();
+    assert_eq!(served.express_resolve(&long_paths, Credentials::ROOT).unwrap(), expected);
+    assert!(matches!(expected[0], ResolveResult::Found(_)));
+    // A NOP answers; a request of a name of 0 bytes is refused (status, not a hang).
+    served.nop();
+    assert!(served.express_lookup(&[(ROOT, b"")]).is_err());
     served.stop();
-    // Both ways of serving ran: single requests and small applies by block 0 alone, the
-    // batches and lists by the grid.
-    let (alone, grid) = kernel.served_counts();
-    println!("commands served by block 0 alone: {alone}, by the grid: {grid}");
-    assert!(alone >= 400 && grid > 10, "alone {alone}, grid {grid}");
+    // Every way of serving ran: single requests (half of them) and small applies by block 0
+    // alone, the other single requests by warp 0's express path, batches and lists by the grid.
+    let (alone, grid, express) = kernel.served_counts();
+    println!("commands served by block 0 alone: {alone}, by the grid: {grid}, express: {express}");
+    assert!(alone >= 200 && grid > 10 && express >= 300, "alone {alone}, grid {grid}, express {express}");
 }
 
 mod ring_index {
@@ -932,8 +1334,9 @@ mod ring_index {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, MutexGuard};
     use std::time::Duration;
-    use tandem_accel::dirindex::ring::{Ring, RingCommand, RING_BYTES};
+    use tandem_accel::dirindex::ring::{self, Ring, RingCommand, RING_MEMORY_BYTES};
     use tandem_accel::dirindex::wire::{self, Layout, Segment};
+    use tandem_accel::dirindex::wire::{LOOKUP_RECORD_BYTES, RESOLVE_RECORD_BYTES, STAT_RECORD_BYTES};
     use tandem_accel::dirindex::{resolve_within_limit, ApplyReport, LookupResult, ResolveResult, StatResult};
     use tandem_accel::{AccelError, Result};
 
@@ -948,13 +1351,16 @@ mod ring_index {
         kernel: Arc<EmulatedKernel>,
         stopped: Arc<AtomicBool>,
         server: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+        /// Small query batches alternate between the express path and block 0's batch path,
+        /// so that both are compared with the twin.
+        calls: std::sync::atomic::AtomicU64,
     }
 
     impl RingIndex {
         pub fn new(kernel: Arc<EmulatedKernel>) -> Self {
-            let mut memory = vec![0u64; RING_BYTES / 8];
+            let mut memory = vec![0u64; RING_MEMORY_BYTES / 8];
             let address = memory.as_mut_ptr() as usize;
-            // SAFETY: RING_BYTES of zeroed, aligned memory kept until the server is joined.
+            // SAFETY: RING_MEMORY_BYTES of zeroed, aligned memory kept until the server is joined.
             let ring = unsafe { Ring::new(address as *mut u8, Duration::from_secs(60)) };
             let stopped = Arc::new(AtomicBool::new(false));
             let server = {
@@ -964,7 +1370,14 @@ mod ring_index {
                     stopped.store(true, Ordering::Release);
                 })
             };
-            RingIndex { ring, _memory: memory, kernel, stopped, server: std::sync::Mutex::new(Some(server)) }
+            RingIndex {
+                ring,
+                _memory: memory,
+                kernel,
+                stopped,
+                server: std::sync::Mutex::new(Some(server)),
+                calls: std::sync::atomic::AtomicU64::new(0),
+            }
         }
 
         fn alive(&self) -> Result<()> {
@@ -1013,14 +1426,89 @@ mod ring_index {
             assert!(self.stopped.load(Ordering::Acquire));
         }
 
+        /// Whether this small batch goes the express way (every other one does).
+        fn take_express<R>(&self, requests: &[R], request_bytes: impl Fn(&R) -> usize) -> bool {
+            ring::fits_express(requests, request_bytes) && self.calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(2)
+        }
+
+        fn express_query<R, T: Copy>(
+            &self,
+            requests: &[R],
+            command: (u32, [u64; 3]),
+            encode: impl FnOnce(&[R], &mut [u8]) -> Layout,
+            decode: impl FnOnce(&[u8], &[R], &mut [std::mem::MaybeUninit<T>]) -> Result<()>,
+        ) -> Result<Vec<T>> {
+            let mut out = Vec::new();
+            let failure = |reason: String| AccelError::Device(reason);
+            ring::express_query(
+                &self.ring,
+                requests,
+                command,
+                encode,
+                decode,
+                &mut || self.alive(),
+                &failure,
+                &mut out,
+            )?;
+            Ok(out)
+        }
+
+        pub fn express_lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
+            self.express_query(requests, (wire::COMMAND_LOOKUP, [0; 3]), wire::encode_lookups, |bytes, _, out| {
+                wire::decode_lookups_into(bytes, out)
+            })
+        }
+
+        pub fn express_resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
+            let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
+            self.express_query(paths, (wire::COMMAND_RESOLVE, arguments), wire::encode_resolves, |bytes, _, out| {
+                wire::decode_resolves_into(bytes, out)
+            })
+        }
+
+        pub fn express_stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+            self.express_query(inodes, (wire::COMMAND_STAT, [0; 3]), wire::encode_stats, wire::decode_stats_into)
+        }
+
+        pub fn nop(&self) {
+            let command = RingCommand { opcode: wire::COMMAND_NOP, ..RingCommand::default() };
+            assert_eq!(self.run(&command).expect("a NOP is answered"), (0, 0));
+        }
+
         fn answers(buffer: &mut [u64], layout: &Layout) -> Vec<u8> {
             EmulatedKernel::bytes(buffer)[layout.answers_offset..layout.answers_offset + layout.answers_bytes].to_vec()
+        }
+    }
+
+    /// A test that failed before `stop` leaves the serving loop polling the ring: its memory is
+    /// leaked then rather than freed under it (which ended the test process with SIGSEGV
+    /// instead of the failure's message).
+    impl Drop for RingIndex {
+        fn drop(&mut self) {
+            if !self.stopped.load(Ordering::Acquire) {
+                std::mem::forget(std::mem::take(&mut self._memory));
+            }
         }
     }
 
     impl DirectoryIndex for RingIndex {
         fn name(&self) -> String {
             "dirindex.cu's serving loop on the host, through the ring".into()
+        }
+
+        fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+            let mut answers = Vec::with_capacity(requests.len());
+            let mut next = self.ring.lock();
+            for (start, end) in wire::create_segments(requests, 64 << 20) {
+                let part = &requests[start..end];
+                let mut buffer = EmulatedKernel::buffer(wire::create_sizes(part));
+                let layout = wire::encode_creates(part, EmulatedKernel::bytes(&mut buffer));
+                let command = Self::command(&mut buffer, wire::COMMAND_CREATE, part.len(), &layout, [0; 3]);
+                self.run_held(&mut next, &command)?;
+                let bytes = Self::answers(&mut buffer, &layout);
+                answers.extend(wire::decoded(part.len(), |out| wire::decode_creates_into(&bytes, out))?);
+            }
+            Ok(answers)
         }
 
         fn root(&self) -> u64 {
@@ -1052,6 +1540,9 @@ mod ring_index {
         }
 
         fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
+            if self.take_express(requests, |(_, name)| LOOKUP_RECORD_BYTES + wire::padded(name.len())) {
+                return self.express_lookup(requests);
+            }
             let mut buffer = EmulatedKernel::buffer(wire::lookup_sizes(requests));
             let layout = wire::encode_lookups(requests, EmulatedKernel::bytes(&mut buffer));
             self.run(&Self::command(&mut buffer, wire::COMMAND_LOOKUP, requests.len(), &layout, [0; 3]))?;
@@ -1060,6 +1551,9 @@ mod ring_index {
 
         fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>> {
             resolve_within_limit(paths, |short| {
+                if self.take_express(short, |path| RESOLVE_RECORD_BYTES + wire::padded(path.len())) {
+                    return self.express_resolve(short, credentials);
+                }
                 let mut buffer = EmulatedKernel::buffer(wire::resolve_sizes(short));
                 let layout = wire::encode_resolves(short, EmulatedKernel::bytes(&mut buffer));
                 let arguments = [credentials.uid as u64, credentials.gid as u64, 0];
@@ -1069,6 +1563,9 @@ mod ring_index {
         }
 
         fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
+            if self.take_express(inodes, |_| STAT_RECORD_BYTES) {
+                return self.express_stat(inodes);
+            }
             let mut buffer = EmulatedKernel::buffer(wire::stat_sizes(inodes));
             let layout = wire::encode_stats(inodes, EmulatedKernel::bytes(&mut buffer));
             self.run(&Self::command(&mut buffer, wire::COMMAND_STAT, inodes.len(), &layout, [0; 3]))?;

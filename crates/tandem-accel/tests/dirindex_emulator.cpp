@@ -7,6 +7,8 @@
 // (dirindex_emulator_serve). Built and driven by tests/dirindex_differential.rs.
 
 #define DIRINDEX_HOST_EMULATION 1
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -17,7 +19,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __global__
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 // Block-shared memory becomes a static shared by every emulated block. That is harmless for
 // the one thing the kernel keeps there, its copy of the current command: every block copies
 // the same command, and the next is copied only after every block has finished with this one.
@@ -92,6 +94,25 @@ static inline unsigned long long __shfl_sync(unsigned int, unsigned long long va
     __syncthreads();
     return result;
 }
+// A warp barrier: in the serving loop block 0's one warp is the whole emulated block; the
+// command mode never runs the express path, which is the only caller.
+static inline void __syncwarp(unsigned int = 0xFFFFFFFFu) {
+    if (serving_mode) __syncthreads();
+}
+static inline bool __any_sync(unsigned int, bool predicate) {
+    if (!serving_mode) return predicate;
+    shuffle_exchange[blockIdx.x][threadIdx.x] = predicate ? 1 : 0;
+    __syncthreads();
+    bool any = false;
+    for (unsigned int lane = 0; lane < 32; ++lane) any = any || shuffle_exchange[blockIdx.x][lane] != 0;
+    __syncthreads();
+    return any;
+}
+static inline unsigned long long emulated_clock_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 struct ulonglong2 {
     unsigned long long x, y;
 };
@@ -140,6 +161,7 @@ void serve(const Tables& t, const Command& c, u64 thread, u64 threads) {
         case COMMAND_APPLY: serve_apply(t, c, thread, threads); break;
         case COMMAND_DROP: serve_drop(t, c, thread, threads); break;
         case COMMAND_LIST: serve_list(t, c, thread, threads); break;
+        case COMMAND_CREATE: serve_create(t, c, thread, threads); break;
         case COMMAND_LOOKUP:
         case COMMAND_RESOLVE:
         case COMMAND_STAT: serve_query_as_warps(t, c, thread, threads); break;
@@ -204,10 +226,21 @@ extern "C" u32 dirindex_emulator_command(void* emulator, u32 opcode, u32 count, 
     e->control.list_bytes = 0;
     e->control.overflows = 0;
     e->control.error = ERROR_NONE;
+    // The command's threads start together (a thread start costs tens of µs, a request about
+    // one): so requests really run at once, and creates of one name race for its slot.
+    std::atomic<u32> started{0};
+    const auto together = [&started, threads] {
+        started.fetch_add(1);
+        while (started.load() < threads) std::this_thread::yield();
+    };
     std::vector<std::thread> workers;
     for (u32 thread = 1; thread < threads; ++thread) {
-        workers.emplace_back([e, &c, thread, threads] { serve(e->tables, c, thread, threads); });
+        workers.emplace_back([e, &c, thread, threads, &together] {
+            together();
+            serve(e->tables, c, thread, threads);
+        });
     }
+    together();
     serve(e->tables, c, 0, threads);
     for (auto& worker : workers) worker.join();
     command_results(e->tables, c, result0, result1);
@@ -215,7 +248,8 @@ extern "C" u32 dirindex_emulator_command(void* emulator, u32 opcode, u32 count, 
 }
 
 // Runs the persistent serving loop (dirindex_serve_kernel) as `blocks` blocks of 32 host
-// threads over `ring` (RING_BYTES, written by the Rust side's Ring) until the stop command.
+// threads over `ring` (RING_MEMORY_BYTES: the slots and their express areas, written by the
+// Rust side's Ring) until the stop command.
 // One serving loop per process at a time (the barriers and the grid size are shared).
 extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots, u32 blocks) {
     Emulator* e = (Emulator*)emulator;
@@ -238,10 +272,11 @@ extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots
     for (auto& thread : threads) thread.join();
 }
 
-// Commands the serving loop served by block 0 alone and by the whole grid (since the last
-// dirindex_emulator_serve began).
-extern "C" void dirindex_emulator_counts(void* emulator, u64* alone, u64* grid) {
+// Commands the serving loop served by block 0 alone, by the whole grid and by warp 0's express
+// path (since the last dirindex_emulator_serve began).
+extern "C" void dirindex_emulator_counts(void* emulator, u64* alone, u64* grid, u64* express) {
     Emulator* e = (Emulator*)emulator;
     *alone = __atomic_load_n(&e->control.alone_commands, __ATOMIC_SEQ_CST);
     *grid = __atomic_load_n(&e->control.grid_commands, __ATOMIC_SEQ_CST);
+    *express = __atomic_load_n(&e->control.express_commands, __ATOMIC_SEQ_CST);
 }

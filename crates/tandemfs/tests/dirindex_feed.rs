@@ -623,6 +623,12 @@ impl DirectoryIndex for SwitchedIndex {
     fn list(&self, directory: u64) -> tandem_accel::error::Result<ListResult> {
         self.twin.list(directory)
     }
+    fn create_entries(
+        &self,
+        requests: &[tandem_accel::dirindex::CreateEntry<'_>],
+    ) -> tandem_accel::error::Result<Vec<tandem_accel::dirindex::CreateResult>> {
+        self.twin.create_entries(requests)
+    }
 }
 
 /// An index whose `apply` fails stops the feed: from then on every batch is the CPU twin's

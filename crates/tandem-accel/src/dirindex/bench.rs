@@ -5,6 +5,7 @@
 //! The GPU engine's answers are checked against the CPU twin's on the same batches.
 
 use super::{wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
+use super::{CreateEntry, CreateResult};
 use super::{Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, LookupResult, ResolveResult};
 use crate::error::Result;
 use std::fmt::Write as _;
@@ -159,6 +160,157 @@ fn round_trip(index: &dyn DirectoryIndex, paths: &[Vec<u8>], calls: usize) -> Re
     }
     samples.sort_by(f64::total_cmp);
     Ok((samples[samples.len() / 2], samples[samples.len() * 99 / 100]))
+}
+
+/// One batch of `shape.files` new names in each of the tree's directories ("c0", "c1", ...,
+/// the directories taking turns, as `tandem bench gpu-dir` creates files), new inodes past the
+/// tree's: every create finds its name free. Timed once (a create cannot be repeated); the
+/// answers are compared with `reference` (the twin's) when given.
+fn create_row(
+    index: &dyn DirectoryIndex,
+    shape: &Shape,
+    reference: Option<&[CreateResult]>,
+) -> Result<(DirectoryBenchRow, Vec<CreateResult>)> {
+    let first_inode = shape.file(shape.directories, 0);
+    let count = shape.directories * shape.files;
+    let names: Vec<Vec<u8>> =
+        (0..count).map(|serial| format!("c{}", serial / shape.directories).into_bytes()).collect();
+    let requests: Vec<CreateEntry<'_>> = names
+        .iter()
+        .enumerate()
+        .map(|(serial, name)| {
+            let serial = serial as u64;
+            let parent = shape.directory(serial % shape.directories);
+            let attributes =
+                IndexAttributes { parent: 0, ..IndexAttributes::new(first_inode + serial, IndexKind::File, 0o644) };
+            CreateEntry { parent, name, attributes }
+        })
+        .collect();
+    let start = Instant::now();
+    let answers = index.create_entries(&requests)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let created = answers.iter().filter(|answer| **answer == CreateResult::Created).count();
+    let check = match reference {
+        Some(expected) => {
+            let differ = expected.iter().zip(&answers).filter(|(a, b)| a != b).count();
+            format!("; {differ} answers differ from the CPU twin's")
+        }
+        None => String::new(),
+    };
+    let row = DirectoryBenchRow {
+        operation: format!("create {count} entries into {} directories", shape.directories),
+        engine: index.name(),
+        per_second: Some(count as f64 / seconds),
+        microseconds: None,
+        note: format!(
+            "{created} created{check}; the index's part of a create (name checked free, entry and attributes placed), not a file system create (no log record, no inode allocated, no H-tree); one batch, timed once"
+        ),
+    };
+    Ok((row, answers))
+}
+
+/// The single-command round trip target of issue 9.
+const ROUND_TRIP_TARGET_MICROSECONDS: f64 = 10.0;
+
+/// Median and 99th percentile of `calls` timings of `call` (µs), after 100 calls of warm-up.
+fn latency(calls: usize, mut call: impl FnMut(usize) -> Result<()>) -> Result<(f64, f64)> {
+    for warm in 0..100 {
+        call(warm)?;
+    }
+    let mut samples = Vec::with_capacity(calls.max(1));
+    for index in 0..calls.max(1) {
+        let start = Instant::now();
+        call(index)?;
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok((samples[samples.len() / 2], samples[samples.len() * 99 / 100]))
+}
+
+fn against_target(median: f64) -> String {
+    let verdict = if median <= ROUND_TRIP_TARGET_MICROSECONDS { "met" } else { "missed" };
+    format!("{:.2}× the ≤ 10 µs target: {verdict}", median / ROUND_TRIP_TARGET_MICROSECONDS)
+}
+
+/// The GPU engine's single-command round trips, each the median (and p99) of `calls`: the bare
+/// doorbell (a NOP), an empty command and one path by the batch protocol (staging buffer,
+/// block 0) and by the express path, and where an express resolve spends its time by the
+/// kernel's own clock.
+pub fn round_trip_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize) -> Result<Vec<DirectoryBenchRow>> {
+    let mut rows = Vec::new();
+    let mut row = |operation: &str, (median, tail): (f64, f64), what: &str| {
+        rows.push(DirectoryBenchRow {
+            operation: operation.into(),
+            engine: "gpu".into(),
+            per_second: None,
+            microseconds: Some(median),
+            note: format!("median of {calls}, p99 {tail:.1} µs; {what}; {}", against_target(median)),
+        })
+    };
+    let path = |index: usize| &paths[index % paths.len()][..];
+    row("NOP round trip (doorbell only)", latency(calls, |_| gpu.ping_doorbell())?, "poll, completion; no fence");
+    gpu.set_express(false);
+    let batch_protocol = (|| -> Result<[(f64, f64); 2]> {
+        Ok([
+            latency(calls, |_| gpu.ping())?,
+            latency(calls, |index| gpu.resolve(&[path(index)], Credentials::ROOT).map(drop))?,
+        ])
+    })();
+    gpu.set_express(true);
+    let [empty, single] = batch_protocol?;
+    row("empty command, batch protocol", empty, "block 0 alone, two system fences");
+    row("one path, batch protocol", single, "staging buffer, block 0");
+    row("empty command, express", latency(calls, |_| gpu.ping_express().map(drop))?, "warp 0, one fence");
+    row(
+        "one path, express (resolve)",
+        latency(calls, |index| gpu.resolve(&[path(index)], Credentials::ROOT).map(drop))?,
+        "the default for ≤ 32 requests",
+    );
+    let names: Vec<(u64, Vec<u8>)> = paths
+        .iter()
+        .take(1000)
+        .map(|path| (ROOT, path[1..].splitn(2, |byte| *byte == b'/').next().unwrap_or(b"d0").to_vec()))
+        .collect();
+    row(
+        "one lookup, express",
+        latency(calls, |index| {
+            let (parent, name) = &names[index % names.len()];
+            gpu.lookup(&[(*parent, &name[..])]).map(drop)
+        })?,
+        "a directory name under the root",
+    );
+    row("one stat, express", latency(calls, |_| gpu.stat(&[ROOT]).map(drop))?, "the root's attributes");
+    // Where an express resolve's time goes, by the GPU's clock: from the doorbell seen to the
+    // command and path in shared memory, then to the answer stored; the rest of the host's
+    // round trip is the doorbell's way in, the fence, the completion's way out and the host.
+    let mut phases = [Vec::new(), Vec::new(), Vec::new()];
+    for index in 0..calls.max(1) {
+        let start = Instant::now();
+        let (_, stamps) = gpu.resolve_express_timed(path(index), Credentials::ROOT)?;
+        let total = start.elapsed().as_secs_f64() * 1e6;
+        let load = stamps.staged_ns.saturating_sub(stamps.seen_ns) as f64 / 1e3;
+        let walk = stamps.answered_ns.saturating_sub(stamps.staged_ns) as f64 / 1e3;
+        phases[0].push(load);
+        phases[1].push(walk);
+        phases[2].push(total - load - walk);
+    }
+    let labels = [
+        ("  express: command + path loaded", "GPU clock, doorbell seen → in shared memory"),
+        ("  express: walk + answer stored", "GPU clock, the walk and the answer's stores issued"),
+        ("  express: the rest", "host total less the two above: doorbell in, fence, completion out, host"),
+    ];
+    for ((operation, what), mut samples) in labels.into_iter().zip(phases) {
+        samples.sort_by(f64::total_cmp);
+        let (middle, tail) = (samples[samples.len() / 2], samples[samples.len() * 99 / 100]);
+        rows.push(DirectoryBenchRow {
+            operation: operation.into(),
+            engine: "gpu".into(),
+            per_second: None,
+            microseconds: Some(middle),
+            note: format!("median of {calls}, p99 {tail:.1} µs; {what}"),
+        });
+    }
+    Ok(rows)
 }
 
 /// Measures one engine on a tree already built in it. `reference` (the twin's answers to the
@@ -377,6 +529,11 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
     });
     let (cpu_rows, cpu_answers) = measure_engine(&cpu, &shape, config, None)?;
     rows.extend(cpu_rows);
+    let (cpu_create, cpu_creates) = create_row(&cpu, &shape, None)?;
+    rows.push(DirectoryBenchRow {
+        note: format!("{}; the twin creates on one thread (its write lock)", cpu_create.note),
+        ..cpu_create
+    });
     let paths = random_paths(&shape, config.batch, 0x5EED);
     let path_slices: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
     rows.extend(host_side_rows(&cpu, &path_slices, config)?);
@@ -384,8 +541,9 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
         notes.push("GPU not asked for: CPU twin only".into());
         return Ok((rows, notes));
     }
-    let mut gpu_config = GpuIndexConfig::for_entries(shape.total_entries() + shape.directories as usize + 16);
-    gpu_config.arena_bytes = (shape.total_entries() + 1024) * 16;
+    // Room for the tree and as many creates again.
+    let mut gpu_config = GpuIndexConfig::for_entries(2 * shape.total_entries() + shape.directories as usize + 16);
+    gpu_config.arena_bytes = (2 * shape.total_entries() + 1024) * 16;
     if config.staging_buffers > 0 {
         gpu_config.staging_buffers = config.staging_buffers;
     }
@@ -403,18 +561,8 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
             });
             let (gpu_rows, _) = measure_engine(&gpu, &shape, config, Some(&cpu_answers))?;
             rows.extend(gpu_rows);
-            let start = Instant::now();
-            let pings = config.round_trips.max(1);
-            for _ in 0..pings {
-                gpu.ping()?;
-            }
-            rows.push(DirectoryBenchRow {
-                operation: "empty command round trip".into(),
-                engine: "gpu".into(),
-                per_second: None,
-                microseconds: Some(start.elapsed().as_secs_f64() * 1e6 / pings as f64),
-                note: format!("mean of {pings} (doorbell, kernel, completion)"),
-            });
+            rows.extend(round_trip_rows(&gpu, &paths, config.round_trips)?);
+            rows.push(create_row(&gpu, &shape, Some(&cpu_creates))?.0);
             notes.push(gpu.describe());
         }
     }
@@ -457,6 +605,7 @@ mod tests {
         assert!(text.contains("resolve 5000 paths") && text.contains("round trip"), "{text}");
         assert!(text.contains("5000 found"), "every path exists: {text}");
         assert!(!text.contains("DIFFER") && text.contains("decode 5000 answers"), "{text}");
+        assert!(text.contains("create 1000 entries into 20 directories") && text.contains("1000 created"), "{text}");
         assert!(rows.iter().all(|row| row.per_second.is_some() || row.microseconds.is_some()));
     }
 }

@@ -5,8 +5,9 @@
 //! whole applies (the GPU engine gives the same guarantee per command).
 
 use super::{
-    check_inodes, check_lookups, check_updates, resolve_walk, ApplyReport, Credentials, DirectoryIndex,
-    IndexAttributes, IndexKind, IndexUpdate, ListResult, LookupResult, ResolveResult, StatResult, WalkSource,
+    check_creates, check_inodes, check_lookups, check_updates, resolve_walk, ApplyReport, CreateEntry, CreateResult,
+    Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, ListResult, LookupResult, ResolveResult,
+    StatResult, WalkSource,
 };
 use crate::error::Result;
 use std::collections::HashMap;
@@ -82,6 +83,28 @@ impl State {
                 self.directories.remove(directory);
             }
         }
+    }
+
+    /// The create rule (docs/GPUDIR.md, "Creates"), one request.
+    fn create_one(&mut self, request: &CreateEntry<'_>) -> CreateResult {
+        let directory = self.directories.get(&request.parent);
+        if let Some(&child) = directory.and_then(|directory| directory.entries.get(request.name)) {
+            return CreateResult::Exists(child);
+        }
+        if self.inodes.get(&request.parent).is_some_and(|parent| parent.kind != IndexKind::Directory) {
+            return CreateResult::NotDirectory;
+        }
+        if !directory.is_some_and(|directory| directory.complete) {
+            return CreateResult::Unknown;
+        }
+        let child = request.attributes.inode;
+        let entries = &mut self.directories.get_mut(&request.parent).expect("complete, so present").entries;
+        entries.insert(request.name.to_vec().into_boxed_slice(), child);
+        self.inodes.insert(child, request.attributes);
+        if request.attributes.kind == IndexKind::Directory {
+            self.directories.entry(child).or_default().complete = true;
+        }
+        CreateResult::Created
     }
 
     /// An incomplete directory without entries says nothing; keep the map small.
@@ -190,6 +213,14 @@ impl DirectoryIndex for CpuDirectoryIndex {
             state.apply_one(update);
         }
         Ok(ApplyReport { applied: updates.len(), overflowed: 0 })
+    }
+
+    /// In request order under the write lock: the twin defines the answers, the GPU engine
+    /// gives the same ones from many SMs at once.
+    fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+        check_creates(requests)?;
+        let mut state = self.state.write().expect("index lock poisoned");
+        Ok(requests.iter().map(|request| state.create_one(request)).collect())
     }
 
     fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
@@ -449,6 +480,37 @@ mod tests {
     }
 
     /// Threads split big batches; the answers must not depend on how.
+    #[test]
+    fn creates_follow_the_rule_in_request_order() {
+        let index = sample();
+        let made =
+            |inode: u64, kind: IndexKind| IndexAttributes { parent: 2, ..IndexAttributes::new(inode, kind, 0o755) };
+        let requests = [
+            CreateEntry { parent: 2, name: b"fresh", attributes: made(100, IndexKind::Directory) },
+            CreateEntry { parent: 2, name: b"fresh", attributes: made(101, IndexKind::File) },
+            CreateEntry { parent: 100, name: b"inside", attributes: made(102, IndexKind::File) },
+            CreateEntry { parent: 777, name: b"x", attributes: made(103, IndexKind::File) },
+        ];
+        let answers = index.create_entries(&requests).unwrap();
+        assert_eq!(
+            answers[..4],
+            [CreateResult::Created, CreateResult::Exists(100), CreateResult::Created, CreateResult::Unknown]
+        );
+        assert_eq!(index.lookup(&[(2, b"fresh"), (100, b"inside"), (100, b"no")]).unwrap()[2], LookupResult::NotFound);
+        assert!(
+            matches!(index.lookup(&[(100, b"inside")]).unwrap()[0], LookupResult::Found(found) if found.inode == 102)
+        );
+        // A file is not a directory; a refused batch changes nothing.
+        let under_file = [CreateEntry { parent: 102, name: b"y", attributes: made(104, IndexKind::File) }];
+        assert_eq!(index.create_entries(&under_file).unwrap(), [CreateResult::NotDirectory]);
+        let twice = [
+            CreateEntry { parent: 2, name: b"a", attributes: made(105, IndexKind::File) },
+            CreateEntry { parent: 2, name: b"b", attributes: made(105, IndexKind::File) },
+        ];
+        assert!(index.create_entries(&twice).is_err());
+        assert_eq!(index.lookup(&[(2, b"a")]).unwrap()[0], LookupResult::NotFound);
+    }
+
     #[test]
     fn parallel_batches_equal_one_by_one_answers() {
         let index = CpuDirectoryIndex::new(ROOT, 4).unwrap();

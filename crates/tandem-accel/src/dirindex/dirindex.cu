@@ -25,6 +25,16 @@ typedef unsigned char u8;
 #define COMMAND_RESOLVE 5u
 #define COMMAND_STAT 6u
 #define COMMAND_LIST 7u
+#define COMMAND_NOP 8u
+#define COMMAND_CREATE 9u
+// Flag on a lookup, resolve or stat: the requests are in the slot's express area and block 0's
+// warp 0 answers them there (see "the express path" below). Must equal ring.rs.
+#define COMMAND_EXPRESS 0x100u
+#define EXPRESS_SLOT_BYTES 8192u
+#define EXPRESS_REQUEST_BYTES 4096u
+#define EXPRESS_REQUEST_WORDS (EXPRESS_REQUEST_BYTES / 8u)
+#define EXPRESS_MAXIMUM_REQUESTS 32u
+#define EXPRESS_ANSWERS_OFFSET EXPRESS_REQUEST_BYTES
 
 #define UPDATE_INSERT 1u
 #define UPDATE_REMOVE 2u
@@ -40,11 +50,15 @@ typedef unsigned char u8;
 #define STATUS_PERMISSION_DENIED 5u
 #define STATUS_NAME_TOO_LONG 6u
 #define STATUS_NEEDS_CPU 7u
+#define STATUS_CREATED 8u
+#define STATUS_EXISTS 9u
 
 // Command errors (`Completion.status`), reported to the host, which fails the index.
 #define ERROR_NONE 0u
 #define ERROR_BAD_OPCODE 1u
 #define ERROR_BAD_REQUEST 2u
+// A create waited past its bound for a slot another request of its command was filling.
+#define ERROR_STUCK 3u
 
 #define KIND_DIRECTORY 2u
 #define KIND_SYMLINK 3u
@@ -55,6 +69,10 @@ typedef unsigned char u8;
 #define ANSWER_BYTES 112u
 #define ATTRIBUTES_WORDS 13u
 #define LIST_RECORD_HEADER_BYTES 16u
+#define CREATE_RECORD_BYTES 24u
+#define CREATE_ANSWER_BYTES 16u
+#define EXPRESS_STAMPS_OFFSET (EXPRESS_ANSWERS_OFFSET + EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES)
+static_assert(EXPRESS_STAMPS_OFFSET + 24 <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
 
 // Slot states of both hash tables.
 #define SLOT_EMPTY 0u
@@ -118,10 +136,13 @@ struct Control {
     u64 completed;      // sequence of the last command whose completion is written
     u64 alone_commands; // commands block 0 served alone, and commands the grid served (tests)
     u64 grid_commands;
+    u64 express_commands; // express commands warp 0 of block 0 served (tests)
     u32 overflowed;     // sticky: some insert found no room; no negative answers any more
     u32 error;          // error of the current command
     Command current;    // the command being served, copied from the ring
 };
+
+static_assert(sizeof(Control) <= 512, "Control fits CONTROL_BYTES of gpu.rs");
 
 // Kernel parameter: where everything is. Must equal `TablePointers` in gpu.rs.
 struct Tables {
@@ -158,6 +179,28 @@ __device__ __forceinline__ u32 load_state(const u32* address) {
 #else
     u32 value;
     asm volatile("ld.acquire.gpu.b32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+    return value;
+#endif
+}
+// The doorbell: acquire at system scope, so the loads after it (of the command and the express
+// area, which the host wrote before the doorbell) see what the host wrote, without a
+// system-wide fence.
+__device__ __forceinline__ u64 load_acquire_system_u64(const u64* address) {
+#ifdef DIRINDEX_HOST_EMULATION
+    return __atomic_load_n(address, __ATOMIC_ACQUIRE);
+#else
+    u64 value;
+    asm volatile("ld.acquire.sys.b64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+    return value;
+#endif
+}
+// The GPU's global timer in ns (its resolution varies: 32 ns to 1 µs), for the express stamps.
+__device__ __forceinline__ u64 clock_ns() {
+#ifdef DIRINDEX_HOST_EMULATION
+    return emulated_clock_ns();
+#else
+    u64 value;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
     return value;
 #endif
 }
@@ -680,6 +723,127 @@ __device__ void apply_update(const Tables& t, const Command& c, u64 index) {
     }
 }
 
+// ---------------------------------------------------------------- creates
+
+#define CLAIM_CLAIMED 0
+#define CLAIM_EXISTS 1
+#define CLAIM_ABSENT 2
+#define CLAIM_LIMIT 3
+#define CLAIM_STUCK 4
+// Polls of a slot another request of the command is filling (busy) before the create gives
+// up and fails the command: a filler needs a few memory round trips, so this is far beyond.
+#define MAXIMUM_BUSY_POLLS (1u << 22)
+
+// Finds the entry (parent, name) or, with `claim`, claims the slot it will take, safe against
+// any number of threads creating in the same directory, the same name included:
+// * slots never become empty again (removes leave tombstones), so an entry sits before the
+//   first empty slot of its chain;
+// * a create claims only an empty slot, never a tombstone: every thread creating the same key
+//   walks the same chain in the same order and reaches the same first empty slot, where one
+//   CAS wins; the others look at that slot again, wait while it is busy, and find the key
+//   there (CLAIM_EXISTS) or, if the winner gave it up (a tombstone), walk on.
+// CLAIM_CLAIMED leaves the slot busy in *result for entry_fill; CLAIM_EXISTS puts the child
+// in *result.
+__device__ int entry_claim(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, bool claim,
+                           u64* result) {
+    const u32 tag = (u32)(hash >> 32);
+    u64 slot = hash & t.entry_mask;
+    u32 probe = 0;
+    u32 busy_polls = 0;
+    while (probe < MAXIMUM_PROBES && probe <= t.entry_mask) {
+        const u32 state = load_state(&t.entry_state[slot]);
+        if (state == SLOT_EMPTY) {
+            if (!claim) return CLAIM_ABSENT;
+            if (atomicCAS(&t.entry_state[slot], SLOT_EMPTY, SLOT_BUSY) == SLOT_EMPTY) {
+                *result = slot;
+                return CLAIM_CLAIMED;
+            }
+            continue;  // taken meanwhile: look at the same slot again
+        }
+        if (state == SLOT_BUSY) {
+            if (++busy_polls > MAXIMUM_BUSY_POLLS) return CLAIM_STUCK;
+            __nanosleep(64);
+            continue;
+        }
+        if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
+            load_table_u64(&t.entry_parent[slot]) == parent &&
+            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words, length)) {
+            *result = load_table_u64(&t.entry_child[slot]);
+            return CLAIM_EXISTS;
+        }
+        slot = (slot + 1) & t.entry_mask;
+        ++probe;
+    }
+    return CLAIM_LIMIT;
+}
+
+// Request `index` of a create command (the create rule of the twin, State::create_one):
+// the entry exists → EXISTS; the parent is known and not a directory → NOT_DIRECTORY; the
+// parent is complete → the entry's slot claimed, the child's attributes stored (complete if a
+// directory: it is empty), then the entry published → CREATED; else UNKNOWN. The host cuts
+// batches so that no request of a command creates another's parent or shares its key or its
+// new inode; the claim is safe without that all the same (see entry_claim).
+__device__ void create_request(const Tables& t, const Command& c, u64 index) {
+    u64 words[MAXIMUM_NAME_WORDS];
+    const u64* record = (const u64*)(c.requests + index * CREATE_RECORD_BYTES);
+    const u64 parent = load_volatile_u64(record);
+    const u64 packed = load_volatile_u64(record + 1);
+    const u64 attributes_offset = load_volatile_u64(record + 2);
+    const u32 length = (u32)(packed >> 32);
+    if (!read_name(c, packed & 0xFFFFFFFFull, length, words) || (attributes_offset & 7) != 0 ||
+        attributes_offset + sizeof(IndexAttributes) > c.request_bytes) {
+        fail(t, ERROR_BAD_REQUEST);
+        return;
+    }
+    const u64* source = (const u64*)(c.requests + attributes_offset);
+    const u64 child = load_volatile_u64(source);
+    const u32 child_kind = (u32)load_volatile_u64(source + 10);  // kind: bytes 80..84
+    const long long parent_slot = inode_find(t, parent);
+    const u32 parent_flags = inode_flags_of(t, parent_slot);
+    const bool not_directory = (parent_flags & FLAG_ATTRIBUTES) &&
+                               load_table_u32(&t.inode_attributes[parent_slot].kind) != KIND_DIRECTORY;
+    const bool complete = (parent_flags & FLAG_COMPLETE) && !overflowed(t);
+    const u64 hash = entry_hash_of(parent, words, length);
+    u64 found = 0;
+    const int claimed = entry_claim(t, parent, words, length, hash, complete && !not_directory, &found);
+    u32 status = STATUS_UNKNOWN;
+    u64 existing = 0;
+    if (claimed == CLAIM_EXISTS) {
+        status = STATUS_EXISTS;
+        existing = found;
+    } else if (not_directory) {
+        status = STATUS_NOT_DIRECTORY;
+    } else if (claimed == CLAIM_STUCK) {
+        fail(t, ERROR_STUCK);
+    } else if (claimed == CLAIM_LIMIT && complete) {
+        count_overflow(t);
+    } else if (claimed == CLAIM_CLAIMED) {
+        // The attributes first, so that the entry is never seen without them.
+        const long long slot = inode_claim(t, child);
+        if (slot < 0) {
+            atomicExch(&t.entry_state[found], SLOT_TOMBSTONE);
+            count_overflow(t);
+        } else {
+            u64* target = (u64*)&t.inode_attributes[slot];
+            for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) target[word] = load_volatile_u64(source + word);
+            __threadfence();
+            atomicOr(&t.inode_flags[slot], FLAG_ATTRIBUTES | (child_kind == KIND_DIRECTORY ? FLAG_COMPLETE : 0u));
+            if (entry_fill(t, found, parent, words, length, hash, child)) {
+                status = STATUS_CREATED;
+            } else {
+                count_overflow(t);
+            }
+        }
+    }
+    u64* answer = (u64*)(c.answers + index * CREATE_ANSWER_BYTES);
+    answer[0] = (u64)status;
+    answer[1] = existing;
+}
+
+__device__ void serve_create(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    for (u64 index = thread; index < c.count; index += threads) create_request(t, c, index);
+}
+
 __device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 threads) {
     for (u64 index = thread; index < c.count; index += threads) apply_update(t, c, index);
 }
@@ -728,7 +892,7 @@ __device__ void serve_list(const Tables& t, const Command& c, u64 thread, u64 th
 __device__ void command_results(const Tables& t, const Command& c, u64* result0, u64* result1) {
     *result0 = 0;
     *result1 = 0;
-    if (c.opcode == COMMAND_APPLY) {
+    if (c.opcode == COMMAND_APPLY || c.opcode == COMMAND_CREATE) {
         *result0 = load_volatile_u64(&t.control->overflows);
     } else if (c.opcode == COMMAND_LIST) {
         *result0 = load_volatile_u64(&t.control->list_bytes);
@@ -768,27 +932,15 @@ __device__ void copy_command(Command* target, const Command* source) {
 __device__ __forceinline__ bool served_alone(const Command& c) {
     const bool small = c.count <= blockDim.x;
     return small && (c.opcode == COMMAND_LOOKUP || c.opcode == COMMAND_RESOLVE || c.opcode == COMMAND_STAT ||
-                     c.opcode == COMMAND_APPLY);
+                     c.opcode == COMMAND_APPLY || c.opcode == COMMAND_CREATE);
 }
 
-// Block 0, thread 0: waits until command `taken` is completed (its completion reads the
-// command's counters, so they must not be reset before), then for the host to publish command
-// `taken + 1` in its ring slot; copies it into `command` (block 0's shared copy) and resets the
-// counters. A command for the grid is also copied to device memory and announced. Returns
-// whether block 0 serves it alone.
-__device__ bool take_next(const Tables& t, u64 taken, Command* command) {
+// Block 0, lane 0 of warp 0, once a command that is not express is in `command`: resets the
+// counters (the last command is completed, so its completion has read them) and, for a
+// command of the grid, copies it to device memory and announces it. Returns whether block 0
+// serves it alone.
+__device__ bool begin_command(const Tables& t, const Command* command) {
     Control* control = t.control;
-    while (load_volatile_u64(&control->completed) < taken) {
-        __nanosleep(32);
-    }
-    RingSlot* slot = &t.ring[taken % t.ring_slots];
-    u32 pause_ns = 0;
-    while (load_volatile_u64(&slot->command.sequence) != taken + 1) {
-        if (pause_ns) __nanosleep(pause_ns);
-        pause_ns = pause_ns < MAXIMUM_POLL_PAUSE_NS ? pause_ns + 32 : MAXIMUM_POLL_PAUSE_NS;
-    }
-    __threadfence_system();
-    copy_command(command, &slot->command);
     store_volatile_u64(&control->list_bytes, 0);
     store_volatile_u64(&control->overflows, 0);
     store_volatile_u32(&control->error, ERROR_NONE);
@@ -800,8 +952,153 @@ __device__ bool take_next(const Tables& t, u64 taken, Command* command) {
     // Every block added its share of the last grid command before it was completed.
     store_volatile_u64(&control->finished, 0);
     __threadfence();
-    store_volatile_u64(&control->announced, taken + 1);
+    store_volatile_u64(&control->announced, command->sequence);
     return false;
+}
+
+// ---------------------------------------------------------------- the express path
+
+// The express area of ring slot `slot`: behind the ring's slots in the same mapped memory.
+__device__ __forceinline__ u8* express_area(const Tables& t, u64 slot) {
+    return (u8*)t.ring + t.ring_slots * sizeof(RingSlot) + slot * EXPRESS_SLOT_BYTES;
+}
+
+// Words of the express area loaded with every command, whether express or not (one PCIe round
+// trip with the command's own words: 1 KiB holds a single path of up to about 1000 bytes).
+#define EXPRESS_PREFETCH_WORDS 128u
+#define EXPRESS_PREFETCH_ROUNDS (EXPRESS_PREFETCH_WORDS / 32u)
+#define EXPRESS_REST_ROUNDS ((EXPRESS_REQUEST_WORDS - EXPRESS_PREFETCH_WORDS) / 32u)
+
+__device__ __forceinline__ bool express_opcode(u32 opcode) {
+    const u32 base = opcode & ~COMMAND_EXPRESS;
+    return (opcode & COMMAND_EXPRESS) != 0 &&
+           (base == COMMAND_LOOKUP || base == COMMAND_RESOLVE || base == COMMAND_STAT);
+}
+
+// Loads the words of a long express request past the prefetch into `words` (shared): every
+// lane issues its loads before its first store, so this is one more round trip, not twelve.
+__device__ void stage_express_rest(const u64* area, u64 request_bytes, u64* words) {
+    const u32 lane = threadIdx.x & 31;
+    const u64 needed = (request_bytes + 7) / 8;
+    u64 rest[EXPRESS_REST_ROUNDS];
+#pragma unroll
+    for (u32 round = 0; round < EXPRESS_REST_ROUNDS; ++round) {
+        const u64 word = EXPRESS_PREFETCH_WORDS + 32 * round + lane;
+        rest[round] = word < needed ? load_volatile_u64(area + word) : 0ull;
+    }
+#pragma unroll
+    for (u32 round = 0; round < EXPRESS_REST_ROUNDS; ++round) {
+        const u64 word = EXPRESS_PREFETCH_WORDS + 32 * round + lane;
+        if (word < needed) words[word] = rest[round];
+    }
+}
+
+// Serves express command `host` (taken from ring slot `slot`, its request words already in
+// `words`, shared memory) with the 32 lanes of warp 0, answers into the slot's area, and
+// completes it. The answer functions are the batch path's; they read the requests from shared
+// memory. A bad request (status 0 from an answer function) or a malformed command fails it.
+__device__ void serve_express(const Tables& t, const Command& host, u64 slot, u64* words, u64 seen_ns) {
+    const u32 lane = threadIdx.x & 31;
+    u8* area = express_area(t, slot);
+    const u32 opcode = host.opcode & ~COMMAND_EXPRESS;
+    const bool valid = host.count <= EXPRESS_MAXIMUM_REQUESTS && host.request_bytes <= EXPRESS_REQUEST_BYTES;
+    if (valid && host.request_bytes > EXPRESS_PREFETCH_WORDS * 8) stage_express_rest((const u64*)area, host.request_bytes, words);
+    __syncwarp();
+    const u64 staged_ns = clock_ns();
+    Command c = host;
+    c.opcode = opcode;
+    c.requests = (u64)words;
+    c.answers = (u64)(area + EXPRESS_ANSWERS_OFFSET);
+    c.answer_bytes = (u64)EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES;
+    u32 status = 0;
+    const IndexAttributes* attributes = nullptr;
+    if (valid && lane < c.count) {
+        status = opcode == COMMAND_LOOKUP    ? answer_lookup(t, c, lane, &attributes)
+                 : opcode == COMMAND_RESOLVE ? answer_resolve(t, c, lane, &attributes)
+                                             : answer_stat(t, c, lane, &attributes);
+    }
+    if (valid) write_answers_of_warp((u8*)c.answers, 0, c.count, status, attributes);
+    // Every answer function returns a status of 1..7 unless the request was bad.
+    const bool bad = !valid || __any_sync(FULL_WARP, lane < c.count && status == 0);
+    if (lane == 0) {
+        u64* stamps = (u64*)(area + EXPRESS_STAMPS_OFFSET);
+        store_volatile_u64(stamps, seen_ns);
+        store_volatile_u64(stamps + 1, staged_ns);
+        store_volatile_u64(stamps + 2, clock_ns());
+        Completion* completion = &t.ring[slot].completion;
+        store_volatile_u32(&completion->status, bad ? ERROR_BAD_REQUEST : ERROR_NONE);
+        store_volatile_u64(&completion->result0, 0);
+        store_volatile_u64(&completion->result1, 0);
+    }
+    // Each lane orders its own stores (answers; lane 0 also the stamps and the status) before
+    // the barrier, and `done` is stored after it: one system fence on the round trip (the warp
+    // executes it once), where the batch path pays two in turn.
+    __threadfence_system();
+    __syncwarp();
+    if (lane == 0) {
+        store_volatile_u64(&t.ring[slot].completion.done, host.sequence);
+        store_volatile_u64(&t.control->completed, host.sequence);
+        atomicAdd(&t.control->express_commands, 1ull);
+    }
+}
+
+// Block 0, warp 0: takes commands in sequence order. Lane 0 waits until command `*taken` is
+// completed (its completion reads the command's counters), then polls the next slot's
+// doorbell (acquire at system scope); the warp then loads the command and the first KiB of
+// the slot's express area together. An express command or a NOP it serves itself and goes on
+// to the next; any other command is left in `command` (block 0's shared copy) for the block
+// or the grid, and the return says whether block 0 serves it alone (lane 0's answer counts).
+// Bounded like the serving loop: it returns at the latest with the stop command.
+__device__ bool take_next(const Tables& t, u64* taken, Command* command, u64* words) {
+    const u32 lane = threadIdx.x & 31;
+    Control* control = t.control;
+    for (;;) {
+        const u64 expected = *taken + 1;
+        if (lane == 0) {
+            while (load_volatile_u64(&control->completed) < *taken) __nanosleep(32);
+        }
+        const u64 slot_index = *taken % t.ring_slots;
+        RingSlot* slot = &t.ring[slot_index];
+        u32 pause_ns = 0;
+        for (;;) {
+            u64 seen = 0;
+            if (lane == 0) seen = load_acquire_system_u64(&slot->command.sequence);
+            seen = __shfl_sync(FULL_WARP, seen, 0);
+            if (seen == expected) break;
+            if (pause_ns) __nanosleep(pause_ns);
+            pause_ns = pause_ns < MAXIMUM_POLL_PAUSE_NS ? pause_ns + 32 : MAXIMUM_POLL_PAUSE_NS;
+        }
+        // Lane 0's acquire reaches the other lanes through the barrier.
+        __syncwarp();
+        const u64 seen_ns = clock_ns();
+        const u64* area = (const u64*)express_area(t, slot_index);
+        const u64 command_word = lane < COMMAND_WORDS ? load_volatile_u64((const u64*)&slot->command + lane) : 0ull;
+        u64 prefetched[EXPRESS_PREFETCH_ROUNDS];
+#pragma unroll
+        for (u32 round = 0; round < EXPRESS_PREFETCH_ROUNDS; ++round) prefetched[round] = load_volatile_u64(area + 32 * round + lane);
+        if (lane < COMMAND_WORDS) ((u64*)command)[lane] = command_word;
+#pragma unroll
+        for (u32 round = 0; round < EXPRESS_PREFETCH_ROUNDS; ++round) words[32 * round + lane] = prefetched[round];
+        __syncwarp();
+        const Command c = *command;
+        *taken = expected;
+        if (c.opcode == COMMAND_NOP) {
+            // No data to order before `done`: the completion alone.
+            if (lane == 0) {
+                store_volatile_u32(&slot->completion.status, ERROR_NONE);
+                store_volatile_u64(&slot->completion.done, expected);
+                store_volatile_u64(&control->completed, expected);
+            }
+            continue;
+        }
+        if (express_opcode(c.opcode)) {
+            serve_express(t, c, slot_index, words, seen_ns);
+            continue;
+        }
+        bool alone = false;
+        if (lane == 0) alone = begin_command(t, command);
+        return alone;
+    }
 }
 
 // Thread 0 of a block other than 0: waits for block 0 to announce a grid command after `seen`
@@ -839,27 +1136,38 @@ __device__ __forceinline__ bool wrote_answers(const Command& c, u64 thread) {
         case COMMAND_LOOKUP:
         case COMMAND_RESOLVE:
         case COMMAND_STAT: return (thread & ~31ull) < c.count;
+        case COMMAND_CREATE: return thread < c.count;
         case COMMAND_LIST: return true;
         default: return false;
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t) {
+// At least two blocks of 256 a multiprocessor: ptxas may then use up to 128 registers a thread.
+// With the bound at 256 threads alone it chose 80 registers and spilled (40 bytes stored, 196
+// loaded, in session 11 with the express path and creates added); now 123, no spills. The
+// default grid is one block a multiprocessor, and two still fit.
+extern "C" __global__ void __launch_bounds__(256, 2) dirindex_serve_kernel(Tables t) {
     __shared__ Command command;
     // Written by block 0 only (the host build shares it between its emulated blocks).
     __shared__ u32 block_zero_alone;
+    // Block 0's copy of an express command's requests (4 KiB).
+    __shared__ u64 express_words[EXPRESS_REQUEST_WORDS];
     const u64 grid_thread = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 grid_threads = (u64)gridDim.x * blockDim.x;
-    // Thread 0's sequence of the last command taken (block 0) or grid command served (others).
+    // The sequence of the last command taken (block 0's warp 0) or grid command served
+    // (thread 0 of the other blocks).
     u64 taken = 0;
     // One command per pass; the loop ends with the stop command (the host's only way out).
     for (;;) {
-        if (threadIdx.x == 0) {
-            if (blockIdx.x == 0) {
-                block_zero_alone = take_next(t, taken, &command) ? 1u : 0u;
-            } else {
-                wait_announced(t, taken, &command);
+        if (blockIdx.x == 0) {
+            // Warp 0 serves express commands by itself and comes back with the next command
+            // for the block or the grid; the other warps wait at the barrier meanwhile.
+            if (threadIdx.x < 32) {
+                const bool alone = take_next(t, &taken, &command, express_words);
+                if (threadIdx.x == 0) block_zero_alone = alone ? 1u : 0u;
             }
+        } else if (threadIdx.x == 0) {
+            wait_announced(t, taken, &command);
             taken = command.sequence;
         }
         __syncthreads();
@@ -878,6 +1186,7 @@ extern "C" __global__ void __launch_bounds__(256) dirindex_serve_kernel(Tables t
             case COMMAND_RESOLVE: serve_query(t, c, thread, threads, answer_resolve); break;
             case COMMAND_STAT: serve_query(t, c, thread, threads, answer_stat); break;
             case COMMAND_LIST: serve_list(t, c, thread, threads); break;
+            case COMMAND_CREATE: serve_create(t, c, thread, threads); break;
             default:
                 if (thread == 0) fail(t, ERROR_BAD_OPCODE);
                 break;

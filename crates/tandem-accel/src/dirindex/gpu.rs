@@ -3,6 +3,10 @@
 //! memory. The host writes a command into a ring slot and publishes its sequence number; the
 //! kernel copies it, serves it with every block, and writes the completion back into the slot.
 //!
+//! A batch of at most 32 small queries takes the express path instead: its requests go into
+//! the ring slot's own area and the kernel's polling warp answers them there (ring.rs,
+//! docs/GPUDIR.md "The express path"). Creates (`create_entries`) run on the whole grid.
+//!
 //! Requests and answers of a command live in a staging buffer: small commands are read and
 //! answered in mapped host memory directly (no copy, no launch), larger ones are copied to
 //! device memory and back by DMA on the staging buffer's own stream. The kernel runs on its own
@@ -10,11 +14,11 @@
 //! the host is bounded: a command not answered in time latches the index failed, and every
 //! later call gets that error. docs/GPUDIR.md describes the protocol.
 
-use super::ring::{Ring, RingCommand, RingCompletion, RING_BYTES, RING_SLOTS};
+use super::ring::{self, KernelStamps, Ring, RingCommand, RingCompletion, RING_MEMORY_BYTES, RING_SLOTS};
 use super::wire::{self, Layout, Segment};
 use super::{
-    check_inode, check_inodes, check_lookups, check_updates, ApplyReport, Credentials, DirectoryIndex, IndexUpdate,
-    ListResult, LookupResult, ResolveResult, StatResult, ATTRIBUTES_BYTES,
+    check_creates, check_inode, check_inodes, check_lookups, check_updates, ApplyReport, CreateEntry, CreateResult,
+    Credentials, DirectoryIndex, IndexUpdate, ListResult, LookupResult, ResolveResult, StatResult, ATTRIBUTES_BYTES,
 };
 use crate::cuda::{check, compile_cached, CudaDevice, CudaSystem};
 use crate::error::{AccelError, Result};
@@ -221,6 +225,9 @@ pub struct GpuDirectoryIndex {
     failed: AtomicBool,
     failure: Mutex<String>,
     commands: AtomicU64,
+    /// Whether small batches take the express path (on; the benchmark turns it off to time
+    /// the batch path's round trip beside it).
+    express_enabled: AtomicBool,
     resources: Option<Resources>,
 }
 
@@ -257,7 +264,7 @@ impl GpuDirectoryIndex {
         let created =
             unsafe { sys::cuStreamCreate(&mut kernel_stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
         check(created, "cuStreamCreate")?;
-        let ring = match MappedBuffer::allocate(RING_BYTES) {
+        let ring = match MappedBuffer::allocate(RING_MEMORY_BYTES) {
             Ok(ring) => ring,
             Err(error) => {
                 unsafe { sys::cuStreamDestroy_v2(kernel_stream) };
@@ -265,7 +272,7 @@ impl GpuDirectoryIndex {
             }
         };
         let mut resources = Resources { kernel_stream, ring, device_buffers: Vec::new(), staging: Vec::new() };
-        debug_assert!(resources.ring.bytes >= RING_BYTES);
+        debug_assert!(resources.ring.bytes >= RING_MEMORY_BYTES);
         let prepared = Self::populate(&mut resources, &config, root).map(|tables| (function, blocks, tables));
         match prepared {
             Ok((function, blocks, tables)) => Self::launch(device, config, root, function, blocks, resources, tables),
@@ -420,7 +427,7 @@ impl GpuDirectoryIndex {
             root,
             blocks,
             entry_slots: tables.entry_mask + 1,
-            // SAFETY: RING_BYTES of zeroed pinned memory, page aligned, freed only after the
+            // SAFETY: RING_MEMORY_BYTES of zeroed pinned memory, page aligned, freed only after the
             // kernel has stopped (or never), shared only with that kernel.
             ring: unsafe { Ring::new(resources.ring.host, config.command_timeout) },
             kernel_stream,
@@ -429,6 +436,7 @@ impl GpuDirectoryIndex {
             failed: AtomicBool::new(false),
             failure: Mutex::new(String::new()),
             commands: AtomicU64::new(0),
+            express_enabled: AtomicBool::new(true),
             resources: Some(resources),
             config,
         };
@@ -453,12 +461,84 @@ impl GpuDirectoryIndex {
         )
     }
 
-    /// One empty command, answered in mapped memory: the single-command round trip.
+    /// One empty command served by block 0 (the way of a small batch, not the express path):
+    /// the round trip of the batch protocol.
     pub fn ping(&self) -> Result<()> {
         self.check_failed()?;
         let fields = RingCommand { opcode: wire::COMMAND_STAT, ..RingCommand::default() };
         let (slot, sequence) = self.submit(&mut self.ring.lock(), &fields)?;
         self.wait(slot, sequence).map(|_| ())
+    }
+
+    /// One empty express command (no request): doorbell, the command and its area loaded,
+    /// the warp's fence and the completion. The floor of a single request's round trip.
+    pub fn ping_express(&self) -> Result<KernelStamps> {
+        let mut answers: Vec<StatResult> = Vec::new();
+        self.express(&[], (wire::COMMAND_STAT, [0; 3]), wire::encode_stats, wire::decode_stats_into, &mut answers)
+    }
+
+    /// One NOP: the polling warp writes the completion as soon as it has read the command, with
+    /// no fence and no table access. The bare doorbell round trip of this ring (issue 9 measured
+    /// 2.3 µs for a doorbell on the H100 host).
+    pub fn ping_doorbell(&self) -> Result<()> {
+        self.check_failed()?;
+        let fields = RingCommand { opcode: wire::COMMAND_NOP, ..RingCommand::default() };
+        let (slot, sequence) = self.submit(&mut self.ring.lock(), &fields)?;
+        self.wait(slot, sequence).map(|_| ())
+    }
+
+    /// Whether batches of up to 32 small requests take the express path (the default) or the
+    /// batch path (a staging buffer, block 0 or the grid): the benchmark times both.
+    pub fn set_express(&self, enabled: bool) {
+        self.express_enabled.store(enabled, Ordering::Relaxed);
+    }
+
+    /// One path resolved by the express path, with the kernel's time stamps (benchmark).
+    pub fn resolve_express_timed(
+        &self,
+        path: &[u8],
+        credentials: Credentials,
+    ) -> Result<(ResolveResult, KernelStamps)> {
+        let paths = [path];
+        if !ring::fits_express(&paths, |path| wire::RESOLVE_RECORD_BYTES + wire::padded(path.len())) {
+            return Err(AccelError::InvalidArgument(format!(
+                "a path of {} bytes does not fit an express command",
+                path.len()
+            )));
+        }
+        let mut answers = Vec::new();
+        let stamps = self.express(
+            &paths,
+            (wire::COMMAND_RESOLVE, [credentials.uid as u64, credentials.gid as u64, 0]),
+            wire::encode_resolves,
+            |bytes, _, out| wire::decode_resolves_into(bytes, out),
+            &mut answers,
+        )?;
+        Ok((answers[0], stamps))
+    }
+
+    /// A batch that fits one express command, answered by the kernel's polling warp in the
+    /// ring slot's own area: no staging buffer, no chunks, no worker, one system fence.
+    fn express<R, T: Copy>(
+        &self,
+        requests: &[R],
+        (opcode, arguments): (u32, [u64; 3]),
+        encode: impl FnOnce(&[R], &mut [u8]) -> Layout,
+        decode: impl FnOnce(&[u8], &[R], &mut [MaybeUninit<T>]) -> Result<()>,
+        out: &mut Vec<T>,
+    ) -> Result<KernelStamps> {
+        self.check_failed()?;
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        ring::express_query(
+            &self.ring,
+            requests,
+            (opcode, arguments),
+            encode,
+            decode,
+            &mut || self.check_kernel_alive(),
+            &|reason| self.fail(reason),
+            out,
+        )
     }
 
     fn check_failed(&self) -> Result<()> {
@@ -635,6 +715,9 @@ impl GpuDirectoryIndex {
         if requests.is_empty() {
             return Ok(());
         }
+        if self.express_enabled.load(Ordering::Relaxed) && ring::fits_express(requests, &request_bytes) {
+            return self.express(requests, (opcode, arguments), &encode, decode, out).map(|_| ());
+        }
         let workers = self.config.staging_buffers.clamp(1, MAXIMUM_BATCH_WORKERS);
         let cutter = wire::ChunkCutter::new(
             requests.len(),
@@ -762,6 +845,37 @@ impl DirectoryIndex for GpuDirectoryIndex {
         })();
         self.return_staging(staging);
         result.map(|()| report)
+    }
+
+    /// Cut into commands by `wire::create_segments` (no request of a command depends on
+    /// another, so each command's creates run on every thread of the grid at once), holding the
+    /// ring so that no query runs between them, as `apply` does.
+    fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+        check_creates(requests)?;
+        self.check_failed()?;
+        self.device.bind_context()?;
+        let mut answers: Vec<CreateResult> = Vec::with_capacity(requests.len());
+        let mut staging = self.take_staging()?;
+        let result = (|| -> Result<()> {
+            let mut next = self.ring.lock();
+            for (start, end) in wire::create_segments(requests, self.config.staging_bytes) {
+                let part = &requests[start..end];
+                let layout = wire::encode_creates(part, staging.bytes());
+                let base = self.stage_in(&mut staging, &layout)?;
+                let fields = Self::fields(wire::COMMAND_CREATE, part.len(), base, &layout, [0; 3]);
+                let (slot, sequence) = self.submit(&mut next, &fields)?;
+                self.wait(slot, sequence)?;
+                self.stage_out(&mut staging, base, layout.answers_offset, layout.answers_bytes)?;
+                let bytes = &staging.bytes()[layout.answers_offset..layout.answers_offset + layout.answers_bytes];
+                let spare = &mut answers.spare_capacity_mut()[..part.len()];
+                wire::decode_creates_into(bytes, spare)?;
+                // SAFETY: the decoder returned Ok, so it wrote each of these part.len() elements.
+                unsafe { answers.set_len(answers.len() + part.len()) };
+            }
+            Ok(())
+        })();
+        self.return_staging(staging);
+        result.map(|()| answers)
     }
 
     fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {

@@ -1,5 +1,6 @@
 //! The directory index (issue 9): a cache of directory entries and inode attributes that
-//! answers batched lookups, path resolutions, stats and listings, on the CPU
+//! answers batched lookups, path resolutions, stats and listings, and places creates whose
+//! names it finds free (`create_entries`), on the CPU
 //! ([`CpuDirectoryIndex`], the twin) or resident on a GPU ([`GpuDirectoryIndex`], a
 //! persistent kernel serving a command ring). Both give identical answers; `docs/GPUDIR.md`
 //! defines every answer exactly. This folder owns the index types, both engines, the wire
@@ -146,6 +147,30 @@ pub enum IndexUpdate {
     DropDirectory(u64),
 }
 
+/// One request of `DirectoryIndex::create_entries`: the entry `name` in `parent` for a new
+/// inode, `attributes.inode`, with these attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreateEntry<'a> {
+    pub parent: u64,
+    pub name: &'a [u8],
+    pub attributes: IndexAttributes,
+}
+
+/// What a create found or did (docs/GPUDIR.md, "Creates").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateResult {
+    /// The entry and the new inode's attributes are in the index now (a new directory is
+    /// complete: it is empty).
+    Created,
+    /// The index holds an entry of that name already, naming this inode; nothing changed.
+    Exists(u64),
+    /// The parent is known and is not a directory; nothing changed.
+    NotDirectory,
+    /// The index cannot tell whether the name is free (the parent is not complete, or the
+    /// index overflowed); nothing changed: the owner decides.
+    Unknown,
+}
+
 /// What `apply` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ApplyReport {
@@ -199,6 +224,14 @@ pub trait DirectoryIndex: Send + Sync {
     fn resolve(&self, paths: &[&[u8]], credentials: Credentials) -> Result<Vec<ResolveResult>>;
     fn stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>>;
     fn list(&self, directory: u64) -> Result<ListResult>;
+
+    /// Creates entries where the index can tell that their names are free: for each request
+    /// in order, as if alone, `Exists` when the index holds the name, else `NotDirectory` when
+    /// the parent is known not to be a directory, else `Created` (entry and attributes
+    /// inserted) when the parent is complete, else `Unknown`. A later request of the batch sees
+    /// what earlier ones created. Every `attributes.inode` is new to the batch (refused
+    /// otherwise). The GPU engine serves a batch from all its SMs at once.
+    fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>>;
 
     /// `lookup` into `answers` (cleared first, one answer per request on `Ok`). An engine may
     /// write the answers in place and reuse the vector's allocation: for a batch of a million
@@ -280,6 +313,23 @@ pub(crate) fn check_updates(updates: &[IndexUpdate]) -> Result<()> {
             | IndexUpdate::MarkComplete(inode)
             | IndexUpdate::MarkIncomplete(inode)
             | IndexUpdate::DropDirectory(inode) => check_inode(*inode)?,
+        }
+    }
+    Ok(())
+}
+
+/// Checks a create batch before anything is done: parents, names and attributes as for
+/// `apply`, and every new inode once in the batch and not its own parent.
+pub(crate) fn check_creates(requests: &[CreateEntry<'_>]) -> Result<()> {
+    let mut children: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
+    children.reserve(requests.len());
+    for request in requests {
+        check_inode(request.parent)?;
+        check_entry_name(request.name)?;
+        check_attributes(&request.attributes)?;
+        let child = request.attributes.inode;
+        if child == request.parent || !children.insert(child) {
+            return Err(invalid(format!("inode {child} is created twice or in itself")));
         }
     }
     Ok(())

@@ -5,6 +5,12 @@
 //!
 //! Every wait is bounded by the ring's timeout; the caller decides what a timeout means (the
 //! GPU engine latches itself failed).
+//!
+//! Behind the slots lies one express area per slot (`EXPRESS_SLOT_BYTES`): an express command
+//! (`EXPRESS_FLAG` on a lookup, resolve or stat of at most `EXPRESS_MAXIMUM_REQUESTS` requests)
+//! carries its requests there and is answered there by one warp of the kernel, which loads the
+//! area together with the command (docs/GPUDIR.md, "The express path"). The slot's busy flag
+//! owns its area: no staging buffer, no chunking, no worker thread.
 
 use crate::error::{AccelError, Result};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -17,6 +23,22 @@ pub const RING_SLOT_BYTES: usize = 256;
 pub const RING_BYTES: usize = RING_SLOTS * RING_SLOT_BYTES;
 /// The completion half of a slot starts here.
 const COMPLETION_OFFSET: usize = 128;
+/// Flag on a query opcode: the requests are in the slot's express area and are answered there
+/// (`COMMAND_EXPRESS` in dirindex.cu).
+pub const EXPRESS_FLAG: u32 = 0x100;
+/// Bytes of one slot's express area: requests, then answers, then the kernel's time stamps.
+pub const EXPRESS_SLOT_BYTES: usize = 8192;
+/// Request bytes of an express command at most (records and names, as `wire` encodes them).
+pub const EXPRESS_REQUEST_BYTES: usize = 4096;
+/// Requests of an express command at most: one warp, one request a lane.
+pub const EXPRESS_MAXIMUM_REQUESTS: usize = 32;
+/// Where the answers start in an express area (`wire::ANSWER_BYTES` each).
+pub const EXPRESS_ANSWERS_OFFSET: usize = EXPRESS_REQUEST_BYTES;
+/// Where the kernel writes its three time stamps (ns of the GPU's global timer).
+pub const EXPRESS_STAMPS_OFFSET: usize = EXPRESS_ANSWERS_OFFSET + EXPRESS_MAXIMUM_REQUESTS * super::wire::ANSWER_BYTES;
+const _: () = assert!(EXPRESS_STAMPS_OFFSET + 24 <= EXPRESS_SLOT_BYTES);
+/// Bytes of ring memory with the express areas behind the slots: what `Ring::new` takes.
+pub const RING_MEMORY_BYTES: usize = RING_BYTES + RING_SLOTS * EXPRESS_SLOT_BYTES;
 /// How long the waiter polls `done` in a busy loop: a round trip is a few microseconds and a
 /// command of tens of thousands of requests well under a millisecond, so most answers come
 /// within this. (Counted in time, not polls: a spin-loop hint takes 10 to 140 cycles
@@ -49,6 +71,50 @@ pub struct RingCompletion {
     pub result1: u64,
 }
 
+/// When the kernel's warp saw an express command, had it and its requests in shared memory,
+/// and had computed and stored its answers (before the fence and the completion), in ns of
+/// the GPU's global timer (its resolution is the GPU's: 32 ns to 1 µs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelStamps {
+    pub seen_ns: u64,
+    pub staged_ns: u64,
+    pub answered_ns: u64,
+}
+
+/// An express command's completion, its answers and its stamps, read in place; the slot (and
+/// so its area) stays held until this is dropped.
+pub struct ExpressAnswer<'a> {
+    ring: &'a Ring,
+    slot: usize,
+    pub completion: RingCompletion,
+}
+
+impl ExpressAnswer<'_> {
+    /// The first `bytes` of the answers.
+    pub fn answers(&self, bytes: usize) -> &[u8] {
+        assert!(bytes <= EXPRESS_MAXIMUM_REQUESTS * super::wire::ANSWER_BYTES);
+        // SAFETY: inside the slot's area, which this answer holds (busy flag) until dropped; the
+        // kernel wrote it before the completion, which was read with acquire.
+        unsafe { std::slice::from_raw_parts(self.ring.express_area(self.slot).add(EXPRESS_ANSWERS_OFFSET), bytes) }
+    }
+
+    pub fn stamps(&self) -> KernelStamps {
+        let word = |index: usize| {
+            // SAFETY: as `answers`; 8-byte aligned (the area and the offset are).
+            unsafe {
+                (self.ring.express_area(self.slot).add(EXPRESS_STAMPS_OFFSET + 8 * index) as *const u64).read_volatile()
+            }
+        };
+        KernelStamps { seen_ns: word(0), staged_ns: word(1), answered_ns: word(2) }
+    }
+}
+
+impl Drop for ExpressAnswer<'_> {
+    fn drop(&mut self) {
+        self.ring.release(self.slot);
+    }
+}
+
 /// The host's side of the ring.
 pub struct Ring {
     memory: *mut u8,
@@ -67,8 +133,8 @@ unsafe impl Sync for Ring {}
 
 impl Ring {
     /// # Safety
-    /// `memory` points to RING_BYTES zeroed bytes, 8-byte aligned, that outlive the ring and
-    /// that only this ring and one serving kernel touch.
+    /// `memory` points to RING_MEMORY_BYTES zeroed bytes, 8-byte aligned, that outlive the
+    /// ring and that only this ring and one serving kernel touch.
     pub unsafe fn new(memory: *mut u8, timeout: Duration) -> Self {
         assert!(!memory.is_null() && (memory as usize).is_multiple_of(8));
         Ring { memory, next: Mutex::new(1), busy: (0..RING_SLOTS).map(|_| AtomicBool::new(false)).collect(), timeout }
@@ -88,6 +154,14 @@ impl Ring {
     /// Writes `command` into the next slot and publishes it; returns (slot, sequence). Waits
     /// (bounded) for the slot's previous command to be collected.
     pub fn submit(&self, next: &mut MutexGuard<'_, u64>, command: &RingCommand) -> Result<(usize, u64)> {
+        let (slot, sequence) = self.reserve(next)?;
+        self.publish(next, slot, sequence, command);
+        Ok((slot, sequence))
+    }
+
+    /// Takes the next slot (waiting, bounded, until its previous command was collected) without
+    /// publishing anything: the caller may fill the slot's express area, then `publish`.
+    pub fn reserve(&self, next: &mut MutexGuard<'_, u64>) -> Result<(usize, u64)> {
         let sequence = **next;
         let slot = ((sequence - 1) % RING_SLOTS as u64) as usize;
         let deadline = Instant::now() + self.timeout;
@@ -97,6 +171,14 @@ impl Ring {
             }
             std::thread::sleep(Duration::from_micros(20));
         }
+        Ok((slot, sequence))
+    }
+
+    /// Writes `command` into `slot` (reserved with `sequence` under the same `next`) and rings
+    /// the doorbell.
+    pub fn publish(&self, next: &mut MutexGuard<'_, u64>, slot: usize, sequence: u64, command: &RingCommand) {
+        assert_eq!(**next, sequence, "publish the slot reserved last");
+        assert_eq!(slot, ((sequence - 1) % RING_SLOTS as u64) as usize);
         let words = [
             command.opcode as u64 | (command.count as u64) << 32,
             command.requests,
@@ -114,12 +196,74 @@ impl Ring {
         // The doorbell: the kernel polls this word for the sequence it expects next.
         self.word(slot, 0).store(sequence, Ordering::Release);
         **next += 1;
-        Ok((slot, sequence))
+    }
+
+    /// The express area of `slot`.
+    fn express_area(&self, slot: usize) -> *mut u8 {
+        assert!(slot < RING_SLOTS);
+        // SAFETY: inside the RING_MEMORY_BYTES the ring was given.
+        unsafe { self.memory.add(RING_BYTES + slot * EXPRESS_SLOT_BYTES) }
+    }
+
+    /// Runs an express command: `opcode` (a lookup, resolve or stat code, `EXPRESS_FLAG` added
+    /// here) on `count` requests that `encode` writes into the slot's area (it returns the
+    /// request bytes written, at most EXPRESS_REQUEST_BYTES). Publishes, lets other
+    /// submitters in, and waits (bounded) for the completion; the answers are read in place
+    /// from what this returns, which holds the slot until dropped.
+    pub fn express(
+        &self,
+        opcode: u32,
+        count: usize,
+        arguments: [u64; 3],
+        encode: impl FnOnce(&mut [u8]) -> usize,
+        alive: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<ExpressAnswer<'_>> {
+        assert!(count <= EXPRESS_MAXIMUM_REQUESTS && opcode & EXPRESS_FLAG == 0);
+        let (slot, sequence) = {
+            let mut next = self.lock();
+            let (slot, sequence) = self.reserve(&mut next)?;
+            // SAFETY: the slot is reserved (busy) and its previous command collected, so
+            // neither the kernel nor another host thread touches its area until publication.
+            let area = unsafe { std::slice::from_raw_parts_mut(self.express_area(slot), EXPRESS_REQUEST_BYTES) };
+            let request_bytes = encode(area);
+            assert!(request_bytes <= EXPRESS_REQUEST_BYTES);
+            let command = RingCommand {
+                opcode: opcode | EXPRESS_FLAG,
+                count: count as u32,
+                request_bytes: request_bytes as u64,
+                answer_bytes: (count * super::wire::ANSWER_BYTES) as u64,
+                arguments,
+                // The kernel finds the area from the slot; the addresses are not read.
+                ..RingCommand::default()
+            };
+            self.publish(&mut next, slot, sequence, &command);
+            (slot, sequence)
+        };
+        let completion = self.wait_held(slot, sequence, alive)?;
+        Ok(ExpressAnswer { ring: self, slot, completion })
     }
 
     /// Waits (bounded) for the kernel to complete `sequence` in `slot`, then frees the slot.
     /// `alive` is asked now and then whether the kernel still runs; its error ends the wait.
     pub fn wait(&self, slot: usize, sequence: u64, alive: &mut dyn FnMut() -> Result<()>) -> Result<RingCompletion> {
+        let completion = self.wait_held(slot, sequence, alive)?;
+        self.release(slot);
+        Ok(completion)
+    }
+
+    /// Frees a slot whose completion (and express answers) its waiter has read.
+    pub fn release(&self, slot: usize) {
+        assert!(self.busy[slot].swap(false, Ordering::AcqRel), "slot {slot} released twice");
+    }
+
+    /// `wait` without freeing the slot (the caller reads what the kernel wrote, then
+    /// `release`s it). A failed wait keeps the slot busy: the kernel may still write it.
+    pub fn wait_held(
+        &self,
+        slot: usize,
+        sequence: u64,
+        alive: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<RingCompletion> {
         let start = Instant::now();
         let mut polls = 0u64;
         loop {
@@ -129,7 +273,6 @@ impl Ring {
                     result0: self.word(slot, COMPLETION_OFFSET + 16).load(Ordering::Acquire),
                     result1: self.word(slot, COMPLETION_OFFSET + 24).load(Ordering::Acquire),
                 };
-                self.busy[slot].store(false, Ordering::Release);
                 return Ok(completion);
             }
             // Reading the clock costs tens of nanoseconds: only every 64th poll looks at it.
@@ -157,6 +300,47 @@ impl Ring {
     }
 }
 
+/// Whether a query batch goes the express way: at most EXPRESS_MAXIMUM_REQUESTS requests whose
+/// encoding (`request_bytes` each, as `wire` lays them out) fits an express area.
+pub fn fits_express<R>(requests: &[R], request_bytes: impl Fn(&R) -> usize) -> bool {
+    requests.len() <= EXPRESS_MAXIMUM_REQUESTS
+        && requests.iter().map(request_bytes).sum::<usize>() <= EXPRESS_REQUEST_BYTES
+}
+
+/// A query batch that `fits_express`, as one express command: encoded into the slot's area
+/// with `encode` (the batch path's encoder), answered in place and decoded into `out` (cleared
+/// first) with `decode` (the batch path's decoder). A ring error or a command the kernel
+/// refused is passed through `ring_failure` (the GPU engine latches itself failed there); a
+/// decoding error is returned as it is. Returns the kernel's stamps.
+#[allow(clippy::too_many_arguments)]
+pub fn express_query<R, T: Copy>(
+    ring: &Ring,
+    requests: &[R],
+    (opcode, arguments): (u32, [u64; 3]),
+    encode: impl FnOnce(&[R], &mut [u8]) -> super::wire::Layout,
+    decode: impl FnOnce(&[u8], &[R], &mut [std::mem::MaybeUninit<T>]) -> Result<()>,
+    alive: &mut dyn FnMut() -> Result<()>,
+    ring_failure: &dyn Fn(String) -> AccelError,
+    out: &mut Vec<T>,
+) -> Result<KernelStamps> {
+    out.clear();
+    let count = requests.len();
+    let encoded = |area: &mut [u8]| encode(requests, area).request_bytes;
+    let answer =
+        ring.express(opcode, count, arguments, encoded, alive).map_err(|error| ring_failure(error.to_string()))?;
+    if answer.completion.status != 0 {
+        return Err(ring_failure(format!(
+            "express command refused by the kernel (error {})",
+            answer.completion.status
+        )));
+    }
+    out.reserve(count);
+    decode(answer.answers(count * super::wire::ANSWER_BYTES), requests, &mut out.spare_capacity_mut()[..count])?;
+    // SAFETY: `decode` returned Ok, so it wrote each of the first `count` elements.
+    unsafe { out.set_len(count) };
+    Ok(answer.stamps())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,7 +349,7 @@ mod tests {
     /// written where the kernel writes it is read back.
     #[test]
     fn slots_have_the_kernels_layout() {
-        let mut memory = vec![0u64; RING_BYTES / 8];
+        let mut memory = vec![0u64; RING_MEMORY_BYTES / 8];
         let base = memory.as_mut_ptr();
         let ring = unsafe { Ring::new(base as *mut u8, Duration::from_millis(50)) };
         let command = RingCommand {

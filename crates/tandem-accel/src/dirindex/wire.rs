@@ -7,8 +7,8 @@
 //! bounds) before it becomes an answer.
 
 use super::{
-    ApplyReport, IndexAttributes, IndexKind, IndexUpdate, ListResult, LookupResult, ResolveResult, StatResult,
-    ATTRIBUTES_BYTES, MAXIMUM_NAME_BYTES,
+    ApplyReport, CreateEntry, CreateResult, IndexAttributes, IndexKind, IndexUpdate, ListResult, LookupResult,
+    ResolveResult, StatResult, ATTRIBUTES_BYTES, MAXIMUM_NAME_BYTES,
 };
 use crate::error::{AccelError, Result};
 use std::collections::HashSet;
@@ -22,6 +22,11 @@ pub const COMMAND_LOOKUP: u32 = 4;
 pub const COMMAND_RESOLVE: u32 = 5;
 pub const COMMAND_STAT: u32 = 6;
 pub const COMMAND_LIST: u32 = 7;
+/// Answered by the kernel's polling warp with the completion alone (no fence, no table access):
+/// the bare doorbell round trip of the ring, for the benchmark.
+pub const COMMAND_NOP: u32 = 8;
+/// Creates of entries whose names the index finds free (docs/GPUDIR.md, "Creates").
+pub const COMMAND_CREATE: u32 = 9;
 
 // Update codes inside an apply command.
 pub const UPDATE_INSERT: u32 = 1;
@@ -39,6 +44,9 @@ pub const STATUS_NOT_DIRECTORY: u32 = 4;
 pub const STATUS_PERMISSION_DENIED: u32 = 5;
 pub const STATUS_NAME_TOO_LONG: u32 = 6;
 pub const STATUS_NEEDS_CPU: u32 = 7;
+/// Create answers (with STATUS_NOT_DIRECTORY and STATUS_UNKNOWN).
+pub const STATUS_CREATED: u32 = 8;
+pub const STATUS_EXISTS: u32 = 9;
 
 /// Lookup request: parent u64, name offset u32 (from the start of the requests), length u32.
 pub const LOOKUP_RECORD_BYTES: usize = 16;
@@ -53,6 +61,11 @@ pub const APPLY_RECORD_BYTES: usize = 32;
 pub const ANSWER_BYTES: usize = 8 + ATTRIBUTES_BYTES;
 /// List answer records: child u64, name length u32, zero u32, name padded to 8 bytes.
 pub const LIST_RECORD_HEADER_BYTES: usize = 16;
+/// A create record: parent u64, name offset u32, name length u32, attributes offset u64 (the
+/// 104-byte record, 8-byte aligned, after the names).
+pub const CREATE_RECORD_BYTES: usize = 24;
+/// A create answer: status u32, zero u32, the existing child (EXISTS) or 0.
+pub const CREATE_ANSWER_BYTES: usize = 16;
 /// Answers start on this boundary after the requests.
 const ANSWERS_ALIGNMENT_BYTES: usize = 128;
 
@@ -536,6 +549,90 @@ pub fn segments(updates: &[IndexUpdate], capacity_bytes: usize) -> Vec<Segment> 
     result
 }
 
+/// (request bytes, answer bytes) of each create.
+pub fn create_sizes<'a>(requests: &'a [CreateEntry<'a>]) -> impl Iterator<Item = (usize, usize)> + 'a {
+    requests
+        .iter()
+        .map(|request| (CREATE_RECORD_BYTES + padded(request.name.len()) + ATTRIBUTES_BYTES, CREATE_ANSWER_BYTES))
+}
+
+pub fn encode_creates(requests: &[CreateEntry<'_>], buffer: &mut [u8]) -> Layout {
+    let mut bytes_at = requests.len() * CREATE_RECORD_BYTES;
+    for (index, request) in requests.iter().enumerate() {
+        let record = index * CREATE_RECORD_BYTES;
+        put_u64(buffer, record, request.parent);
+        put_u32(buffer, record + 8, offset_u32(bytes_at));
+        put_u32(buffer, record + 12, request.name.len() as u32);
+        bytes_at = put_name(buffer, bytes_at, request.name);
+        put_u64(buffer, record + 16, bytes_at as u64);
+        put_attributes(buffer, bytes_at, &request.attributes);
+        bytes_at += ATTRIBUTES_BYTES;
+    }
+    Layout::new(bytes_at, requests.len() * CREATE_ANSWER_BYTES)
+}
+
+/// Create answers; an `Exists` must name an inode (the kernel read it from its own table).
+pub fn decode_creates_into(answers: &[u8], out: &mut [MaybeUninit<CreateResult>]) -> Result<()> {
+    if answers.len() < out.len() * CREATE_ANSWER_BYTES {
+        return Err(bad(format!("{} create answer bytes for {} answers", answers.len(), out.len())));
+    }
+    for (answer, slot) in answers.chunks_exact(CREATE_ANSWER_BYTES).zip(out.iter_mut()) {
+        let (status, zero, child) = (get_u32(answer, 0), get_u32(answer, 4), get_u64(answer, 8));
+        let result = match (status, zero) {
+            (STATUS_CREATED, 0) if child == 0 => CreateResult::Created,
+            (STATUS_EXISTS, 0) if (1..=super::MAXIMUM_INODE).contains(&child) => CreateResult::Exists(child),
+            (STATUS_NOT_DIRECTORY, 0) if child == 0 => CreateResult::NotDirectory,
+            (STATUS_UNKNOWN, 0) if child == 0 => CreateResult::Unknown,
+            _ => return Err(bad(format!("create answer status {status}, word {zero}, child {child}"))),
+        };
+        slot.write(result);
+    }
+    Ok(())
+}
+
+/// Cuts a create batch into commands that keep its order (the twin's answers): a command ends
+/// before a request whose entry (parent, name) it already holds, whose parent it creates, or
+/// whose new inode it already names as a parent or a child, and before it outgrows
+/// `capacity_bytes`. Within a command, then, no request depends on another: every one can run
+/// at once, and two that race for a slot are different keys (the kernel is safe for equal keys
+/// too, but which of them would win is not the twin's request order).
+pub fn create_segments(requests: &[CreateEntry<'_>], capacity_bytes: usize) -> Vec<(usize, usize)> {
+    let mut result = Vec::new();
+    // A command holds some tens of thousands of creates: sized for that, a fast hash.
+    let room = requests.len().min(1 << 16);
+    let mut entries: rustc_hash::FxHashSet<(u64, &[u8])> = rustc_hash::FxHashSet::default();
+    let mut parents: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
+    let mut children: rustc_hash::FxHashSet<u64> = rustc_hash::FxHashSet::default();
+    entries.reserve(room);
+    children.reserve(room);
+    let (mut start, mut request_bytes, mut answer_bytes) = (0, 0, 0);
+    for (index, (request, (request_size, answer_size))) in requests.iter().zip(create_sizes(requests)).enumerate() {
+        let child = request.attributes.inode;
+        let conflict = entries.contains(&(request.parent, request.name))
+            || children.contains(&request.parent)
+            || children.contains(&child)
+            || parents.contains(&child);
+        let grown = Layout::new(request_bytes + request_size, answer_bytes + answer_size);
+        if index > start && (conflict || grown.total_bytes() > capacity_bytes) {
+            result.push((start, index));
+            (start, request_bytes, answer_bytes) = (index, 0, 0);
+            entries.clear();
+            parents.clear();
+            children.clear();
+        }
+        assert!(Layout::new(request_size, answer_size).total_bytes() <= capacity_bytes, "a create fits a command");
+        request_bytes += request_size;
+        answer_bytes += answer_size;
+        entries.insert((request.parent, request.name));
+        parents.insert(request.parent);
+        children.insert(child);
+    }
+    if requests.len() > start {
+        result.push((start, requests.len()));
+    }
+    result
+}
+
 // ---------------------------------------------------------------- answers
 
 /// Decodes one answer per element of `out` (memory the caller owns, maybe uninitialised) with
@@ -760,6 +857,58 @@ pub fn list_result(complete: bool, entries: Vec<(Vec<u8>, u64)>) -> ListResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A create command never holds two requests of one key, a request and the parent it
+    /// creates, or one new inode twice; the cuts keep the order and cover the batch.
+    #[test]
+    fn create_segments_cut_before_every_dependency() {
+        let file = |inode: u64| IndexAttributes::new(inode, IndexKind::File, 0o644);
+        let directory = |inode: u64| IndexAttributes::new(inode, IndexKind::Directory, 0o755);
+        let requests = [
+            CreateEntry { parent: 2, name: b"a", attributes: file(10) },
+            CreateEntry { parent: 2, name: b"b", attributes: directory(11) },
+            CreateEntry { parent: 3, name: b"a", attributes: file(12) },
+            CreateEntry { parent: 2, name: b"a", attributes: file(13) },
+            CreateEntry { parent: 11, name: b"c", attributes: file(14) },
+            CreateEntry { parent: 14, name: b"d", attributes: file(15) },
+            CreateEntry { parent: 15, name: b"e", attributes: file(16) },
+        ];
+        assert_eq!(create_segments(&requests, 1 << 20), [(0, 3), (3, 5), (5, 6), (6, 7)]);
+        let mut buffer = vec![0u8; 4096];
+        let layout = encode_creates(&requests[..2], &mut buffer);
+        assert_eq!(layout.request_bytes, 2 * (CREATE_RECORD_BYTES + 8 + ATTRIBUTES_BYTES));
+        assert_eq!(
+            get_u64(&buffer, CREATE_RECORD_BYTES + 16) as usize,
+            2 * CREATE_RECORD_BYTES + 8 + ATTRIBUTES_BYTES + 8
+        );
+        // Small buffers cut by size as well, and every cut fits.
+        let many: Vec<CreateEntry<'_>> =
+            (0..100).map(|i| CreateEntry { parent: 2, name: b"same-length", attributes: file(100 + i) }).collect();
+        let names: Vec<Vec<u8>> = (0..100).map(|i| format!("n{i:03}").into_bytes()).collect();
+        let many: Vec<CreateEntry<'_>> =
+            many.iter().zip(&names).map(|(request, name)| CreateEntry { name, ..*request }).collect();
+        let cuts = create_segments(&many, 2048);
+        assert!(cuts.len() > 1 && cuts.windows(2).all(|pair| pair[0].1 == pair[1].0) && cuts.last().unwrap().1 == 100);
+        for (start, end) in cuts {
+            assert!(
+                Layout::new(create_sizes(&many[start..end]).map(|(r, _)| r).sum(), (end - start) * CREATE_ANSWER_BYTES)
+                    .total_bytes()
+                    <= 2048
+            );
+        }
+        let mut answers = vec![0u8; 2 * CREATE_ANSWER_BYTES];
+        answers[..4].copy_from_slice(&STATUS_EXISTS.to_le_bytes());
+        answers[8..16].copy_from_slice(&12u64.to_le_bytes());
+        answers[16..20].copy_from_slice(&STATUS_CREATED.to_le_bytes());
+        let decoded = decoded(2, |out| decode_creates_into(&answers, out)).unwrap();
+        assert_eq!(decoded, [CreateResult::Exists(12), CreateResult::Created]);
+        answers[16..20].copy_from_slice(&STATUS_NEEDS_CPU.to_le_bytes());
+        assert!(decoded_creates_fail(&answers));
+    }
+
+    fn decoded_creates_fail(answers: &[u8]) -> bool {
+        decoded::<CreateResult>(2, |out| decode_creates_into(answers, out)).is_err()
+    }
     use crate::dirindex::{CpuDirectoryIndex, Credentials, DirectoryIndex};
 
     fn attributes(inode: u64) -> IndexAttributes {
