@@ -4,7 +4,7 @@
 //!
 //! This module owns the choice of transport ([`FuseTransport`], with why it was made), the
 //! kernel ABI ([`abi`]) and the queue threads ([`queue`]). It decodes nothing itself: each
-//! request's bytes go to fuser's dispatcher (the fork in `crates/tandem-fuse/fuser`), which calls
+//! request's bytes go to fuser's dispatcher (the fork in `vendor/fuser`), which calls
 //! the same adapter method a request read from /dev/fuse reaches.
 
 pub(crate) mod abi;
