@@ -252,6 +252,18 @@ fn image_in_use_is_refused() {
     // stat takes no lock and still works.
     assert_eq!(tandem(&["stat", text(&image)]).status.code(), Some(0));
     drop(holder);
+    // Another test's child, forked while `holder` was open, holds a copy of it (and so the
+    // lock) until its exec closes it: wait until the lock is free, a few seconds at most.
+    let free = (0..500).any(|_| {
+        let probe = std::fs::File::open(&image).unwrap();
+        // SAFETY: flock on a descriptor we own; closing it releases the lock.
+        let taken = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&probe), libc::LOCK_EX | libc::LOCK_NB) };
+        if taken != 0 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        taken == 0
+    });
+    assert!(free, "the image stayed locked after its holder closed it");
     assert_eq!(tandem(&["fsck", text(&image)]).status.code(), Some(0));
 }
 
