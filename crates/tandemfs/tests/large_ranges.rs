@@ -28,18 +28,25 @@ fn open(image: &ScratchImage, create_size_bytes: Option<u64>) -> Arc<dyn Device>
     Arc::new(FileDevice::open(&image.0, options).unwrap())
 }
 
-#[test]
-fn a_fallocate_larger_than_the_log_can_image_at_once_is_made_in_pieces() {
-    let image = ScratchImage(std::env::temp_dir().join(format!("tandem-large-ranges-{}.img", std::process::id())));
-    // The largest volume the smallest log may have (its checkpoints must hold the whole block
-    // bitmap): its reserve holds about 430 images, and 6 GiB of data blocks touch 3,000
-    // generation-table blocks and 1,500 checksum-table blocks.
-    let volume_bytes: u64 = 12 << 30;
-    let allocated_bytes: u64 = 6 << 30;
-    let device = open(&image, Some(volume_bytes));
+/// The largest volume the smallest log may have (its checkpoints must hold the whole block
+/// bitmap): the log's reserve holds about 430 images, and 6 GiB of data blocks touch 3,000
+/// generation-table blocks and 1,500 checksum-table blocks.
+const VOLUME_BYTES: u64 = 12 << 30;
+
+/// A fresh 12 GiB volume with a 4 MiB log in `name`, mounted.
+fn small_log_volume(name: &str) -> (ScratchImage, Arc<dyn Device>, FileSystem) {
+    let image = ScratchImage(std::env::temp_dir().join(format!("tandem-{name}-{}.img", std::process::id())));
+    let device = open(&image, Some(VOLUME_BYTES));
     let format = FormatOptions { inode_count: Some(4096), log_bytes: Some(4 << 20), ..FormatOptions::default() };
     FileSystem::format(device.clone(), &format).unwrap();
     let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    (image, device, fs)
+}
+
+#[test]
+fn a_fallocate_larger_than_the_log_can_image_at_once_is_made_in_pieces() {
+    let allocated_bytes: u64 = 6 << 30;
+    let (image, device, fs) = small_log_volume("large-ranges");
     let file = fs.create(ROOT_INODE, b"big", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
     fs.allocate(file, 0, allocated_bytes, false).unwrap();
     fs.checkpoint().unwrap();
@@ -60,13 +67,8 @@ fn a_fallocate_larger_than_the_log_can_image_at_once_is_made_in_pieces() {
 
 #[test]
 fn a_file_larger_than_the_log_can_image_at_once_is_punched_truncated_and_deleted() {
-    let image = ScratchImage(std::env::temp_dir().join(format!("tandem-large-frees-{}.img", std::process::id())));
-    let volume_bytes: u64 = 12 << 30;
     let allocated_bytes: u64 = 9 << 30;
-    let device = open(&image, Some(volume_bytes));
-    let format = FormatOptions { inode_count: Some(4096), log_bytes: Some(4 << 20), ..FormatOptions::default() };
-    FileSystem::format(device.clone(), &format).unwrap();
-    let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    let (image, device, fs) = small_log_volume("large-frees");
     let mut files = Vec::new();
     for name in [&b"punched"[..], b"truncated", b"deleted"] {
         let file = fs.create(ROOT_INODE, name, FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
