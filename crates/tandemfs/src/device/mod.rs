@@ -1,8 +1,10 @@
 //! `device`: where bytes live. A [`Device`] reads and writes at byte offsets, flushes, and accepts
 //! batches of asynchronous requests. Implementations: [`FileDevice`] (regular file or block
-//! device, io_uring with O_DIRECT where allowed, else pread/pwrite/fdatasync) and [`MemoryDevice`] (RAM, models crashes and injects errors).
+//! device, io_uring with O_DIRECT where allowed, else pread/pwrite/fdatasync), [`MemoryDevice`] (RAM, models crashes and injects errors)
+//! and [`array::ArrayDevice`] (k + m members with Reed–Solomon parity, docs/RAID.md).
 //! Nothing here knows about blocks, files or directories.
 
+pub mod array;
 mod file;
 mod gate;
 mod memory;
