@@ -4,6 +4,7 @@
 //! Every failure becomes one line on stderr and an exit code from `error.rs`; nothing here may
 //! panic on bad input, because scripts and the test suite read both.
 
+mod array;
 mod bench;
 mod commands;
 mod error;

@@ -1,0 +1,129 @@
+//! Erasure-coded arrays at the command line (docs/RAID.md): where a command takes an image, it
+//! also takes an array's members as a comma-separated list, or any one member (the others are
+//! found beside it, in the same directory). Assembly's refusals become one line each.
+
+use crate::error::{describe, CliError, CliResult};
+use crate::image::{self, Access};
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tandemfs::device::array::{self, header, ArrayDevice, Member};
+use tandemfs::device::Device;
+
+/// Directory entries looked at when the other members are searched beside one member.
+const SIBLINGS_LOOKED_AT_MAX: usize = 4096;
+
+/// The paths of a comma-separated list; a path without a comma is a list of one.
+pub fn split_list(text: &Path) -> Vec<PathBuf> {
+    text.to_string_lossy().split(',').filter(|part| !part.is_empty()).map(PathBuf::from).collect()
+}
+
+/// The array header of the file at `path`, read without the engine (for the sibling search and
+/// the check of a single path): `None` when it is no member or cannot be read.
+fn member_header_of(path: &Path) -> Option<header::MemberHeader> {
+    let mut bytes = vec![0u8; 2 * header::HEADER_BYTES];
+    let mut file = std::fs::File::open(path).ok()?;
+    file.read_exact(&mut bytes).ok()?;
+    bytes
+        .chunks_exact(header::HEADER_BYTES)
+        .filter_map(|copy| header::MemberHeader::decode(copy).ok().flatten())
+        .max_by_key(|header| header.event)
+}
+
+/// Whether `text` names an array: a list, or one path whose first bytes are a member header.
+pub fn names_array(text: &Path) -> bool {
+    text.to_string_lossy().contains(',') || member_header_of(text).is_some()
+}
+
+/// Checks every path of a list the way a single image path is checked.
+pub fn check_paths(text: &Path) -> CliResult<()> {
+    for path in split_list(text) {
+        image::check_image_path(&path)?;
+    }
+    Ok(())
+}
+
+/// The regular files beside `path` whose header names the same array (at most
+/// `SIBLINGS_LOOKED_AT_MAX` entries looked at), `path` first.
+fn with_siblings(path: &Path) -> Vec<PathBuf> {
+    let mut paths = vec![path.to_path_buf()];
+    let Some(header) = member_header_of(path) else { return paths };
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Ok(entries) = std::fs::read_dir(&directory) else { return paths };
+    let own = std::fs::metadata(path).ok().map(|metadata| (metadata.dev(), metadata.ino()));
+    for entry in entries.take(SIBLINGS_LOOKED_AT_MAX).flatten() {
+        let candidate = entry.path();
+        let Ok(metadata) = std::fs::metadata(&candidate) else { continue };
+        if !metadata.is_file() || Some((metadata.dev(), metadata.ino())) == own {
+            continue;
+        }
+        if member_header_of(&candidate).is_some_and(|other| other.array_uuid == header.array_uuid) {
+            paths.push(candidate);
+        }
+    }
+    paths
+}
+
+/// Refuses a list that names one file or device twice (by device and inode, so two names of
+/// one file are caught too).
+pub fn refuse_duplicates(paths: &[PathBuf]) -> CliResult<()> {
+    let mut seen: HashMap<(u64, u64), &Path> = HashMap::new();
+    for path in paths {
+        let Ok(metadata) = std::fs::metadata(path) else { continue };
+        let identity =
+            if metadata.file_type().is_file() { (metadata.dev(), metadata.ino()) } else { (u64::MAX, metadata.rdev()) };
+        if let Some(other) = seen.insert(identity, path) {
+            return Err(CliError::new(format!(
+                "{} and {} are the same device: each member must be a device of its own",
+                other.display(),
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Assembles the array named by `text` (a list, or one member and its siblings), each member
+/// opened with `access`. Prints what assembly found missing or resynced.
+pub fn open(text: &Path, access: Access) -> CliResult<Arc<ArrayDevice>> {
+    let listed = split_list(text);
+    let paths = if listed.len() == 1 { with_siblings(&listed[0]) } else { listed };
+    refuse_duplicates(&paths)?;
+    let mut members = Vec::with_capacity(paths.len());
+    for path in &paths {
+        let device: Arc<dyn Device> = image::open(path, access)?;
+        members.push(Member { name: path.display().to_string(), device });
+    }
+    let assembly = array::assemble(members, tandemfs::block::volume::default_accelerator())
+        .map_err(|error| CliError::new(format!("cannot assemble the array: {}", words(&error))))?;
+    for note in &assembly.notes {
+        eprintln!("array: {note}");
+    }
+    if assembly.resynced_stripes > 0 {
+        eprintln!("array: not closed cleanly; recomputed the parity of {} stripes", assembly.resynced_stripes);
+    }
+    Ok(Arc::new(assembly.device))
+}
+
+/// An engine error in the words of a one-line message (assembly's refusals are
+/// `InvalidArgument`, whose display would add "invalid argument:").
+pub fn words(error: &tandemfs::Error) -> String {
+    match error {
+        tandemfs::Error::InvalidArgument(words) => words.clone(),
+        other => describe(other),
+    }
+}
+
+/// Opens what a command was given as its volume: an array when `text` names one, else the image.
+pub fn open_volume_device(text: &Path, access: Access) -> CliResult<Arc<dyn Device>> {
+    if names_array(text) {
+        check_paths(text)?;
+        return Ok(open(text, access)?);
+    }
+    Ok(image::open(text, access)?)
+}
