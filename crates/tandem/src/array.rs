@@ -2,7 +2,7 @@
 //! also takes an array's members as a comma-separated list, or any one member (the others are
 //! found beside it, in the same directory). Assembly's refusals become one line each.
 
-use crate::error::{describe, CliError, CliResult};
+use crate::error::{describe, CliError, CliResult, EXIT_PROBLEMS_FOUND, EXIT_SUCCESS};
 use crate::image::{self, Access};
 use std::collections::HashMap;
 use std::io::Read;
@@ -126,4 +126,55 @@ pub fn open_volume_device(text: &Path, access: Access) -> CliResult<Arc<dyn Devi
         return Ok(open(text, access)?);
     }
     Ok(image::open(text, access)?)
+}
+
+#[derive(clap::Args)]
+pub struct StatusArguments {
+    /// The array: its members as a comma-separated list, or any one member (the others are
+    /// looked for in its directory)
+    pub members: PathBuf,
+}
+
+/// `tandem status`: the array's shape and each slot's health, read without writing anything
+/// (no lock either, so a mounted array may be looked at). Exit 0 when every member is present,
+/// 1 when some are missing or stale.
+pub fn run_status(arguments: StatusArguments) -> CliResult<i32> {
+    let array = open(&arguments.members, Access::LOOK)?;
+    let geometry = array.geometry();
+    println!(
+        "array {}: {} devices, {} data + {} parity, stripe unit {} bytes, {} stripes, {}",
+        hex(&array.array_uuid()),
+        geometry.member_count,
+        geometry.data_count(),
+        geometry.parity_count,
+        geometry.stripe_unit_bytes,
+        geometry.stripe_count,
+        match array.state() {
+            array::ArrayState::Clean => "clean",
+            array::ArrayState::Dirty => "dirty (in use, or not closed cleanly)",
+        }
+    );
+    let statistics = array.statistics();
+    for slot in &statistics.slots {
+        match (&slot.missing, &slot.missing_reason) {
+            (false, _) => println!("  slot {}: {}: ok", slot.slot, slot.name),
+            (true, Some(reason)) => println!("  slot {}: missing: {reason}", slot.slot),
+            (true, None) => println!("  slot {}: missing", slot.slot),
+        }
+    }
+    let missing = statistics.slots.iter().filter(|slot| slot.missing).count();
+    if missing == 0 {
+        Ok(EXIT_SUCCESS)
+    } else {
+        println!(
+            "  degraded: {missing} of {} members missing; {} more may be lost",
+            geometry.member_count,
+            geometry.parity_count.saturating_sub(missing)
+        );
+        Ok(EXIT_PROBLEMS_FOUND)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }

@@ -41,6 +41,8 @@ enum Command {
     Fsck(commands::fsck::FsckArguments),
     /// Show a volume's geometry, usage and log state
     Stat(commands::stat::StatArguments),
+    /// Show an erasure-coded array's shape and each member's health (exit 1 when degraded)
+    Status(array::StatusArguments),
     /// Add, remove or change a passphrase or key file of an encrypted volume (its key slots)
     Key(commands::key::KeyArguments),
     /// Mount a volume with FUSE (foreground, or in the background with -d)
@@ -94,6 +96,7 @@ fn run(cli: Cli) -> CliResult<i32> {
         Command::Mkfs(arguments) => commands::mkfs::run(arguments),
         Command::Fsck(arguments) => commands::fsck::run(arguments),
         Command::Stat(arguments) => commands::stat::run(arguments),
+        Command::Status(arguments) => array::run_status(arguments),
         Command::Key(arguments) => commands::key::run(arguments),
         Command::Mount(arguments) => commands::mount::run_mount(arguments),
         Command::Umount(arguments) => commands::mount::run_umount(arguments),
@@ -160,7 +163,10 @@ fn parse_arguments() -> Cli {
 
 impl Cli {
     fn command_names() -> Vec<&'static str> {
-        vec!["mkfs", "fsck", "stat", "key", "mount", "umount", "unmount", "insert", "collapse", "demo", "bench"]
+        vec![
+            "mkfs", "fsck", "stat", "status", "key", "mount", "umount", "unmount", "insert", "collapse", "demo",
+            "bench",
+        ]
     }
 }
 

@@ -194,6 +194,11 @@ impl ArrayDevice {
         self.array_uuid
     }
 
+    /// Whether the headers say the array is in use or was not closed cleanly (dirty).
+    pub fn state(&self) -> ArrayState {
+        self.header.lock().state
+    }
+
     /// Slots missing now (absent, stale, or failed while running), ascending.
     pub fn missing_slots(&self) -> Vec<usize> {
         (0..self.geometry.member_count).filter(|&slot| self.missing[slot].load(Ordering::Acquire)).collect()
