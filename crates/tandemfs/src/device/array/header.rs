@@ -208,8 +208,12 @@ pub fn read_header(device: &dyn Device) -> Result<Found> {
     for copy in bytes.chunks_exact(HEADER_BYTES) {
         magic_seen |= &copy[..8] == MAGIC;
         match MemberHeader::decode(copy) {
-            Ok(Some(header)) if best.as_ref().map_or(true, |b| header.event > b.event) => best = Some(header),
-            Ok(_) => {}
+            Ok(Some(header)) => {
+                if !matches!(&best, Some(kept) if kept.event >= header.event) {
+                    best = Some(header);
+                }
+            }
+            Ok(None) => {}
             Err(error) => problem = Some(error.to_string()),
         }
     }
