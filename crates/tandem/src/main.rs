@@ -43,6 +43,8 @@ enum Command {
     Stat(commands::stat::StatArguments),
     /// Show an erasure-coded array's shape and each member's health (exit 1 when degraded)
     Status(array::StatusArguments),
+    /// Check every stripe's parity of an unmounted array against its data (--repair rewrites wrong blocks)
+    Scrub(array::ScrubArguments),
     /// Add, remove or change a passphrase or key file of an encrypted volume (its key slots)
     Key(commands::key::KeyArguments),
     /// Mount a volume with FUSE (foreground, or in the background with -d)
@@ -97,6 +99,7 @@ fn run(cli: Cli) -> CliResult<i32> {
         Command::Fsck(arguments) => commands::fsck::run(arguments),
         Command::Stat(arguments) => commands::stat::run(arguments),
         Command::Status(arguments) => array::run_status(arguments),
+        Command::Scrub(arguments) => array::run_scrub(arguments),
         Command::Key(arguments) => commands::key::run(arguments),
         Command::Mount(arguments) => commands::mount::run_mount(arguments),
         Command::Umount(arguments) => commands::mount::run_umount(arguments),
@@ -164,8 +167,8 @@ fn parse_arguments() -> Cli {
 impl Cli {
     fn command_names() -> Vec<&'static str> {
         vec![
-            "mkfs", "fsck", "stat", "status", "key", "mount", "umount", "unmount", "insert", "collapse", "demo",
-            "bench",
+            "mkfs", "fsck", "stat", "status", "scrub", "key", "mount", "umount", "unmount", "insert", "collapse",
+            "demo", "bench",
         ]
     }
 }
