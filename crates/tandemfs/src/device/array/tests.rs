@@ -327,3 +327,51 @@ fn bad_shapes_and_sizes_are_refused_before_anything_is_written() {
     assert!(error.contains("must be the same size"), "{error}");
     assert!(devices.iter().all(|device| device.to_bytes().iter().all(|&byte| byte == 0)));
 }
+
+/// The GPU twin: the same writes through an accelerator that runs every Reed–Solomon request on
+/// the GPU and through the CPU engine leave identical member bytes, and degraded reads agree.
+/// Skipped, saying so, where no GPU is found.
+#[test]
+fn gpu_and_cpu_engines_leave_identical_members() {
+    use tandem_accel::{Mode, RuntimeConfig};
+    let gpu =
+        Arc::new(Accelerator::new(RuntimeConfig { mode: Mode::Gpu, calibrate: false, ..RuntimeConfig::default() }));
+    if !gpu.has_gpu() {
+        println!("skipped: no GPU ({})", gpu.describe().trim());
+        return;
+    }
+    let cpu = Arc::new(Accelerator::new(RuntimeConfig { mode: Mode::Cpu, ..RuntimeConfig::default() }));
+    let mut seed_source = SmallRng::from_entropy();
+    let seed: u64 = seed_source.gen();
+    let mut arrays = Vec::new();
+    for accelerator in [gpu, cpu] {
+        let (devices, members) = memory_members(6, false);
+        let options = CreateOptions { parity_count: 3, stripe_unit_bytes: UNIT, initialize_parity: false };
+        let array = create(members, &options, accelerator).unwrap();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let stripe_bytes = array.geometry().stripe_data_bytes();
+        for _ in 0..200 {
+            let (offset, length) = random_range(&mut rng, array.size_bytes(), stripe_bytes);
+            array.write_at(offset, &random_bytes(&mut rng, length)).unwrap();
+        }
+        arrays.push((devices, array));
+    }
+    for slot in 0..6 {
+        let gpu_bytes = arrays[0].0[slot].to_bytes();
+        let cpu_bytes = arrays[1].0[slot].to_bytes();
+        assert!(
+            gpu_bytes[DATA_START_BYTES as usize..] == cpu_bytes[DATA_START_BYTES as usize..],
+            "seed {seed}: slot {slot}"
+        );
+    }
+    let mut reads = Vec::new();
+    for (devices, array) in &arrays {
+        for slot in [0, 2, 5] {
+            kill(&devices[slot]);
+        }
+        let mut whole = vec![0u8; array.size_bytes() as usize];
+        array.read_at(0, &mut whole).unwrap();
+        reads.push(whole);
+    }
+    assert!(reads[0] == reads[1], "seed {seed}: degraded reads differ");
+}
