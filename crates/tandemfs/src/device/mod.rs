@@ -114,6 +114,16 @@ pub trait Device: Send + Sync {
     fn decrypts(&self) -> bool {
         false
     }
+    /// Reads like `read_at`, then asks `check` (the volume's checksum of what was read) whether
+    /// the bytes are right. A device with redundancy (`array::ArrayDevice`) that is told no
+    /// rebuilds the range from its other copies, one member left out at a time, returns the
+    /// first version `check` accepts and rewrites the member that was wrong (self-healing,
+    /// docs/RAID.md). `Ok(true)`: `buffer` holds bytes `check` accepted; `Ok(false)`: none were,
+    /// and `buffer` holds what was read. The default reads once.
+    fn read_checked(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        self.read_at(offset, buffer)?;
+        Ok(check(buffer))
+    }
     /// Submits a batch; requests run in order. The default runs them synchronously.
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
         IoTicket::ready(run_batch(self, batch))

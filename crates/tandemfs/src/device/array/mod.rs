@@ -81,6 +81,8 @@ pub struct ArrayStatistics {
     pub slots: Vec<SlotStatistics>,
     /// Bytes of missing shards rebuilt from the others (reads and read-modify-writes).
     pub reconstructed_bytes: u64,
+    /// Bytes a checked read found wrong on a member, rebuilt from the others and rewrote.
+    pub healed_bytes: u64,
 }
 
 /// What `scrub` found.
@@ -140,6 +142,7 @@ pub struct ArrayDevice {
     stripe_locks: Vec<Mutex<()>>,
     counters: Vec<SlotCounters>,
     reconstructed_bytes: AtomicU64,
+    healed_bytes: AtomicU64,
 }
 
 /// One piece of a logical request: a byte range of one unit.
@@ -183,6 +186,7 @@ impl ArrayDevice {
             missing_count: AtomicUsize::new(missing_count),
             stripe_locks: (0..STRIPE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             reconstructed_bytes: AtomicU64::new(0),
+            healed_bytes: AtomicU64::new(0),
         })
     }
 
@@ -224,6 +228,7 @@ impl ArrayDevice {
                 })
                 .collect(),
             reconstructed_bytes: self.reconstructed_bytes.load(Ordering::Relaxed),
+            healed_bytes: self.healed_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -465,6 +470,85 @@ impl ArrayDevice {
         Err(self.lost_error())
     }
 
+    /// Rows `rows` of `shard` of `stripe` rebuilt from k present shards other than the one on
+    /// `excluded_slot`: what that member's bytes should be, were they wrong. `Ok(None)` when k
+    /// such shards are not there, or one failed while read. The caller holds the stripe's lock.
+    fn rebuild_without(
+        &self,
+        stripe: u64,
+        rows: Range<u64>,
+        shard: usize,
+        excluded_slot: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let geometry = &self.geometry;
+        let length = (rows.end - rows.start) as usize;
+        let sources: Vec<usize> = (0..geometry.member_count)
+            .filter(|&source| {
+                let slot = geometry.slot(stripe, source);
+                slot != excluded_slot && self.present(slot).is_some()
+            })
+            .take(geometry.data_count())
+            .collect();
+        if sources.len() < geometry.data_count() {
+            return Ok(None);
+        }
+        let mut shards = vec![vec![0u8; length]; geometry.member_count];
+        let mut present = vec![false; geometry.member_count];
+        for &source in &sources {
+            let offset = geometry.member_offset(stripe, rows.start);
+            if !self.read_member(geometry.slot(stripe, source), offset, &mut shards[source], false)? {
+                return Ok(None);
+            }
+            present[source] = true;
+        }
+        let mut views: Vec<&mut [u8]> = shards.iter_mut().map(Vec::as_mut_slice).collect();
+        self.accelerator.reed_solomon_reconstruct(&self.code, &mut views, &present).map_err(accel_error)?;
+        Ok(Some(std::mem::take(&mut shards[shard])))
+    }
+
+    /// The self-healing read (`Device::read_checked`): when `check` rejects what the members
+    /// hold, each member holding part of the range is left out in turn and its part rebuilt from
+    /// the others; the first version `check` accepts is returned and written to that member.
+    fn read_healing(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        self.read_logical(offset, buffer, false)?;
+        if check(buffer) {
+            return Ok(true);
+        }
+        let pieces = self.pieces(offset, buffer.len());
+        let mut suspects: Vec<usize> =
+            pieces.iter().map(|piece| self.geometry.slot(piece.stripe, piece.shard)).collect();
+        suspects.sort_unstable();
+        suspects.dedup();
+        let as_read = buffer.to_vec();
+        for suspect in suspects {
+            let mut candidate = as_read.clone();
+            let mut rebuilt_all = true;
+            for piece in pieces.iter().filter(|piece| self.geometry.slot(piece.stripe, piece.shard) == suspect) {
+                let _stripe = self.stripe_locks[(piece.stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+                let rows = piece.row..piece.row + piece.length as u64;
+                match self.rebuild_without(piece.stripe, rows, piece.shard, suspect)? {
+                    Some(bytes) => {
+                        candidate[piece.buffer_offset..piece.buffer_offset + piece.length].copy_from_slice(&bytes)
+                    }
+                    None => rebuilt_all = false,
+                }
+            }
+            if !rebuilt_all || !check(&candidate) {
+                continue;
+            }
+            for piece in pieces.iter().filter(|piece| self.geometry.slot(piece.stripe, piece.shard) == suspect) {
+                let _stripe = self.stripe_locks[(piece.stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+                let bytes = &candidate[piece.buffer_offset..piece.buffer_offset + piece.length];
+                self.ensure_dirty()?;
+                self.write_member(suspect, self.geometry.member_offset(piece.stripe, piece.row), bytes)?;
+                self.healed_bytes.fetch_add(piece.length as u64, Ordering::Relaxed);
+            }
+            buffer.copy_from_slice(&candidate);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     fn write_logical(&self, offset: u64, data: &[u8]) -> Result<()> {
         check_range(self.size_bytes(), offset, data.len(), "write")?;
         if data.is_empty() {
@@ -686,6 +770,13 @@ impl Device for ArrayDevice {
     }
     fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
         self.read_logical(offset, buffer, true)
+    }
+    fn read_checked(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        if self.is_read_only() {
+            self.read_logical(offset, buffer, false)?;
+            return Ok(check(buffer));
+        }
+        self.read_healing(offset, buffer, check)
     }
 }
 
