@@ -23,6 +23,11 @@ pub fn split_list(text: &Path) -> Vec<PathBuf> {
 /// The array header of the file at `path`, read without the engine (for the sibling search and
 /// the check of a single path): `None` when it is no member or cannot be read.
 fn member_header_of(path: &Path) -> Option<header::MemberHeader> {
+    // Only files and block devices are opened: opening a FIFO would wait for a writer.
+    let metadata = std::fs::metadata(path).ok()?;
+    if !metadata.is_file() && !std::os::unix::fs::FileTypeExt::is_block_device(&metadata.file_type()) {
+        return None;
+    }
     let mut bytes = vec![0u8; 2 * header::HEADER_BYTES];
     let mut file = std::fs::File::open(path).ok()?;
     file.read_exact(&mut bytes).ok()?;
