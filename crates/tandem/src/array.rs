@@ -60,14 +60,18 @@ fn with_siblings(path: &Path) -> Vec<PathBuf> {
         _ => PathBuf::from("."),
     };
     let Ok(entries) = std::fs::read_dir(&directory) else { return paths };
-    let own = std::fs::metadata(path).ok().map(|metadata| (metadata.dev(), metadata.ino()));
+    // Each file once, under whichever name is met first (a hard link is the same member).
+    let mut seen: Vec<(u64, u64)> =
+        std::fs::metadata(path).ok().map(|metadata| (metadata.dev(), metadata.ino())).into_iter().collect();
     for entry in entries.take(SIBLINGS_LOOKED_AT_MAX).flatten() {
         let candidate = entry.path();
         let Ok(metadata) = std::fs::metadata(&candidate) else { continue };
-        if !metadata.is_file() || Some((metadata.dev(), metadata.ino())) == own {
+        let identity = (metadata.dev(), metadata.ino());
+        if !metadata.is_file() || seen.contains(&identity) {
             continue;
         }
         if member_header_of(&candidate).is_some_and(|other| other.array_uuid == header.array_uuid) {
+            seen.push(identity);
             paths.push(candidate);
         }
     }
@@ -227,5 +231,98 @@ pub fn run_scrub(arguments: ScrubArguments) -> CliResult<i32> {
         Ok(crate::error::EXIT_PROBLEMS_REMAIN)
     } else {
         Ok(EXIT_PROBLEMS_FOUND)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct RebuildArguments {
+    /// The array: its members as a comma-separated list, or any one member
+    pub members: PathBuf,
+    /// The missing slot to rebuild (`tandem status` lists them)
+    #[arg(long)]
+    pub slot: usize,
+    /// The new member: an image file to create (its size is the array's member size), or with
+    /// --force an existing file or block device at least that large
+    #[arg(long, value_name = "NEW")]
+    pub device: PathBuf,
+    /// Use an existing file or block device as the new member, overwriting it
+    #[arg(long, short = 'f')]
+    pub force: bool,
+}
+
+/// `tandem rebuild`: a missing or stale slot of an unmounted array rebuilt onto a new device,
+/// with progress and throughput on stderr; the new member joins the array only once all of it
+/// is written and flushed.
+pub fn run_rebuild(arguments: RebuildArguments) -> CliResult<i32> {
+    let new_path = arguments.device.as_path();
+    let exists = new_path.exists();
+    if exists && !arguments.force {
+        return Err(CliError::new(format!(
+            "{} exists; give a new path, or --force to overwrite it",
+            new_path.display()
+        )));
+    }
+    let mut every = split_list(&arguments.members);
+    every.push(new_path.to_path_buf());
+    refuse_duplicates(&every)?;
+    let array = open(&arguments.members, Access::WRITE)?;
+    let array = Arc::try_unwrap(array).map_err(|_| CliError::new("the array is shared; nothing was rebuilt"))?;
+    let geometry = array.geometry();
+    if !array.missing_slots().contains(&arguments.slot) {
+        return Err(CliError::new(format!(
+            "slot {} is not missing (missing: {:?}); nothing to rebuild",
+            arguments.slot,
+            array.missing_slots()
+        )));
+    }
+    let member_bytes = header::DATA_START_BYTES + geometry.stripe_count * geometry.stripe_unit_bytes;
+    if !exists {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(new_path)
+            .map_err(|error| CliError::new(format!("cannot create {}: {error}", new_path.display())))?;
+        if let Err(error) = file.set_len(member_bytes) {
+            let _ = std::fs::remove_file(new_path);
+            return Err(CliError::new(format!("cannot size {}: {error}", new_path.display())));
+        }
+    }
+    let device: Arc<dyn Device> = image::open(new_path, Access::WRITE)?;
+    let replacement = Member { name: new_path.display().to_string(), device };
+    let started = std::time::Instant::now();
+    let mut shown_tenths = 0;
+    let unit_bytes = geometry.stripe_unit_bytes;
+    let result = array.rebuild_onto(arguments.slot, replacement, &mut |done, total| {
+        let tenths = done * 10 / total;
+        if tenths > shown_tenths {
+            shown_tenths = tenths;
+            let seconds = started.elapsed().as_secs_f64().max(1e-6);
+            eprintln!(
+                "rebuild: {}% ({done} of {total} stripes, {:.1} MiB/s)",
+                tenths * 10,
+                (done * unit_bytes) as f64 / seconds / (1 << 20) as f64
+            );
+        }
+    });
+    match result {
+        Ok(rebuilt) => {
+            let seconds = started.elapsed().as_secs_f64();
+            println!(
+                "rebuilt slot {} onto {}: {} in {:.1} s ({:.1} MiB/s); {} slots still missing",
+                arguments.slot,
+                new_path.display(),
+                crate::size::format_bytes(geometry.stripe_count * unit_bytes),
+                seconds,
+                (geometry.stripe_count * unit_bytes) as f64 / seconds.max(1e-6) / (1 << 20) as f64,
+                rebuilt.missing_slots().len()
+            );
+            Ok(EXIT_SUCCESS)
+        }
+        Err(error) => {
+            if !exists {
+                let _ = std::fs::remove_file(new_path);
+            }
+            Err(CliError::new(format!("cannot rebuild slot {}: {}", arguments.slot, words(&error))))
+        }
     }
 }

@@ -45,6 +45,8 @@ enum Command {
     Status(array::StatusArguments),
     /// Check every stripe's parity of an unmounted array against its data (--repair rewrites wrong blocks)
     Scrub(array::ScrubArguments),
+    /// Rebuild a missing slot of an unmounted array onto a new device
+    Rebuild(array::RebuildArguments),
     /// Add, remove or change a passphrase or key file of an encrypted volume (its key slots)
     Key(commands::key::KeyArguments),
     /// Mount a volume with FUSE (foreground, or in the background with -d)
@@ -100,6 +102,7 @@ fn run(cli: Cli) -> CliResult<i32> {
         Command::Stat(arguments) => commands::stat::run(arguments),
         Command::Status(arguments) => array::run_status(arguments),
         Command::Scrub(arguments) => array::run_scrub(arguments),
+        Command::Rebuild(arguments) => array::run_rebuild(arguments),
         Command::Key(arguments) => commands::key::run(arguments),
         Command::Mount(arguments) => commands::mount::run_mount(arguments),
         Command::Umount(arguments) => commands::mount::run_umount(arguments),
@@ -167,8 +170,8 @@ fn parse_arguments() -> Cli {
 impl Cli {
     fn command_names() -> Vec<&'static str> {
         vec![
-            "mkfs", "fsck", "stat", "status", "scrub", "key", "mount", "umount", "unmount", "insert", "collapse",
-            "demo", "bench",
+            "mkfs", "fsck", "stat", "status", "scrub", "rebuild", "key", "mount", "umount", "unmount", "insert",
+            "collapse", "demo", "bench",
         ]
     }
 }

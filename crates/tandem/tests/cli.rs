@@ -1094,4 +1094,17 @@ fn arrays_from_mkfs_to_a_degraded_fsck_and_every_refusal() {
     assert_eq!(made.status.code(), Some(0), "{}", stderr(&made));
     let mixed = format!("{},{}", text(&names[0]), text(&other[0]));
     assert_one_line_failure(&tandem(&["fsck", &mixed]), "give the members of one array");
+    // A member lost for good, rebuilt onto a new image: the array is whole again.
+    std::fs::remove_file(&names[4]).unwrap();
+    let replacement = scratch.join("e2.img");
+    let rebuilt = tandem(&["rebuild", text(&names[0]), "--slot", "4", "--device", text(&replacement)]);
+    assert_eq!(rebuilt.status.code(), Some(0), "{}", stderr(&rebuilt));
+    assert!(stdout(&rebuilt).contains("0 slots still missing"), "{}", stdout(&rebuilt));
+    assert_one_line_failure(
+        &tandem(&["rebuild", text(&names[0]), "--slot", "4", "--device", text(&scratch.join("e3.img"))]),
+        "not missing",
+    );
+    assert_eq!(tandem(&["status", text(&names[0])]).status.code(), Some(0));
+    let checked = tandem(&["fsck", text(&replacement)]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
 }

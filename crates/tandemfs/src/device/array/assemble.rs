@@ -40,7 +40,7 @@ pub struct Assembly {
     pub notes: Vec<String>,
 }
 
-fn random_uuid() -> Result<[u8; 16]> {
+pub(super) fn random_uuid() -> Result<[u8; 16]> {
     let mut uuid = [0u8; 16];
     getrandom::getrandom(&mut uuid).map_err(|error| Error::invalid(format!("no random bytes: {error}")))?;
     Ok(uuid)
@@ -163,6 +163,14 @@ pub fn assemble(members: Vec<Member>, accelerator: Arc<Accelerator>) -> Result<A
             )));
         }
         let slot = header.slot;
+        // A member replaced by a rebuild may still lie beside its successor: it claims nothing.
+        if header.member_uuid != newest.member_uuids[slot] {
+            if slots[slot].is_none() {
+                reasons[slot] =
+                    Some(format!("{} was replaced in slot {slot} (its uuid is not the array's)", member.name));
+            }
+            continue;
+        }
         if let Some(other) = &slots[slot] {
             return Err(Error::invalid(format!("{} and {} both claim slot {slot}", other.name, member.name)));
         }
@@ -174,9 +182,7 @@ pub fn assemble(members: Vec<Member>, accelerator: Arc<Accelerator>) -> Result<A
                 member.device.size_bytes()
             )));
         }
-        if header.member_uuid != newest.member_uuids[slot] {
-            reasons[slot] = Some(format!("{} was replaced in slot {slot} (its uuid is not the array's)", member.name));
-        } else if newest.missing_slots & (1u64 << slot) != 0 {
+        if newest.missing_slots & (1u64 << slot) != 0 {
             reasons[slot] = Some(format!("{} is stale: it was missing when the array was last written", member.name));
         } else {
             reasons[slot] = None;

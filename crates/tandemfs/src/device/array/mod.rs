@@ -549,6 +549,82 @@ impl ArrayDevice {
         Ok(false)
     }
 
+    /// Rebuilds missing `slot` onto `replacement` while nothing else uses the array (offline):
+    /// every stripe's unit of that slot rebuilt from k others and written, the replacement
+    /// flushed, and only then a new member uuid for the slot and its missing bit cleared in every
+    /// member's header. A crash before that leaves the replacement without a header (no member)
+    /// and the array as it was. `progress(stripes_done, stripe_count)` is called as it goes.
+    pub fn rebuild_onto(
+        self,
+        slot: usize,
+        replacement: assemble::Member,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<ArrayDevice> {
+        let geometry = self.geometry;
+        if slot >= geometry.member_count || !self.missing[slot].load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("slot {slot} is not a missing slot of this array")));
+        }
+        // Written through before: closed now, so that its drop below writes no old header.
+        if self.dirty.load(Ordering::Acquire) {
+            self.close()?;
+        }
+        let needed = DATA_START_BYTES + geometry.stripe_count * geometry.stripe_unit_bytes;
+        if replacement.device.size_bytes() < needed || replacement.device.is_read_only() {
+            return Err(Error::invalid(format!(
+                "{} cannot take slot {slot}: it needs {needed} writable bytes",
+                replacement.name
+            )));
+        }
+        for stripe in 0..geometry.stripe_count {
+            let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+            let shard = (0..geometry.member_count)
+                .find(|&shard| geometry.slot(stripe, shard) == slot)
+                .expect("a slot per shard");
+            let mut rebuilt = None;
+            for _try in 0..=geometry.member_count {
+                rebuilt = self.read_shard_rows(stripe, 0..geometry.stripe_unit_bytes, &[shard])?;
+                if rebuilt.is_some() {
+                    break;
+                }
+            }
+            let mut units = rebuilt.ok_or_else(|| self.lost_error())?;
+            replacement.device.write_at(geometry.member_offset(stripe, 0), &units.pop().expect("one shard asked"))?;
+            progress(stripe + 1, geometry.stripe_count);
+        }
+        let zeros = vec![0u8; (DATA_START_BYTES - 2 * header::HEADER_BYTES as u64) as usize];
+        replacement.device.write_at(2 * header::HEADER_BYTES as u64, &zeros)?;
+        replacement.device.flush()?;
+        let old = self.header.lock();
+        let mut member_uuids = old.member_uuids.clone();
+        member_uuids[slot] = assemble::random_uuid()?;
+        let state = HeaderState {
+            array_uuid: old.array_uuid,
+            member_uuids,
+            event: old.event,
+            state: old.state,
+            missing_slots: old.missing_slots & !(1u64 << slot),
+        };
+        drop(old);
+        let mut members = self.members.clone();
+        members[slot] = Some(replacement.device);
+        let mut names = self.names.clone();
+        names[slot] = replacement.name;
+        let mut reasons = self.missing_reasons.lock().clone();
+        reasons[slot] = None;
+        for (index, member) in members.iter_mut().enumerate() {
+            if self.missing[index].load(Ordering::Acquire) && index != slot {
+                *member = None;
+            }
+        }
+        let rebuilt = ArrayDevice::new(geometry, state, members, names, reasons, self.accelerator.clone())?;
+        // Both copies on the new member; the others move on by two events.
+        let mut header = rebuilt.header.lock();
+        rebuilt.write_headers(&mut header)?;
+        rebuilt.write_headers(&mut header)?;
+        drop(header);
+        Ok(rebuilt)
+    }
+
     fn write_logical(&self, offset: u64, data: &[u8]) -> Result<()> {
         check_range(self.size_bytes(), offset, data.len(), "write")?;
         if data.is_empty() {

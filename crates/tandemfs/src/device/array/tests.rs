@@ -412,3 +412,51 @@ fn a_checked_read_rebuilds_and_rewrites_a_silently_wrong_block() {
         assert_eq!(array.scrub(false).unwrap().mismatches, vec![]);
     }
 }
+
+/// A rebuild onto a fresh device gives a member identical to the lost one, and the array whole.
+#[test]
+fn a_rebuild_onto_a_fresh_device_gives_the_lost_member_back() {
+    let (devices, array) = new_array(5, 2, false);
+    let mut rng = SmallRng::seed_from_u64(21);
+    let data = random_bytes(&mut rng, array.size_bytes() as usize);
+    array.write_at(0, &data).unwrap();
+    array.close().unwrap();
+    drop(array);
+    let lost = devices[3].to_bytes();
+    let assembly =
+        assemble(as_members(&devices).into_iter().filter(|member| member.name != "m3").collect(), accelerator())
+            .unwrap();
+    let fresh = MemoryDevice::new(MEMBER_BYTES);
+    let mut calls = 0;
+    let replacement = Member { name: "fresh".into(), device: Arc::new(fresh.clone()) };
+    let rebuilt = assembly.device.rebuild_onto(3, replacement, &mut |done, total| {
+        calls += 1;
+        assert!(done <= total);
+    });
+    let rebuilt = rebuilt.unwrap();
+    assert_eq!(calls, STRIPES);
+    assert!(rebuilt.missing_slots().is_empty());
+    assert!(fresh.to_bytes()[DATA_START_BYTES as usize..] == lost[DATA_START_BYTES as usize..]);
+    drop(rebuilt);
+    // The old member is now a stranger in slot 3 (another uuid); the fresh one assembles.
+    let mut members = as_members(&devices);
+    members[3] = Member { name: "fresh".into(), device: Arc::new(fresh.clone()) };
+    let assembly = assemble(members, accelerator()).unwrap();
+    assert!(assembly.notes.is_empty(), "{:?}", assembly.notes);
+    let mut whole = vec![0u8; data.len()];
+    assembly.device.read_at(0, &mut whole).unwrap();
+    assert!(whole == data);
+    assert_eq!(assembly.device.scrub(false).unwrap().mismatches, vec![]);
+    let stale = assemble(as_members(&devices), accelerator()).unwrap();
+    assert!(stale.notes[0].contains("replaced"), "{:?}", stale.notes);
+    // The replaced member lying beside its successor, before it or after: the successor wins.
+    let mut beside = as_members(&devices);
+    beside.push(Member { name: "fresh".into(), device: Arc::new(fresh.clone()) });
+    assert!(assemble(beside.clone(), accelerator()).unwrap().notes.is_empty());
+    beside.reverse();
+    assert!(assemble(beside, accelerator()).unwrap().notes.is_empty());
+    // A slot that is not missing is refused.
+    let replacement = Member { name: "other".into(), device: Arc::new(MemoryDevice::new(MEMBER_BYTES)) };
+    let error = stale.device.rebuild_onto(0, replacement, &mut |_, _| {}).err().unwrap().to_string();
+    assert!(error.contains("not a missing slot"), "{error}");
+}
