@@ -749,6 +749,10 @@ impl ArrayDevice {
     /// the one slot whose bytes are wrong, and with `repair` rewrites them from the others.
     pub fn scrub(&self, repair: bool) -> Result<ScrubReport> {
         let geometry = self.geometry;
+        if repair {
+            // Repairs are writes like any other: a crash among them must leave the array dirty.
+            self.ensure_dirty()?;
+        }
         let mut report = ScrubReport::default();
         for stripe in 0..geometry.stripe_count {
             let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
