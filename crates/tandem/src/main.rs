@@ -4,6 +4,7 @@
 //! Every failure becomes one line on stderr and an exit code from `error.rs`; nothing here may
 //! panic on bad input, because scripts and the test suite read both.
 
+mod array;
 mod bench;
 mod commands;
 mod error;
@@ -40,6 +41,12 @@ enum Command {
     Fsck(commands::fsck::FsckArguments),
     /// Show a volume's geometry, usage and log state
     Stat(commands::stat::StatArguments),
+    /// Show an erasure-coded array's shape and each member's health (exit 1 when degraded)
+    Status(array::StatusArguments),
+    /// Check every stripe's parity of an unmounted array against its data (--repair rewrites wrong blocks)
+    Scrub(array::ScrubArguments),
+    /// Rebuild a missing slot of an unmounted array onto a new device
+    Rebuild(array::RebuildArguments),
     /// Add, remove or change a passphrase or key file of an encrypted volume (its key slots)
     Key(commands::key::KeyArguments),
     /// Mount a volume with FUSE (foreground, or in the background with -d)
@@ -93,6 +100,9 @@ fn run(cli: Cli) -> CliResult<i32> {
         Command::Mkfs(arguments) => commands::mkfs::run(arguments),
         Command::Fsck(arguments) => commands::fsck::run(arguments),
         Command::Stat(arguments) => commands::stat::run(arguments),
+        Command::Status(arguments) => array::run_status(arguments),
+        Command::Scrub(arguments) => array::run_scrub(arguments),
+        Command::Rebuild(arguments) => array::run_rebuild(arguments),
         Command::Key(arguments) => commands::key::run(arguments),
         Command::Mount(arguments) => commands::mount::run_mount(arguments),
         Command::Umount(arguments) => commands::mount::run_umount(arguments),
@@ -159,7 +169,10 @@ fn parse_arguments() -> Cli {
 
 impl Cli {
     fn command_names() -> Vec<&'static str> {
-        vec!["mkfs", "fsck", "stat", "key", "mount", "umount", "unmount", "insert", "collapse", "demo", "bench"]
+        vec![
+            "mkfs", "fsck", "stat", "status", "scrub", "rebuild", "key", "mount", "umount", "unmount", "insert",
+            "collapse", "demo", "bench",
+        ]
     }
 }
 

@@ -1052,3 +1052,78 @@ fn passphrases_are_asked_on_a_terminal() {
     let wrong = typed(&["other words"], &format!("fsck {}", text(&image)));
     assert!(wrong.contains("wrong passphrase or key file"), "{wrong}");
 }
+
+/// Arrays (docs/RAID.md): mkfs over six members, fsck and status from any one member, degraded
+/// with two gone, refused with three; and every bad input one line with nothing written.
+#[test]
+fn arrays_from_mkfs_to_a_degraded_fsck_and_every_refusal() {
+    let scratch = Scratch::new("array");
+    let names = ["a", "b", "c", "d", "e", "f"].map(|name| scratch.join(&format!("{name}.img")));
+    let list = names.iter().map(|path| text(path)).collect::<Vec<_>>().join(",");
+    let created = tandem(&["mkfs", "--devices", &list, "--parity", "2", "--size", "24M", "--stripe-unit", "16K"]);
+    assert_eq!(created.status.code(), Some(0), "{}", stderr(&created));
+    assert!(stdout(&created).contains("4 data + 2 parity"), "{}", stdout(&created));
+    let checked = tandem(&["fsck", text(&names[3])]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+    let status = tandem(&["status", text(&names[0])]);
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    assert_eq!(stdout(&status).matches(": ok").count(), 6, "{}", stdout(&status));
+    assert_eq!(tandem(&["scrub", text(&names[0])]).status.code(), Some(0));
+    // Two members away: degraded but whole. Three: refused, naming the slots.
+    let away = scratch.join("away");
+    std::fs::create_dir(&away).unwrap();
+    for index in [1, 4] {
+        std::fs::rename(&names[index], away.join(names[index].file_name().unwrap())).unwrap();
+    }
+    let degraded = tandem(&["fsck", text(&names[0])]);
+    assert_eq!(degraded.status.code(), Some(0), "{}{}", stdout(&degraded), stderr(&degraded));
+    assert!(stderr(&degraded).contains("slot 1 missing"), "{}", stderr(&degraded));
+    assert_eq!(tandem(&["status", text(&names[0])]).status.code(), Some(1));
+    std::fs::rename(&names[2], away.join("c.img")).unwrap();
+    assert_one_line_failure(&tandem(&["fsck", text(&names[0])]), "parity 2 covers at most 2");
+    for name in ["b.img", "c.img", "e.img"] {
+        std::fs::rename(away.join(name), scratch.join(name)).unwrap();
+    }
+    let before: Vec<Vec<u8>> = names.iter().map(|path| std::fs::read(path).unwrap()).collect();
+    let new = |name: &str| scratch.join(name);
+    let (x, y, z) = (new("x.img"), new("y.img"), new("z.img"));
+    let refusals = [
+        (format!("{},{}", text(&x), text(&y)), "2", "at least 3"),
+        (format!("{},{},{}", text(&x), text(&y), text(&x)), "1", "named twice"),
+        (format!("{},{},{}", text(&x), text(&y), text(&names[0])), "1", "already holds"),
+        (format!("{},{},{}", text(&x), text(&y), text(&z)), "5", "1..=4"),
+    ];
+    for (devices, parity, words) in refusals {
+        assert_one_line_failure(&tandem(&["mkfs", "--devices", &devices, "--parity", parity, "--size", "24M"]), words);
+    }
+    std::fs::File::create(&x).unwrap().set_len(24 << 20).unwrap();
+    std::fs::File::create(&y).unwrap().set_len(20 << 20).unwrap();
+    let sizes = format!("{},{}", text(&x), text(&y));
+    assert_one_line_failure(&tandem(&["mkfs", "--devices", &sizes, "--parity", "1"]), "the same size");
+    std::fs::hard_link(&names[0], new("link.img")).unwrap();
+    let twice = format!("{},{},{}", text(&names[0]), text(&new("link.img")), text(&x));
+    assert_one_line_failure(&tandem(&["mkfs", "--devices", &twice, "--parity", "1", "--force"]), "the same device");
+    assert!(!z.exists(), "a refused mkfs left a member behind");
+    let after: Vec<Vec<u8>> = names.iter().map(|path| std::fs::read(path).unwrap()).collect();
+    assert!(before == after, "a refusal wrote to the array");
+    // A member of another array mixed in at mount time.
+    let other = ["p", "q", "r"].map(|name| scratch.join(&format!("{name}.img")));
+    let other_list = other.iter().map(|path| text(path)).collect::<Vec<_>>().join(",");
+    let made = tandem(&["mkfs", "--devices", &other_list, "--parity", "1", "--size", "24M"]);
+    assert_eq!(made.status.code(), Some(0), "{}", stderr(&made));
+    let mixed = format!("{},{}", text(&names[0]), text(&other[0]));
+    assert_one_line_failure(&tandem(&["fsck", &mixed]), "give the members of one array");
+    // A member lost for good, rebuilt onto a new image: the array is whole again.
+    std::fs::remove_file(&names[4]).unwrap();
+    let replacement = scratch.join("e2.img");
+    let rebuilt = tandem(&["rebuild", text(&names[0]), "--slot", "4", "--device", text(&replacement)]);
+    assert_eq!(rebuilt.status.code(), Some(0), "{}", stderr(&rebuilt));
+    assert!(stdout(&rebuilt).contains("0 slots still missing"), "{}", stdout(&rebuilt));
+    assert_one_line_failure(
+        &tandem(&["rebuild", text(&names[0]), "--slot", "4", "--device", text(&scratch.join("e3.img"))]),
+        "not missing",
+    );
+    assert_eq!(tandem(&["status", text(&names[0])]).status.code(), Some(0));
+    let checked = tandem(&["fsck", text(&replacement)]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+}

@@ -114,7 +114,10 @@ fn prepare_image(arguments: &DemoArguments) -> CliResult<()> {
     if !path.exists() {
         println!("creating {} ({})", path.display(), format_bytes(arguments.image_size));
         let mkfs = crate::commands::mkfs::MkfsArguments {
-            image: path.clone(),
+            image: Some(path.clone()),
+            devices: None,
+            parity: None,
+            stripe_unit: None,
             size: Some(arguments.image_size),
             inodes: None,
             log_size: None,

@@ -4,7 +4,7 @@
 //! occasional plain lines otherwise (both on stderr, so stdout stays the report).
 
 use crate::error::{CliError, CliResult, EXIT_PROBLEMS_FOUND, EXIT_PROBLEMS_REMAIN, EXIT_SUCCESS};
-use crate::image::{self, Access};
+use crate::image::Access;
 use crate::size::format_count;
 use clap::Args;
 use std::io::IsTerminal;
@@ -107,7 +107,7 @@ fn refuse_foreign(path: &Path, device: &dyn tandemfs::device::Device) -> CliResu
 
 /// Runs the engine's check on `path` and puts its findings into words.
 pub fn check(path: &Path, key_file: Option<&Path>) -> CliResult<Verdict> {
-    let device = image::open(path, Access::CHECK)?;
+    let device = crate::array::open_volume_device(path, Access::CHECK)?;
     refuse_foreign(path, &*device)?;
     let volume = crate::secret::unlock(path, device.clone(), key_file)?;
     // The lock covers one path; the MMP block covers all. A read-only check of a volume that a
@@ -196,7 +196,7 @@ pub fn run(arguments: FsckArguments) -> CliResult<i32> {
 /// summary; exit 0 when there was nothing to do, 1 when problems were found (and, with
 /// `--repair`, fixed), 4 when problems remain after the repair.
 fn repair(path: &Path, write: bool, quiet: bool, key_file: Option<&Path>) -> CliResult<i32> {
-    let device = image::open(path, if write { Access::WRITE } else { Access::CHECK })?;
+    let device = crate::array::open_volume_device(path, if write { Access::WRITE } else { Access::CHECK })?;
     refuse_foreign(path, &*device)?;
     let volume = crate::secret::unlock(path, device.clone(), key_file)?;
     // The lock covers one path; the MMP block covers every path to the same bytes. A repair

@@ -21,7 +21,18 @@ use tandemfs::FileSystem;
 #[derive(Args)]
 pub struct MkfsArguments {
     /// Image file (created when missing) or block device
-    pub image: PathBuf,
+    #[arg(required_unless_present = "devices")]
+    pub image: Option<PathBuf>,
+    /// Make the volume on an erasure-coded array of these devices instead (comma-separated
+    /// image files, created when missing, or block devices; docs/RAID.md)
+    #[arg(long, value_name = "A,B,...", conflicts_with_all = ["image", "encrypt"])]
+    pub devices: Option<String>,
+    /// With --devices: devices' worth of Reed-Solomon parity (1 to 4): any this many may be lost
+    #[arg(long, value_name = "M", requires = "devices", value_parser = clap::value_parser!(u64).range(1..=4))]
+    pub parity: Option<u64>,
+    /// With --devices: the stripe unit, a power of two from 4K to 1M (default 64K)
+    #[arg(long, value_name = "BYTES", requires = "devices", value_parser = parse_nonzero_size)]
+    pub stripe_unit: Option<u64>,
     /// Volume size, e.g. 512M, 2G, 1T; required for a new image, grows a shorter existing file
     /// (never shortens one: with --force a smaller size formats only the file's first SIZE
     /// bytes); a block device always uses its whole size
@@ -204,7 +215,12 @@ impl Device for Prefix {
 }
 
 pub fn run(arguments: MkfsArguments) -> CliResult<i32> {
-    let path = arguments.image.as_path();
+    if let Some(list) = &arguments.devices {
+        return run_array(&arguments, list);
+    }
+    let Some(path) = arguments.image.as_deref() else {
+        return Err(CliError::new("give an image (or --devices for an array)"));
+    };
     let target = classify(path)?;
     // The secret comes first: a passphrase typed twice wrongly (or a bad key file) must not
     // leave a created or grown file behind.
@@ -371,6 +387,160 @@ fn format(
         if let Ok(report) = volume.and_then(tandemfs::fsck::inspect) {
             crate::commands::stat::print_aligned(&report.lines, "  ");
         }
+    }
+    Ok(EXIT_SUCCESS)
+}
+
+/// What mkfs will do to one member of a new array, decided before anything is written.
+struct PlannedMember {
+    path: PathBuf,
+    target: Target,
+    size_bytes: u64,
+}
+
+/// Decides, for one member, whether it is created or grown and its size; refuses what a single
+/// image would be refused for (existing data without --force, shortening).
+fn plan_member(path: &Path, arguments: &MkfsArguments) -> CliResult<PlannedMember> {
+    let target = classify(path)?;
+    let size_bytes = match target {
+        Target::Missing => arguments.size.ok_or_else(|| {
+            CliError::new(format!("{} does not exist; give --size (each member's size) to create it", path.display()))
+        })?,
+        Target::RegularFile { length_bytes } => {
+            if let Some(size) = arguments.size.filter(|&size| size < length_bytes) {
+                return Err(CliError::new(format!(
+                    "--size {} would shorten {} ({length_bytes} bytes); members are never shortened",
+                    format_bytes(size),
+                    path.display()
+                )));
+            }
+            if !arguments.force && length_bytes > 0 {
+                refuse_to_overwrite(path, true)?;
+            }
+            arguments.size.unwrap_or(length_bytes)
+        }
+        Target::BlockDevice => {
+            if !arguments.force {
+                refuse_to_overwrite(path, false)?;
+            }
+            image::open(path, Access::LOOK)?.size_bytes()
+        }
+    };
+    Ok(PlannedMember { path: path.to_path_buf(), target, size_bytes })
+}
+
+/// `tandem mkfs --devices A,B,... --parity M`: every member checked and sized first, so that
+/// bad input writes nothing; then members created or grown, the array made, the volume
+/// formatted on it and the array closed.
+fn run_array(arguments: &MkfsArguments, list: &str) -> CliResult<i32> {
+    let paths = crate::array::split_list(Path::new(list));
+    let Some(parity) = arguments.parity else {
+        return Err(CliError::new("--devices needs --parity M (1 to 4): how many devices may be lost"));
+    };
+    let stripe_unit = arguments.stripe_unit.unwrap_or(tandemfs::device::array::STRIPE_UNIT_BYTES_DEFAULT);
+    tandemfs::device::array::header::check_shape(paths.len(), parity as usize, stripe_unit)
+        .map_err(|error| CliError::new(crate::array::words(&error)))?;
+    for (index, path) in paths.iter().enumerate() {
+        if paths[..index].contains(path) {
+            return Err(CliError::new(format!("{} is named twice in --devices", path.display())));
+        }
+    }
+    crate::array::refuse_duplicates(&paths)?;
+    let planned: Vec<PlannedMember> =
+        paths.iter().map(|path| plan_member(path, arguments)).collect::<CliResult<_>>()?;
+    if let Some(other) = planned.iter().find(|member| member.size_bytes != planned[0].size_bytes) {
+        return Err(CliError::new(format!(
+            "{} would be {} bytes and {} {}: the members of an array must be the same size (give --size)",
+            planned[0].path.display(),
+            planned[0].size_bytes,
+            other.path.display(),
+            other.size_bytes
+        )));
+    }
+    let mut created = Vec::new();
+    let result = make_array(arguments, &planned, parity as usize, stripe_unit, &mut created);
+    if result.is_err() {
+        for path in created {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    result
+}
+
+fn make_array(
+    arguments: &MkfsArguments,
+    planned: &[PlannedMember],
+    parity: usize,
+    stripe_unit: u64,
+    created: &mut Vec<PathBuf>,
+) -> CliResult<i32> {
+    let mut initialize_parity = false;
+    let mut members = Vec::with_capacity(planned.len());
+    for member in planned {
+        let path = member.path.as_path();
+        match member.target {
+            Target::Missing => {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .map_err(|error| CliError::new(format!("cannot create {}: {error}", path.display())))?;
+                created.push(path.to_path_buf());
+                file.set_len(member.size_bytes).map_err(|error| {
+                    CliError::new(format!(
+                        "cannot make {} {} long: {error}",
+                        path.display(),
+                        format_bytes(member.size_bytes)
+                    ))
+                })?;
+            }
+            Target::RegularFile { length_bytes } => {
+                initialize_parity |= length_bytes > 0;
+                if member.size_bytes > length_bytes {
+                    let file = OpenOptions::new()
+                        .write(true)
+                        .open(path)
+                        .map_err(|error| CliError::new(format!("cannot open {}: {error}", path.display())))?;
+                    file.set_len(member.size_bytes)
+                        .map_err(|error| CliError::new(format!("cannot grow {}: {error}", path.display())))?;
+                }
+            }
+            Target::BlockDevice => initialize_parity = true,
+        }
+        let device: Arc<dyn Device> = image::open(path, Access::WRITE)?;
+        members.push(tandemfs::device::array::Member { name: path.display().to_string(), device });
+    }
+    let options = tandemfs::device::array::CreateOptions {
+        parity_count: parity,
+        stripe_unit_bytes: stripe_unit,
+        initialize_parity,
+    };
+    let array = tandemfs::device::array::create(members, &options, tandemfs::block::volume::default_accelerator())
+        .map_err(|error| CliError::new(format!("cannot make the array: {}", crate::array::words(&error))))?;
+    let array = Arc::new(array);
+    let device: Arc<dyn Device> = array.clone();
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let caller = unsafe { (libc::geteuid(), libc::getegid()) };
+    let format_options = FormatOptions {
+        inode_count: arguments.inodes,
+        log_bytes: arguments.log_size,
+        root_owner: Some(arguments.root_owner.unwrap_or(caller)),
+        ..Default::default()
+    };
+    FileSystem::format(device.clone(), &format_options)
+        .map_err(|error| CliError::new(format!("cannot create tandemfs on the array: {}", describe(&error))))?;
+    array.close().map_err(|error| CliError::new(format!("cannot close the array: {}", describe(&error))))?;
+    let geometry = array.geometry();
+    println!(
+        "created tandemfs on an array of {} devices ({} data + {} parity, stripe unit {}): {}",
+        geometry.member_count,
+        geometry.data_count(),
+        geometry.parity_count,
+        format_bytes(geometry.stripe_unit_bytes),
+        format_bytes(device.size_bytes())
+    );
+    if let Ok(report) = tandemfs::fsck::inspect(device) {
+        crate::commands::stat::print_aligned(&report.lines, "  ");
     }
     Ok(EXIT_SUCCESS)
 }

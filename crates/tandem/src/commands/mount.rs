@@ -328,6 +328,10 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
 /// The image opened for writing, or read-only when the medium refuses writes. Either way it
 /// holds the exclusive lock, the fast first check against a second mount of the same path.
 fn open_medium(image_path: &Path) -> CliResult<std::sync::Arc<dyn tandemfs::device::Device>> {
+    // An array's members (a list, or one member): docs/RAID.md.
+    if crate::array::names_array(image_path) {
+        return crate::array::open_volume_device(image_path, Access::WRITE);
+    }
     image::check_image_path(image_path)?;
     let writable =
         tandemfs::device::FileDeviceOptions { create_size_bytes: None, lock_exclusive: true, read_only: false };
@@ -386,7 +390,7 @@ pub fn run_mount(arguments: MountArguments) -> CliResult<i32> {
     if options.remount {
         return run_remount(&mountpoint, options.read_only);
     }
-    image::check_image_path(&arguments.image)?;
+    crate::array::check_paths(&arguments.image)?;
     require_fuse()?;
     if arguments.daemon {
         run_daemon_parent(&arguments, &mountpoint, &options)
@@ -439,7 +443,8 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
 /// The passphrase a background mount's child needs: only for an encrypted volume given no key
 /// file, asked on this terminal.
 fn passphrase_for_child(image_path: &Path, options: &ParsedOptions) -> CliResult<Option<zeroize::Zeroizing<String>>> {
-    if options.key_file.is_some() {
+    // Arrays are not encrypted (mkfs refuses --encrypt with --devices).
+    if options.key_file.is_some() || crate::array::names_array(image_path) {
         return Ok(None);
     }
     let device = image::open(image_path, Access::LOOK)?;

@@ -1,7 +1,7 @@
 //! `tandem stat`: geometry, usage and log state of a volume, read without changing it.
 
 use crate::error::{CliError, CliResult, EXIT_SUCCESS};
-use crate::image::{self, Access};
+use crate::image::Access;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -24,7 +24,7 @@ pub fn print_aligned(lines: &[(String, String)], indent: &str) {
 }
 
 pub fn run(arguments: StatArguments) -> CliResult<i32> {
-    let device = image::open(&arguments.image, Access::LOOK)?;
+    let device = crate::array::open_volume_device(&arguments.image, Access::LOOK)?;
     let unlocked = crate::secret::unlock(&arguments.image, device.clone(), arguments.key_file.as_deref())?;
     let report = tandemfs::fsck::inspect(unlocked)
         .map_err(|error| CliError::new(format!("cannot read the volume on {}: {error}", arguments.image.display())))?;

@@ -1,8 +1,10 @@
 //! `device`: where bytes live. A [`Device`] reads and writes at byte offsets, flushes, and accepts
 //! batches of asynchronous requests. Implementations: [`FileDevice`] (regular file or block
-//! device, io_uring with O_DIRECT where allowed, else pread/pwrite/fdatasync) and [`MemoryDevice`] (RAM, models crashes and injects errors).
+//! device, io_uring with O_DIRECT where allowed, else pread/pwrite/fdatasync), [`MemoryDevice`] (RAM, models crashes and injects errors)
+//! and [`array::ArrayDevice`] (k + m members with Reed–Solomon parity, docs/RAID.md).
 //! Nothing here knows about blocks, files or directories.
 
+pub mod array;
 mod file;
 mod gate;
 mod memory;
@@ -111,6 +113,16 @@ pub trait Device: Send + Sync {
     /// what it reads and writes past the volume's header is plaintext.
     fn decrypts(&self) -> bool {
         false
+    }
+    /// Reads like `read_at`, then asks `check` (the volume's checksum of what was read) whether
+    /// the bytes are right. A device with redundancy (`array::ArrayDevice`) that is told no
+    /// rebuilds the range from its other copies, one member left out at a time, returns the
+    /// first version `check` accepts and rewrites the member that was wrong (self-healing,
+    /// docs/RAID.md). `Ok(true)`: `buffer` holds bytes `check` accepted; `Ok(false)`: none were,
+    /// and `buffer` holds what was read. The default reads once.
+    fn read_checked(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        self.read_at(offset, buffer)?;
+        Ok(check(buffer))
     }
     /// Submits a batch; requests run in order. The default runs them synchronously.
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {

@@ -54,6 +54,8 @@ fn probe_head(bytes: &[u8]) -> Option<&'static str> {
         "Linux swap"
     } else if at(512, b"LABELONE") || at(24 + 512, b"LVM2 001") {
         "LVM physical volume"
+    } else if at(0, b"TNDMRAID") || at(4096, b"TNDMRAID") {
+        "tandemfs array member"
     } else if at(0, &md_magic) || at(4096, &md_magic) {
         "Linux md RAID member"
     } else if at(512, b"EFI PART") {

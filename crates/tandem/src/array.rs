@@ -1,0 +1,328 @@
+//! Erasure-coded arrays at the command line (docs/RAID.md): where a command takes an image, it
+//! also takes an array's members as a comma-separated list, or any one member (the others are
+//! found beside it, in the same directory). Assembly's refusals become one line each.
+
+use crate::error::{describe, CliError, CliResult, EXIT_PROBLEMS_FOUND, EXIT_SUCCESS};
+use crate::image::{self, Access};
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tandemfs::device::array::{self, header, ArrayDevice, Member};
+use tandemfs::device::Device;
+
+/// Directory entries looked at when the other members are searched beside one member.
+const SIBLINGS_LOOKED_AT_MAX: usize = 4096;
+
+/// The paths of a comma-separated list; a path without a comma is a list of one.
+pub fn split_list(text: &Path) -> Vec<PathBuf> {
+    text.to_string_lossy().split(',').filter(|part| !part.is_empty()).map(PathBuf::from).collect()
+}
+
+/// The array header of the file at `path`, read without the engine (for the sibling search and
+/// the check of a single path): `None` when it is no member or cannot be read.
+fn member_header_of(path: &Path) -> Option<header::MemberHeader> {
+    // Only files and block devices are opened: opening a FIFO would wait for a writer.
+    let metadata = std::fs::metadata(path).ok()?;
+    if !metadata.is_file() && !std::os::unix::fs::FileTypeExt::is_block_device(&metadata.file_type()) {
+        return None;
+    }
+    let mut bytes = vec![0u8; 2 * header::HEADER_BYTES];
+    let mut file = std::fs::File::open(path).ok()?;
+    file.read_exact(&mut bytes).ok()?;
+    bytes
+        .chunks_exact(header::HEADER_BYTES)
+        .filter_map(|copy| header::MemberHeader::decode(copy).ok().flatten())
+        .max_by_key(|header| header.event)
+}
+
+/// Whether `text` names an array: a list, or one path whose first bytes are a member header.
+pub fn names_array(text: &Path) -> bool {
+    text.to_string_lossy().contains(',') || member_header_of(text).is_some()
+}
+
+/// Checks every path of a list the way a single image path is checked.
+pub fn check_paths(text: &Path) -> CliResult<()> {
+    for path in split_list(text) {
+        image::check_image_path(&path)?;
+    }
+    Ok(())
+}
+
+/// The regular files beside `path` whose header names the same array (at most
+/// `SIBLINGS_LOOKED_AT_MAX` entries looked at), `path` first.
+fn with_siblings(path: &Path) -> Vec<PathBuf> {
+    let mut paths = vec![path.to_path_buf()];
+    let Some(header) = member_header_of(path) else { return paths };
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Ok(entries) = std::fs::read_dir(&directory) else { return paths };
+    // Each file once, under whichever name is met first (a hard link is the same member).
+    let mut seen: Vec<(u64, u64)> =
+        std::fs::metadata(path).ok().map(|metadata| (metadata.dev(), metadata.ino())).into_iter().collect();
+    for entry in entries.take(SIBLINGS_LOOKED_AT_MAX).flatten() {
+        let candidate = entry.path();
+        let Ok(metadata) = std::fs::metadata(&candidate) else { continue };
+        let identity = (metadata.dev(), metadata.ino());
+        if !metadata.is_file() || seen.contains(&identity) {
+            continue;
+        }
+        if member_header_of(&candidate).is_some_and(|other| other.array_uuid == header.array_uuid) {
+            seen.push(identity);
+            paths.push(candidate);
+        }
+    }
+    paths
+}
+
+/// Refuses a list that names one file or device twice (by device and inode, so two names of
+/// one file are caught too).
+pub fn refuse_duplicates(paths: &[PathBuf]) -> CliResult<()> {
+    let mut seen: HashMap<(u64, u64), &Path> = HashMap::new();
+    for path in paths {
+        let Ok(metadata) = std::fs::metadata(path) else { continue };
+        let identity =
+            if metadata.file_type().is_file() { (metadata.dev(), metadata.ino()) } else { (u64::MAX, metadata.rdev()) };
+        if let Some(other) = seen.insert(identity, path) {
+            return Err(CliError::new(format!(
+                "{} and {} are the same device: each member must be a device of its own",
+                other.display(),
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Assembles the array named by `text` (a list, or one member and its siblings), each member
+/// opened with `access`. Prints what assembly found missing or resynced.
+pub fn open(text: &Path, access: Access) -> CliResult<Arc<ArrayDevice>> {
+    let listed = split_list(text);
+    let paths = if listed.len() == 1 { with_siblings(&listed[0]) } else { listed };
+    refuse_duplicates(&paths)?;
+    let mut members = Vec::with_capacity(paths.len());
+    for path in &paths {
+        let device: Arc<dyn Device> = image::open(path, access)?;
+        members.push(Member { name: path.display().to_string(), device });
+    }
+    let assembly = array::assemble(members, tandemfs::block::volume::default_accelerator())
+        .map_err(|error| CliError::new(format!("cannot assemble the array: {}", words(&error))))?;
+    for note in &assembly.notes {
+        eprintln!("array: {note}");
+    }
+    if assembly.resynced_stripes > 0 {
+        eprintln!("array: not closed cleanly; recomputed the parity of {} stripes", assembly.resynced_stripes);
+    }
+    Ok(Arc::new(assembly.device))
+}
+
+/// An engine error in the words of a one-line message (assembly's refusals are
+/// `InvalidArgument`, whose display would add "invalid argument:").
+pub fn words(error: &tandemfs::Error) -> String {
+    match error {
+        tandemfs::Error::InvalidArgument(words) => words.clone(),
+        other => describe(other),
+    }
+}
+
+/// Opens what a command was given as its volume: an array when `text` names one, else the image.
+pub fn open_volume_device(text: &Path, access: Access) -> CliResult<Arc<dyn Device>> {
+    if names_array(text) {
+        check_paths(text)?;
+        return Ok(open(text, access)?);
+    }
+    Ok(image::open(text, access)?)
+}
+
+#[derive(clap::Args)]
+pub struct StatusArguments {
+    /// The array: its members as a comma-separated list, or any one member (the others are
+    /// looked for in its directory)
+    pub members: PathBuf,
+}
+
+/// `tandem status`: the array's shape and each slot's health, read without writing anything
+/// (no lock either, so a mounted array may be looked at). Exit 0 when every member is present,
+/// 1 when some are missing or stale.
+pub fn run_status(arguments: StatusArguments) -> CliResult<i32> {
+    let array = open(&arguments.members, Access::LOOK)?;
+    let geometry = array.geometry();
+    println!(
+        "array {}: {} devices, {} data + {} parity, stripe unit {} bytes, {} stripes, {}",
+        hex(&array.array_uuid()),
+        geometry.member_count,
+        geometry.data_count(),
+        geometry.parity_count,
+        geometry.stripe_unit_bytes,
+        geometry.stripe_count,
+        match array.state() {
+            array::ArrayState::Clean => "clean",
+            array::ArrayState::Dirty => "dirty (in use, or not closed cleanly)",
+        }
+    );
+    let statistics = array.statistics();
+    for slot in &statistics.slots {
+        match (&slot.missing, &slot.missing_reason) {
+            (false, _) => println!("  slot {}: {}: ok", slot.slot, slot.name),
+            (true, Some(reason)) => println!("  slot {}: missing: {reason}", slot.slot),
+            (true, None) => println!("  slot {}: missing", slot.slot),
+        }
+    }
+    let missing = statistics.slots.iter().filter(|slot| slot.missing).count();
+    if missing == 0 {
+        Ok(EXIT_SUCCESS)
+    } else {
+        println!(
+            "  degraded: {missing} of {} members missing; {} more may be lost",
+            geometry.member_count,
+            geometry.parity_count.saturating_sub(missing)
+        );
+        Ok(EXIT_PROBLEMS_FOUND)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[derive(clap::Args)]
+pub struct ScrubArguments {
+    /// The array: its members as a comma-separated list, or any one member
+    pub members: PathBuf,
+    /// Rewrite each block found wrong from the others (needs parity 2 or more to tell which
+    /// member's block is the wrong one)
+    #[arg(long)]
+    pub repair: bool,
+}
+
+/// `tandem scrub`: every stripe's parity checked against its data on an unmounted array, one
+/// line per 4 KiB block that disagrees (and, with --repair, whether it was rewritten). Exit 0
+/// when all agree, 1 when some did not, 4 when --repair left some unrepaired.
+pub fn run_scrub(arguments: ScrubArguments) -> CliResult<i32> {
+    let access = if arguments.repair { Access::WRITE } else { Access::CHECK };
+    let array = open(&arguments.members, access)?;
+    let report =
+        array.scrub(arguments.repair).map_err(|error| CliError::new(format!("scrub stopped: {}", describe(&error))))?;
+    let geometry = array.geometry();
+    for mismatch in &report.mismatches {
+        let row_end = (mismatch.row + 4096).min(geometry.stripe_unit_bytes);
+        let place = format!("stripe {}, unit bytes {}..{}", mismatch.stripe, mismatch.row, row_end);
+        let which = match mismatch.bad_slot {
+            Some(slot) => format!("slot {slot} holds the wrong bytes"),
+            None => "the wrong member cannot be told with parity 1".to_string(),
+        };
+        let done = if mismatch.repaired { ", rewritten" } else { "" };
+        println!("{place}: parity disagrees with the data; {which}{done}");
+    }
+    println!(
+        "checked {} of {} stripes ({} skipped with a member missing): {} blocks wrong, {} repaired",
+        report.stripes_checked,
+        geometry.stripe_count,
+        report.stripes_skipped,
+        report.mismatches.len(),
+        report.mismatches.iter().filter(|mismatch| mismatch.repaired).count()
+    );
+    if report.mismatches.is_empty() {
+        Ok(EXIT_SUCCESS)
+    } else if arguments.repair && report.mismatches.iter().any(|mismatch| !mismatch.repaired) {
+        Ok(crate::error::EXIT_PROBLEMS_REMAIN)
+    } else {
+        Ok(EXIT_PROBLEMS_FOUND)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct RebuildArguments {
+    /// The array: its members as a comma-separated list, or any one member
+    pub members: PathBuf,
+    /// The missing slot to rebuild (`tandem status` lists them)
+    #[arg(long)]
+    pub slot: usize,
+    /// The new member: an image file to create (its size is the array's member size), or with
+    /// --force an existing file or block device at least that large
+    #[arg(long, value_name = "NEW")]
+    pub device: PathBuf,
+    /// Use an existing file or block device as the new member, overwriting it
+    #[arg(long, short = 'f')]
+    pub force: bool,
+}
+
+/// `tandem rebuild`: a missing or stale slot of an unmounted array rebuilt onto a new device,
+/// with progress and throughput on stderr; the new member joins the array only once all of it
+/// is written and flushed.
+pub fn run_rebuild(arguments: RebuildArguments) -> CliResult<i32> {
+    let new_path = arguments.device.as_path();
+    let exists = new_path.exists();
+    if exists && !arguments.force {
+        return Err(CliError::new(format!(
+            "{} exists; give a new path, or --force to overwrite it",
+            new_path.display()
+        )));
+    }
+    let mut every = split_list(&arguments.members);
+    every.push(new_path.to_path_buf());
+    refuse_duplicates(&every)?;
+    let array = open(&arguments.members, Access::WRITE)?;
+    let array = Arc::try_unwrap(array).map_err(|_| CliError::new("the array is shared; nothing was rebuilt"))?;
+    let geometry = array.geometry();
+    if !array.missing_slots().contains(&arguments.slot) {
+        return Err(CliError::new(format!(
+            "slot {} is not missing (missing: {:?}); nothing to rebuild",
+            arguments.slot,
+            array.missing_slots()
+        )));
+    }
+    let member_bytes = header::DATA_START_BYTES + geometry.stripe_count * geometry.stripe_unit_bytes;
+    if !exists {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(new_path)
+            .map_err(|error| CliError::new(format!("cannot create {}: {error}", new_path.display())))?;
+        if let Err(error) = file.set_len(member_bytes) {
+            let _ = std::fs::remove_file(new_path);
+            return Err(CliError::new(format!("cannot size {}: {error}", new_path.display())));
+        }
+    }
+    let device: Arc<dyn Device> = image::open(new_path, Access::WRITE)?;
+    let replacement = Member { name: new_path.display().to_string(), device };
+    let started = std::time::Instant::now();
+    let mut shown_tenths = 0;
+    let unit_bytes = geometry.stripe_unit_bytes;
+    let result = array.rebuild_onto(arguments.slot, replacement, &mut |done, total| {
+        let tenths = done * 10 / total;
+        if tenths > shown_tenths {
+            shown_tenths = tenths;
+            let seconds = started.elapsed().as_secs_f64().max(1e-6);
+            eprintln!(
+                "rebuild: {}% ({done} of {total} stripes, {:.1} MiB/s)",
+                tenths * 10,
+                (done * unit_bytes) as f64 / seconds / (1 << 20) as f64
+            );
+        }
+    });
+    match result {
+        Ok(rebuilt) => {
+            let seconds = started.elapsed().as_secs_f64();
+            println!(
+                "rebuilt slot {} onto {}: {} in {:.1} s ({:.1} MiB/s); {} slots still missing",
+                arguments.slot,
+                new_path.display(),
+                crate::size::format_bytes(geometry.stripe_count * unit_bytes),
+                seconds,
+                (geometry.stripe_count * unit_bytes) as f64 / seconds.max(1e-6) / (1 << 20) as f64,
+                rebuilt.missing_slots().len()
+            );
+            Ok(EXIT_SUCCESS)
+        }
+        Err(error) => {
+            if !exists {
+                let _ = std::fs::remove_file(new_path);
+            }
+            Err(CliError::new(format!("cannot rebuild slot {}: {}", arguments.slot, words(&error))))
+        }
+    }
+}

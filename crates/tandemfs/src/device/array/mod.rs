@@ -1,0 +1,871 @@
+//! `device::array`: an erasure-coded array of k + m member devices shown as one [`Device`]
+//! (docs/RAID.md). It owns the geometry (stripe units, rotating parity, logical byte → member
+//! and offset), the member headers, assembly, Reed–Solomon parity through tandem-accel's
+//! runtime, degraded reads and writes, marking failing members missing, resync and scrub.
+//! Nothing here knows about the volume on top: its format is FORMAT.md's, on the array's bytes.
+
+mod assemble;
+pub mod header;
+#[cfg(test)]
+mod tests;
+
+pub use assemble::{assemble, create, Assembly, CreateOptions, Member, STRIPE_UNIT_BYTES_DEFAULT};
+pub use header::{read_header, short_uuid, ArrayState, Found, MemberHeader, DATA_START_BYTES};
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tandem_accel::{Accelerator, ReedSolomon};
+
+use crate::device::{check_range, Device};
+use crate::error::{Error, Result};
+
+/// Stripes share this many locks (a stripe's lock is `stripe % STRIPE_LOCK_COUNT`).
+const STRIPE_LOCK_COUNT: usize = 256;
+/// Bytes of the row blocks scrub checks one at a time (one volume block).
+const SCRUB_ROW_BYTES: u64 = 4096;
+
+/// The shape of an array: n members, m of parity per stripe, stripe units of U bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub member_count: usize,
+    pub parity_count: usize,
+    pub stripe_unit_bytes: u64,
+    pub stripe_count: u64,
+}
+
+impl Geometry {
+    /// k: the data units of a stripe.
+    pub fn data_count(&self) -> usize {
+        self.member_count - self.parity_count
+    }
+    /// Logical bytes of one stripe: k units.
+    pub fn stripe_data_bytes(&self) -> u64 {
+        self.data_count() as u64 * self.stripe_unit_bytes
+    }
+    pub fn logical_bytes(&self) -> u64 {
+        self.stripe_count * self.stripe_data_bytes()
+    }
+    /// The member slot that holds shard `shard` of `stripe`: roles rotate one slot per stripe.
+    pub fn slot(&self, stripe: u64, shard: usize) -> usize {
+        debug_assert!(shard < self.member_count);
+        ((shard as u64 + stripe) % self.member_count as u64) as usize
+    }
+    /// The member byte of row `row` of `stripe`'s unit.
+    pub fn member_offset(&self, stripe: u64, row: u64) -> u64 {
+        debug_assert!(stripe < self.stripe_count && row <= self.stripe_unit_bytes);
+        DATA_START_BYTES + stripe * self.stripe_unit_bytes + row
+    }
+}
+
+/// Counters of one member slot since assembly.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlotStatistics {
+    pub slot: usize,
+    pub name: String,
+    pub missing: bool,
+    /// Why it is missing: absent at assembly, stale, or the error that failed it.
+    pub missing_reason: Option<String>,
+    pub reads: u64,
+    pub writes: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub flush_errors: u64,
+}
+
+/// Counters of the whole array since assembly.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArrayStatistics {
+    pub slots: Vec<SlotStatistics>,
+    /// Bytes of missing shards rebuilt from the others (reads and read-modify-writes).
+    pub reconstructed_bytes: u64,
+    /// Bytes a checked read found wrong on a member, rebuilt from the others and rewrote.
+    pub healed_bytes: u64,
+}
+
+/// What `scrub` found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    pub stripes_checked: u64,
+    /// Stripes not checked because a member is missing (their parity has nothing to agree with).
+    pub stripes_skipped: u64,
+    pub mismatches: Vec<Mismatch>,
+}
+
+/// A 4 KiB row block of a stripe whose parity did not match its data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    pub stripe: u64,
+    pub row: u64,
+    /// The slot whose bytes were wrong, when exactly one replacement made the rows agree
+    /// (needs m ≥ 2).
+    pub bad_slot: Option<usize>,
+    pub repaired: bool,
+}
+
+/// The header fields every member shares, kept while the array runs.
+struct HeaderState {
+    array_uuid: [u8; 16],
+    member_uuids: Vec<[u8; 16]>,
+    event: u64,
+    state: ArrayState,
+    missing_slots: u64,
+}
+
+#[derive(Default)]
+struct SlotCounters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    read_errors: AtomicU64,
+    write_errors: AtomicU64,
+    flush_errors: AtomicU64,
+}
+
+/// An array of member devices, assembled (`assemble`) or new (`create`).
+pub struct ArrayDevice {
+    geometry: Geometry,
+    /// Kept apart from `header` so that errors raised with its lock held can name the array.
+    array_uuid: [u8; 16],
+    code: ReedSolomon,
+    accelerator: Arc<Accelerator>,
+    /// `None` for a slot missing at assembly.
+    members: Vec<Option<Arc<dyn Device>>>,
+    names: Vec<String>,
+    missing: Vec<AtomicBool>,
+    missing_reasons: Mutex<Vec<Option<String>>>,
+    missing_count: AtomicUsize,
+    /// Whether the headers say dirty (rule 1): set before the first write.
+    dirty: AtomicBool,
+    header: Mutex<HeaderState>,
+    stripe_locks: Vec<Mutex<()>>,
+    counters: Vec<SlotCounters>,
+    reconstructed_bytes: AtomicU64,
+    healed_bytes: AtomicU64,
+}
+
+/// One piece of a logical request: a byte range of one unit.
+struct Piece {
+    stripe: u64,
+    shard: usize,
+    row: u64,
+    length: usize,
+    buffer_offset: usize,
+}
+
+fn accel_error(error: tandem_accel::AccelError) -> Error {
+    Error::Io { operation: "parity", offset: 0, source: std::io::Error::other(error.to_string()) }
+}
+
+impl ArrayDevice {
+    fn new(
+        geometry: Geometry,
+        header: HeaderState,
+        members: Vec<Option<Arc<dyn Device>>>,
+        names: Vec<String>,
+        missing_reasons: Vec<Option<String>>,
+        accelerator: Arc<Accelerator>,
+    ) -> Result<ArrayDevice> {
+        assert!(members.len() == geometry.member_count && names.len() == geometry.member_count);
+        let code = ReedSolomon::new(geometry.data_count(), geometry.parity_count).map_err(accel_error)?;
+        let missing: Vec<AtomicBool> = members.iter().map(|member| AtomicBool::new(member.is_none())).collect();
+        let missing_count = members.iter().filter(|member| member.is_none()).count();
+        Ok(ArrayDevice {
+            geometry,
+            array_uuid: header.array_uuid,
+            code,
+            accelerator,
+            dirty: AtomicBool::new(header.state == ArrayState::Dirty),
+            header: Mutex::new(header),
+            counters: (0..geometry.member_count).map(|_| SlotCounters::default()).collect(),
+            members,
+            names,
+            missing,
+            missing_reasons: Mutex::new(missing_reasons),
+            missing_count: AtomicUsize::new(missing_count),
+            stripe_locks: (0..STRIPE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
+            reconstructed_bytes: AtomicU64::new(0),
+            healed_bytes: AtomicU64::new(0),
+        })
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    pub fn array_uuid(&self) -> [u8; 16] {
+        self.array_uuid
+    }
+
+    /// Whether the headers say the array is in use or was not closed cleanly (dirty).
+    pub fn state(&self) -> ArrayState {
+        self.header.lock().state
+    }
+
+    /// Slots missing now (absent, stale, or failed while running), ascending.
+    pub fn missing_slots(&self) -> Vec<usize> {
+        (0..self.geometry.member_count).filter(|&slot| self.missing[slot].load(Ordering::Acquire)).collect()
+    }
+
+    pub fn statistics(&self) -> ArrayStatistics {
+        let reasons = self.missing_reasons.lock().clone();
+        ArrayStatistics {
+            slots: (0..self.geometry.member_count)
+                .map(|slot| {
+                    let counters = &self.counters[slot];
+                    SlotStatistics {
+                        slot,
+                        name: self.names[slot].clone(),
+                        missing: self.missing[slot].load(Ordering::Acquire),
+                        missing_reason: reasons[slot].clone(),
+                        reads: counters.reads.load(Ordering::Relaxed),
+                        writes: counters.writes.load(Ordering::Relaxed),
+                        read_errors: counters.read_errors.load(Ordering::Relaxed),
+                        write_errors: counters.write_errors.load(Ordering::Relaxed),
+                        flush_errors: counters.flush_errors.load(Ordering::Relaxed),
+                    }
+                })
+                .collect(),
+            reconstructed_bytes: self.reconstructed_bytes.load(Ordering::Relaxed),
+            healed_bytes: self.healed_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The member of `slot` if it is present.
+    fn present(&self, slot: usize) -> Option<&Arc<dyn Device>> {
+        if self.missing[slot].load(Ordering::Acquire) {
+            return None;
+        }
+        self.members[slot].as_ref()
+    }
+
+    /// The error every operation gets once more than m members are missing.
+    fn lost_error(&self) -> Error {
+        let slots: Vec<String> = self.missing_slots().iter().map(usize::to_string).collect();
+        Error::Io {
+            operation: "array",
+            offset: 0,
+            source: std::io::Error::other(format!(
+                "array {}: slots {} missing, parity {} covers at most {}",
+                short_uuid(&self.array_uuid),
+                slots.join(", "),
+                self.geometry.parity_count,
+                self.geometry.parity_count
+            )),
+        }
+    }
+
+    fn check_enough(&self) -> Result<()> {
+        if self.missing_count.load(Ordering::Acquire) > self.geometry.parity_count {
+            return Err(self.lost_error());
+        }
+        Ok(())
+    }
+
+    /// Marks `slot` missing after `cause`, records it in every other member's header (flushed)
+    /// before the caller goes on degraded, and fails if more than m are now missing.
+    fn mark_missing(&self, slot: usize, cause: &Error) -> Result<()> {
+        if !self.missing[slot].swap(true, Ordering::AcqRel) {
+            self.missing_count.fetch_add(1, Ordering::AcqRel);
+            self.missing_reasons.lock()[slot] = Some(cause.to_string());
+        }
+        self.check_enough()?;
+        let mut header = self.header.lock();
+        if header.missing_slots & (1u64 << slot) == 0 {
+            self.write_headers(&mut header)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the shared header state, one event on, to every present member and flushes them.
+    /// A member that fails it is marked missing and the round is redone (at most n rounds: each
+    /// failed round loses one more member).
+    fn write_headers(&self, header: &mut HeaderState) -> Result<()> {
+        for _round in 0..=self.geometry.member_count {
+            self.check_enough()?;
+            header.event += 1;
+            header.missing_slots = self.missing_mask();
+            let mut failed = false;
+            for slot in 0..self.geometry.member_count {
+                let Some(device) = self.present(slot) else { continue };
+                let written = header::write_header(device.as_ref(), &self.member_header(header, slot))
+                    .and_then(|()| device.flush());
+                if let Err(error) = written {
+                    self.counters[slot].write_errors.fetch_add(1, Ordering::Relaxed);
+                    if !self.missing[slot].swap(true, Ordering::AcqRel) {
+                        self.missing_count.fetch_add(1, Ordering::AcqRel);
+                        self.missing_reasons.lock()[slot] = Some(error.to_string());
+                    }
+                    failed = true;
+                }
+            }
+            if !failed {
+                return Ok(());
+            }
+        }
+        self.check_enough()?;
+        Err(self.lost_error())
+    }
+
+    fn missing_mask(&self) -> u64 {
+        self.missing_slots().iter().fold(0u64, |mask, &slot| mask | (1u64 << slot))
+    }
+
+    fn member_header(&self, header: &HeaderState, slot: usize) -> MemberHeader {
+        MemberHeader {
+            slot,
+            array_uuid: header.array_uuid,
+            member_uuid: header.member_uuids[slot],
+            member_count: self.geometry.member_count,
+            parity_count: self.geometry.parity_count,
+            stripe_unit_bytes: self.geometry.stripe_unit_bytes,
+            state: header.state,
+            stripe_count: self.geometry.stripe_count,
+            event: header.event,
+            missing_slots: header.missing_slots,
+            member_uuids: header.member_uuids.clone(),
+        }
+    }
+
+    /// Rule 1: the headers say dirty, durably, before the first write after a clean state.
+    fn ensure_dirty(&self) -> Result<()> {
+        if self.dirty.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut header = self.header.lock();
+        if header.state != ArrayState::Dirty {
+            header.state = ArrayState::Dirty;
+            self.write_headers(&mut header)?;
+        }
+        self.dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Flushes every member and marks the array clean: a later assembly needs no resync. The
+    /// array may be written again afterwards (it turns dirty first).
+    pub fn close(&self) -> Result<()> {
+        self.flush()?;
+        let mut header = self.header.lock();
+        header.state = ArrayState::Clean;
+        self.write_headers(&mut header)?;
+        self.dirty.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    fn read_member(&self, slot: usize, offset: u64, buffer: &mut [u8], uncached: bool) -> Result<bool> {
+        let Some(device) = self.present(slot) else { return Ok(false) };
+        let result = if uncached { device.read_uncached(offset, buffer) } else { device.read_at(offset, buffer) };
+        match result {
+            Ok(()) => {
+                self.counters[slot].reads.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(error) => {
+                self.counters[slot].read_errors.fetch_add(1, Ordering::Relaxed);
+                self.mark_missing(slot, &error)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Writes to a present member; a missing one is passed over (its unit is rebuilt from the
+    /// others), a failing one is marked missing.
+    fn write_member(&self, slot: usize, offset: u64, data: &[u8]) -> Result<()> {
+        let Some(device) = self.present(slot) else { return Ok(()) };
+        match device.write_at(offset, data) {
+            Ok(()) => {
+                self.counters[slot].writes.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(error) => {
+                self.counters[slot].write_errors.fetch_add(1, Ordering::Relaxed);
+                self.mark_missing(slot, &error)
+            }
+        }
+    }
+
+    /// Cuts a logical range into pieces of single units.
+    fn pieces(&self, offset: u64, length: usize) -> Vec<Piece> {
+        let unit = self.geometry.stripe_unit_bytes;
+        let mut pieces = Vec::with_capacity(length / unit as usize + 2);
+        let mut done = 0usize;
+        while done < length {
+            let at = offset + done as u64;
+            let unit_index = at / unit;
+            let row = at % unit;
+            let take = (length - done).min((unit - row) as usize);
+            let stripe = unit_index / self.geometry.data_count() as u64;
+            let shard = (unit_index % self.geometry.data_count() as u64) as usize;
+            pieces.push(Piece { stripe, shard, row, length: take, buffer_offset: done });
+            done += take;
+        }
+        pieces
+    }
+
+    /// Rows `rows` of the shards `wanted` of `stripe`, rebuilding those on missing members from
+    /// k present shards. `Ok(None)`: a member failed while read (it is now missing): try again.
+    /// The caller holds the stripe's lock.
+    fn read_shard_rows(&self, stripe: u64, rows: Range<u64>, wanted: &[usize]) -> Result<Option<Vec<Vec<u8>>>> {
+        let geometry = &self.geometry;
+        let length = (rows.end - rows.start) as usize;
+        let offset = geometry.member_offset(stripe, rows.start);
+        if wanted.iter().all(|&shard| self.present(geometry.slot(stripe, shard)).is_some()) {
+            let mut out = Vec::with_capacity(wanted.len());
+            for &shard in wanted {
+                let mut buffer = vec![0u8; length];
+                if !self.read_member(geometry.slot(stripe, shard), offset, &mut buffer, false)? {
+                    return Ok(None);
+                }
+                out.push(buffer);
+            }
+            return Ok(Some(out));
+        }
+        // Data shards first: where the wanted shards' neighbours are present, no parity is read.
+        let sources: Vec<usize> = (0..geometry.member_count)
+            .filter(|&shard| self.present(geometry.slot(stripe, shard)).is_some())
+            .take(geometry.data_count())
+            .collect();
+        if sources.len() < geometry.data_count() {
+            return Err(self.lost_error());
+        }
+        let mut shards = vec![vec![0u8; length]; geometry.member_count];
+        let mut present = vec![false; geometry.member_count];
+        for &shard in &sources {
+            if !self.read_member(geometry.slot(stripe, shard), offset, &mut shards[shard], false)? {
+                return Ok(None);
+            }
+            present[shard] = true;
+        }
+        let mut views: Vec<&mut [u8]> = shards.iter_mut().map(Vec::as_mut_slice).collect();
+        self.accelerator.reed_solomon_reconstruct(&self.code, &mut views, &present).map_err(accel_error)?;
+        let rebuilt = wanted.iter().filter(|&&shard| !present[shard]).count();
+        self.reconstructed_bytes.fetch_add((rebuilt * length) as u64, Ordering::Relaxed);
+        Ok(Some(wanted.iter().map(|&shard| std::mem::take(&mut shards[shard])).collect()))
+    }
+
+    fn read_logical(&self, offset: u64, buffer: &mut [u8], uncached: bool) -> Result<()> {
+        check_range(self.size_bytes(), offset, buffer.len(), "read")?;
+        for piece in self.pieces(offset, buffer.len()) {
+            let target = &mut buffer[piece.buffer_offset..piece.buffer_offset + piece.length];
+            let slot = self.geometry.slot(piece.stripe, piece.shard);
+            let member_offset = self.geometry.member_offset(piece.stripe, piece.row);
+            if !self.read_member(slot, member_offset, target, uncached)? {
+                self.read_degraded(&piece, target)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn read_degraded(&self, piece: &Piece, target: &mut [u8]) -> Result<()> {
+        let _stripe = self.stripe_locks[(piece.stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+        let rows = piece.row..piece.row + piece.length as u64;
+        // Each failed try marks one more member missing, so n + 1 tries always end.
+        for _try in 0..=self.geometry.member_count {
+            if let Some(mut shards) = self.read_shard_rows(piece.stripe, rows.clone(), &[piece.shard])? {
+                target.copy_from_slice(&shards.pop().expect("one shard asked"));
+                return Ok(());
+            }
+        }
+        Err(self.lost_error())
+    }
+
+    /// Rows `rows` of `shard` of `stripe` rebuilt from k present shards other than the one on
+    /// `excluded_slot`: what that member's bytes should be, were they wrong. `Ok(None)` when k
+    /// such shards are not there, or one failed while read. The caller holds the stripe's lock.
+    fn rebuild_without(
+        &self,
+        stripe: u64,
+        rows: Range<u64>,
+        shard: usize,
+        excluded_slot: usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let geometry = &self.geometry;
+        let length = (rows.end - rows.start) as usize;
+        let sources: Vec<usize> = (0..geometry.member_count)
+            .filter(|&source| {
+                let slot = geometry.slot(stripe, source);
+                slot != excluded_slot && self.present(slot).is_some()
+            })
+            .take(geometry.data_count())
+            .collect();
+        if sources.len() < geometry.data_count() {
+            return Ok(None);
+        }
+        let mut shards = vec![vec![0u8; length]; geometry.member_count];
+        let mut present = vec![false; geometry.member_count];
+        for &source in &sources {
+            let offset = geometry.member_offset(stripe, rows.start);
+            if !self.read_member(geometry.slot(stripe, source), offset, &mut shards[source], false)? {
+                return Ok(None);
+            }
+            present[source] = true;
+        }
+        let mut views: Vec<&mut [u8]> = shards.iter_mut().map(Vec::as_mut_slice).collect();
+        self.accelerator.reed_solomon_reconstruct(&self.code, &mut views, &present).map_err(accel_error)?;
+        Ok(Some(std::mem::take(&mut shards[shard])))
+    }
+
+    /// The self-healing read (`Device::read_checked`): when `check` rejects what the members
+    /// hold, each member holding part of the range is left out in turn and its part rebuilt from
+    /// the others; the first version `check` accepts is returned and written to that member.
+    fn read_healing(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        self.read_logical(offset, buffer, false)?;
+        if check(buffer) {
+            return Ok(true);
+        }
+        let pieces = self.pieces(offset, buffer.len());
+        let mut suspects: Vec<usize> =
+            pieces.iter().map(|piece| self.geometry.slot(piece.stripe, piece.shard)).collect();
+        suspects.sort_unstable();
+        suspects.dedup();
+        let as_read = buffer.to_vec();
+        for suspect in suspects {
+            let mut candidate = as_read.clone();
+            let mut rebuilt_all = true;
+            for piece in pieces.iter().filter(|piece| self.geometry.slot(piece.stripe, piece.shard) == suspect) {
+                let _stripe = self.stripe_locks[(piece.stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+                let rows = piece.row..piece.row + piece.length as u64;
+                match self.rebuild_without(piece.stripe, rows, piece.shard, suspect)? {
+                    Some(bytes) => {
+                        candidate[piece.buffer_offset..piece.buffer_offset + piece.length].copy_from_slice(&bytes)
+                    }
+                    None => rebuilt_all = false,
+                }
+            }
+            if !rebuilt_all || !check(&candidate) {
+                continue;
+            }
+            for piece in pieces.iter().filter(|piece| self.geometry.slot(piece.stripe, piece.shard) == suspect) {
+                let _stripe = self.stripe_locks[(piece.stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+                let bytes = &candidate[piece.buffer_offset..piece.buffer_offset + piece.length];
+                self.ensure_dirty()?;
+                self.write_member(suspect, self.geometry.member_offset(piece.stripe, piece.row), bytes)?;
+                self.healed_bytes.fetch_add(piece.length as u64, Ordering::Relaxed);
+            }
+            buffer.copy_from_slice(&candidate);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Rebuilds missing `slot` onto `replacement` while nothing else uses the array (offline):
+    /// every stripe's unit of that slot rebuilt from k others and written, the replacement
+    /// flushed, and only then a new member uuid for the slot and its missing bit cleared in every
+    /// member's header. A crash before that leaves the replacement without a header (no member)
+    /// and the array as it was. `progress(stripes_done, stripe_count)` is called as it goes.
+    pub fn rebuild_onto(
+        self,
+        slot: usize,
+        replacement: assemble::Member,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<ArrayDevice> {
+        let geometry = self.geometry;
+        if slot >= geometry.member_count || !self.missing[slot].load(Ordering::Acquire) {
+            return Err(Error::invalid(format!("slot {slot} is not a missing slot of this array")));
+        }
+        // Written through before: closed now, so that its drop below writes no old header.
+        if self.dirty.load(Ordering::Acquire) {
+            self.close()?;
+        }
+        let needed = DATA_START_BYTES + geometry.stripe_count * geometry.stripe_unit_bytes;
+        if replacement.device.size_bytes() < needed || replacement.device.is_read_only() {
+            return Err(Error::invalid(format!(
+                "{} cannot take slot {slot}: it needs {needed} writable bytes",
+                replacement.name
+            )));
+        }
+        for stripe in 0..geometry.stripe_count {
+            let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+            let shard = (0..geometry.member_count)
+                .find(|&shard| geometry.slot(stripe, shard) == slot)
+                .expect("a slot per shard");
+            let mut rebuilt = None;
+            for _try in 0..=geometry.member_count {
+                rebuilt = self.read_shard_rows(stripe, 0..geometry.stripe_unit_bytes, &[shard])?;
+                if rebuilt.is_some() {
+                    break;
+                }
+            }
+            let mut units = rebuilt.ok_or_else(|| self.lost_error())?;
+            replacement.device.write_at(geometry.member_offset(stripe, 0), &units.pop().expect("one shard asked"))?;
+            progress(stripe + 1, geometry.stripe_count);
+        }
+        let zeros = vec![0u8; (DATA_START_BYTES - 2 * header::HEADER_BYTES as u64) as usize];
+        replacement.device.write_at(2 * header::HEADER_BYTES as u64, &zeros)?;
+        replacement.device.flush()?;
+        let old = self.header.lock();
+        let mut member_uuids = old.member_uuids.clone();
+        member_uuids[slot] = assemble::random_uuid()?;
+        let state = HeaderState {
+            array_uuid: old.array_uuid,
+            member_uuids,
+            event: old.event,
+            state: old.state,
+            missing_slots: old.missing_slots & !(1u64 << slot),
+        };
+        drop(old);
+        let mut members = self.members.clone();
+        members[slot] = Some(replacement.device);
+        let mut names = self.names.clone();
+        names[slot] = replacement.name;
+        let mut reasons = self.missing_reasons.lock().clone();
+        reasons[slot] = None;
+        for (index, member) in members.iter_mut().enumerate() {
+            if self.missing[index].load(Ordering::Acquire) && index != slot {
+                *member = None;
+            }
+        }
+        let rebuilt = ArrayDevice::new(geometry, state, members, names, reasons, self.accelerator.clone())?;
+        // Both copies on the new member; the others move on by two events.
+        let mut header = rebuilt.header.lock();
+        rebuilt.write_headers(&mut header)?;
+        rebuilt.write_headers(&mut header)?;
+        drop(header);
+        Ok(rebuilt)
+    }
+
+    fn write_logical(&self, offset: u64, data: &[u8]) -> Result<()> {
+        check_range(self.size_bytes(), offset, data.len(), "write")?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.check_enough()?;
+        self.ensure_dirty()?;
+        let stripe_bytes = self.geometry.stripe_data_bytes();
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let start = at % stripe_bytes;
+            let length = (data.len() - done).min((stripe_bytes - start) as usize);
+            self.write_stripe(at / stripe_bytes, start, &data[done..done + length])?;
+            done += length;
+        }
+        Ok(())
+    }
+
+    fn write_stripe(&self, stripe: u64, start: u64, data: &[u8]) -> Result<()> {
+        let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+        for _try in 0..=self.geometry.member_count {
+            if self.try_write_stripe(stripe, start, data)? {
+                return Ok(());
+            }
+        }
+        Err(self.lost_error())
+    }
+
+    /// Reconstruct-write of the rows `data` touches (RAID.md: never parity by difference, so a
+    /// redone write leaves its rows consistent whatever parity was there): the other data units'
+    /// rows are read (or rebuilt), the parity rows encoded from scratch, and the written bytes
+    /// and the parity rows written. `Ok(false)`: a member failed a read; try again.
+    fn try_write_stripe(&self, stripe: u64, start: u64, data: &[u8]) -> Result<bool> {
+        let geometry = &self.geometry;
+        let (unit, k) = (geometry.stripe_unit_bytes, geometry.data_count());
+        let end = start + data.len() as u64;
+        assert!(end <= geometry.stripe_data_bytes() && start < end);
+        let (first_shard, last_shard) = ((start / unit) as usize, ((end - 1) / unit) as usize);
+        let rows = if first_shard == last_shard { start % unit..(end - 1) % unit + 1 } else { 0..unit };
+        let length = (rows.end - rows.start) as usize;
+        // The part of shard `shard`'s rows the write covers, in stripe bytes.
+        let covered = |shard: usize| {
+            let unit_start = shard as u64 * unit + rows.start;
+            let unit_end = shard as u64 * unit + rows.end;
+            (start.max(unit_start), end.min(unit_end), unit_start)
+        };
+        let to_read: Vec<usize> = (0..k)
+            .filter(|&shard| {
+                let (from, to, unit_start) = covered(shard);
+                !(from == unit_start && to == unit_start + length as u64)
+            })
+            .collect();
+        let mut shards = vec![Vec::new(); geometry.member_count];
+        if !to_read.is_empty() {
+            let Some(read) = self.read_shard_rows(stripe, rows.clone(), &to_read)? else { return Ok(false) };
+            for (&shard, bytes) in to_read.iter().zip(read) {
+                shards[shard] = bytes;
+            }
+        }
+        for (shard, buffer) in shards.iter_mut().enumerate() {
+            if buffer.is_empty() {
+                *buffer = vec![0u8; length];
+            }
+            if shard >= k {
+                continue;
+            }
+            let (from, to, unit_start) = covered(shard);
+            if from < to {
+                buffer[(from - unit_start) as usize..(to - unit_start) as usize]
+                    .copy_from_slice(&data[(from - start) as usize..(to - start) as usize]);
+            }
+        }
+        let (data_shards, parity_shards) = shards.split_at_mut(k);
+        let inputs: Vec<&[u8]> = data_shards.iter().map(Vec::as_slice).collect();
+        let mut outputs: Vec<&mut [u8]> = parity_shards.iter_mut().map(Vec::as_mut_slice).collect();
+        self.accelerator.reed_solomon_encode(&self.code, &inputs, &mut outputs).map_err(accel_error)?;
+        for shard in first_shard..=last_shard {
+            let (from, to, _) = covered(shard);
+            if from < to {
+                let row = from - shard as u64 * unit;
+                self.write_member(
+                    geometry.slot(stripe, shard),
+                    geometry.member_offset(stripe, row),
+                    &data[(from - start) as usize..(to - start) as usize],
+                )?;
+            }
+        }
+        for (parity, bytes) in parity_shards.iter().enumerate() {
+            self.write_member(geometry.slot(stripe, k + parity), geometry.member_offset(stripe, rows.start), bytes)?;
+        }
+        Ok(true)
+    }
+
+    /// Rule 1's resync: every stripe's parity recomputed from its data units. Needs every member.
+    pub fn resync(&self) -> Result<u64> {
+        if self.missing_count.load(Ordering::Acquire) > 0 {
+            return Err(Error::invalid("a resync needs every member present".to_string()));
+        }
+        let geometry = self.geometry;
+        let all_data: Vec<usize> = (0..geometry.data_count()).collect();
+        for stripe in 0..geometry.stripe_count {
+            let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+            let Some(data) = self.read_shard_rows(stripe, 0..geometry.stripe_unit_bytes, &all_data)? else {
+                return Err(self.lost_error());
+            };
+            let inputs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+            let mut parity = vec![vec![0u8; geometry.stripe_unit_bytes as usize]; geometry.parity_count];
+            let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(Vec::as_mut_slice).collect();
+            self.accelerator.reed_solomon_encode(&self.code, &inputs, &mut outputs).map_err(accel_error)?;
+            for (index, bytes) in parity.iter().enumerate() {
+                let slot = geometry.slot(stripe, geometry.data_count() + index);
+                self.write_member(slot, geometry.member_offset(stripe, 0), bytes)?;
+            }
+            self.check_enough()?;
+        }
+        self.flush()?;
+        Ok(geometry.stripe_count)
+    }
+
+    /// Checks every stripe's parity against its data, 4 KiB of rows at a time; with m ≥ 2 names
+    /// the one slot whose bytes are wrong, and with `repair` rewrites them from the others.
+    pub fn scrub(&self, repair: bool) -> Result<ScrubReport> {
+        let geometry = self.geometry;
+        if repair {
+            // Repairs are writes like any other: a crash among them must leave the array dirty.
+            self.ensure_dirty()?;
+        }
+        let mut report = ScrubReport::default();
+        for stripe in 0..geometry.stripe_count {
+            let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+            if self.missing_count.load(Ordering::Acquire) > 0 {
+                report.stripes_skipped += 1;
+                continue;
+            }
+            let all: Vec<usize> = (0..geometry.member_count).collect();
+            let Some(shards) = self.read_shard_rows(stripe, 0..geometry.stripe_unit_bytes, &all)? else {
+                report.stripes_skipped += 1;
+                continue;
+            };
+            report.stripes_checked += 1;
+            for row in (0..geometry.stripe_unit_bytes).step_by(SCRUB_ROW_BYTES as usize) {
+                let end = (row + SCRUB_ROW_BYTES).min(geometry.stripe_unit_bytes);
+                let block: Vec<&[u8]> = shards.iter().map(|shard| &shard[row as usize..end as usize]).collect();
+                if self.consistent(&block)? {
+                    continue;
+                }
+                let bad_slot = self.locate(&block)?.map(|(shard, bytes)| (geometry.slot(stripe, shard), bytes));
+                let mut repaired = false;
+                if let (true, Some((slot, bytes))) = (repair, &bad_slot) {
+                    self.write_member(*slot, geometry.member_offset(stripe, row), bytes)?;
+                    repaired = self.present(*slot).is_some();
+                }
+                report.mismatches.push(Mismatch { stripe, row, bad_slot: bad_slot.map(|(slot, _)| slot), repaired });
+            }
+        }
+        if repair {
+            self.flush()?;
+        }
+        Ok(report)
+    }
+
+    /// Whether the parity shards of `shards` (all n, one row block) match its data shards.
+    fn consistent(&self, shards: &[&[u8]]) -> Result<bool> {
+        let k = self.geometry.data_count();
+        let mut parity = vec![vec![0u8; shards[0].len()]; self.geometry.parity_count];
+        let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(Vec::as_mut_slice).collect();
+        self.accelerator.reed_solomon_encode(&self.code, &shards[..k], &mut outputs).map_err(accel_error)?;
+        Ok(parity.iter().zip(&shards[k..]).all(|(computed, stored)| computed.as_slice() == *stored))
+    }
+
+    /// The one shard whose rebuilt bytes make an inconsistent row block consistent, with those
+    /// bytes; `None` when none or several do (m = 1 cannot tell which shard is wrong).
+    fn locate(&self, shards: &[&[u8]]) -> Result<Option<(usize, Vec<u8>)>> {
+        let count = self.geometry.member_count;
+        let mut found = None;
+        for suspect in 0..count {
+            let mut copy: Vec<Vec<u8>> = shards.iter().map(|shard| shard.to_vec()).collect();
+            let mut present = vec![true; count];
+            present[suspect] = false;
+            let mut views: Vec<&mut [u8]> = copy.iter_mut().map(Vec::as_mut_slice).collect();
+            self.accelerator.reed_solomon_reconstruct(&self.code, &mut views, &present).map_err(accel_error)?;
+            let rebuilt = copy[suspect].clone();
+            let mut candidate: Vec<&[u8]> = shards.to_vec();
+            candidate[suspect] = &rebuilt;
+            if self.consistent(&candidate)? {
+                if found.is_some() {
+                    return Ok(None);
+                }
+                found = Some((suspect, rebuilt));
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl Device for ArrayDevice {
+    fn size_bytes(&self) -> u64 {
+        self.geometry.logical_bytes()
+    }
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.read_logical(offset, buffer, false)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_logical(offset, data)
+    }
+    fn flush(&self) -> Result<()> {
+        self.check_enough()?;
+        for slot in 0..self.geometry.member_count {
+            let Some(device) = self.present(slot) else { continue };
+            if let Err(error) = device.flush() {
+                self.counters[slot].flush_errors.fetch_add(1, Ordering::Relaxed);
+                self.mark_missing(slot, &error)?;
+            }
+        }
+        self.check_enough()
+    }
+    fn reachable_by_other_processes(&self) -> bool {
+        self.members.iter().flatten().any(|member| member.reachable_by_other_processes())
+    }
+    fn is_read_only(&self) -> bool {
+        self.members.iter().flatten().any(|member| member.is_read_only())
+    }
+    fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.read_logical(offset, buffer, true)
+    }
+    fn read_checked(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        if self.is_read_only() {
+            self.read_logical(offset, buffer, false)?;
+            return Ok(check(buffer));
+        }
+        self.read_healing(offset, buffer, check)
+    }
+}
+
+impl Drop for ArrayDevice {
+    /// A closing array is marked clean when everything before reached its members; a failing
+    /// one stays dirty, and the next assembly resyncs it.
+    fn drop(&mut self) {
+        if self.dirty.load(Ordering::Acquire) && !self.is_read_only() {
+            let _ = self.close();
+        }
+    }
+}

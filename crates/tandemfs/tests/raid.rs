@@ -1,0 +1,254 @@
+//! Volumes on erasure-coded arrays of memory devices (docs/RAID.md).
+//!
+//! The crash test on an array: random operations with random syncs, back-end passes and
+//! checkpoints, then a power loss that every member takes at its own crash point (one member's
+//! unflushed writes torn at random while another's all completed, and so on). The array must
+//! come back dirty, be resynced, pass fsck, and hold a state after a prefix of the operations
+//! that includes everything acknowledged; the same state must read back with m members gone.
+//! Then members killed while the volume runs: up to m lose nothing; m + 1 stop it with a clear
+//! error. `TANDEM_SEED=n cargo test --test raid` reproduces one seed.
+
+mod common;
+
+use common::ops::{Driver, Workload};
+use common::*;
+use rand::Rng;
+use std::sync::Arc;
+use tandemfs::device::array::{self, ArrayDevice, CreateOptions, Member};
+use tandemfs::device::{CrashMode, Device, Fault, FaultOperation, MemoryDevice};
+use tandemfs::fs::{FormatOptions, MountOptions};
+use tandemfs::FileSystem;
+
+const MEMBER_COUNT: usize = 4;
+const PARITY_COUNT: usize = 2;
+const STRIPE_UNIT_BYTES: u64 = 16 << 10;
+/// Each member: 1 MiB of headers and 8 MiB of units, so the volume has 16 MiB (2 data units
+/// per stripe).
+const MEMBER_BYTES: u64 = array::DATA_START_BYTES + (8 << 20);
+const ROUNDS_PER_SEED: u64 = 5;
+
+fn members_of(devices: &[MemoryDevice]) -> Vec<Member> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(slot, device)| Member { name: format!("member {slot}"), device: Arc::new(device.clone()) })
+        .collect()
+}
+
+fn accelerator() -> Arc<tandem_accel::Accelerator> {
+    tandemfs::block::volume::default_accelerator()
+}
+
+/// A formatted volume on a new array of crash-model memory members, closed clean.
+fn array_volume(crash_model: bool) -> Vec<MemoryDevice> {
+    let devices: Vec<MemoryDevice> =
+        (0..MEMBER_COUNT)
+            .map(|_| {
+                if crash_model {
+                    MemoryDevice::with_crash_model(MEMBER_BYTES)
+                } else {
+                    MemoryDevice::new(MEMBER_BYTES)
+                }
+            })
+            .collect();
+    let options =
+        CreateOptions { parity_count: PARITY_COUNT, stripe_unit_bytes: STRIPE_UNIT_BYTES, initialize_parity: false };
+    let array = Arc::new(array::create(members_of(&devices), &options, accelerator()).expect("create"));
+    let format = FormatOptions {
+        hash_seed: Some([1, 2, 3, 4]),
+        uuid: Some([9; 16]),
+        inode_count: Some(array.size_bytes() / 2048),
+        ..FormatOptions::default()
+    };
+    FileSystem::format(array.clone(), &format).expect("format");
+    array.close().expect("close");
+    devices
+}
+
+/// The array on `devices` without the slots in `leave_out`.
+fn assemble(devices: &[MemoryDevice], leave_out: &[usize]) -> array::Assembly {
+    let members = members_of(devices)
+        .into_iter()
+        .enumerate()
+        .filter(|(slot, _)| !leave_out.contains(slot))
+        .map(|(_, member)| member)
+        .collect();
+    array::assemble(members, accelerator()).unwrap_or_else(|error| panic!("assemble: {error}"))
+}
+
+fn two_distinct_slots(rng: &mut rand::rngs::SmallRng) -> Vec<usize> {
+    let first = rng.gen_range(0..MEMBER_COUNT);
+    let second = (first + rng.gen_range(1..MEMBER_COUNT)) % MEMBER_COUNT;
+    vec![first, second]
+}
+
+fn crash_run(seed: u64) -> u64 {
+    let options = inline_options();
+    let mut devices = array_volume(true);
+    let mut rng = rng(seed);
+    let workload = Workload {
+        names_per_directory: 12,
+        write_bytes_max: 40_000,
+        file_bytes_max: 200_000,
+        create_weight: 6,
+        flat: false,
+    };
+    let mut driver = Driver::new(workload);
+    let mut crash_points = 0;
+    for round in 0..ROUNDS_PER_SEED {
+        let assembly = assemble(&devices, &[]);
+        let device: Arc<dyn Device> = Arc::new(assembly.device);
+        let (fs, _) = FileSystem::mount(device, &options)
+            .unwrap_or_else(|error| panic!("seed {seed} round {round}: mount: {error}"));
+        let mut candidates = vec![driver.model.clone()];
+        for _ in 0..rng.gen_range(5..50) {
+            let outcome = match rng.gen_range(0..12) {
+                0 => fs.sync().map(|()| candidates = vec![driver.model.clone()]),
+                1 => fs.run_backend(),
+                2 => fs.checkpoint(),
+                _ => {
+                    let outcome = driver.step(&fs, &mut rng);
+                    candidates.append(&mut driver.passed_through);
+                    outcome.map(|()| candidates.push(driver.model.clone()))
+                }
+            };
+            outcome.unwrap_or_else(|error| panic!("seed {seed} round {round}: {error}"));
+        }
+        // Power goes on every member, each at its own point: torn, lost or kept unflushed
+        // writes, member by member. The old members are dead from here on, so the mount's
+        // drop below changes nothing.
+        devices = devices
+            .iter()
+            .map(|member| {
+                let mode = match rng.gen_range(0..3) {
+                    0 => CrashMode::KeepAll,
+                    1 => CrashMode::DropAll,
+                    _ => CrashMode::Random,
+                };
+                member.crash(rng.gen(), mode)
+            })
+            .collect();
+        drop(fs);
+        crash_points += 1;
+        // Dirty with a member gone is refused (rule 2); with all of them it is resynced (rule 1).
+        let refused = array::assemble(members_of(&devices)[1..].to_vec(), accelerator());
+        assert!(refused.is_err(), "seed {seed} round {round}: a dirty degraded array was assembled");
+        let assembly = assemble(&devices, &[]);
+        assert!(assembly.resynced_stripes > 0, "seed {seed} round {round}: the crashed array was clean");
+        let resynced: Arc<ArrayDevice> = Arc::new(assembly.device);
+        let report = check_with_key(resynced.clone(), None);
+        assert!(report.is_clean(), "seed {seed} round {round}: fsck after crash: {:#?}", report.problems);
+        assert_eq!(resynced.scrub(false).unwrap().mismatches, vec![], "seed {seed} round {round}");
+        drop(resynced);
+        // Read-only with m members gone (nothing reaches the members): the same bytes.
+        let gone = two_distinct_slots(&mut rng);
+        let degraded: Arc<dyn Device> = Arc::new(assemble(&devices, &gone).device);
+        let read_only = MountOptions { read_only: true, ..inline_options() };
+        let (fs, _) = FileSystem::mount(degraded, &read_only)
+            .unwrap_or_else(|error| panic!("seed {seed} round {round}: degraded mount: {error}"));
+        let degraded_back = read_back(&fs).unwrap_or_else(|error| panic!("seed {seed} round {round}: {error}"));
+        drop(fs);
+        let device: Arc<dyn Device> = Arc::new(assemble(&devices, &[]).device);
+        let (fs, _) = FileSystem::mount(device, &options)
+            .unwrap_or_else(|error| panic!("seed {seed} round {round}: mount after crash: {error}"));
+        let back = read_back(&fs).unwrap_or_else(|error| panic!("seed {seed} round {round}: read back: {error}"));
+        assert!(same_tree(&back, &degraded_back), "seed {seed} round {round}: slots {gone:?} gone read differently");
+        let Some(found) = candidates.iter().rposition(|candidate| same_tree(candidate, &back)) else {
+            panic!(
+                "seed {seed} round {round}: the volume matches none of {} acceptable states; against the acknowledged one: {}",
+                candidates.len(),
+                first_difference(&candidates[0], &back)
+            );
+        };
+        driver.model = candidates[found].clone();
+        fs.unmount().unwrap_or_else(|error| panic!("seed {seed} round {round}: unmount: {error}"));
+    }
+    crash_points
+}
+
+#[test]
+fn crashes_on_an_array_lose_nothing_acknowledged() {
+    let mut crash_points = 0;
+    for seed in seeds(0..12) {
+        crash_points += crash_run(seed);
+    }
+    println!("{crash_points} crash points checked");
+}
+
+/// Members killed at random moments while the volume runs (background back end): with up to m
+/// gone every operation goes on and the tree is the model's, through a remount that leaves the
+/// dead members out as stale; one more stops the volume with an error that names the array.
+#[test]
+fn members_killed_while_running_lose_nothing_up_to_the_parity() {
+    for seed in seeds(100..106) {
+        let devices = array_volume(false);
+        let mut rng = rng(seed);
+        let workload = Workload {
+            names_per_directory: 12,
+            write_bytes_max: 40_000,
+            file_bytes_max: 200_000,
+            create_weight: 6,
+            flat: false,
+        };
+        let mut driver = Driver::new(workload);
+        let device: Arc<dyn Device> = Arc::new(assemble(&devices, &[]).device);
+        let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+        let victims = two_distinct_slots(&mut rng);
+        let kill_at = [rng.gen_range(0..150), rng.gen_range(0..150)];
+        for step in 0..150 {
+            for (victim, _) in kill_at.iter().enumerate().filter(|(_, &at)| at == step) {
+                devices[victims[victim]].inject(Fault::always(FaultOperation::Any));
+            }
+            driver.step(&fs, &mut rng).unwrap_or_else(|error| panic!("seed {seed} step {step}: {error}"));
+            if step % 20 == 0 {
+                fs.sync().unwrap();
+            }
+        }
+        fs.sync().unwrap();
+        let back = read_back(&fs).unwrap();
+        assert!(same_tree(&back, &driver.model), "seed {seed}: {}", first_difference(&driver.model, &back));
+        fs.unmount().unwrap_or_else(|error| panic!("seed {seed}: unmount: {error}"));
+        // The array closes (clean, the killed slots marked) when its last holder goes: before
+        // the members are assembled again.
+        drop(fs);
+        for device in &devices {
+            device.clear_faults();
+        }
+        // The killed members are stale now: left out, and the volume reads the same.
+        let assembly = assemble(&devices, &[]);
+        let mut missing = assembly.device.missing_slots();
+        missing.sort_unstable();
+        let mut expected = victims.clone();
+        expected.sort_unstable();
+        assert_eq!(missing, expected, "seed {seed}: {:?}", assembly.notes);
+        let device: Arc<dyn Device> = Arc::new(assembly.device);
+        let report = check_with_key(device.clone(), None);
+        assert!(report.is_clean(), "seed {seed}: fsck: {:#?}", report.problems);
+        let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+        let back = read_back(&fs).unwrap();
+        assert!(
+            same_tree(&back, &driver.model),
+            "seed {seed} after remount: {}",
+            first_difference(&driver.model, &back)
+        );
+        // One member more than the parity: the volume stops, and says why.
+        let third = (0..MEMBER_COUNT).find(|slot| !victims.contains(slot)).unwrap();
+        devices[third].inject(Fault::always(FaultOperation::Any));
+        let mut stopped = None;
+        for step in 0..200 {
+            let outcome = driver.step(&fs, &mut rng).and_then(|()| fs.sync());
+            if let Err(error) = outcome {
+                stopped = Some(error);
+                break;
+            }
+            assert!(step < 199, "seed {seed}: the volume kept going with 3 of 4 members gone");
+        }
+        let failure = fs.failure().map(|reason| reason.to_string()).unwrap_or_default();
+        let stopped = stopped.unwrap().to_string();
+        assert!(
+            failure.contains("covers at most 2") || stopped.contains("covers at most 2"),
+            "seed {seed}: stopped with {stopped:?}, failure {failure:?}"
+        );
+        let _ = fs.unmount();
+    }
+}
