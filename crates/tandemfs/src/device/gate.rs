@@ -188,6 +188,16 @@ impl Device for Gate {
     fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
         self.inner.read_uncached(offset, buffer)
     }
+    /// Lets the device behind heal what `check` rejects (an array rewrites the member that was
+    /// wrong) only while the gate lets writes through; a read-only or fenced gate, or one that
+    /// holds writes in memory, reads once and reports.
+    fn read_checked(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        if self.is_memory() || self.has_memory.load(Ordering::Acquire) || self.check_write().is_err() {
+            self.read_at(offset, buffer)?;
+            return Ok(check(buffer));
+        }
+        self.inner.read_checked(offset, buffer, check)
+    }
     fn write_through(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_write()?;
         self.inner.write_through(offset, data)

@@ -179,6 +179,9 @@ pub struct DataChecksumStatistics {
     pub bytes: u64,
     pub batches: u64,
     pub nanoseconds: u64,
+    /// Blocks read back right by the device's redundancy after their checksum failed
+    /// (`Device::read_checked`: an erasure-coded array rebuilt and rewrote them).
+    pub healed_blocks: u64,
 }
 
 /// A data block whose contents disagree with its checksum (fsck).
@@ -358,7 +361,8 @@ impl Volume {
             let base = (first_whole - block_number) as usize;
             for (index, crc) in computed.into_iter().enumerate() {
                 if !checksum_matches(stored[base + index], crc) {
-                    return Err(Volume::mismatch(first_whole + index as u64, stored[base + index], crc));
+                    let block = self.heal_block(first_whole + index as u64, stored[base + index], crc)?;
+                    target[index * BLOCK_SIZE..(index + 1) * BLOCK_SIZE].copy_from_slice(&block[..]);
                 }
             }
         }
@@ -377,9 +381,27 @@ impl Volume {
         self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
         let crc = self.block_checksums(&block[..])[0];
         if !checksum_matches(stored, crc) {
-            return Err(Volume::mismatch(block_number, stored, crc));
+            return self.heal_block(block_number, stored, crc);
         }
         Ok(block)
+    }
+
+    /// Data block `block_number`, whose bytes read as `computed` against entry `stored`, read
+    /// again through `Device::read_checked`: a device with redundancy (an erasure-coded array)
+    /// rebuilds it from its other copies, returns the version the entry accepts and rewrites
+    /// the copy that was wrong (self-healing, docs/RAID.md). A device without, or with no
+    /// version that passes, leaves the mismatch, which is the error.
+    fn heal_block(&mut self, block_number: u64, stored: u32, computed: u32) -> Result<BlockBuf> {
+        if stored == NO_CHECKSUM {
+            return Err(Volume::mismatch(block_number, stored, computed));
+        }
+        let mut block = zeroed_block();
+        let check = |bytes: &[u8]| checksum_matches(stored, tandem_accel::crc32c(0, bytes));
+        if self.device.read_checked(block_number * BLOCK_SIZE_U64, &mut block[..], &check)? {
+            self.checksum_statistics.healed_blocks += 1;
+            return Ok(block);
+        }
+        Err(Volume::mismatch(block_number, stored, computed))
     }
 
     /// The entries the blocks touched by writing `data` at byte `offset_in_block` of block
