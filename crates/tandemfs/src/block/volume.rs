@@ -397,8 +397,7 @@ impl Volume {
         if index < self.superblock.inode_table_initialized_blocks {
             let expected = self.expected_generation(0, block_number)?;
             if block.iter().any(|byte| *byte != 0) {
-                verify_block(&block, BlockKind::InodeTable, block_number)?;
-                verify_generation(&block, BlockKind::InodeTable, block_number, expected)?;
+                block = self.checked_or_healed(block_number, BlockKind::InodeTable, expected, block)?;
             } else if expected != 0 {
                 return Err(Error::corruption(format!(
                     "InodeTable block {block_number}: all zero, generation {expected} expected (a stale block: a write was lost)"
@@ -880,15 +879,46 @@ impl Volume {
     /// the cache: a block expected at generation 0 was never written and is all zeros, not
     /// read; any other is checked against its kind, number and `expected` generation.
     pub(super) fn load_lazy_table_block(&mut self, number: u64, kind: BlockKind, expected: u64) -> Result<SharedBlock> {
-        let mut block = zeroed_block();
-        if expected != 0 {
-            self.device.read_at(number * BLOCK_SIZE_U64, &mut block[..])?;
-            verify_block(&block, kind, number)?;
-            verify_generation(&block, kind, number, expected)?;
-        }
+        let block = if expected != 0 { self.read_metadata_checked(number, kind, expected)? } else { zeroed_block() };
         let block = Arc::new(block);
         self.cache.insert_clean(number, kind, block.clone());
         Ok(block)
+    }
+
+    /// Metadata block `number` of `kind` read from the device and checked (trailer, address,
+    /// `expected` generation). A block that fails is read again through
+    /// `Device::read_checked` with the same checks as the judge: an erasure-coded array rebuilds
+    /// it from its other members and rewrites the copy that was wrong (self-healing,
+    /// docs/RAID.md); on any other device the first failure is the error.
+    fn read_metadata_checked(&mut self, number: u64, kind: BlockKind, expected: u64) -> Result<BlockBuf> {
+        let mut block = zeroed_block();
+        self.device.read_at(number * BLOCK_SIZE_U64, &mut block[..])?;
+        self.checked_or_healed(number, kind, expected, block)
+    }
+
+    /// `block`, just read as metadata block `number`, if it passes the checks of
+    /// `read_metadata_checked`; else the version the device's redundancy gives, or the error.
+    fn checked_or_healed(
+        &mut self,
+        number: u64,
+        kind: BlockKind,
+        expected: u64,
+        mut block: BlockBuf,
+    ) -> Result<BlockBuf> {
+        let failure =
+            match verify_block(&block, kind, number).and_then(|()| verify_generation(&block, kind, number, expected)) {
+                Ok(()) => return Ok(block),
+                Err(error) => error,
+            };
+        let check = |bytes: &[u8]| {
+            let bytes: &[u8; BLOCK_SIZE] = bytes.try_into().expect("one block read");
+            verify_block(bytes, kind, number).is_ok() && verify_generation(bytes, kind, number, expected).is_ok()
+        };
+        if self.device.read_checked(number * BLOCK_SIZE_U64, &mut block[..], &check)? {
+            self.checksum_statistics.healed_blocks += 1;
+            return Ok(block);
+        }
+        Err(failure)
     }
 
     /// The images from `snapshot_images` are home.
@@ -1014,12 +1044,8 @@ impl MetaStore for Volume {
                 "{kind:?} block {block_number} is referenced but free in the block bitmap"
             )));
         }
-        let mut block = zeroed_block();
-        self.device.read_at(block_number * BLOCK_SIZE_U64, &mut block[..])?;
-        verify_block(&block, kind, block_number)?;
         let expected = self.expected_generation(0, block_number)?;
-        verify_generation(&block, kind, block_number, expected)?;
-        let block = Arc::new(block);
+        let block = Arc::new(self.read_metadata_checked(block_number, kind, expected)?);
         self.cache.insert_clean(block_number, kind, block.clone());
         Ok(block)
     }

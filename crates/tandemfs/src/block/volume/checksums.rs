@@ -180,7 +180,9 @@ pub struct DataChecksumStatistics {
     pub batches: u64,
     pub nanoseconds: u64,
     /// Blocks read back right by the device's redundancy after their checksum failed
-    /// (`Device::read_checked`: an erasure-coded array rebuilt and rewrote them).
+    /// (`Device::read_checked`: an erasure-coded array rebuilt and rewrote them): file data
+    /// here, and metadata blocks whose trailer or generation failed (`Volume::read_meta` and
+    /// the table and inode-table reads).
     pub healed_blocks: u64,
 }
 
