@@ -43,6 +43,17 @@ fn small_log_volume(name: &str) -> (ScratchImage, Arc<dyn Device>, FileSystem) {
     (image, device, fs)
 }
 
+/// Unmounts `fs`, checks the image with fsck (clean) and mounts it again.
+fn remount_checked(image: &ScratchImage, fs: FileSystem, device: Arc<dyn Device>) -> FileSystem {
+    fs.unmount().unwrap();
+    drop(fs);
+    drop(device);
+    let device = open(image, None);
+    let report = fsck::check(device.clone()).unwrap();
+    assert!(report.problems.is_empty(), "fsck: {:?}", report.problems);
+    FileSystem::mount(device, &MountOptions::default()).unwrap().0
+}
+
 #[test]
 fn a_fallocate_larger_than_the_log_can_image_at_once_is_made_in_pieces() {
     let allocated_bytes: u64 = 6 << 30;
@@ -51,14 +62,7 @@ fn a_fallocate_larger_than_the_log_can_image_at_once_is_made_in_pieces() {
     fs.allocate(file, 0, allocated_bytes, false).unwrap();
     fs.checkpoint().unwrap();
     assert_eq!(fs.failure(), None);
-    fs.unmount().unwrap();
-    drop(fs);
-    drop(device);
-
-    let device = open(&image, None);
-    let report = fsck::check(device.clone()).unwrap();
-    assert!(report.problems.is_empty(), "fsck: {:?}", report.problems);
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+    let fs = remount_checked(&image, fs, device);
     let attributes = fs.lookup(ROOT_INODE, b"big").unwrap();
     assert_eq!(attributes.size_bytes, allocated_bytes);
     assert_eq!(attributes.blocks_512, allocated_bytes / 512);
@@ -88,14 +92,7 @@ fn a_file_larger_than_the_log_can_image_at_once_is_punched_truncated_and_deleted
     let again = fs.create(ROOT_INODE, b"again", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
     fs.allocate(again, 0, allocated_bytes / 2, false).unwrap();
     fs.write(again, 12345, b"fresh").unwrap();
-    fs.unmount().unwrap();
-    drop(fs);
-    drop(device);
-
-    let device = open(&image, None);
-    let report = fsck::check(device.clone()).unwrap();
-    assert!(report.problems.is_empty(), "fsck: {:?}", report.problems);
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+    let fs = remount_checked(&image, fs, device);
     let mut buffer = [0u8; 5];
     let punched = fs.lookup(ROOT_INODE, b"punched").unwrap();
     fs.read(punched.inode, (1 << 30) + 4, &mut buffer).unwrap();
