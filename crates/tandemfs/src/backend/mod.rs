@@ -385,13 +385,6 @@ pub struct CheckpointSnapshot {
     device: Arc<dyn Device>,
 }
 
-impl CheckpointSnapshot {
-    /// How many block images it sealed.
-    pub fn image_count(&self) -> u64 {
-        self.images.len() as u64
-    }
-}
-
 /// Step 1: seals the images of every changed metadata block, with the volume held only for
 /// that. Every record up to `covered_lsn` must be applied and none after it. With `pledges`,
 /// the sealed images are pledged twice until `checkpoint_finish` has their commit durable

@@ -55,7 +55,7 @@ pub struct Volume {
     data_handed_out: Vec<(u64, u64)>,
     /// Level-0 generation-table blocks that `data_handed_out` may touch: per run, one per table
     /// block it spans plus one (it may start and end in part of one).
-    data_change_table_blocks: u64,
+    data_handed_out_table_blocks: u64,
     /// Where `publish_image_estimate` stores its count, when the log's pledge reads it.
     image_gauge: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// Computes the data checksums (`checksums`): the GPU for large batches when present.
@@ -97,7 +97,7 @@ impl Volume {
             table_levels,
             freed_metadata: Vec::new(),
             data_handed_out: Vec::new(),
-            data_change_table_blocks: 0,
+            data_handed_out_table_blocks: 0,
             image_gauge: None,
             accelerator: None,
             replaying: false,
@@ -216,7 +216,7 @@ impl Volume {
         let imaged = dirty_blocks + self.blocks.dirty_block_count() + self.inodes.dirty_block_count();
         let entries_changed = imaged + self.freed_metadata.len() as u64;
         let (_, level_zero_blocks) = self.table_levels[0];
-        let level_zero = (entries_changed + self.data_change_table_blocks).min(level_zero_blocks);
+        let level_zero = (entries_changed + self.data_handed_out_table_blocks).min(level_zero_blocks);
         let upper_levels: u64 = self.table_levels.iter().skip(1).map(|(_, blocks)| blocks).sum();
         imaged + level_zero + upper_levels
     }
@@ -237,7 +237,7 @@ impl Volume {
 
     fn note_data_handed_out(&mut self, first: u64, count: u64) {
         self.data_handed_out.push((first, count));
-        self.data_change_table_blocks += count.div_ceil(GENERATIONS_PER_TABLE_BLOCK) + 1;
+        self.data_handed_out_table_blocks += count.div_ceil(GENERATIONS_PER_TABLE_BLOCK) + 1;
     }
 
     pub fn cache_hit_counts(&self) -> (u64, u64) {
@@ -677,7 +677,7 @@ impl Volume {
         for block in std::mem::take(&mut self.freed_metadata) {
             self.set_expected_generation(0, block, 0)?;
         }
-        self.data_change_table_blocks = 0;
+        self.data_handed_out_table_blocks = 0;
         for (first, count) in std::mem::take(&mut self.data_handed_out) {
             self.set_expected_range(first, count, GENERATION_DATA)?;
         }
