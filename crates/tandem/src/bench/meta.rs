@@ -52,6 +52,10 @@ pub struct MetaArguments {
     /// With --threads: files each thread creates, stats and unlinks per round
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     pub files_per_thread: u64,
+    /// With --threads: how many times each thread stats each of its files (the stat rate is per
+    /// pass; more passes make a phase of 20,000 files long enough to measure steadily)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub stat_passes: u64,
     /// With --threads: which layouts to measure (each thread in its own directory, all threads
     /// in one shared directory, or both)
     #[arg(long, value_enum, default_value_t = LayoutChoice::Both)]
@@ -309,6 +313,7 @@ fn run_scaling(arguments: &MetaArguments, threads: Threads) -> CliResult<i32> {
             LayoutChoice::Both => vec![super::scaling::Layout::Private, super::scaling::Layout::Shared],
         },
         files_per_thread: arguments.files_per_thread,
+        stat_passes: arguments.stat_passes,
         backend_workers: arguments.backend_workers as usize,
         rounds: arguments.rounds as usize,
         volume_bytes: arguments.size,

@@ -122,15 +122,20 @@ fn text(error: impl std::fmt::Display) -> String {
     error.to_string()
 }
 
-/// Runs the three phases with `threads` threads of `files_per_thread` files each.
-fn run_phases(
-    target: Arc<dyn Target>,
+/// The size of one measurement: threads, files per thread, stat passes.
+#[derive(Clone, Copy)]
+struct Shape {
     threads: usize,
     files_per_thread: u64,
-    layout: Layout,
-    round: usize,
-) -> Result<PhaseSeconds, String> {
+    stat_passes: u64,
+}
+
+/// Runs the three phases with `threads` threads of `files_per_thread` files each; the stat
+/// phase stats every file `stat_passes` times and reports the time of one pass.
+fn run_phases(target: Arc<dyn Target>, shape: Shape, layout: Layout, round: usize) -> Result<PhaseSeconds, String> {
+    let Shape { threads, files_per_thread, stat_passes } = shape;
     assert!((1..=THREADS_MAX).contains(&threads));
+    assert!(stat_passes >= 1);
     let shared = match layout {
         Layout::Shared => Some(target.directory(&format!("shared-{threads}-{round}"))?),
         Layout::Private => None,
@@ -162,12 +167,17 @@ fn run_phases(
                 // Thread 0 reads the machine's CPU time as each phase starts and ends.
                 let mut busy = [(0.0f64, 0.0f64); 3];
                 let busy_now = || if thread == 0 { super::cpu::machine_busy_seconds().unwrap_or(0.0) } else { 0.0 };
-                for ((phase, span), busy) in phases.iter().zip(spans.iter_mut()).zip(busy.iter_mut()) {
+                for (index, ((phase, span), busy)) in
+                    phases.iter().zip(spans.iter_mut()).zip(busy.iter_mut()).enumerate()
+                {
                     barrier.wait();
                     busy.0 = busy_now();
                     let started = Instant::now();
-                    if outcome.is_ok() {
-                        outcome = (0..files_per_thread).try_for_each(phase);
+                    let passes = if index == 1 { stat_passes } else { 1 };
+                    for _ in 0..passes {
+                        if outcome.is_ok() {
+                            outcome = (0..files_per_thread).try_for_each(phase);
+                        }
                     }
                     *span = (started, Instant::now());
                     barrier.wait();
@@ -194,25 +204,19 @@ fn run_phases(
     };
     Ok(PhaseSeconds {
         create: seconds(0),
-        stat: seconds(1),
+        stat: seconds(1) / stat_passes as f64,
         unlink: seconds(2),
         create_cpu: cpu(0),
-        stat_cpu: cpu(1),
+        stat_cpu: cpu(1) / stat_passes as f64,
         unlink_cpu: cpu(2),
     })
 }
 
 /// The median of each phase over `rounds` (after one warm-up round).
-fn measure(
-    target: Arc<dyn Target>,
-    threads: usize,
-    files_per_thread: u64,
-    layout: Layout,
-    rounds: usize,
-) -> Result<PhaseSeconds, String> {
+fn measure(target: Arc<dyn Target>, shape: Shape, layout: Layout, rounds: usize) -> Result<PhaseSeconds, String> {
     let mut samples = Vec::with_capacity(rounds);
     for round in 0..=rounds {
-        let seconds = run_phases(target.clone(), threads, files_per_thread, layout, round)?;
+        let seconds = run_phases(target.clone(), shape, layout, round)?;
         if round > 0 {
             samples.push(seconds);
         }
@@ -238,6 +242,8 @@ pub struct ScalingRun {
     /// The layouts to measure, in order.
     pub layouts: Vec<Layout>,
     pub files_per_thread: u64,
+    /// How many times each thread stats each of its files; the stat phase is reported per pass.
+    pub stat_passes: u64,
     /// The back end's apply workers (0: the mount's default, one per core).
     pub backend_workers: usize,
     pub rounds: usize,
@@ -287,11 +293,10 @@ impl ScalingRun {
         };
         let mut rows = Vec::new();
         for &threads in &self.threads {
-            let ours = measure(library.clone(), threads, self.files_per_thread, layout, self.rounds)?;
+            let shape = Shape { threads, files_per_thread: self.files_per_thread, stat_passes: self.stat_passes };
+            let ours = measure(library.clone(), shape, layout, self.rounds)?;
             let theirs = match &ext4 {
-                Some((_, system)) => {
-                    Some(measure(system.clone(), threads, self.files_per_thread, layout, self.rounds)?)
-                }
+                Some((_, system)) => Some(measure(system.clone(), shape, layout, self.rounds)?),
                 None => None,
             };
             rows.push((threads, ours, theirs));
@@ -305,8 +310,12 @@ impl ScalingRun {
 
     pub fn run(&self) -> Result<(), String> {
         println!(
-            "thread scaling: {} files per thread, threads {:?}, {} back-end workers, warm-up then median of {} round{}; medium {}",
+            "thread scaling: {} files per thread{}, threads {:?}, {} back-end workers, warm-up then median of {} round{}; medium {}",
             format_count(self.files_per_thread),
+            match self.stat_passes {
+                1 => String::new(),
+                passes => format!(" (each stat'ed {passes} times; stat rates per pass)"),
+            },
             self.threads,
             match self.backend_workers {
                 0 => tandemfs::backend::parallel::default_workers(),
@@ -504,7 +513,8 @@ mod tests {
         let image = directory.join("v.img");
         let (library, fs) = library_target(&image, 64 << 20, 8192, 2).unwrap();
         for layout in [Layout::Private, Layout::Shared] {
-            let seconds = measure(library.clone(), 3, 200, layout, 1).unwrap();
+            let shape = Shape { threads: 3, files_per_thread: 200, stat_passes: 2 };
+            let seconds = measure(library.clone(), shape, layout, 1).unwrap();
             assert!(seconds.create > 0.0 && seconds.stat > 0.0 && seconds.unlink > 0.0);
         }
         // Every file made was removed again: only the directories are left.
