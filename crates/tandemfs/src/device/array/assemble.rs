@@ -28,7 +28,9 @@ pub struct CreateOptions {
     pub initialize_parity: bool,
 }
 
-/// Provisional default (RAID.md, *Geometry*): `tandem bench raid` is to choose it.
+/// Kept after `tandem bench raid` on the development VM (BENCHMARKS.md, *Erasure-coded arrays*):
+/// no unit won across its columns; smaller units take random 4 KiB writes faster, larger ones
+/// rebuild a little faster.
 pub const STRIPE_UNIT_BYTES_DEFAULT: u64 = 64 << 10;
 
 /// An assembled array and what assembly found.
