@@ -77,6 +77,9 @@ pub struct SlotStatistics {
     pub read_errors: u64,
     pub write_errors: u64,
     pub flush_errors: u64,
+    /// Bytes found wrong on this member and rewritten from the others (self-healing reads and
+    /// scrub repairs).
+    pub repaired_bytes: u64,
 }
 
 /// Counters of the whole array since assembly.
@@ -155,6 +158,7 @@ struct SlotCounters {
     read_errors: AtomicU64,
     write_errors: AtomicU64,
     flush_errors: AtomicU64,
+    repaired_bytes: AtomicU64,
 }
 
 /// An array of member devices, assembled (`assemble`) or new (`create`).
@@ -267,6 +271,7 @@ impl ArrayDevice {
                         read_errors: counters.read_errors.load(Ordering::Relaxed),
                         write_errors: counters.write_errors.load(Ordering::Relaxed),
                         flush_errors: counters.flush_errors.load(Ordering::Relaxed),
+                        repaired_bytes: counters.repaired_bytes.load(Ordering::Relaxed),
                     }
                 })
                 .collect(),
@@ -615,6 +620,7 @@ impl ArrayDevice {
                 self.ensure_dirty()?;
                 self.write_member(suspect, self.geometry.member_offset(piece.stripe, piece.row), bytes)?;
                 self.healed_bytes.fetch_add(piece.length as u64, Ordering::Relaxed);
+                self.counters[suspect].repaired_bytes.fetch_add(piece.length as u64, Ordering::Relaxed);
             }
             buffer.copy_from_slice(&candidate);
             return Ok(true);
@@ -1092,6 +1098,9 @@ impl ArrayDevice {
                 if let (true, Some((slot, bytes))) = (repair, &bad_slot) {
                     self.write_member(*slot, geometry.member_offset(stripe, row), bytes)?;
                     repaired = self.present(*slot).is_some();
+                    if repaired {
+                        self.counters[*slot].repaired_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    }
                 }
                 report.mismatches.push(Mismatch { stripe, row, bad_slot: bad_slot.map(|(slot, _)| slot), repaired });
             }

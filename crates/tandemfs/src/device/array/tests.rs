@@ -516,6 +516,7 @@ fn scrub_finds_and_repairs_a_silently_corrupted_block() {
     devices[slot].write_at(at, &[0xEE; 16]).unwrap();
     let report = array.scrub(true).unwrap();
     assert_eq!(report.mismatches, vec![Mismatch { stripe, row: 0, bad_slot: Some(slot), repaired: true }]);
+    assert_eq!(array.statistics().slots[slot].repaired_bytes, 4096);
     assert_eq!(array.scrub(false).unwrap().mismatches, vec![]);
     let mut whole = vec![0u8; data.len()];
     array.read_at(0, &mut whole).unwrap();
@@ -626,6 +627,8 @@ fn a_checked_read_rebuilds_and_rewrites_a_silently_wrong_block() {
             );
         }
         assert_eq!(array.statistics().healed_bytes, 3 * 4096);
+        let repaired: u64 = array.statistics().slots.iter().map(|slot| slot.repaired_bytes).sum();
+        assert_eq!(repaired, 3 * 4096);
         let mut buffer = vec![0u8; 100];
         assert!(!array.read_checked(50, &mut buffer, &|_| false).unwrap());
         assert!(buffer == data[50..150]);
