@@ -148,7 +148,15 @@ pub struct StatusArguments {
 /// (no lock either, so a mounted array may be looked at). Exit 0 when every member is present,
 /// 1 when some are missing or stale.
 pub fn run_status(arguments: StatusArguments) -> CliResult<i32> {
-    let array = open(&arguments.members, Access::LOOK)?;
+    let array = match open(&arguments.members, Access::LOOK) {
+        Ok(array) => array,
+        Err(error) => {
+            // A mounted array that is dirty and degraded cannot be assembled to be looked at
+            // (its recovery writes); the mount's own counters still say how it is.
+            print_live_of_member(&arguments.members);
+            return Err(error);
+        }
+    };
     let geometry = array.geometry();
     println!(
         "array {}: {} devices, {} data + {} parity, stripe unit {} bytes, {} stripes, {}",
@@ -416,6 +424,15 @@ fn render_live(array: &ArrayDevice) -> String {
         statistics.reconstructed_bytes, statistics.healed_bytes
     ));
     text
+}
+
+/// Prints the live counters of the array that the first member named belongs to, if any.
+fn print_live_of_member(members: &Path) {
+    let Some(first) = split_list(members).into_iter().next() else { return };
+    let Ok(device) = image::open(&first, Access::LOOK) else { return };
+    if let Ok(header::Found::Member(found)) = header::read_header(device.as_ref()) {
+        print_live(&found.array_uuid);
+    }
 }
 
 /// Prints a mounted array's live counters, when a live process writes them.
