@@ -574,6 +574,8 @@ fn gpu_and_cpu_engines_leave_identical_members() {
             let (offset, length) = random_range(&mut rng, array.size_bytes(), stripe_bytes);
             array.write_at(offset, &random_bytes(&mut rng, length)).unwrap();
         }
+        // The epoch goes home: the members' bytes are what the engines are compared on.
+        array.flush().unwrap();
         arrays.push((devices, array));
     }
     for slot in 0..6 {
