@@ -148,7 +148,15 @@ pub struct StatusArguments {
 /// (no lock either, so a mounted array may be looked at). Exit 0 when every member is present,
 /// 1 when some are missing or stale.
 pub fn run_status(arguments: StatusArguments) -> CliResult<i32> {
-    let array = open(&arguments.members, Access::LOOK)?;
+    let array = match open(&arguments.members, Access::LOOK) {
+        Ok(array) => array,
+        Err(error) => {
+            // A mounted array that is dirty and degraded cannot be assembled to be looked at
+            // (its recovery writes); the mount's own counters still say how it is.
+            print_live_of_member(&arguments.members);
+            return Err(error);
+        }
+    };
     let geometry = array.geometry();
     println!(
         "array {}: {} devices, {} data + {} parity, stripe unit {} bytes, {} stripes, {}",
@@ -171,6 +179,7 @@ pub fn run_status(arguments: StatusArguments) -> CliResult<i32> {
             (true, None) => println!("  slot {}: missing", slot.slot),
         }
     }
+    print_live(&array.array_uuid());
     let missing = statistics.slots.iter().filter(|slot| slot.missing).count();
     if missing == 0 {
         Ok(EXIT_SUCCESS)
@@ -324,5 +333,166 @@ pub fn run_rebuild(arguments: RebuildArguments) -> CliResult<i32> {
             }
             Err(CliError::new(format!("cannot rebuild slot {}: {}", arguments.slot, words(&error))))
         }
+    }
+}
+
+/// Seconds between two writes of a mounted array's live counters.
+const LIVE_PERIOD_MILLISECONDS: u64 = 1000;
+/// Steps of a period, so that a stop is seen within one step.
+const LIVE_STEPS: u64 = 20;
+
+/// The file a mounted array's counters are written to: in the runtime directory, by array uuid.
+pub fn live_path(uuid: &[u8; 16]) -> PathBuf {
+    crate::commands::mount::runtime_directory().join(format!("array-{}.live", hex(uuid)))
+}
+
+/// The thread that writes a mounted array's counters once a second (`tandem status` reads them).
+struct LiveCounters {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+static LIVE: std::sync::Mutex<Option<LiveCounters>> = std::sync::Mutex::new(None);
+
+/// Starts writing `array`'s counters to its live file while it is in use. The thread holds only
+/// a weak reference, so it never keeps the array open (its last holder closes it); it removes
+/// the file when stopped (`stop_live`) or when the array is gone.
+pub fn publish_live(array: &Arc<ArrayDevice>) {
+    let weak = Arc::downgrade(array);
+    let path = live_path(&array.array_uuid());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let temporary = path.with_extension("live.new");
+        while !stopping.load(std::sync::atomic::Ordering::Acquire) {
+            let Some(array) = weak.upgrade() else { break };
+            let text = render_live(&array);
+            drop(array);
+            if std::fs::write(&temporary, text).is_ok() {
+                let _ = std::fs::rename(&temporary, &path);
+            }
+            for _ in 0..LIVE_STEPS {
+                if stopping.load(std::sync::atomic::Ordering::Acquire) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(LIVE_PERIOD_MILLISECONDS / LIVE_STEPS));
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    });
+    let previous = LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).replace(LiveCounters { stop, thread });
+    if let Some(previous) = previous {
+        previous.stop.store(true, std::sync::atomic::Ordering::Release);
+        let _ = previous.thread.join();
+    }
+}
+
+/// Stops the live counters (the mount is ending) and waits until their file is removed.
+pub fn stop_live() {
+    let live = LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    if let Some(live) = live {
+        live.stop.store(true, std::sync::atomic::Ordering::Release);
+        let _ = live.thread.join();
+    }
+}
+
+/// The live file: "pid P time T" and then one line per slot, as `tandem status` prints them.
+fn render_live(array: &ArrayDevice) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
+    let statistics = array.statistics();
+    let mut text = format!("pid {} time {now}\n", std::process::id());
+    for slot in &statistics.slots {
+        let state = match (&slot.missing, &slot.missing_reason) {
+            (false, _) => "ok".to_string(),
+            (true, Some(reason)) => format!("missing ({reason})"),
+            (true, None) => "missing".to_string(),
+        };
+        text.push_str(&format!(
+            "  slot {}: {} reads, {} writes, {} errors (read {}, write {}, flush {}), {} bytes repaired: {state}\n",
+            slot.slot,
+            slot.reads,
+            slot.writes,
+            slot.read_errors + slot.write_errors + slot.flush_errors,
+            slot.read_errors,
+            slot.write_errors,
+            slot.flush_errors,
+            slot.repaired_bytes
+        ));
+    }
+    text.push_str(&format!(
+        "  rebuilt on the fly: {} bytes; healed: {} bytes\n",
+        statistics.reconstructed_bytes, statistics.healed_bytes
+    ));
+    text
+}
+
+/// Prints the live counters of the array that the first member named belongs to, if any.
+fn print_live_of_member(members: &Path) {
+    let Some(first) = split_list(members).into_iter().next() else { return };
+    let Ok(device) = image::open(&first, Access::LOOK) else { return };
+    if let Ok(header::Found::Member(found)) = header::read_header(device.as_ref()) {
+        print_live(&found.array_uuid);
+    }
+}
+
+/// Prints a mounted array's live counters, when a live process writes them.
+fn print_live(uuid: &[u8; 16]) {
+    for line in live_lines(uuid).unwrap_or_default() {
+        println!("{line}");
+    }
+}
+
+/// The lines `tandem status` prints for a mounted array: `None` when no live process writes its
+/// counters (no file, a damaged one, or one left by a process that is gone).
+fn live_lines(uuid: &[u8; 16]) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(live_path(uuid)).ok()?;
+    let mut lines = text.lines();
+    let fields: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let pid = fields.get(1).and_then(|pid| pid.parse::<i32>().ok())?;
+    let time = fields.get(3).and_then(|time| time.parse::<u64>().ok())?;
+    // SAFETY: kill with signal 0 only asks whether the process exists.
+    if pid <= 0 || unsafe { libc::kill(pid, 0) } != 0 {
+        return None;
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
+    let mut out = vec![format!("mounted (process {pid}); its counters {}s ago:", now.saturating_sub(time))];
+    out.extend(lines.map(str::to_string));
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandemfs::device::MemoryDevice;
+
+    /// The live counters of an array in use reach its file, and go with it.
+    #[test]
+    fn live_counters_are_written_while_the_array_is_in_use_and_removed_after() {
+        let members: Vec<Member> = (0..4)
+            .map(|slot| Member {
+                name: format!("m{slot}"),
+                device: Arc::new(MemoryDevice::new(array::DATA_START_BYTES + (1 << 20))),
+            })
+            .collect();
+        let options = array::CreateOptions { parity_count: 2, stripe_unit_bytes: 4096, initialize_parity: false };
+        let array = Arc::new(array::create(members, &options, tandemfs::block::volume::default_accelerator()).unwrap());
+        array.write_at(0, &[7u8; 100_000]).unwrap();
+        array.flush().unwrap();
+        publish_live(&array);
+        let uuid = array.array_uuid();
+        let mut lines = None;
+        for _ in 0..100 {
+            lines = live_lines(&uuid);
+            if lines.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let lines = lines.expect("the live file was written");
+        assert!(lines[0].starts_with(&format!("mounted (process {})", std::process::id())), "{lines:?}");
+        assert!(lines.iter().any(|line| line.starts_with("  slot 3:") && line.ends_with(": ok")), "{lines:?}");
+        assert!(!lines[1].contains(" 0 writes"), "{lines:?}");
+        stop_live();
+        assert!(!live_path(&uuid).exists());
     }
 }

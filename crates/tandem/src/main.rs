@@ -93,6 +93,9 @@ enum BenchCommand {
     /// Large sequential and random 4 KiB I/O through the file device (io_uring with and
     /// without O_DIRECT, pread/pwrite), beside fio on the same file
     Device(bench::device::DeviceBenchArguments),
+    /// tandemfs on a k+m erasure-coded array of images beside md RAID-6 + ext4 over loop devices:
+    /// sequential, random 4 KiB, degraded reads and a rebuild, per stripe unit
+    Raid(bench::raid::RaidBenchArguments),
 }
 
 fn run(cli: Cli) -> CliResult<i32> {
@@ -118,6 +121,7 @@ fn run(cli: Cli) -> CliResult<i32> {
             BenchCommand::GpuDir(arguments) => bench::gpu_dir::run(arguments),
             BenchCommand::Flex(arguments) => bench::flex::run(arguments),
             BenchCommand::Device(arguments) => bench::device::run(arguments),
+            BenchCommand::Raid(arguments) => bench::raid::run(arguments),
         },
     }
 }

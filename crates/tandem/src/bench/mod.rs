@@ -1,7 +1,7 @@
 //! Benchmarks: `meta` (library path), `mount` (through FUSE), `log` (parallel log appends),
 //! `memory` (the front end's caches), `services` (the accelerator), `gpu-dir` (the batch API) and
 //! `flex` (inserts and collapses at any byte, beside FlexSpace), `device` (the file device's
-//! transports beside fio).
+//! transports beside fio), `raid` (erasure-coded arrays beside md RAID-6).
 //! Each compares tandemfs with ext4 on the same medium; docs/BENCHMARKS.md says how to read them.
 
 pub mod cpu;
@@ -20,6 +20,7 @@ pub mod meta;
 pub mod mount;
 pub mod passthrough;
 pub mod peers;
+pub mod raid;
 pub mod requests;
 pub mod scaling;
 pub mod system;

@@ -330,7 +330,11 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
 fn open_medium(image_path: &Path) -> CliResult<std::sync::Arc<dyn tandemfs::device::Device>> {
     // An array's members (a list, or one member): docs/RAID.md.
     if crate::array::names_array(image_path) {
-        return crate::array::open_volume_device(image_path, Access::WRITE);
+        crate::array::check_paths(image_path)?;
+        let array = crate::array::open(image_path, Access::WRITE)?;
+        // `tandem status` shows the mounted array's counters from this.
+        crate::array::publish_live(&array);
+        return Ok(array);
     }
     image::check_image_path(image_path)?;
     let writable =
@@ -430,6 +434,7 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
     // Whatever ended the mount (umount, a signal, an error), flush and close the volume so it is
     // clean on disk before this process lets go of its lock.
     let closed = fs.unmount();
+    crate::array::stop_live();
     if let Err(error) = served {
         return Err(CliError::new(format!("cannot mount on {}: {error}", mountpoint.display())));
     }

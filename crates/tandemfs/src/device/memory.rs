@@ -328,6 +328,23 @@ impl MemoryDevice {
         MemoryDevice::build(survivor, crash_model)
     }
 
+    /// What `crash` would leave, without stopping this device: a power loss at this moment
+    /// whose survivor a test keeps while the device goes on (a crash point in the middle of a
+    /// longer operation of the layer above, which must be allowed to finish).
+    pub fn crash_image(&self, seed: u64, mode: CrashMode) -> MemoryDevice {
+        let crash_model = self.inner.crash_state.is_some();
+        let survivor = match &self.inner.crash_state {
+            Some(crash_state) => {
+                let state = crash_state.lock();
+                let mut survivor = state.durable.clone();
+                apply_unflushed(&mut survivor, &state.unflushed, seed, mode);
+                survivor
+            }
+            None => self.inner.image.snapshot(),
+        };
+        MemoryDevice::build(survivor, crash_model)
+    }
+
     /// Adds a fault; faults accumulate until `clear_faults`.
     pub fn inject(&self, fault: Fault) {
         if let Some((start, end)) = fault.range {

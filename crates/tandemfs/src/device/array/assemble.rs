@@ -28,7 +28,9 @@ pub struct CreateOptions {
     pub initialize_parity: bool,
 }
 
-/// Provisional default (RAID.md, *Geometry*): `tandem bench raid` is to choose it.
+/// Kept after `tandem bench raid` on the development VM (BENCHMARKS.md, *Erasure-coded arrays*):
+/// no unit won across its columns; smaller units take random 4 KiB writes faster, larger ones
+/// rebuild a little faster.
 pub const STRIPE_UNIT_BYTES_DEFAULT: u64 = 64 << 10;
 
 /// An assembled array and what assembly found.
@@ -205,10 +207,21 @@ pub fn assemble(members: Vec<Member>, accelerator: Arc<Accelerator>) -> Result<A
             notes.join("; ")
         )));
     }
-    if newest.state == ArrayState::Dirty && !missing.is_empty() {
+    let read_only = slots.iter().flatten().any(|member| member.device.is_read_only());
+    if newest.state == ArrayState::Dirty && !missing.is_empty() && newest.version < 2 {
         return Err(Error::invalid(format!(
-            "array {uuid}: slot {} missing and the array was not closed cleanly: a stripe written at the crash \
-             could rebuild it wrongly (the write hole, docs/RAID.md rule 2); bring the member back ({})",
+            "array {uuid}: slot {} missing and the array was not closed cleanly by a version-{} build, which kept \
+             no partial-parity log: a stripe written at the crash could rebuild it wrongly (the write hole, \
+             docs/RAID.md rule 2); bring the member back ({})",
+            listed.join(", "),
+            newest.version,
+            notes.join("; ")
+        )));
+    }
+    if newest.state == ArrayState::Dirty && !missing.is_empty() && read_only {
+        return Err(Error::invalid(format!(
+            "array {uuid}: slot {} missing and the array was not closed cleanly: its recovery from the \
+             partial-parity log writes parity, so it needs a writable open ({})",
             listed.join(", "),
             notes.join("; ")
         )));
@@ -228,12 +241,18 @@ pub fn assemble(members: Vec<Member>, accelerator: Arc<Accelerator>) -> Result<A
         (0..count).map(|slot| if missing.contains(&slot) { reasons[slot].clone() } else { None }).collect();
     let device = ArrayDevice::new(geometry, header_state, devices, names, missing_reasons, accelerator)?;
     let mut resynced_stripes = 0;
-    if newest.state == ArrayState::Dirty && device.is_read_only() {
+    if newest.state == ArrayState::Dirty && read_only {
         // Reads need no parity while every member is present; the resync waits for a writer.
         notes.push("not closed cleanly: its parity is recomputed at the next writable open".to_string());
-    } else if newest.state == ArrayState::Dirty {
+    } else if newest.state == ArrayState::Dirty && newest.version < 2 {
+        // A version-1 array kept no write-intent bitmap: every stripe is recomputed.
         resynced_stripes = device.resync()?;
         device.close()?;
+    } else if newest.state == ArrayState::Dirty {
+        resynced_stripes = device.recover()?;
+        device.close()?;
+    } else {
+        device.load_epoch()?;
     }
     Ok(Assembly { device, resynced_stripes, notes })
 }

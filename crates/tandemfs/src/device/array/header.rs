@@ -9,7 +9,12 @@ pub const HEADER_BYTES: usize = 4096;
 /// Where the stripe units start on every member: the headers and the reserved area before it.
 pub const DATA_START_BYTES: u64 = 1 << 20;
 pub const MAGIC: &[u8; 8] = b"TNDMRAID";
-pub const VERSION: u32 = 1;
+/// Version 2 added the intent record in the reserved area (partial-parity log and write-intent
+/// bitmap, docs/RAID.md *Rule 3*); version 1 kept it zero.
+pub const VERSION: u32 = 2;
+/// The oldest version this build reads: a version-1 array is read, and upgraded (its headers
+/// say 2) at its first header write.
+pub const VERSION_OLDEST_READ: u32 = 1;
 /// Most members of one array: `missing_slots` is a 64-bit mask.
 pub const MEMBER_COUNT_MAX: usize = 64;
 /// Most parity shards (issue 10: m from 1 to 4).
@@ -42,6 +47,8 @@ pub enum ArrayState {
 /// One member's header, decoded and checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberHeader {
+    /// The version the header was read with; `encode` always writes `VERSION`.
+    pub version: u32,
     pub slot: usize,
     pub array_uuid: [u8; 16],
     pub member_uuid: [u8; 16],
@@ -91,10 +98,15 @@ impl MemberHeader {
     }
 
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(VERSION)
+    }
+
+    /// The header as `version` wrote it (`VERSION`, or an older one for the upgrade tests).
+    pub fn encode_as(&self, version: u32) -> Vec<u8> {
         assert!(self.member_uuids.len() == self.member_count && self.member_count <= MEMBER_COUNT_MAX);
         let mut bytes = vec![0u8; HEADER_BYTES];
         bytes[..8].copy_from_slice(MAGIC);
-        put_u32(&mut bytes, OFFSET_VERSION, VERSION);
+        put_u32(&mut bytes, OFFSET_VERSION, version);
         put_u32(&mut bytes, OFFSET_SLOT, self.slot as u32);
         bytes[OFFSET_ARRAY_UUID..OFFSET_ARRAY_UUID + 16].copy_from_slice(&self.array_uuid);
         bytes[OFFSET_MEMBER_UUID..OFFSET_MEMBER_UUID + 16].copy_from_slice(&self.member_uuid);
@@ -127,8 +139,8 @@ impl MemberHeader {
             return bad("checksum mismatch".into());
         }
         let version = get_u32(bytes, OFFSET_VERSION);
-        if version != VERSION {
-            return bad(format!("version {version}, this build reads {VERSION}"));
+        if !(VERSION_OLDEST_READ..=VERSION).contains(&version) {
+            return bad(format!("version {version}, this build reads {VERSION_OLDEST_READ} to {VERSION}"));
         }
         let member_count = get_u32(bytes, OFFSET_MEMBER_COUNT) as usize;
         let parity_count = get_u32(bytes, OFFSET_PARITY_COUNT) as usize;
@@ -168,6 +180,7 @@ impl MemberHeader {
             return bad(format!("slot {slot}'s uuid in the member table is not the member's own"));
         }
         Ok(Some(MemberHeader {
+            version,
             slot,
             array_uuid: uuid_at(bytes, OFFSET_ARRAY_UUID),
             member_uuid,

@@ -5,7 +5,9 @@
 //! Nothing here knows about the volume on top: its format is FORMAT.md's, on the array's bytes.
 
 mod assemble;
+mod epoch;
 pub mod header;
+pub mod intent;
 #[cfg(test)]
 mod tests;
 
@@ -16,11 +18,13 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tandem_accel::{Accelerator, ReedSolomon};
 
 use crate::device::{check_range, Device};
 use crate::error::{Error, Result};
+use epoch::{Epoch, CHUNK_ROWS_MAX};
+use intent::{IntentRecord, PartialParity, RecordShape, INTENT_START_BYTES};
 
 /// Stripes share this many locks (a stripe's lock is `stripe % STRIPE_LOCK_COUNT`).
 const STRIPE_LOCK_COUNT: usize = 256;
@@ -73,6 +77,9 @@ pub struct SlotStatistics {
     pub read_errors: u64,
     pub write_errors: u64,
     pub flush_errors: u64,
+    /// Bytes found wrong on this member and rewritten from the others (self-healing reads and
+    /// scrub repairs).
+    pub repaired_bytes: u64,
 }
 
 /// Counters of the whole array since assembly.
@@ -114,6 +121,36 @@ struct HeaderState {
     missing_slots: u64,
 }
 
+/// What the array knows of its intent records (docs/RAID.md, *Rule 3*).
+#[derive(Default)]
+struct IntentState {
+    /// The newest epoch number written to (or found on) the members.
+    epoch: u64,
+    /// The bitmap of the newest record on every present member; `None` when not known (after
+    /// assembly), so that the first epoch with home writes writes one.
+    durable_bitmap: Option<Vec<u8>>,
+    /// The newest record holds partial parity: the next epoch with home writes must write a
+    /// record (even one without entries) to retire it first.
+    retire_pending: bool,
+}
+
+/// A partial-parity entry found at recovery, with the rows of every parity shard found.
+struct RecoveredEntry {
+    rows: Range<u64>,
+    written: Vec<(usize, Range<u64>)>,
+    parity: Vec<Option<Vec<u8>>>,
+}
+
+/// One stripe chunk of an epoch, read and encoded, waiting for its home writes.
+struct Prepared {
+    stripe: u64,
+    rows: Range<u64>,
+    /// The k data shards' new rows.
+    data: Vec<Vec<u8>>,
+    written: Vec<Vec<Range<u64>>>,
+    parity: Vec<Vec<u8>>,
+}
+
 #[derive(Default)]
 struct SlotCounters {
     reads: AtomicU64,
@@ -121,6 +158,7 @@ struct SlotCounters {
     read_errors: AtomicU64,
     write_errors: AtomicU64,
     flush_errors: AtomicU64,
+    repaired_bytes: AtomicU64,
 }
 
 /// An array of member devices, assembled (`assemble`) or new (`create`).
@@ -143,6 +181,12 @@ pub struct ArrayDevice {
     counters: Vec<SlotCounters>,
     reconstructed_bytes: AtomicU64,
     healed_bytes: AtomicU64,
+    /// The writes since the last flush (rule 3: they go home only after their intent records).
+    epoch: Mutex<Epoch>,
+    /// Held shared by reads, exclusively by a flush: a read never sees members half-written by
+    /// a flush with the flushed epoch already gone from memory.
+    home: RwLock<()>,
+    intent: Mutex<IntentState>,
 }
 
 /// One piece of a logical request: a byte range of one unit.
@@ -187,6 +231,9 @@ impl ArrayDevice {
             stripe_locks: (0..STRIPE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             reconstructed_bytes: AtomicU64::new(0),
             healed_bytes: AtomicU64::new(0),
+            epoch: Mutex::new(Epoch::default()),
+            home: RwLock::new(()),
+            intent: Mutex::new(IntentState::default()),
         })
     }
 
@@ -224,6 +271,7 @@ impl ArrayDevice {
                         read_errors: counters.read_errors.load(Ordering::Relaxed),
                         write_errors: counters.write_errors.load(Ordering::Relaxed),
                         flush_errors: counters.flush_errors.load(Ordering::Relaxed),
+                        repaired_bytes: counters.repaired_bytes.load(Ordering::Relaxed),
                     }
                 })
                 .collect(),
@@ -314,6 +362,7 @@ impl ArrayDevice {
 
     fn member_header(&self, header: &HeaderState, slot: usize) -> MemberHeader {
         MemberHeader {
+            version: header::VERSION,
             slot,
             array_uuid: header.array_uuid,
             member_uuid: header.member_uuids[slot],
@@ -351,6 +400,19 @@ impl ArrayDevice {
         self.write_headers(&mut header)?;
         self.dirty.store(false, Ordering::Release);
         Ok(())
+    }
+
+    /// Flushes every present member; one that fails is marked missing.
+    fn flush_members(&self) -> Result<()> {
+        self.check_enough()?;
+        for slot in 0..self.geometry.member_count {
+            let Some(device) = self.present(slot) else { continue };
+            if let Err(error) = device.flush() {
+                self.counters[slot].flush_errors.fetch_add(1, Ordering::Relaxed);
+                self.mark_missing(slot, &error)?;
+            }
+        }
+        self.check_enough()
     }
 
     fn read_member(&self, slot: usize, offset: u64, buffer: &mut [u8], uncached: bool) -> Result<bool> {
@@ -444,14 +506,24 @@ impl ArrayDevice {
         Ok(Some(wanted.iter().map(|&shard| std::mem::take(&mut shards[shard])).collect()))
     }
 
+    /// Reads the members, then lays the epoch's writes over what they hold.
     fn read_logical(&self, offset: u64, buffer: &mut [u8], uncached: bool) -> Result<()> {
         check_range(self.size_bytes(), offset, buffer.len(), "read")?;
-        for piece in self.pieces(offset, buffer.len()) {
+        let _home = self.home.read();
+        let pieces = self.pieces(offset, buffer.len());
+        for piece in &pieces {
             let target = &mut buffer[piece.buffer_offset..piece.buffer_offset + piece.length];
             let slot = self.geometry.slot(piece.stripe, piece.shard);
             let member_offset = self.geometry.member_offset(piece.stripe, piece.row);
             if !self.read_member(slot, member_offset, target, uncached)? {
-                self.read_degraded(&piece, target)?;
+                self.read_degraded(piece, target)?;
+            }
+        }
+        let epoch = self.epoch.lock();
+        if !epoch.is_empty() {
+            for piece in &pieces {
+                let target = &mut buffer[piece.buffer_offset..piece.buffer_offset + piece.length];
+                epoch.overlay(&self.geometry, piece.stripe, piece.shard, piece.row, target);
             }
         }
         Ok(())
@@ -514,6 +586,12 @@ impl ArrayDevice {
         if check(buffer) {
             return Ok(true);
         }
+        // The members are what gets rebuilt: the epoch goes home first, and is read again.
+        self.flush()?;
+        self.read_logical(offset, buffer, false)?;
+        if check(buffer) {
+            return Ok(true);
+        }
         let pieces = self.pieces(offset, buffer.len());
         let mut suspects: Vec<usize> =
             pieces.iter().map(|piece| self.geometry.slot(piece.stripe, piece.shard)).collect();
@@ -542,6 +620,7 @@ impl ArrayDevice {
                 self.ensure_dirty()?;
                 self.write_member(suspect, self.geometry.member_offset(piece.stripe, piece.row), bytes)?;
                 self.healed_bytes.fetch_add(piece.length as u64, Ordering::Relaxed);
+                self.counters[suspect].repaired_bytes.fetch_add(piece.length as u64, Ordering::Relaxed);
             }
             buffer.copy_from_slice(&candidate);
             return Ok(true);
@@ -617,6 +696,9 @@ impl ArrayDevice {
             }
         }
         let rebuilt = ArrayDevice::new(geometry, state, members, names, reasons, self.accelerator.clone())?;
+        // The replacement's record area is zero: the epoch numbers go on from the others'.
+        rebuilt.intent.lock().epoch = self.intent.lock().epoch;
+        rebuilt.intent.lock().retire_pending = true;
         // Both copies on the new member; the others move on by two events.
         let mut header = rebuilt.header.lock();
         rebuilt.write_headers(&mut header)?;
@@ -625,6 +707,8 @@ impl ArrayDevice {
         Ok(rebuilt)
     }
 
+    /// A write joins the epoch (rule 3): nothing reaches the members before the next flush,
+    /// which the array also runs of its own accord when the epoch is full.
     fn write_logical(&self, offset: u64, data: &[u8]) -> Result<()> {
         check_range(self.size_bytes(), offset, data.len(), "write")?;
         if data.is_empty() {
@@ -632,117 +716,352 @@ impl ArrayDevice {
         }
         self.check_enough()?;
         self.ensure_dirty()?;
-        let stripe_bytes = self.geometry.stripe_data_bytes();
-        let mut done = 0usize;
-        while done < data.len() {
-            let at = offset + done as u64;
-            let start = at % stripe_bytes;
-            let length = (data.len() - done).min((stripe_bytes - start) as usize);
-            self.write_stripe(at / stripe_bytes, start, &data[done..done + length])?;
-            done += length;
+        for piece in self.pieces(offset, data.len()) {
+            // Cut at chunk boundaries, so that an empty epoch always takes each part.
+            let mut row = piece.row;
+            while row < piece.row + piece.length as u64 {
+                let end = (row / CHUNK_ROWS_MAX + 1) * CHUNK_ROWS_MAX;
+                let end = end.min(piece.row + piece.length as u64);
+                let from = piece.buffer_offset + (row - piece.row) as usize;
+                let bytes = &data[from..from + (end - row) as usize];
+                if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes).is_err() {
+                    self.flush()?;
+                    if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes).is_err() {
+                        // Another thread's writes filled the new epoch at once: flush again.
+                        self.flush()?;
+                        self.epoch
+                            .lock()
+                            .insert(&self.geometry, piece.stripe, piece.shard, row, bytes)
+                            .map_err(|_| Error::invalid("the array's epoch takes no write".to_string()))?;
+                    }
+                }
+                row = end;
+            }
         }
         Ok(())
     }
 
-    fn write_stripe(&self, stripe: u64, start: u64, data: &[u8]) -> Result<()> {
-        let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+    /// Rows `rows` of `wanted` shards, tried again while members fail (each failure loses one).
+    fn read_rows_retrying(&self, stripe: u64, rows: Range<u64>, wanted: &[usize]) -> Result<Vec<Vec<u8>>> {
         for _try in 0..=self.geometry.member_count {
-            if self.try_write_stripe(stripe, start, data)? {
-                return Ok(());
+            if let Some(shards) = self.read_shard_rows(stripe, rows.clone(), wanted)? {
+                return Ok(shards);
             }
         }
         Err(self.lost_error())
     }
 
-    /// Reconstruct-write of the rows `data` touches (RAID.md: never parity by difference, so a
-    /// redone write leaves its rows consistent whatever parity was there): the other data units'
-    /// rows are read (or rebuilt), the parity rows encoded from scratch, and the written bytes
-    /// and the parity rows written. `Ok(false)`: a member failed a read; try again.
-    fn try_write_stripe(&self, stripe: u64, start: u64, data: &[u8]) -> Result<bool> {
-        let geometry = &self.geometry;
-        let (unit, k) = (geometry.stripe_unit_bytes, geometry.data_count());
-        let end = start + data.len() as u64;
-        assert!(end <= geometry.stripe_data_bytes() && start < end);
-        let (first_shard, last_shard) = ((start / unit) as usize, ((end - 1) / unit) as usize);
-        let rows = if first_shard == last_shard { start % unit..(end - 1) % unit + 1 } else { 0..unit };
+    fn encode_parity(&self, data: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+        let length = data.first().map_or(0, Vec::len);
+        let inputs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let mut parity = vec![vec![0u8; length]; self.geometry.parity_count];
+        let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(Vec::as_mut_slice).collect();
+        self.accelerator.reed_solomon_encode(&self.code, &inputs, &mut outputs).map_err(accel_error)?;
+        Ok(parity)
+    }
+
+    /// Reads and encodes one chunk of the epoch: its new data rows and parity, and for a partial
+    /// chunk the partial parity of the bytes it leaves untouched (pushed to `entries`). Like a
+    /// reconstruct-write, never parity by difference: the rows written home are consistent
+    /// whatever parity was on the members.
+    fn prepare(&self, stripe: u64, pending: &epoch::Pending, entries: &mut Vec<PartialParity>) -> Result<Prepared> {
+        let k = self.geometry.data_count();
+        let rows = pending.rows();
         let length = (rows.end - rows.start) as usize;
-        // The part of shard `shard`'s rows the write covers, in stripe bytes.
-        let covered = |shard: usize| {
-            let unit_start = shard as u64 * unit + rows.start;
-            let unit_end = shard as u64 * unit + rows.end;
-            (start.max(unit_start), end.min(unit_end), unit_start)
+        let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+        let mut data = if pending.is_full() {
+            vec![vec![0u8; length]; k]
+        } else {
+            let all_data: Vec<usize> = (0..k).collect();
+            let mut untouched = self.read_rows_retrying(stripe, rows.clone(), &all_data)?;
+            let old = untouched.clone();
+            for (shard, ranges) in pending.written.iter().enumerate() {
+                for range in ranges {
+                    untouched[shard][(range.start - rows.start) as usize..(range.end - rows.start) as usize].fill(0);
+                }
+            }
+            let written: Vec<(usize, Range<u64>)> = pending
+                .written
+                .iter()
+                .enumerate()
+                .flat_map(|(shard, ranges)| ranges.iter().map(move |range| (shard, range.clone())))
+                .collect();
+            for (parity_index, bytes) in self.encode_parity(&untouched)?.into_iter().enumerate() {
+                entries.push(PartialParity {
+                    stripe,
+                    parity_index,
+                    rows: rows.clone(),
+                    written: written.clone(),
+                    bytes,
+                });
+            }
+            old
         };
-        let to_read: Vec<usize> = (0..k)
-            .filter(|&shard| {
-                let (from, to, unit_start) = covered(shard);
-                !(from == unit_start && to == unit_start + length as u64)
-            })
-            .collect();
-        let mut shards = vec![Vec::new(); geometry.member_count];
-        if !to_read.is_empty() {
-            let Some(read) = self.read_shard_rows(stripe, rows.clone(), &to_read)? else { return Ok(false) };
-            for (&shard, bytes) in to_read.iter().zip(read) {
-                shards[shard] = bytes;
+        for (shard, ranges) in pending.written.iter().enumerate() {
+            for range in ranges {
+                data[shard][(range.start - rows.start) as usize..(range.end - rows.start) as usize]
+                    .copy_from_slice(pending.bytes(shard, range.clone()));
             }
         }
-        for (shard, buffer) in shards.iter_mut().enumerate() {
-            if buffer.is_empty() {
-                *buffer = vec![0u8; length];
-            }
-            if shard >= k {
+        let parity = self.encode_parity(&data)?;
+        Ok(Prepared { stripe, rows, data, written: pending.written.clone(), parity })
+    }
+
+    /// Writes an epoch home (rule 3): each chunk read and encoded; the intent records (bitmap
+    /// and partial parity) written to every present member and flushed where the epoch needs
+    /// them; then the written data rows and the parity rows. The caller flushes after.
+    fn write_epoch(&self, epoch: Epoch) -> Result<()> {
+        let geometry = self.geometry;
+        let mut entries = Vec::new();
+        let mut bitmap = IntentRecord::new(0);
+        let mut prepared = Vec::with_capacity(epoch.pending.len());
+        for (&(stripe, _chunk), pending) in &epoch.pending {
+            if pending.rows().is_empty() {
                 continue;
             }
-            let (from, to, unit_start) = covered(shard);
-            if from < to {
-                buffer[(from - unit_start) as usize..(to - unit_start) as usize]
-                    .copy_from_slice(&data[(from - start) as usize..(to - start) as usize]);
-            }
+            bitmap.mark(stripe, geometry.stripe_count);
+            prepared.push(self.prepare(stripe, pending, &mut entries)?);
         }
-        let (data_shards, parity_shards) = shards.split_at_mut(k);
-        let inputs: Vec<&[u8]> = data_shards.iter().map(Vec::as_slice).collect();
-        let mut outputs: Vec<&mut [u8]> = parity_shards.iter_mut().map(Vec::as_mut_slice).collect();
-        self.accelerator.reed_solomon_encode(&self.code, &inputs, &mut outputs).map_err(accel_error)?;
-        for shard in first_shard..=last_shard {
-            let (from, to, _) = covered(shard);
-            if from < to {
-                let row = from - shard as u64 * unit;
+        drop(epoch);
+        self.write_intent(bitmap.bitmap, entries)?;
+        let k = geometry.data_count();
+        for chunk in prepared {
+            let _stripe = self.stripe_locks[(chunk.stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+            for (shard, ranges) in chunk.written.iter().enumerate() {
+                for range in ranges {
+                    let bytes = &chunk.data[shard]
+                        [(range.start - chunk.rows.start) as usize..(range.end - chunk.rows.start) as usize];
+                    self.write_member(
+                        geometry.slot(chunk.stripe, shard),
+                        geometry.member_offset(chunk.stripe, range.start),
+                        bytes,
+                    )?;
+                }
+            }
+            for (parity, bytes) in chunk.parity.iter().enumerate() {
                 self.write_member(
-                    geometry.slot(stripe, shard),
-                    geometry.member_offset(stripe, row),
-                    &data[(from - start) as usize..(to - start) as usize],
+                    geometry.slot(chunk.stripe, k + parity),
+                    geometry.member_offset(chunk.stripe, chunk.rows.start),
+                    bytes,
                 )?;
             }
         }
-        for (parity, bytes) in parity_shards.iter().enumerate() {
-            self.write_member(geometry.slot(stripe, k + parity), geometry.member_offset(stripe, rows.start), bytes)?;
-        }
-        Ok(true)
+        Ok(())
     }
 
-    /// Rule 1's resync: every stripe's parity recomputed from its data units. Needs every member.
+    /// Writes the intent records of a new epoch to every present member and flushes them, unless
+    /// the epoch needs none: no partial parity, no bit the members' records lack, and no older
+    /// partial parity to retire.
+    fn write_intent(&self, bitmap: Vec<u8>, entries: Vec<PartialParity>) -> Result<()> {
+        let mut intent = self.intent.lock();
+        let covered = intent
+            .durable_bitmap
+            .as_ref()
+            .is_some_and(|durable| bitmap.iter().zip(durable).all(|(wanted, kept)| wanted & !kept == 0));
+        if entries.is_empty() && covered && !intent.retire_pending {
+            return Ok(());
+        }
+        intent.epoch += 1;
+        let k = self.geometry.data_count();
+        for slot in 0..self.geometry.member_count {
+            if self.present(slot).is_none() {
+                continue;
+            }
+            let record = IntentRecord {
+                epoch: intent.epoch,
+                bitmap: bitmap.clone(),
+                entries: entries
+                    .iter()
+                    .filter(|entry| self.geometry.slot(entry.stripe, k + entry.parity_index) == slot)
+                    .cloned()
+                    .collect(),
+            };
+            let bytes = record.encode(&self.array_uuid, slot, self.geometry.stripe_count);
+            self.write_member(slot, INTENT_START_BYTES, &bytes)?;
+        }
+        self.flush_members()?;
+        intent.retire_pending = !entries.is_empty();
+        intent.durable_bitmap = Some(bitmap);
+        Ok(())
+    }
+
+    fn record_shape(&self, slot: usize) -> RecordShape {
+        RecordShape {
+            array_uuid: self.array_uuid,
+            slot,
+            data_count: self.geometry.data_count(),
+            parity_count: self.geometry.parity_count,
+            stripe_unit_bytes: self.geometry.stripe_unit_bytes,
+            stripe_count: self.geometry.stripe_count,
+        }
+    }
+
+    /// The intent records of the present members. A member that cannot be read is marked
+    /// missing.
+    fn read_records(&self) -> Result<Vec<(usize, IntentRecord)>> {
+        let mut records = Vec::new();
+        for slot in 0..self.geometry.member_count {
+            let Some(device) = self.present(slot) else { continue };
+            match intent::read_record(device.as_ref(), &self.record_shape(slot)) {
+                Ok(Some(record)) => records.push((slot, record)),
+                Ok(None) => {}
+                Err(error) if error.is_corruption() => {
+                    return Err(Error::corruption(format!("{}: {error}", self.names[slot])))
+                }
+                Err(error) => self.mark_missing(slot, &error)?,
+            }
+        }
+        Ok(records)
+    }
+
+    /// At assembly of an array closed cleanly: goes on from the members' newest epoch number.
+    pub(super) fn load_epoch(&self) -> Result<()> {
+        let newest = self.read_records()?.iter().map(|(_, record)| record.epoch).max().unwrap_or(0);
+        let mut intent = self.intent.lock();
+        intent.epoch = newest;
+        intent.retire_pending = true;
+        Ok(())
+    }
+
+    /// Rule 3's recovery of an array not closed cleanly, with up to m members missing: the
+    /// stripes the newest intent records mark have their parity recomputed from their data;
+    /// where a data unit is missing, the bytes its stripe's epoch did not write are solved first
+    /// from the partial parity. Returns the stripes recomputed.
+    pub(super) fn recover(&self) -> Result<u64> {
+        // The absent slots are marked in every present header before anything is written, so
+        // that they come back stale.
+        {
+            let mut header = self.header.lock();
+            self.write_headers(&mut header)?;
+        }
+        let records = self.read_records()?;
+        let Some(newest) = records.iter().map(|(_, record)| record.epoch).max() else {
+            // No record: no epoch went home since the array was made or upgraded.
+            return Ok(0);
+        };
+        let geometry = self.geometry;
+        let k = geometry.data_count();
+        let mut found: std::collections::BTreeMap<(u64, u64, u64), RecoveredEntry> = Default::default();
+        let mut bitmap = IntentRecord::new(newest);
+        for (slot, record) in records.into_iter().filter(|(_, record)| record.epoch == newest) {
+            bitmap.bitmap = record.bitmap.clone();
+            for entry in record.entries {
+                if geometry.slot(entry.stripe, k + entry.parity_index) != slot
+                    || !bitmap.is_marked(entry.stripe, geometry.stripe_count)
+                {
+                    return Err(Error::corruption(format!(
+                        "{}: intent record entry for stripe {} parity {} does not belong there",
+                        self.names[slot], entry.stripe, entry.parity_index
+                    )));
+                }
+                let key = (entry.stripe, entry.rows.start, entry.rows.end);
+                let recovered = found.entry(key).or_insert_with(|| RecoveredEntry {
+                    rows: entry.rows.clone(),
+                    written: entry.written.clone(),
+                    parity: vec![None; geometry.parity_count],
+                });
+                recovered.parity[entry.parity_index] = Some(entry.bytes);
+            }
+        }
+        let chunk = intent::chunk_stripes(geometry.stripe_count);
+        let mut recomputed = 0;
+        for bit in 0..intent::BITMAP_BITS {
+            if bitmap.bitmap[(bit / 8) as usize] & (1 << (bit % 8)) == 0 {
+                continue;
+            }
+            for stripe in bit * chunk..((bit + 1) * chunk).min(geometry.stripe_count) {
+                let entries: Vec<&RecoveredEntry> =
+                    found.range((stripe, 0, 0)..(stripe + 1, 0, 0)).map(|(_, entry)| entry).collect();
+                self.resync_stripe(stripe, &entries)?;
+                recomputed += 1;
+            }
+        }
+        self.flush_members()?;
+        let mut intent = self.intent.lock();
+        intent.epoch = newest;
+        intent.retire_pending = true;
+        Ok(recomputed)
+    }
+
+    /// Recomputes one stripe's parity from its data units (missing ones rebuilt from the others,
+    /// then their untouched bytes solved from `entries`' partial parity) and writes it.
+    fn resync_stripe(&self, stripe: u64, entries: &[&RecoveredEntry]) -> Result<()> {
+        let geometry = self.geometry;
+        let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
+        let all_data: Vec<usize> = (0..geometry.data_count()).collect();
+        let mut data = self.read_rows_retrying(stripe, 0..geometry.stripe_unit_bytes, &all_data)?;
+        for entry in entries {
+            self.apply_partial_parity(stripe, entry, &mut data)?;
+        }
+        for (index, bytes) in self.encode_parity(&data)?.iter().enumerate() {
+            let slot = geometry.slot(stripe, geometry.data_count() + index);
+            self.write_member(slot, geometry.member_offset(stripe, 0), bytes)?;
+        }
+        self.check_enough()
+    }
+
+    /// Solves the bytes of `entry`'s rows that its epoch did not write on the missing data units
+    /// of `stripe`: with the written bytes taken as zero, the present data units and the partial
+    /// parity rows found form a codeword with at most m unknown shards (a missing parity member
+    /// loses its row but is no unknown of it). With fewer rows than that, the record of that
+    /// epoch was torn on a member, so its home writes never started and `data` is right as read.
+    fn apply_partial_parity(&self, stripe: u64, entry: &RecoveredEntry, data: &mut [Vec<u8>]) -> Result<()> {
+        let geometry = self.geometry;
+        let k = geometry.data_count();
+        let missing: Vec<usize> =
+            (0..k).filter(|&shard| self.present(geometry.slot(stripe, shard)).is_none()).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let rows = entry.rows.clone();
+        let length = (rows.end - rows.start) as usize;
+        let local = |range: &Range<u64>| (range.start - rows.start) as usize..(range.end - rows.start) as usize;
+        let mut shards = vec![vec![0u8; length]; geometry.member_count];
+        let mut present = vec![false; geometry.member_count];
+        for shard in (0..k).filter(|shard| !missing.contains(shard)) {
+            shards[shard].copy_from_slice(&data[shard][rows.start as usize..rows.end as usize]);
+            present[shard] = true;
+        }
+        for (shard, range) in &entry.written {
+            shards[*shard][local(range)].fill(0);
+        }
+        for (index, bytes) in entry.parity.iter().enumerate() {
+            if let Some(bytes) = bytes {
+                shards[k + index].copy_from_slice(bytes);
+                present[k + index] = true;
+            }
+        }
+        if present.iter().filter(|&&here| here).count() < k {
+            return Ok(());
+        }
+        let mut views: Vec<&mut [u8]> = shards.iter_mut().map(Vec::as_mut_slice).collect();
+        self.accelerator.reed_solomon_reconstruct(&self.code, &mut views, &present).map_err(accel_error)?;
+        for &shard in &missing {
+            let mut untouched = vec![true; length];
+            for (_, range) in entry.written.iter().filter(|(written, _)| *written == shard) {
+                untouched[local(range)].fill(false);
+            }
+            for (at, keep) in untouched.iter().enumerate() {
+                if *keep {
+                    data[shard][rows.start as usize + at] = shards[shard][at];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rule 1's whole resync: every stripe's parity recomputed from its data units. Needs every
+    /// member (a version-1 array, which has no intent records, and parity made at creation).
     pub fn resync(&self) -> Result<u64> {
         if self.missing_count.load(Ordering::Acquire) > 0 {
             return Err(Error::invalid("a resync needs every member present".to_string()));
         }
-        let geometry = self.geometry;
-        let all_data: Vec<usize> = (0..geometry.data_count()).collect();
-        for stripe in 0..geometry.stripe_count {
-            let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
-            let Some(data) = self.read_shard_rows(stripe, 0..geometry.stripe_unit_bytes, &all_data)? else {
-                return Err(self.lost_error());
-            };
-            let inputs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-            let mut parity = vec![vec![0u8; geometry.stripe_unit_bytes as usize]; geometry.parity_count];
-            let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(Vec::as_mut_slice).collect();
-            self.accelerator.reed_solomon_encode(&self.code, &inputs, &mut outputs).map_err(accel_error)?;
-            for (index, bytes) in parity.iter().enumerate() {
-                let slot = geometry.slot(stripe, geometry.data_count() + index);
-                self.write_member(slot, geometry.member_offset(stripe, 0), bytes)?;
-            }
-            self.check_enough()?;
+        self.flush()?;
+        for stripe in 0..self.geometry.stripe_count {
+            self.resync_stripe(stripe, &[])?;
         }
         self.flush()?;
-        Ok(geometry.stripe_count)
+        Ok(self.geometry.stripe_count)
     }
 
     /// Checks every stripe's parity against its data, 4 KiB of rows at a time; with m ≥ 2 names
@@ -753,6 +1072,8 @@ impl ArrayDevice {
             // Repairs are writes like any other: a crash among them must leave the array dirty.
             self.ensure_dirty()?;
         }
+        // The members are what scrub checks: the epoch goes home first.
+        self.flush()?;
         let mut report = ScrubReport::default();
         for stripe in 0..geometry.stripe_count {
             let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
@@ -777,6 +1098,9 @@ impl ArrayDevice {
                 if let (true, Some((slot, bytes))) = (repair, &bad_slot) {
                     self.write_member(*slot, geometry.member_offset(stripe, row), bytes)?;
                     repaired = self.present(*slot).is_some();
+                    if repaired {
+                        self.counters[*slot].repaired_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    }
                 }
                 report.mismatches.push(Mismatch { stripe, row, bad_slot: bad_slot.map(|(slot, _)| slot), repaired });
             }
@@ -831,16 +1155,15 @@ impl Device for ArrayDevice {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write_logical(offset, data)
     }
+    /// Writes the epoch home (rule 3), then flushes every member.
     fn flush(&self) -> Result<()> {
+        let _home = self.home.write();
+        let epoch = std::mem::take(&mut *self.epoch.lock());
         self.check_enough()?;
-        for slot in 0..self.geometry.member_count {
-            let Some(device) = self.present(slot) else { continue };
-            if let Err(error) = device.flush() {
-                self.counters[slot].flush_errors.fetch_add(1, Ordering::Relaxed);
-                self.mark_missing(slot, &error)?;
-            }
+        if !epoch.is_empty() {
+            self.write_epoch(epoch)?;
         }
-        self.check_enough()
+        self.flush_members()
     }
     fn reachable_by_other_processes(&self) -> bool {
         self.members.iter().flatten().any(|member| member.reachable_by_other_processes())

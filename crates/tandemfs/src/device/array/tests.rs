@@ -6,9 +6,11 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::header::{read_header, Found, DATA_START_BYTES};
+use super::header::{self, read_header, Found, DATA_START_BYTES};
+use super::intent::INTENT_START_BYTES;
 use super::*;
 use crate::device::{CrashMode, Fault, FaultOperation, MemoryDevice};
+use crate::error::Result;
 
 const UNIT: u64 = 4096;
 const STRIPES: u64 = 24;
@@ -80,6 +82,7 @@ fn shards_land_where_the_geometry_says_with_rotating_parity() {
     let mut rng = SmallRng::seed_from_u64(1);
     let data = random_bytes(&mut rng, array.size_bytes() as usize);
     array.write_at(0, &data).unwrap();
+    array.flush().unwrap();
     let code = ReedSolomon::new(3, 2).unwrap();
     let member_bytes: Vec<Vec<u8>> = devices.iter().map(MemoryDevice::to_bytes).collect();
     for stripe in 0..STRIPES {
@@ -167,7 +170,8 @@ fn one_member_more_than_the_parity_stops_the_array_with_a_clear_error() {
     for device in &devices[..3] {
         kill(device);
     }
-    let error = array.write_at(100, &[1u8; 100]).unwrap_err().to_string();
+    // The write joins the epoch; its flush finds the members gone.
+    let error = array.write_at(100, &[1u8; 100]).and_then(|()| array.flush()).unwrap_err().to_string();
     assert!(error.contains("missing, parity 2 covers at most 2"), "{error}");
     let mut buffer = vec![0u8; 10_000];
     let error = array.read_at(0, &mut buffer).unwrap_err().to_string();
@@ -242,48 +246,261 @@ fn a_member_failed_while_running_is_stale_when_it_comes_back() {
     assert!(buffer.iter().all(|&byte| byte == 2));
 }
 
+/// `count` distinct slots of `member_count`, chosen by `rng`.
+fn distinct_slots(rng: &mut SmallRng, member_count: usize, count: usize) -> Vec<usize> {
+    let mut slots: Vec<usize> = (0..member_count).collect();
+    for index in (1..slots.len()).rev() {
+        slots.swap(index, rng.gen_range(0..=index));
+    }
+    slots.truncate(count);
+    slots
+}
+
+/// Rule 3: writes with flushes between them, a crash that every member takes at its own point
+/// (torn unflushed writes on one, all kept on another, all lost on a third), then up to m
+/// members gone at once: the dirty degraded array assembles, and every byte the last flush
+/// covered and the writes after it did not touch reads back as flushed, then with m members
+/// gone in all. Fails without the partial parity (`apply_partial_parity`).
 #[test]
-fn a_crash_leaves_a_dirty_array_that_resyncs_and_keeps_what_was_flushed() {
-    for seed in 0..12u64 {
-        let (devices, array) = new_array(5, 2, true);
-        let size = array.size_bytes() as usize;
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let durable = random_bytes(&mut rng, size);
-        array.write_at(0, &durable).unwrap();
-        array.flush().unwrap();
-        // Partial-stripe writes after the flush tear at the crash; bytes they did not touch
-        // must come back as flushed.
-        let mut touched = vec![false; size];
-        for _ in 0..20 {
-            let (offset, length) = random_range(&mut rng, size as u64, array.geometry().stripe_data_bytes());
-            array.write_at(offset, &random_bytes(&mut rng, length)).unwrap();
-            touched[offset as usize..offset as usize + length].fill(true);
+fn a_crash_with_members_gone_keeps_every_flushed_byte() {
+    for seed in 0..16u64 {
+        for (count, parity) in [(5, 2), (4, 1), (7, 3)] {
+            crash_with_members_gone(count, parity, seed);
         }
-        let crashed: Vec<MemoryDevice> = devices
-            .iter()
-            .enumerate()
-            .map(|(slot, device)| device.crash(seed * 10 + slot as u64, CrashMode::Random))
-            .collect();
-        drop(array);
-        assert!(
-            matches!(read_header(&crashed[0]).unwrap(), Found::Member(header) if header.state == ArrayState::Dirty)
-        );
-        // Dirty with a member missing: refused (rule 2).
-        let error = assemble(as_members(&crashed)[1..].to_vec(), accelerator()).err().unwrap().to_string();
-        assert!(error.contains("not closed cleanly"), "{error}");
-        let assembly = assemble(as_members(&crashed), accelerator()).unwrap();
-        assert_eq!(assembly.resynced_stripes, STRIPES);
-        let array = assembly.device;
-        assert_eq!(array.scrub(false).unwrap().mismatches, vec![]);
-        // After the resync any m members may go: untouched bytes still read as flushed.
-        kill(&crashed[seed as usize % 5]);
-        kill(&crashed[(seed as usize + 2) % 5]);
+    }
+}
+
+/// Power lost at the `countdown`-th member write from arming: every member is crashed at once,
+/// each with its own mode, while the write that reached zero is the last one issued. Writes in
+/// flight in the array's flush (intent records, home writes) are torn, kept or lost per member.
+struct CrashPoint {
+    countdown: std::sync::atomic::AtomicI64,
+    members: Vec<MemoryDevice>,
+    modes: Vec<CrashMode>,
+    seed: u64,
+    crashed: parking_lot::Mutex<Option<Vec<MemoryDevice>>>,
+}
+
+impl CrashPoint {
+    fn crash_now(&self) {
+        let mut crashed = self.crashed.lock();
+        if crashed.is_none() {
+            *crashed = Some(
+                self.members
+                    .iter()
+                    .enumerate()
+                    .map(|(slot, member)| member.crash(self.seed * 10 + slot as u64, self.modes[slot]))
+                    .collect(),
+            );
+        }
+    }
+    fn has_crashed(&self) -> bool {
+        self.crashed.lock().is_some()
+    }
+}
+
+struct CrashingMember {
+    inner: MemoryDevice,
+    point: Arc<CrashPoint>,
+}
+
+impl Device for CrashingMember {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, buffer)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.inner.write_at(offset, data)?;
+        if self.point.countdown.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            self.point.crash_now();
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn crash_with_members_gone(count: usize, parity: usize, seed: u64) {
+    let mut rng = SmallRng::seed_from_u64(seed * 1000 + count as u64);
+    let modes = [CrashMode::Random, CrashMode::KeepAll, CrashMode::DropAll];
+    let devices: Vec<MemoryDevice> = (0..count).map(|_| MemoryDevice::with_crash_model(MEMBER_BYTES)).collect();
+    let point = Arc::new(CrashPoint {
+        countdown: std::sync::atomic::AtomicI64::new(i64::MAX),
+        members: devices.clone(),
+        modes: (0..count).map(|_| modes[rng.gen_range(0..3)]).collect(),
+        seed,
+        crashed: parking_lot::Mutex::new(None),
+    });
+    let members: Vec<Member> = devices
+        .iter()
+        .enumerate()
+        .map(|(slot, device)| Member {
+            name: format!("m{slot}"),
+            device: Arc::new(CrashingMember { inner: device.clone(), point: point.clone() }),
+        })
+        .collect();
+    let options = CreateOptions { parity_count: parity, stripe_unit_bytes: UNIT, initialize_parity: false };
+    let array = create(members, &options, accelerator()).unwrap();
+    let size = array.size_bytes() as usize;
+    let stripe_bytes = array.geometry().stripe_data_bytes();
+    let mut durable = random_bytes(&mut rng, size);
+    array.write_at(0, &durable).unwrap();
+    array.flush().unwrap();
+    let mut model = durable.clone();
+    let mut touched = vec![false; size];
+    point.countdown.store(rng.gen_range(1..160), std::sync::atomic::Ordering::Release);
+    for step in 0..60 {
+        let (offset, length) = random_range(&mut rng, size as u64, stripe_bytes);
+        let length = length.min(3 * UNIT as usize);
+        let bytes = random_bytes(&mut rng, length);
+        if array.write_at(offset, &bytes).is_err() {
+            break;
+        }
+        model[offset as usize..offset as usize + length].copy_from_slice(&bytes);
+        touched[offset as usize..offset as usize + length].fill(true);
+        if step % 7 == 6 {
+            let flushed = array.flush();
+            if point.has_crashed() {
+                break;
+            }
+            flushed.unwrap();
+            durable.clone_from(&model);
+            touched.fill(false);
+        }
+    }
+    point.crash_now();
+    drop(array);
+    let crashed = point.crashed.lock().take().expect("crashed");
+    assert!(matches!(read_header(&crashed[0]).unwrap(), Found::Member(header) if header.state == ArrayState::Dirty));
+    let gone_count = rng.gen_range(1..=parity);
+    let gone = distinct_slots(&mut rng, count, gone_count);
+    let present: Vec<Member> =
+        as_members(&crashed).into_iter().enumerate().filter(|(slot, _)| !gone.contains(slot)).map(|(_, m)| m).collect();
+    let assembly =
+        assemble(present, accelerator()).unwrap_or_else(|error| panic!("{count}+{parity} seed {seed}: {error}"));
+    assert!(assembly.resynced_stripes <= STRIPES);
+    let array = assembly.device;
+    assert_eq!(array.state(), ArrayState::Clean);
+    let check = |array: &ArrayDevice, what: &str| {
         let mut whole = vec![0u8; size];
         array.read_at(0, &mut whole).unwrap();
         for index in 0..size {
-            assert!(touched[index] || whole[index] == durable[index], "seed {seed}: byte {index} changed");
+            assert!(
+                touched[index] || whole[index] == durable[index],
+                "{count}+{parity} seed {seed}, slots {gone:?} gone{what}: flushed byte {index} changed"
+            );
         }
+    };
+    check(&array, "");
+    // The parity now agrees with the data: the members left may go too, up to m in all.
+    for &slot in
+        distinct_slots(&mut rng, count, count).iter().filter(|slot| !gone.contains(slot)).take(parity - gone.len())
+    {
+        kill(&crashed[slot]);
     }
+    check(&array, " and more killed");
+    // The members gone are stale when they come back: left out, and the bytes are the same.
+    drop(array);
+    for device in &crashed {
+        device.clear_faults();
+    }
+    let assembly = assemble(as_members(&crashed), accelerator()).unwrap();
+    assert!(assembly.device.missing_slots().len() >= gone.len(), "{:?}", assembly.notes);
+    check(&assembly.device, " after the others came back");
+}
+
+/// The write-intent bitmap: after a crash only the stripes the last intent record marks are
+/// recomputed. A parity unit damaged behind the array's back in a stripe the epoch never
+/// wrote stays as it was (scrub still finds it), so the resync did not read or write it; the
+/// marked stripes agree and every flushed byte is kept.
+#[test]
+fn a_crash_resyncs_only_the_stripes_the_bitmap_marks() {
+    let (devices, array) = new_array(5, 2, true);
+    let mut rng = SmallRng::seed_from_u64(5);
+    let size = array.size_bytes() as usize;
+    let stripe_bytes = array.geometry().stripe_data_bytes();
+    let mut durable = random_bytes(&mut rng, size);
+    array.write_at(0, &durable).unwrap();
+    array.flush().unwrap();
+    // A partial write in stripes 3 and 10, flushed: that epoch's record marks those two.
+    for stripe in [3u64, 10] {
+        let at = (stripe * stripe_bytes + 100) as usize;
+        let bytes = random_bytes(&mut rng, 500);
+        array.write_at(at as u64, &bytes).unwrap();
+        durable[at..at + 500].copy_from_slice(&bytes);
+    }
+    array.flush().unwrap();
+    // Unflushed writes into the same stripes, torn at the crash.
+    let mut touched = vec![false; size];
+    for stripe in [3u64, 10] {
+        let at = (stripe * stripe_bytes + 2000) as usize;
+        array.write_at(at as u64, &random_bytes(&mut rng, 3000)).unwrap();
+        touched[at..at + 3000].fill(true);
+    }
+    array.flush().unwrap();
+    array.write_at(3 * stripe_bytes + 50, &[9u8; 10]).unwrap();
+    touched[(3 * stripe_bytes + 50) as usize..(3 * stripe_bytes + 60) as usize].fill(true);
+    // Stripe 20's parity damaged where the array cannot see it.
+    let geometry = array.geometry();
+    let parity_slot = geometry.slot(20, 3);
+    devices[parity_slot].write_at(geometry.member_offset(20, 8), &[0x5A; 8]).unwrap();
+    devices[parity_slot].flush().unwrap();
+    let crashed: Vec<MemoryDevice> =
+        devices.iter().enumerate().map(|(slot, device)| device.crash(slot as u64, CrashMode::Random)).collect();
+    drop(array);
+    let assembly = assemble(as_members(&crashed), accelerator()).unwrap();
+    assert_eq!(assembly.resynced_stripes, 2, "only stripes 3 and 10 are marked");
+    let report = assembly.device.scrub(false).unwrap();
+    assert_eq!(report.mismatches.iter().map(|mismatch| mismatch.stripe).collect::<Vec<_>>(), vec![20]);
+    let mut whole = vec![0u8; size];
+    assembly.device.read_at(0, &mut whole).unwrap();
+    assert!((0..size).all(|index| touched[index] || whole[index] == durable[index]));
+}
+
+/// A version-1 array (no intent records): read and upgraded to version 2 at its first header
+/// write; dirty with every member it is resynced whole; dirty with a member gone it is refused
+/// as before (rule 2), since it kept no partial parity.
+#[test]
+fn a_version_one_array_is_read_upgraded_and_refused_dirty_degraded() {
+    let (devices, array) = new_array(4, 2, false);
+    let mut rng = SmallRng::seed_from_u64(8);
+    let data = random_bytes(&mut rng, array.size_bytes() as usize);
+    array.write_at(0, &data).unwrap();
+    array.close().unwrap();
+    drop(array);
+    let as_version_one = |state: ArrayState| {
+        for device in &devices {
+            let Found::Member(mut header) = read_header(device).unwrap() else { panic!("no header") };
+            header.state = state;
+            let bytes = header.encode_as(1);
+            device.write_at(0, &bytes).unwrap();
+            device.write_at(header::HEADER_BYTES as u64, &bytes).unwrap();
+            device.write_at(INTENT_START_BYTES, &vec![0u8; 8192]).unwrap();
+        }
+    };
+    as_version_one(ArrayState::Dirty);
+    let error = assemble(as_members(&devices)[1..].to_vec(), accelerator()).err().unwrap().to_string();
+    assert!(error.contains("version-1") && error.contains("bring the member back"), "{error}");
+    let assembly = assemble(as_members(&devices), accelerator()).unwrap();
+    assert_eq!(assembly.resynced_stripes, STRIPES);
+    drop(assembly);
+    let version = |device: &MemoryDevice| match read_header(device).unwrap() {
+        Found::Member(header) => header.version,
+        _ => panic!("no header"),
+    };
+    assert!(devices.iter().all(|device| version(device) == header::VERSION));
+    as_version_one(ArrayState::Clean);
+    let assembly = assemble(as_members(&devices)[1..].to_vec(), accelerator()).unwrap();
+    let mut whole = vec![0u8; data.len()];
+    assembly.device.read_at(0, &mut whole).unwrap();
+    assert!(whole == data);
+    assert!(devices.iter().all(|device| version(device) == 1), "reading writes nothing");
+    assembly.device.write_at(5, &[1, 2, 3]).unwrap();
+    drop(assembly);
+    assert!(devices[1..].iter().all(|device| version(device) == header::VERSION));
 }
 
 #[test]
@@ -292,12 +509,14 @@ fn scrub_finds_and_repairs_a_silently_corrupted_block() {
     let mut rng = SmallRng::seed_from_u64(3);
     let data = random_bytes(&mut rng, array.size_bytes() as usize);
     array.write_at(0, &data).unwrap();
+    array.flush().unwrap();
     let stripe = 5u64;
     let slot = array.geometry().slot(stripe, 1);
     let at = DATA_START_BYTES + stripe * UNIT + 100;
     devices[slot].write_at(at, &[0xEE; 16]).unwrap();
     let report = array.scrub(true).unwrap();
     assert_eq!(report.mismatches, vec![Mismatch { stripe, row: 0, bad_slot: Some(slot), repaired: true }]);
+    assert_eq!(array.statistics().slots[slot].repaired_bytes, 4096);
     assert_eq!(array.scrub(false).unwrap().mismatches, vec![]);
     let mut whole = vec![0u8; data.len()];
     array.read_at(0, &mut whole).unwrap();
@@ -305,6 +524,7 @@ fn scrub_finds_and_repairs_a_silently_corrupted_block() {
     // With one parity a mismatch is found but cannot be placed.
     let (devices, array) = new_array(4, 1, false);
     array.write_at(0, &data[..array.size_bytes() as usize]).unwrap();
+    array.flush().unwrap();
     devices[0].write_at(DATA_START_BYTES + 10, &[0x11; 4]).unwrap();
     let report = array.scrub(true).unwrap();
     assert_eq!(report.mismatches, vec![Mismatch { stripe: 0, row: 0, bad_slot: None, repaired: false }]);
@@ -354,6 +574,8 @@ fn gpu_and_cpu_engines_leave_identical_members() {
             let (offset, length) = random_range(&mut rng, array.size_bytes(), stripe_bytes);
             array.write_at(offset, &random_bytes(&mut rng, length)).unwrap();
         }
+        // The epoch goes home: the members' bytes are what the engines are compared on.
+        array.flush().unwrap();
         arrays.push((devices, array));
     }
     for slot in 0..6 {
@@ -386,6 +608,7 @@ fn a_checked_read_rebuilds_and_rewrites_a_silently_wrong_block() {
         let mut rng = SmallRng::seed_from_u64(11);
         let data = random_bytes(&mut rng, array.size_bytes() as usize);
         array.write_at(0, &data).unwrap();
+        array.flush().unwrap();
         let originals: Vec<Vec<u8>> = devices.iter().map(MemoryDevice::to_bytes).collect();
         for block in [0u64, 7, 13] {
             let offset = block * 4096;
@@ -406,6 +629,8 @@ fn a_checked_read_rebuilds_and_rewrites_a_silently_wrong_block() {
             );
         }
         assert_eq!(array.statistics().healed_bytes, 3 * 4096);
+        let repaired: u64 = array.statistics().slots.iter().map(|slot| slot.repaired_bytes).sum();
+        assert_eq!(repaired, 3 * 4096);
         let mut buffer = vec![0u8; 100];
         assert!(!array.read_checked(50, &mut buffer, &|_| false).unwrap());
         assert!(buffer == data[50..150]);
