@@ -21,6 +21,10 @@ const WORKERS_MAX: usize = 256;
 /// in request order); several buckets per worker even out the load.
 const BUCKETS_PER_WORKER: usize = 8;
 
+/// Batches at least this long are made as `Op::CreateBatch` records (a group of creates per
+/// record, `create_batch`); shorter ones as single creates on all cores.
+pub const CREATE_BATCH_RECORDS_FROM: usize = 2;
+
 /// One request of `FileSystem::create_batch`: the arguments of `FileSystem::create`.
 #[derive(Debug, Clone, Copy)]
 pub struct CreateRequest<'a> {
@@ -123,6 +127,11 @@ impl FileSystem {
     /// (parent, name) run in request order (the first gets the file, the others `Exists`, as
     /// one by one); the others run concurrently, each one logged record as a single create.
     pub fn create_batch(&self, requests: &[CreateRequest<'_>]) -> Vec<Result<Attributes>> {
+        if requests.len() >= CREATE_BATCH_RECORDS_FROM {
+            let answers = self.create_batch_logged(requests);
+            self.count_batch(0, answers.len());
+            return answers;
+        }
         let answers = map_keyed(
             requests,
             |request| rustc_hash::FxBuildHasher.hash_one((request.parent, request.name)),
