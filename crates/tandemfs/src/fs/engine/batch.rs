@@ -161,7 +161,8 @@ impl FileSystem {
         uid: u32,
         gid: u32,
     ) -> Vec<Result<Attributes>> {
-        let answers = map_parallel(paths, |path| self.make_directory_all(path.as_ref(), permissions, uid, gid));
+        let paths: Vec<&[u8]> = paths.iter().map(|path| path.as_ref()).collect();
+        let answers = self.make_directory_all_logged(&paths, permissions, uid, gid);
         self.count_batch(0, answers.len());
         answers
     }
@@ -240,7 +241,7 @@ fn worker_count(requests: usize) -> usize {
 
 /// `answer` of every item, in item order, on all cores: workers take blocks of
 /// `BLOCK_REQUESTS` items in turn and write the answers in place.
-fn map_parallel<T: Sync, R: Send>(items: &[T], answer: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(super) fn map_parallel<T: Sync, R: Send>(items: &[T], answer: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let workers = worker_count(items.len());
     if workers <= 1 {
         return items.iter().map(answer).collect();

@@ -278,6 +278,86 @@ impl FileSystem {
     }
 }
 
+impl FileSystem {
+    /// `make_directory_all` of every path, level by level: the paths' next components are
+    /// looked up on all cores, the missing directories of the level (each (parent, name) once)
+    /// made by one `create_batch_logged`, and a name another caller made first is looked up
+    /// again, as `make_directory_all` does. Bounded by the longest path's component count.
+    pub(super) fn make_directory_all_logged(
+        &self,
+        paths: &[&[u8]],
+        permissions: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Vec<Result<Attributes>> {
+        let components: Vec<Vec<&[u8]>> = paths
+            .iter()
+            .map(|path| path.split(|byte| *byte == b'/').filter(|part| !part.is_empty() && *part != b".").collect())
+            .collect();
+        let root = self.get_attributes(ROOT_INODE);
+        let mut current: Vec<Result<Attributes>> = paths
+            .iter()
+            .map(|_| match &root {
+                Ok(root) => Ok(root.clone()),
+                Err(error) => Err(copy_error(error)),
+            })
+            .collect();
+        let depth_max = components.iter().map(Vec::len).max().unwrap_or(0);
+        for depth in 0..depth_max {
+            let live: Vec<usize> = (0..paths.len())
+                .filter(|position| current[*position].is_ok() && depth < components[*position].len())
+                .collect();
+            let parent_of = |position: usize| current[position].as_ref().expect("a live path").inode;
+            let found =
+                batch::map_parallel(&live, |position| self.lookup(parent_of(*position), components[*position][depth]));
+            let mut missing: Vec<usize> = Vec::new();
+            let mut next: Vec<(usize, Result<Attributes>)> = Vec::with_capacity(live.len());
+            for (position, answer) in live.iter().copied().zip(found) {
+                match answer {
+                    Ok(attributes) if attributes.file_type == FileType::Directory => {
+                        next.push((position, Ok(attributes)))
+                    }
+                    Ok(_) => next.push((position, Err(Error::NotDirectory))),
+                    Err(Error::NotFound) => missing.push(position),
+                    Err(error) => next.push((position, Err(error))),
+                }
+            }
+            let mut keys: crate::FastHashMap<(InodeNumber, &[u8]), usize> = Default::default();
+            let mut requests: Vec<batch::CreateRequest<'_>> = Vec::new();
+            for &position in &missing {
+                let (parent, name) = (parent_of(position), components[position][depth]);
+                keys.entry((parent, name)).or_insert_with(|| {
+                    requests.push(batch::CreateRequest {
+                        parent,
+                        name,
+                        file_type: FileType::Directory,
+                        permissions,
+                        uid,
+                        gid,
+                        rdev: 0,
+                    });
+                    requests.len() - 1
+                });
+            }
+            let made = self.create_batch_logged(&requests);
+            for &position in &missing {
+                let (parent, name) = (parent_of(position), components[position][depth]);
+                let answer = match &made[keys[&(parent, name)]] {
+                    Ok(attributes) => Ok(attributes.clone()),
+                    // Another caller made it first.
+                    Err(Error::Exists) => self.lookup(parent, name),
+                    Err(error) => Err(copy_error(error)),
+                };
+                next.push((position, answer));
+            }
+            for (position, answer) in next {
+                current[position] = answer;
+            }
+        }
+        current
+    }
+}
+
 /// The answer of a request that needs no lock: the single `create`'s argument checks.
 fn check_request(request: &batch::CreateRequest<'_>) -> Option<Result<Attributes>> {
     // In `create`'s order: the type, then (`create_node`) the name, then the mode.
