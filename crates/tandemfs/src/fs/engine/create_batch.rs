@@ -155,7 +155,7 @@ impl FileSystem {
         if planned.is_empty() {
             return Ok(Some(()));
         }
-        let made = self.create_planned(requests, group, &parents, &infos, &planned, &mut names, answers);
+        let made = self.create_planned(requests, group, &parents, &infos, &mut planned, &mut names, answers);
         if !matches!(made, Ok(Some(()))) {
             give_back(&planned);
         }
@@ -196,32 +196,48 @@ impl FileSystem {
         group: &[usize],
         parents: &[InodeNumber],
         infos: &[Result<DirectoryInfo>],
-        planned: &[Planned],
+        planned: &mut Vec<Planned>,
         names: &mut crate::fs::front::NameLocks<'_>,
         answers: &mut [Option<Result<Attributes>>],
     ) -> Result<Option<()>> {
         let front = &self.inner.front;
-        let used_parents: Vec<InodeNumber> = {
-            let mut used: Vec<InodeNumber> = planned.iter().map(|plan| parents[plan.parent_place]).collect();
-            used.dedup();
-            used.sort_unstable();
-            used.dedup();
-            used
-        };
+        let mut used_parents: Vec<InodeNumber> = planned.iter().map(|plan| parents[plan.parent_place]).collect();
+        used_parents.sort_unstable();
+        used_parents.dedup();
         let mut lock: Vec<InodeNumber> = used_parents.clone();
         lock.extend(planned.iter().map(|plan| plan.number));
         let mut views = self.lock_views(&lock, &used_parents)?;
-        // Each parent's image after all of the group's creates in it, and its place in the record.
+        // Each parent's image after all of the group's creates in it, and its place in the
+        // record. A parent removed since it was checked (an rmdir needs only its own parent's
+        // name shard) fails its own requests, as each single create in it would, and no other.
         let mut parent_images: Vec<AttributeImage> = Vec::with_capacity(used_parents.len());
+        let mut gone: Vec<(InodeNumber, Error)> = Vec::new();
         for parent in &used_parents {
             let place = parents.binary_search(parent).expect("a used parent is a parent");
             let info = infos[place].as_ref().expect("creates are planned only in good parents");
-            let view = FileSystem::locked_directory(&mut views, *parent, info)?;
-            parent_images.push(view.attributes.clone());
+            match FileSystem::locked_directory(&mut views, *parent, info) {
+                Ok(view) => parent_images.push(view.attributes.clone()),
+                Err(error) => gone.push((*parent, error)),
+            }
+        }
+        if !gone.is_empty() {
+            planned.retain(|plan| {
+                let parent = parents[plan.parent_place];
+                let Some((_, error)) = gone.iter().find(|(gone_parent, _)| *gone_parent == parent) else {
+                    return true;
+                };
+                answers[plan.position] = Some(Err(copy_error(error)));
+                front.inode_numbers.free_now(plan.number);
+                false
+            });
+            used_parents.retain(|parent| gone.iter().all(|(gone_parent, _)| gone_parent != parent));
+            if planned.is_empty() {
+                return Ok(Some(()));
+            }
         }
         let now = now_ns();
         let mut creates: Vec<BatchCreate> = Vec::with_capacity(planned.len());
-        for plan in planned {
+        for plan in planned.iter() {
             let request = &requests[group[plan.position]];
             let record_parent = used_parents.binary_search(&request.parent).expect("a used parent");
             let parent_image = &mut parent_images[record_parent];
