@@ -932,3 +932,62 @@ fn make_directory_all_batches_log_a_level_in_a_few_records() {
     assert_eq!(fs.resolve_path(b"top3").unwrap().link_count, 2 + 20);
     unmount_and_check(fs, device);
 }
+
+/// A directory removed while a create batch makes names in it and in other directories: the
+/// requests in the removed one answer `NotFound` (or succeed, and then the removal answers
+/// `NotEmpty`), and the requests in the other directories all succeed, whenever the removal
+/// lands (a group holds several parents, and a parent can go between its check and its lock).
+#[test]
+fn a_parent_removed_during_a_create_batch_fails_only_its_own_requests() {
+    let (fs, device) = mount_fresh();
+    let stable = fs.make_directory(ROOT_INODE, b"stable", 0o755, 0, 0).unwrap().inode;
+    let names: Vec<Vec<u8>> = (0..64).map(|serial| format!("s{serial}").into_bytes()).collect();
+    for round in 0..200 {
+        let doomed = fs.make_directory(ROOT_INODE, b"doomed", 0o755, 0, 0).unwrap().inode;
+        let round_names: Vec<Vec<u8>> =
+            names.iter().map(|name| [name.as_slice(), format!("-{round}").as_bytes()].concat()).collect();
+        let mut requests: Vec<CreateRequest> = round_names
+            .iter()
+            .map(|name| CreateRequest {
+                parent: stable,
+                name,
+                file_type: FileType::Regular,
+                permissions: 0o644,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+            })
+            .collect();
+        requests.insert(
+            32,
+            CreateRequest {
+                parent: doomed,
+                name: b"inside",
+                file_type: FileType::Regular,
+                permissions: 0o644,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+            },
+        );
+        let (made, removed) = std::thread::scope(|scope| {
+            let remover = scope.spawn(|| fs.remove_directory(ROOT_INODE, b"doomed"));
+            (fs.create_batch(&requests), remover.join().unwrap())
+        });
+        for (position, answer) in made.iter().enumerate() {
+            if position == 32 {
+                match (answer, &removed) {
+                    (Ok(_), Err(Error::NotEmpty)) | (Err(Error::NotFound), Ok(())) => {}
+                    other => panic!("round {round}: the create in the removed directory and the removal: {other:?}"),
+                }
+            } else {
+                assert!(answer.is_ok(), "round {round}: request {position} in a directory nobody removed: {answer:?}");
+            }
+        }
+        if removed.is_err() {
+            fs.unlink(doomed, b"inside").unwrap();
+            fs.remove_directory(ROOT_INODE, b"doomed").unwrap();
+        }
+    }
+    unmount_and_check(fs, device);
+}
