@@ -868,17 +868,19 @@ fn a_create_batch_is_a_few_records_that_replay_as_its_creates() {
         .map(|serial| CreateRequest {
             parent: parents[serial % parents.len()],
             name: &names[serial],
-            file_type: if serial % 7 == 0 { FileType::Directory } else { FileType::Regular },
+            file_type: if serial % 50 == 0 { FileType::Directory } else { FileType::Regular },
             permissions: 0o640,
             uid: 3,
             gid: 4,
             rdev: 0,
         })
         .collect();
-    let before = fs.log_statistics().next_lsn;
+    let (before, checkpoints) = (fs.log_statistics().next_lsn, fs.log_statistics().checkpoints);
     let made = fs.create_batch(&requests);
     let records = fs.log_statistics().next_lsn - before;
     assert!(made.iter().all(|answer| answer.is_ok()), "{:?}", made.iter().find(|answer| answer.is_err()));
+    // No checkpoint came between (its records would count, and it would apply the batch).
+    assert_eq!(fs.log_statistics().checkpoints, checkpoints, "a checkpoint ran during the batch");
     assert!(records <= 5000 / 100, "5000 creates took {records} log records");
     // Nothing applied yet (no back-end thread): after a power cut, the remount replays them.
     fs.sync().unwrap();
@@ -908,8 +910,8 @@ fn a_create_batch_is_a_few_records_that_replay_as_its_creates() {
 }
 
 /// `mkdir -p` batches make each level's missing directories with one create batch: 2000 paths
-/// of three levels (10, 200 and 2000 directories) take a few dozen records, not 2210, and every
-/// path answers the directory at its end.
+/// of three levels (10, 200 and 2000 directories) take a tenth as many records as directories
+/// at most, and every path answers the directory at its end.
 #[test]
 fn make_directory_all_batches_log_a_level_in_a_few_records() {
     // No back-end thread: no checkpoint records among the counted ones.
@@ -921,9 +923,10 @@ fn make_directory_all_batches_log_a_level_in_a_few_records() {
     let before = fs.log_statistics().next_lsn;
     let made = fs.make_directory_all_batch(&paths, 0o750, 1, 2);
     let records = fs.log_statistics().next_lsn - before;
-    // About 25 create batch records, plus the records of the checkpoints that making room for
-    // them may take (no back-end thread applies meanwhile); one record a directory would be 2210.
-    assert!(records <= 100, "2210 directories took {records} log records");
+    // About 75 create batch records (at most 32 new directories a record), plus the records of
+    // the checkpoints that making room for them may take (no back-end thread applies
+    // meanwhile); one record a directory would be 2210.
+    assert!(records <= 2210 / 10, "2210 directories took {records} log records");
     for (path, answer) in paths.iter().zip(&made) {
         let made = answer.as_ref().unwrap();
         assert_eq!(fs.resolve_path(path.as_bytes()).unwrap().inode, made.inode, "{path}");
@@ -989,5 +992,33 @@ fn a_parent_removed_during_a_create_batch_fails_only_its_own_requests() {
             fs.remove_directory(ROOT_INODE, b"doomed").unwrap();
         }
     }
+    unmount_and_check(fs, device);
+}
+
+/// On a small volume (the smallest log, 4 MiB) a create batch's records still fit what the log
+/// admits: thousands of directories and files made in batches, every one answered `Ok`.
+#[test]
+fn create_batches_fit_the_smallest_log() {
+    let (_memory, device) = memory_volume(48 << 20, false);
+    let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    let paths: Vec<String> = (0..3000).map(|serial| format!("wide{serial}")).collect();
+    let made = fs.make_directory_all_batch(&paths, 0o755, 0, 0);
+    assert!(made.iter().all(|answer| answer.is_ok()), "{:?}", made.iter().find(|answer| answer.is_err()));
+    let names: Vec<Vec<u8>> = (0..6000).map(|serial| format!("small-{serial}").into_bytes()).collect();
+    let requests: Vec<CreateRequest> = names
+        .iter()
+        .enumerate()
+        .map(|(serial, name)| CreateRequest {
+            parent: made[serial % 7].as_ref().unwrap().inode,
+            name,
+            file_type: FileType::Regular,
+            permissions: 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        })
+        .collect();
+    let created = fs.create_batch(&requests);
+    assert!(created.iter().all(|answer| answer.is_ok()), "{:?}", created.iter().find(|answer| answer.is_err()));
     unmount_and_check(fs, device);
 }

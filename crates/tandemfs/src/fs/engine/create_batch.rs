@@ -20,6 +20,8 @@ const INODES_PER_TABLE_BLOCK: u64 = BLOCK_SIZE_U64 / INODE_BYTES as u64;
 /// Bytes of names a directory leaf holds at the least (a leaf splits at about half full), for
 /// the bound on the leaves a group's names may dirty or add.
 const LEAF_NAME_BYTES_MIN: u64 = BLOCK_SIZE_U64 / 2;
+/// New directories one create batch record makes at most (see `group_end`).
+const DIRECTORIES_PER_RECORD_MAX: usize = 32;
 /// Bytes a name takes in a leaf besides its own (the entry header and padding, at most).
 const ENTRY_OVERHEAD_BYTES: u64 = 16;
 
@@ -85,7 +87,12 @@ impl FileSystem {
         positions: &[usize],
         answered: &mut Vec<(usize, Result<Attributes>)>,
     ) {
-        for group in positions.chunks(CREATE_BATCH_RECORD_MAX) {
+        let mut start = 0;
+        // Bounded: every turn takes at least one position.
+        while start < positions.len() {
+            let end = group_end(requests, positions, start);
+            let group = &positions[start..end];
+            start = end;
             let mut group_answers: Vec<Option<Result<Attributes>>> = group.iter().map(|_| None).collect();
             let made = self.with_space(|| self.create_group(requests, group, &mut group_answers));
             if let Err(error) = made {
@@ -372,6 +379,26 @@ impl FileSystem {
         }
         current
     }
+}
+
+/// Where the group starting at `positions[start]` ends: after `CREATE_BATCH_RECORD_MAX`
+/// requests, or `DIRECTORIES_PER_RECORD_MAX` directories. A new directory costs its record a
+/// first leaf and, since new directories are spread over the allocation groups, an inode-table
+/// and a generation-table block of its own: 512 of them would pledge about 1,500 checkpoint
+/// images, more than the smallest log (4 MiB) admits for one record, which then waited for room
+/// that never came and answered `NoSpace` (`create_batches_fit_the_smallest_log`).
+fn group_end(requests: &[batch::CreateRequest<'_>], positions: &[usize], start: usize) -> usize {
+    let mut directories = 0;
+    let mut end = start;
+    while end < positions.len() && end - start < CREATE_BATCH_RECORD_MAX {
+        let directory = requests[positions[end]].file_type == FileType::Directory;
+        if directory && directories == DIRECTORIES_PER_RECORD_MAX {
+            break;
+        }
+        directories += directory as usize;
+        end += 1;
+    }
+    end
 }
 
 /// The answer of a request that needs no lock: the single `create`'s argument checks.
