@@ -6,8 +6,9 @@
 //! batch in turn, so the answers are exactly those of the single calls, made concurrently. A
 //! `BatchIndex` (the seam for the GPU directory index of issue 9) may answer lookups, resolves
 //! and stats of batches at least its `min_batch` long; what it leaves, the CPU twin answers.
-//! Creates always go through the single-call path: each is one logged record, and the CPU stays
-//! the authority for durability. See docs/BATCH.md.
+//! Creates never go to the index: a batch of them is made in groups, each logged as one
+//! `CreateBatch` record (`create_batch.rs`), and the CPU stays the authority for durability.
+//! See docs/BATCH.md.
 
 use super::*;
 use std::hash::BuildHasher;
@@ -123,9 +124,11 @@ impl FileSystem {
         self.serve(inodes, || IndexRequests::Stat(inodes), |inode| self.get_attributes(*inode))
     }
 
-    /// `create(...)` for every request, answers in request order. Requests on the same
-    /// (parent, name) run in request order (the first gets the file, the others `Exists`, as
-    /// one by one); the others run concurrently, each one logged record as a single create.
+    /// `create(...)` for every request, answers in request order. Requests in the same
+    /// directory run in request order (the first of a name gets the file, the others `Exists`,
+    /// as one by one); requests in different directories run concurrently. From
+    /// `CREATE_BATCH_RECORDS_FROM` requests on, a group of up to 512 creates is one logged
+    /// `CreateBatch` record; a shorter batch runs the single `create`.
     pub fn create_batch(&self, requests: &[CreateRequest<'_>]) -> Vec<Result<Attributes>> {
         if requests.len() >= CREATE_BATCH_RECORDS_FROM {
             let answers = self.create_batch_logged(requests);
