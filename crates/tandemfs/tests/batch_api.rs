@@ -945,7 +945,7 @@ fn a_parent_removed_during_a_create_batch_fails_only_its_own_requests() {
     let (fs, device) = mount_fresh();
     let stable = fs.make_directory(ROOT_INODE, b"stable", 0o755, 0, 0).unwrap().inode;
     let names: Vec<Vec<u8>> = (0..64).map(|serial| format!("s{serial}").into_bytes()).collect();
-    for round in 0..200 {
+    for round in 0..1000 {
         let doomed = fs.make_directory(ROOT_INODE, b"doomed", 0o755, 0, 0).unwrap().inode;
         let round_names: Vec<Vec<u8>> =
             names.iter().map(|name| [name.as_slice(), format!("-{round}").as_bytes()].concat()).collect();

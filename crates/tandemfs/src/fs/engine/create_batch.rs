@@ -213,7 +213,9 @@ impl FileSystem {
         used_parents.dedup();
         let mut lock: Vec<InodeNumber> = used_parents.clone();
         lock.extend(planned.iter().map(|plan| plan.number));
-        let mut views = self.lock_views(&lock, &used_parents)?;
+        // Locked without `lock_views`' loading: a parent whose view cannot be loaded any more
+        // (removed, and its view trimmed) fails its own requests below, not the group.
+        let mut views = front.lock_views(&lock);
         // Each parent's image after all of the group's creates in it, and its place in the
         // record. A parent removed since it was checked (an rmdir needs only its own parent's
         // name shard) fails its own requests, as each single create in it would, and no other.
@@ -222,7 +224,8 @@ impl FileSystem {
         for parent in &used_parents {
             let place = parents.binary_search(parent).expect("a used parent is a parent");
             let info = infos[place].as_ref().expect("creates are planned only in good parents");
-            match FileSystem::locked_directory(&mut views, *parent, info) {
+            let loaded = self.load_view(views.shard(*parent), *parent).map(drop);
+            match loaded.and_then(|()| FileSystem::locked_directory(&mut views, *parent, info)) {
                 Ok(view) => parent_images.push(view.attributes.clone()),
                 Err(error) => gone.push((*parent, error)),
             }
@@ -293,9 +296,17 @@ impl FileSystem {
             let parent = used_parents[create.parent as usize];
             self.overlay_name(names.shard(parent), parent, &create.name, Some((number, file_type)), lsn);
         }
+        // Every shard that gained or changed a view is trimmed once, as a single create trims
+        // its parent's and its new inode's. The views this group committed are newer than the
+        // applied lsn, so no trim takes them; the parents are kept as a single create keeps
+        // its own (a short list: `trim` looks each candidate up in it).
         let applied = self.applied();
-        for parent in &used_parents {
-            views.shard(*parent).trim(applied, &lock);
+        let mut shards: Vec<(usize, InodeNumber)> =
+            lock.iter().map(|number| (crate::fs::front::Front::view_shard_index(*number), *number)).collect();
+        shards.sort_unstable();
+        shards.dedup_by_key(|(shard, _)| *shard);
+        for (_, number) in shards {
+            views.shard(number).trim(applied, &used_parents);
         }
         Ok(Some(()))
     }
