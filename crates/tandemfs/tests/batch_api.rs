@@ -851,3 +851,174 @@ fn dot_dot_of_the_root_is_the_root() {
     assert_eq!(fs.lookup_batch(&[(ROOT_INODE, b"..")])[0].as_ref().unwrap(), &root);
     fs.unmount().unwrap();
 }
+
+/// A create batch is logged as a few `CreateBatch` records (a group of up to 512 creates in
+/// the same directories each), not one record per create; after a remount that replays them
+/// every name is there with its attributes, and fsck is clean.
+#[test]
+fn a_create_batch_is_a_few_records_that_replay_as_its_creates() {
+    let (memory, device) = memory_volume(VOLUME_BYTES, true);
+    let options = MountOptions { background_backend: false, ..MountOptions::default() };
+    let (fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
+    let parents: Vec<u64> = (0..10)
+        .map(|serial| fs.make_directory(ROOT_INODE, format!("p{serial}").as_bytes(), 0o755, 0, 0).unwrap().inode)
+        .collect();
+    let names: Vec<Vec<u8>> = (0..5000).map(|serial| format!("file-{serial}").into_bytes()).collect();
+    let requests: Vec<CreateRequest> = (0..5000)
+        .map(|serial| CreateRequest {
+            parent: parents[serial % parents.len()],
+            name: &names[serial],
+            file_type: if serial % 50 == 0 { FileType::Directory } else { FileType::Regular },
+            permissions: 0o640,
+            uid: 3,
+            gid: 4,
+            rdev: 0,
+        })
+        .collect();
+    let (before, checkpoints) = (fs.log_statistics().next_lsn, fs.log_statistics().checkpoints);
+    let made = fs.create_batch(&requests);
+    let records = fs.log_statistics().next_lsn - before;
+    assert!(made.iter().all(|answer| answer.is_ok()), "{:?}", made.iter().find(|answer| answer.is_err()));
+    // No checkpoint came between (its records would count, and it would apply the batch).
+    assert_eq!(fs.log_statistics().checkpoints, checkpoints, "a checkpoint ran during the batch");
+    assert!(records <= 5000 / 100, "5000 creates took {records} log records");
+    // Nothing applied yet (no back-end thread): after a power cut, the remount replays them.
+    fs.sync().unwrap();
+    let survivor = memory.crash(5, tandemfs::device::CrashMode::DropAll);
+    drop(fs);
+    let device: Arc<dyn Device> = Arc::new(survivor);
+    let (fs, report) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    assert!(report.records_replayed >= records, "replayed {} of {records}", report.records_replayed);
+    let lookups: Vec<(u64, &[u8])> =
+        (0..5000).map(|serial| (parents[serial % parents.len()], names[serial].as_slice())).collect();
+    for ((answer, request), made) in fs.lookup_batch(&lookups).iter().zip(&requests).zip(&made) {
+        let (found, made) = (answer.as_ref().unwrap(), made.as_ref().unwrap());
+        assert_eq!((found.inode, found.file_type, found.permissions), (made.inode, request.file_type, 0o640));
+        assert_eq!((found.uid, found.gid, found.link_count), (3, 4, made.link_count));
+    }
+    for parent in &parents {
+        let attributes = fs.get_attributes(*parent).unwrap();
+        assert_eq!(
+            attributes.link_count,
+            2 + requests
+                .iter()
+                .filter(|request| request.parent == *parent && request.file_type == FileType::Directory)
+                .count() as u32
+        );
+    }
+    unmount_and_check(fs, device);
+}
+
+/// `mkdir -p` batches make each level's missing directories with one create batch: 2000 paths
+/// of three levels (10, 200 and 2000 directories) take a tenth as many records as directories
+/// at most, and every path answers the directory at its end.
+#[test]
+fn make_directory_all_batches_log_a_level_in_a_few_records() {
+    // No back-end thread: no checkpoint records among the counted ones.
+    let (_memory, device) = memory_volume(VOLUME_BYTES, false);
+    let options = MountOptions { background_backend: false, ..MountOptions::default() };
+    let (fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
+    let paths: Vec<String> =
+        (0..2000).map(|serial| format!("top{}/mid{}/leaf{serial}", serial % 10, serial % 200)).collect();
+    let before = fs.log_statistics().next_lsn;
+    let made = fs.make_directory_all_batch(&paths, 0o750, 1, 2);
+    let records = fs.log_statistics().next_lsn - before;
+    // About 75 create batch records (at most 32 new directories a record), plus the records of
+    // the checkpoints that making room for them may take (no back-end thread applies
+    // meanwhile); one record a directory would be 2210.
+    assert!(records <= 2210 / 10, "2210 directories took {records} log records");
+    for (path, answer) in paths.iter().zip(&made) {
+        let made = answer.as_ref().unwrap();
+        assert_eq!(fs.resolve_path(path.as_bytes()).unwrap().inode, made.inode, "{path}");
+        assert_eq!((made.file_type, made.permissions, made.uid, made.gid), (FileType::Directory, 0o750, 1, 2));
+    }
+    assert_eq!(fs.resolve_path(b"top3").unwrap().link_count, 2 + 20);
+    unmount_and_check(fs, device);
+}
+
+/// A directory removed while a create batch makes names in it and in other directories: the
+/// requests in the removed one answer `NotFound` (or succeed, and then the removal answers
+/// `NotEmpty`), and the requests in the other directories all succeed, whenever the removal
+/// lands (a group holds several parents, and a parent can go between its check and its lock).
+#[test]
+fn a_parent_removed_during_a_create_batch_fails_only_its_own_requests() {
+    let (fs, device) = mount_fresh();
+    let stable = fs.make_directory(ROOT_INODE, b"stable", 0o755, 0, 0).unwrap().inode;
+    let names: Vec<Vec<u8>> = (0..64).map(|serial| format!("s{serial}").into_bytes()).collect();
+    for round in 0..1000 {
+        let doomed = fs.make_directory(ROOT_INODE, b"doomed", 0o755, 0, 0).unwrap().inode;
+        let round_names: Vec<Vec<u8>> =
+            names.iter().map(|name| [name.as_slice(), format!("-{round}").as_bytes()].concat()).collect();
+        let mut requests: Vec<CreateRequest> = round_names
+            .iter()
+            .map(|name| CreateRequest {
+                parent: stable,
+                name,
+                file_type: FileType::Regular,
+                permissions: 0o644,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+            })
+            .collect();
+        requests.insert(
+            32,
+            CreateRequest {
+                parent: doomed,
+                name: b"inside",
+                file_type: FileType::Regular,
+                permissions: 0o644,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+            },
+        );
+        let (made, removed) = std::thread::scope(|scope| {
+            let remover = scope.spawn(|| fs.remove_directory(ROOT_INODE, b"doomed"));
+            (fs.create_batch(&requests), remover.join().unwrap())
+        });
+        for (position, answer) in made.iter().enumerate() {
+            if position == 32 {
+                match (answer, &removed) {
+                    (Ok(_), Err(Error::NotEmpty)) | (Err(Error::NotFound), Ok(())) => {}
+                    other => panic!("round {round}: the create in the removed directory and the removal: {other:?}"),
+                }
+            } else {
+                assert!(answer.is_ok(), "round {round}: request {position} in a directory nobody removed: {answer:?}");
+            }
+        }
+        if removed.is_err() {
+            fs.unlink(doomed, b"inside").unwrap();
+            fs.remove_directory(ROOT_INODE, b"doomed").unwrap();
+        }
+    }
+    unmount_and_check(fs, device);
+}
+
+/// On a small volume (the smallest log, 4 MiB) a create batch's records still fit what the log
+/// admits: thousands of directories and files made in batches, every one answered `Ok`.
+#[test]
+fn create_batches_fit_the_smallest_log() {
+    let (_memory, device) = memory_volume(48 << 20, false);
+    let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    let paths: Vec<String> = (0..3000).map(|serial| format!("wide{serial}")).collect();
+    let made = fs.make_directory_all_batch(&paths, 0o755, 0, 0);
+    assert!(made.iter().all(|answer| answer.is_ok()), "{:?}", made.iter().find(|answer| answer.is_err()));
+    let names: Vec<Vec<u8>> = (0..6000).map(|serial| format!("small-{serial}").into_bytes()).collect();
+    let requests: Vec<CreateRequest> = names
+        .iter()
+        .enumerate()
+        .map(|(serial, name)| CreateRequest {
+            parent: made[serial % 7].as_ref().unwrap().inode,
+            name,
+            file_type: FileType::Regular,
+            permissions: 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        })
+        .collect();
+    let created = fs.create_batch(&requests);
+    assert!(created.iter().all(|answer| answer.is_ok()), "{:?}", created.iter().find(|answer| answer.is_err()));
+    unmount_and_check(fs, device);
+}

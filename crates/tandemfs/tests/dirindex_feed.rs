@@ -888,3 +888,50 @@ fn bench_batches_through_the_index() {
     assert_between("resolve", &by_cpu, &by_index, &by_cpu, &|position| format!("request {position}"));
     fs.unmount().unwrap();
 }
+
+/// Creates logged as `CreateBatch` records reach the index like single creates: files and
+/// directories made by `create_batch` in directories the index holds whole are answered by the
+/// index (lookups, resolves and stats, every one), equal to the single calls, and a name the
+/// batch did not make is a `NotFound` from the index, not the CPU.
+#[test]
+fn creates_of_a_create_batch_are_fed_and_answered_by_the_index() {
+    let (fs, _device) = mount(&MountOptions::default());
+    fs.install_directory_index(&index_options(engine_from_environment(), 10_000)).unwrap();
+    let parents: Vec<u64> = (0..5)
+        .map(|serial| fs.make_directory(ROOT_INODE, format!("b{serial}").as_bytes(), 0o755, 0, 0).unwrap().inode)
+        .collect();
+    let names: Vec<Vec<u8>> = (0..3000).map(|serial| format!("c{serial}").into_bytes()).collect();
+    let requests: Vec<CreateRequest> = (0..3000)
+        .map(|serial| CreateRequest {
+            parent: parents[serial % parents.len()],
+            name: &names[serial],
+            file_type: if serial % 9 == 0 { FileType::Directory } else { FileType::Regular },
+            permissions: 0o600,
+            uid: 5,
+            gid: 6,
+            rdev: 0,
+        })
+        .collect();
+    assert!(fs.create_batch(&requests).iter().all(|made| made.is_ok()));
+    let mut lookups: Vec<(u64, Vec<u8>)> =
+        (0..3000).map(|serial| (parents[serial % parents.len()], names[serial].clone())).collect();
+    lookups.push((parents[0], b"never-made".to_vec()));
+    wait_for_index(&fs, &lookups);
+    let paths: Vec<Vec<u8>> =
+        (0..3000).map(|serial| format!("b{}/c{serial}", serial % parents.len()).into_bytes()).collect();
+    let before = fs.batch_statistics();
+    let (looked_up, resolved) = (fs.lookup_batch(&lookups), fs.resolve_paths(&paths));
+    let inodes: Vec<u64> = resolved.iter().map(|found| found.as_ref().unwrap().inode).collect();
+    let stated = fs.stat_batch(&inodes);
+    let by_index = fs.batch_statistics().index_answers - before.index_answers;
+    assert_eq!(by_index, (lookups.len() + paths.len() + inodes.len()) as u64, "every answer from the index");
+    for (position, (parent, name)) in lookups.iter().enumerate() {
+        assert!(same(&looked_up[position], &fs.lookup(*parent, name)), "lookup {position}");
+    }
+    for (position, path) in paths.iter().enumerate() {
+        assert!(same(&resolved[position], &fs.resolve_path(path)), "resolve {position}");
+        assert!(same(&stated[position], &fs.get_attributes(inodes[position])), "stat {position}");
+    }
+    assert!(matches!(looked_up.last(), Some(Err(Error::NotFound))));
+    fs.unmount().unwrap();
+}

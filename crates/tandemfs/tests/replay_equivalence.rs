@@ -1,6 +1,7 @@
 //! Issue 7's concurrency test: T threads doing random operations on shared and private
 //! directories (renames across directories and over existing targets, of files and of
-//! directories, included) while the back end runs in its own thread. At the end the whole tree
+//! directories, included; creates one by one and in create batches, whose `CreateBatch`
+//! records replay as their creates) while the back end runs in its own thread. At the end the whole tree
 //! (names, types, inode numbers, link counts, modes, sizes, bytes, symlink targets, xattrs,
 //! times) is recorded, and must come back the same
 //! (a) from the durable image after a crash, whose mount replays the log in lsn order from the
@@ -223,10 +224,37 @@ impl Worker {
             .position(|&end| choice < end)
             .unwrap();
         let result: Result<(), Error> = match choice {
-            0..=9 => {
+            0..=4 => {
                 let directory = self.directory();
                 let drawn = name(&mut self.rng);
                 fs.create(directory, drawn.as_bytes(), FileType::Regular, 0o644, 1, 2, 0).map(drop)
+            }
+            5..=9 => {
+                // A create batch (one `CreateBatch` record a group): 2 to 6 names in one or two
+                // directories, a file or a directory each, a name possibly twice.
+                let directories = [self.directory(), self.directory()];
+                let drawn: Vec<(u64, String, FileType)> = (0..self.rng.gen_range(2..=6))
+                    .map(|_| {
+                        let file_type = if self.rng.gen_bool(0.2) { FileType::Directory } else { FileType::Regular };
+                        (directories[self.rng.gen_range(0..2)], name(&mut self.rng), file_type)
+                    })
+                    .collect();
+                let requests: Vec<CreateRequest> = drawn
+                    .iter()
+                    .map(|(parent, name, file_type)| CreateRequest {
+                        parent: *parent,
+                        name: name.as_bytes(),
+                        file_type: *file_type,
+                        permissions: 0o640,
+                        uid: 5,
+                        gid: 6,
+                        rdev: 0,
+                    })
+                    .collect();
+                fs.create_batch(&requests)
+                    .into_iter()
+                    .find(|answer| answer.is_err())
+                    .map_or(Ok(()), |answer| answer.map(drop))
             }
             10..=14 => {
                 let directory = self.directory();

@@ -135,27 +135,30 @@ impl Applier {
         let mut touched = Touched::new();
         match op {
             Op::Create { parent, name, inode: image, symlink_target } => {
-                let file_type = image.file_type();
-                let mut inode = image.to_new_inode();
-                match file_type {
-                    FileType::Directory => inode.root_area = dir::create(volume)?.encode(),
-                    FileType::Regular | FileType::Symlink => {
-                        let mut root = ExtentRoot::empty();
-                        if !symlink_target.is_empty() {
-                            extent::write(volume, &mut root, 0, symlink_target)?;
-                        }
-                        set_extent_root(&mut inode, &root);
-                    }
-                    _ => {}
-                }
-                volume.create_inode(&inode)?;
-                touched.created.push((inode.inode_number, inode.blocks_owned));
-                volume.raise_next_generation(image.generation + 1);
+                self.create_inode(volume, &mut touched, image, symlink_target)?;
                 let parent_inode = touched.get(volume, parent.inode_number)?;
                 let mut root = dir_root(parent_inode)?;
-                dir::insert(volume, &mut root, &seed, name, image.inode_number, file_type.dirent_type())?;
+                dir::insert(volume, &mut root, &seed, name, image.inode_number, image.file_type().dirent_type())?;
                 touched.get(volume, parent.inode_number)?.root_area = root.encode();
                 touched.image(volume, parent)?;
+            }
+            Op::CreateBatch { parents, creates } => {
+                // As that many creates in record order, but each parent's H-tree root is read
+                // once, every name of the record inserted into it, and written back once.
+                let mut roots = Vec::with_capacity(parents.len());
+                for parent in parents {
+                    roots.push(dir_root(touched.get(volume, parent.inode_number)?)?);
+                }
+                for create in creates {
+                    self.create_inode(volume, &mut touched, &create.inode, &[])?;
+                    let root = &mut roots[create.parent as usize];
+                    let dirent_type = create.inode.file_type().dirent_type();
+                    dir::insert(volume, root, &seed, &create.name, create.inode.inode_number, dirent_type)?;
+                }
+                for (parent, root) in parents.iter().zip(&roots) {
+                    touched.get(volume, parent.inode_number)?.root_area = root.encode();
+                    touched.image(volume, parent)?;
+                }
             }
             Op::Link { parent, name, inode } => {
                 let parent_inode = touched.get(volume, parent.inode_number)?;
@@ -274,6 +277,33 @@ impl Applier {
             }
         }
         touched.write_back(volume)
+    }
+
+    /// Writes the new inode `image` describes (a directory with its empty H-tree, a file or
+    /// symbolic link with its extent tree) as a create record makes it.
+    fn create_inode(
+        &self,
+        volume: &mut dyn ApplyStore,
+        touched: &mut Touched,
+        image: &AttributeImage,
+        symlink_target: &[u8],
+    ) -> Result<()> {
+        let mut inode = image.to_new_inode();
+        match image.file_type() {
+            FileType::Directory => inode.root_area = dir::create(volume)?.encode(),
+            FileType::Regular | FileType::Symlink => {
+                let mut root = ExtentRoot::empty();
+                if !symlink_target.is_empty() {
+                    extent::write(volume, &mut root, 0, symlink_target)?;
+                }
+                set_extent_root(&mut inode, &root);
+            }
+            _ => {}
+        }
+        volume.create_inode(&inode)?;
+        touched.created.push((inode.inode_number, inode.blocks_owned));
+        volume.raise_next_generation(image.generation + 1);
+        Ok(())
     }
 
     fn dispose(
@@ -960,6 +990,9 @@ fn describe_op(op: &Op) -> String {
             format!("remove attribute {:?} of inode {}", name(attribute), inode.inode_number)
         }
         Op::Reclaim { inode_number } => format!("free orphan inode {inode_number}"),
+        Op::CreateBatch { parents, creates } => {
+            format!("create batch of {} names in {} directories", creates.len(), parents.len())
+        }
     }
 }
 

@@ -65,7 +65,12 @@ pub fn needs_whole_volume(op: &Op) -> bool {
         Op::Unlink { disposition, .. } => *disposition == Disposition::Orphan,
         Op::Rename { replaced, .. } => matches!(replaced, Some((_, Disposition::Orphan))),
         Op::Reclaim { .. } | Op::SetXattr { .. } | Op::RemoveXattr { .. } => true,
-        Op::Create { .. } | Op::Link { .. } | Op::SetAttributes { .. } | Op::Write { .. } | Op::Range { .. } => false,
+        Op::Create { .. }
+        | Op::CreateBatch { .. }
+        | Op::Link { .. }
+        | Op::SetAttributes { .. }
+        | Op::Write { .. }
+        | Op::Range { .. } => false,
     }
 }
 
@@ -87,6 +92,10 @@ fn inodes_named(op: &Op, out: &mut Vec<u64>) {
         | Op::SetXattr { inode, .. }
         | Op::RemoveXattr { inode, .. } => out.push(inode.inode_number),
         Op::Reclaim { inode_number } => out.push(*inode_number),
+        Op::CreateBatch { parents, creates } => {
+            out.extend(parents.iter().map(|parent| parent.inode_number));
+            out.extend(creates.iter().map(|create| create.inode.inode_number));
+        }
     }
 }
 
@@ -342,13 +351,14 @@ fn inodes_of(records: &[(u64, Arc<Op>)], places: &[u32]) -> Vec<u64> {
 /// name, sorted), all but those a create among them makes (it writes a fresh record and reads
 /// none; prefetching it took the volume lock once per group of creates to find nothing).
 fn inodes_read(records: &[(u64, Arc<Op>)], places: &[u32], named: &[u64]) -> Vec<u64> {
-    let mut created: Vec<u64> = places
-        .iter()
-        .filter_map(|&place| match records[place as usize].1.as_ref() {
-            Op::Create { inode, .. } => Some(inode.inode_number),
-            _ => None,
-        })
-        .collect();
+    let mut created: Vec<u64> = Vec::new();
+    for &place in places {
+        match records[place as usize].1.as_ref() {
+            Op::Create { inode, .. } => created.push(inode.inode_number),
+            Op::CreateBatch { creates, .. } => created.extend(creates.iter().map(|create| create.inode.inode_number)),
+            _ => {}
+        }
+    }
     created.sort_unstable();
     named.iter().copied().filter(|number| created.binary_search(number).is_err()).collect()
 }

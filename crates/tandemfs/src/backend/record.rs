@@ -20,9 +20,17 @@ pub const KIND_RANGE: u16 = 7;
 pub const KIND_SET_XATTR: u16 = 8;
 pub const KIND_REMOVE_XATTR: u16 = 9;
 pub const KIND_RECLAIM: u16 = 10;
+/// Many creates in one record (`Op::CreateBatch`, written by `FileSystem::create_batch`). A
+/// build that predates it refuses the record as an unknown kind (replay stops there with an
+/// error naming the lsn), never skips it.
+pub const KIND_CREATE_BATCH: u16 = 11;
 /// Checkpoint records (written by the back end, see `backend::checkpoint`).
 pub const KIND_CHECKPOINT_IMAGES: u16 = 100;
 pub const KIND_CHECKPOINT_COMMIT: u16 = 101;
+
+/// Most creates one `Op::CreateBatch` carries: bounds the record (about 150 bytes a create
+/// plus the name) and the checkpoint images it pledges, as that many single creates would.
+pub const CREATE_BATCH_RECORD_MAX: usize = 512;
 
 /// Largest xattr value accepted.
 pub const XATTR_VALUE_MAX_BYTES: usize = 4000;
@@ -222,6 +230,15 @@ pub enum RenameKind {
     Exchange = 1,
 }
 
+/// One create of an `Op::CreateBatch`: `name` in the batch's parent `parent` (a place in its
+/// `parents`), naming the new inode `inode`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchCreate {
+    pub parent: u32,
+    pub name: Vec<u8>,
+    pub inode: AttributeImage,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// A new inode named `name` in `parent`; `symlink_target` is empty unless a symlink.
@@ -283,6 +300,15 @@ pub enum Op {
     Reclaim {
         inode_number: u64,
     },
+    /// Many creates at once, replayed as that many `Create`s in record order (no symbolic
+    /// links): `parents` holds each parent directory's image after all of the record's creates
+    /// in it, `creates` the names and new inodes. Every parent has at least one create, no two
+    /// parents or new inodes are the same and no (parent, name) repeats; a new directory is
+    /// never a parent in the same record.
+    CreateBatch {
+        parents: Vec<AttributeImage>,
+        creates: Vec<BatchCreate>,
+    },
 }
 
 impl Op {
@@ -298,6 +324,7 @@ impl Op {
             Op::SetXattr { .. } => KIND_SET_XATTR,
             Op::RemoveXattr { .. } => KIND_REMOVE_XATTR,
             Op::Reclaim { .. } => KIND_RECLAIM,
+            Op::CreateBatch { .. } => KIND_CREATE_BATCH,
         }
     }
 
@@ -356,6 +383,17 @@ impl Op {
             }
             Op::Reclaim { inode_number } => {
                 encoder.u64(*inode_number);
+            }
+            Op::CreateBatch { parents, creates } => {
+                encoder.u32(parents.len() as u32);
+                for parent in parents {
+                    parent.encode(&mut encoder);
+                }
+                encoder.u32(creates.len() as u32);
+                for create in creates {
+                    encoder.u32(create.parent).bytes(&create.name);
+                    create.inode.encode(&mut encoder);
+                }
             }
         }
         encoder.bytes
@@ -479,6 +517,7 @@ impl Op {
                 Op::RemoveXattr { inode: AttributeImage::decode(&mut decoder)?, name: xattr_name(&mut decoder)? }
             }
             KIND_RECLAIM => Op::Reclaim { inode_number: decoder.u64()? },
+            KIND_CREATE_BATCH => decode_create_batch(&mut decoder, name)?,
             other => return Err(Error::corruption(format!("log record kind {other} is unknown"))),
         };
         decoder.finish()?;
@@ -515,8 +554,69 @@ impl Op {
             | Op::SetXattr { inode, .. }
             | Op::RemoveXattr { inode, .. } => inode.check(inode_count),
             Op::Reclaim { inode_number } => number(*inode_number, "reclaimed"),
+            Op::CreateBatch { parents, creates } => {
+                parents.iter().try_for_each(|image| image.check(inode_count))?;
+                creates.iter().try_for_each(|create| create.inode.check(inode_count))
+            }
         }
     }
+}
+
+/// The payload of a `KIND_CREATE_BATCH` record, with every rule of `Op::CreateBatch` checked:
+/// replay applies it as that many creates, so nothing in it may contradict itself.
+fn decode_create_batch(decoder: &mut Decoder, name: impl Fn(&mut Decoder) -> Result<Vec<u8>>) -> Result<Op> {
+    let parent_count = decoder.u32()? as usize;
+    if parent_count == 0 || parent_count > CREATE_BATCH_RECORD_MAX {
+        return Err(Error::corruption(format!("log record: create batch with {parent_count} parents")));
+    }
+    let mut parents = Vec::with_capacity(parent_count);
+    for _ in 0..parent_count {
+        let parent = AttributeImage::decode(decoder)?;
+        if parent.file_type() != FileType::Directory {
+            return Err(Error::corruption(format!(
+                "log record: create batch parent {} is not a directory",
+                parent.inode_number
+            )));
+        }
+        parents.push(parent);
+    }
+    let create_count = decoder.u32()? as usize;
+    if create_count < parent_count || create_count > CREATE_BATCH_RECORD_MAX {
+        return Err(Error::corruption(format!(
+            "log record: create batch of {create_count} creates in {parent_count} parents"
+        )));
+    }
+    let mut creates = Vec::with_capacity(create_count);
+    for _ in 0..create_count {
+        let parent = decoder.u32()?;
+        if parent as usize >= parent_count {
+            return Err(Error::corruption(format!("log record: create batch parent place {parent}")));
+        }
+        let name = name(decoder)?;
+        let inode = AttributeImage::decode(decoder)?;
+        if inode.file_type() == FileType::Symlink {
+            return Err(Error::corruption("log record: create batch makes a symbolic link"));
+        }
+        creates.push(BatchCreate { parent, name, inode });
+    }
+    let mut numbers = std::collections::HashSet::with_capacity(parent_count + create_count);
+    if !parents.iter().all(|parent| numbers.insert(parent.inode_number))
+        || !creates.iter().all(|create| numbers.insert(create.inode.inode_number))
+    {
+        return Err(Error::corruption("log record: create batch names an inode twice"));
+    }
+    let mut used = vec![false; parent_count];
+    let mut keys = std::collections::HashSet::with_capacity(create_count);
+    for create in &creates {
+        used[create.parent as usize] = true;
+        if !keys.insert((create.parent, create.name.as_slice())) {
+            return Err(Error::corruption("log record: create batch makes one name twice"));
+        }
+    }
+    if used.contains(&false) {
+        return Err(Error::corruption("log record: create batch parent without a create"));
+    }
+    Ok(Op::CreateBatch { parents, creates })
 }
 
 #[cfg(test)]
@@ -540,6 +640,48 @@ mod tests {
             parent: 0,
             flags: 0,
         }
+    }
+
+    fn directory(number: u64) -> AttributeImage {
+        AttributeImage { mode: 0o040755, link_count: 2, ..image(number) }
+    }
+
+    /// A create batch that contradicts itself is corruption, each rule on its own.
+    #[test]
+    fn create_batches_that_contradict_themselves_are_corruption() {
+        let create =
+            |parent: u32, name: &[u8], inode: AttributeImage| BatchCreate { parent, name: name.to_vec(), inode };
+        let good = Op::CreateBatch {
+            parents: vec![directory(1), directory(3)],
+            creates: vec![create(0, b"a", image(2)), create(1, b"a", image(4))],
+        };
+        assert!(Op::decode(good.kind(), &good.encode_head()).is_ok());
+        let bad = [
+            Op::CreateBatch { parents: vec![], creates: vec![] },
+            Op::CreateBatch { parents: vec![image(1)], creates: vec![create(0, b"a", image(2))] },
+            Op::CreateBatch { parents: vec![directory(1)], creates: vec![create(1, b"a", image(2))] },
+            Op::CreateBatch {
+                parents: vec![directory(1)],
+                creates: vec![create(0, b"a", image(2)), create(0, b"a", image(4))],
+            },
+            Op::CreateBatch {
+                parents: vec![directory(1)],
+                creates: vec![create(0, b"a", image(2)), create(0, b"b", image(2))],
+            },
+            Op::CreateBatch { parents: vec![directory(1)], creates: vec![create(0, b"a", directory(1))] },
+            Op::CreateBatch { parents: vec![directory(1), directory(3)], creates: vec![create(0, b"a", image(2))] },
+            Op::CreateBatch {
+                parents: vec![directory(1)],
+                creates: vec![create(0, b"a", AttributeImage { mode: 0o120777, ..image(2) })],
+            },
+            Op::CreateBatch { parents: vec![directory(1)], creates: vec![create(0, b"..", image(2))] },
+        ];
+        for (place, op) in bad.iter().enumerate() {
+            let error = Op::decode(op.kind(), &op.encode_head()).unwrap_err();
+            assert!(error.is_corruption(), "case {place}: {error}");
+        }
+        let beyond = Op::CreateBatch { parents: vec![directory(1)], creates: vec![create(0, b"a", image(101))] };
+        assert!(beyond.check(100).unwrap_err().is_corruption());
     }
 
     /// The record decoder is as strict as the inode decoder: a mode the inode decoder rejects,
@@ -605,6 +747,14 @@ mod tests {
             Op::SetXattr { inode: image(2), name: b"user.x".to_vec(), value: b"v".to_vec() },
             Op::RemoveXattr { inode: image(2), name: b"user.x".to_vec() },
             Op::Reclaim { inode_number: 2 },
+            Op::CreateBatch {
+                parents: vec![directory(1), directory(3)],
+                creates: vec![
+                    BatchCreate { parent: 0, name: b"a".to_vec(), inode: image(2) },
+                    BatchCreate { parent: 1, name: b"a".to_vec(), inode: image(4) },
+                    BatchCreate { parent: 0, name: b"b".to_vec(), inode: directory(5) },
+                ],
+            },
         ];
         for op in ops {
             let mut payload = op.encode_head();

@@ -6,8 +6,9 @@
 //! batch in turn, so the answers are exactly those of the single calls, made concurrently. A
 //! `BatchIndex` (the seam for the GPU directory index of issue 9) may answer lookups, resolves
 //! and stats of batches at least its `min_batch` long; what it leaves, the CPU twin answers.
-//! Creates always go through the single-call path: each is one logged record, and the CPU stays
-//! the authority for durability. See docs/BATCH.md.
+//! Creates never go to the index: a batch of them is made in groups, each logged as one
+//! `CreateBatch` record (`create_batch.rs`), and the CPU stays the authority for durability.
+//! See docs/BATCH.md.
 
 use super::*;
 use std::hash::BuildHasher;
@@ -20,6 +21,10 @@ const WORKERS_MAX: usize = 256;
 /// Buckets of a create batch per worker: requests on the same name share a bucket (so they run
 /// in request order); several buckets per worker even out the load.
 const BUCKETS_PER_WORKER: usize = 8;
+
+/// Batches at least this long are made as `Op::CreateBatch` records (a group of creates per
+/// record, `create_batch`); shorter ones as single creates on all cores.
+pub const CREATE_BATCH_RECORDS_FROM: usize = 2;
 
 /// One request of `FileSystem::create_batch`: the arguments of `FileSystem::create`.
 #[derive(Debug, Clone, Copy)]
@@ -119,10 +124,17 @@ impl FileSystem {
         self.serve(inodes, || IndexRequests::Stat(inodes), |inode| self.get_attributes(*inode))
     }
 
-    /// `create(...)` for every request, answers in request order. Requests on the same
-    /// (parent, name) run in request order (the first gets the file, the others `Exists`, as
-    /// one by one); the others run concurrently, each one logged record as a single create.
+    /// `create(...)` for every request, answers in request order. Requests in the same
+    /// directory run in request order (the first of a name gets the file, the others `Exists`,
+    /// as one by one); requests in different directories run concurrently. From
+    /// `CREATE_BATCH_RECORDS_FROM` requests on, a group of up to 512 creates is one logged
+    /// `CreateBatch` record; a shorter batch runs the single `create`.
     pub fn create_batch(&self, requests: &[CreateRequest<'_>]) -> Vec<Result<Attributes>> {
+        if requests.len() >= CREATE_BATCH_RECORDS_FROM {
+            let answers = self.create_batch_logged(requests);
+            self.count_batch(0, answers.len());
+            return answers;
+        }
         let answers = map_keyed(
             requests,
             |request| rustc_hash::FxBuildHasher.hash_one((request.parent, request.name)),
@@ -152,7 +164,8 @@ impl FileSystem {
         uid: u32,
         gid: u32,
     ) -> Vec<Result<Attributes>> {
-        let answers = map_parallel(paths, |path| self.make_directory_all(path.as_ref(), permissions, uid, gid));
+        let paths: Vec<&[u8]> = paths.iter().map(|path| path.as_ref()).collect();
+        let answers = self.make_directory_all_logged(&paths, permissions, uid, gid);
         self.count_batch(0, answers.len());
         answers
     }
@@ -231,7 +244,7 @@ fn worker_count(requests: usize) -> usize {
 
 /// `answer` of every item, in item order, on all cores: workers take blocks of
 /// `BLOCK_REQUESTS` items in turn and write the answers in place.
-fn map_parallel<T: Sync, R: Send>(items: &[T], answer: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(super) fn map_parallel<T: Sync, R: Send>(items: &[T], answer: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let workers = worker_count(items.len());
     if workers <= 1 {
         return items.iter().map(answer).collect();

@@ -726,6 +726,23 @@ fn updates_of_records(records: &[Arc<Op>], owned_blocks: &[(u64, u64)], updates:
                     updates.push(IndexUpdate::MarkComplete(number));
                 }
             }
+            Op::CreateBatch { parents, creates } => {
+                // As that many creates: the new inodes first, so that each parent's image (its
+                // state after the record) is set knowing them.
+                for create in creates {
+                    let number = create.inode.inode_number;
+                    made.insert(number);
+                    set(updates, &made, &create.inode);
+                    let parent = parents[create.parent as usize].inode_number;
+                    updates.push(IndexUpdate::InsertEntry { parent, name: create.name.clone(), child: number });
+                    if create.inode.file_type() == FileType::Directory {
+                        updates.push(IndexUpdate::MarkComplete(number));
+                    }
+                }
+                for parent in parents {
+                    set(updates, &made, parent);
+                }
+            }
             Op::Link { parent, name, inode } => {
                 set(updates, &made, parent);
                 set(updates, &made, inode);

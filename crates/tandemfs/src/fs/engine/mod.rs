@@ -6,6 +6,7 @@
 //! current through `FrontSink`.
 
 pub mod batch;
+mod create_batch;
 mod data;
 pub mod dirindex_feed;
 mod lifecycle;
@@ -434,6 +435,26 @@ impl FileSystem {
         tree_blocks: u64,
         freed_blocks: u64,
     ) -> Result<Option<u64>> {
+        // Every checkpoint writes its block images into the log, and while records older than
+        // them wait, the tail cannot pass those images. A backlog whose application dirties
+        // more than the log can hold would leave the back end (and a replay after a crash) with
+        // nowhere to write a checkpoint. So each record pledges the images it may need, and the
+        // log admits it only while its bytes and every pledge fit (`log::pledge`): past that,
+        // the caller waits for the back end to apply some of the backlog.
+        let image_blocks = (new_blocks + tree_blocks).min(NAMESPACE_RESERVE_BLOCKS)
+            + IMAGE_BLOCKS_PER_RECORD
+            + data_run_image_blocks(new_blocks)
+            + data_free_image_blocks(freed_blocks);
+        self.append_with_pledge(op, new_blocks, tree_blocks, image_blocks)
+    }
+
+    /// `append` for a record that takes `new_blocks` and pledges `image_blocks` checkpoint
+    /// images, both counted by the caller from the record (a create batch: `create_batch`).
+    pub(super) fn append_pledging(&self, op: Op, new_blocks: u64, image_blocks: u64) -> Result<Option<u64>> {
+        self.append_with_pledge(op, new_blocks, 0, image_blocks)
+    }
+
+    fn append_with_pledge(&self, op: Op, new_blocks: u64, tree_blocks: u64, image_blocks: u64) -> Result<Option<u64>> {
         let reserved_blocks = new_blocks + tree_blocks;
         // Every change passes here with a view shard locked; a remount read-only sets the flag
         // and then takes every view shard once, so no change slips in after it.
@@ -441,16 +462,6 @@ impl FileSystem {
             return Err(Error::ReadOnly);
         }
         let space = &self.inner.front.space;
-        // Every checkpoint writes its block images into the log, and while records older than
-        // them wait, the tail cannot pass those images. A backlog whose application dirties
-        // more than the log can hold would leave the back end (and a replay after a crash) with
-        // nowhere to write a checkpoint. So each record pledges the images it may need, and the
-        // log admits it only while its bytes and every pledge fit (`log::pledge`): past that,
-        // the caller waits for the back end to apply some of the backlog.
-        let image_blocks = reserved_blocks.min(NAMESPACE_RESERVE_BLOCKS)
-            + IMAGE_BLOCKS_PER_RECORD
-            + data_run_image_blocks(new_blocks)
-            + data_free_image_blocks(freed_blocks);
         if !space.reserve(new_blocks, tree_blocks) {
             return Ok(None);
         }
