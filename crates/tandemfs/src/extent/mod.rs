@@ -232,11 +232,13 @@ pub fn space_use(store: &mut dyn Store, root: &ExtentRoot) -> Result<SpaceUse> {
 
 /// Rewrites the fragmented written data of `offset..offset + length_bytes` (clipped to the
 /// file) into whole new blocks, keeping every byte and the length; returns the data blocks
-/// saved (at least: a run may also fill the free room of the extent before it). Only extents that lie wholly inside the range are touched: consecutive written
-/// extents form runs of up to `COMPACT_RUN_MAX_BYTES`, and a run that holds more blocks than
+/// saved (at least: a run may also fill the free room of the extent before it). Only extents
+/// that lie wholly inside the range are touched: consecutive extents with blocks (written or
+/// unwritten) form runs of up to `COMPACT_RUN_MAX_BYTES`, and a run that holds more blocks than
 /// its bytes need is read, removed (its blocks freed as a collapse frees them) and written
 /// again into a hole of its length (new blocks, or the free room at the end of the extent
-/// before it). Holes and unwritten extents stay as they are.
+/// before it); a run of unwritten extents alone is given new unwritten blocks instead, and
+/// nothing is written. In a mixed run the unwritten bytes become written zeros. Holes stay.
 ///
 /// Replay gives the same bytes (docs/EXTENTS.md, *Compaction*): the only bytes read are those
 /// of extents that the same operation removes whole, and their blocks are never written again
@@ -252,25 +254,33 @@ pub fn compact(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length
         let mut buffer = Vec::new();
         for run in runs {
             let run_bytes = run.end - run.start;
-            buffer.resize(run_bytes as usize, 0);
-            tree.read(run.start, &mut buffer)?;
-            tree.remove_range(run.start, run.end)?;
-            tree.insert_hole(run.start, run_bytes)?;
-            tree.write(run.start, &buffer)?;
+            if run.unwritten_only {
+                tree.remove_range(run.start, run.end)?;
+                tree.insert_hole(run.start, run_bytes)?;
+                tree.allocate(run.start, run.end)?;
+            } else {
+                buffer.resize(run_bytes as usize, 0);
+                tree.read(run.start, &mut buffer)?;
+                tree.remove_range(run.start, run.end)?;
+                tree.insert_hole(run.start, run_bytes)?;
+                tree.write(run.start, &buffer)?;
+            }
             saved += run.held_blocks - run_bytes.div_ceil(crate::block::meta::BLOCK_SIZE_U64);
         }
         Ok(saved)
     })
 }
 
-/// A stretch of whole written extents that compaction rewrites.
+/// A stretch of whole extents with blocks that compaction rewrites.
 struct CompactionRun {
     start: u64,
     end: u64,
     held_blocks: u64,
+    /// Every extent of the run is unwritten: it gets new unwritten blocks, nothing is written.
+    unwritten_only: bool,
 }
 
-/// The runs of `start..end` worth rewriting: consecutive written extents wholly inside the
+/// The runs of `start..end` worth rewriting: consecutive extents with blocks wholly inside the
 /// range, cut at `COMPACT_RUN_MAX_BYTES`, that hold more blocks than their bytes need.
 fn compaction_runs(tree: &mut Tree, start: u64, end: u64) -> Result<Vec<CompactionRun>> {
     let block = crate::block::meta::BLOCK_SIZE_U64;
@@ -288,8 +298,7 @@ fn compaction_runs(tree: &mut Tree, start: u64, end: u64) -> Result<Vec<Compacti
             return false;
         }
         let inside = logical >= start && logical + entry.length <= end;
-        let written = !entry.is_hole() && !entry.unwritten;
-        if !inside || !written || entry.length > COMPACT_RUN_MAX_BYTES {
+        if !inside || entry.is_hole() || entry.length > COMPACT_RUN_MAX_BYTES {
             close(current.take(), &mut runs);
             return true;
         }
@@ -298,10 +307,16 @@ fn compaction_runs(tree: &mut Tree, start: u64, end: u64) -> Result<Vec<Compacti
             Some(run) if run.end == logical && run.end - run.start + entry.length <= COMPACT_RUN_MAX_BYTES => {
                 run.end += entry.length;
                 run.held_blocks += blocks;
+                run.unwritten_only &= entry.unwritten;
             }
             _ => {
                 close(current.take(), &mut runs);
-                current = Some(CompactionRun { start: logical, end: logical + entry.length, held_blocks: blocks });
+                current = Some(CompactionRun {
+                    start: logical,
+                    end: logical + entry.length,
+                    held_blocks: blocks,
+                    unwritten_only: entry.unwritten,
+                });
             }
         }
         true

@@ -867,3 +867,32 @@ fn compaction_packs_small_inserts_into_whole_blocks() {
     destroy(&mut store, root).unwrap();
     assert_eq!(store.allocated_count(), 0);
 }
+
+/// Collapses at random bytes of a reserved (unwritten) file cut its extents inside blocks, and
+/// every cut holds a block more; compaction gives the runs new unwritten blocks, writes
+/// nothing, and the file stays unwritten zeros within 1.2× of its bytes.
+#[test]
+fn compaction_of_unwritten_runs_writes_nothing() {
+    let mut random = SmallRng::seed_from_u64(9);
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    allocate(&mut store, &mut root, 0, 2 << 20, false).unwrap();
+    for _ in 0..1_000 {
+        let length = root.length_bytes();
+        let offset = random.gen_range(0..length - 100);
+        collapse_range(&mut store, &mut root, offset, random.gen_range(1..100)).unwrap();
+    }
+    let before = space_use(&mut store, &root).unwrap();
+    assert!(before.amplification() > 1.3, "fragmented: {before:?}");
+    let length = root.length_bytes();
+    assert!(compact(&mut store, &mut root, 0, length).unwrap() > 0);
+    let model = vec![0u8; root.length_bytes() as usize];
+    verify(&mut store, &root, &model, "after compaction");
+    let after = space_use(&mut store, &root).unwrap();
+    assert!(after.amplification() <= 1.2, "compacted: {after:?}");
+    extents(&mut store, &root, &mut |_, _, physical, unwritten| {
+        assert!(physical.is_some() && unwritten, "every extent stays unwritten");
+        true
+    })
+    .unwrap();
+}
