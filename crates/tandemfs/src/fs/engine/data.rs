@@ -454,12 +454,16 @@ impl FileSystem {
     /// before the call is applied (`SpaceUse::amplification`: held over mapped).
     pub fn space_use(&self, inode: InodeNumber) -> Result<SpaceUse> {
         self.check_running()?;
-        let generation = self.with_view(inode, |view| match view.file_type() {
-            FileType::Regular => Ok(view.attributes.generation),
+        let (generation, last_change_lsn) = self.with_view(inode, |view| match view.file_type() {
+            FileType::Regular => Ok((view.attributes.generation, view.last_change_lsn)),
             FileType::Directory => Err(Error::IsDirectory),
             _ => Err(Error::invalid("not a regular file")),
         })??;
-        self.wait_applied(self.inner.log.next_lsn().saturating_sub(1))?;
+        // The file's own last record, not the log's: the log's last lsn may be a checkpoint's
+        // record, which the back end writes and never applies.
+        if last_change_lsn > 0 {
+            self.wait_applied(last_change_lsn)?;
+        }
         let mut volume = self.inner.backend.volume()?;
         let home = FileSystem::home_inode(&mut volume, inode, generation)?.ok_or(Error::NotFound)?;
         let root = ExtentRoot::decode(&home.root_area)?;
