@@ -59,6 +59,24 @@ struct tandem_range {
 #define TANDEM_IOC_INSERT _IOW(TANDEM_IOC_MAGIC, 1, struct tandem_range)
 #define TANDEM_IOC_COLLAPSE _IOW(TANDEM_IOC_MAGIC, 2, struct tandem_range)
 
+/*
+ * TANDEM_IOC_DEFRAG (compaction, `tandem defrag`): when the file holds more than
+ * factor_millis / 1000 times the bytes it maps, its fragmented runs of extents are rewritten
+ * into whole blocks (every byte, the size and the times stay; the old blocks are free at the
+ * next checkpoint). The caller sets factor_millis (at least 1000; UINT64_MAX only reports);
+ * the server fills in the rest. EINVAL for a factor below 1000, EBADF when not open for
+ * writing.
+ */
+struct tandem_defrag {
+	uint64_t factor_millis;     /* in: compact above this many thousandths of the bytes */
+	uint64_t mapped_bytes;      /* out: bytes of written and unwritten extents */
+	uint64_t held_bytes_before; /* out: bytes of blocks held before */
+	uint64_t held_bytes_after;  /* out: bytes of blocks held after */
+	uint64_t records;           /* out: compaction records logged (0: nothing to do) */
+};
+
+#define TANDEM_IOC_DEFRAG _IOWR(TANDEM_IOC_MAGIC, 3, struct tandem_defrag)
+
 /* Largest INSERT with data that the server copies in one piece (64 MiB). */
 #define TANDEM_INLINE_INSERT_MAX ((uint64_t)64 << 20)
 

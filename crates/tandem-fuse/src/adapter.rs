@@ -169,6 +169,27 @@ impl Adapter {
         }
     }
 
+    /// The DEFRAG ioctl: compaction of the file when it holds more than the factor asks, with
+    /// the space before and after. The bytes do not change, so no cached page is dropped.
+    fn defrag(&self, inode: InodeNumber, handle: FileHandle, argument: &[u8]) -> Result<ioctl::DefragRequest, Errno> {
+        let Some(mut request) = ioctl::DefragRequest::from_bytes(argument) else {
+            return Err(Errno::EINVAL);
+        };
+        if !opened_for_writing(handle) {
+            return Err(Errno::EBADF);
+        }
+        if request.factor_millis < 1000 {
+            return Err(Errno::EINVAL);
+        }
+        let factor = request.factor_millis as f64 / 1000.0;
+        let report = self.fs.defrag(inode, factor).map_err(|error| fuse_errno(&error))?;
+        request.mapped_bytes = report.after.mapped_bytes;
+        request.held_bytes_before = report.before.held_bytes();
+        request.held_bytes_after = report.after.held_bytes();
+        request.records = report.records;
+        Ok(request)
+    }
+
     fn insert_or_collapse(
         &self,
         caller: &Caller,
@@ -975,6 +996,12 @@ impl fuser::Filesystem for Adapter {
         reply: ReplyIoctl,
     ) {
         self.counters.count(RequestKind::Ioctl);
+        if command == ioctl::DEFRAG {
+            return match self.defrag(inode.0, handle, in_data) {
+                Ok(answer) => reply.ioctl(0, &answer.to_bytes()),
+                Err(errno) => reply.error(errno),
+            };
+        }
         if command != ioctl::INSERT && command != ioctl::COLLAPSE {
             // The conventional answer for "this file does not know that ioctl".
             return reply.error(Errno::from_i32(libc::ENOTTY));

@@ -11,6 +11,8 @@
 //!   one engine operation.
 //! * [`COLLAPSE`]: remove `length` bytes at `offset`, shifting later bytes down; `data` must
 //!   be 0.
+//! * [`DEFRAG`]: compaction (`FileSystem::defrag`): takes a [`DefragRequest`] with the factor
+//!   and answers it with the space the file held before and holds after.
 //!
 //! The kernel hands a FUSE server only the fixed-size argument of an ioctl (the 24-byte
 //! [`RangeRequest`]; FUSE's unrestricted ioctl protocol exists only for CUSE devices), so the
@@ -58,6 +60,81 @@ const _: () = assert!(std::mem::size_of::<RangeRequest>() == RANGE_REQUEST_BYTES
 /// go through the hole-then-pwrite path, which streams through the page cache instead of
 /// holding the whole buffer in the server.
 pub const INLINE_INSERT_MAX_BYTES: u64 = 64 << 20;
+
+/// Number of the defrag command within [`MAGIC`].
+pub const DEFRAG_NUMBER: u8 = 3;
+
+/// The argument and answer of [`DEFRAG`] (`struct tandem_defrag` in `tandem.h`): the caller
+/// fills `factor_millis`, the server answers with every field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DefragRequest {
+    /// Compact when the file holds more than this many thousandths of the bytes it maps
+    /// (1,200: 1.2×); at least 1,000. `u64::MAX` only reports.
+    pub factor_millis: u64,
+    /// Bytes the file maps (its written and unwritten extents).
+    pub mapped_bytes: u64,
+    /// Bytes of blocks the file held before.
+    pub held_bytes_before: u64,
+    /// Bytes of blocks the file holds after (the old blocks are free at the next checkpoint).
+    pub held_bytes_after: u64,
+    /// Compaction records logged; 0 when the file held at most the factor.
+    pub records: u64,
+}
+
+/// Size of [`DefragRequest`] in bytes, as encoded in the command number.
+pub const DEFRAG_REQUEST_BYTES: usize = 40;
+const _: () = assert!(std::mem::size_of::<DefragRequest>() == DEFRAG_REQUEST_BYTES);
+
+impl DefragRequest {
+    /// Decodes native-endian bytes (the kernel's copy of the caller's struct).
+    pub fn from_bytes(bytes: &[u8]) -> Option<DefragRequest> {
+        if bytes.len() < DEFRAG_REQUEST_BYTES {
+            return None;
+        }
+        let word = |index: usize| u64::from_ne_bytes(bytes[index * 8..index * 8 + 8].try_into().expect("8 bytes"));
+        Some(DefragRequest {
+            factor_millis: word(0),
+            mapped_bytes: word(1),
+            held_bytes_before: word(2),
+            held_bytes_after: word(3),
+            records: word(4),
+        })
+    }
+
+    /// Native-endian bytes, for the server's answer.
+    pub fn to_bytes(&self) -> [u8; DEFRAG_REQUEST_BYTES] {
+        let mut bytes = [0u8; DEFRAG_REQUEST_BYTES];
+        let words =
+            [self.factor_millis, self.mapped_bytes, self.held_bytes_before, self.held_bytes_after, self.records];
+        for (index, word) in words.iter().enumerate() {
+            bytes[index * 8..index * 8 + 8].copy_from_slice(&word.to_ne_bytes());
+        }
+        bytes
+    }
+}
+
+/// `_IOWR(type, number, size)`: read and write directions (bits 30 and 31 both set).
+const fn read_write_command(kind: u8, number: u8, size: usize) -> u32 {
+    const IOC_READ_WRITE: u32 = 3;
+    (IOC_READ_WRITE << 30) | ((size as u32) << 16) | ((kind as u32) << 8) | number as u32
+}
+
+/// `TANDEM_IOC_DEFRAG` = `_IOWR(0xD4, 3, struct tandem_defrag)`.
+pub const DEFRAG: u32 = read_write_command(MAGIC, DEFRAG_NUMBER, DEFRAG_REQUEST_BYTES);
+
+/// Compacts `file` when it holds more than `factor_millis` / 1000 times the bytes it maps (see
+/// `FileSystem::defrag`); returns the server's answer.
+pub fn defrag(file: &File, factor_millis: u64) -> io::Result<DefragRequest> {
+    let mut request = DefragRequest { factor_millis, ..DefragRequest::default() };
+    // SAFETY: the command's encoded size matches `DefragRequest`, which lives for the call; the
+    // kernel reads it and writes the answer back into it.
+    let result = unsafe { libc::ioctl(file.as_raw_fd(), DEFRAG as _, &mut request as *mut DefragRequest) };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(request)
+}
 
 /// `_IOW(type, number, size)` with the generic Linux layout (x86, ARM, RISC-V): direction in
 /// bits 30-31, size in bits 16-29, type in bits 8-15, number in bits 0-7.
@@ -175,6 +252,21 @@ mod tests {
         // _IOW(0xD4, 1, 24 bytes) and _IOW(0xD4, 2, 24 bytes), computed by hand.
         assert_eq!(INSERT, 0x4018_D401);
         assert_eq!(COLLAPSE, 0x4018_D402);
+        // _IOWR(0xD4, 3, 40 bytes).
+        assert_eq!(DEFRAG, 0xC028_D403);
+    }
+
+    #[test]
+    fn defrag_request_round_trips() {
+        let request = DefragRequest {
+            factor_millis: 1200,
+            mapped_bytes: 7,
+            held_bytes_before: 1 << 40,
+            held_bytes_after: 9,
+            records: 3,
+        };
+        assert_eq!(DefragRequest::from_bytes(&request.to_bytes()), Some(request));
+        assert_eq!(DefragRequest::from_bytes(&request.to_bytes()[..39]), None);
     }
 
     #[test]

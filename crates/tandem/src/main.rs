@@ -58,6 +58,9 @@ enum Command {
     Insert(commands::edit::InsertArguments),
     /// Remove bytes from a file on a mounted tandemfs, shifting later bytes down
     Collapse(commands::edit::CollapseArguments),
+    /// Compact a fragmented file on a mounted tandemfs into whole blocks, and report the space it
+    /// holds against the bytes it maps
+    Defrag(commands::edit::DefragArguments),
     /// Create ./tandem.img if missing, mount it and show what tandemfs does
     Demo(commands::demo::DemoArguments),
     /// Measure tandemfs against ext4 on the same medium
@@ -111,6 +114,7 @@ fn run(cli: Cli) -> CliResult<i32> {
         Command::Umount(arguments) => commands::mount::run_umount(arguments),
         Command::Insert(arguments) => commands::edit::run_insert(arguments),
         Command::Collapse(arguments) => commands::edit::run_collapse(arguments),
+        Command::Defrag(arguments) => commands::edit::run_defrag(arguments),
         Command::Demo(arguments) => commands::demo::run(arguments),
         Command::Bench(bench) => match bench.which {
             BenchCommand::Meta(arguments) => bench::meta::run(arguments),

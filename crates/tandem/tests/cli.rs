@@ -615,6 +615,46 @@ fn insert_of_a_file_into_itself_copies_it_once() {
     mounted.finish(&scratch);
 }
 
+/// `tandem defrag`: small inserts at byte offsets leave a file holding about 3× its bytes; a
+/// `--check` reports it and changes nothing, a defrag brings it within 1.2× with every byte
+/// kept, a second finds nothing to do, a factor below 1 is a one-line error, and fsck is clean.
+#[test]
+fn defrag_compacts_a_fragmented_file_and_keeps_its_bytes() {
+    let scratch = Scratch::new("defrag");
+    let Some(mounted) = Mounted::new(&scratch, "128M") else { return };
+    let target = mounted.join("fragmented");
+    let mut expected = pattern_bytes(300_000, 5);
+    std::fs::write(&target, &expected).unwrap();
+    let source = scratch.join("ten-bytes");
+    std::fs::write(&source, b"0123456789").unwrap();
+    for step in 0..150usize {
+        let offset = step * 1777;
+        let output = tandem_within(&["insert", text(&target), &offset.to_string(), "--from", text(&source)], None, 60);
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        expected.splice(offset..offset, b"0123456789".iter().copied());
+    }
+    let check = tandem_within(&["defrag", text(&target), "--check"], None, 60);
+    assert_eq!(check.status.code(), Some(0), "{}", stderr(&check));
+    assert!(stdout(&check).contains(&format!("{} bytes mapped", format_count(expected.len()))), "{}", stdout(&check));
+    assert!(!stdout(&check).contains("compacted"), "{}", stdout(&check));
+    let output = tandem_within(&["defrag", text(&target)], None, 60);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let report = stdout(&output);
+    let factors: Vec<f64> = report
+        .split('(')
+        .skip(1)
+        .filter_map(|part| part.split('×').next().and_then(|number| number.parse().ok()))
+        .collect();
+    assert!(factors.len() == 2 && factors[0] > 2.0 && factors[1] <= 1.2, "{report}");
+    assert!(std::fs::read(&target).unwrap() == expected, "defrag changed bytes");
+    let again = tandem_within(&["defrag", text(&target)], None, 60);
+    assert!(stdout(&again).contains("nothing to do"), "{}", stdout(&again));
+    let bad = tandem_within(&["defrag", text(&target), "--factor", "0.5"], None, 60);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert_eq!(stderr(&bad).trim().lines().count(), 1, "{}", stderr(&bad));
+    mounted.finish(&scratch);
+}
+
 /// Digits grouped by thousands, as tandem prints counts.
 fn format_count(value: usize) -> String {
     let digits = value.to_string();

@@ -1,7 +1,9 @@
-//! A volume of the previous format version (5) is read by this build and taken forward to the
-//! current one (6) by its first read-write mount, before anything of this build reaches home:
-//! version 6 only lets a free leave a data block's generation-table and checksum entries, so
-//! every version-5 volume is a valid version-6 one, and an older build must then refuse it.
+//! A volume of an earlier format version (5 or 6) is read by this build and taken forward to the
+//! current one (7) by its first read-write mount, before anything of this build reaches home:
+//! version 6 only lets a free leave a data block's generation-table and checksum entries, and
+//! version 7 only adds the compaction record to the log, so every version-5 or -6 volume is a
+//! valid version-7 one, and an older build must then refuse it (a log with a compaction record
+//! would read as corrupt to it).
 
 use std::sync::Arc;
 use tandemfs::block::superblock::{Superblock, FORMAT_VERSION, OFFSET_CRC, OFFSET_VERSION};
@@ -27,6 +29,18 @@ fn on_disk_version(device: &dyn Device) -> u32 {
 
 #[test]
 fn a_version_5_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
+    taken_forward(5);
+}
+
+#[test]
+fn a_version_6_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
+    taken_forward(6);
+}
+
+/// A volume of `old` is read as it is by fsck and a read-only mount, and recorded as the current
+/// version by the first read-write mount; a compaction then works on it.
+fn taken_forward(old: u32) {
+    assert!(old < FORMAT_VERSION);
     let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
     FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
     let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
@@ -34,30 +48,40 @@ fn a_version_5_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
     fs.write(file, 0, b"version five").unwrap();
     fs.unmount().unwrap();
     drop(fs);
-    set_version(device.as_ref(), 5);
+    set_version(device.as_ref(), old);
 
     // fsck reads it as it is and says what a mount will do; nothing is written.
     let report = fsck::check(device.clone()).unwrap();
     assert!(report.problems.is_empty(), "fsck: {:?}", report.problems);
     let lines = fsck::inspect(device.clone()).unwrap();
     let version = lines.lines.iter().find(|(name, _)| name == "format version").unwrap();
-    assert!(version.1.starts_with("5 (the next read-write mount records 6)"), "{version:?}");
-    assert_eq!(on_disk_version(device.as_ref()), 5);
+    let expected = format!("{old} (the next read-write mount records {FORMAT_VERSION})");
+    assert!(version.1.starts_with(&expected), "{version:?}");
+    assert_eq!(on_disk_version(device.as_ref()), old);
 
     // A read-only mount leaves the medium at 5.
     let read_only = MountOptions { read_only: true, ..MountOptions::default() };
     let (fs, report) = FileSystem::mount(device.clone(), &read_only).unwrap();
-    assert_eq!(report.format_upgraded_from, Some(5));
+    assert_eq!(report.format_upgraded_from, Some(old));
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(on_disk_version(device.as_ref()), 5);
+    assert_eq!(on_disk_version(device.as_ref()), old);
 
     let (fs, report) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
-    assert_eq!(report.format_upgraded_from, Some(5));
+    assert_eq!(report.format_upgraded_from, Some(old));
     assert_eq!(on_disk_version(device.as_ref()), FORMAT_VERSION);
     let mut buffer = [0u8; 12];
     fs.read(file, 0, &mut buffer).unwrap();
     assert_eq!(&buffer, b"version five");
+    // What version 7 adds: a compaction record, logged and applied on the taken-forward volume.
+    for step in 0..40u64 {
+        fs.insert(file, (step * 7) % 12, b"x").unwrap();
+    }
+    let defrag = fs.defrag(file, 1.0).unwrap();
+    assert!(defrag.records > 0 && defrag.after.data_blocks == 1, "{defrag:?}");
+    let mut buffer = [0u8; 52];
+    fs.read(file, 0, &mut buffer).unwrap();
+    assert_eq!(buffer.iter().filter(|byte| **byte == b'x').count(), 40);
     fs.unlink(ROOT_INODE, b"kept").unwrap();
     fs.unmount().unwrap();
     drop(fs);

@@ -55,6 +55,18 @@ pub struct CollapseArguments {
     pub length: u64,
 }
 
+#[derive(Args)]
+pub struct DefragArguments {
+    /// File on a mounted tandemfs
+    pub file: PathBuf,
+    /// Compact when the file holds more than this many times the bytes it maps
+    #[arg(long, default_value_t = 1.2)]
+    pub factor: f64,
+    /// Only report the space the file holds against the bytes it maps
+    #[arg(long)]
+    pub check: bool,
+}
+
 /// Opens the file for writing and checks it lives on FUSE, returning it with its size.
 fn open_target(path: &Path) -> CliResult<(File, u64)> {
     let file = OpenOptions::new().read(true).write(true).open(path).map_err(|error| {
@@ -347,5 +359,45 @@ pub fn run_collapse(arguments: CollapseArguments) -> CliResult<i32> {
         path.display(),
         format_count(new_size)
     );
+    Ok(EXIT_SUCCESS)
+}
+
+/// Space amplification as the report prints it: held over mapped.
+fn amplification(held_bytes: u64, mapped_bytes: u64) -> String {
+    if mapped_bytes == 0 {
+        return "no bytes mapped".into();
+    }
+    format!("{:.2}×", held_bytes as f64 / mapped_bytes as f64)
+}
+
+/// `tandem defrag FILE [--factor F] [--check]`: compaction of one file on a mounted tandemfs
+/// through the DEFRAG ioctl, with the space it held and holds.
+pub fn run_defrag(arguments: DefragArguments) -> CliResult<i32> {
+    let path = arguments.file.as_path();
+    if !(arguments.factor >= 1.0 && arguments.factor <= 1_000_000.0) {
+        return Err(CliError::new(format!("--factor {} must lie between 1 and 1000000", arguments.factor)));
+    }
+    let factor_millis = if arguments.check { u64::MAX } else { (arguments.factor * 1000.0).round() as u64 };
+    let (file, _) = open_target(path)?;
+    let answer = ioctl::defrag(&file, factor_millis).map_err(|error| describe_ioctl_error(path, "defrag", error))?;
+    println!(
+        "{}: {} bytes mapped, {} bytes held ({})",
+        path.display(),
+        format_count(answer.mapped_bytes),
+        format_count(answer.held_bytes_before),
+        amplification(answer.held_bytes_before, answer.mapped_bytes)
+    );
+    if answer.records == 0 {
+        if !arguments.check {
+            println!("nothing to do: at most {}× the bytes mapped", arguments.factor);
+        }
+    } else {
+        println!(
+            "compacted by {} compaction record(s): {} bytes held ({}); the old blocks are free at the next checkpoint",
+            format_count(answer.records),
+            format_count(answer.held_bytes_after),
+            amplification(answer.held_bytes_after, answer.mapped_bytes)
+        );
+    }
     Ok(EXIT_SUCCESS)
 }

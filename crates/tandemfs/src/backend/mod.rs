@@ -248,6 +248,9 @@ impl Applier {
                     RangeKind::PunchHole => extent::punch_hole(volume, &mut root, *offset, *length)?,
                     RangeKind::ZeroRange => extent::zero_range(volume, &mut root, *offset, *length, *keep_size)?,
                     RangeKind::Allocate => extent::allocate(volume, &mut root, *offset, *length, *keep_size)?,
+                    RangeKind::Compact => {
+                        extent::compact(volume, &mut root, *offset, *length)?;
+                    }
                 }
                 set_extent_root(touched.get(volume, image.inode_number)?, &root);
                 touched.image(volume, image)?;

@@ -222,6 +222,9 @@ pub enum RangeKind {
     PunchHole = 2,
     ZeroRange = 3,
     Allocate = 4,
+    /// Rewrites fragmented data of the range into whole blocks, keeping every byte (format
+    /// version 7, `extent::compact`).
+    Compact = 5,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -498,6 +501,7 @@ impl Op {
                     2 => RangeKind::PunchHole,
                     3 => RangeKind::ZeroRange,
                     4 => RangeKind::Allocate,
+                    5 => RangeKind::Compact,
                     other => return Err(Error::corruption(format!("log record: range kind {other}"))),
                 };
                 let (offset, length) = (decoder.u64()?, decoder.u64()?);
@@ -744,6 +748,7 @@ mod tests {
             Op::SetAttributes { inode: image(2), truncate: true },
             Op::Write { inode: image(2), offset: 77, data: Arc::from(&b"hello"[..]) },
             Op::Range { inode: image(2), kind: RangeKind::Collapse, offset: 1, length: 2, keep_size: false },
+            Op::Range { inode: image(2), kind: RangeKind::Compact, offset: 3, length: 4096, keep_size: false },
             Op::SetXattr { inode: image(2), name: b"user.x".to_vec(), value: b"v".to_vec() },
             Op::RemoveXattr { inode: image(2), name: b"user.x".to_vec() },
             Op::Reclaim { inode_number: 2 },

@@ -8,10 +8,11 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// The oldest version this build reads and takes forward: version 6 only lets a free leave a
-/// data block's generation-table and checksum entries behind, so every version-5 volume is a
-/// valid version-6 volume, and the first superblock a read-write mount writes records 6.
+/// data block's generation-table and checksum entries behind, and version 7 only adds the
+/// compaction record to the log, so every version-5 or -6 volume is a valid version-7 volume,
+/// and the first superblock a read-write mount writes records 7.
 pub const OLDEST_READABLE_VERSION: u32 = 5;
 /// Inode records per inode-table block (256-byte records in the 4064-byte payload).
 pub const INODES_PER_BLOCK: u64 = 15;
@@ -699,26 +700,28 @@ mod tests {
             let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
             put_u32(&mut bytes[..], OFFSET_CRC, crc);
             let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-            assert!(error.contains(&format!("format version {version} is older than this build's 6")), "{error}");
+            assert!(error.contains(&format!("format version {version} is older than this build's 7")), "{error}");
         }
     }
 
     #[test]
-    fn a_version_5_volume_is_read_and_written_back_as_version_6() {
+    fn versions_5_and_6_are_read_and_written_back_as_version_7() {
         let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
         let superblock = Superblock::layout(blocks, None, None).unwrap();
         let mut bytes = superblock.encode();
-        put_u32(&mut bytes[..], OFFSET_VERSION, 5);
-        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
-        put_u32(&mut bytes[..], OFFSET_CRC, crc);
-        let decoded = Superblock::decode(&bytes, 0, blocks).unwrap();
-        assert_eq!(decoded.format_version, 5);
-        assert_eq!(get_u32(&decoded.encode()[..], OFFSET_VERSION), 6);
-        put_u32(&mut bytes[..], OFFSET_VERSION, 7);
+        for old in [5, 6] {
+            put_u32(&mut bytes[..], OFFSET_VERSION, old);
+            let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+            put_u32(&mut bytes[..], OFFSET_CRC, crc);
+            let decoded = Superblock::decode(&bytes, 0, blocks).unwrap();
+            assert_eq!(decoded.format_version, old);
+            assert_eq!(get_u32(&decoded.encode()[..], OFFSET_VERSION), 7);
+        }
+        put_u32(&mut bytes[..], OFFSET_VERSION, 8);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(&mut bytes[..], OFFSET_CRC, crc);
         let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-        assert!(error.contains("format version 7 is newer than this build's 6"), "{error}");
+        assert!(error.contains("format version 8 is newer than this build's 7"), "{error}");
     }
 
     #[test]

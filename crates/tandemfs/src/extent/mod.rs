@@ -176,6 +176,155 @@ pub fn allocate(
     })
 }
 
+/// Longest run of extents that one compaction rewrites in one piece: its bytes are held in
+/// memory while the run is rewritten.
+pub const COMPACT_RUN_MAX_BYTES: u64 = 4 << 20;
+
+/// The space a file holds against the bytes it maps (`space_use`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceUse {
+    /// Bytes of written and unwritten extents (holes map nothing).
+    pub mapped_bytes: u64,
+    /// Data blocks the extents own.
+    pub data_blocks: u64,
+    /// Extent tree blocks (`blocks_owned` less the data blocks).
+    pub tree_blocks: u64,
+    /// Extents, holes included.
+    pub extents: u64,
+}
+
+impl SpaceUse {
+    /// Bytes of blocks held, data and tree.
+    pub fn held_bytes(&self) -> u64 {
+        (self.data_blocks + self.tree_blocks) * crate::block::meta::BLOCK_SIZE_U64
+    }
+
+    /// Space amplification: bytes held over bytes mapped (1.0 for a file that maps nothing).
+    pub fn amplification(&self) -> f64 {
+        if self.mapped_bytes == 0 {
+            return 1.0;
+        }
+        self.held_bytes() as f64 / self.mapped_bytes as f64
+    }
+}
+
+/// Walks the file's extents and counts what it maps and what it holds.
+pub fn space_use(store: &mut dyn Store, root: &ExtentRoot) -> Result<SpaceUse> {
+    let mut space = SpaceUse::default();
+    extents(store, root, &mut |_, length, physical, _| {
+        space.extents += 1;
+        if let Some(address) = physical {
+            space.mapped_bytes += length;
+            let block = crate::block::meta::BLOCK_SIZE_U64;
+            space.data_blocks += (address + length - 1) / block - address / block + 1;
+        }
+        true
+    })?;
+    space.tree_blocks = root.blocks_owned().checked_sub(space.data_blocks).ok_or_else(|| {
+        Error::corruption(format!(
+            "extent root field blocks_owned: {} stored, fewer than the {} data blocks its extents own",
+            root.blocks_owned(),
+            space.data_blocks
+        ))
+    })?;
+    Ok(space)
+}
+
+/// Rewrites the fragmented written data of `offset..offset + length_bytes` (clipped to the
+/// file) into whole new blocks, keeping every byte and the length; returns the data blocks
+/// saved (at least: a run may also fill the free room of the extent before it). Only extents
+/// that lie wholly inside the range are touched: consecutive extents with blocks (written or
+/// unwritten) form runs of up to `COMPACT_RUN_MAX_BYTES`, and a run that holds more blocks than
+/// its bytes need is read, removed (its blocks freed as a collapse frees them) and written
+/// again into a hole of its length (new blocks, or the free room at the end of the extent
+/// before it); a run of unwritten extents alone is given new unwritten blocks instead, and
+/// nothing is written. In a mixed run the unwritten bytes become written zeros. Holes stay.
+///
+/// Replay gives the same bytes (docs/EXTENTS.md, *Compaction*): the only bytes read are those
+/// of extents that the same operation removes whole, and their blocks are never written again
+/// until a checkpoint covers the free. All or nothing, like every change.
+pub fn compact(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, length_bytes: u64) -> Result<u64> {
+    let end = offset.saturating_add(length_bytes).min(root.length_bytes());
+    if offset >= end {
+        return Ok(0);
+    }
+    change(store, root, |tree| {
+        let runs = compaction_runs(tree, offset, end)?;
+        let mut saved = 0;
+        let mut buffer = Vec::new();
+        for run in runs {
+            let run_bytes = run.end - run.start;
+            if run.unwritten_only {
+                tree.remove_range(run.start, run.end)?;
+                tree.insert_hole(run.start, run_bytes)?;
+                tree.allocate(run.start, run.end)?;
+            } else {
+                buffer.resize(run_bytes as usize, 0);
+                tree.read(run.start, &mut buffer)?;
+                tree.remove_range(run.start, run.end)?;
+                tree.insert_hole(run.start, run_bytes)?;
+                tree.write(run.start, &buffer)?;
+            }
+            saved += run.held_blocks - run_bytes.div_ceil(crate::block::meta::BLOCK_SIZE_U64);
+        }
+        Ok(saved)
+    })
+}
+
+/// A stretch of whole extents with blocks that compaction rewrites.
+struct CompactionRun {
+    start: u64,
+    end: u64,
+    held_blocks: u64,
+    /// Every extent of the run is unwritten: it gets new unwritten blocks, nothing is written.
+    unwritten_only: bool,
+}
+
+/// The runs of `start..end` worth rewriting: consecutive extents with blocks wholly inside the
+/// range, cut at `COMPACT_RUN_MAX_BYTES`, that hold more blocks than their bytes need.
+fn compaction_runs(tree: &mut Tree, start: u64, end: u64) -> Result<Vec<CompactionRun>> {
+    let block = crate::block::meta::BLOCK_SIZE_U64;
+    let mut runs = Vec::new();
+    let mut current: Option<CompactionRun> = None;
+    let close = |run: Option<CompactionRun>, runs: &mut Vec<CompactionRun>| {
+        if let Some(run) = run {
+            if run.held_blocks > (run.end - run.start).div_ceil(block) {
+                runs.push(run);
+            }
+        }
+    };
+    tree.visit(start, &mut |logical, entry| {
+        if logical >= end {
+            return false;
+        }
+        let inside = logical >= start && logical + entry.length <= end;
+        if !inside || entry.is_hole() || entry.length > COMPACT_RUN_MAX_BYTES {
+            close(current.take(), &mut runs);
+            return true;
+        }
+        let blocks = entry.blocks().map_or(0, |(_, count)| count);
+        match current.as_mut() {
+            Some(run) if run.end == logical && run.end - run.start + entry.length <= COMPACT_RUN_MAX_BYTES => {
+                run.end += entry.length;
+                run.held_blocks += blocks;
+                run.unwritten_only &= entry.unwritten;
+            }
+            _ => {
+                close(current.take(), &mut runs);
+                current = Some(CompactionRun {
+                    start: logical,
+                    end: logical + entry.length,
+                    held_blocks: blocks,
+                    unwritten_only: entry.unwritten,
+                });
+            }
+        }
+        true
+    })?;
+    close(current.take(), &mut runs);
+    Ok(runs)
+}
+
 /// Frees every data and tree block of the file. A tree that fails `check` is left alone and
 /// reported, since freeing blocks a corrupt tree names could free someone else's.
 pub fn destroy(store: &mut dyn Store, root: ExtentRoot) -> Result<()> {

@@ -215,6 +215,19 @@ impl Default for MountOptions {
     }
 }
 
+pub use crate::extent::SpaceUse;
+
+/// What `FileSystem::defrag` found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefragReport {
+    /// The file's space before, every earlier change applied.
+    pub before: SpaceUse,
+    /// After every compaction record was applied (`before` when nothing was logged).
+    pub after: SpaceUse,
+    /// Compaction records logged (0: the file held at most the factor times its bytes).
+    pub records: u64,
+}
+
 /// What mount found and did.
 #[derive(Debug, Clone, Default)]
 pub struct MountReport {

@@ -231,7 +231,7 @@ impl FileSystem {
                     }
                     size - length
                 }
-                RangeKind::PunchHole => size,
+                RangeKind::PunchHole | RangeKind::Compact => size,
                 RangeKind::ZeroRange | RangeKind::Allocate => {
                     if end > MAX_FILE_BYTES {
                         return Err(Error::FileTooLarge);
@@ -243,13 +243,16 @@ impl FileSystem {
                     }
                 }
             };
-            if kind == RangeKind::PunchHole && offset >= size {
+            if matches!(kind, RangeKind::PunchHole | RangeKind::Compact) && offset >= size {
                 return Ok(Some(()));
             }
-            let now = now_ns();
             image.size_bytes = new_size;
-            image.modify_time_ns = now;
-            image.change_time_ns = now;
+            // A compaction moves bytes without changing them: the times stay.
+            if kind != RangeKind::Compact {
+                let now = now_ns();
+                image.modify_time_ns = now;
+                image.change_time_ns = now;
+            }
             // Allocate and zero range give the holes of the range (clipped to the new size)
             // unwritten blocks; the other kinds take no data blocks.
             let new_blocks = match kind {
@@ -262,12 +265,15 @@ impl FileSystem {
                         self.blocks_to_fill(&mut shard, inode, offset, fill_end, false)?.unwrap_or(all_blocks)
                     }
                 }
+                // New whole blocks for the bytes of the range inside the file, at most.
+                RangeKind::Compact => (end.min(size) - offset).div_ceil(BLOCK_SIZE_U64),
                 _ => 0,
             };
-            // Punch, collapse and zero range free what the range held: at most the file's blocks.
+            // Punch, collapse, zero range and compaction free what the range held: at most the
+            // file's blocks.
             let freed_blocks = match kind {
                 RangeKind::Allocate | RangeKind::Insert => 0,
-                RangeKind::Collapse | RangeKind::PunchHole | RangeKind::ZeroRange => {
+                RangeKind::Collapse | RangeKind::PunchHole | RangeKind::ZeroRange | RangeKind::Compact => {
                     shard.views.get(&inode).expect("held under the lock").blocks_with_pending()
                 }
             };
@@ -442,6 +448,91 @@ impl FileSystem {
     /// fallocate mode 0 / KEEP_SIZE: reserves space that reads as zeros.
     pub fn allocate(&self, inode: InodeNumber, offset: u64, length: u64, keep_size: bool) -> Result<()> {
         self.range_in_pieces(inode, RangeKind::Allocate, offset, length, keep_size)
+    }
+
+    /// The space regular file `inode` holds against the bytes it maps, once every change made
+    /// before the call is applied (`SpaceUse::amplification`: held over mapped).
+    pub fn space_use(&self, inode: InodeNumber) -> Result<SpaceUse> {
+        self.check_running()?;
+        let (generation, last_change_lsn) = self.with_view(inode, |view| match view.file_type() {
+            FileType::Regular => Ok((view.attributes.generation, view.last_change_lsn)),
+            FileType::Directory => Err(Error::IsDirectory),
+            _ => Err(Error::invalid("not a regular file")),
+        })??;
+        // The file's own last record, not the log's: the log's last lsn may be a checkpoint's
+        // record, which the back end writes and never applies.
+        if last_change_lsn > 0 {
+            self.wait_applied(last_change_lsn)?;
+        }
+        let mut volume = self.inner.backend.volume()?;
+        let home = FileSystem::home_inode(&mut volume, inode, generation)?.ok_or(Error::NotFound)?;
+        let root = ExtentRoot::decode(&home.root_area)?;
+        extent::space_use(&mut *volume, &root)
+    }
+
+    /// Compaction (`tandem defrag`): when regular file `inode` holds more than `factor` times
+    /// the bytes it maps, rewrites its fragmented runs of extents into whole blocks, through
+    /// compaction records of at most `extent::COMPACT_RUN_MAX_BYTES` each (a crash keeps the
+    /// records that were logged, each whole); the old blocks return to the free space at the
+    /// next checkpoint. Every byte, the length and the times stay. Returns the space before and
+    /// after, with every record applied.
+    pub fn defrag(&self, inode: InodeNumber, factor: f64) -> Result<DefragReport> {
+        if !(factor >= 1.0 && factor.is_finite()) {
+            return Err(Error::invalid(format!("defrag factor {factor} is not a number of at least 1")));
+        }
+        let before = self.space_use(inode)?;
+        if before.amplification() <= factor {
+            return Ok(DefragReport { before, after: before, records: 0 });
+        }
+        let mut records = 0;
+        for (offset, length) in self.compaction_pieces(inode)? {
+            self.range_operation(inode, RangeKind::Compact, offset, length, false)?;
+            records += 1;
+        }
+        let after = self.space_use(inode)?;
+        Ok(DefragReport { before, after, records })
+    }
+
+    /// The ranges one compaction record each covers: consecutive extents with blocks (written or
+    /// unwritten) of the applied tree, up to `COMPACT_RUN_MAX_BYTES` (and the log's budget per record), that hold
+    /// more blocks than their bytes need. Cut only at extent boundaries, as the back end
+    /// compacts only whole extents. The caller has waited for every record to be applied.
+    fn compaction_pieces(&self, inode: InodeNumber) -> Result<Vec<(u64, u64)>> {
+        let piece_max = extent::COMPACT_RUN_MAX_BYTES.min(self.range_piece_bytes());
+        let generation = self.with_view(inode, |view| view.attributes.generation)?;
+        let mut volume = self.inner.backend.volume()?;
+        let home = FileSystem::home_inode(&mut volume, inode, generation)?.ok_or(Error::NotFound)?;
+        let root = ExtentRoot::decode(&home.root_area)?;
+        let mut pieces = Vec::new();
+        // (start, end, blocks held) of the piece being gathered.
+        let mut current: Option<(u64, u64, u64)> = None;
+        let close = |piece: Option<(u64, u64, u64)>, pieces: &mut Vec<(u64, u64)>| {
+            if let Some((start, end, held)) = piece {
+                if held > (end - start).div_ceil(BLOCK_SIZE_U64) {
+                    pieces.push((start, end - start));
+                }
+            }
+        };
+        extent::extents(&mut *volume, &root, &mut |logical, length, physical, _| {
+            let Some(address) = physical.filter(|_| length <= piece_max) else {
+                close(current.take(), &mut pieces);
+                return true;
+            };
+            let blocks = (address + length - 1) / BLOCK_SIZE_U64 - address / BLOCK_SIZE_U64 + 1;
+            match current.as_mut() {
+                Some(piece) if piece.1 == logical && piece.1 - piece.0 + length <= piece_max => {
+                    piece.1 += length;
+                    piece.2 += blocks;
+                }
+                _ => {
+                    close(current.take(), &mut pieces);
+                    current = Some((logical, logical + length, blocks));
+                }
+            }
+            true
+        })?;
+        close(current.take(), &mut pieces);
+        Ok(pieces)
     }
 
     /// A range operation that hands out data blocks, as records of at most
