@@ -20,9 +20,10 @@ pub const KIND_RANGE: u16 = 7;
 pub const KIND_SET_XATTR: u16 = 8;
 pub const KIND_REMOVE_XATTR: u16 = 9;
 pub const KIND_RECLAIM: u16 = 10;
-/// Many creates in one record (`Op::CreateBatch`, written by `FileSystem::create_batch`). A
-/// build that predates it refuses the record as an unknown kind (replay stops there with an
-/// error naming the lsn), never skips it.
+/// Many creates in one record (`Op::CreateBatch`, written by `FileSystem::create_batch`), since
+/// format version 7: a build that predates it refuses a version-7 volume at mount, and would
+/// refuse the record as an unknown kind (replay stops there with an error naming the lsn),
+/// never skip it.
 pub const KIND_CREATE_BATCH: u16 = 11;
 /// Checkpoint records (written by the back end, see `backend::checkpoint`).
 pub const KIND_CHECKPOINT_IMAGES: u16 = 100;

@@ -11,7 +11,7 @@ pub const MAGIC: [u8; 8] = *b"TANDEMFS";
 pub const FORMAT_VERSION: u32 = 7;
 /// The oldest version this build reads and takes forward: version 6 only lets a free leave a
 /// data block's generation-table and checksum entries behind, and version 7 only adds the
-/// compaction record to the log, so every version-5 or -6 volume is a valid version-7 volume,
+/// compaction and create-batch records to the log, so every version-5 or -6 volume is a valid version-7 volume,
 /// and the first superblock a read-write mount writes records 7.
 pub const OLDEST_READABLE_VERSION: u32 = 5;
 /// Inode records per inode-table block (256-byte records in the 4064-byte payload).
