@@ -153,6 +153,21 @@ fn applied_insert_of_data_replays_to_the_same_bytes() {
     assert!(report.is_clean(), "fsck after replay: {:#?}", report.problems);
 }
 
+/// One step of the byte-granular workloads below: a collapse of up to 300 bytes one time in
+/// five, else an insert of 100 bytes, at a random byte of the file, mirrored in `model`.
+fn insert_or_collapse(fs: &FileSystem, inode: u64, rng: &mut rand::rngs::SmallRng, model: &mut Vec<u8>) {
+    let offset = rng.gen_range(0..=model.len());
+    if rng.gen_range(0..5) == 0 && offset < model.len() {
+        let length = rng.gen_range(1..=300).min(model.len() - offset);
+        fs.collapse_range(inode, offset as u64, length as u64).unwrap();
+        model.drain(offset..offset + length);
+    } else {
+        let bytes = pattern(rng, 100);
+        fs.insert(inode, offset as u64, &bytes).unwrap();
+        model.splice(offset..offset, bytes);
+    }
+}
+
 /// Issue 13's check at scale, made small: thousands of inserts of bytes (and some collapses)
 /// at byte offsets of a file of a few MiB, the back end applying and checkpointing as it goes,
 /// then a crash right after the last fsync. Every byte must come back. `mode` chooses whether
@@ -171,16 +186,7 @@ fn inserts_at_scale(seed: u64, mode: CrashMode) {
     }
     fs.checkpoint().unwrap();
     for operation in 0..OPERATIONS {
-        let offset = rng.gen_range(0..=model.len());
-        if rng.gen_range(0..5) == 0 && offset < model.len() {
-            let length = rng.gen_range(1..=300).min(model.len() - offset);
-            fs.collapse_range(file.inode, offset as u64, length as u64).unwrap();
-            model.drain(offset..offset + length);
-        } else {
-            let bytes = pattern(&mut rng, 100);
-            fs.insert(file.inode, offset as u64, &bytes).unwrap();
-            model.splice(offset..offset, bytes);
-        }
+        insert_or_collapse(&fs, file.inode, &mut rng, &mut model);
         // The back end applies in batches and checkpoints now and then, as a mount does.
         if operation % 64 == 63 {
             fs.run_backend().unwrap();
@@ -275,16 +281,7 @@ fn compaction_at_scale(seed: u64, mode: CrashMode) {
     fs.checkpoint().unwrap();
     let mut compactions = 0;
     for operation in 0..OPERATIONS {
-        let offset = rng.gen_range(0..=model.len());
-        if rng.gen_range(0..5) == 0 && offset < model.len() {
-            let length = rng.gen_range(1..=300).min(model.len() - offset);
-            fs.collapse_range(file.inode, offset as u64, length as u64).unwrap();
-            model.drain(offset..offset + length);
-        } else {
-            let bytes = pattern(&mut rng, 100);
-            fs.insert(file.inode, offset as u64, &bytes).unwrap();
-            model.splice(offset..offset, bytes);
-        }
+        insert_or_collapse(&fs, file.inode, &mut rng, &mut model);
         if operation % 64 == 63 {
             fs.run_backend().unwrap();
         }
