@@ -14,6 +14,9 @@ pub const FORMAT_VERSION: u32 = 7;
 /// compaction and create-batch records to the log, so every version-5 or -6 volume is a valid version-7 volume,
 /// and the first superblock a read-write mount writes records 7.
 pub const OLDEST_READABLE_VERSION: u32 = 5;
+/// Counters the superblock keeps (sequence, lsn, generation, mounts, checkpoints) stay below
+/// this: at a billion a second it takes 146 years to reach.
+pub const COUNTER_LIMIT: u64 = 1 << 62;
 /// Inode records per inode-table block (256-byte records in the 4064-byte payload).
 pub const INODES_PER_BLOCK: u64 = 15;
 /// Bits per bitmap block (the 4064-byte payload).
@@ -549,6 +552,20 @@ impl Superblock {
                 self.inode_table_initialized_blocks, self.inode_table_blocks
             ));
         }
+        // Counted on from here (a mount adds one to each): a value no volume can reach is damage,
+        // and would wrap to 0, making the other copy look newer than this one.
+        let counters = [
+            ("sequence", self.sequence),
+            ("checkpoint lsn", self.checkpoint_lsn),
+            ("next generation", self.next_generation),
+            ("mount count", self.mount_count),
+            ("checkpoint count", self.checkpoint_count),
+        ];
+        for (name, value) in counters {
+            if value >= COUNTER_LIMIT {
+                return fail(format!("{name} {value} is past any count a volume reaches"));
+            }
+        }
         if self.log_tail_lsn == 0 || self.checkpoint_lsn + 1 != self.log_tail_lsn {
             return fail(format!("log tail {} does not follow checkpoint {}", self.log_tail_lsn, self.checkpoint_lsn));
         }
@@ -688,6 +705,28 @@ mod tests {
             let mut damaged = bytes.clone();
             damaged[bit / 8] ^= 1 << (bit % 8);
             assert!(Superblock::decode(&damaged, 0, blocks).unwrap_err().is_corruption());
+        }
+    }
+
+    /// A counter no volume reaches, behind a valid checksum, is corruption: a mount adds one to
+    /// it, which would overflow (wrapping, the sequence would make the other copy look newer).
+    #[test]
+    fn counters_past_any_count_are_corruption() {
+        let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
+        let good = Superblock::layout(blocks, None, None).unwrap();
+        good.validate(blocks).unwrap();
+        let setters: [fn(&mut Superblock); 5] = [
+            |superblock| superblock.sequence = COUNTER_LIMIT,
+            |superblock| superblock.checkpoint_lsn = u64::MAX,
+            |superblock| superblock.next_generation = u64::MAX,
+            |superblock| superblock.mount_count = COUNTER_LIMIT,
+            |superblock| superblock.checkpoint_count = u64::MAX,
+        ];
+        for set in setters {
+            let mut superblock = good.clone();
+            set(&mut superblock);
+            let error = superblock.validate(blocks).unwrap_err();
+            assert!(error.is_corruption() && error.to_string().contains("past any count"), "{error}");
         }
     }
 
