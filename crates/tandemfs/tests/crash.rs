@@ -12,7 +12,7 @@ use common::ops::{Driver, Workload};
 use common::*;
 use rand::Rng;
 use std::sync::Arc;
-use tandemfs::device::{CrashMode, Device, Fault, FaultOperation};
+use tandemfs::device::{CrashMode, Device, Fault, FaultOperation, MemoryDevice};
 use tandemfs::{fsck, FileSystem};
 
 const ROUNDS_PER_SEED: u64 = 10;
@@ -168,6 +168,31 @@ fn insert_or_collapse(fs: &FileSystem, inode: u64, rng: &mut rand::rngs::SmallRn
     }
 }
 
+/// Makes the file durable, applies everything, crashes the medium after the last flush (`mode`
+/// says whether later writes reached it), mounts what survived and checks that replay gives the
+/// file exactly `model`. Returns the remounted volume and the surviving medium.
+fn crash_and_replay(
+    fs: FileSystem,
+    memory: &MemoryDevice,
+    inode: u64,
+    model: &[u8],
+    seed: u64,
+    mode: CrashMode,
+) -> (FileSystem, MemoryDevice) {
+    fs.fsync(inode, false).unwrap();
+    fs.run_backend().unwrap();
+    let survivor = memory.crash(seed, mode);
+    drop(fs);
+    let device: Arc<dyn Device> = Arc::new(survivor.clone());
+    let (fs, report) = FileSystem::mount(device, &inline_options()).unwrap();
+    assert!(report.records_replayed > 0, "seed {seed}: the crash must leave records to replay");
+    let mut back = vec![0u8; model.len() + 1];
+    assert_eq!(fs.read(inode, 0, &mut back).unwrap(), model.len(), "seed {seed}: length");
+    let wrong = back.iter().zip(model).filter(|(got, want)| got != want).count();
+    assert_eq!(wrong, 0, "seed {seed} {mode:?}: {wrong} bytes differ after replay");
+    (fs, survivor)
+}
+
 /// Issue 13's check at scale, made small: thousands of inserts of bytes (and some collapses)
 /// at byte offsets of a file of a few MiB, the back end applying and checkpointing as it goes,
 /// then a crash right after the last fsync. Every byte must come back. `mode` chooses whether
@@ -195,17 +220,7 @@ fn inserts_at_scale(seed: u64, mode: CrashMode) {
             fs.checkpoint().unwrap();
         }
     }
-    fs.fsync(file.inode, false).unwrap();
-    fs.run_backend().unwrap();
-    let survivor = memory.crash(seed, mode);
-    drop(fs);
-    let device: Arc<dyn Device> = Arc::new(survivor.clone());
-    let (fs, report) = FileSystem::mount(device, &inline_options()).unwrap();
-    assert!(report.records_replayed > 0, "seed {seed}: the crash must leave records to replay");
-    let mut back = vec![0u8; model.len() + 1];
-    assert_eq!(fs.read(file.inode, 0, &mut back).unwrap(), model.len(), "seed {seed}: length");
-    let wrong = back.iter().zip(&model).filter(|(got, want)| got != want).count();
-    assert_eq!(wrong, 0, "seed {seed} {mode:?}: {wrong} bytes differ after replay");
+    let (fs, survivor) = crash_and_replay(fs, &memory, file.inode, &model, seed, mode);
     drop(fs);
     let report = fsck::check(Arc::new(survivor)).unwrap();
     assert!(report.is_clean(), "seed {seed}: fsck after replay: {:#?}", report.problems);
@@ -297,17 +312,7 @@ fn compaction_at_scale(seed: u64, mode: CrashMode) {
         }
     }
     assert_eq!(compactions, 2);
-    fs.fsync(file.inode, false).unwrap();
-    fs.run_backend().unwrap();
-    let survivor = memory.crash(seed, mode);
-    drop(fs);
-    let device: Arc<dyn Device> = Arc::new(survivor.clone());
-    let (fs, report) = FileSystem::mount(device, &inline_options()).unwrap();
-    assert!(report.records_replayed > 0, "seed {seed}: the crash must leave records to replay");
-    let mut back = vec![0u8; model.len() + 1];
-    assert_eq!(fs.read(file.inode, 0, &mut back).unwrap(), model.len(), "seed {seed}: length");
-    let wrong = back.iter().zip(&model).filter(|(got, want)| got != want).count();
-    assert_eq!(wrong, 0, "seed {seed} {mode:?}: {wrong} bytes differ after replay");
+    let (fs, survivor) = crash_and_replay(fs, &memory, file.inode, &model, seed, mode);
     assert!(fs.space_use(file.inode).unwrap().amplification() <= 1.2, "seed {seed}: replayed compaction");
     fs.unmount().unwrap();
     drop(fs);

@@ -146,18 +146,20 @@ fn some_distinct_slots(rng: &mut rand::rngs::SmallRng) -> Vec<usize> {
     slots
 }
 
+/// The random operations both array tests run on the volume.
+const ARRAY_WORKLOAD: Workload = Workload {
+    names_per_directory: 12,
+    write_bytes_max: 40_000,
+    file_bytes_max: 200_000,
+    create_weight: 6,
+    flat: false,
+};
+
 fn crash_run(seed: u64) -> u64 {
     let options = inline_options();
     let mut devices = array_volume(true);
     let mut rng = rng(seed);
-    let workload = Workload {
-        names_per_directory: 12,
-        write_bytes_max: 40_000,
-        file_bytes_max: 200_000,
-        create_weight: 6,
-        flat: false,
-    };
-    let mut driver = Driver::new(workload);
+    let mut driver = Driver::new(ARRAY_WORKLOAD);
     let mut crash_points = 0;
     for round in 0..ROUNDS_PER_SEED {
         // Power goes at a member write chosen at random (in the middle of a flush of the
@@ -291,14 +293,7 @@ fn members_killed_while_running_lose_nothing_up_to_the_parity() {
     for seed in seeds(100..106) {
         let devices = array_volume(false);
         let mut rng = rng(seed);
-        let workload = Workload {
-            names_per_directory: 12,
-            write_bytes_max: 40_000,
-            file_bytes_max: 200_000,
-            create_weight: 6,
-            flat: false,
-        };
-        let mut driver = Driver::new(workload);
+        let mut driver = Driver::new(ARRAY_WORKLOAD);
         let device: Arc<dyn Device> = Arc::new(assemble(&devices, &[]).device);
         let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
         let victims = two_distinct_slots(&mut rng);

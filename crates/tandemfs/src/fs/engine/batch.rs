@@ -280,13 +280,32 @@ fn map_keyed<T: Sync, R: Send>(items: &[T], key: impl Fn(&T) -> u64, answer: imp
     if workers <= 1 {
         return items.iter().map(answer).collect();
     }
+    let keyed = items.iter().enumerate().map(|(position, item)| (position, key(item)));
+    let answers = map_buckets(items.len(), keyed, workers, |bucket, answered| {
+        answered.extend(bucket.iter().map(|position| (*position, answer(&items[*position]))));
+    });
+    answers.into_iter().map(|answer| answer.expect("every request is in one bucket")).collect()
+}
+
+/// Deals the `(position, key)` pairs into buckets by key (equal keys share a bucket, in the
+/// order given) and runs `answer_bucket` on every bucket on `workers` threads, each taking the
+/// next bucket when it is done with one; `answer_bucket` adds `(position, answer)` pairs.
+/// Returns `count` slots, `None` where no answer was given.
+pub(super) fn map_buckets<R: Send>(
+    count: usize,
+    keyed: impl Iterator<Item = (usize, u64)>,
+    workers: usize,
+    answer_bucket: impl Fn(&[usize], &mut Vec<(usize, R)>) + Sync,
+) -> Vec<Option<R>> {
+    assert!(workers >= 1);
     let bucket_count = workers * BUCKETS_PER_WORKER;
     let mut buckets: Vec<Vec<usize>> = vec![Vec::new(); bucket_count];
-    for (position, item) in items.iter().enumerate() {
-        buckets[(key(item) % bucket_count as u64) as usize].push(position);
+    for (position, key) in keyed {
+        assert!(position < count);
+        buckets[(key % bucket_count as u64) as usize].push(position);
     }
     let next_bucket = AtomicU64::new(0);
-    let (buckets, answer, next_bucket) = (&buckets, &answer, &next_bucket);
+    let (buckets, answer_bucket, next_bucket) = (&buckets, &answer_bucket, &next_bucket);
     let answered: Vec<Vec<(usize, R)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
@@ -296,7 +315,7 @@ fn map_keyed<T: Sync, R: Send>(items: &[T], key: impl Fn(&T) -> u64, answer: imp
                     loop {
                         let taken = next_bucket.fetch_add(1, Ordering::Relaxed) as usize;
                         let Some(bucket) = buckets.get(taken) else { break };
-                        answered.extend(bucket.iter().map(|position| (*position, answer(&items[*position]))));
+                        answer_bucket(bucket, &mut answered);
                     }
                     answered
                 })
@@ -307,12 +326,12 @@ fn map_keyed<T: Sync, R: Send>(items: &[T], key: impl Fn(&T) -> u64, answer: imp
             .map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             .collect()
     });
-    let mut answers: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    let mut answers: Vec<Option<R>> = (0..count).map(|_| None).collect();
     for (position, result) in answered.into_iter().flatten() {
         debug_assert!(answers[position].is_none(), "request {position} answered twice");
         answers[position] = Some(result);
     }
-    answers.into_iter().map(|answer| answer.expect("every request is in one bucket")).collect()
+    answers
 }
 
 #[cfg(test)]

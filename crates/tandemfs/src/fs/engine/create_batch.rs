@@ -41,39 +41,17 @@ impl FileSystem {
         let mut answers: Vec<Option<Result<Attributes>>> = requests.iter().map(check_request).collect();
         let workers = std::thread::available_parallelism().map(|cores| cores.get()).unwrap_or(1);
         let workers = workers.min(requests.len().div_ceil(CREATE_BATCH_RECORD_MAX)).clamp(1, 256);
-        let bucket_count = workers * 8;
-        let mut buckets: Vec<Vec<usize>> = vec![Vec::new(); bucket_count];
-        for (position, request) in requests.iter().enumerate() {
-            if answers[position].is_none() {
-                let hash = rustc_hash::FxBuildHasher.hash_one(request.parent);
-                buckets[(hash % bucket_count as u64) as usize].push(position);
-            }
-        }
-        let next_bucket = AtomicU64::new(0);
-        let answered: Vec<Vec<(usize, Result<Attributes>)>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    let (buckets, next_bucket) = (&buckets, &next_bucket);
-                    scope.spawn(move || {
-                        let mut answered = Vec::new();
-                        // Bounded: each turn takes one of the `bucket_count` buckets, or ends.
-                        loop {
-                            let taken = next_bucket.fetch_add(1, Ordering::Relaxed) as usize;
-                            let Some(bucket) = buckets.get(taken) else { break };
-                            self.create_bucket(requests, bucket, &mut answered);
-                        }
-                        answered
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|handle| handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-                .collect()
+        let keyed = (0..requests.len())
+            .filter(|position| answers[*position].is_none())
+            .map(|position| (position, rustc_hash::FxBuildHasher.hash_one(requests[position].parent)));
+        let made = batch::map_buckets(requests.len(), keyed, workers, |bucket, answered| {
+            self.create_bucket(requests, bucket, answered)
         });
-        for (position, answer) in answered.into_iter().flatten() {
-            debug_assert!(answers[position].is_none(), "request {position} answered twice");
-            answers[position] = Some(answer);
+        for (position, answer) in made.into_iter().enumerate() {
+            if let Some(answer) = answer {
+                debug_assert!(answers[position].is_none(), "request {position} answered twice");
+                answers[position] = Some(answer);
+            }
         }
         answers.into_iter().map(|answer| answer.expect("every request is answered")).collect()
     }
