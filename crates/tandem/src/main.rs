@@ -16,6 +16,9 @@ mod secret;
 mod size;
 
 use clap::{Args, Parser, Subcommand};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use error::{CliResult, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_SUCCESS};
 
 #[derive(Parser)]
