@@ -60,7 +60,7 @@ pub struct MetaArguments {
     /// in one shared directory, or both)
     #[arg(long, value_enum, default_value_t = LayoutChoice::Both)]
     pub layout: LayoutChoice,
-    /// With --threads: the back end's apply workers (0: one per core, as a mount takes)
+    /// With --threads: the back end's apply workers (0: half the cores, at least 2, as a mount takes)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub backend_workers: u64,
     /// Also measure encrypted tandemfs volumes, beside ext4 on dm-crypt (LUKS2, AES-XTS) and

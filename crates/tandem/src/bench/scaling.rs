@@ -244,7 +244,7 @@ pub struct ScalingRun {
     pub files_per_thread: u64,
     /// How many times each thread stats each of its files; the stat phase is reported per pass.
     pub stat_passes: u64,
-    /// The back end's apply workers (0: the mount's default, one per core).
+    /// The back end's apply workers (0: the mount's default, half the cores, at least 2).
     pub backend_workers: usize,
     pub rounds: usize,
     pub volume_bytes: u64,

@@ -33,7 +33,7 @@ pub struct MountArguments {
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
     /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads),
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
-    /// backend_workers=N (threads applying the log; default one per core), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -74,7 +74,7 @@ pub struct ParsedOptions {
     /// Switch a mounted volume to `read_only` instead of mounting.
     pub remount: bool,
     pub mmp_interval_ms: Option<u32>,
-    /// Threads applying the log to the volume (0: one per core).
+    /// Threads applying the log to the volume (0: half the cores, at least 2).
     pub backend_workers: usize,
     /// How often a checkpoint is taken at the least (`None`: the library's default).
     pub checkpoint_interval_ms: Option<u64>,

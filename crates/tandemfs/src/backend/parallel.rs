@@ -53,9 +53,14 @@ const BATCH_WAIT_MAX: Duration = Duration::from_secs(600);
 /// How often the dispatcher looks at the clock while it waits.
 const BATCH_WAIT_SLICE: Duration = Duration::from_millis(50);
 
-/// The worker count when the mount names none: one per core, within `WORKERS_MAX`.
+/// The worker count when the mount names none: half the cores, at least 2, within
+/// `WORKERS_MAX`. The callers' own threads (the FUSE server's, a program's) run the front end on
+/// the same cores: with one worker per core, 16 creating threads on 16 cores were preempted by
+/// the workers more often than they waited for anything else, and 8 workers created and
+/// unlinked 9–11% faster than 16 (BENCHMARKS.md, *mimalloc and half the cores as workers*).
 pub fn default_workers() -> usize {
-    std::thread::available_parallelism().map(|cores| cores.get()).unwrap_or(1).clamp(1, WORKERS_MAX)
+    let cores = std::thread::available_parallelism().map(|cores| cores.get()).unwrap_or(1);
+    (cores / 2).clamp(2, WORKERS_MAX)
 }
 
 /// Whether a record changes state beyond the inodes it names, so that its batch must apply

@@ -180,8 +180,8 @@ pub struct MountOptions {
     /// the interval mkfs recorded in the superblock (5 s). Another mounter waits about twice
     /// this long before it takes over a volume whose mount ended without unmounting.
     pub mmp_interval_ms: Option<u32>,
-    /// Back-end apply workers (records on disjoint inodes apply side by side); 0 takes one per
-    /// core (`backend::parallel::default_workers`), at most `backend::parallel::WORKERS_MAX`.
+    /// Back-end apply workers (records on disjoint inodes apply side by side); 0 takes half the
+    /// cores, at least 2 (`backend::parallel::default_workers`), at most `backend::parallel::WORKERS_MAX`.
     pub backend_workers: usize,
     /// A checkpoint is taken at least this often while records are applied (sooner when the
     /// log fills): the longest stretch of log a mount after a crash replays, in time. From
