@@ -85,15 +85,30 @@ impl Target for Library {
     }
 }
 
-/// ext4 through system calls; directory handles index `directories`.
+/// The most directory handles one ext4 volume hands out (one per thread and round, or one
+/// shared per round).
+const SYSTEM_DIRECTORIES_MAX: usize = 4096;
+
+/// ext4 through system calls; directory handles index `directories`, which are set before the
+/// phases and only read during them: no lock per operation (a mutex here put every thread's
+/// every call behind one lock and held ext4 back at 16 threads).
 struct System {
     root: PathBuf,
-    directories: std::sync::Mutex<Vec<PathBuf>>,
+    directories: Vec<std::sync::OnceLock<PathBuf>>,
+    directory_count: std::sync::atomic::AtomicUsize,
 }
 
 impl System {
+    fn new(root: PathBuf) -> System {
+        System {
+            root,
+            directories: (0..SYSTEM_DIRECTORIES_MAX).map(|_| std::sync::OnceLock::new()).collect(),
+            directory_count: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
     fn path(&self, directory: u64, name: &str) -> PathBuf {
-        self.directories.lock().expect("directory list")[directory as usize].join(name)
+        self.directories[directory as usize].get().expect("directory handed out by `directory`").join(name)
     }
 }
 
@@ -103,9 +118,12 @@ impl Target for System {
         if !path.is_dir() {
             std::fs::create_dir(&path).map_err(|error| format!("mkdir {}: {error}", path.display()))?;
         }
-        let mut directories = self.directories.lock().expect("directory list");
-        directories.push(path);
-        Ok(directories.len() as u64 - 1)
+        let index = self.directory_count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if index >= SYSTEM_DIRECTORIES_MAX {
+            return Err(format!("more than {SYSTEM_DIRECTORIES_MAX} directories"));
+        }
+        self.directories[index].set(path).expect("each index is handed out once");
+        Ok(index as u64)
     }
     fn create(&self, directory: u64, name: &str) -> Result<(), String> {
         std::fs::File::create(self.path(directory, name)).map(drop).map_err(text)
@@ -283,10 +301,7 @@ impl ScalingRun {
         let ext4 = if self.with_ext4 {
             let path = self.scratch.join(format!("tandem-scaling-ext4-{}.img", std::process::id()));
             let volume = Ext4Volume::create(&path, self.volume_bytes, self.inodes())?;
-            let system = Arc::new(System {
-                root: volume.mountpoint().to_path_buf(),
-                directories: std::sync::Mutex::new(Vec::new()),
-            });
+            let system = Arc::new(System::new(volume.mountpoint().to_path_buf()));
             Some((volume, system))
         } else {
             None
