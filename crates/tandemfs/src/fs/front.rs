@@ -13,6 +13,7 @@
 use crate::backend::record::AttributeImage;
 use crate::fs::types::{Attributes, FileType};
 use crate::FastHashMap;
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -743,9 +744,35 @@ impl InodeGroups {
 /// Takes a number from group `index` (wrapping round it when the flag says so).
 type TryGroup<'a> = dyn Fn(usize, &mut VerifyFree<'_>, bool) -> crate::error::Result<Option<u64>> + 'a;
 
+/// A name shard's lock. Every lookup and stat of a name read-locks its directory's shard, so
+/// when many threads work in one directory they all meet on that lock: with one lock word that
+/// every reader increments, 16 threads stat'ing one shared directory ran slower than ext4
+/// (BENCHMARKS.md, *Readers of one directory*). A sharded lock gives each reader thread one of
+/// several words, each on its own cache line; a writer takes them all, which costs a create or
+/// an unlink a few uncontended lock takes. Never poisoned: as parking_lot's locks, a panic
+/// while holding it leaves the data to the next holder (the engine latches failures itself).
+pub struct NameShardLock(ShardedLock<NameShard>);
+
+pub type NameReadGuard<'a> = ShardedLockReadGuard<'a, NameShard>;
+pub type NameWriteGuard<'a> = ShardedLockWriteGuard<'a, NameShard>;
+
+impl NameShardLock {
+    fn new() -> NameShardLock {
+        NameShardLock(ShardedLock::new(NameShard::default()))
+    }
+
+    pub fn read(&self) -> NameReadGuard<'_> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn write(&self) -> NameWriteGuard<'_> {
+        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Write locks on a set of name shards, taken in index order (see `Front::lock_names`).
 pub struct NameLocks<'a> {
-    guards: Vec<(usize, RwLockWriteGuard<'a, NameShard>)>,
+    guards: Vec<(usize, NameWriteGuard<'a>)>,
 }
 
 impl NameLocks<'_> {
@@ -781,7 +808,7 @@ impl<'a> ViewLocks<'a> {
 /// `Backend::enqueue`). Nothing here is held while waiting for the back end.
 pub struct Front {
     view_shards: Box<[Padded<RwLock<ViewShard>>]>,
-    name_shards: Box<[Padded<RwLock<NameShard>>]>,
+    name_shards: Box<[NameShardLock]>,
     /// Each name shard's epoch (see `InodeView::complete_epoch`), changed under its write lock
     /// and read without it by a create that marks a new directory complete.
     name_epochs: Box<[AtomicU64]>,
@@ -817,7 +844,7 @@ impl Front {
             statistics.view_table_bytes += table_bytes::<(u64, InodeView)>(shard.views.capacity());
         }
         for shard in self.name_shards.iter() {
-            let shard = shard.0.read();
+            let shard = shard.read();
             let entries = &shard.table.entries;
             statistics.names += entries.len() as u64;
             statistics.name_table_bytes += table_bytes::<(NameKey, NameEntry)>(entries.capacity());
@@ -835,7 +862,7 @@ impl Front {
     pub fn new(inode_numbers: InodeGroups, next_generation: u64, space: Space) -> Front {
         Front {
             view_shards: (0..SHARD_COUNT).map(|_| Padded(RwLock::new(ViewShard::new()))).collect(),
-            name_shards: (0..SHARD_COUNT).map(|_| Padded(RwLock::new(NameShard::default()))).collect(),
+            name_shards: (0..SHARD_COUNT).map(|_| NameShardLock::new()).collect(),
             name_epochs: (0..SHARD_COUNT).map(|_| AtomicU64::new(1)).collect(),
             names_total: AtomicI64::new(0),
             rename_lock: Mutex::new(()),
@@ -885,12 +912,12 @@ impl Front {
         self.view_shards[Front::view_shard_index(number)].0.write()
     }
 
-    pub fn write_names(&self, directory: u64) -> RwLockWriteGuard<'_, NameShard> {
-        self.name_shards[Front::name_shard_index(directory)].0.write()
+    pub fn write_names(&self, directory: u64) -> NameWriteGuard<'_> {
+        self.name_shards[Front::name_shard_index(directory)].write()
     }
 
-    pub fn read_names(&self, directory: u64) -> RwLockReadGuard<'_, NameShard> {
-        self.name_shards[Front::name_shard_index(directory)].0.read()
+    pub fn read_names(&self, directory: u64) -> NameReadGuard<'_> {
+        self.name_shards[Front::name_shard_index(directory)].read()
     }
 
     /// Write locks on the name shards of `directories`, in index order.
@@ -898,7 +925,7 @@ impl Front {
         let mut indexes: Vec<usize> = directories.iter().map(|number| Front::name_shard_index(*number)).collect();
         indexes.sort_unstable();
         indexes.dedup();
-        NameLocks { guards: indexes.into_iter().map(|index| (index, self.name_shards[index].0.write())).collect() }
+        NameLocks { guards: indexes.into_iter().map(|index| (index, self.name_shards[index].write())).collect() }
     }
 
     /// Write locks on the view shards of `numbers`, in index order.

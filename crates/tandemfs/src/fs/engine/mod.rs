@@ -708,7 +708,7 @@ impl FrontSink for FileSystem {
         // A removed name's entry says what the H-tree now says: dropped, so that the names of
         // deleted files do not fill the table (one shard at a time, each taken once a batch).
         removed.sort_by_key(|(directory, _, lsn)| (Front::name_shard_index(*directory), *lsn));
-        let mut held: Option<(usize, RwLockWriteGuard<'_, NameShard>)> = None;
+        let mut held: Option<(usize, crate::fs::front::NameWriteGuard<'_>)> = None;
         for (directory, name, lsn) in removed {
             let shard_index = Front::name_shard_index(directory);
             if held.as_ref().is_none_or(|(index, _)| *index != shard_index) {
