@@ -975,3 +975,42 @@ fn small_inserts_pack_into_shared_blocks_and_free_at_the_last_reference() {
     assert_eq!(store.allocated_count(), 0, "a shared block outlived its last reference");
     assert!(store.shares.is_empty(), "references recorded for freed blocks: {:?}", store.shares);
 }
+
+/// `check` holds every shared block's recorded references against the extents that reference
+/// it: fewer recorded is corruption (the block would be freed while mapped), more is a leak;
+/// both are listed for the repair, which records the count found.
+#[test]
+fn check_counts_the_references_of_shared_blocks() {
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    write(&mut store, &mut root, 0, &[9u8; 3 * BLOCK_SIZE]).unwrap();
+    // Two inserts inside block 1 of the file: three extents reference it.
+    insert_range(&mut store, &mut root, BLOCK_SIZE_U64 + 100, 10).unwrap();
+    insert_range(&mut store, &mut root, BLOCK_SIZE_U64 + 2000, 10).unwrap();
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let [(shared, 3)] = report.shared_blocks[..] else { panic!("{:?}", report.shared_blocks) };
+    for (recorded, what) in [(2, "references recorded"), (0, "references recorded"), (4, "a leak")] {
+        store.shares.insert(shared, recorded);
+        if recorded == 0 {
+            store.shares.remove(&shared);
+        }
+        let report = check(&mut store, &root);
+        assert!(report.problems.iter().any(|problem| problem.contains(what)), "{recorded}: {:?}", report.problems);
+        assert_eq!(report.share_mismatches, vec![(shared, 3, recorded)]);
+    }
+    store.shares.insert(shared, 3);
+    // One extent and a count of 2 on its block: a leak too.
+    // Collapse from the block's start through the second extent into the third: only the third
+    // still references the block.
+    collapse_range(&mut store, &mut root, BLOCK_SIZE_U64, 2150).unwrap();
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(store.shares.get(&shared), Some(&1), "one reference left, still marked shared");
+    store.shares.insert(shared, 2);
+    assert_eq!(check(&mut store, &root).share_mismatches, vec![(shared, 1, 2)]);
+    store.shares.insert(shared, 1);
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.allocated_count(), 0);
+    assert!(store.shares.is_empty());
+}
