@@ -36,6 +36,14 @@ fn a_full_volume_refuses_a_compaction_and_keeps_the_file() {
     let mut rng = rng(7);
     let mut model = pattern(&mut rng, 200_000);
     fs.write(file, 0, &model).unwrap();
+    // Collapses inside blocks keep the blocks for what is left of them (inserts, since format
+    // version 8, pack and copy nothing): 40 blocks keep 1,096 bytes each. From the end, so that
+    // each offset is still block `k` + 500.
+    for k in (1..=40usize).rev() {
+        let offset = k * 4096 + 500;
+        fs.collapse_range(file, offset as u64, 3000).unwrap();
+        model.drain(offset..offset + 3000);
+    }
     for step in 0..300usize {
         let offset = (step * 619) % model.len();
         fs.insert(file, offset as u64, b"0123456789").unwrap();

@@ -1,9 +1,10 @@
-//! A volume of an earlier format version (5 or 6) is read by this build and taken forward to the
-//! current one (7) by its first read-write mount, before anything of this build reaches home:
-//! version 6 only lets a free leave a data block's generation-table and checksum entries, and
-//! version 7 only adds the compaction record to the log, so every version-5 or -6 volume is a
-//! valid version-7 one, and an older build must then refuse it (a log with a compaction record
-//! would read as corrupt to it).
+//! A volume of an earlier format version (5, 6 or 7) is read by this build and taken forward to
+//! the current one (8) by its first read-write mount, before anything of this build reaches
+//! home: version 6 only lets a free leave a data block's generation-table and checksum entries,
+//! version 7 only adds the compaction record to the log, and version 8 only lets extents of a
+//! file share a block (counted in the generation table), so every version-5, -6 or -7 volume is
+//! a valid version-8 one, and an older build must then refuse it (a log with a compaction record
+//! would read as corrupt to it; a shared block would be freed at its first extent's removal).
 
 use std::sync::Arc;
 use tandemfs::block::superblock::{Superblock, FORMAT_VERSION, OFFSET_CRC, OFFSET_VERSION};
@@ -35,6 +36,11 @@ fn a_version_5_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
 #[test]
 fn a_version_6_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
     taken_forward(6);
+}
+
+#[test]
+fn a_version_7_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
+    taken_forward(7);
 }
 
 /// A volume of `old` is read as it is by fsck and a read-only mount, and recorded as the current
@@ -73,7 +79,8 @@ fn taken_forward(old: u32) {
     let mut buffer = [0u8; 12];
     fs.read(file, 0, &mut buffer).unwrap();
     assert_eq!(&buffer, b"version five");
-    // What version 7 adds: a compaction record, logged and applied on the taken-forward volume.
+    // What versions 7 and 8 add: inserts inside a block share it between the two parts of the
+    // cut extent, and a compaction record, logged and applied on the taken-forward volume.
     for step in 0..40u64 {
         fs.insert(file, (step * 7) % 12, b"x").unwrap();
     }

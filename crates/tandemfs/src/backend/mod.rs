@@ -236,7 +236,7 @@ impl Applier {
             }
             Op::Write { inode: image, offset, data } => {
                 let mut root = extent_root(touched.get(volume, image.inode_number)?)?;
-                extent::write(volume, &mut root, *offset, data)?;
+                extent::write_in_file(volume, &mut root, image.inode_number, *offset, data)?;
                 set_extent_root(touched.get(volume, image.inode_number)?, &root);
                 touched.image(volume, image)?;
             }

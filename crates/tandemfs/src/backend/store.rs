@@ -496,6 +496,30 @@ impl DataStore for RecordStore<'_> {
         self.freed_data.push((first, count));
         Ok(())
     }
+
+    fn shared_references(&mut self, block_number: u64) -> Result<u64> {
+        self.lock_volume()?.shared_references(block_number)
+    }
+
+    fn set_shared_references(&mut self, block_number: u64, references: u64) -> Result<()> {
+        self.lock_volume()?.set_shared_references(block_number, references)
+    }
+    // A volume that cannot be locked (stopped) packs nothing more; the record fails elsewhere.
+    fn pack_room(&mut self, file: u64) -> Option<(u64, u64)> {
+        self.lock_volume().ok()?.pack_room(file)
+    }
+
+    fn set_pack_room(&mut self, file: u64, room: Option<(u64, u64)>) {
+        if let Ok(mut volume) = self.lock_volume() {
+            volume.set_pack_room(file, room);
+        }
+    }
+
+    fn forget_pack_room(&mut self, first: u64, count: u64) {
+        if let Ok(mut volume) = self.lock_volume() {
+            volume.forget_pack_room(first, count);
+        }
+    }
 }
 
 impl ApplyStore for RecordStore<'_> {

@@ -190,6 +190,79 @@ pub trait DataStore {
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)>;
     /// Frees `count` data blocks from `first`. Not reused before the change is checkpointed.
     fn free_data(&mut self, first: u64, count: u64) -> Result<()>;
+    /// The references recorded for data block `block_number` (format version 8, docs/EXTENTS.md
+    /// *Shared blocks*): 0 when the block is not marked shared (the one extent that touches it
+    /// owns it alone), n ≥ 1 when it is marked shared and n extents of its file touch it.
+    fn shared_references(&mut self, block_number: u64) -> Result<u64>;
+    /// Records `references` for data block `block_number` (see `shared_references`); at most
+    /// `MAX_SHARED_REFERENCES`.
+    fn set_shared_references(&mut self, block_number: u64, references: u64) -> Result<()>;
+    /// The free room of the block that file `file` packs small runs into: (block, bytes used).
+    /// Kept in memory only: it is a place to put bytes, never needed to read them, and after a
+    /// restart a new pack block is started. A store that keeps none makes nothing pack.
+    fn pack_room(&mut self, _file: u64) -> Option<(u64, u64)> {
+        None
+    }
+    /// Records (or with None forgets) file `file`'s pack room.
+    fn set_pack_room(&mut self, _file: u64, _room: Option<(u64, u64)>) {}
+    /// Forgets any pack room in blocks `first..first + count`, which are being freed.
+    fn forget_pack_room(&mut self, _first: u64, _count: u64) {}
+}
+
+/// The pack rooms of the files (`DataStore::pack_room`), by file and by block.
+#[derive(Default)]
+pub struct PackRooms {
+    by_file: std::collections::HashMap<u64, (u64, u64)>,
+    by_block: std::collections::BTreeMap<u64, u64>,
+}
+
+impl PackRooms {
+    pub fn get(&self, file: u64) -> Option<(u64, u64)> {
+        self.by_file.get(&file).copied()
+    }
+    pub fn set(&mut self, file: u64, room: Option<(u64, u64)>) {
+        if let Some((block, _)) = self.by_file.remove(&file) {
+            self.by_block.remove(&block);
+        }
+        if let Some((block, used)) = room {
+            assert!(used > 0 && used < BLOCK_SIZE_U64);
+            // One file per pack block: another file's room there is stale.
+            if let Some(other) = self.by_block.insert(block, file) {
+                self.by_file.remove(&other);
+            }
+            self.by_file.insert(file, (block, used));
+        }
+    }
+    pub fn forget(&mut self, first: u64, count: u64) {
+        let stale: Vec<u64> =
+            self.by_block.range(first..first.saturating_add(count)).map(|(block, _)| *block).collect();
+        for block in stale {
+            if let Some(file) = self.by_block.remove(&block) {
+                self.by_file.remove(&file);
+            }
+        }
+    }
+    pub fn clear(&mut self) {
+        self.by_file.clear();
+        self.by_block.clear();
+    }
+}
+
+/// Most extents that may share one data block: the generation table keeps the count in the
+/// values just below `GENERATION_DATA` (format version 8), far above every metadata generation.
+pub const MAX_SHARED_REFERENCES: u64 = 1 << 32;
+
+/// The generation-table value that records `references` (1..=`MAX_SHARED_REFERENCES`) extents
+/// sharing a data block; 0 references is `GENERATION_DATA`, a block one extent owns.
+pub fn shared_generation(references: u64) -> u64 {
+    assert!(references <= MAX_SHARED_REFERENCES);
+    GENERATION_DATA - references
+}
+
+/// The references a generation-table value records: Some(n) for a data block (0 for
+/// `GENERATION_DATA`), None for 0 and metadata generations.
+pub fn references_of_generation(generation: u64) -> Option<u64> {
+    (generation >= GENERATION_DATA - MAX_SHARED_REFERENCES).then(|| GENERATION_DATA - generation)
 }
 
 /// A `MetaStore` + `DataStore` in memory for unit tests of the structures: every block is kept,
@@ -202,6 +275,9 @@ pub struct MemoryStore {
     pub meta: std::collections::HashMap<u64, BlockBuf>,
     pub data: std::collections::HashMap<u64, BlockBuf>,
     pub allocated: std::collections::BTreeSet<u64>,
+    /// Shared-block references (`DataStore::shared_references`), absent for 0.
+    pub shares: std::collections::HashMap<u64, u64>,
+    pub pack_rooms: PackRooms,
     next_block: u64,
     crash_model: bool,
     checkpoint: Option<MemoryStoreCheckpoint>,
@@ -211,6 +287,7 @@ pub struct MemoryStore {
 struct MemoryStoreCheckpoint {
     meta: std::collections::HashMap<u64, BlockBuf>,
     allocated: std::collections::BTreeSet<u64>,
+    shares: std::collections::HashMap<u64, u64>,
     next_block: u64,
 }
 
@@ -227,7 +304,10 @@ impl MemoryStore {
     pub fn checkpoint(&mut self) {
         assert!(self.crash_model, "checkpoints need the crash model");
         let (meta, allocated, next_block) = (self.meta.clone(), self.allocated.clone(), self.next_block);
-        self.checkpoint = Some(MemoryStoreCheckpoint { meta, allocated, next_block });
+        let shares = self.shares.clone();
+        // As a volume's checkpoint: later runs pack into blocks handed out after it.
+        self.pack_rooms.clear();
+        self.checkpoint = Some(MemoryStoreCheckpoint { meta, allocated, shares, next_block });
     }
 
     /// Back to the checkpoint's tree blocks and allocation. With `same_blocks` the allocator
@@ -237,6 +317,9 @@ impl MemoryStore {
         let checkpoint = self.checkpoint.as_ref().expect("a checkpoint was taken");
         self.meta = checkpoint.meta.clone();
         self.allocated = checkpoint.allocated.clone();
+        self.shares = checkpoint.shares.clone();
+        // Pack rooms live in memory: a restart starts new pack blocks.
+        self.pack_rooms.clear();
         if same_blocks {
             self.next_block = checkpoint.next_block;
         }
@@ -325,10 +408,34 @@ impl DataStore for MemoryStore {
     fn free_data(&mut self, first: u64, count: u64) -> Result<()> {
         for block in first..first + count {
             assert!(self.allocated.remove(&block), "double free of data block {block}");
+            assert!(!self.shares.contains_key(&block), "free of data block {block} still marked shared");
             if !self.crash_model {
                 self.data.remove(&block);
             }
         }
         Ok(())
+    }
+    fn shared_references(&mut self, block_number: u64) -> Result<u64> {
+        assert!(self.allocated.contains(&block_number), "references of unallocated data block {block_number}");
+        Ok(self.shares.get(&block_number).copied().unwrap_or(0))
+    }
+    fn set_shared_references(&mut self, block_number: u64, references: u64) -> Result<()> {
+        assert!(self.allocated.contains(&block_number), "references of unallocated data block {block_number}");
+        assert!(references <= MAX_SHARED_REFERENCES);
+        if references == 0 {
+            self.shares.remove(&block_number);
+        } else {
+            self.shares.insert(block_number, references);
+        }
+        Ok(())
+    }
+    fn pack_room(&mut self, file: u64) -> Option<(u64, u64)> {
+        self.pack_rooms.get(file)
+    }
+    fn set_pack_room(&mut self, file: u64, room: Option<(u64, u64)>) {
+        self.pack_rooms.set(file, room);
+    }
+    fn forget_pack_room(&mut self, first: u64, count: u64) {
+        self.pack_rooms.forget(first, count);
     }
 }

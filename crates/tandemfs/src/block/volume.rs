@@ -67,6 +67,8 @@ pub struct Volume {
     checksum_statistics: DataChecksumStatistics,
     /// The data blocks partially written last (`checksums::RecentBlocks`).
     recent_blocks: checksums::RecentBlocks,
+    /// Where each file packs its small runs (`DataStore::pack_room`): memory only.
+    pack_rooms: PackRooms,
     /// Why a change made with the volume held failed half way, if one did: the cached blocks
     /// and inodes may then hold part of a record, so nothing may read them again
     /// (`check_whole`). Set before the lock is let go, so no reader sees the half.
@@ -103,6 +105,7 @@ impl Volume {
             replaying: false,
             checksum_statistics: DataChecksumStatistics::default(),
             recent_blocks: checksums::RecentBlocks::default(),
+            pack_rooms: PackRooms::default(),
             half_changed: None,
         }
     }
@@ -328,7 +331,7 @@ impl Volume {
         let mut changed = 0;
         for (first, count) in runs {
             for block in *first..first + count {
-                if self.expected_generation(0, block)? != GENERATION_DATA {
+                if references_of_generation(self.expected_generation(0, block)?).is_none() {
                     self.set_expected_generation(0, block, GENERATION_DATA)?;
                     changed += 1;
                 }
@@ -661,6 +664,10 @@ impl Volume {
     /// (`metadata_generation` moves now; the blocks that disagree with the device until the
     /// images are home stay pinned in the cache, so no read meets the difference).
     pub fn snapshot_images(&mut self) -> Result<Vec<Image>> {
+        // Runs packed after this checkpoint go to blocks handed out after it: a pack block the
+        // checkpoint holds keeps the bytes (and so the data checksum) the checkpoint records,
+        // which replay, whose pack rooms start empty, would not write again.
+        self.pack_rooms.clear();
         let generation = self.superblock.metadata_generation + 1;
         let dirty_bitmaps = [self.blocks.take_dirty_blocks(), self.inodes.take_dirty_blocks()];
         let mut items: Vec<u64> = self
@@ -679,6 +686,7 @@ impl Volume {
         }
         self.data_handed_out_table_blocks = 0;
         for (first, count) in std::mem::take(&mut self.data_handed_out) {
+            // A block shared since it was handed out keeps its count of references.
             self.set_expected_range(first, count, GENERATION_DATA)?;
         }
         let table_start = self.superblock.generation_table_start;
@@ -754,7 +762,9 @@ impl Volume {
             let base = index * GENERATIONS_PER_TABLE_BLOCK;
             let stop = end.min(base + GENERATIONS_PER_TABLE_BLOCK);
             let (number, table) = self.table_block(0, index)?;
-            let differs = (block..stop).any(|entry| get_u64(&table[..], (entry - base) as usize * 8) != value);
+            // Entries that count the references of a shared data block (format version 8) stay.
+            let changes = |old: u64| old != value && references_of_generation(old).is_none_or(|count| count == 0);
+            let differs = (block..stop).any(|entry| changes(get_u64(&table[..], (entry - base) as usize * 8)));
             drop(table);
             if differs {
                 let table = self
@@ -762,7 +772,10 @@ impl Volume {
                     .modify(number, BlockKind::GenerationTable)
                     .expect("table block cached by the read above");
                 for entry in block..stop {
-                    put_u64(&mut table[..], (entry - base) as usize * 8, value);
+                    let offset = (entry - base) as usize * 8;
+                    if changes(get_u64(&table[..], offset)) {
+                        put_u64(&mut table[..], offset, value);
+                    }
                 }
             }
             block = stop;
@@ -1111,6 +1124,45 @@ impl DataStore for Volume {
         // the bytes of the file that had it.
         self.clear_data_checksums(first, given)?;
         Ok((first, given))
+    }
+
+    /// Read from the generation table, where a data block's entry is `GENERATION_DATA` (or 0
+    /// while the block was handed out since the last checkpoint) unless extents share it (format
+    /// version 8: `shared_generation`).
+    fn shared_references(&mut self, block_number: u64) -> Result<u64> {
+        if block_number < self.superblock.first_data_block || block_number >= self.superblock.block_count {
+            return Err(Error::corruption(format!("references of data block {block_number} outside the data region")));
+        }
+        let generation = self.expected_generation(0, block_number)?;
+        if generation == 0 {
+            return Ok(0);
+        }
+        references_of_generation(generation).ok_or_else(|| {
+            Error::corruption(format!(
+                "data block {block_number}: the generation table records metadata of generation {generation} there"
+            ))
+        })
+    }
+
+    fn set_shared_references(&mut self, block_number: u64, references: u64) -> Result<()> {
+        if block_number < self.superblock.first_data_block || block_number >= self.superblock.block_count {
+            return Err(Error::corruption(format!("references of data block {block_number} outside the data region")));
+        }
+        assert!(references <= MAX_SHARED_REFERENCES);
+        let value = if references == 0 { GENERATION_DATA } else { shared_generation(references) };
+        self.set_expected_generation(0, block_number, value)
+    }
+
+    fn pack_room(&mut self, file: u64) -> Option<(u64, u64)> {
+        self.pack_rooms.get(file)
+    }
+
+    fn set_pack_room(&mut self, file: u64, room: Option<(u64, u64)>) {
+        self.pack_rooms.set(file, room);
+    }
+
+    fn forget_pack_room(&mut self, first: u64, count: u64) {
+        self.pack_rooms.forget(first, count);
     }
 
     fn free_data(&mut self, first: u64, count: u64) -> Result<()> {

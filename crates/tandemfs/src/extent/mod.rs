@@ -18,6 +18,7 @@ pub use format::{
     ExtentRoot, ENTRY_BYTES, EXTENT_ROOT_BYTES, MAX_DEPTH, MAX_FILE_BYTES, NODE_CAPACITY, NODE_HEADER_BYTES,
     NODE_MIN_ENTRIES, ROOT_CAPACITY,
 };
+pub use tree::PACK_MAX_BYTES;
 
 use std::collections::HashSet;
 
@@ -36,7 +37,19 @@ fn change<T>(
     root: &mut ExtentRoot,
     operation: impl FnOnce(&mut Tree) -> Result<T>,
 ) -> Result<T> {
+    change_in_file(store, root, None, operation)
+}
+
+/// As `change`, packing small runs written inside the file into the pack block of `file` (a
+/// key the store keeps its pack room under: the inode number) when one is given.
+fn change_in_file<T>(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    file: Option<u64>,
+    operation: impl FnOnce(&mut Tree) -> Result<T>,
+) -> Result<T> {
     let mut tree = Tree::open(store, root);
+    tree.pack_file = file;
     match operation(&mut tree) {
         Ok(value) => {
             *root = tree.commit()?;
@@ -74,6 +87,17 @@ pub fn write(store: &mut dyn Store, root: &mut ExtentRoot, offset: u64, data: &[
         return Ok(());
     }
     change(store, root, |tree| tree.write(offset, data))
+}
+
+/// As `write`, packing runs shorter than `PACK_MAX_BYTES` that fill a hole inside the file into
+/// shared blocks of `file` (docs/EXTENTS.md, *Packing*): an insert of 100 bytes then holds 100
+/// bytes of a block, not a block.
+pub fn write_in_file(store: &mut dyn Store, root: &mut ExtentRoot, file: u64, offset: u64, data: &[u8]) -> Result<()> {
+    end_of(offset, data.len() as u64)?;
+    if data.is_empty() {
+        return Ok(());
+    }
+    change_in_file(store, root, Some(file), |tree| tree.write(offset, data))
 }
 
 /// Sets the length: shrinking frees what lies past the new end, growing adds a hole.
@@ -211,15 +235,21 @@ impl SpaceUse {
 /// Walks the file's extents and counts what it maps and what it holds.
 pub fn space_use(store: &mut dyn Store, root: &ExtentRoot) -> Result<SpaceUse> {
     let mut space = SpaceUse::default();
+    // Shared blocks are counted once: only an extent's first and last block can be shared.
+    let mut ends = HashSet::new();
     extents(store, root, &mut |_, length, physical, _| {
         space.extents += 1;
         if let Some(address) = physical {
             space.mapped_bytes += length;
             let block = crate::block::meta::BLOCK_SIZE_U64;
-            space.data_blocks += (address + length - 1) / block - address / block + 1;
+            let (first, last) = (address / block, (address + length - 1) / block);
+            space.data_blocks += (last - first).saturating_sub(1);
+            ends.insert(first);
+            ends.insert(last);
         }
         true
     })?;
+    space.data_blocks += ends.len() as u64;
     space.tree_blocks = root.blocks_owned().checked_sub(space.data_blocks).ok_or_else(|| {
         Error::corruption(format!(
             "extent root field blocks_owned: {} stored, fewer than the {} data blocks its extents own",
@@ -276,6 +306,8 @@ struct CompactionRun {
     start: u64,
     end: u64,
     held_blocks: u64,
+    /// The first and last blocks of the run's extents, so that a shared one counts once.
+    ends: HashSet<u64>,
     /// Every extent of the run is unwritten: it gets new unwritten blocks, nothing is written.
     unwritten_only: bool,
 }
@@ -302,22 +334,26 @@ fn compaction_runs(tree: &mut Tree, start: u64, end: u64) -> Result<Vec<Compacti
             close(current.take(), &mut runs);
             return true;
         }
-        let blocks = entry.blocks().map_or(0, |(_, count)| count);
-        match current.as_mut() {
-            Some(run) if run.end == logical && run.end - run.start + entry.length <= COMPACT_RUN_MAX_BYTES => {
-                run.end += entry.length;
-                run.held_blocks += blocks;
-                run.unwritten_only &= entry.unwritten;
-            }
-            _ => {
-                close(current.take(), &mut runs);
-                current = Some(CompactionRun {
-                    start: logical,
-                    end: logical + entry.length,
-                    held_blocks: blocks,
-                    unwritten_only: entry.unwritten,
-                });
-            }
+        let (first, count) = entry.blocks().expect("not a hole");
+        let extends = matches!(current.as_ref(),
+            Some(run) if run.end == logical && run.end - run.start + entry.length <= COMPACT_RUN_MAX_BYTES);
+        if !extends {
+            close(current.take(), &mut runs);
+            current = Some(CompactionRun {
+                start: logical,
+                end: logical,
+                held_blocks: 0,
+                ends: HashSet::new(),
+                unwritten_only: true,
+            });
+        }
+        let run = current.as_mut().expect("a run is open");
+        run.end += entry.length;
+        run.unwritten_only &= entry.unwritten;
+        run.held_blocks += count.saturating_sub(2);
+        run.held_blocks += u64::from(run.ends.insert(first));
+        if count > 1 {
+            run.held_blocks += u64::from(run.ends.insert(first + count - 1));
         }
         true
     })?;
@@ -332,7 +368,13 @@ pub fn destroy(store: &mut dyn Store, root: ExtentRoot) -> Result<()> {
     if let Some(problem) = report.problems.first() {
         return Err(Error::corruption(format!("cannot free extent tree: {problem}")));
     }
+    // A shared block (only the ends of extents, single runs here) is recorded unshared before
+    // it is freed with the rest.
     for (first, count) in report.data_blocks {
+        if store.shared_references(first)? != 0 {
+            store.set_shared_references(first, 0)?;
+        }
+        store.forget_pack_room(first, count);
         store.free_data(first, count)?;
     }
     for block in report.tree_blocks {
@@ -369,14 +411,22 @@ pub fn extents_from(
 /// What `check` found: every block the file owns and every inconsistency.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ExtentCheck {
-    /// Data block runs owned by extents: (first, count).
+    /// Data block runs referenced by extents, each block once: (first, count).
     pub data_blocks: Vec<(u64, u64)>,
+    /// Data blocks that several extents reference: (block, references).
+    pub shared_blocks: Vec<(u64, u64)>,
+    /// Blocks whose recorded references differ from the extents found: (block, references
+    /// found, references recorded). Each is in `problems` too; when they are all the problems,
+    /// the tree is whole and recording the references found repairs it.
+    pub share_mismatches: Vec<(u64, u64, u64)>,
     pub tree_blocks: Vec<u64>,
     pub problems: Vec<String>,
 }
 
 /// Walks the whole tree and validates it: node headers and entries, lengths against parents,
-/// no block owned twice, the root's block count. Never panics; reports instead.
+/// no block owned twice except the shared ends of extents, whose bytes must not overlap and
+/// whose references must be what the store records, the root's block count. Never panics;
+/// reports instead.
 pub fn check(store: &mut dyn Store, root: &ExtentRoot) -> ExtentCheck {
     let mut report = ExtentCheck::default();
     let depth = root.depth();
@@ -425,13 +475,55 @@ pub fn check(store: &mut dyn Store, root: &ExtentRoot) -> ExtentCheck {
             }
         }
     }
+    // Every block between an extent's first and last block is the extent's alone; the first
+    // and last may be shared with other extents, whose bytes in that block must not overlap,
+    // and their number must be what the store counts (docs/EXTENTS.md, *Shared blocks*).
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut ends: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = std::collections::BTreeMap::new();
     for (_, entry) in &leaf_entries {
-        if let Some(run) = entry.blocks() {
-            report.data_blocks.push(run);
+        let Some((first, count)) = entry.blocks() else { continue };
+        let block = crate::block::meta::BLOCK_SIZE_U64;
+        let last = first + count - 1;
+        ends.entry(first).or_default().push((entry.address, (entry.address + entry.length).min((first + 1) * block)));
+        if last > first {
+            ends.entry(last).or_default().push((last * block, entry.address + entry.length));
+        }
+        if count > 2 {
+            runs.push((first + 1, count - 2));
         }
     }
-    // No block may belong to two extents, or to an extent and a node.
-    let mut runs: Vec<(u64, u64)> = report.data_blocks.clone();
+    for (block, pieces) in &mut ends {
+        runs.push((*block, 1));
+        pieces.sort_unstable();
+        if pieces.windows(2).any(|pair| pair[0].1 > pair[1].0) {
+            report.problems.push(format!("data block {block}: two extents map the same bytes"));
+        }
+        let references = pieces.len() as u64;
+        match store.shared_references(*block) {
+            // Fewer recorded than there are would free the block while extents still map it.
+            Ok(recorded) if references > 1 && recorded < references => {
+                report.problems.push(format!(
+                    "data block {block}: {references} extents reference it, {recorded} references recorded"
+                ));
+                report.share_mismatches.push((*block, references, recorded));
+            }
+            // More recorded than there are: the block would never be freed.
+            Ok(recorded) if recorded > references.max(1) => {
+                report.problems.push(format!(
+                    "data block {block}: {references} extents reference it, {recorded} references recorded (a leak)"
+                ));
+                report.share_mismatches.push((*block, references, recorded));
+            }
+            Ok(_) => {}
+            Err(error) => report.problems.push(error.to_string()),
+        }
+        if references > 1 {
+            report.shared_blocks.push((*block, references));
+        }
+    }
+    runs.sort_unstable();
+    report.data_blocks = runs.clone();
+    // No block may belong to two extents (past the shared ends above), or to an extent and a node.
     runs.extend(report.tree_blocks.iter().map(|block| (*block, 1)));
     runs.sort_unstable();
     for pair in runs.windows(2) {

@@ -54,7 +54,21 @@ pub(crate) struct Tree<'s> {
     new_meta: Vec<u64>,
     freed_data: Vec<(u64, u64)>,
     freed_meta: Vec<u64>,
+    /// References of shared data blocks as this operation leaves them (0: not shared), written
+    /// to the store at commit (docs/EXTENTS.md, *Shared blocks*).
+    shares: HashMap<u64, u64>,
+    /// The file whose small runs this operation packs into shared blocks (`pack_place`); None:
+    /// no packing.
+    pub pack_file: Option<u64>,
+    /// The pack block's free room as this operation leaves it: (block, bytes used).
+    pack_room: Option<(u64, u64)>,
+    pack_loaded: bool,
+    pack_changed: bool,
 }
+
+/// Runs inside a file shorter than this are packed into the file's pack block
+/// (`Tree::pack_place`); longer ones get blocks of their own.
+pub const PACK_MAX_BYTES: u64 = BLOCK_SIZE_U64 / 2;
 
 fn kind_of_level(level: usize) -> BlockKind {
     if level == 0 {
@@ -69,21 +83,22 @@ fn round_up_to_block(address: u64) -> u64 {
 }
 
 /// The one entry two neighbours become, if they can be one: two holes, or two extents of the
-/// same state whose bytes continue each other across a block boundary (so that no block is
-/// shared, see the ownership rule).
-fn merged(left: Entry, right: Entry) -> Option<Entry> {
+/// same state whose bytes continue each other. When they continue each other inside a block,
+/// both reference that block, and the merged extent gives one reference back: that block is
+/// the second value.
+fn merged(left: Entry, right: Entry) -> Option<(Entry, Option<u64>)> {
     if left.is_hole() && right.is_hole() {
         let length = left.length + right.length;
-        return (length <= MAX_FILE_BYTES).then(|| Entry::hole(length));
+        return (length <= MAX_FILE_BYTES).then(|| (Entry::hole(length), None));
     }
     if !left.is_hole()
         && !right.is_hole()
         && left.unwritten == right.unwritten
         && left.address + left.length == right.address
-        && right.address & (BLOCK_SIZE_U64 - 1) == 0
         && left.length + right.length <= MAX_FILE_BYTES
     {
-        return Some(Entry::data(left.address, left.length + right.length, left.unwritten));
+        let shared = (!right.address.is_multiple_of(BLOCK_SIZE_U64)).then_some(right.address / BLOCK_SIZE_U64);
+        return Some((Entry::data(left.address, left.length + right.length, left.unwritten), shared));
     }
     None
 }
@@ -101,6 +116,11 @@ impl<'s> Tree<'s> {
             new_meta: Vec::new(),
             freed_data: Vec::new(),
             freed_meta: Vec::new(),
+            shares: HashMap::new(),
+            pack_file: None,
+            pack_room: None,
+            pack_loaded: false,
+            pack_changed: false,
         }
     }
 
@@ -124,6 +144,12 @@ impl<'s> Tree<'s> {
             encode_node(node.level, &node.entries, &mut block[..]);
             self.store.write_meta(id, kind_of_level(node.level), std::sync::Arc::new(block))?;
         }
+        // Counts before frees: a block whose last reference went is recorded unshared, then freed.
+        let mut shares: Vec<(u64, u64)> = self.shares.drain().collect();
+        shares.sort_unstable();
+        for (block, references) in shares {
+            self.store.set_shared_references(block, references)?;
+        }
         let mut seen = HashSet::new();
         for id in std::mem::take(&mut self.freed_meta) {
             // A corrupt tree could name one block twice; freeing it twice would hurt the volume.
@@ -132,7 +158,12 @@ impl<'s> Tree<'s> {
             }
             self.store.free_meta(id)?;
         }
+        if let (Some(file), true) = (self.pack_file, self.pack_changed) {
+            self.store.set_pack_room(file, self.pack_room);
+        }
         for (first, count) in std::mem::take(&mut self.freed_data) {
+            // A pack block freed with its last run has no room to offer any more.
+            self.store.forget_pack_room(first, count);
             self.store.free_data(first, count)?;
         }
         Ok(ExtentRoot::from_parts(self.depth, &self.root, self.length, self.blocks_owned))
@@ -216,12 +247,47 @@ impl<'s> Tree<'s> {
 
     fn release_extent(&mut self, entry: Entry) -> Result<()> {
         if let Some((first, count)) = entry.blocks() {
-            self.blocks_owned = self.blocks_owned.checked_sub(count).ok_or_else(|| {
-                Error::corruption("extent root field blocks_owned: smaller than the blocks in the tree")
-            })?;
-            self.freed_data.push((first, count));
+            self.release_blocks(first, count)?;
         }
         Ok(())
+    }
+
+    // ----- shared blocks -----
+
+    /// The references of data block `block` as this operation has left them so far.
+    fn references(&mut self, block: u64) -> Result<u64> {
+        if let Some(references) = self.shares.get(&block) {
+            return Ok(*references);
+        }
+        self.store.shared_references(block)
+    }
+
+    /// One more extent references `block`, which one extent at least already references: a
+    /// block that was not shared now has two references.
+    fn add_reference(&mut self, block: u64) -> Result<()> {
+        let references = match self.references(block)? {
+            0 => 2,
+            count if count < crate::block::meta::MAX_SHARED_REFERENCES => count + 1,
+            count => return Err(Error::corruption(format!("data block {block}: {count} references, too many"))),
+        };
+        self.shares.insert(block, references);
+        Ok(())
+    }
+
+    /// One extent stops referencing `block`; returns whether that was the last reference (the
+    /// block is to be freed, and is recorded unshared). A block once shared stays marked shared
+    /// (1 reference) while one extent still holds it, so its free room is never filled (see
+    /// *Replay* in docs/EXTENTS.md).
+    fn drop_reference(&mut self, block: u64) -> Result<bool> {
+        let references = self.references(block)?;
+        if references <= 1 {
+            if references == 1 {
+                self.shares.insert(block, 0);
+            }
+            return Ok(true);
+        }
+        self.shares.insert(block, references - 1);
+        Ok(false)
     }
 
     // ----- search -----
@@ -401,61 +467,53 @@ impl<'s> Tree<'s> {
     }
 
     /// The entries that replace extent `entry` when its first `left_length` bytes and its bytes
-    /// `right_address..right_address + right_length` (up to its end) stay. If the right part
-    /// begins inside the left part's last block, the left part's bytes of that block are copied
-    /// into a new block at the same offsets and the right part keeps the block, so the two parts
-    /// never share a block (the ownership rule).
-    ///
-    /// Copying the left bytes, not the right ones, is what makes replay repeatable: the bytes
-    /// read here become room before the right part's first byte, which nothing writes until the
-    /// block is freed, and a freed block is not reused before a checkpoint covers this record.
-    /// So a replay of this record reads the same bytes as its first application, whatever later
-    /// records did in place. (Copying the right bytes left the left part free room in the old
-    /// block; a later hole fill wrote there and changed the source of this copy.)
+    /// `right_address..right_address + right_length` (up to its end) stay. Nothing is copied: if
+    /// the right part begins inside the left part's last block, both parts reference that block
+    /// and its count of references grows by one (docs/EXTENTS.md, *Shared blocks*).
     fn cut(&mut self, entry: Entry, left_length: u64, right_address: u64, right_length: u64) -> Result<Vec<Entry>> {
         assert!(!entry.is_hole() && left_length > 0 && right_length > 0);
         assert!(right_address >= entry.address + left_length);
         assert!(right_address + right_length == entry.address + entry.length);
-        let left_end = entry.address + left_length;
-        let shared_block = (left_end - 1) / BLOCK_SIZE_U64;
-        let right = Entry::data(right_address, right_length, entry.unwritten);
-        if right_address / BLOCK_SIZE_U64 != shared_block {
-            return Ok(vec![Entry::data(entry.address, left_length, entry.unwritten), right]);
+        let left_last_block = (entry.address + left_length - 1) / BLOCK_SIZE_U64;
+        if right_address / BLOCK_SIZE_U64 == left_last_block {
+            self.add_reference(left_last_block)?;
         }
-        let block_start = shared_block * BLOCK_SIZE_U64;
-        let copy_start = entry.address.max(block_start);
-        let in_block = (copy_start - block_start) as usize;
-        let piece = left_end - copy_start;
-        assert!(in_block as u64 + piece < BLOCK_SIZE_U64);
-        let (copy_block, _) = self.allocate_data(shared_block, 1)?;
-        if !entry.unwritten {
-            self.store.copy_data(shared_block, copy_block, in_block, piece as usize)?;
-        }
-        let mut pieces = Vec::with_capacity(3);
-        if copy_start > entry.address {
-            pieces.push(Entry::data(entry.address, copy_start - entry.address, entry.unwritten));
-        }
-        pieces.push(Entry::data(copy_block * BLOCK_SIZE_U64 + in_block as u64, piece, entry.unwritten));
-        pieces.push(right);
-        Ok(pieces)
+        Ok(vec![
+            Entry::data(entry.address, left_length, entry.unwritten),
+            Entry::data(right_address, right_length, entry.unwritten),
+        ])
     }
 
-    /// Gives back the data blocks `first..first + count` (part of an extent being cut back).
+    /// Gives back the references of one extent to data blocks `first..first + count` (all its
+    /// blocks, or the ones a cut leaves behind). Only the first and the last block can be shared
+    /// with other extents (every byte of a block between them belongs to this extent), so only
+    /// they are looked up; a block is freed when its last reference goes.
     fn release_blocks(&mut self, first: u64, count: u64) -> Result<()> {
         if count == 0 {
             return Ok(());
         }
+        let last = first + count - 1;
+        let mut freed = Vec::with_capacity(3);
+        if self.drop_reference(first)? {
+            freed.push((first, 1));
+        }
+        if last > first + 1 {
+            freed.push((first + 1, last - first - 1));
+        }
+        if last > first && self.drop_reference(last)? {
+            freed.push((last, 1));
+        }
+        let freed_count: u64 = freed.iter().map(|run| run.1).sum();
         self.blocks_owned = self
             .blocks_owned
-            .checked_sub(count)
+            .checked_sub(freed_count)
             .ok_or_else(|| Error::corruption("extent root field blocks_owned: smaller than the blocks in the tree"))?;
-        self.freed_data.push((first, count));
+        self.freed_data.extend(freed);
         Ok(())
     }
 
-    /// Makes `position` the start of an entry. Cutting an extent inside a block copies the
-    /// first part's bytes of that block into a new block, so that the two parts never share
-    /// a block (the ownership rule); a cut on a block boundary copies nothing.
+    /// Makes `position` the start of an entry. Nothing is copied: a cut inside a block leaves
+    /// both parts referencing it (see `cut`).
     pub fn split_at(&mut self, position: u64) -> Result<()> {
         if position >= self.length {
             return Ok(());
@@ -489,7 +547,15 @@ impl<'s> Tree<'s> {
             return Ok(());
         }
         let entries = self.entries(location.leaf());
-        if let Some(one) = merged(entries[index - 1], entries[index]) {
+        if let Some((one, shared)) = merged(entries[index - 1], entries[index]) {
+            if let Some(block) = shared {
+                // Both neighbours reference the block, so the merge cannot be its last reference.
+                if self.references(block)? < 2 || self.drop_reference(block)? {
+                    return Err(Error::corruption(format!(
+                        "data block {block}: two extents reference it, its count of references says fewer"
+                    )));
+                }
+            }
             self.splice(&location.path, index - 1, 2, &[one])?;
         }
         Ok(())
@@ -510,8 +576,8 @@ impl<'s> Tree<'s> {
     }
 
     /// Removes bytes `start..end`, shifting later bytes down and releasing their blocks.
-    /// Extents cut at either end are trimmed and keep their blocks, so nothing is copied, except
-    /// when the whole range lies inside one block in the middle of one extent.
+    /// Extents cut at either end are trimmed and keep their blocks, so nothing is copied (a range
+    /// inside one block in the middle of one extent leaves both ends referencing that block).
     pub fn remove_range(&mut self, start: u64, end: u64) -> Result<()> {
         assert!(start <= end && end <= self.length);
         let mut remaining = end - start;
@@ -622,8 +688,25 @@ impl<'s> Tree<'s> {
             let taken;
             let (replace_start, replace_count, mut replacement);
             let write_at;
-            match previous {
+            // The rest of the previous extent's last block is free room it may fill only if the
+            // block was never shared (docs/EXTENTS.md, *Replay*).
+            let previous_room = match previous {
                 Some(previous) if (previous.address + previous.length) % BLOCK_SIZE_U64 != 0 => {
+                    self.references((previous.address + previous.length) / BLOCK_SIZE_U64)? == 0
+                }
+                _ => false,
+            };
+            let pack = data.is_some() && !previous_room && end < self.length && hole_length < PACK_MAX_BYTES;
+            let packed = if pack { self.pack_place(hole_length, previous)? } else { None };
+            match previous {
+                _ if packed.is_some() => {
+                    // A small run inside the file goes into the free room of the file's pack block.
+                    write_at = packed.expect("checked");
+                    taken = hole_length;
+                    replacement = vec![Entry::data(write_at, taken, unwritten)];
+                    (replace_start, replace_count) = (index, 1);
+                }
+                Some(previous) if previous_room => {
                     // The rest of the previous extent's last block is its own: use it first.
                     let end_address = previous.address + previous.length;
                     taken = hole_length.min(BLOCK_SIZE_U64 - end_address % BLOCK_SIZE_U64);
@@ -661,6 +744,37 @@ impl<'s> Tree<'s> {
             position += taken;
         }
         Ok(())
+    }
+
+    /// Where `length` bytes (less than `PACK_MAX_BYTES`) of the file go in its pack block: the
+    /// free room after the last run packed there, or the start of a new block (allocated near
+    /// `previous`, marked shared from the start so that no extent fills its room the other way).
+    /// None when this tree packs nothing (`pack_file`). Every byte of the room has never been
+    /// mapped since the block was handed out, so nothing read it (docs/EXTENTS.md, *Packing*).
+    fn pack_place(&mut self, length: u64, previous: Option<Entry>) -> Result<Option<u64>> {
+        assert!(length > 0 && length < PACK_MAX_BYTES);
+        let Some(file) = self.pack_file else { return Ok(None) };
+        if !self.pack_loaded {
+            self.pack_room = self.store.pack_room(file);
+            self.pack_loaded = true;
+        }
+        if let Some((block, used)) = self.pack_room {
+            if used + length <= BLOCK_SIZE_U64 {
+                if self.references(block)? == 0 {
+                    return Err(Error::corruption(format!("pack block {block} is not marked shared")));
+                }
+                self.add_reference(block)?;
+                self.pack_room = (used + length < BLOCK_SIZE_U64).then_some((block, used + length));
+                self.pack_changed = true;
+                return Ok(Some(block * BLOCK_SIZE_U64 + used));
+            }
+        }
+        let near = previous.map_or(0, |previous| (previous.address + previous.length) / BLOCK_SIZE_U64);
+        let (block, _) = self.allocate_data(near, 1)?;
+        self.shares.insert(block, 1);
+        self.pack_room = Some((block, length));
+        self.pack_changed = true;
+        Ok(Some(block * BLOCK_SIZE_U64))
     }
 
     /// Writes `data` at `offset`: in place over written extents, into unwritten extents (which

@@ -424,7 +424,12 @@ impl<'a> Repairer<'a> {
         let damage = match ExtentRoot::decode(&inode.root_area) {
             Err(error) => Some(error.to_string()),
             Ok(root) => {
-                let checked = extent::check(&mut self.volume, &root);
+                let mut checked = extent::check(&mut self.volume, &root);
+                if !checked.problems.is_empty() && checked.problems.len() == checked.share_mismatches.len() {
+                    // The tree is whole; only the references recorded for shared blocks are off.
+                    self.record_references(number, &checked.share_mismatches)?;
+                    checked.problems.clear();
+                }
                 if let Some(problem) = checked.problems.first() {
                     Some(problem.clone())
                 } else {
@@ -457,6 +462,20 @@ impl<'a> Repairer<'a> {
         inode.root_area = ExtentRoot::empty().encode();
         inode.size_bytes = 0;
         Ok(true)
+    }
+
+    /// Records the references found for shared data blocks whose recorded count is wrong: too
+    /// few would free a block extents still map, too many would leak it (format version 8).
+    fn record_references(&mut self, number: u64, mismatches: &[(u64, u64, u64)]) -> Result<()> {
+        use crate::block::meta::DataStore;
+        for &(block, references, recorded) in mismatches {
+            // One reference left: the block stays marked shared (its free room stays unused).
+            self.volume.set_shared_references(block, references)?;
+            self.change(format!(
+                "inode {number}: data block {block}: {references} extents reference it, {recorded} references were recorded; recorded {references}"
+            ));
+        }
+        Ok(())
     }
 
     /// A directory: its entries as the check reads them when it is whole, else as much as its
