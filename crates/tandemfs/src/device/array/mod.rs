@@ -8,6 +8,7 @@ mod assemble;
 mod epoch;
 pub mod header;
 pub mod intent;
+mod rebuild;
 #[cfg(test)]
 mod tests;
 
@@ -168,9 +169,11 @@ pub struct ArrayDevice {
     array_uuid: [u8; 16],
     code: ReedSolomon,
     accelerator: Arc<Accelerator>,
-    /// `None` for a slot missing at assembly.
-    members: Vec<Option<Arc<dyn Device>>>,
-    names: Vec<String>,
+    /// `None` for a slot missing at assembly; a rebuild fills its slot in when it completes.
+    members: Vec<RwLock<Option<Arc<dyn Device>>>>,
+    names: RwLock<Vec<String>>,
+    /// The rebuild running, if any: writes to its slot's stripes it has passed reach it too.
+    rebuilding: RwLock<Option<Arc<rebuild::Target>>>,
     missing: Vec<AtomicBool>,
     missing_reasons: Mutex<Vec<Option<String>>>,
     missing_count: AtomicUsize,
@@ -223,8 +226,9 @@ impl ArrayDevice {
             dirty: AtomicBool::new(header.state == ArrayState::Dirty),
             header: Mutex::new(header),
             counters: (0..geometry.member_count).map(|_| SlotCounters::default()).collect(),
-            members,
-            names,
+            members: members.into_iter().map(RwLock::new).collect(),
+            names: RwLock::new(names),
+            rebuilding: RwLock::new(None),
             missing,
             missing_reasons: Mutex::new(missing_reasons),
             missing_count: AtomicUsize::new(missing_count),
@@ -263,7 +267,7 @@ impl ArrayDevice {
                     let counters = &self.counters[slot];
                     SlotStatistics {
                         slot,
-                        name: self.names[slot].clone(),
+                        name: self.name(slot),
                         missing: self.missing[slot].load(Ordering::Acquire),
                         missing_reason: reasons[slot].clone(),
                         reads: counters.reads.load(Ordering::Relaxed),
@@ -281,11 +285,21 @@ impl ArrayDevice {
     }
 
     /// The member of `slot` if it is present.
-    fn present(&self, slot: usize) -> Option<&Arc<dyn Device>> {
+    fn present(&self, slot: usize) -> Option<Arc<dyn Device>> {
         if self.missing[slot].load(Ordering::Acquire) {
             return None;
         }
-        self.members[slot].as_ref()
+        self.members[slot].read().clone()
+    }
+
+    /// The name messages call the member of `slot` by.
+    fn name(&self, slot: usize) -> String {
+        self.names.read()[slot].clone()
+    }
+
+    /// Every member device the array holds, present or not (a failed one is still open).
+    fn member_devices(&self) -> Vec<Arc<dyn Device>> {
+        self.members.iter().filter_map(|member| member.read().clone()).collect()
     }
 
     /// The error every operation gets once more than m members are missing.
@@ -432,9 +446,13 @@ impl ArrayDevice {
     }
 
     /// Writes to a present member; a missing one is passed over (its unit is rebuilt from the
-    /// others), a failing one is marked missing.
+    /// others) unless a rebuild of its slot has passed the stripe, a failing one is marked
+    /// missing. A write of stripe units holds the stripe's lock.
     fn write_member(&self, slot: usize, offset: u64, data: &[u8]) -> Result<()> {
-        let Some(device) = self.present(slot) else { return Ok(()) };
+        let Some(device) = self.present(slot) else {
+            self.write_rebuilt(slot, offset, data);
+            return Ok(());
+        };
         match device.write_at(offset, data) {
             Ok(()) => {
                 self.counters[slot].writes.fetch_add(1, Ordering::Relaxed);
@@ -626,85 +644,6 @@ impl ArrayDevice {
             return Ok(true);
         }
         Ok(false)
-    }
-
-    /// Rebuilds missing `slot` onto `replacement` while nothing else uses the array (offline):
-    /// every stripe's unit of that slot rebuilt from k others and written, the replacement
-    /// flushed, and only then a new member uuid for the slot and its missing bit cleared in every
-    /// member's header. A crash before that leaves the replacement without a header (no member)
-    /// and the array as it was. `progress(stripes_done, stripe_count)` is called as it goes.
-    pub fn rebuild_onto(
-        self,
-        slot: usize,
-        replacement: assemble::Member,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<ArrayDevice> {
-        let geometry = self.geometry;
-        if slot >= geometry.member_count || !self.missing[slot].load(Ordering::Acquire) {
-            return Err(Error::invalid(format!("slot {slot} is not a missing slot of this array")));
-        }
-        // Written through before: closed now, so that its drop below writes no old header.
-        if self.dirty.load(Ordering::Acquire) {
-            self.close()?;
-        }
-        let needed = DATA_START_BYTES + geometry.stripe_count * geometry.stripe_unit_bytes;
-        if replacement.device.size_bytes() < needed || replacement.device.is_read_only() {
-            return Err(Error::invalid(format!(
-                "{} cannot take slot {slot}: it needs {needed} writable bytes",
-                replacement.name
-            )));
-        }
-        for stripe in 0..geometry.stripe_count {
-            let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
-            let shard = (0..geometry.member_count)
-                .find(|&shard| geometry.slot(stripe, shard) == slot)
-                .expect("a slot per shard");
-            let mut rebuilt = None;
-            for _try in 0..=geometry.member_count {
-                rebuilt = self.read_shard_rows(stripe, 0..geometry.stripe_unit_bytes, &[shard])?;
-                if rebuilt.is_some() {
-                    break;
-                }
-            }
-            let mut units = rebuilt.ok_or_else(|| self.lost_error())?;
-            replacement.device.write_at(geometry.member_offset(stripe, 0), &units.pop().expect("one shard asked"))?;
-            progress(stripe + 1, geometry.stripe_count);
-        }
-        let zeros = vec![0u8; (DATA_START_BYTES - 2 * header::HEADER_BYTES as u64) as usize];
-        replacement.device.write_at(2 * header::HEADER_BYTES as u64, &zeros)?;
-        replacement.device.flush()?;
-        let old = self.header.lock();
-        let mut member_uuids = old.member_uuids.clone();
-        member_uuids[slot] = assemble::random_uuid()?;
-        let state = HeaderState {
-            array_uuid: old.array_uuid,
-            member_uuids,
-            event: old.event,
-            state: old.state,
-            missing_slots: old.missing_slots & !(1u64 << slot),
-        };
-        drop(old);
-        let mut members = self.members.clone();
-        members[slot] = Some(replacement.device);
-        let mut names = self.names.clone();
-        names[slot] = replacement.name;
-        let mut reasons = self.missing_reasons.lock().clone();
-        reasons[slot] = None;
-        for (index, member) in members.iter_mut().enumerate() {
-            if self.missing[index].load(Ordering::Acquire) && index != slot {
-                *member = None;
-            }
-        }
-        let rebuilt = ArrayDevice::new(geometry, state, members, names, reasons, self.accelerator.clone())?;
-        // The replacement's record area is zero: the epoch numbers go on from the others'.
-        rebuilt.intent.lock().epoch = self.intent.lock().epoch;
-        rebuilt.intent.lock().retire_pending = true;
-        // Both copies on the new member; the others move on by two events.
-        let mut header = rebuilt.header.lock();
-        rebuilt.write_headers(&mut header)?;
-        rebuilt.write_headers(&mut header)?;
-        drop(header);
-        Ok(rebuilt)
     }
 
     /// A write joins the epoch (rule 3): nothing reaches the members before the next flush,
@@ -906,7 +845,7 @@ impl ArrayDevice {
                 Ok(Some(record)) => records.push((slot, record)),
                 Ok(None) => {}
                 Err(error) if error.is_corruption() => {
-                    return Err(Error::corruption(format!("{}: {error}", self.names[slot])))
+                    return Err(Error::corruption(format!("{}: {error}", self.name(slot))))
                 }
                 Err(error) => self.mark_missing(slot, &error)?,
             }
@@ -951,7 +890,9 @@ impl ArrayDevice {
                 {
                     return Err(Error::corruption(format!(
                         "{}: intent record entry for stripe {} parity {} does not belong there",
-                        self.names[slot], entry.stripe, entry.parity_index
+                        self.name(slot),
+                        entry.stripe,
+                        entry.parity_index
                     )));
                 }
                 let key = (entry.stripe, entry.rows.start, entry.rows.end);
@@ -1166,10 +1107,10 @@ impl Device for ArrayDevice {
         self.flush_members()
     }
     fn reachable_by_other_processes(&self) -> bool {
-        self.members.iter().flatten().any(|member| member.reachable_by_other_processes())
+        self.member_devices().iter().any(|member| member.reachable_by_other_processes())
     }
     fn is_read_only(&self) -> bool {
-        self.members.iter().flatten().any(|member| member.is_read_only())
+        self.member_devices().iter().any(|member| member.is_read_only())
     }
     fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
         self.read_logical(offset, buffer, true)
