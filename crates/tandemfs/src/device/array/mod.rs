@@ -91,6 +91,34 @@ pub struct ArrayStatistics {
     pub reconstructed_bytes: u64,
     /// Bytes a checked read found wrong on a member, rebuilt from the others and rewrote.
     pub healed_bytes: u64,
+    pub epochs: EpochStatistics,
+}
+
+/// How the epochs went home since assembly (docs/RAID.md, *Rule 3*): what the write path cost.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EpochStatistics {
+    /// Epochs written home (flushes with writes in them).
+    pub epochs: u64,
+    /// Of those, epochs the array flushed of its own accord because a bound was reached.
+    pub epochs_full: u64,
+    /// Stripe chunks written home with every data row written (encoded without reading).
+    pub full_chunks: u64,
+    /// Chunks written home in part: their other rows read, partial parity encoded.
+    pub partial_chunks: u64,
+    /// Bytes of data rows read from the members to encode partial chunks.
+    pub parity_read_bytes: u64,
+    /// Intent records written (one round on every present member, then a flush).
+    pub intent_records: u64,
+}
+
+#[derive(Default)]
+struct EpochCounters {
+    epochs: AtomicU64,
+    epochs_full: AtomicU64,
+    full_chunks: AtomicU64,
+    partial_chunks: AtomicU64,
+    parity_read_bytes: AtomicU64,
+    intent_records: AtomicU64,
 }
 
 /// What `scrub` found.
@@ -143,13 +171,26 @@ struct RecoveredEntry {
 }
 
 /// One stripe chunk of an epoch, read and encoded, waiting for its home writes.
-struct Prepared {
+struct Prepared<'a> {
     stripe: u64,
     rows: Range<u64>,
-    /// The k data shards' new rows.
-    data: Vec<Vec<u8>>,
-    written: Vec<Vec<Range<u64>>>,
+    /// The k data shards' new rows; `None` for a full chunk, whose new rows are the epoch's
+    /// own bytes (encoded and written from there, not copied).
+    data: Option<Vec<Vec<u8>>>,
+    pending: &'a epoch::Pending,
     parity: Vec<Vec<u8>>,
+}
+
+impl Prepared<'_> {
+    /// The new bytes of `range` (within the chunk's rows) of data shard `shard`.
+    fn bytes(&self, shard: usize, range: Range<u64>) -> &[u8] {
+        match &self.data {
+            Some(data) => {
+                &data[shard][(range.start - self.rows.start) as usize..(range.end - self.rows.start) as usize]
+            }
+            None => self.pending.bytes(shard, range),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -184,6 +225,7 @@ pub struct ArrayDevice {
     counters: Vec<SlotCounters>,
     reconstructed_bytes: AtomicU64,
     healed_bytes: AtomicU64,
+    epoch_counters: EpochCounters,
     /// The writes since the last flush (rule 3: they go home only after their intent records).
     epoch: Mutex<Epoch>,
     /// Held shared by reads, exclusively by a flush: a read never sees members half-written by
@@ -235,6 +277,7 @@ impl ArrayDevice {
             stripe_locks: (0..STRIPE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             reconstructed_bytes: AtomicU64::new(0),
             healed_bytes: AtomicU64::new(0),
+            epoch_counters: EpochCounters::default(),
             epoch: Mutex::new(Epoch::default()),
             home: RwLock::new(()),
             intent: Mutex::new(IntentState::default()),
@@ -281,6 +324,17 @@ impl ArrayDevice {
                 .collect(),
             reconstructed_bytes: self.reconstructed_bytes.load(Ordering::Relaxed),
             healed_bytes: self.healed_bytes.load(Ordering::Relaxed),
+            epochs: {
+                let counters = &self.epoch_counters;
+                EpochStatistics {
+                    epochs: counters.epochs.load(Ordering::Relaxed),
+                    epochs_full: counters.epochs_full.load(Ordering::Relaxed),
+                    full_chunks: counters.full_chunks.load(Ordering::Relaxed),
+                    partial_chunks: counters.partial_chunks.load(Ordering::Relaxed),
+                    parity_read_bytes: counters.parity_read_bytes.load(Ordering::Relaxed),
+                    intent_records: counters.intent_records.load(Ordering::Relaxed),
+                }
+            },
         }
     }
 
@@ -664,6 +718,7 @@ impl ArrayDevice {
                 let from = piece.buffer_offset + (row - piece.row) as usize;
                 let bytes = &data[from..from + (end - row) as usize];
                 if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes).is_err() {
+                    self.epoch_counters.epochs_full.fetch_add(1, Ordering::Relaxed);
                     self.flush()?;
                     if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes).is_err() {
                         // Another thread's writes filled the new epoch at once: flush again.
@@ -691,11 +746,15 @@ impl ArrayDevice {
     }
 
     fn encode_parity(&self, data: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
-        let length = data.first().map_or(0, Vec::len);
         let inputs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        self.encode_slices(&inputs)
+    }
+
+    fn encode_slices(&self, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        let length = inputs.first().map_or(0, |input| input.len());
         let mut parity = vec![vec![0u8; length]; self.geometry.parity_count];
         let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(Vec::as_mut_slice).collect();
-        self.accelerator.reed_solomon_encode(&self.code, &inputs, &mut outputs).map_err(accel_error)?;
+        self.accelerator.reed_solomon_encode(&self.code, inputs, &mut outputs).map_err(accel_error)?;
         Ok(parity)
     }
 
@@ -703,14 +762,26 @@ impl ArrayDevice {
     /// chunk the partial parity of the bytes it leaves untouched (pushed to `entries`). Like a
     /// reconstruct-write, never parity by difference: the rows written home are consistent
     /// whatever parity was on the members.
-    fn prepare(&self, stripe: u64, pending: &epoch::Pending, entries: &mut Vec<PartialParity>) -> Result<Prepared> {
+    fn prepare<'a>(
+        &self,
+        stripe: u64,
+        pending: &'a epoch::Pending,
+        entries: &mut Vec<PartialParity>,
+    ) -> Result<Prepared<'a>> {
         let k = self.geometry.data_count();
         let rows = pending.rows();
         let length = (rows.end - rows.start) as usize;
+        if pending.is_full() {
+            // Nothing read: the parity comes from the epoch's bytes as they lie.
+            self.epoch_counters.full_chunks.fetch_add(1, Ordering::Relaxed);
+            let inputs: Vec<&[u8]> = (0..k).map(|shard| pending.bytes(shard, rows.clone())).collect();
+            let parity = self.encode_slices(&inputs)?;
+            return Ok(Prepared { stripe, rows, data: None, pending, parity });
+        }
         let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
-        let mut data = if pending.is_full() {
-            vec![vec![0u8; length]; k]
-        } else {
+        let mut data = {
+            self.epoch_counters.partial_chunks.fetch_add(1, Ordering::Relaxed);
+            self.epoch_counters.parity_read_bytes.fetch_add((k * length) as u64, Ordering::Relaxed);
             let all_data: Vec<usize> = (0..k).collect();
             let mut untouched = self.read_rows_retrying(stripe, rows.clone(), &all_data)?;
             let old = untouched.clone();
@@ -743,7 +814,7 @@ impl ArrayDevice {
             }
         }
         let parity = self.encode_parity(&data)?;
-        Ok(Prepared { stripe, rows, data, written: pending.written.clone(), parity })
+        Ok(Prepared { stripe, rows, data: Some(data), pending, parity })
     }
 
     /// Writes an epoch home (rule 3): each chunk read and encoded; the intent records (bitmap
@@ -754,6 +825,7 @@ impl ArrayDevice {
         let mut entries = Vec::new();
         let mut bitmap = IntentRecord::new(0);
         let mut prepared = Vec::with_capacity(epoch.pending.len());
+        self.epoch_counters.epochs.fetch_add(1, Ordering::Relaxed);
         for (&(stripe, _chunk), pending) in &epoch.pending {
             if pending.rows().is_empty() {
                 continue;
@@ -761,15 +833,13 @@ impl ArrayDevice {
             bitmap.mark(stripe, geometry.stripe_count);
             prepared.push(self.prepare(stripe, pending, &mut entries)?);
         }
-        drop(epoch);
         self.write_intent(bitmap.bitmap, entries)?;
         let k = geometry.data_count();
         for chunk in prepared {
             let _stripe = self.stripe_locks[(chunk.stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
-            for (shard, ranges) in chunk.written.iter().enumerate() {
+            for (shard, ranges) in chunk.pending.written.iter().enumerate() {
                 for range in ranges {
-                    let bytes = &chunk.data[shard]
-                        [(range.start - chunk.rows.start) as usize..(range.end - chunk.rows.start) as usize];
+                    let bytes = chunk.bytes(shard, range.clone());
                     self.write_member(
                         geometry.slot(chunk.stripe, shard),
                         geometry.member_offset(chunk.stripe, range.start),
@@ -801,6 +871,7 @@ impl ArrayDevice {
             return Ok(());
         }
         intent.epoch += 1;
+        self.epoch_counters.intent_records.fetch_add(1, Ordering::Relaxed);
         let k = self.geometry.data_count();
         for slot in 0..self.geometry.member_count {
             if self.present(slot).is_none() {
