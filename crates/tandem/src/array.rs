@@ -404,11 +404,29 @@ struct LiveCounters {
 
 static LIVE: std::sync::Mutex<Option<LiveCounters>> = std::sync::Mutex::new(None);
 
+/// The array this process mounts, so that the end of the mount closes it (clean headers)
+/// before the process exits, whatever thread still holds a reference then.
+static MOUNTED: std::sync::Mutex<Option<std::sync::Weak<ArrayDevice>>> = std::sync::Mutex::new(None);
+
+/// Flushes the mounted array and writes its headers clean, after the volume on it has been
+/// unmounted. The last reference's drop would do the same, but the process may exit before an
+/// engine thread lets go of its reference, leaving the headers dirty (`tandem status` right
+/// after `tandem umount` said so) and the next assembly recomputing parity for nothing.
+pub fn close_mounted() -> tandemfs::Result<()> {
+    let mounted = MOUNTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    match mounted.and_then(|weak| weak.upgrade()) {
+        // Only an array this mount wrote to (dirty): a read-only mount writes nothing.
+        Some(array) if array.state() == array::ArrayState::Dirty && !array.is_read_only() => array.close(),
+        _ => Ok(()),
+    }
+}
+
 /// Starts writing `array`'s counters to its live file while it is in use. The thread holds only
 /// a weak reference, so it never keeps the array open (its last holder closes it); it removes
 /// the file when stopped (`stop_live`) or when the array is gone.
 pub fn publish_live(array: &Arc<ArrayDevice>) {
     let weak = Arc::downgrade(array);
+    *MOUNTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(weak.clone());
     let path = live_path(&array.array_uuid());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopping = stop.clone();

@@ -440,6 +440,8 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
     // Whatever ended the mount (umount, a signal, an error), flush and close the volume so it is
     // clean on disk before this process lets go of its lock.
     let closed = fs.unmount();
+    // An array under the volume is closed here, not when its last holder lets go.
+    let closed = closed.and_then(|()| crate::array::close_mounted());
     crate::array::stop_live();
     if let Err(error) = served {
         return Err(CliError::new(format!("cannot mount on {}: {error}", mountpoint.display())));
