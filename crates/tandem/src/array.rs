@@ -193,7 +193,7 @@ pub fn run_status(arguments: StatusArguments) -> CliResult<i32> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
@@ -245,7 +245,8 @@ pub fn run_scrub(arguments: ScrubArguments) -> CliResult<i32> {
 
 #[derive(clap::Args)]
 pub struct RebuildArguments {
-    /// The array: its members as a comma-separated list, or any one member
+    /// The array: its members as a comma-separated list, or any one member, or the mount point
+    /// of the mounted array
     pub members: PathBuf,
     /// The missing slot to rebuild (`tandem status` lists them)
     #[arg(long)]
@@ -259,31 +260,106 @@ pub struct RebuildArguments {
     pub force: bool,
 }
 
-/// `tandem rebuild`: a missing or stale slot of an unmounted array rebuilt onto a new device,
-/// with progress and throughput on stderr; the new member joins the array only once all of it
-/// is written and flushed.
+/// `tandem rebuild`: a missing or stale slot rebuilt onto a new device, with progress and
+/// throughput on stderr; the new member joins the array only once all of it is written and
+/// flushed. A mounted array (named by its mount point, or by members a mount serves) is
+/// rebuilt by the serving process through its control socket, while it goes on serving.
 pub fn run_rebuild(arguments: RebuildArguments) -> CliResult<i32> {
-    let new_path = arguments.device.as_path();
+    let new_path = std::path::absolute(&arguments.device)
+        .map_err(|error| CliError::new(format!("cannot use {}: {error}", arguments.device.display())))?;
+    let started = std::time::Instant::now();
+    let mut shown_tenths = 0;
+    let (mut total_stripes, mut unit_bytes) = (0, 0);
+    let mut progress = |done: u64, total: u64, unit: u64| {
+        (total_stripes, unit_bytes) = (total, unit);
+        let tenths = done * 10 / total.max(1);
+        if tenths > shown_tenths {
+            shown_tenths = tenths;
+            let seconds = started.elapsed().as_secs_f64().max(1e-6);
+            eprintln!(
+                "rebuild: {}% ({done} of {total} stripes, {:.1} MiB/s)",
+                tenths * 10,
+                (done * unit) as f64 / seconds / (1 << 20) as f64
+            );
+        }
+    };
+    let missing = if arguments.members.is_dir() {
+        // A mount point: only its serving process can rebuild it.
+        let mountpoint = std::fs::canonicalize(&arguments.members)
+            .map_err(|error| CliError::new(format!("cannot use {}: {error}", arguments.members.display())))?;
+        let stream = crate::control::connect_mountpoint(&mountpoint).ok_or_else(|| {
+            CliError::new(format!("{} is not the mount point of a mounted tandemfs array", mountpoint.display()))
+        })?;
+        crate::control::request_rebuild(stream, arguments.slot, &new_path, arguments.force, &mut progress)?.missing
+    } else {
+        check_paths(&arguments.members)?;
+        let found = split_list(&arguments.members).first().and_then(|first| member_header_of(first));
+        let Some(header) = found else {
+            return Err(CliError::new(format!(
+                "{} is not a member of a tandemfs array",
+                split_list(&arguments.members).first().map_or(String::new(), |path| path.display().to_string())
+            )));
+        };
+        // Two names of one file among the members and the new device, refused before anything.
+        let listed = split_list(&arguments.members);
+        let mut every = if listed.len() == 1 { with_siblings(&listed[0]) } else { listed };
+        every.push(new_path.clone());
+        refuse_duplicates(&every)?;
+        if let Some(stream) = crate::control::connect(&header.array_uuid) {
+            crate::control::request_rebuild(stream, arguments.slot, &new_path, arguments.force, &mut progress)?.missing
+        } else {
+            let array = open(&arguments.members, Access::WRITE)?;
+            let unit = array.geometry().stripe_unit_bytes;
+            let mut progress_on = |done: u64, total: u64| {
+                progress(done, total, unit);
+                true
+            };
+            rebuild_to_path(&array, arguments.slot, &new_path, arguments.force, &mut progress_on)?;
+            array.missing_slots().len()
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = total_stripes * unit_bytes;
+    println!(
+        "rebuilt slot {} onto {}: {} in {:.1} s ({:.1} MiB/s); {missing} slots still missing",
+        arguments.slot,
+        new_path.display(),
+        crate::size::format_bytes(bytes),
+        seconds,
+        bytes as f64 / seconds.max(1e-6) / (1 << 20) as f64,
+    );
+    Ok(EXIT_SUCCESS)
+}
+
+/// Rebuilds missing `slot` of `array` onto the device at `new_path` (absolute): created at the
+/// member size when it does not exist, an existing one used only with `force`. Refused with
+/// nothing written: a slot that is not missing, an existing path without `force`, a member of
+/// the array, a device too small. A file created here is removed again when the rebuild fails.
+pub fn rebuild_to_path(
+    array: &ArrayDevice,
+    slot: usize,
+    new_path: &Path,
+    force: bool,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> CliResult<()> {
+    let geometry = array.geometry();
+    if !array.missing_slots().contains(&slot) {
+        let missing: Vec<String> = array.missing_slots().iter().map(usize::to_string).collect();
+        return Err(CliError::new(format!(
+            "slot {slot} is not missing (missing: {}); nothing to rebuild",
+            if missing.is_empty() { "none".to_string() } else { missing.join(", ") }
+        )));
+    }
     let exists = new_path.exists();
-    if exists && !arguments.force {
+    if exists && !force {
         return Err(CliError::new(format!(
             "{} exists; give a new path, or --force to overwrite it",
             new_path.display()
         )));
     }
-    let mut every = split_list(&arguments.members);
+    let mut every: Vec<PathBuf> = array.statistics().slots.iter().map(|slot| PathBuf::from(&slot.name)).collect();
     every.push(new_path.to_path_buf());
     refuse_duplicates(&every)?;
-    let array = open(&arguments.members, Access::WRITE)?;
-    let array = Arc::try_unwrap(array).map_err(|_| CliError::new("the array is shared; nothing was rebuilt"))?;
-    let geometry = array.geometry();
-    if !array.missing_slots().contains(&arguments.slot) {
-        return Err(CliError::new(format!(
-            "slot {} is not missing (missing: {:?}); nothing to rebuild",
-            arguments.slot,
-            array.missing_slots()
-        )));
-    }
     let member_bytes = header::DATA_START_BYTES + geometry.stripe_count * geometry.stripe_unit_bytes;
     if !exists {
         let file = std::fs::OpenOptions::new()
@@ -296,44 +372,18 @@ pub fn run_rebuild(arguments: RebuildArguments) -> CliResult<i32> {
             return Err(CliError::new(format!("cannot size {}: {error}", new_path.display())));
         }
     }
-    let device: Arc<dyn Device> = image::open(new_path, Access::WRITE)?;
-    let replacement = Member { name: new_path.display().to_string(), device };
-    let started = std::time::Instant::now();
-    let mut shown_tenths = 0;
-    let unit_bytes = geometry.stripe_unit_bytes;
-    let result = array.rebuild_onto(arguments.slot, replacement, &mut |done, total| {
-        let tenths = done * 10 / total;
-        if tenths > shown_tenths {
-            shown_tenths = tenths;
-            let seconds = started.elapsed().as_secs_f64().max(1e-6);
-            eprintln!(
-                "rebuild: {}% ({done} of {total} stripes, {:.1} MiB/s)",
-                tenths * 10,
-                (done * unit_bytes) as f64 / seconds / (1 << 20) as f64
-            );
-        }
+    let opened = image::open(new_path, Access::WRITE);
+    let result = opened.and_then(|device| {
+        let device: Arc<dyn Device> = device;
+        let replacement = Member { name: new_path.display().to_string(), device };
+        array
+            .rebuild(slot, replacement, progress)
+            .map_err(|error| CliError::new(format!("cannot rebuild slot {slot}: {}", words(&error))))
     });
-    match result {
-        Ok(rebuilt) => {
-            let seconds = started.elapsed().as_secs_f64();
-            println!(
-                "rebuilt slot {} onto {}: {} in {:.1} s ({:.1} MiB/s); {} slots still missing",
-                arguments.slot,
-                new_path.display(),
-                crate::size::format_bytes(geometry.stripe_count * unit_bytes),
-                seconds,
-                (geometry.stripe_count * unit_bytes) as f64 / seconds.max(1e-6) / (1 << 20) as f64,
-                rebuilt.missing_slots().len()
-            );
-            Ok(EXIT_SUCCESS)
-        }
-        Err(error) => {
-            if !exists {
-                let _ = std::fs::remove_file(new_path);
-            }
-            Err(CliError::new(format!("cannot rebuild slot {}: {}", arguments.slot, words(&error))))
-        }
+    if result.is_err() && !exists {
+        let _ = std::fs::remove_file(new_path);
     }
+    result
 }
 
 /// Seconds between two writes of a mounted array's live counters.
@@ -354,11 +404,29 @@ struct LiveCounters {
 
 static LIVE: std::sync::Mutex<Option<LiveCounters>> = std::sync::Mutex::new(None);
 
+/// The array this process mounts, so that the end of the mount closes it (clean headers)
+/// before the process exits, whatever thread still holds a reference then.
+static MOUNTED: std::sync::Mutex<Option<std::sync::Weak<ArrayDevice>>> = std::sync::Mutex::new(None);
+
+/// Flushes the mounted array and writes its headers clean, after the volume on it has been
+/// unmounted. The last reference's drop would do the same, but the process may exit before an
+/// engine thread lets go of its reference, leaving the headers dirty (`tandem status` right
+/// after `tandem umount` said so) and the next assembly recomputing parity for nothing.
+pub fn close_mounted() -> tandemfs::Result<()> {
+    let mounted = MOUNTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    match mounted.and_then(|weak| weak.upgrade()) {
+        // Only an array this mount wrote to (dirty): a read-only mount writes nothing.
+        Some(array) if array.state() == array::ArrayState::Dirty && !array.is_read_only() => array.close(),
+        _ => Ok(()),
+    }
+}
+
 /// Starts writing `array`'s counters to its live file while it is in use. The thread holds only
 /// a weak reference, so it never keeps the array open (its last holder closes it); it removes
 /// the file when stopped (`stop_live`) or when the array is gone.
 pub fn publish_live(array: &Arc<ArrayDevice>) {
     let weak = Arc::downgrade(array);
+    *MOUNTED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(weak.clone());
     let path = live_path(&array.array_uuid());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopping = stop.clone();

@@ -7,6 +7,7 @@
 mod array;
 mod bench;
 mod commands;
+mod control;
 mod error;
 mod fuse_api;
 mod image;
@@ -48,7 +49,7 @@ enum Command {
     Status(array::StatusArguments),
     /// Check every stripe's parity of an unmounted array against its data (--repair rewrites wrong blocks)
     Scrub(array::ScrubArguments),
-    /// Rebuild a missing slot of an unmounted array onto a new device
+    /// Rebuild a missing slot of an array onto a new device, mounted (through its mount) or not
     Rebuild(array::RebuildArguments),
     /// Add, remove or change a passphrase or key file of an encrypted volume (its key slots)
     Key(commands::key::KeyArguments),

@@ -1176,3 +1176,76 @@ fn arrays_from_mkfs_to_a_degraded_fsck_and_every_refusal() {
     let checked = tandem(&["fsck", text(&replacement)]);
     assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
 }
+
+/// `tandem rebuild` of a mounted array: the mount rebuilds the slot while it serves (through
+/// its control socket), named by the mount point or by a member; bad requests are one line
+/// each with nothing written; afterwards the new member carries the volume with two others gone.
+#[test]
+fn rebuild_of_a_mounted_array_goes_through_the_mount() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let scratch = Scratch::new("mounted-rebuild");
+    let names: Vec<PathBuf> =
+        ["a", "b", "c", "d", "e"].iter().map(|name| scratch.join(&format!("{name}.img"))).collect();
+    let list = names.iter().map(|path| text(path)).collect::<Vec<_>>().join(",");
+    let made = tandem(&["mkfs", "--devices", &list, "--parity", "2", "--size", "24M"]);
+    assert_eq!(made.status.code(), Some(0), "{}", stderr(&made));
+    let away = scratch.join("away");
+    std::fs::create_dir_all(&away).unwrap();
+    std::fs::rename(&names[4], away.join("e.img")).unwrap();
+    let point = scratch.join("mnt");
+    std::fs::create_dir_all(&point).unwrap();
+    let log = scratch.join("mount.log");
+    let mounted = tandem(&["mount", text(&names[0]), text(&point), "-d", "--log-file", text(&log)]);
+    assert_eq!(mounted.status.code(), Some(0), "{}", stderr(&mounted));
+    let mount = Mounted { point: point.clone() };
+    let bytes = pattern_bytes(3 << 20, 7);
+    std::fs::write(mount.join("data"), &bytes).unwrap();
+    let new = scratch.join("new.img");
+    let small = scratch.join("small.img");
+    std::fs::File::create(&small).unwrap().set_len(2 << 20).unwrap();
+    let refusals = [
+        (text(&point), "0", text(&new), None, "slot 0 is not missing"),
+        (text(&point), "9", text(&new), None, "slot 9 is not missing"),
+        (text(&names[0]), "4", text(&names[1]), Some("--force"), "the same device"),
+        (text(&point), "4", text(&small), Some("--force"), "cannot take slot 4"),
+        (text(&point), "4", text(&small), None, "exists"),
+        (text(&scratch.path), "4", text(&new), None, "not the mount point of a mounted tandemfs array"),
+    ];
+    // (The members themselves change under the mount; the library test checks that a refused
+    // rebuild leaves them alone.)
+    for (array, slot, device, force, words) in refusals {
+        let mut arguments = vec!["rebuild", array, "--slot", slot, "--device", device];
+        arguments.extend(force);
+        assert_one_line_failure(&tandem(&arguments), words);
+    }
+    assert!(!new.exists(), "a refused rebuild left the new member behind");
+    assert!(std::fs::read(&small).unwrap().iter().all(|&byte| byte == 0), "a refused rebuild wrote");
+    let rebuilt = tandem_within(&["rebuild", text(&point), "--slot", "4", "--device", text(&new)], None, 120);
+    assert_eq!(rebuilt.status.code(), Some(0), "{}", stderr(&rebuilt));
+    assert!(stdout(&rebuilt).contains("0 slots still missing"), "{}", stdout(&rebuilt));
+    assert!(stderr(&rebuilt).contains("rebuild: 100%"), "{}", stderr(&rebuilt));
+    // Named by a member now: nothing is missing.
+    assert_one_line_failure(
+        &tandem(&["rebuild", text(&names[0]), "--slot", "4", "--device", text(&scratch.join("e3.img"))]),
+        "slot 4 is not missing",
+    );
+    assert!(std::fs::read(mount.join("data")).unwrap() == bytes);
+    std::fs::write(mount.join("after"), &bytes[..100_000]).unwrap();
+    let unmounted = tandem(&["umount", text(&point)]);
+    assert_eq!(unmounted.status.code(), Some(0), "{}", stderr(&unmounted));
+    std::mem::forget(mount);
+    // Closed by the mount before umount returned: clean at once.
+    let status = tandem(&["status", text(&names[0])]);
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    assert!(stdout(&status).lines().next().unwrap().ends_with(", clean"), "{}", stdout(&status));
+    // The new member with two others gone carries the volume.
+    for name in [&names[0], &names[2]] {
+        std::fs::rename(name, away.join(name.file_name().unwrap())).unwrap();
+    }
+    let checked = tandem(&["fsck", text(&new)]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+}

@@ -527,6 +527,37 @@ fn a_superblock_copy_torn_by_a_crash_is_a_note_and_the_next_mount_rewrites_it() 
     assert!(!fsck::check(crashed_device).unwrap().is_clean());
 }
 
+/// Power lost during a mount's own first superblock write (the one that marks the volume
+/// mounted) leaves that copy torn on a volume still marked clean: a note too, since the torn
+/// copy holds the next sequence number; the mount after rewrites it.
+#[test]
+fn a_mounts_first_superblock_write_torn_by_a_crash_is_a_note() {
+    let memory = MemoryDevice::new(32 << 20);
+    let device: Arc<dyn Device> = Arc::new(memory.clone());
+    FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
+    let copies = Superblock::read_both(device.as_ref()).unwrap();
+    assert_eq!(copies.best.state, tandemfs::block::superblock::STATE_CLEAN);
+    let mut next = copies.best.clone();
+    next.sequence += 1;
+    next.state = tandemfs::block::superblock::STATE_MOUNTED;
+    let torn_copy = next.sequence % 2;
+    assert_eq!(torn_copy, 1 - copies.best_copy);
+    // The first half of the new copy reached the medium, the rest is what the copy held.
+    let mut bytes = vec![0u8; BLOCK_SIZE];
+    device.read_at(torn_copy * BLOCK_SIZE as u64, &mut bytes).unwrap();
+    bytes[..BLOCK_SIZE / 2].copy_from_slice(&next.encode()[..BLOCK_SIZE / 2]);
+    bytes[BLOCK_SIZE - 64..].fill(0x5A);
+    device.write_at(torn_copy * BLOCK_SIZE as u64, &bytes).unwrap();
+    let checked = fsck::check(device.clone()).unwrap();
+    assert!(checked.is_clean(), "{:?}", checked.problems);
+    assert_eq!(checked.notes.len(), 1, "{:?}", checked.notes);
+    assert!(checked.notes[0].contains("first superblock write torn"), "{:?}", checked.notes);
+    let (fs, _) = FileSystem::mount(device.clone(), &inline_options()).unwrap();
+    fs.unmount().unwrap();
+    let checked = fsck::check(device).unwrap();
+    assert!(checked.is_clean() && checked.notes.is_empty(), "{:?} {:?}", checked.problems, checked.notes);
+}
+
 /// A volume left by a crash: the repair replays the log as a mount would, then repairs; the
 /// files acknowledged before the crash are there.
 #[test]

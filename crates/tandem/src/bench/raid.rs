@@ -60,6 +60,8 @@ struct Timings {
     rebuild_seconds: f64,
     rebuild_bytes: u64,
     cpu_per_gib: Option<f64>,
+    /// How the sequential write's epochs went home (tandemfs only).
+    write_path: Option<array::EpochStatistics>,
 }
 
 pub fn run(arguments: RaidBenchArguments) -> CliResult<i32> {
@@ -89,10 +91,16 @@ pub fn run(arguments: RaidBenchArguments) -> CliResult<i32> {
         arguments.random_writes
     );
     let mut rows = Vec::new();
+    let mut notes = Vec::new();
     for &unit in &units {
         let label = format!("tandemfs {}+{parity}, unit {}", count - parity, format_bytes(unit));
         match super::contain_panic(&label, || measure_tandemfs(&arguments, &scratch, unit)) {
-            Ok(timings) => rows.push(row(&label, &timings, arguments.file_size)),
+            Ok(timings) => {
+                if let Some(path) = &timings.write_path {
+                    notes.push(write_path_note(&label, path, arguments.file_size));
+                }
+                rows.push(row(&label, &timings, arguments.file_size))
+            }
             Err(error) => println!("{label}: failed: {error}"),
         }
     }
@@ -108,7 +116,25 @@ pub fn run(arguments: RaidBenchArguments) -> CliResult<i32> {
         &["", "seq write", "seq read", "rand 4K write", "read 1 gone", "read 2 gone", "rebuild", "CPU s/GiB"],
         &rows,
     );
+    for note in notes {
+        println!("{note}");
+    }
     Ok(EXIT_SUCCESS)
+}
+
+/// What the sequential write cost the array: its epochs, and the chunks written whole or in
+/// part (read for parity).
+fn write_path_note(label: &str, path: &array::EpochStatistics, file_bytes: u64) -> String {
+    format!(
+        "{label}, seq write of {}: {} epochs ({} flushed full), {} full and {} partial stripe chunks, {} read for parity, {} intent records",
+        format_bytes(file_bytes),
+        path.epochs,
+        path.epochs_full,
+        path.full_chunks,
+        path.partial_chunks,
+        format_bytes(path.parity_read_bytes),
+        path.intent_records,
+    )
 }
 
 fn rate(bytes: u64, seconds: f64) -> String {
@@ -187,7 +213,8 @@ fn measure_tandemfs(arguments: &RaidBenchArguments, scratch: &Path, unit: u64) -
     let mut timings = Timings::default();
     let mut cpu = CpuMeter::default();
     let file_bytes = arguments.file_size;
-    let device: Arc<dyn Device> = Arc::new(assemble(&images, &[])?);
+    let assembled = Arc::new(assemble(&images, &[])?);
+    let device: Arc<dyn Device> = assembled.clone();
     let fs = mount(device)?;
     let file = fs.create(ROOT_INODE, b"bench", FileType::Regular, 0o644, 0, 0, 0).map_err(|e| e.to_string())?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
@@ -203,6 +230,8 @@ fn measure_tandemfs(arguments: &RaidBenchArguments, scratch: &Path, unit: u64) -
     fs.sync().map_err(|error| format!("sync: {error}"))?;
     timings.write_seconds = started.elapsed().as_secs_f64();
     cpu.stop();
+    timings.write_path = Some(assembled.statistics().epochs);
+    drop(assembled);
     let started = Instant::now();
     let blocks = file_bytes / BLOCK_BYTES;
     for _ in 0..arguments.random_writes {

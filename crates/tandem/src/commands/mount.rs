@@ -334,6 +334,8 @@ fn open_medium(image_path: &Path) -> CliResult<std::sync::Arc<dyn tandemfs::devi
         let array = crate::array::open(image_path, Access::WRITE)?;
         // `tandem status` shows the mounted array's counters from this.
         crate::array::publish_live(&array);
+        // `tandem rebuild` reaches the mount through this.
+        crate::control::serve(&array);
         return Ok(array);
     }
     image::check_image_path(image_path)?;
@@ -430,10 +432,16 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
         if options.read_only { " read-only" } else { "" }
     );
     let _ = std::io::stdout().flush();
+    crate::control::set_mountpoint(mountpoint);
     let served = fuse_api::mount_foreground(fs.clone(), mountpoint, &mount_config(options, image_path));
+    // A rebuild running in this mount stops first (the array as it was before it), so that
+    // nothing holds the array past the close below.
+    crate::control::stop();
     // Whatever ended the mount (umount, a signal, an error), flush and close the volume so it is
     // clean on disk before this process lets go of its lock.
     let closed = fs.unmount();
+    // An array under the volume is closed here, not when its last holder lets go.
+    let closed = closed.and_then(|()| crate::array::close_mounted());
     crate::array::stop_live();
     if let Err(error) = served {
         return Err(CliError::new(format!("cannot mount on {}: {error}", mountpoint.display())));

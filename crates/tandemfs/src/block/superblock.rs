@@ -614,6 +614,7 @@ impl Superblock {
         let device_blocks = device.size_bytes() / BLOCK_SIZE_U64;
         let mut decoded: Vec<std::result::Result<Superblock, String>> = Vec::with_capacity(2);
         let mut torn = [false; 2];
+        let mut torn_sequence = [None; 2];
         for copy in 0..2u64 {
             if device.size_bytes() < (copy + 1) * BLOCK_SIZE_U64 {
                 decoded.push(Err(format!("superblock copy {copy}: device too small")));
@@ -623,6 +624,9 @@ impl Superblock {
             device.read_at(copy * BLOCK_SIZE_U64, &mut bytes[..])?;
             torn[copy as usize] = bytes[OFFSET_MAGIC..OFFSET_MAGIC + 8] == MAGIC
                 && tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]) != get_u32(&bytes[..], OFFSET_CRC);
+            if torn[copy as usize] {
+                torn_sequence[copy as usize] = Some(get_u64(&bytes[..], OFFSET_SEQUENCE));
+            }
             decoded.push(Superblock::decode(&bytes, copy, device_blocks).map_err(|error| match error {
                 Error::Corruption { what } => what,
                 other => other.to_string(),
@@ -645,14 +649,22 @@ impl Superblock {
                 } else {
                     None
                 };
-                Ok(SuperblockCopies { best, best_copy, other_problem, other_torn: false })
+                Ok(SuperblockCopies { best, best_copy, other_problem, other_torn: false, other_torn_sequence: None })
             }
-            (Ok(best), Err(problem)) => {
-                Ok(SuperblockCopies { best, best_copy: 0, other_problem: Some(problem), other_torn: torn[1] })
-            }
-            (Err(problem), Ok(best)) => {
-                Ok(SuperblockCopies { best, best_copy: 1, other_problem: Some(problem), other_torn: torn[0] })
-            }
+            (Ok(best), Err(problem)) => Ok(SuperblockCopies {
+                best,
+                best_copy: 0,
+                other_problem: Some(problem),
+                other_torn: torn[1],
+                other_torn_sequence: torn_sequence[1],
+            }),
+            (Err(problem), Ok(best)) => Ok(SuperblockCopies {
+                best,
+                best_copy: 1,
+                other_problem: Some(problem),
+                other_torn: torn[0],
+                other_torn_sequence: torn_sequence[0],
+            }),
             (Err(first), Err(second)) => Err(Error::corruption(format!("no valid superblock: {first}; {second}"))),
         }
     }
@@ -675,6 +687,10 @@ pub struct SuperblockCopies {
     /// The other copy carries the magic number but fails its checksum, as a write torn by a
     /// crash leaves it (zeroed, foreign or random bytes, or a stale copy, are something else).
     pub other_torn: bool,
+    /// For a torn other copy: the sequence number its first bytes hold (no checksum vouches for
+    /// it). `best.sequence + 1` says the write after `best` began there and was cut short: a
+    /// crash during a mount's first superblock write leaves that on a volume marked clean.
+    pub other_torn_sequence: Option<u64>,
 }
 
 #[cfg(test)]

@@ -131,13 +131,20 @@ fn check_volume(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Progress)) ->
     // mark of a crash: superblock writes alternate between the copies, so power lost during
     // one leaves the copy it was writing torn (its magic number, a wrong checksum) while the
     // volume is still marked mounted, and the next mount's first superblock write goes there.
+    // The same on a volume marked clean, when the torn copy's sequence is the next one: the
+    // crash cut the mount's own first superblock write short.
     match Superblock::read_both(device.as_ref()) {
         Ok(copies) => {
             if let Some(problem) = copies.other_problem {
                 let used = copies.best_copy;
+                let next_write_torn = copies.other_torn_sequence == copies.best.sequence.checked_add(1);
                 if copies.other_torn && copies.best.state == crate::block::superblock::STATE_MOUNTED {
                     report.notes.push(format!(
                         "{problem}: a superblock write torn by a crash (the volume was left mounted); copy {used} is used and the next mount rewrites the other"
+                    ));
+                } else if copies.other_torn && next_write_torn {
+                    report.notes.push(format!(
+                        "{problem}: a mount's first superblock write torn by a crash; copy {used} is used and the next mount rewrites the other"
                     ));
                 } else {
                     report.problem(format!("{problem} (copy {used} is used)"));

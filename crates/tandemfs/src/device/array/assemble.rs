@@ -96,7 +96,7 @@ pub fn create(members: Vec<Member>, options: &CreateOptions, accelerator: Arc<Ac
         array.resync()?;
     }
     let zeros = vec![0u8; (DATA_START_BYTES - 2 * HEADER_BYTES as u64) as usize];
-    for member in array.members.iter().flatten() {
+    for member in array.member_devices() {
         member.write_at(2 * HEADER_BYTES as u64, &zeros)?;
     }
     // Two header writes: one to each copy, so that no older header survives in either.

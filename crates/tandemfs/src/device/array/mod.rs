@@ -8,6 +8,7 @@ mod assemble;
 mod epoch;
 pub mod header;
 pub mod intent;
+mod rebuild;
 #[cfg(test)]
 mod tests;
 
@@ -90,6 +91,34 @@ pub struct ArrayStatistics {
     pub reconstructed_bytes: u64,
     /// Bytes a checked read found wrong on a member, rebuilt from the others and rewrote.
     pub healed_bytes: u64,
+    pub epochs: EpochStatistics,
+}
+
+/// How the epochs went home since assembly (docs/RAID.md, *Rule 3*): what the write path cost.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EpochStatistics {
+    /// Epochs written home (flushes with writes in them).
+    pub epochs: u64,
+    /// Of those, epochs the array flushed of its own accord because a bound was reached.
+    pub epochs_full: u64,
+    /// Stripe chunks written home with every data row written (encoded without reading).
+    pub full_chunks: u64,
+    /// Chunks written home in part: their other rows read, partial parity encoded.
+    pub partial_chunks: u64,
+    /// Bytes of data rows read from the members to encode partial chunks.
+    pub parity_read_bytes: u64,
+    /// Intent records written (one round on every present member, then a flush).
+    pub intent_records: u64,
+}
+
+#[derive(Default)]
+struct EpochCounters {
+    epochs: AtomicU64,
+    epochs_full: AtomicU64,
+    full_chunks: AtomicU64,
+    partial_chunks: AtomicU64,
+    parity_read_bytes: AtomicU64,
+    intent_records: AtomicU64,
 }
 
 /// What `scrub` found.
@@ -142,13 +171,26 @@ struct RecoveredEntry {
 }
 
 /// One stripe chunk of an epoch, read and encoded, waiting for its home writes.
-struct Prepared {
+struct Prepared<'a> {
     stripe: u64,
     rows: Range<u64>,
-    /// The k data shards' new rows.
-    data: Vec<Vec<u8>>,
-    written: Vec<Vec<Range<u64>>>,
+    /// The k data shards' new rows; `None` for a full chunk, whose new rows are the epoch's
+    /// own bytes (encoded and written from there, not copied).
+    data: Option<Vec<Vec<u8>>>,
+    pending: &'a epoch::Pending,
     parity: Vec<Vec<u8>>,
+}
+
+impl Prepared<'_> {
+    /// The new bytes of `range` (within the chunk's rows) of data shard `shard`.
+    fn bytes(&self, shard: usize, range: Range<u64>) -> &[u8] {
+        match &self.data {
+            Some(data) => {
+                &data[shard][(range.start - self.rows.start) as usize..(range.end - self.rows.start) as usize]
+            }
+            None => self.pending.bytes(shard, range),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -168,9 +210,11 @@ pub struct ArrayDevice {
     array_uuid: [u8; 16],
     code: ReedSolomon,
     accelerator: Arc<Accelerator>,
-    /// `None` for a slot missing at assembly.
-    members: Vec<Option<Arc<dyn Device>>>,
-    names: Vec<String>,
+    /// `None` for a slot missing at assembly; a rebuild fills its slot in when it completes.
+    members: Vec<RwLock<Option<Arc<dyn Device>>>>,
+    names: RwLock<Vec<String>>,
+    /// The rebuild running, if any: writes to its slot's stripes it has passed reach it too.
+    rebuilding: RwLock<Option<Arc<rebuild::Target>>>,
     missing: Vec<AtomicBool>,
     missing_reasons: Mutex<Vec<Option<String>>>,
     missing_count: AtomicUsize,
@@ -181,6 +225,7 @@ pub struct ArrayDevice {
     counters: Vec<SlotCounters>,
     reconstructed_bytes: AtomicU64,
     healed_bytes: AtomicU64,
+    epoch_counters: EpochCounters,
     /// The writes since the last flush (rule 3: they go home only after their intent records).
     epoch: Mutex<Epoch>,
     /// Held shared by reads, exclusively by a flush: a read never sees members half-written by
@@ -223,14 +268,16 @@ impl ArrayDevice {
             dirty: AtomicBool::new(header.state == ArrayState::Dirty),
             header: Mutex::new(header),
             counters: (0..geometry.member_count).map(|_| SlotCounters::default()).collect(),
-            members,
-            names,
+            members: members.into_iter().map(RwLock::new).collect(),
+            names: RwLock::new(names),
+            rebuilding: RwLock::new(None),
             missing,
             missing_reasons: Mutex::new(missing_reasons),
             missing_count: AtomicUsize::new(missing_count),
             stripe_locks: (0..STRIPE_LOCK_COUNT).map(|_| Mutex::new(())).collect(),
             reconstructed_bytes: AtomicU64::new(0),
             healed_bytes: AtomicU64::new(0),
+            epoch_counters: EpochCounters::default(),
             epoch: Mutex::new(Epoch::default()),
             home: RwLock::new(()),
             intent: Mutex::new(IntentState::default()),
@@ -263,7 +310,7 @@ impl ArrayDevice {
                     let counters = &self.counters[slot];
                     SlotStatistics {
                         slot,
-                        name: self.names[slot].clone(),
+                        name: self.name(slot),
                         missing: self.missing[slot].load(Ordering::Acquire),
                         missing_reason: reasons[slot].clone(),
                         reads: counters.reads.load(Ordering::Relaxed),
@@ -277,15 +324,36 @@ impl ArrayDevice {
                 .collect(),
             reconstructed_bytes: self.reconstructed_bytes.load(Ordering::Relaxed),
             healed_bytes: self.healed_bytes.load(Ordering::Relaxed),
+            epochs: {
+                let counters = &self.epoch_counters;
+                EpochStatistics {
+                    epochs: counters.epochs.load(Ordering::Relaxed),
+                    epochs_full: counters.epochs_full.load(Ordering::Relaxed),
+                    full_chunks: counters.full_chunks.load(Ordering::Relaxed),
+                    partial_chunks: counters.partial_chunks.load(Ordering::Relaxed),
+                    parity_read_bytes: counters.parity_read_bytes.load(Ordering::Relaxed),
+                    intent_records: counters.intent_records.load(Ordering::Relaxed),
+                }
+            },
         }
     }
 
     /// The member of `slot` if it is present.
-    fn present(&self, slot: usize) -> Option<&Arc<dyn Device>> {
+    fn present(&self, slot: usize) -> Option<Arc<dyn Device>> {
         if self.missing[slot].load(Ordering::Acquire) {
             return None;
         }
-        self.members[slot].as_ref()
+        self.members[slot].read().clone()
+    }
+
+    /// The name messages call the member of `slot` by.
+    fn name(&self, slot: usize) -> String {
+        self.names.read()[slot].clone()
+    }
+
+    /// Every member device the array holds, present or not (a failed one is still open).
+    fn member_devices(&self) -> Vec<Arc<dyn Device>> {
+        self.members.iter().filter_map(|member| member.read().clone()).collect()
     }
 
     /// The error every operation gets once more than m members are missing.
@@ -432,9 +500,13 @@ impl ArrayDevice {
     }
 
     /// Writes to a present member; a missing one is passed over (its unit is rebuilt from the
-    /// others), a failing one is marked missing.
+    /// others) unless a rebuild of its slot has passed the stripe, a failing one is marked
+    /// missing. A write of stripe units holds the stripe's lock.
     fn write_member(&self, slot: usize, offset: u64, data: &[u8]) -> Result<()> {
-        let Some(device) = self.present(slot) else { return Ok(()) };
+        let Some(device) = self.present(slot) else {
+            self.write_rebuilt(slot, offset, data);
+            return Ok(());
+        };
         match device.write_at(offset, data) {
             Ok(()) => {
                 self.counters[slot].writes.fetch_add(1, Ordering::Relaxed);
@@ -628,85 +700,6 @@ impl ArrayDevice {
         Ok(false)
     }
 
-    /// Rebuilds missing `slot` onto `replacement` while nothing else uses the array (offline):
-    /// every stripe's unit of that slot rebuilt from k others and written, the replacement
-    /// flushed, and only then a new member uuid for the slot and its missing bit cleared in every
-    /// member's header. A crash before that leaves the replacement without a header (no member)
-    /// and the array as it was. `progress(stripes_done, stripe_count)` is called as it goes.
-    pub fn rebuild_onto(
-        self,
-        slot: usize,
-        replacement: assemble::Member,
-        progress: &mut dyn FnMut(u64, u64),
-    ) -> Result<ArrayDevice> {
-        let geometry = self.geometry;
-        if slot >= geometry.member_count || !self.missing[slot].load(Ordering::Acquire) {
-            return Err(Error::invalid(format!("slot {slot} is not a missing slot of this array")));
-        }
-        // Written through before: closed now, so that its drop below writes no old header.
-        if self.dirty.load(Ordering::Acquire) {
-            self.close()?;
-        }
-        let needed = DATA_START_BYTES + geometry.stripe_count * geometry.stripe_unit_bytes;
-        if replacement.device.size_bytes() < needed || replacement.device.is_read_only() {
-            return Err(Error::invalid(format!(
-                "{} cannot take slot {slot}: it needs {needed} writable bytes",
-                replacement.name
-            )));
-        }
-        for stripe in 0..geometry.stripe_count {
-            let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
-            let shard = (0..geometry.member_count)
-                .find(|&shard| geometry.slot(stripe, shard) == slot)
-                .expect("a slot per shard");
-            let mut rebuilt = None;
-            for _try in 0..=geometry.member_count {
-                rebuilt = self.read_shard_rows(stripe, 0..geometry.stripe_unit_bytes, &[shard])?;
-                if rebuilt.is_some() {
-                    break;
-                }
-            }
-            let mut units = rebuilt.ok_or_else(|| self.lost_error())?;
-            replacement.device.write_at(geometry.member_offset(stripe, 0), &units.pop().expect("one shard asked"))?;
-            progress(stripe + 1, geometry.stripe_count);
-        }
-        let zeros = vec![0u8; (DATA_START_BYTES - 2 * header::HEADER_BYTES as u64) as usize];
-        replacement.device.write_at(2 * header::HEADER_BYTES as u64, &zeros)?;
-        replacement.device.flush()?;
-        let old = self.header.lock();
-        let mut member_uuids = old.member_uuids.clone();
-        member_uuids[slot] = assemble::random_uuid()?;
-        let state = HeaderState {
-            array_uuid: old.array_uuid,
-            member_uuids,
-            event: old.event,
-            state: old.state,
-            missing_slots: old.missing_slots & !(1u64 << slot),
-        };
-        drop(old);
-        let mut members = self.members.clone();
-        members[slot] = Some(replacement.device);
-        let mut names = self.names.clone();
-        names[slot] = replacement.name;
-        let mut reasons = self.missing_reasons.lock().clone();
-        reasons[slot] = None;
-        for (index, member) in members.iter_mut().enumerate() {
-            if self.missing[index].load(Ordering::Acquire) && index != slot {
-                *member = None;
-            }
-        }
-        let rebuilt = ArrayDevice::new(geometry, state, members, names, reasons, self.accelerator.clone())?;
-        // The replacement's record area is zero: the epoch numbers go on from the others'.
-        rebuilt.intent.lock().epoch = self.intent.lock().epoch;
-        rebuilt.intent.lock().retire_pending = true;
-        // Both copies on the new member; the others move on by two events.
-        let mut header = rebuilt.header.lock();
-        rebuilt.write_headers(&mut header)?;
-        rebuilt.write_headers(&mut header)?;
-        drop(header);
-        Ok(rebuilt)
-    }
-
     /// A write joins the epoch (rule 3): nothing reaches the members before the next flush,
     /// which the array also runs of its own accord when the epoch is full.
     fn write_logical(&self, offset: u64, data: &[u8]) -> Result<()> {
@@ -725,6 +718,7 @@ impl ArrayDevice {
                 let from = piece.buffer_offset + (row - piece.row) as usize;
                 let bytes = &data[from..from + (end - row) as usize];
                 if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes).is_err() {
+                    self.epoch_counters.epochs_full.fetch_add(1, Ordering::Relaxed);
                     self.flush()?;
                     if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes).is_err() {
                         // Another thread's writes filled the new epoch at once: flush again.
@@ -752,11 +746,15 @@ impl ArrayDevice {
     }
 
     fn encode_parity(&self, data: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
-        let length = data.first().map_or(0, Vec::len);
         let inputs: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        self.encode_slices(&inputs)
+    }
+
+    fn encode_slices(&self, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        let length = inputs.first().map_or(0, |input| input.len());
         let mut parity = vec![vec![0u8; length]; self.geometry.parity_count];
         let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(Vec::as_mut_slice).collect();
-        self.accelerator.reed_solomon_encode(&self.code, &inputs, &mut outputs).map_err(accel_error)?;
+        self.accelerator.reed_solomon_encode(&self.code, inputs, &mut outputs).map_err(accel_error)?;
         Ok(parity)
     }
 
@@ -764,14 +762,26 @@ impl ArrayDevice {
     /// chunk the partial parity of the bytes it leaves untouched (pushed to `entries`). Like a
     /// reconstruct-write, never parity by difference: the rows written home are consistent
     /// whatever parity was on the members.
-    fn prepare(&self, stripe: u64, pending: &epoch::Pending, entries: &mut Vec<PartialParity>) -> Result<Prepared> {
+    fn prepare<'a>(
+        &self,
+        stripe: u64,
+        pending: &'a epoch::Pending,
+        entries: &mut Vec<PartialParity>,
+    ) -> Result<Prepared<'a>> {
         let k = self.geometry.data_count();
         let rows = pending.rows();
         let length = (rows.end - rows.start) as usize;
+        if pending.is_full() {
+            // Nothing read: the parity comes from the epoch's bytes as they lie.
+            self.epoch_counters.full_chunks.fetch_add(1, Ordering::Relaxed);
+            let inputs: Vec<&[u8]> = (0..k).map(|shard| pending.bytes(shard, rows.clone())).collect();
+            let parity = self.encode_slices(&inputs)?;
+            return Ok(Prepared { stripe, rows, data: None, pending, parity });
+        }
         let _stripe = self.stripe_locks[(stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
-        let mut data = if pending.is_full() {
-            vec![vec![0u8; length]; k]
-        } else {
+        let mut data = {
+            self.epoch_counters.partial_chunks.fetch_add(1, Ordering::Relaxed);
+            self.epoch_counters.parity_read_bytes.fetch_add((k * length) as u64, Ordering::Relaxed);
             let all_data: Vec<usize> = (0..k).collect();
             let mut untouched = self.read_rows_retrying(stripe, rows.clone(), &all_data)?;
             let old = untouched.clone();
@@ -804,7 +814,7 @@ impl ArrayDevice {
             }
         }
         let parity = self.encode_parity(&data)?;
-        Ok(Prepared { stripe, rows, data, written: pending.written.clone(), parity })
+        Ok(Prepared { stripe, rows, data: Some(data), pending, parity })
     }
 
     /// Writes an epoch home (rule 3): each chunk read and encoded; the intent records (bitmap
@@ -815,6 +825,7 @@ impl ArrayDevice {
         let mut entries = Vec::new();
         let mut bitmap = IntentRecord::new(0);
         let mut prepared = Vec::with_capacity(epoch.pending.len());
+        self.epoch_counters.epochs.fetch_add(1, Ordering::Relaxed);
         for (&(stripe, _chunk), pending) in &epoch.pending {
             if pending.rows().is_empty() {
                 continue;
@@ -822,15 +833,13 @@ impl ArrayDevice {
             bitmap.mark(stripe, geometry.stripe_count);
             prepared.push(self.prepare(stripe, pending, &mut entries)?);
         }
-        drop(epoch);
         self.write_intent(bitmap.bitmap, entries)?;
         let k = geometry.data_count();
         for chunk in prepared {
             let _stripe = self.stripe_locks[(chunk.stripe % STRIPE_LOCK_COUNT as u64) as usize].lock();
-            for (shard, ranges) in chunk.written.iter().enumerate() {
+            for (shard, ranges) in chunk.pending.written.iter().enumerate() {
                 for range in ranges {
-                    let bytes = &chunk.data[shard]
-                        [(range.start - chunk.rows.start) as usize..(range.end - chunk.rows.start) as usize];
+                    let bytes = chunk.bytes(shard, range.clone());
                     self.write_member(
                         geometry.slot(chunk.stripe, shard),
                         geometry.member_offset(chunk.stripe, range.start),
@@ -862,6 +871,7 @@ impl ArrayDevice {
             return Ok(());
         }
         intent.epoch += 1;
+        self.epoch_counters.intent_records.fetch_add(1, Ordering::Relaxed);
         let k = self.geometry.data_count();
         for slot in 0..self.geometry.member_count {
             if self.present(slot).is_none() {
@@ -906,7 +916,7 @@ impl ArrayDevice {
                 Ok(Some(record)) => records.push((slot, record)),
                 Ok(None) => {}
                 Err(error) if error.is_corruption() => {
-                    return Err(Error::corruption(format!("{}: {error}", self.names[slot])))
+                    return Err(Error::corruption(format!("{}: {error}", self.name(slot))))
                 }
                 Err(error) => self.mark_missing(slot, &error)?,
             }
@@ -951,7 +961,9 @@ impl ArrayDevice {
                 {
                     return Err(Error::corruption(format!(
                         "{}: intent record entry for stripe {} parity {} does not belong there",
-                        self.names[slot], entry.stripe, entry.parity_index
+                        self.name(slot),
+                        entry.stripe,
+                        entry.parity_index
                     )));
                 }
                 let key = (entry.stripe, entry.rows.start, entry.rows.end);
@@ -1166,10 +1178,10 @@ impl Device for ArrayDevice {
         self.flush_members()
     }
     fn reachable_by_other_processes(&self) -> bool {
-        self.members.iter().flatten().any(|member| member.reachable_by_other_processes())
+        self.member_devices().iter().any(|member| member.reachable_by_other_processes())
     }
     fn is_read_only(&self) -> bool {
-        self.members.iter().flatten().any(|member| member.is_read_only())
+        self.member_devices().iter().any(|member| member.is_read_only())
     }
     fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
         self.read_logical(offset, buffer, true)
