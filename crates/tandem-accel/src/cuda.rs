@@ -13,7 +13,7 @@ use crate::reed_solomon::{self, ReedSolomon};
 use crate::xts::{Direction, XtsKey, SECTOR_SIZE_BYTES};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CStr, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -148,17 +148,36 @@ pub fn kernel_cache_directory() -> Option<PathBuf> {
 /// Compiles the kernels for `sm_<major><minor>` into a CUBIN, or reads it from the cache.
 /// Returns the image and whether it came from the cache.
 pub fn compiled_kernels(major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBuf)> {
+    compiled_kernels_in(&kernel_cache_directory().unwrap_or_else(std::env::temp_dir), major, minor)
+}
+
+/// `compiled_kernels` with the cache in `directory` (tests give their own, instead of changing
+/// the process's environment under tests running beside them).
+pub fn compiled_kernels_in(directory: &Path, major: i32, minor: i32) -> Result<(Vec<u8>, bool, PathBuf)> {
     // TANDEM_XTS_UNROLL picks how many XTS blocks a lane keeps in flight (default 1, the
     // fastest measured; see kernels/services.cu).
     let unroll = std::env::var("TANDEM_XTS_UNROLL").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(1).clamp(1, 8);
     let unroll_option = format!("-DXTS_BLOCK_UNROLL={unroll}");
-    compile_cached("services", KERNEL_SOURCE, &[unroll_option.as_str()], major, minor)
+    compile_cached_in(directory, "services", KERNEL_SOURCE, &[unroll_option.as_str()], major, minor)
 }
 
 /// Compiles `source` (named `<stem>.cu`) for `sm_<major><minor>` into a CUBIN, or reads it
 /// from the cache as `<stem>-sm<XY>-<hash>.cubin`. Returns the image and whether it came from
 /// the cache. Shared by every kernel source of the crate (services.cu, dirindex.cu).
 pub fn compile_cached(
+    stem: &str,
+    source_text: &str,
+    extra_options: &[&str],
+    major: i32,
+    minor: i32,
+) -> Result<(Vec<u8>, bool, PathBuf)> {
+    let directory = kernel_cache_directory().unwrap_or_else(std::env::temp_dir);
+    compile_cached_in(&directory, stem, source_text, extra_options, major, minor)
+}
+
+/// `compile_cached` with the cache in `directory`.
+pub fn compile_cached_in(
+    directory: &Path,
     stem: &str,
     source_text: &str,
     extra_options: &[&str],
@@ -174,7 +193,6 @@ pub fn compile_cached(
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut nvrtc_major, &mut nvrtc_minor) };
     let version = format!("nvrtc {nvrtc_major}.{nvrtc_minor}");
     let key = fnv1a(&[source_text.as_bytes(), options.join(" ").as_bytes(), version.as_bytes()]);
-    let directory = kernel_cache_directory().unwrap_or_else(std::env::temp_dir);
     let path = directory.join(format!("{stem}-sm{major}{minor}-{key:016x}.cubin"));
     if let Ok(image) = std::fs::read(&path) {
         if !image.is_empty() {
@@ -205,7 +223,7 @@ pub fn compile_cached(
         image
     };
     // A failed cache write only costs a recompile next time.
-    if std::fs::create_dir_all(&directory).is_ok() {
+    if std::fs::create_dir_all(directory).is_ok() {
         let temporary = path.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&temporary, &image).is_ok() {
             let _ = std::fs::rename(&temporary, &path);
@@ -1206,10 +1224,9 @@ mod tests {
             return;
         }
         let directory = std::env::temp_dir().join(format!("tandem-kernel-cache-test-{}", std::process::id()));
-        std::env::set_var("TANDEM_KERNEL_CACHE", &directory);
-        let (image, from_cache, path) = compiled_kernels(9, 0).expect("kernels compile");
+        let (image, from_cache, path) = compiled_kernels_in(&directory, 9, 0).expect("kernels compile");
         assert!(!image.is_empty() && !from_cache);
-        let (again, from_cache, _) = compiled_kernels(9, 0).unwrap();
+        let (again, from_cache, _) = compiled_kernels_in(&directory, 9, 0).unwrap();
         assert!(from_cache && again == image, "second call reads the cache file {}", path.display());
         let _ = std::fs::remove_dir_all(directory);
     }

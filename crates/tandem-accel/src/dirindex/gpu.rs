@@ -1018,8 +1018,8 @@ mod tests {
             return;
         }
         let directory = std::env::temp_dir().join(format!("tandem-dirindex-cache-test-{}", std::process::id()));
-        std::env::set_var("TANDEM_KERNEL_CACHE", &directory);
-        let (image, from_cache, _) = compile_cached("dirindex", KERNEL_SOURCE, &[], 9, 0).expect("kernel compiles");
+        let (image, from_cache, _) =
+            crate::cuda::compile_cached_in(&directory, "dirindex", KERNEL_SOURCE, &[], 9, 0).expect("kernel compiles");
         assert!(!image.is_empty() && !from_cache);
         let _ = std::fs::remove_dir_all(directory);
     }
