@@ -1,9 +1,9 @@
-//! A volume of an earlier format version (5 or 6) is read by this build and taken forward to the
-//! current one (7) by its first read-write mount, before anything of this build reaches home:
-//! version 6 only lets a free leave a data block's generation-table and checksum entries, and
-//! version 7 only adds the compaction record to the log, so every version-5 or -6 volume is a
-//! valid version-7 one, and an older build must then refuse it (a log with a compaction record
-//! would read as corrupt to it).
+//! A volume of an earlier format version (5, 6 or 7) is read by this build and taken forward to
+//! the current one (8) by its first read-write mount, before anything of this build reaches home:
+//! version 6 only lets a free leave a data block's generation-table and checksum entries,
+//! version 7 only adds the compaction record to the log and version 8 the direct-write record,
+//! so every version-5, -6 or -7 volume is a valid version-8 one, and an older build must then
+//! refuse it (a log with a compaction or direct-write record would read as corrupt to it).
 
 use std::sync::Arc;
 use tandemfs::block::superblock::{Superblock, FORMAT_VERSION, OFFSET_CRC, OFFSET_VERSION};
@@ -35,6 +35,11 @@ fn a_version_5_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
 #[test]
 fn a_version_6_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
     taken_forward(6);
+}
+
+#[test]
+fn a_version_7_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
+    taken_forward(7);
 }
 
 /// A volume of `old` is read as it is by fsck and a read-only mount, and recorded as the current
@@ -82,6 +87,14 @@ fn taken_forward(old: u32) {
     let mut buffer = [0u8; 52];
     fs.read(file, 0, &mut buffer).unwrap();
     assert_eq!(buffer.iter().filter(|byte| **byte == b'x').count(), 40);
+    // What version 8 adds: a large write goes straight home, through a direct-write record.
+    let large: Vec<u8> = (0..(1u32 << 20)).map(|index| (index % 251) as u8).collect();
+    let records_before = fs.direct_write_records();
+    fs.write(file, 1 << 20, &large).unwrap();
+    assert!(fs.direct_write_records() > records_before);
+    let mut back = vec![0u8; large.len()];
+    fs.read(file, 1 << 20, &mut back).unwrap();
+    assert!(back == large);
     fs.unlink(ROOT_INODE, b"kept").unwrap();
     fs.unmount().unwrap();
     drop(fs);

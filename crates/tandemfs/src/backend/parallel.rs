@@ -70,6 +70,7 @@ pub fn needs_whole_volume(op: &Op) -> bool {
         | Op::Link { .. }
         | Op::SetAttributes { .. }
         | Op::Write { .. }
+        | Op::DirectWrite { .. }
         | Op::Range { .. } => false,
     }
 }
@@ -88,6 +89,7 @@ fn inodes_named(op: &Op, out: &mut Vec<u64>) {
         }
         Op::SetAttributes { inode, .. }
         | Op::Write { inode, .. }
+        | Op::DirectWrite { inode, .. }
         | Op::Range { inode, .. }
         | Op::SetXattr { inode, .. }
         | Op::RemoveXattr { inode, .. } => out.push(inode.inode_number),

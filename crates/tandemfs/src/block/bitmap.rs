@@ -254,6 +254,84 @@ impl Bitmap {
         Ok((first, length))
     }
 
+    /// Claims up to `count` contiguous available bits, preferring `near`, for a direct write
+    /// (`FileSystem::write` of a large range): they leave `available`, so nothing else is
+    /// handed them, but not `persistent`, so no checkpoint records them. A crash forgets the
+    /// claim and the bits are free again; the record that maps them takes them
+    /// (`take_claimed`). The free count is not moved: the front end's reservation covers the
+    /// bits until they are taken. Returns (first, count given) or `NoSpace`.
+    pub fn claim(&mut self, near: u64, count: u64, floor: u64) -> Result<(u64, u64)> {
+        assert!(count > 0);
+        let start = if near >= floor && near < self.bit_count { near } else { self.cursor.max(floor) };
+        let first = self.find_available(start, floor).ok_or(Error::NoSpace)?;
+        let length = self.available_run(first, count);
+        self.set_available(first, length, true);
+        self.cursor = first + length;
+        Ok((first, length))
+    }
+
+    /// Claims exactly `[first, first + count)` (replay: the blocks of direct-write records
+    /// after the checkpoint, before any record is replayed). A bit not available is corruption:
+    /// a direct write only ever claims blocks the checkpoint holds free.
+    pub fn claim_exact(&mut self, first: u64, count: u64) -> Result<()> {
+        if count == 0 || first.checked_add(count).is_none_or(|end| end > self.bit_count) {
+            return Err(Error::corruption(format!("{:?}: claim of {count} at {first} is out of range", self.kind)));
+        }
+        if let Some(bit) = (first..first + count).find(|bit| !self.is_available(*bit)) {
+            return Err(Error::corruption(format!("{:?}: bit {bit} claimed by a direct write is in use", self.kind)));
+        }
+        self.set_available(first, count, true);
+        Ok(())
+    }
+
+    /// Gives back a claim that no record will take (the direct write failed).
+    pub fn unclaim(&mut self, first: u64, count: u64) {
+        assert!(count > 0 && first + count <= self.bit_count);
+        assert!(
+            (first..first + count).all(|bit| !self.is_available(bit) && !self.is_set(bit)),
+            "unclaim of bits not claimed"
+        );
+        self.set_available(first, count, false);
+    }
+
+    /// Makes claimed bits allocated: the record that maps them is being applied. Every bit must
+    /// be claimed (unavailable and not persistent); anything else is corruption.
+    pub fn take_claimed(&mut self, first: u64, count: u64) -> Result<()> {
+        if count == 0 || first.checked_add(count).is_none_or(|end| end > self.bit_count) {
+            return Err(Error::corruption(format!("{:?}: take of {count} at {first} is out of range", self.kind)));
+        }
+        if let Some(bit) = (first..first + count).find(|bit| self.is_available(*bit) || self.is_set(*bit)) {
+            return Err(Error::corruption(format!(
+                "{:?}: bit {bit} mapped by a direct write was not claimed for it",
+                self.kind
+            )));
+        }
+        for bit in first..first + count {
+            self.persistent[(bit / 64) as usize] |= 1u64 << (bit % 64);
+        }
+        self.free_count -= count;
+        self.mark_dirty(first, count);
+        Ok(())
+    }
+
+    /// Sets (or clears) `[first, first + count)` in `available` alone, a word at a time.
+    fn set_available(&mut self, first: u64, count: u64, set: bool) {
+        let mut bit = first;
+        // Bounded by `count`: each pass covers the rest of one word.
+        while bit < first + count {
+            let (word, shift) = ((bit / 64) as usize, bit % 64);
+            let width = (64 - shift).min(first + count - bit);
+            let mask = (u64::MAX >> (64 - width)) << shift;
+            if set {
+                self.available[word] |= mask;
+            } else {
+                self.available[word] &= !mask;
+            }
+            self.note_word(word);
+            bit += width;
+        }
+    }
+
     /// How many bits from `first` (available) on are available, at most `limit`: a word at a
     /// time, so a run of 32,768 blocks costs 512 looks, not 32,768.
     fn available_run(&self, first: u64, limit: u64) -> u64 {

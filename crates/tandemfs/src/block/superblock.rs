@@ -8,11 +8,12 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// The oldest version this build reads and takes forward: version 6 only lets a free leave a
-/// data block's generation-table and checksum entries behind, and version 7 only adds the
-/// compaction and create-batch records to the log, so every version-5 or -6 volume is a valid version-7 volume,
-/// and the first superblock a read-write mount writes records 7.
+/// data block's generation-table and checksum entries behind, version 7 only adds the
+/// compaction and create-batch records to the log, and version 8 only the direct-write record,
+/// so every version-5, -6 or -7 volume is a valid version-8 volume, and the first superblock a
+/// read-write mount writes records 8.
 pub const OLDEST_READABLE_VERSION: u32 = 5;
 /// Counters the superblock keeps (sequence, lsn, generation, mounts, checkpoints) stay below
 /// this: at a billion a second it takes 146 years to reach.

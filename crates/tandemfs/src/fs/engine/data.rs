@@ -154,6 +154,14 @@ impl FileSystem {
     /// Writes `data` as one or more log records, counting in `done` the bytes committed
     /// before an error.
     pub(super) fn write_records(&self, inode: InodeNumber, offset: u64, data: &[u8], done: &mut usize) -> Result<()> {
+        if self.writes_direct(data.len()) {
+            // Large: straight home, a record that maps the blocks per piece (`direct.rs`).
+            for chunk in data.chunks(self.direct_record_bytes()) {
+                self.write_direct(inode, offset + *done as u64, chunk)?;
+                *done += chunk.len();
+            }
+            return Ok(());
+        }
         for chunk in data.chunks(self.inner.max_record_data_bytes) {
             self.write_record(inode, offset + *done as u64, chunk)?;
             *done += chunk.len();
@@ -564,7 +572,7 @@ impl FileSystem {
 
     /// The largest range one allocating record covers: its images (`data_run_image_blocks`)
     /// within a quarter of the log's reserve, in whole table blocks' worth of data.
-    fn range_piece_bytes(&self) -> u64 {
+    pub(super) fn range_piece_bytes(&self) -> u64 {
         let budget = (self.inner.log.reserve_image_blocks() / 4).saturating_sub(8);
         // data_run_image_blocks(n) <= n/G + 2 + 2n/C + 4 + 2n/B + 4 = n * (1/G + 2/C + 2/B) + 10
         // with G generation entries, C checksum entries and B bitmap bits per block; C = 2 G
