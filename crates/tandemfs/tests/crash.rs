@@ -131,7 +131,7 @@ fn crashes_lose_nothing_acknowledged_encrypted() {
 #[test]
 fn crashes_with_direct_writes_lose_nothing_acknowledged() {
     let (mut crash_points, mut direct_records) = (0, 0);
-    for seed in seeds(2000..2040) {
+    for seed in seeds(2000..2030) {
         let (points, records) = crash_run_with(seed, None, Some(6000));
         (crash_points, direct_records) = (crash_points + points, direct_records + records);
     }
@@ -143,7 +143,7 @@ fn crashes_with_direct_writes_lose_nothing_acknowledged() {
 #[test]
 fn crashes_with_direct_writes_lose_nothing_acknowledged_encrypted() {
     let (mut crash_points, mut direct_records) = (0, 0);
-    for seed in seeds(3000..3012) {
+    for seed in seeds(3000..3010) {
         let (points, records) = crash_run_with(seed, Some(test_secret()), Some(6000));
         (crash_points, direct_records) = (crash_points + points, direct_records + records);
     }

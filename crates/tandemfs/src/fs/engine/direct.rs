@@ -1,6 +1,7 @@
 //! Large writes straight home (ordered data, as ext4's data=ordered): the bytes go to newly
-//! claimed blocks and are made durable first, then a record that only maps those blocks is
-//! logged. Small writes keep the log (`data.rs`). See docs/ARCHITECTURE.md, *Large writes
+//! claimed blocks, then a record that only maps those blocks is logged, and the group commit
+//! that writes the record flushes the device before it (`Log::note_ordered_data`), so the bytes
+//! are durable before the record. Small writes keep the log (`data.rs`). See docs/ARCHITECTURE.md, *Large writes
 //! straight home*.
 
 use super::*;
@@ -14,6 +15,14 @@ const DIRECT_RECORD_FIXED_BYTES: usize = 128;
 /// Payload bytes per block a direct-write record maps, at most: a run (16 bytes, when every
 /// block is a run of its own) and a checksum entry (4 bytes).
 const DIRECT_RECORD_BYTES_PER_BLOCK: usize = 20;
+
+/// Blocks claimed for a direct write: the runs, the device to write them through and the
+/// checksum entry of each block as it will hold the data.
+struct Claimed {
+    runs: Vec<(u64, u64)>,
+    device: Arc<dyn Device>,
+    checksums: Vec<u32>,
+}
 
 impl FileSystem {
     /// Direct-write records logged since mount: writes (or pieces of writes) whose bytes went
@@ -54,10 +63,13 @@ impl FileSystem {
             _ => Err(Error::invalid("not a regular file")),
         })??;
         let blocks = (data.len() as u64).div_ceil(BLOCK_SIZE_U64);
-        let (runs, device, checksums) = self.claim_direct_blocks(blocks, data)?;
+        let Claimed { runs, device, checksums } = self.claim_direct_blocks(blocks, data)?;
         let space = &self.inner.front.space;
-        let written = write_claimed_blocks(device.as_ref(), &runs, data)
-            .and_then(|()| self.append_direct(inode, offset, data, &runs, checksums));
+        let written = write_claimed_blocks(device.as_ref(), &runs, data).and_then(|()| {
+            // The log flushes the device before the group commit that writes the record.
+            self.inner.log.note_ordered_data();
+            self.append_direct(inode, offset, data, &runs, checksums)
+        });
         if written.is_err() {
             // Nothing maps the blocks: they go back to the allocator, the blocks to the pool. A
             // failed volume answers `Shutdown` and its claims vanish with it.
@@ -72,7 +84,7 @@ impl FileSystem {
     /// Reserves `blocks` new blocks and the tree reserve, then claims the blocks (waiting for
     /// space as any write does), and computes the checksum entries of `data` as the blocks
     /// will hold it. Returns the runs, the device to write them through and the entries.
-    fn claim_direct_blocks(&self, blocks: u64, data: &[u8]) -> Result<(Vec<(u64, u64)>, Arc<dyn Device>, Vec<u32>)> {
+    fn claim_direct_blocks(&self, blocks: u64, data: &[u8]) -> Result<Claimed> {
         let space = &self.inner.front.space;
         let (runs, device, accelerator) = self.with_space(|| {
             if !space.reserve(blocks, DATA_RESERVE_BLOCKS) {
@@ -105,7 +117,7 @@ impl FileSystem {
             crcs.push(tandem_accel::crc32c(0, &last_block_padded(data)));
         }
         let checksums = crcs.into_iter().map(checksum_entry).collect();
-        Ok((runs, device, checksums))
+        Ok(Claimed { runs, device, checksums })
     }
 
     /// Logs the record that maps the written (and durable) `runs` at `offset`, and lays the
@@ -160,7 +172,9 @@ fn last_block_padded(data: &[u8]) -> Vec<u8> {
 
 /// Writes `data` to the blocks of `runs` in order (the last block padded with zeros, so that
 /// the block holds what its checksum describes) through the volume's device stack (encryption,
-/// arrays), then flushes: the record that maps the blocks is logged only once they are durable.
+/// arrays). Not flushed here: the record that maps the blocks is noted as ordered data
+/// (`Log::note_ordered_data`), and the group commit that writes it flushes the device first,
+/// so the blocks are durable before the record can be, and one flush serves a whole batch.
 fn write_claimed_blocks(device: &dyn Device, runs: &[(u64, u64)], data: &[u8]) -> Result<()> {
     let whole = data.len() / BLOCK_SIZE * BLOCK_SIZE;
     let mut position = 0usize;
@@ -177,5 +191,5 @@ fn write_claimed_blocks(device: &dyn Device, runs: &[(u64, u64)], data: &[u8]) -
         position = run_end;
     }
     assert_eq!(position, data.len(), "the runs hold exactly the blocks of the data");
-    device.flush()
+    Ok(())
 }
