@@ -761,6 +761,35 @@ mod tests {
         assert!(beyond.check(100).unwrap_err().is_corruption());
     }
 
+    /// A direct write's runs hold exactly the blocks of its length, each block has a checksum,
+    /// and the length is within one record's: anything else is corruption.
+    #[test]
+    fn a_direct_write_that_contradicts_itself_is_corruption() {
+        let direct = |length: u64, runs: Vec<(u64, u64)>, checksums: Vec<u32>| Op::DirectWrite {
+            inode: image(2),
+            offset: 0,
+            length,
+            runs,
+            checksums,
+        };
+        let bad = [
+            direct(0, vec![(100, 1)], vec![1]),
+            direct(4097, vec![(100, 1)], vec![1, 2]),
+            direct(4096, vec![(100, 2)], vec![1, 2]),
+            direct(4096, vec![(100, 0), (101, 1)], vec![1]),
+            direct(4096, vec![(100, 1)], vec![0]),
+            direct(4096, vec![], vec![1]),
+            direct(DIRECT_WRITE_RECORD_MAX_BYTES + 1, vec![(100, 4097)], vec![1; 4097]),
+            direct(4096, vec![(u64::MAX, 1)], vec![1]),
+        ];
+        for (place, op) in bad.iter().enumerate() {
+            let error = Op::decode(op.kind(), &op.encode_head()).unwrap_err();
+            assert!(error.is_corruption(), "case {place}: {error}");
+        }
+        let good = direct(8192, vec![(100, 1), (300, 1)], vec![1, 2]);
+        assert_eq!(Op::decode(good.kind(), &good.encode_head()).unwrap(), good);
+    }
+
     /// The record decoder is as strict as the inode decoder: a mode the inode decoder rejects,
     /// a flag byte other than 0 or 1, an inode number beyond the volume are corruption.
     #[test]
@@ -825,6 +854,13 @@ mod tests {
             Op::SetXattr { inode: image(2), name: b"user.x".to_vec(), value: b"v".to_vec() },
             Op::RemoveXattr { inode: image(2), name: b"user.x".to_vec() },
             Op::Reclaim { inode_number: 2 },
+            Op::DirectWrite {
+                inode: image(2),
+                offset: 5,
+                length: 3 * 4096 + 1,
+                runs: vec![(100, 3), (200, 1)],
+                checksums: vec![1, 2, 3, u32::MAX],
+            },
             Op::CreateBatch {
                 parents: vec![directory(1), directory(3)],
                 creates: vec![

@@ -541,6 +541,38 @@ mod tests {
         assert_eq!(bitmap.allocate(5, 1_000, 0).unwrap(), (64u64.pow(3), 200), "a run ends at the first used bit");
     }
 
+    /// A claim (a direct write's blocks) is out of the allocator's view and in no checkpoint's;
+    /// taken, it is allocated in both; given back, free again. A free bit that a pending free
+    /// still holds cannot be claimed, and a take of bits not claimed is corruption.
+    #[test]
+    fn claims_are_unavailable_unrecorded_then_taken_or_given_back() {
+        let mut bitmap = Bitmap::new(1000, BlockKind::BlockBitmap);
+        bitmap.set_range(0, 10);
+        let _ = bitmap.take_dirty_blocks();
+        let (first, count) = bitmap.claim(0, 100, 10).unwrap();
+        assert_eq!((first, count), (10, 100));
+        assert!(!bitmap.is_available(50) && !bitmap.is_set(50));
+        assert_eq!(bitmap.free_count(), 990, "the reservation covers a claim, not the free count");
+        assert_eq!(bitmap.dirty_block_count(), 0, "no checkpoint records a claim");
+        assert_eq!(bitmap.allocate(0, 5, 10).unwrap(), (110, 5), "the allocator passes claimed bits by");
+        bitmap.take_claimed(10, 60).unwrap();
+        assert!(bitmap.is_set(10) && bitmap.is_set(69) && !bitmap.is_set(70));
+        assert_eq!(bitmap.free_count(), 925);
+        assert!(bitmap.dirty_block_count() > 0);
+        bitmap.unclaim(70, 40);
+        assert!(bitmap.is_available(70) && bitmap.is_available(109));
+        assert!(bitmap.take_claimed(70, 1).unwrap_err().is_corruption(), "given back, not claimed");
+        assert!(bitmap.take_claimed(10, 1).unwrap_err().is_corruption(), "taken already");
+        // Replay's exact claims: only available bits.
+        bitmap.free_range(10, 5, 7).unwrap();
+        assert!(bitmap.claim_exact(10, 1).unwrap_err().is_corruption(), "a free waiting for its checkpoint");
+        assert!(bitmap.claim_exact(200, 10).is_ok());
+        assert!(bitmap.claim_exact(205, 10).unwrap_err().is_corruption(), "claimed twice");
+        assert!(bitmap.claim_exact(995, 10).unwrap_err().is_corruption(), "past the end");
+        bitmap.take_claimed(200, 10).unwrap();
+        assert!(bitmap.is_set(209));
+    }
+
     #[test]
     fn allocate_free_release() {
         let mut bitmap = Bitmap::new(1000, BlockKind::BlockBitmap);

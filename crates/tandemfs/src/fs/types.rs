@@ -203,7 +203,7 @@ pub const CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 5_000;
 pub const CHECKPOINT_INTERVAL_MS_MIN: u64 = 1;
 /// `MountOptions::direct_write_min_bytes` when none is given (docs/BENCHMARKS.md, *Large writes
 /// straight home*).
-pub const DIRECT_WRITE_MIN_BYTES_DEFAULT: u64 = 256 << 10;
+pub const DIRECT_WRITE_MIN_BYTES_DEFAULT: u64 = 64 << 10;
 /// Longest checkpoint interval accepted: an hour.
 pub const CHECKPOINT_INTERVAL_MS_MAX: u64 = 3_600_000;
 
