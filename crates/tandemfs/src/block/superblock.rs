@@ -740,28 +740,31 @@ mod tests {
             let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
             put_u32(&mut bytes[..], OFFSET_CRC, crc);
             let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-            assert!(error.contains(&format!("format version {version} is older than this build's 7")), "{error}");
+            assert!(
+                error.contains(&format!("format version {version} is older than this build's {FORMAT_VERSION}")),
+                "{error}"
+            );
         }
     }
 
     #[test]
-    fn versions_5_and_6_are_read_and_written_back_as_version_7() {
+    fn versions_5_to_7_are_read_and_written_back_as_version_8() {
         let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
         let superblock = Superblock::layout(blocks, None, None).unwrap();
         let mut bytes = superblock.encode();
-        for old in [5, 6] {
+        for old in [5, 6, 7] {
             put_u32(&mut bytes[..], OFFSET_VERSION, old);
             let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
             put_u32(&mut bytes[..], OFFSET_CRC, crc);
             let decoded = Superblock::decode(&bytes, 0, blocks).unwrap();
             assert_eq!(decoded.format_version, old);
-            assert_eq!(get_u32(&decoded.encode()[..], OFFSET_VERSION), 7);
+            assert_eq!(get_u32(&decoded.encode()[..], OFFSET_VERSION), 8);
         }
-        put_u32(&mut bytes[..], OFFSET_VERSION, 8);
+        put_u32(&mut bytes[..], OFFSET_VERSION, 9);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(&mut bytes[..], OFFSET_CRC, crc);
         let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-        assert!(error.contains("format version 8 is newer than this build's 7"), "{error}");
+        assert!(error.contains("format version 9 is newer than this build's 8"), "{error}");
     }
 
     #[test]
