@@ -42,27 +42,67 @@ fn reads_see_a_direct_write_before_and_after_it_is_applied() {
     let file = new_file(&fs, b"f");
     let small = pattern_bytes(10_000, 1);
     fs.write(file, 0, &small).unwrap();
-    // Over the small write's bytes, past the end and unaligned: the range is remapped whole.
+    // An append at an odd offset: straight home.
     let large = pattern_bytes(300_001, 2);
-    fs.write(file, 5_000, &large).unwrap();
+    fs.write(file, 10_000, &large).unwrap();
     assert_eq!(fs.direct_write_records(), 1);
-    let mut expected = small[..5_000].to_vec();
+    let mut expected = small.clone();
     expected.extend_from_slice(&large);
     assert!(read_all(&fs, file).unwrap() == expected, "before the record is applied");
     fs.sync().unwrap();
     fs.run_backend().unwrap();
     assert!(read_all(&fs, file).unwrap() == expected, "after it is applied");
-    // A small logged write into the direct blocks, then another direct write over both.
+    // A small logged write into the direct blocks; a large one over written bytes stays on
+    // the log (in place: no new blocks for bytes that have them).
     fs.write(file, 100_000, b"small over direct").unwrap();
     expected[100_000..100_017].copy_from_slice(b"small over direct");
     fs.write(file, 200_000, &pattern_bytes(100_000, 3)).unwrap();
     expected[200_000..300_000].copy_from_slice(&pattern_bytes(100_000, 3));
+    assert_eq!(fs.direct_write_records(), 1, "an overwrite is not direct");
+    // Into a punched hole, once the punch is applied: direct again. The direct bytes start
+    // at file byte 10,000 on a block boundary, so the punch frees whole blocks from 75,536.
+    fs.punch_hole(file, 75_536, 131_072).unwrap();
+    fs.sync().unwrap();
+    fs.run_backend().unwrap();
+    fs.write(file, 75_536, &pattern_bytes(131_072, 4)).unwrap();
+    expected[75_536..206_608].copy_from_slice(&pattern_bytes(131_072, 4));
+    assert_eq!(fs.direct_write_records(), 2, "a hole is filled straight home");
     assert!(read_all(&fs, file).unwrap() == expected);
     fs.unmount().unwrap();
     drop(fs);
     assert!(fsck::check(device.clone()).unwrap().is_clean());
     let (fs, _) = FileSystem::mount(device, &options()).unwrap();
     assert!(read_all(&fs, file).unwrap() == expected, "after a remount");
+    fs.unmount().unwrap();
+}
+
+/// Over fallocated space a large write stays on the log and goes in place: a full volume
+/// still takes it (`posix_fallocate`'s promise), where a direct write would need new blocks.
+#[test]
+fn a_large_write_into_fallocated_space_on_a_full_volume_succeeds() {
+    let (_memory, device) = memory_volume(32 << 20, false);
+    let (fs, _) = FileSystem::mount(device, &options()).unwrap();
+    let reserved = new_file(&fs, b"reserved");
+    fs.allocate(reserved, 0, 4 << 20, false).unwrap();
+    let filler = new_file(&fs, b"filler");
+    let chunk = pattern_bytes(1 << 20, 5);
+    let mut filled = 0u64;
+    for _ in 0..64 {
+        match fs.write(filler, filled, &chunk) {
+            Ok(count) => filled += count as u64,
+            Err(Error::NoSpace) => break,
+            Err(error) => panic!("filling: {error}"),
+        }
+    }
+    assert!(matches!(fs.write(filler, filled, &chunk), Err(Error::NoSpace)), "the volume is full");
+    let before = fs.direct_write_records();
+    let data = pattern_bytes(2 << 20, 6);
+    assert_eq!(fs.write(reserved, 4096, &data).unwrap(), data.len());
+    assert_eq!(fs.direct_write_records(), before);
+    fs.sync().unwrap();
+    let mut back = vec![0u8; data.len()];
+    fs.read(reserved, 4096, &mut back).unwrap();
+    assert!(back == data);
     fs.unmount().unwrap();
 }
 
@@ -224,15 +264,18 @@ fn a_failed_direct_write_gives_its_blocks_back() {
     let free = fs.statistics().unwrap().blocks_free as usize;
     let large = pattern_bytes((free - 48) * BLOCK_SIZE, 8);
     memory.inject(Fault { operation: FaultOperation::Write, after_operations: 0, repeat: false, range: None });
-    let error = fs.write(file, 0, &large).unwrap_err();
+    let error = fs.write(file, 6, &large).unwrap_err();
     assert!(!error.is_corruption(), "{error}");
     assert_eq!(fs.direct_write_records(), 0);
     assert!(read_all(&fs, file).unwrap() == b"before");
     assert_eq!(fs.statistics().unwrap().blocks_free as usize, free);
-    assert_eq!(fs.write(file, 0, &large).unwrap(), large.len());
+    assert_eq!(fs.write(file, 6, &large).unwrap(), large.len());
+    assert!(fs.direct_write_records() > 0);
     fs.sync().unwrap();
     fs.run_backend().unwrap();
-    assert!(read_all(&fs, file).unwrap() == large);
+    let mut expected = b"before".to_vec();
+    expected.extend_from_slice(&large);
+    assert!(read_all(&fs, file).unwrap() == expected);
     fs.unmount().unwrap();
     drop(fs);
     assert!(fsck::check(device).unwrap().is_clean());

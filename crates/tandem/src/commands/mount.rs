@@ -34,7 +34,7 @@ pub struct MountArguments {
     /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads),
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
     /// backend_workers=N (threads applying the log; default one per core), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
-    /// direct_write_min_bytes=N (writes of N bytes or more go straight home, not through the log; 0: none; default 65536); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]

@@ -190,10 +190,12 @@ pub struct MountOptions {
     /// The passphrase or key file that opens an encrypted volume (`crate::crypt::unlock`);
     /// ignored on a plain volume.
     pub key: Option<crate::crypt::Secret>,
-    /// A write of at least this many bytes goes straight home (`FileSystem::write`, ordered as
-    /// ext4's data=ordered): its bytes are written to newly claimed blocks and made durable,
-    /// then a record that only maps them is logged. Smaller writes carry their bytes in the
-    /// log. 0 sends every write through the log. Default `DIRECT_WRITE_MIN_BYTES_DEFAULT`.
+    /// A write of at least this many bytes into bytes that map nothing yet (an append, a hole)
+    /// goes straight home (`FileSystem::write`, ordered as ext4's data=ordered): its bytes are
+    /// written to newly claimed blocks, then a record that only maps them is logged, and the
+    /// group commit that writes the record flushes them first. Smaller writes, and writes over
+    /// written or fallocated bytes, carry their bytes in the log. 0 sends every write through
+    /// the log. Default `DIRECT_WRITE_MIN_BYTES_DEFAULT`.
     pub direct_write_min_bytes: u64,
 }
 

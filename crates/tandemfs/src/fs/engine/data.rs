@@ -154,17 +154,20 @@ impl FileSystem {
     /// Writes `data` as one or more log records, counting in `done` the bytes committed
     /// before an error.
     pub(super) fn write_records(&self, inode: InodeNumber, offset: u64, data: &[u8], done: &mut usize) -> Result<()> {
-        if self.writes_direct(data.len()) {
-            // Large: straight home, a record that maps the blocks per piece (`direct.rs`).
-            for chunk in data.chunks(self.direct_record_bytes()) {
-                self.write_direct(inode, offset + *done as u64, chunk)?;
+        let direct = self.writes_direct(data.len());
+        let piece_bytes = if direct { self.direct_record_bytes() } else { data.len().max(1) };
+        for piece in data.chunks(piece_bytes) {
+            let at = offset + *done as u64;
+            // Large and into bytes that map nothing yet: straight home (`direct.rs`).
+            if direct && self.range_is_fresh(inode, at, at + piece.len() as u64)? {
+                self.write_direct(inode, at, piece)?;
+                *done += piece.len();
+                continue;
+            }
+            for chunk in piece.chunks(self.inner.max_record_data_bytes) {
+                self.write_record(inode, offset + *done as u64, chunk)?;
                 *done += chunk.len();
             }
-            return Ok(());
-        }
-        for chunk in data.chunks(self.inner.max_record_data_bytes) {
-            self.write_record(inode, offset + *done as u64, chunk)?;
-            *done += chunk.len();
         }
         Ok(())
     }
@@ -377,7 +380,13 @@ impl FileSystem {
 
     /// The holes in bytes `start..end` of the applied extent tree of `inode` (all of it while
     /// the file's creation is not applied), past its end included.
-    fn holes_in(&self, inode: InodeNumber, generation: u64, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+    pub(super) fn holes_in(
+        &self,
+        inode: InodeNumber,
+        generation: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<(u64, u64)>> {
         let mut holes: Vec<(u64, u64)> = Vec::new();
         {
             let mut volume = self.inner.backend.volume()?;

@@ -37,6 +37,40 @@ impl FileSystem {
         threshold > 0 && length as u64 >= threshold
     }
 
+    /// Whether bytes `start..end` of regular file `inode` map nothing yet: past the end of the
+    /// file, or one hole of the applied extent tree that no pending write covers, with no change
+    /// of the file's shape pending. Only there does a direct write take no more blocks than a
+    /// logged one. Over written or fallocated bytes a write stays on the log and goes in place,
+    /// so that space `fallocate` promised, and data written earlier, are not asked for again
+    /// (a full volume still takes those writes, as `posix_fallocate` promises).
+    pub(super) fn range_is_fresh(&self, inode: InodeNumber, start: u64, end: u64) -> Result<bool> {
+        assert!(start < end);
+        let mut shard = self.lock_view(inode)?;
+        let view = FileSystem::regular_view(shard.views.get_mut(&inode).expect("loaded by lock_view"))?;
+        if start >= view.attributes.size_bytes {
+            return Ok(true);
+        }
+        let pending_overlap = view
+            .pending_writes
+            .iter()
+            .any(|write| write.offset < end && write.offset + write.data.len() as u64 > start);
+        if view.structural_lsn > self.applied() || pending_overlap {
+            return Ok(false);
+        }
+        let generation = view.attributes.generation;
+        drop(shard);
+        let holes = self.holes_in(inode, generation, start, end)?;
+        // A hole inside the tree and the stretch past its mapped end come as two pieces.
+        let mut position = start;
+        for (hole_start, hole_end) in holes {
+            if hole_start != position {
+                return Ok(false);
+            }
+            position = hole_end;
+        }
+        Ok(position == end)
+    }
+
     /// The most bytes one direct-write record maps: `DIRECT_WRITE_RECORD_MAX_BYTES`, within
     /// what one allocating record may hand out (`range_piece_bytes`, for the checkpoint images
     /// its blocks need) and with a payload no larger than a logged write's.
