@@ -75,7 +75,8 @@ fn mixed_workload_encrypted() {
 
 /// fsx with large writes: every operation of the mixed workload (writes, reads, truncates,
 /// inserts, collapses, punches, zero ranges, renames, unlinks) with writes up to 300 KB into
-/// files up to 2 MB, writes of 16 KiB or more going straight home (direct-write records), every
+/// files up to 2 MB, writes of 16 KiB or more into unmapped bytes (appends, holes) going
+/// straight home (direct-write records), the others in place through the log, every
 /// read compared with the model (reads of direct writes not yet applied come from the front
 /// end), remounted and killed along the way (replay of direct writes over applied state).
 #[test]
