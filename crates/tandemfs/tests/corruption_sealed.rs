@@ -901,25 +901,37 @@ fn a_block_in_use_cleared_in_the_block_bitmap_is_never_handed_out() {
     let report = fsck::check(device).unwrap();
     assert!(!report.is_clean(), "fsck reports the file data under a cleared bit");
 
-    let mut damaged = image.clone();
-    clear_bitmap_bit(&mut damaged, superblock.block_bitmap_start, leaf);
-    mark_crashed(&mut damaged, true, 1);
-    let memory = MemoryDevice::from_bytes(damaged);
-    let device: Arc<dyn Device> = Arc::new(memory.clone());
-    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
-    let big = fs.create(ROOT_INODE, b"big", FileType::Regular, 0o644, 0, 0, 0).unwrap();
-    let chunk = vec![0x5A; 1 << 20];
-    // Bounded by the volume's size: it fills before this many MiB.
-    let error = (0..(VOLUME_BYTES >> 20) + 1)
-        .find_map(|piece| fs.write(big.inode, piece << 20, &chunk).and_then(|_| fs.sync()).err())
-        .expect("the allocator reaches the cleared block before the volume is full");
-    // The back end allocates when it applies the write: its corruption error stops the
-    // volume, and the front end answers that it stopped.
-    let failure = fs.failure().unwrap_or_else(|| panic!("block {leaf}: the volume did not fail ({error:?})"));
-    assert!(failure.contains(&format!("block {leaf} is free in the block bitmap")), "{failure}");
-    assert!(failure.contains("metadata of generation"), "{failure}");
-    drop(fs);
-    check_nothing_overwritten(memory.to_bytes(), &image, &expected_files(&data));
+    // 1 MiB writes through the log (threshold 0) and straight home (the default).
+    for direct_write_min_bytes in [0, MountOptions::default().direct_write_min_bytes] {
+        let mut damaged = image.clone();
+        clear_bitmap_bit(&mut damaged, superblock.block_bitmap_start, leaf);
+        mark_crashed(&mut damaged, true, 1);
+        let memory = MemoryDevice::from_bytes(damaged);
+        let device: Arc<dyn Device> = Arc::new(memory.clone());
+        let options = MountOptions { direct_write_min_bytes, ..inline_options() };
+        let (fs, _) = FileSystem::mount(device, &options).unwrap();
+        let big = fs.create(ROOT_INODE, b"big", FileType::Regular, 0o644, 0, 0, 0).unwrap();
+        let chunk = vec![0x5A; 1 << 20];
+        // Bounded by the volume's size: it fills before this many MiB.
+        let error = (0..(VOLUME_BYTES >> 20) + 1)
+            .find_map(|piece| fs.write(big.inode, piece << 20, &chunk).and_then(|_| fs.sync()).err())
+            .expect("the allocator reaches the cleared block before the volume is full");
+        let what = if direct_write_min_bytes == 0 {
+            // The back end allocates when it applies the write: its corruption error stops the
+            // volume, and the front end answers that it stopped.
+            fs.failure().unwrap_or_else(|| panic!("block {leaf}: the volume did not fail ({error:?})"))
+        } else {
+            // A direct write claims its blocks before it writes them: the claim refuses the
+            // block and the write fails with the corruption, nothing written, the volume going on.
+            assert!(error.is_corruption(), "{error:?}");
+            assert!(fs.failure().is_none());
+            error.to_string()
+        };
+        assert!(what.contains(&format!("block {leaf} is free in the block bitmap")), "{what}");
+        assert!(what.contains("metadata of generation"), "{what}");
+        drop(fs);
+        check_nothing_overwritten(memory.to_bytes(), &image, &expected_files(&data));
+    }
 }
 
 // ---------------------------------------------------------------- single findings

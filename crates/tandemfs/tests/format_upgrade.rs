@@ -1,10 +1,11 @@
 //! A volume of an earlier format version (5, 6 or 7) is read by this build and taken forward to
-//! the current one (8) by its first read-write mount, before anything of this build reaches
-//! home: version 6 only lets a free leave a data block's generation-table and checksum entries,
-//! version 7 only adds the compaction record to the log, and version 8 only lets extents of a
-//! file share a block (counted in the generation table), so every version-5, -6 or -7 volume is
-//! a valid version-8 one, and an older build must then refuse it (a log with a compaction record
-//! would read as corrupt to it; a shared block would be freed at its first extent's removal).
+//! the current one (8) by its first read-write mount, before anything of this build reaches home:
+//! version 6 only lets a free leave a data block's generation-table and checksum entries,
+//! version 7 only adds the compaction record to the log, and version 8 lets extents of a file
+//! share a block (counted in the generation table) and adds the direct-write record, so every
+//! version-5, -6 or -7 volume is a valid version-8 one, and an older build must then refuse it (a
+//! log with a compaction or direct-write record would read as corrupt to it; a shared block would
+//! be freed at its first extent's removal).
 
 use std::sync::Arc;
 use tandemfs::block::superblock::{Superblock, FORMAT_VERSION, OFFSET_CRC, OFFSET_VERSION};
@@ -89,6 +90,14 @@ fn taken_forward(old: u32) {
     let mut buffer = [0u8; 52];
     fs.read(file, 0, &mut buffer).unwrap();
     assert_eq!(buffer.iter().filter(|byte| **byte == b'x').count(), 40);
+    // What version 8 adds: a large write goes straight home, through a direct-write record.
+    let large: Vec<u8> = (0..(1u32 << 20)).map(|index| (index % 251) as u8).collect();
+    let records_before = fs.direct_write_records();
+    fs.write(file, 1 << 20, &large).unwrap();
+    assert!(fs.direct_write_records() > records_before);
+    let mut back = vec![0u8; large.len()];
+    fs.read(file, 1 << 20, &mut back).unwrap();
+    assert!(back == large);
     fs.unlink(ROOT_INODE, b"kept").unwrap();
     fs.unmount().unwrap();
     drop(fs);

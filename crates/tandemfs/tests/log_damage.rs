@@ -24,7 +24,9 @@ fn options() -> MountOptions {
 }
 
 fn contents(index: usize, length: usize) -> Vec<u8> {
-    (0..length).map(|at| (at as u8).wrapping_mul(7).wrapping_add(index as u8 * 31) ^ (at >> 9) as u8).collect()
+    (0..length)
+        .map(|at| (at as u8).wrapping_mul(7).wrapping_add((index as u8).wrapping_mul(31)) ^ (at >> 9) as u8)
+        .collect()
 }
 
 /// A file a test created, and the lsns of the records that made it.

@@ -15,11 +15,23 @@ fn run(seed: u64, operations: u64, workload: Workload, remount_every: u64) {
 
 /// `run` on a volume encrypted under `key` when one is given.
 fn run_with(seed: u64, operations: u64, workload: Workload, remount_every: u64, key: Option<tandemfs::crypt::Secret>) {
-    let (mut memory, mut device) = memory_volume_with(256 << 20, false, key.as_ref());
+    let options = tandemfs::fs::MountOptions { key, ..tandemfs::fs::MountOptions::default() };
+    run_with_options(seed, operations, workload, remount_every, &options);
+}
+
+/// `run` mounted with `options`; returns the direct-write records logged.
+fn run_with_options(
+    seed: u64,
+    operations: u64,
+    workload: Workload,
+    remount_every: u64,
+    options: &tandemfs::fs::MountOptions,
+) -> u64 {
+    let (mut memory, mut device) = memory_volume_with(256 << 20, false, options.key.as_ref());
     let mut rng = rng(seed);
     let mut driver = Driver::new(workload);
-    let options = tandemfs::fs::MountOptions { key, ..tandemfs::fs::MountOptions::default() };
-    let (mut fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
+    let (mut fs, _) = FileSystem::mount(device.clone(), options).unwrap();
+    let mut direct_records = 0;
     for index in 0..operations {
         driver.step(&fs, &mut rng).unwrap_or_else(|error| panic!("seed {seed}, operation {index}: {error}"));
         // Only a crash can leave a state an operation passed through; none happens here.
@@ -27,7 +39,8 @@ fn run_with(seed: u64, operations: u64, workload: Workload, remount_every: u64, 
         if (index + 1) % remount_every == 0 {
             let killed = !((index + 1) / remount_every).is_multiple_of(2);
             let what = format!("seed {seed}, after {index} operations");
-            (fs, device) = remount(fs, &mut memory, device, killed, seed, &options, &what);
+            direct_records += fs.direct_write_records();
+            (fs, device) = remount(fs, &mut memory, device, killed, seed, options, &what);
             let back = read_back(&fs).unwrap();
             assert!(
                 same_tree(&back, &driver.model),
@@ -36,9 +49,11 @@ fn run_with(seed: u64, operations: u64, workload: Workload, remount_every: u64, 
             );
         }
     }
+    direct_records += fs.direct_write_records();
     fs.unmount().unwrap();
     let report = check_with_key(device.clone(), options.key.as_ref());
     assert!(report.is_clean(), "seed {seed}: fsck: {:#?}", report.problems);
+    direct_records
 }
 
 #[test]
@@ -56,6 +71,25 @@ fn mixed_workload_encrypted() {
     for seed in seeds(0..2) {
         run_with(seed, 20_000, Workload::mixed(), 5_000, Some(test_secret()));
     }
+}
+
+/// fsx with large writes: every operation of the mixed workload (writes, reads, truncates,
+/// inserts, collapses, punches, zero ranges, renames, unlinks) with writes up to 300 KB into
+/// files up to 2 MB, writes of 16 KiB or more into unmapped bytes (appends, holes) going
+/// straight home (direct-write records), the others in place through the log, every
+/// read compared with the model (reads of direct writes not yet applied come from the front
+/// end), remounted and killed along the way (replay of direct writes over applied state).
+#[test]
+fn large_writes_straight_home() {
+    let workload = Workload { write_bytes_max: 300_000, file_bytes_max: 2 << 20, ..Workload::mixed() };
+    let options =
+        tandemfs::fs::MountOptions { direct_write_min_bytes: 16 << 10, ..tandemfs::fs::MountOptions::default() };
+    let mut direct_records = 0;
+    for seed in seeds(200..203) {
+        direct_records += run_with_options(seed, 20_000, workload, 5_000, &options);
+    }
+    println!("{direct_records} direct writes");
+    assert!(direct_records > 0, "no write went straight home");
 }
 
 #[test]

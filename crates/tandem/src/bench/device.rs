@@ -44,6 +44,13 @@ pub struct DeviceBenchArguments {
     /// Leave fio out
     #[arg(long)]
     pub no_fio: bool,
+    /// Leave out the file through the library (sequential workloads: every write through the
+    /// log, and writes of the default threshold or more straight home)
+    #[arg(long)]
+    pub no_library: bool,
+    /// Also measure the library file with this direct-write threshold (repeatable)
+    #[arg(long, value_name = "BYTES")]
+    pub direct_write_min_bytes: Vec<u64>,
     /// Measured rounds per cell; the median is reported. Each round runs the engines in a
     /// rotated order, so that none always meets a colder (or warmer) host cache than the others
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=15))]
@@ -142,6 +149,14 @@ pub fn run(arguments: DeviceBenchArguments) -> CliResult<i32> {
         .map_err(|error| fail(format!("open {transport:?}: {error}")))?;
         engines.push(Engine::Device(opened));
     }
+    if !arguments.no_library {
+        let default = tandemfs::fs::types::DIRECT_WRITE_MIN_BYTES_DEFAULT;
+        let mut thresholds = vec![0, default];
+        thresholds.extend(arguments.direct_write_min_bytes.iter().copied().filter(|bytes| *bytes != default));
+        for threshold in thresholds {
+            engines.push(Engine::Library(LibraryFile::open(&directory, arguments.size, threshold).map_err(fail)?));
+        }
+    }
     let fio = if arguments.no_fio { Err("left out (--no-fio)".to_string()) } else { fio_version() };
     match &fio {
         Ok(version) => {
@@ -174,6 +189,7 @@ pub fn run(arguments: DeviceBenchArguments) -> CliResult<i32> {
             label: engine.label(),
             direct: engine.is_direct(),
             is_fio: matches!(engine, Engine::Fio { .. }),
+            sequential_only: matches!(engine, Engine::Library(_)),
             measured,
         })
         .collect();
@@ -254,13 +270,105 @@ struct Column {
     label: String,
     direct: bool,
     is_fio: bool,
+    /// Measures the sequential workloads only (the file through the library).
+    sequential_only: bool,
     measured: Vec<Result<Measured, String>>,
 }
 
-/// One engine of the table: the library's device on one transport, or fio.
+/// One engine of the table: the library's device on one transport, a file through the
+/// library (`FileSystem::write` and `read` on a volume of its own, sequential workloads only),
+/// or fio.
 enum Engine {
     Device(FileDevice),
+    Library(LibraryFile),
     Fio { version: String, direct: bool },
+}
+
+/// A file on a fresh tandemfs volume in an image beside the scratch file, mounted with a given
+/// direct-write threshold (`MountOptions::direct_write_min_bytes`).
+struct LibraryFile {
+    fs: tandemfs::FileSystem,
+    /// The file's inode: each write round makes it anew, as `bench mount` does (a rewrite of
+    /// written bytes stays on the log and goes in place).
+    file: std::sync::atomic::AtomicU64,
+    threshold_bytes: u64,
+    image: ScratchFile,
+}
+
+impl LibraryFile {
+    fn open(directory: &Path, size_bytes: u64, threshold_bytes: u64) -> Result<LibraryFile, String> {
+        use tandemfs::fs::{FileType, MountOptions, ROOT_INODE};
+        let image = ScratchFile {
+            path: directory.join(format!("tandem-bench-library-{}-{threshold_bytes}.img", std::process::id())),
+        };
+        // Room for the file twice over (a direct overwrite takes new blocks before the old
+        // ones are freed at the next checkpoint), the log and the tables.
+        let volume_bytes = size_bytes * 2 + (512 << 20);
+        super::require_free_space(directory, volume_bytes, "lower --size").map_err(|error| error.to_string())?;
+        let options =
+            FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
+        let device = FileDevice::open(&image.path, options).map_err(|error| format!("library volume: {error}"))?;
+        let mount_options = MountOptions { direct_write_min_bytes: threshold_bytes, ..MountOptions::default() };
+        let fs = super::meta::fresh_volume_with(
+            std::sync::Arc::new(device),
+            1024,
+            super::meta::Encryption::Plain,
+            mount_options,
+        )?;
+        let file = fs
+            .create(ROOT_INODE, b"sequential", FileType::Regular, 0o644, 0, 0, 0)
+            .map_err(|error| format!("library create: {error}"))?
+            .inode;
+        Ok(LibraryFile { fs, file: std::sync::atomic::AtomicU64::new(file), threshold_bytes, image })
+    }
+
+    /// Writes the file in `block_size` requests and fsyncs it, or reads it back.
+    fn run(&self, arguments: &DeviceBenchArguments, workload: Workload) -> Result<Measured, String> {
+        if !matches!(workload, Workload::SequentialWrite | Workload::SequentialRead) {
+            // Not shown: the table leaves the library out of the random rows.
+            return Err("sequential workloads only".into());
+        }
+        use std::sync::atomic::Ordering;
+        if workload == Workload::SequentialWrite {
+            use tandemfs::fs::{FileType, ROOT_INODE};
+            self.fs.unlink(ROOT_INODE, b"sequential").map_err(|error| format!("library unlink: {error}"))?;
+            let made = self
+                .fs
+                .create(ROOT_INODE, b"sequential", FileType::Regular, 0o644, 0, 0, 0)
+                .map_err(|error| format!("library create: {error}"))?;
+            self.file.store(made.inode, Ordering::Relaxed);
+        }
+        let file = self.file.load(Ordering::Relaxed);
+        drop_page_cache(&self.image.path);
+        let start = Instant::now();
+        let block_bytes = arguments.block_size as usize;
+        let mut buffer = vec![0xa5u8; block_bytes];
+        let requests = arguments.size / arguments.block_size;
+        for index in 0..requests {
+            let offset = index * arguments.block_size;
+            if workload == Workload::SequentialWrite {
+                let written = self.fs.write(file, offset, &buffer).map_err(|error| error.to_string())?;
+                if written != block_bytes {
+                    return Err(format!("short write of {written} bytes at {offset}"));
+                }
+            } else {
+                let read = self.fs.read(file, offset, &mut buffer).map_err(|error| error.to_string())?;
+                if read != block_bytes {
+                    return Err(format!("short read of {read} bytes at {offset}"));
+                }
+            }
+        }
+        if workload == Workload::SequentialWrite {
+            self.fs.fsync(file, false).map_err(|error| error.to_string())?;
+        }
+        Ok(Measured { bytes: arguments.size, requests, seconds: start.elapsed().as_secs_f64() })
+    }
+}
+
+impl Drop for LibraryFile {
+    fn drop(&mut self) {
+        let _ = self.fs.unmount();
+    }
 }
 
 impl Engine {
@@ -268,6 +376,7 @@ impl Engine {
     fn is_direct(&self) -> bool {
         match self {
             Engine::Device(device) => device.transport().direct,
+            Engine::Library(_) => false,
             Engine::Fio { direct, .. } => *direct,
         }
     }
@@ -284,6 +393,10 @@ impl Engine {
                 };
                 format!("tandemfs {}{shape}", statistics.name)
             }
+            Engine::Library(library) => match library.threshold_bytes {
+                0 => "tandemfs library, every write logged".into(),
+                bytes => format!("tandemfs library, writes ≥ {} direct", format_bytes(bytes)),
+            },
             Engine::Fio { version, direct } => format!("{version} io_uring --direct={}", u8::from(*direct)),
         }
     }
@@ -293,6 +406,7 @@ impl Engine {
         drop_page_cache(path);
         match self {
             Engine::Device(device) => super::contain_panic("the device", || run_workload(arguments, device, workload)),
+            Engine::Library(library) => super::contain_panic("the library", || library.run(arguments, workload)),
             Engine::Fio { direct, .. } => run_fio(arguments, path, workload, *direct),
         }
     }
@@ -436,7 +550,8 @@ fn run_fio(
 fn print_results(arguments: &DeviceBenchArguments, columns: &[Column]) {
     let mut rows = Vec::new();
     for (index, &workload) in WORKLOADS.iter().enumerate() {
-        for column in columns {
+        let random = matches!(workload, Workload::RandomRead | Workload::RandomWrite);
+        for column in columns.iter().filter(|column| !(random && column.sequential_only)) {
             let mut row = vec![workload.label(arguments.block_size), column.label.clone()];
             match &column.measured[index] {
                 Ok(measured) => {

@@ -113,6 +113,16 @@ pub enum Encryption {
 
 /// Formats and mounts tandemfs on `device`.
 pub fn fresh_volume(device: Arc<dyn Device>, inodes: u64, encryption: Encryption) -> Result<FileSystem, String> {
+    fresh_volume_with(device, inodes, encryption, MountOptions::default())
+}
+
+/// `fresh_volume` mounted with `mount_options` (its key is the benchmark's own).
+pub fn fresh_volume_with(
+    device: Arc<dyn Device>,
+    inodes: u64,
+    encryption: Encryption,
+    mount_options: MountOptions,
+) -> Result<FileSystem, String> {
     let key = match encryption {
         Encryption::Plain => None,
         Encryption::Encrypted => Some(
@@ -125,7 +135,7 @@ pub fn fresh_volume(device: Arc<dyn Device>, inodes: u64, encryption: Encryption
         ..Default::default()
     };
     FileSystem::format(device.clone(), &options).map_err(|error| format!("mkfs: {error}"))?;
-    let mount_options = MountOptions { key, ..MountOptions::default() };
+    let mount_options = MountOptions { key, ..mount_options };
     let (fs, _) = FileSystem::mount(device, &mount_options).map_err(|error| format!("mount: {error}"))?;
     Ok(fs)
 }

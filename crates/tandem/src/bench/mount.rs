@@ -3,7 +3,7 @@
 
 use super::cpu::CpuMeter;
 use super::ext4::Ext4Volume;
-use super::meta::{fresh_volume, inode_count, print_comparison, Column, Encryption, TargetRatio};
+use super::meta::{fresh_volume_with, inode_count, print_comparison, Column, Encryption, TargetRatio};
 use super::passthrough::Passthrough;
 use super::peers::{self, Outcome, Shape, DM_CRYPT, GOCRYPTFS};
 use super::system::SystemTarget;
@@ -64,6 +64,10 @@ pub struct MountBenchArguments {
     /// allows it, an io_uring one), dev-fuse, uring or auto (`tandem mount -o transport=`)
     #[arg(long, default_value = "both")]
     pub fuse_transport: String,
+    /// Writes of at least this many bytes go straight home, not through the log (`tandem mount
+    /// -o direct_write_min_bytes=`; 0: every write through the log; default: the library's)
+    #[arg(long, value_name = "BYTES")]
+    pub direct_write_min_bytes: Option<u64>,
 }
 
 /// Empties the kernel's page cache so reads come from the file system, not from memory the
@@ -229,7 +233,12 @@ fn measure_tandemfs(
     let options = FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
     let device =
         FileDevice::open(image, options).map_err(|error| format!("cannot create {}: {error}", image.display()))?;
-    let fs = fresh_volume(Arc::new(device), inode_count(size), encryption)?;
+    let mut mount_options = tandemfs::fs::MountOptions::default();
+    if let Some(threshold) = arguments.direct_write_min_bytes {
+        mount_options.direct_write_min_bytes = threshold;
+    }
+    eprintln!("  {label}: writes of {} bytes or more go straight home (0: none)", mount_options.direct_write_min_bytes);
+    let fs = fresh_volume_with(Arc::new(device), inode_count(size), encryption, mount_options)?;
     let mountpoint = std::env::temp_dir().join(format!("tandem-bench-fuse-{}", std::process::id()));
     std::fs::create_dir_all(&mountpoint).map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
     let config = MountConfig {

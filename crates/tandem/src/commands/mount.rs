@@ -33,7 +33,8 @@ pub struct MountArguments {
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
     /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads),
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
-    /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N; mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
+    /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -78,6 +79,8 @@ pub struct ParsedOptions {
     pub backend_workers: usize,
     /// How often a checkpoint is taken at the least (`None`: the library's default).
     pub checkpoint_interval_ms: Option<u64>,
+    /// Writes of at least this many bytes go straight home (`None`: the library's default).
+    pub direct_write_min_bytes: Option<u64>,
     /// The key file of an encrypted volume (`--key-file` or `-o key_file=FILE`).
     pub key_file: Option<PathBuf>,
     /// `transport=auto|uring|dev-fuse` (`None`: the adapter's default, dev-fuse).
@@ -98,7 +101,7 @@ const KERNEL_FUSE_OPTIONS: [&str; 8] =
 
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, transport=auto|uring|dev-fuse, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, transport=auto|uring|dev-fuse, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -166,6 +169,13 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                                 range.end()
                             ))
                         })?);
+                }
+                Some(("direct_write_min_bytes", value)) => {
+                    parsed.direct_write_min_bytes = Some(value.parse().map_err(|_| {
+                        CliError::new(format!(
+                            "-o direct_write_min_bytes={value}: expected a whole number of bytes (0: every write through the log)"
+                        ))
+                    })?);
                 }
                 Some(("mmp_interval_ms", value)) => {
                     let range = tandemfs::block::mmp::MIN_INTERVAL_MS..=tandemfs::block::mmp::MAX_INTERVAL_MS;
@@ -317,6 +327,9 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
         checkpoint_interval_ms: options
             .checkpoint_interval_ms
             .unwrap_or(tandemfs::fs::types::CHECKPOINT_INTERVAL_MS_DEFAULT),
+        direct_write_min_bytes: options
+            .direct_write_min_bytes
+            .unwrap_or(tandemfs::fs::types::DIRECT_WRITE_MIN_BYTES_DEFAULT),
         ..MountOptions::default()
     };
     FileSystem::mount(device, &mount_options).map_err(|error| match error {
@@ -686,6 +699,12 @@ mod tests {
             let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
             assert!(error.contains("expected a whole number from 1 to 64"), "{wrong}: {error}");
         }
+        assert_eq!(parse_options(&["direct_write_min_bytes=0".into()]).unwrap().direct_write_min_bytes, Some(0));
+        assert_eq!(
+            parse_options(&["direct_write_min_bytes=1048576".into()]).unwrap().direct_write_min_bytes,
+            Some(1 << 20)
+        );
+        assert!(parse_options(&["direct_write_min_bytes=-1".into()]).is_err());
         assert!(parse_options(&["nosuch".into()]).is_err());
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert!(parse_options(&["threads=x".into()]).is_err());

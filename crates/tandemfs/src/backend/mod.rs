@@ -240,6 +240,23 @@ impl Applier {
                 set_extent_root(touched.get(volume, image.inode_number)?, &root);
                 touched.image(volume, image)?;
             }
+            Op::DirectWrite { inode: image, offset, length, runs, checksums } => {
+                // The blocks were claimed for this record (by the front end, or by replay
+                // before the first record): they become the file's with the checksums of the
+                // bytes written there before the record was logged.
+                let mut taken = 0usize;
+                for &(first, count) in runs {
+                    let entries = checksums
+                        .get(taken..taken + count as usize)
+                        .ok_or_else(|| Error::corruption("direct write record: fewer checksums than blocks"))?;
+                    volume.take_claimed_data(first, count, entries)?;
+                    taken += count as usize;
+                }
+                let mut root = extent_root(touched.get(volume, image.inode_number)?)?;
+                extent::map_written(volume, &mut root, *offset, *length, runs)?;
+                set_extent_root(touched.get(volume, image.inode_number)?, &root);
+                touched.image(volume, image)?;
+            }
             Op::Range { inode: image, kind, offset, length, keep_size } => {
                 let mut root = extent_root(touched.get(volume, image.inode_number)?)?;
                 match kind {
@@ -648,6 +665,16 @@ fn decode_record(record: &Record, superblock: &Superblock) -> Result<Decoded> {
         kind => {
             let op = Op::decode(kind, &record.payload)?;
             op.check(superblock.inode_count)?;
+            if let Op::DirectWrite { runs, .. } = &op {
+                let data = superblock.first_data_block..superblock.block_count;
+                if let Some((first, count)) =
+                    runs.iter().find(|(first, count)| !data.contains(first) || first + count > data.end)
+                {
+                    return Err(Error::corruption(format!(
+                        "log record: direct write maps {count} blocks at {first}, outside the data region"
+                    )));
+                }
+            }
             Ok(Decoded::Operation(Box::new(op)))
         }
     }
@@ -821,6 +848,7 @@ pub fn open_volume(
     }
     let mut volume = Volume::load(device.clone(), superblock.clone(), cache_blocks)?;
     let applier = Applier { hash_seed: superblock.hash_seed };
+    claim_direct_writes(&mut volume, &records, base_lsn)?;
     // The data checksums on disk are the checkpoint's; replayed writes recompute them.
     volume.set_replaying(true);
     for record in &records {
@@ -834,6 +862,22 @@ pub fn open_volume(
     volume.set_replaying(false);
     report.orphans_reclaimed = applier.reclaim_orphans(&mut volume)?;
     Ok((volume, log, applier, report))
+}
+
+/// Claims the blocks of every direct write after the checkpoint (`base_lsn`) before any record
+/// is replayed. Their bytes went home before their records were logged, into blocks the
+/// checkpoint holds free; the records before them allocate anew as they are replayed and must
+/// not be handed those blocks (in the first run they were claimed already).
+fn claim_direct_writes(volume: &mut Volume, records: &[Record], base_lsn: u64) -> Result<()> {
+    for record in records.iter().filter(|record| record.lsn > base_lsn && record.kind == KIND_DIRECT_WRITE) {
+        let op = Op::decode(record.kind, &record.payload).map_err(|error| record_error(record.lsn, error))?;
+        if let Op::DirectWrite { runs, .. } = op {
+            for (first, count) in runs {
+                volume.claim_data_exact(first, count).map_err(|error| record_error(record.lsn, error))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A log record that [`discard_damaged_log`] removed, for the repair report.
@@ -985,6 +1029,9 @@ fn describe_op(op: &Op) -> String {
         }
         Op::Range { inode, kind, offset, length, .. } => {
             format!("{kind:?} of {length} bytes at offset {offset} in inode {}", inode.inode_number)
+        }
+        Op::DirectWrite { inode, offset, length, .. } => {
+            format!("direct write of {length} bytes at offset {offset} to inode {}", inode.inode_number)
         }
         Op::SetXattr { inode, name: attribute, .. } => {
             format!("set attribute {:?} of inode {}", name(attribute), inode.inode_number)

@@ -75,6 +75,7 @@ pub fn needs_whole_volume(op: &Op) -> bool {
         | Op::Link { .. }
         | Op::SetAttributes { .. }
         | Op::Write { .. }
+        | Op::DirectWrite { .. }
         | Op::Range { .. } => false,
     }
 }
@@ -93,6 +94,7 @@ fn inodes_named(op: &Op, out: &mut Vec<u64>) {
         }
         Op::SetAttributes { inode, .. }
         | Op::Write { inode, .. }
+        | Op::DirectWrite { inode, .. }
         | Op::Range { inode, .. }
         | Op::SetXattr { inode, .. }
         | Op::RemoveXattr { inode, .. } => out.push(inode.inode_number),

@@ -25,6 +25,11 @@ pub const KIND_RECLAIM: u16 = 10;
 /// refuse the record as an unknown kind (replay stops there with an error naming the lsn),
 /// never skip it.
 pub const KIND_CREATE_BATCH: u16 = 11;
+/// A direct write (format version 8): a large write whose bytes went straight to newly claimed
+/// blocks, made durable before this record was logged; the record maps them.
+pub const KIND_DIRECT_WRITE: u16 = 12;
+/// Most bytes one direct-write record maps (4,096 blocks): its payload stays within 82 KiB.
+pub const DIRECT_WRITE_RECORD_MAX_BYTES: u64 = 16 << 20;
 /// Checkpoint records (written by the back end, see `backend::checkpoint`).
 pub const KIND_CHECKPOINT_IMAGES: u16 = 100;
 pub const KIND_CHECKPOINT_COMMIT: u16 = 101;
@@ -304,6 +309,18 @@ pub enum Op {
     Reclaim {
         inode_number: u64,
     },
+    /// A write whose `length` bytes the front end wrote to the blocks of `runs` (claimed from
+    /// the allocator, in order, the range starting at the first run's first block) and made
+    /// durable before the record was logged; `checksums` holds each block's data checksum
+    /// entry. Applying it takes the claimed blocks and maps the range to them (whatever the
+    /// range held is freed). The record carries no data.
+    DirectWrite {
+        inode: AttributeImage,
+        offset: u64,
+        length: u64,
+        runs: Vec<(u64, u64)>,
+        checksums: Vec<u32>,
+    },
     /// Many creates at once, replayed as that many `Create`s in record order (no symbolic
     /// links): `parents` holds each parent directory's image after all of the record's creates
     /// in it, `creates` the names and new inodes. Every parent has at least one create, no two
@@ -329,6 +346,7 @@ impl Op {
             Op::RemoveXattr { .. } => KIND_REMOVE_XATTR,
             Op::Reclaim { .. } => KIND_RECLAIM,
             Op::CreateBatch { .. } => KIND_CREATE_BATCH,
+            Op::DirectWrite { .. } => KIND_DIRECT_WRITE,
         }
     }
 
@@ -376,6 +394,16 @@ impl Op {
             Op::Range { inode, kind, offset, length, keep_size } => {
                 inode.encode(&mut encoder);
                 encoder.u8(*kind as u8).u64(*offset).u64(*length).u8(*keep_size as u8);
+            }
+            Op::DirectWrite { inode, offset, length, runs, checksums } => {
+                inode.encode(&mut encoder);
+                encoder.u64(*offset).u64(*length).u32(runs.len() as u32);
+                for (first, count) in runs {
+                    encoder.u64(*first).u64(*count);
+                }
+                for checksum in checksums {
+                    encoder.u32(*checksum);
+                }
             }
             Op::SetXattr { inode, name, value } => {
                 inode.encode(&mut encoder);
@@ -523,6 +551,7 @@ impl Op {
             }
             KIND_RECLAIM => Op::Reclaim { inode_number: decoder.u64()? },
             KIND_CREATE_BATCH => decode_create_batch(&mut decoder, name)?,
+            KIND_DIRECT_WRITE => decode_direct_write(&mut decoder)?,
             other => return Err(Error::corruption(format!("log record kind {other} is unknown"))),
         };
         decoder.finish()?;
@@ -555,6 +584,7 @@ impl Op {
             }
             Op::SetAttributes { inode, .. }
             | Op::Write { inode, .. }
+            | Op::DirectWrite { inode, .. }
             | Op::Range { inode, .. }
             | Op::SetXattr { inode, .. }
             | Op::RemoveXattr { inode, .. } => inode.check(inode_count),
@@ -565,6 +595,48 @@ impl Op {
             }
         }
     }
+}
+
+/// The payload of a `KIND_DIRECT_WRITE` record: a length of 1..=`DIRECT_WRITE_RECORD_MAX_BYTES`
+/// inside the largest file, 1 to one-per-block runs of blocks that hold exactly the blocks the
+/// length needs, and a checksum entry per block, none of them `NO_CHECKSUM` (written data
+/// always has one). Whether the runs lie in the data region and are free is the volume's check.
+fn decode_direct_write(decoder: &mut Decoder) -> Result<Op> {
+    let inode = AttributeImage::decode(decoder)?;
+    let (offset, length) = (decoder.u64()?, decoder.u64()?);
+    if length == 0
+        || length > DIRECT_WRITE_RECORD_MAX_BYTES
+        || offset.checked_add(length).is_none_or(|end| end > crate::extent::MAX_FILE_BYTES)
+    {
+        return Err(Error::corruption(format!("log record: direct write of {length} bytes at {offset}")));
+    }
+    let blocks = length.div_ceil(crate::block::meta::BLOCK_SIZE_U64);
+    let run_count = decoder.u32()? as u64;
+    if run_count == 0 || run_count > blocks {
+        return Err(Error::corruption(format!("log record: direct write of {blocks} blocks in {run_count} runs")));
+    }
+    let mut runs = Vec::with_capacity(run_count as usize);
+    let mut total = 0u64;
+    for _ in 0..run_count {
+        let (first, count) = (decoder.u64()?, decoder.u64()?);
+        total = total.saturating_add(count);
+        if count == 0 || first.checked_add(count).is_none() || total > blocks {
+            return Err(Error::corruption(format!("log record: direct write run of {count} blocks at {first}")));
+        }
+        runs.push((first, count));
+    }
+    if total != blocks {
+        return Err(Error::corruption(format!("log record: direct write of {blocks} blocks maps {total}")));
+    }
+    let mut checksums = Vec::with_capacity(blocks as usize);
+    for _ in 0..blocks {
+        let checksum = decoder.u32()?;
+        if checksum == crate::block::volume::NO_CHECKSUM {
+            return Err(Error::corruption("log record: direct write block without a checksum"));
+        }
+        checksums.push(checksum);
+    }
+    Ok(Op::DirectWrite { inode, offset, length, runs, checksums })
 }
 
 /// The payload of a `KIND_CREATE_BATCH` record, with every rule of `Op::CreateBatch` checked:
@@ -689,6 +761,35 @@ mod tests {
         assert!(beyond.check(100).unwrap_err().is_corruption());
     }
 
+    /// A direct write's runs hold exactly the blocks of its length, each block has a checksum,
+    /// and the length is within one record's: anything else is corruption.
+    #[test]
+    fn a_direct_write_that_contradicts_itself_is_corruption() {
+        let direct = |length: u64, runs: Vec<(u64, u64)>, checksums: Vec<u32>| Op::DirectWrite {
+            inode: image(2),
+            offset: 0,
+            length,
+            runs,
+            checksums,
+        };
+        let bad = [
+            direct(0, vec![(100, 1)], vec![1]),
+            direct(4097, vec![(100, 1)], vec![1, 2]),
+            direct(4096, vec![(100, 2)], vec![1, 2]),
+            direct(4096, vec![(100, 0), (101, 1)], vec![1]),
+            direct(4096, vec![(100, 1)], vec![0]),
+            direct(4096, vec![], vec![1]),
+            direct(DIRECT_WRITE_RECORD_MAX_BYTES + 1, vec![(100, 4097)], vec![1; 4097]),
+            direct(4096, vec![(u64::MAX, 1)], vec![1]),
+        ];
+        for (place, op) in bad.iter().enumerate() {
+            let error = Op::decode(op.kind(), &op.encode_head()).unwrap_err();
+            assert!(error.is_corruption(), "case {place}: {error}");
+        }
+        let good = direct(8192, vec![(100, 1), (300, 1)], vec![1, 2]);
+        assert_eq!(Op::decode(good.kind(), &good.encode_head()).unwrap(), good);
+    }
+
     /// The record decoder is as strict as the inode decoder: a mode the inode decoder rejects,
     /// a flag byte other than 0 or 1, an inode number beyond the volume are corruption.
     #[test]
@@ -753,6 +854,13 @@ mod tests {
             Op::SetXattr { inode: image(2), name: b"user.x".to_vec(), value: b"v".to_vec() },
             Op::RemoveXattr { inode: image(2), name: b"user.x".to_vec() },
             Op::Reclaim { inode_number: 2 },
+            Op::DirectWrite {
+                inode: image(2),
+                offset: 5,
+                length: 3 * 4096 + 1,
+                runs: vec![(100, 3), (200, 1)],
+                checksums: vec![1, 2, 3, u32::MAX],
+            },
             Op::CreateBatch {
                 parents: vec![directory(1), directory(3)],
                 creates: vec![

@@ -52,11 +52,17 @@ pub trait ApplyStore: extent::Store {
     fn orphan_head(&mut self) -> u64;
     fn set_orphan_head(&mut self, inode_number: u64);
     fn inode_count(&mut self) -> u64;
+    /// Takes blocks claimed for a direct write, with their checksum entries
+    /// (`Volume::take_claimed_data`).
+    fn take_claimed_data(&mut self, first: u64, count: u64, entries: &[u32]) -> Result<()>;
 }
 
 impl ApplyStore for Volume {
     fn begin_record(&mut self, lsn: u64) {
         self.current_lsn = lsn;
+    }
+    fn take_claimed_data(&mut self, first: u64, count: u64, entries: &[u32]) -> Result<()> {
+        Volume::take_claimed_data(self, first, count, entries)
     }
     fn read_inode(&mut self, inode_number: u64) -> Result<Inode> {
         Volume::read_inode(self, inode_number)
@@ -526,6 +532,13 @@ impl ApplyStore for RecordStore<'_> {
     fn begin_record(&mut self, lsn: u64) {
         assert!(lsn > self.lsn, "record {lsn} after record {}: a group applies in lsn order", self.lsn);
         self.lsn = lsn;
+    }
+    /// At once, as allocations go: the blocks are reachable only through changes still held
+    /// back, and the front end serves the bytes until the record is applied.
+    fn take_claimed_data(&mut self, first: u64, count: u64, entries: &[u32]) -> Result<()> {
+        let mut volume = self.lock_volume()?;
+        volume.current_lsn = self.lsn;
+        volume.take_claimed_data(first, count, entries)
     }
     fn read_inode(&mut self, inode_number: u64) -> Result<Inode> {
         if let Some(held) = self.held_inode(inode_number) {

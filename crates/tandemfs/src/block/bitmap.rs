@@ -254,6 +254,84 @@ impl Bitmap {
         Ok((first, length))
     }
 
+    /// Claims up to `count` contiguous available bits, preferring `near`, for a direct write
+    /// (`FileSystem::write` of a large range): they leave `available`, so nothing else is
+    /// handed them, but not `persistent`, so no checkpoint records them. A crash forgets the
+    /// claim and the bits are free again; the record that maps them takes them
+    /// (`take_claimed`). The free count is not moved: the front end's reservation covers the
+    /// bits until they are taken. Returns (first, count given) or `NoSpace`.
+    pub fn claim(&mut self, near: u64, count: u64, floor: u64) -> Result<(u64, u64)> {
+        assert!(count > 0);
+        let start = if near >= floor && near < self.bit_count { near } else { self.cursor.max(floor) };
+        let first = self.find_available(start, floor).ok_or(Error::NoSpace)?;
+        let length = self.available_run(first, count);
+        self.set_available(first, length, true);
+        self.cursor = first + length;
+        Ok((first, length))
+    }
+
+    /// Claims exactly `[first, first + count)` (replay: the blocks of direct-write records
+    /// after the checkpoint, before any record is replayed). A bit not available is corruption:
+    /// a direct write only ever claims blocks the checkpoint holds free.
+    pub fn claim_exact(&mut self, first: u64, count: u64) -> Result<()> {
+        if count == 0 || first.checked_add(count).is_none_or(|end| end > self.bit_count) {
+            return Err(Error::corruption(format!("{:?}: claim of {count} at {first} is out of range", self.kind)));
+        }
+        if let Some(bit) = (first..first + count).find(|bit| !self.is_available(*bit)) {
+            return Err(Error::corruption(format!("{:?}: bit {bit} claimed by a direct write is in use", self.kind)));
+        }
+        self.set_available(first, count, true);
+        Ok(())
+    }
+
+    /// Gives back a claim that no record will take (the direct write failed).
+    pub fn unclaim(&mut self, first: u64, count: u64) {
+        assert!(count > 0 && first + count <= self.bit_count);
+        assert!(
+            (first..first + count).all(|bit| !self.is_available(bit) && !self.is_set(bit)),
+            "unclaim of bits not claimed"
+        );
+        self.set_available(first, count, false);
+    }
+
+    /// Makes claimed bits allocated: the record that maps them is being applied. Every bit must
+    /// be claimed (unavailable and not persistent); anything else is corruption.
+    pub fn take_claimed(&mut self, first: u64, count: u64) -> Result<()> {
+        if count == 0 || first.checked_add(count).is_none_or(|end| end > self.bit_count) {
+            return Err(Error::corruption(format!("{:?}: take of {count} at {first} is out of range", self.kind)));
+        }
+        if let Some(bit) = (first..first + count).find(|bit| self.is_available(*bit) || self.is_set(*bit)) {
+            return Err(Error::corruption(format!(
+                "{:?}: bit {bit} mapped by a direct write was not claimed for it",
+                self.kind
+            )));
+        }
+        for bit in first..first + count {
+            self.persistent[(bit / 64) as usize] |= 1u64 << (bit % 64);
+        }
+        self.free_count -= count;
+        self.mark_dirty(first, count);
+        Ok(())
+    }
+
+    /// Sets (or clears) `[first, first + count)` in `available` alone, a word at a time.
+    fn set_available(&mut self, first: u64, count: u64, set: bool) {
+        let mut bit = first;
+        // Bounded by `count`: each pass covers the rest of one word.
+        while bit < first + count {
+            let (word, shift) = ((bit / 64) as usize, bit % 64);
+            let width = (64 - shift).min(first + count - bit);
+            let mask = (u64::MAX >> (64 - width)) << shift;
+            if set {
+                self.available[word] |= mask;
+            } else {
+                self.available[word] &= !mask;
+            }
+            self.note_word(word);
+            bit += width;
+        }
+    }
+
     /// How many bits from `first` (available) on are available, at most `limit`: a word at a
     /// time, so a run of 32,768 blocks costs 512 looks, not 32,768.
     fn available_run(&self, first: u64, limit: u64) -> u64 {
@@ -461,6 +539,38 @@ mod tests {
         bitmap.free_now(64u64.pow(3), 200);
         check_summary(&bitmap);
         assert_eq!(bitmap.allocate(5, 1_000, 0).unwrap(), (64u64.pow(3), 200), "a run ends at the first used bit");
+    }
+
+    /// A claim (a direct write's blocks) is out of the allocator's view and in no checkpoint's;
+    /// taken, it is allocated in both; given back, free again. A free bit that a pending free
+    /// still holds cannot be claimed, and a take of bits not claimed is corruption.
+    #[test]
+    fn claims_are_unavailable_unrecorded_then_taken_or_given_back() {
+        let mut bitmap = Bitmap::new(1000, BlockKind::BlockBitmap);
+        bitmap.set_range(0, 10);
+        let _ = bitmap.take_dirty_blocks();
+        let (first, count) = bitmap.claim(0, 100, 10).unwrap();
+        assert_eq!((first, count), (10, 100));
+        assert!(!bitmap.is_available(50) && !bitmap.is_set(50));
+        assert_eq!(bitmap.free_count(), 990, "the reservation covers a claim, not the free count");
+        assert_eq!(bitmap.dirty_block_count(), 0, "no checkpoint records a claim");
+        assert_eq!(bitmap.allocate(0, 5, 10).unwrap(), (110, 5), "the allocator passes claimed bits by");
+        bitmap.take_claimed(10, 60).unwrap();
+        assert!(bitmap.is_set(10) && bitmap.is_set(69) && !bitmap.is_set(70));
+        assert_eq!(bitmap.free_count(), 925);
+        assert!(bitmap.dirty_block_count() > 0);
+        bitmap.unclaim(70, 40);
+        assert!(bitmap.is_available(70) && bitmap.is_available(109));
+        assert!(bitmap.take_claimed(70, 1).unwrap_err().is_corruption(), "given back, not claimed");
+        assert!(bitmap.take_claimed(10, 1).unwrap_err().is_corruption(), "taken already");
+        // Replay's exact claims: only available bits.
+        bitmap.free_range(10, 5, 7).unwrap();
+        assert!(bitmap.claim_exact(10, 1).unwrap_err().is_corruption(), "a free waiting for its checkpoint");
+        assert!(bitmap.claim_exact(200, 10).is_ok());
+        assert!(bitmap.claim_exact(205, 10).unwrap_err().is_corruption(), "claimed twice");
+        assert!(bitmap.claim_exact(995, 10).unwrap_err().is_corruption(), "past the end");
+        bitmap.take_claimed(200, 10).unwrap();
+        assert!(bitmap.is_set(209));
     }
 
     #[test]

@@ -11,9 +11,10 @@ pub const MAGIC: [u8; 8] = *b"TANDEMFS";
 pub const FORMAT_VERSION: u32 = 8;
 /// The oldest version this build reads and takes forward: version 6 only lets a free leave a
 /// data block's generation-table and checksum entries behind, version 7 only adds the
-/// compaction and create-batch records to the log, and version 8 only lets the extents of a file
-/// share a data block (its references counted in the generation table, docs/EXTENTS.md), so
-/// every version-5, -6 or -7 volume is a valid version-8 volume, and the first superblock a
+/// compaction and create-batch records to the log, and version 8 lets the extents of a file
+/// share a data block (its references counted in the generation table, docs/EXTENTS.md) and adds
+/// the direct-write record, so every version-5, -6 or -7 volume is a valid version-8 volume, and
+/// the first superblock a
 /// read-write mount writes records 8.
 pub const OLDEST_READABLE_VERSION: u32 = 5;
 /// Counters the superblock keeps (sequence, lsn, generation, mounts, checkpoints) stay below
@@ -757,12 +758,15 @@ mod tests {
             let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
             put_u32(&mut bytes[..], OFFSET_CRC, crc);
             let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-            assert!(error.contains(&format!("format version {version} is older than this build's 8")), "{error}");
+            assert!(
+                error.contains(&format!("format version {version} is older than this build's {FORMAT_VERSION}")),
+                "{error}"
+            );
         }
     }
 
     #[test]
-    fn versions_5_6_and_7_are_read_and_written_back_as_version_8() {
+    fn versions_5_to_7_are_read_and_written_back_as_version_8() {
         let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
         let superblock = Superblock::layout(blocks, None, None).unwrap();
         let mut bytes = superblock.encode();

@@ -200,6 +200,34 @@ pub fn allocate(
     })
 }
 
+/// Maps `offset..offset + length_bytes` to written extents over `runs`: the blocks a direct
+/// write filled before its record was logged, which the caller has taken from the allocator
+/// (the record carries them). Whatever the range held goes, its blocks freed as a collapse
+/// frees them; the file grows to cover the range. One operation: on an error the tree is as
+/// it was.
+pub fn map_written(
+    store: &mut dyn Store,
+    root: &mut ExtentRoot,
+    offset: u64,
+    length_bytes: u64,
+    runs: &[(u64, u64)],
+) -> Result<()> {
+    let end = end_of(offset, length_bytes)?;
+    if length_bytes == 0 {
+        return Err(Error::corruption("direct write of no bytes"));
+    }
+    change(store, root, |tree| {
+        if end > tree.length() {
+            tree.grow(end)?;
+        }
+        // Out and a hole back in: trimming keeps the bytes either side in their own blocks
+        // (`remove_range` copies only where it must, as a collapse does).
+        tree.remove_range(offset, end)?;
+        tree.insert_hole(offset, length_bytes)?;
+        tree.map_hole(offset, end, runs)
+    })
+}
+
 /// Longest run of extents that one compaction rewrites in one piece: its bytes are held in
 /// memory while the run is rewritten.
 pub const COMPACT_RUN_MAX_BYTES: u64 = 4 << 20;

@@ -777,6 +777,44 @@ impl<'s> Tree<'s> {
         Ok(Some(block * BLOCK_SIZE_U64))
     }
 
+    /// Gives the hole `start..end` written extents over `runs`, data blocks its caller took
+    /// from the allocator itself (a direct write's, filled before its record was logged): the
+    /// range's bytes start at the first run's first block and fill the runs in order, and the
+    /// runs hold exactly the blocks the range needs. Nothing is allocated or written here.
+    pub fn map_hole(&mut self, start: u64, end: u64, runs: &[(u64, u64)]) -> Result<()> {
+        assert!(start < end && end <= self.length);
+        let blocks: u64 = runs.iter().map(|run| run.1).sum();
+        if blocks != (end - start).div_ceil(BLOCK_SIZE_U64) {
+            return Err(Error::corruption(format!("{blocks} blocks mapped for {} bytes", end - start)));
+        }
+        self.split_at(start)?;
+        self.split_at(end)?;
+        let mut position = start;
+        // Bounded by the runs: each pass maps one.
+        for &(first, count) in runs {
+            let location = self.locate(position)?;
+            let hole = self.entry_at(&location);
+            if location.offset_in_entry != 0
+                || !matches!(hole, Some(hole) if hole.is_hole() && hole.length == end - position)
+            {
+                return Err(Error::corruption("extent tree changed shape while mapping a direct write"));
+            }
+            if count == 0 || first == 0 || first.saturating_add(count) >= MAX_BLOCK_NUMBER {
+                return Err(Error::corruption(format!("direct write maps {count} blocks at {first}")));
+            }
+            let taken = (end - position).min(count * BLOCK_SIZE_U64);
+            let mut replacement = vec![Entry::data(first * BLOCK_SIZE_U64, taken, false)];
+            if end - position > taken {
+                replacement.push(Entry::hole(end - position - taken));
+            }
+            self.splice(&location.path, location.index(), 1, &replacement)?;
+            self.blocks_owned += count;
+            self.coalesce(position)?;
+            position += taken;
+        }
+        self.coalesce(end)
+    }
+
     /// Writes `data` at `offset`: in place over written extents, into unwritten extents (which
     /// become written, widened to whole blocks with zeros so that no cut inside a block is
     /// needed), and into new blocks over holes. Past the end the file first grows by a hole.

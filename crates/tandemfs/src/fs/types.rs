@@ -190,12 +190,22 @@ pub struct MountOptions {
     /// The passphrase or key file that opens an encrypted volume (`crate::crypt::unlock`);
     /// ignored on a plain volume.
     pub key: Option<crate::crypt::Secret>,
+    /// A write of at least this many bytes into bytes that map nothing yet (an append, a hole)
+    /// goes straight home (`FileSystem::write`, ordered as ext4's data=ordered): its bytes are
+    /// written to newly claimed blocks, then a record that only maps them is logged, and the
+    /// group commit that writes the record flushes them first. Smaller writes, and writes over
+    /// written or fallocated bytes, carry their bytes in the log. 0 sends every write through
+    /// the log. Default `DIRECT_WRITE_MIN_BYTES_DEFAULT`.
+    pub direct_write_min_bytes: u64,
 }
 
 /// `MountOptions::checkpoint_interval_ms` when none is given: 5 s.
 pub const CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 5_000;
 /// Shortest checkpoint interval accepted (tests take a checkpoint at nearly every pass).
 pub const CHECKPOINT_INTERVAL_MS_MIN: u64 = 1;
+/// `MountOptions::direct_write_min_bytes` when none is given (docs/BENCHMARKS.md, *Large writes
+/// straight home*).
+pub const DIRECT_WRITE_MIN_BYTES_DEFAULT: u64 = 64 << 10;
 /// Longest checkpoint interval accepted: an hour.
 pub const CHECKPOINT_INTERVAL_MS_MAX: u64 = 3_600_000;
 
@@ -211,6 +221,7 @@ impl Default for MountOptions {
             backend_workers: 0,
             checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS_DEFAULT,
             key: None,
+            direct_write_min_bytes: DIRECT_WRITE_MIN_BYTES_DEFAULT,
         }
     }
 }

@@ -23,7 +23,7 @@ mod recover;
 mod tests;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -240,6 +240,10 @@ struct Inner {
     durable_changed: Condvar,
     /// Wakes the background flusher.
     flusher_wake: Condvar,
+    /// Bytes were written to the device outside the log for a record appended after them (a
+    /// direct write's data, `Log::note_ordered_data`): the next group commit flushes the device
+    /// before it writes its batch, so that no record reaches the medium before what it maps.
+    ordered_data: AtomicBool,
     /// Test hook: runs in `append` after the reservation, before the copy.
     #[cfg(test)]
     copy_hook: Mutex<Option<CopyHook>>,
@@ -331,6 +335,7 @@ impl Log {
             stall_waiters: AtomicU32::new(0),
             durable_changed: Condvar::new(),
             flusher_wake: Condvar::new(),
+            ordered_data: AtomicBool::new(false),
             #[cfg(test)]
             copy_hook: Mutex::new(None),
         });
@@ -427,6 +432,16 @@ impl Log {
     /// in the pledge once appended. The back end releases them (`Pledges::records_applied`).
     pub fn append_pledged(&self, kind: u16, payload_parts: &[&[u8]], image_blocks: u64) -> Result<Appended> {
         self.inner.append(kind, payload_parts, Share::Pledged(image_blocks))
+    }
+
+    /// Says that bytes were written to the device outside the log (and those writes have
+    /// returned) for a record about to be appended: the next group commit flushes the device
+    /// before it writes its batch (ext4's ordered data), so that the record is never on the
+    /// medium without them. One flush covers every such write before it, so a stream of direct
+    /// writes costs one extra flush per group commit, not one per write. Call it after the
+    /// writes and before the append.
+    pub fn note_ordered_data(&self) {
+        self.inner.ordered_data.store(true, Ordering::SeqCst);
     }
 
     /// Like `append`, but may use the reserve share (for checkpoint records). `None` only when
@@ -862,11 +877,15 @@ impl Inner {
         drop(state);
 
         let last_lsn = self.gather_published(first_lsn, reserved_end, &mut headers, &mut data);
+        // After the gather: a record in this batch published after its writer noted its data,
+        // so the note is seen here (and one a later writer makes stays for the next batch).
+        let ordered_data = self.ordered_data.swap(false, Ordering::SeqCst);
         let batch_bytes = data.len() as u64;
         let padding = self.padding_bytes(first_position, first_position + batch_bytes, free_end);
         data.resize(data.len() + padding as usize, 0);
         let mut writes = 0;
-        let result = self.write_batch(first_lsn, first_position, &mut headers, &data, &mut writes);
+        let result = if ordered_data { self.device.flush() } else { Ok(()) }
+            .and_then(|()| self.write_batch(first_lsn, first_position, &mut headers, &data, &mut writes));
         headers.clear();
         data.clear();
 

@@ -100,6 +100,12 @@ impl RecentBlocks {
         Some(recent.crc)
     }
 
+    /// Forgets blocks `first..first + count` (handed to a direct write, whose bytes these are not).
+    fn forget(&mut self, first: u64, count: u64) {
+        self.blocks.retain(|recent| !(first..first + count).contains(&recent.block_number));
+        self.next_victim = 0;
+    }
+
     fn remember(&mut self, block_number: u64, bytes: BlockBuf, crc: u32) {
         let recent = RecentBlock { block_number, bytes, crc };
         if let Some(slot) = self.blocks.iter().position(|old| old.block_number == block_number) {
@@ -215,6 +221,76 @@ impl Volume {
     /// fail a read).
     pub(super) fn block_checksums(&mut self, data: &[u8]) -> Vec<u32> {
         checksum_blocks(&mut self.accelerator, &mut self.checksum_statistics, data)
+    }
+
+    /// The runtime data checksums go through, for callers that checksum without the volume
+    /// (a direct write computes its blocks' entries before it takes the volume lock).
+    pub fn data_accelerator(&mut self) -> Arc<Accelerator> {
+        self.accelerator.get_or_insert_with(default_accelerator).clone()
+    }
+
+    /// Claims `count` data blocks for a direct write, near `near` (`Bitmap::claim`): returned
+    /// as runs, every one checked as `allocate_data` checks what it hands out. Nothing else
+    /// changes: no checkpoint records a claim, so a crash before the record that takes the
+    /// blocks leaves them free. All or nothing: on `NoSpace` or corruption nothing stays
+    /// claimed.
+    pub fn claim_data(&mut self, near: u64, count: u64) -> Result<Vec<(u64, u64)>> {
+        assert!(count > 0);
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let (mut left, mut hint) = (count, near);
+        // Bounded by `count`: each pass claims at least one block.
+        while left > 0 {
+            let claimed = self.blocks.claim(hint, left, self.superblock.first_data_block).and_then(|(first, given)| {
+                runs.push((first, given));
+                self.check_allocated_unused(first, given).map(|()| (first, given))
+            });
+            match claimed {
+                Ok((first, given)) => {
+                    left -= given;
+                    hint = first + given;
+                }
+                Err(error) => {
+                    self.unclaim_data(&runs);
+                    return Err(error);
+                }
+            }
+        }
+        Ok(runs)
+    }
+
+    /// Gives back claims that no record will take.
+    pub fn unclaim_data(&mut self, runs: &[(u64, u64)]) {
+        for &(first, count) in runs {
+            self.blocks.unclaim(first, count);
+        }
+    }
+
+    /// Replay: claims the blocks of a direct-write record after the checkpoint before any
+    /// record is replayed, so that the records before it, which allocate anew, never take them.
+    pub fn claim_data_exact(&mut self, first: u64, count: u64) -> Result<()> {
+        if first < self.superblock.first_data_block {
+            return Err(Error::corruption(format!("direct write maps block {first}, inside the fixed regions")));
+        }
+        self.blocks.claim_exact(first, count)?;
+        if let Err(error) = self.check_allocated_unused(first, count) {
+            self.blocks.unclaim(first, count);
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// The record of a direct write is applied: its claimed blocks become the file's, with the
+    /// checksum entries it carries (computed from the bytes written before the record was
+    /// logged), and the generation table records them as data, as for any block handed out.
+    pub fn take_claimed_data(&mut self, first: u64, count: u64, entries: &[u32]) -> Result<()> {
+        assert_eq!(entries.len() as u64, count, "one checksum entry per block taken");
+        if first < self.superblock.first_data_block {
+            return Err(Error::corruption(format!("direct write maps block {first}, inside the fixed regions")));
+        }
+        self.blocks.take_claimed(first, count)?;
+        self.note_data_handed_out(first, count);
+        self.recent_blocks.forget(first, count);
+        self.set_data_checksums(first, entries)
     }
 
     /// What data checksums have cost since the volume was opened.

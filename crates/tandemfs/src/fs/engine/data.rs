@@ -154,9 +154,20 @@ impl FileSystem {
     /// Writes `data` as one or more log records, counting in `done` the bytes committed
     /// before an error.
     pub(super) fn write_records(&self, inode: InodeNumber, offset: u64, data: &[u8], done: &mut usize) -> Result<()> {
-        for chunk in data.chunks(self.inner.max_record_data_bytes) {
-            self.write_record(inode, offset + *done as u64, chunk)?;
-            *done += chunk.len();
+        let direct = self.writes_direct(data.len());
+        let piece_bytes = if direct { self.direct_record_bytes() } else { data.len().max(1) };
+        for piece in data.chunks(piece_bytes) {
+            let at = offset + *done as u64;
+            // Large and into bytes that map nothing yet: straight home (`direct.rs`).
+            if direct && self.range_is_fresh(inode, at, at + piece.len() as u64)? {
+                self.write_direct(inode, at, piece)?;
+                *done += piece.len();
+                continue;
+            }
+            for chunk in piece.chunks(self.inner.max_record_data_bytes) {
+                self.write_record(inode, offset + *done as u64, chunk)?;
+                *done += chunk.len();
+            }
         }
         Ok(())
     }
@@ -369,7 +380,13 @@ impl FileSystem {
 
     /// The holes in bytes `start..end` of the applied extent tree of `inode` (all of it while
     /// the file's creation is not applied), past its end included.
-    fn holes_in(&self, inode: InodeNumber, generation: u64, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+    pub(super) fn holes_in(
+        &self,
+        inode: InodeNumber,
+        generation: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<(u64, u64)>> {
         let mut holes: Vec<(u64, u64)> = Vec::new();
         {
             let mut volume = self.inner.backend.volume()?;
@@ -564,7 +581,7 @@ impl FileSystem {
 
     /// The largest range one allocating record covers: its images (`data_run_image_blocks`)
     /// within a quarter of the log's reserve, in whole table blocks' worth of data.
-    fn range_piece_bytes(&self) -> u64 {
+    pub(super) fn range_piece_bytes(&self) -> u64 {
         let budget = (self.inner.log.reserve_image_blocks() / 4).saturating_sub(8);
         // data_run_image_blocks(n) <= n/G + 2 + 2n/C + 4 + 2n/B + 4 = n * (1/G + 2/C + 2/B) + 10
         // with G generation entries, C checksum entries and B bitmap bits per block; C = 2 G

@@ -787,6 +787,7 @@ fn updates_of_records(records: &[Arc<Op>], owned_blocks: &[(u64, u64)], updates:
             }
             Op::SetAttributes { inode, .. }
             | Op::Write { inode, .. }
+            | Op::DirectWrite { inode, .. }
             | Op::Range { inode, .. }
             | Op::SetXattr { inode, .. }
             | Op::RemoveXattr { inode, .. } => set(updates, &made, inode),

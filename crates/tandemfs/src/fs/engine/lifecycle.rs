@@ -240,6 +240,7 @@ impl FileSystem {
             options: options.clone(),
             inode_count,
             max_record_data_bytes,
+            direct_write_records: AtomicU64::new(0),
             batch: Default::default(),
         });
         let file_system = FileSystem { inner };

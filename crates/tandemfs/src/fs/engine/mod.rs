@@ -8,6 +8,7 @@
 pub mod batch;
 mod create_batch;
 mod data;
+mod direct;
 pub mod dirindex_feed;
 mod lifecycle;
 mod namespace;
@@ -111,6 +112,16 @@ const NAMESPACE_RESERVE_BLOCKS: u64 = 4;
 /// Extra blocks any data operation may need for the extent tree and split ends.
 const DATA_RESERVE_BLOCKS: u64 = 16;
 
+/// The checkpoint images a data record pledges: its new and tree blocks (up to a namespace
+/// operation's), the fixed share, and the table and bitmap blocks of the blocks it hands out
+/// and frees.
+fn data_record_image_blocks(new_blocks: u64, tree_blocks: u64, freed_blocks: u64) -> u64 {
+    (new_blocks + tree_blocks).min(NAMESPACE_RESERVE_BLOCKS)
+        + IMAGE_BLOCKS_PER_RECORD
+        + data_run_image_blocks(new_blocks)
+        + data_free_image_blocks(freed_blocks)
+}
+
 /// Blocks kept back from new data and new names so that the extent-tree reserve of operations
 /// that take no new data blocks (an overwrite, a write into fallocated space, a punch, a
 /// truncate) is there on a full volume: those must not fail for lack of space, as on ext4,
@@ -150,6 +161,8 @@ struct Inner {
     options: MountOptions,
     inode_count: u64,
     max_record_data_bytes: usize,
+    /// Direct-write records logged since mount (`FileSystem::direct_write_records`).
+    direct_write_records: AtomicU64,
     /// The batch API's index and counters (see `batch`).
     batch: batch::BatchState,
 }
@@ -441,11 +454,26 @@ impl FileSystem {
         // nowhere to write a checkpoint. So each record pledges the images it may need, and the
         // log admits it only while its bytes and every pledge fit (`log::pledge`): past that,
         // the caller waits for the back end to apply some of the backlog.
-        let image_blocks = (new_blocks + tree_blocks).min(NAMESPACE_RESERVE_BLOCKS)
-            + IMAGE_BLOCKS_PER_RECORD
-            + data_run_image_blocks(new_blocks)
-            + data_free_image_blocks(freed_blocks);
+        let image_blocks = data_record_image_blocks(new_blocks, tree_blocks, freed_blocks);
         self.append_with_pledge(op, new_blocks, tree_blocks, image_blocks)
+    }
+
+    /// `append_reserving` for a record whose `new_blocks + tree_blocks` the caller reserved
+    /// already (`Space::reserve`), a direct write, which claims its blocks before the record
+    /// exists. On success the record owns the reservation (the back end returns it once the
+    /// record is applied); otherwise the caller still does.
+    pub(super) fn append_reserved_blocks(
+        &self,
+        op: Op,
+        new_blocks: u64,
+        tree_blocks: u64,
+        freed_blocks: u64,
+    ) -> Result<Option<u64>> {
+        if self.inner.read_only.load(Ordering::SeqCst) {
+            return Err(Error::ReadOnly);
+        }
+        let image_blocks = data_record_image_blocks(new_blocks, tree_blocks, freed_blocks);
+        self.append_holding(op, new_blocks + tree_blocks, image_blocks)
     }
 
     /// `append` for a record that takes `new_blocks` and pledges `image_blocks` checkpoint
@@ -465,6 +493,16 @@ impl FileSystem {
         if !space.reserve(new_blocks, tree_blocks) {
             return Ok(None);
         }
+        let appended = self.append_holding(op, reserved_blocks, image_blocks);
+        if !matches!(appended, Ok(Some(_))) {
+            space.unreserve(reserved_blocks);
+        }
+        appended
+    }
+
+    /// Appends `op`, which holds a reservation of `reserved_blocks` and pledges `image_blocks`
+    /// (see `append_with_pledge`), and deposits it in the back end's queue.
+    fn append_holding(&self, op: Op, reserved_blocks: u64, image_blocks: u64) -> Result<Option<u64>> {
         let head = op.encode_head();
         let log = &self.inner.log;
         let releases_seen = log.pledges().releases();
@@ -478,9 +516,6 @@ impl FileSystem {
             }
         };
         let appended = self.inner.backend.enqueue(op, reserved_blocks, image_blocks, append_to_log);
-        if !matches!(appended, Ok(Some(_))) {
-            space.unreserve(reserved_blocks);
-        }
         if refused_for_pledge.get() {
             REFUSED_FOR_BACKLOG.set(Some(releases_seen));
         }
@@ -662,7 +697,7 @@ impl FrontSink for FileSystem {
                 _ => {}
             }
             match queued.op.as_ref() {
-                Op::Write { inode, .. } => {
+                Op::Write { inode, .. } | Op::DirectWrite { inode, .. } => {
                     let update = updates.entry(inode.inode_number).or_default();
                     update.writes_through = queued.lsn;
                     update.blocks_through = queued.lsn;
