@@ -197,5 +197,11 @@ fn threads_lose_nothing_acknowledged_in_a_crash() {
     }
     println!("{tally:?}");
     assert!(tally.rounds_failed > 0, "the device never failed during a round: the fault bound is too high");
-    assert!(tally.checkpoints_beside > 0, "no checkpoint ran beside the passes: the crashes never met one");
+    // One seed (TANDEM_SEED, as a soak or a replay of a failure runs it) is only 16 crash
+    // points: too few to promise a checkpoint beside the passes at one of them on a loaded
+    // machine (4 of 96 single seeds run 12 at a time on the 16-core host had none, and passed
+    // when run again). The whole run, 60 seeds, meets many.
+    if seeds.len() > 1 {
+        assert!(tally.checkpoints_beside > 0, "no checkpoint ran beside the passes: the crashes never met one");
+    }
 }
