@@ -848,6 +848,26 @@ fn replay_after_a_crash_gives_the_same_bytes() {
     }
 }
 
+/// Writes a 256 KiB file, then inserts 2,000 runs of 100 bytes at random bytes of it, written
+/// as a file's writes are (`packed`: through `write_in_file`, which packs small runs into
+/// shared blocks) or without packing; returns the file's bytes.
+fn insert_small_runs(store: &mut MemoryStore, root: &mut ExtentRoot, random: &mut SmallRng, packed: bool) -> Vec<u8> {
+    let mut model: Vec<u8> = (0..256 * 1024).map(|index| (index % 251) as u8).collect();
+    write(store, root, 0, &model).unwrap();
+    for step in 0..2_000u32 {
+        let offset = random.gen_range(0..=model.len() as u64);
+        let data: Vec<u8> = (0..100u32).map(|index| (step.wrapping_mul(7) + index) as u8 | 1).collect();
+        insert_range(store, root, offset, 100).unwrap();
+        if packed {
+            write_in_file(store, root, MODEL_FILE, offset, &data).unwrap();
+        } else {
+            write(store, root, offset, &data).unwrap();
+        }
+        model.splice(offset as usize..offset as usize, data);
+    }
+    model
+}
+
 /// 2,000 inserts of 100 bytes at random bytes of a 256 KiB file hold a block each (the bytes
 /// of each insert get a block of their own); compaction of the whole file brings the space held
 /// within 1.2× of the bytes mapped, keeps every byte, and a second pass finds nothing to do.
@@ -857,15 +877,7 @@ fn compaction_packs_small_inserts_into_whole_blocks() {
     let mut random = SmallRng::seed_from_u64(5);
     let mut store = MemoryStore::new();
     let mut root = ExtentRoot::empty();
-    let mut model: Vec<u8> = (0..256 * 1024).map(|index| (index % 251) as u8).collect();
-    write(&mut store, &mut root, 0, &model).unwrap();
-    for step in 0..2_000u32 {
-        let offset = random.gen_range(0..=model.len() as u64);
-        let data: Vec<u8> = (0..100u32).map(|index| (step.wrapping_mul(7) + index) as u8 | 1).collect();
-        insert_range(&mut store, &mut root, offset, 100).unwrap();
-        write(&mut store, &mut root, offset, &data).unwrap();
-        model.splice(offset as usize..offset as usize, data);
-    }
+    let model = insert_small_runs(&mut store, &mut root, &mut random, false);
     let before = space_use(&mut store, &root).unwrap();
     assert_eq!(before.mapped_bytes, model.len() as u64);
     assert!(before.amplification() > 5.0, "fragmented: {before:?}");
@@ -936,15 +948,7 @@ fn small_inserts_pack_into_shared_blocks_and_free_at_the_last_reference() {
     let mut random = SmallRng::seed_from_u64(17);
     let mut store = MemoryStore::new();
     let mut root = ExtentRoot::empty();
-    let mut model: Vec<u8> = (0..256 * 1024).map(|index| (index % 251) as u8).collect();
-    write(&mut store, &mut root, 0, &model).unwrap();
-    for step in 0..2_000u32 {
-        let offset = random.gen_range(0..=model.len() as u64);
-        let data: Vec<u8> = (0..100u32).map(|index| (step.wrapping_mul(7) + index) as u8 | 1).collect();
-        insert_range(&mut store, &mut root, offset, 100).unwrap();
-        write_in_file(&mut store, &mut root, MODEL_FILE, offset, &data).unwrap();
-        model.splice(offset as usize..offset as usize, data);
-    }
+    let mut model = insert_small_runs(&mut store, &mut root, &mut random, true);
     verify(&mut store, &root, &model, "after inserts");
     let report = check(&mut store, &root);
     assert!(report.problems.is_empty(), "{:?}", report.problems);
