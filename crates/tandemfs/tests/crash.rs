@@ -229,6 +229,33 @@ fn crash_and_replay(
     (fs, survivor)
 }
 
+/// A 64 MiB memory volume holding one file `name` of `file_bytes` seeded bytes, written in 1 MiB
+/// pieces and checkpointed: where the at-scale crash tests start. Returns the medium, the mount,
+/// the file's inode, the generator (to go on drawing from) and the file's bytes.
+fn file_at_scale(
+    seed: u64,
+    name: &[u8],
+    file_bytes: usize,
+) -> (MemoryDevice, FileSystem, u64, rand::rngs::SmallRng, Vec<u8>) {
+    let (memory, _) = memory_volume(64 << 20, true);
+    let device: Arc<dyn Device> = Arc::new(memory.clone());
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let file = fs.create(tandemfs::fs::ROOT_INODE, name, tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    let mut rng = rng(seed);
+    let model = pattern(&mut rng, file_bytes);
+    for (index, chunk) in model.chunks(1 << 20).enumerate() {
+        assert_eq!(fs.write(file.inode, (index << 20) as u64, chunk).unwrap(), chunk.len());
+    }
+    fs.checkpoint().unwrap();
+    (memory, fs, file.inode, rng, model)
+}
+
+/// fsck of the medium that survived a crash and its replay must find it clean.
+fn assert_clean_after_replay(survivor: MemoryDevice, seed: u64) {
+    let report = fsck::check(Arc::new(survivor)).unwrap();
+    assert!(report.is_clean(), "seed {seed}: fsck after replay: {:#?}", report.problems);
+}
+
 /// Issue 13's check at scale, made small: thousands of inserts of bytes (and some collapses)
 /// at byte offsets of a file of a few MiB, the back end applying and checkpointing as it goes,
 /// then a crash right after the last fsync. Every byte must come back. `mode` chooses whether
@@ -236,18 +263,9 @@ fn crash_and_replay(
 fn inserts_at_scale(seed: u64, mode: CrashMode) {
     const FILE_BYTES: usize = 3 << 20;
     const OPERATIONS: usize = 3000;
-    let (memory, _) = memory_volume(64 << 20, true);
-    let device: Arc<dyn Device> = Arc::new(memory.clone());
-    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
-    let file = fs.create(tandemfs::fs::ROOT_INODE, b"big", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
-    let mut rng = rng(seed);
-    let mut model = pattern(&mut rng, FILE_BYTES);
-    for (index, chunk) in model.chunks(1 << 20).enumerate() {
-        assert_eq!(fs.write(file.inode, (index << 20) as u64, chunk).unwrap(), chunk.len());
-    }
-    fs.checkpoint().unwrap();
+    let (memory, fs, inode, mut rng, mut model) = file_at_scale(seed, b"big", FILE_BYTES);
     for operation in 0..OPERATIONS {
-        insert_or_collapse(&fs, file.inode, &mut rng, &mut model);
+        insert_or_collapse(&fs, inode, &mut rng, &mut model);
         // The back end applies in batches and checkpoints now and then, as a mount does.
         if operation % 64 == 63 {
             fs.run_backend().unwrap();
@@ -256,10 +274,9 @@ fn inserts_at_scale(seed: u64, mode: CrashMode) {
             fs.checkpoint().unwrap();
         }
     }
-    let (fs, survivor) = crash_and_replay(fs, &memory, file.inode, &model, seed, mode);
+    let (fs, survivor) = crash_and_replay(fs, &memory, inode, &model, seed, mode);
     drop(fs);
-    let report = fsck::check(Arc::new(survivor)).unwrap();
-    assert!(report.is_clean(), "seed {seed}: fsck after replay: {:#?}", report.problems);
+    assert_clean_after_replay(survivor, seed);
 }
 
 #[test]
@@ -322,17 +339,10 @@ fn a_checkpoint_commit_never_outlives_the_data_it_covers() {
 fn compaction_at_scale(seed: u64, mode: CrashMode) {
     const FILE_BYTES: usize = 1 << 20;
     const OPERATIONS: usize = 2000;
-    let (memory, _) = memory_volume(64 << 20, true);
-    let device: Arc<dyn Device> = Arc::new(memory.clone());
-    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
-    let file = fs.create(tandemfs::fs::ROOT_INODE, b"big", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
-    let mut rng = rng(seed);
-    let mut model = pattern(&mut rng, FILE_BYTES);
-    assert_eq!(fs.write(file.inode, 0, &model).unwrap(), model.len());
-    fs.checkpoint().unwrap();
+    let (memory, fs, inode, mut rng, mut model) = file_at_scale(seed, b"big", FILE_BYTES);
     let mut compactions = 0;
     for operation in 0..OPERATIONS {
-        insert_or_collapse(&fs, file.inode, &mut rng, &mut model);
+        insert_or_collapse(&fs, inode, &mut rng, &mut model);
         if operation % 64 == 63 {
             fs.run_backend().unwrap();
         }
@@ -342,7 +352,7 @@ fn compaction_at_scale(seed: u64, mode: CrashMode) {
         if operation == 1200 || operation + 1 == OPERATIONS {
             // Inserts pack and cuts copy nothing (format version 8), so the file stays within
             // about 1.1x; factor 1.0 compacts every run that holds more blocks than it needs.
-            let report = fs.defrag(file.inode, 1.0).unwrap();
+            let report = fs.defrag(inode, 1.0).unwrap();
             assert!(report.before.amplification() > 1.0, "seed {seed}: fragmented: {report:?}");
             assert!(report.records > 0 && report.after.amplification() <= 1.2, "seed {seed}: {report:?}");
             assert_eq!(report.after.mapped_bytes, model.len() as u64, "seed {seed}");
@@ -350,12 +360,11 @@ fn compaction_at_scale(seed: u64, mode: CrashMode) {
         }
     }
     assert_eq!(compactions, 2);
-    let (fs, survivor) = crash_and_replay(fs, &memory, file.inode, &model, seed, mode);
-    assert!(fs.space_use(file.inode).unwrap().amplification() <= 1.2, "seed {seed}: replayed compaction");
+    let (fs, survivor) = crash_and_replay(fs, &memory, inode, &model, seed, mode);
+    assert!(fs.space_use(inode).unwrap().amplification() <= 1.2, "seed {seed}: replayed compaction");
     fs.unmount().unwrap();
     drop(fs);
-    let report = fsck::check(Arc::new(survivor)).unwrap();
-    assert!(report.is_clean(), "seed {seed}: fsck after replay: {:#?}", report.problems);
+    assert_clean_after_replay(survivor, seed);
 }
 
 /// Shared blocks under replay (format version 8): inserts of 1 to 200 bytes cut extents inside
@@ -370,15 +379,7 @@ fn compaction_at_scale(seed: u64, mode: CrashMode) {
 fn shared_blocks_at_scale(seed: u64, mode: CrashMode) {
     const FILE_BYTES: usize = 256 << 10;
     const OPERATIONS: usize = 2000;
-    let (memory, _) = memory_volume(64 << 20, true);
-    let device: Arc<dyn Device> = Arc::new(memory.clone());
-    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
-    let file = fs.create(tandemfs::fs::ROOT_INODE, b"shared", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
-    let inode = file.inode;
-    let mut rng = rng(seed);
-    let mut model = pattern(&mut rng, FILE_BYTES);
-    assert_eq!(fs.write(inode, 0, &model).unwrap(), model.len());
-    fs.checkpoint().unwrap();
+    let (memory, fs, inode, mut rng, mut model) = file_at_scale(seed, b"shared", FILE_BYTES);
     for operation in 0..OPERATIONS {
         let offset = rng.gen_range(0..=model.len());
         match rng.gen_range(0..10) {
@@ -429,8 +430,7 @@ fn shared_blocks_at_scale(seed: u64, mode: CrashMode) {
     assert!(left.data_blocks <= 4, "seed {seed}: blocks kept past their last reference: {left:?}");
     fs.unmount().unwrap();
     drop(fs);
-    let report = fsck::check(Arc::new(survivor)).unwrap();
-    assert!(report.is_clean(), "seed {seed}: fsck after replay: {:#?}", report.problems);
+    assert_clean_after_replay(survivor, seed);
 }
 
 #[test]
