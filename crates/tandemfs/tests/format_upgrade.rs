@@ -1,17 +1,42 @@
-//! A volume of an earlier format version (5, 6 or 7) is read by this build and taken forward to
-//! the current one (8) by its first read-write mount, before anything of this build reaches home:
-//! version 6 only lets a free leave a data block's generation-table and checksum entries,
-//! version 7 only adds the compaction record to the log, and version 8 lets extents of a file
-//! share a block (counted in the generation table) and adds the direct-write record, so every
-//! version-5, -6 or -7 volume is a valid version-8 one, and an older build must then refuse it (a
-//! log with a compaction or direct-write record would read as corrupt to it; a shared block would
-//! be freed at its first extent's removal).
+//! A volume of an earlier format version (5 to 8) is read by this build and taken forward to
+//! the current one (9) by its first read-write mount, before anything of this build reaches home.
+//! Versions 6 to 8 only widened what the volume may hold (a free leaving its generation-table and
+//! checksum entries, the compaction and direct-write records, shared blocks), so an older volume
+//! is first recorded as version 8. Version 9 moves checkpoint images out of the record log into
+//! an image log carved from the record log's data ring: the mount replays the old log as it was
+//! written, checkpoints into it as version 8 did, and then splits the emptied log.
+//!
+//! The volume is a real version-8 one: `tests/data/v8-crashed.bin` was written by the version-8
+//! build (commit 7918998, the program in `tests/data/README.md`) and killed with records pending
+//! after a checkpoint whose images are in its log.
 
+mod common;
+
+use common::forget_dead_mount;
 use std::sync::Arc;
 use tandemfs::block::superblock::{Superblock, FORMAT_VERSION, OFFSET_CRC, OFFSET_VERSION};
-use tandemfs::device::{Device, MemoryDevice};
+use tandemfs::device::{CrashMode, Device, Fault, FaultOperation, MemoryDevice};
 use tandemfs::fs::*;
 use tandemfs::{fsck, FileSystem};
+
+/// The version-8 volume, decoded: runs of (u32 zero bytes, u32 literal bytes, the literal).
+fn version_8_image() -> Vec<u8> {
+    let encoded = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/v8-crashed.bin")).unwrap();
+    let mut image = Vec::with_capacity(16 << 20);
+    let mut at = 0;
+    while at < encoded.len() {
+        let zeros = u32::from_le_bytes(encoded[at..at + 4].try_into().unwrap()) as usize;
+        let literal = u32::from_le_bytes(encoded[at + 4..at + 8].try_into().unwrap()) as usize;
+        image.resize(image.len() + zeros, 0);
+        image.extend_from_slice(&encoded[at + 8..at + 8 + literal]);
+        at += 8 + literal;
+    }
+    assert_eq!(image.len(), 16 << 20);
+    // The killed version-8 mount's stamp, which every mount would wait out.
+    let memory = MemoryDevice::from_bytes(image);
+    forget_dead_mount(&(Arc::new(memory.clone()) as Arc<dyn Device>));
+    memory.to_bytes()
+}
 
 /// Rewrites both superblock copies as `version`, with their checksums.
 fn set_version(device: &dyn Device, version: u32) {
@@ -29,6 +54,27 @@ fn on_disk_version(device: &dyn Device) -> u32 {
     Superblock::read_both(device).unwrap().best.format_version
 }
 
+fn read_all(fs: &FileSystem, directory: &[u8], name: &str) -> Option<Vec<u8>> {
+    let directory = fs.lookup(ROOT_INODE, directory).ok()?.inode;
+    let attributes = fs.lookup(directory, name.as_bytes()).ok()?;
+    let mut data = vec![0u8; attributes.size_bytes as usize];
+    fs.read(attributes.inode, 0, &mut data).unwrap();
+    Some(data)
+}
+
+/// Everything the version-8 build acknowledged before it was killed: checkpointed files, files
+/// applied but not checkpointed, and records never applied (an unlink among them).
+fn assert_version_8_files(fs: &FileSystem) {
+    for index in 0..20u8 {
+        let expected = (index != 3).then(|| vec![index + 1; 5000 + index as usize * 100]);
+        assert_eq!(read_all(fs, b"checkpointed", &format!("f{index}")), expected, "f{index}");
+    }
+    for index in 0..10u8 {
+        assert_eq!(read_all(fs, b"applied", &format!("a{index}")), Some(vec![0x40 + index; 3000]), "a{index}");
+        assert_eq!(read_all(fs, b"pending", &format!("p{index}")), Some(vec![0x80 + index; 7000]), "p{index}");
+    }
+}
+
 #[test]
 fn a_version_5_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
     taken_forward(5);
@@ -44,17 +90,19 @@ fn a_version_7_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
     taken_forward(7);
 }
 
-/// A volume of `old` is read as it is by fsck and a read-only mount, and recorded as the current
-/// version by the first read-write mount; a compaction then works on it.
+#[test]
+fn a_version_8_volume_mounts_and_is_taken_forward_by_a_read_write_mount() {
+    taken_forward(8);
+}
+
+/// A volume of `old` is read as it is by fsck and a read-only mount, and taken to the current
+/// version by the first read-write mount, with every acknowledged change; what each later
+/// version added then works on it.
 fn taken_forward(old: u32) {
     assert!(old < FORMAT_VERSION);
-    let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
-    FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
-    let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
-    let file = fs.create(ROOT_INODE, b"kept", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
-    fs.write(file, 0, b"version five").unwrap();
-    fs.unmount().unwrap();
-    drop(fs);
+    let memory = MemoryDevice::from_bytes(version_8_image());
+    let device: Arc<dyn Device> = Arc::new(memory.clone());
+    assert_eq!(on_disk_version(device.as_ref()), 8);
     set_version(device.as_ref(), old);
 
     // fsck reads it as it is and says what a mount will do; nothing is written.
@@ -64,22 +112,26 @@ fn taken_forward(old: u32) {
     let version = lines.lines.iter().find(|(name, _)| name == "format version").unwrap();
     let expected = format!("{old} (the next read-write mount records {FORMAT_VERSION})");
     assert!(version.1.starts_with(&expected), "{version:?}");
+    let images = lines.lines.iter().find(|(name, _)| name == "image log").unwrap();
+    assert!(images.1.starts_with("none"), "{images:?}");
     assert_eq!(on_disk_version(device.as_ref()), old);
 
-    // A read-only mount leaves the medium at 5.
+    // A read-only mount leaves the medium as it is.
+    let before = memory.to_bytes();
     let read_only = MountOptions { read_only: true, ..MountOptions::default() };
     let (fs, report) = FileSystem::mount(device.clone(), &read_only).unwrap();
     assert_eq!(report.format_upgraded_from, Some(old));
+    assert_version_8_files(&fs);
     fs.unmount().unwrap();
     drop(fs);
-    assert_eq!(on_disk_version(device.as_ref()), old);
+    assert!(memory.to_bytes() == before, "a read-only mount wrote to the medium");
 
     let (fs, report) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
     assert_eq!(report.format_upgraded_from, Some(old));
     assert_eq!(on_disk_version(device.as_ref()), FORMAT_VERSION);
-    let mut buffer = [0u8; 12];
-    fs.read(file, 0, &mut buffer).unwrap();
-    assert_eq!(&buffer, b"version five");
+    assert_version_8_files(&fs);
+    let file = fs.create(ROOT_INODE, b"kept", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    fs.write(file, 0, b"version five").unwrap();
     // What versions 7 and 8 add: inserts inside a block share it between the two parts of the
     // cut extent, and a compaction record, logged and applied on the taken-forward volume.
     for step in 0..40u64 {
@@ -98,11 +150,58 @@ fn taken_forward(old: u32) {
     let mut back = vec![0u8; large.len()];
     fs.read(file, 1 << 20, &mut back).unwrap();
     assert!(back == large);
+    // What version 9 adds: checkpoints into the image log, many of them.
+    for round in 0..5 {
+        fs.make_directory(ROOT_INODE, format!("round{round}").as_bytes(), 0o755, 0, 0).unwrap();
+        fs.checkpoint().unwrap();
+    }
     fs.unlink(ROOT_INODE, b"kept").unwrap();
     fs.unmount().unwrap();
     drop(fs);
+    let lines = fsck::inspect(device.clone()).unwrap();
+    let images = lines.lines.iter().find(|(name, _)| name == "image log").unwrap();
+    assert!(images.1.contains("checkpoint images"), "{images:?}");
     let (fs, report) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
     assert_eq!(report.format_upgraded_from, None);
+    assert_version_8_files(&fs);
     fs.unmount().unwrap();
     assert!(fsck::check(device).unwrap().problems.is_empty());
+}
+
+/// A crash anywhere in the upgrading mount (the replay, the version-8 checkpoint, the split)
+/// leaves a volume the next mount opens with every acknowledged change: before the superblock
+/// that records version 9, the old log is whole; after it, the image log is.
+
+#[test]
+fn a_crash_during_the_upgrade_loses_nothing() {
+    let image = version_8_image();
+    let counting = MemoryDevice::from_bytes(image.clone());
+    counting.reset_counters();
+    let (fs, _) = FileSystem::mount(Arc::new(counting.clone()), &MountOptions::default()).unwrap();
+    let upgrade_writes = counting.counters().writes;
+    drop(fs);
+    assert!(upgrade_writes > 10, "{upgrade_writes}");
+    for (step, seed) in (0..16u64).enumerate() {
+        let crash_after = upgrade_writes * step as u64 / 16;
+        let memory = MemoryDevice::from_bytes_with_crash_model(image.clone());
+        memory.inject(Fault {
+            operation: FaultOperation::Write,
+            after_operations: crash_after,
+            repeat: true,
+            range: None,
+        });
+        assert!(FileSystem::mount(Arc::new(memory.clone()), &MountOptions::default()).is_err(), "write {crash_after}");
+        let survivor = memory.crash(seed, CrashMode::Random);
+        survivor.clear_faults();
+        let device: Arc<dyn Device> = Arc::new(survivor);
+        forget_dead_mount(&device);
+        let report = fsck::check(device.clone()).unwrap();
+        assert!(report.problems.is_empty(), "crash after write {crash_after}: fsck {:?}", report.problems);
+        let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+        assert_version_8_files(&fs);
+        fs.unmount().unwrap();
+        drop(fs);
+        assert_eq!(on_disk_version(device.as_ref()), FORMAT_VERSION);
+        assert!(fsck::check(device).unwrap().problems.is_empty(), "crash after write {crash_after}");
+    }
 }

@@ -70,6 +70,9 @@ struct LogView {
     tail: LogPosition,
     records: Vec<Record>,
     end: LogPosition,
+    /// The image log (format version 9): checkpoint images and commits.
+    image_geometry: LogGeometry,
+    image_records: Vec<Record>,
 }
 
 fn log_view(image: &[u8]) -> LogView {
@@ -79,7 +82,18 @@ fn log_view(image: &[u8]) -> LogView {
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let scan = Log::scan(&device, &geometry, tail).unwrap();
     assert!(scan.damage.is_none(), "the undamaged volume scans clean");
-    LogView { superblock, geometry, tail, records: scan.records, end: scan.end }
+    let image_geometry = superblock.image_log_geometry().unwrap();
+    let image_scan = Log::scan(&device, &image_geometry, superblock.image_log_tail()).unwrap();
+    assert!(image_scan.damage.is_none(), "the undamaged image log scans clean");
+    LogView {
+        superblock,
+        geometry,
+        tail,
+        records: scan.records,
+        end: scan.end,
+        image_geometry,
+        image_records: image_scan.records,
+    }
 }
 
 fn header_offset(geometry: &LogGeometry, lsn: u64) -> usize {
@@ -331,13 +345,13 @@ fn checkpoint_image_naming_another_block_is_refused() {
         assert_eq!(read_file(&fs, "second"), Some(second.data.clone()));
     }
     let view = log_view(&image);
-    let images = view.records.iter().find(|record| record.kind == record::KIND_CHECKPOINT_IMAGES).unwrap().lsn;
+    let images = view.image_records.iter().find(|record| record.kind == record::KIND_CHECKPOINT_IMAGES).unwrap().lsn;
     // The home block holding the first 4 KiB of "first".
     let data_block = image.chunks(4096).position(|block| block == &first.data[..4096]).unwrap() as u64;
-    reseal_payload(&mut image, &view.geometry, images, |payload| {
+    reseal_payload(&mut image, &view.image_geometry, images, |payload| {
         payload[12..20].copy_from_slice(&data_block.to_le_bytes());
     });
-    assert_refused(&image, &format!("log record {images} cannot be replayed"));
+    assert_refused(&image, &format!("image log record {images} cannot be used"));
     let report = fsck::check(device_of(&image)).unwrap();
     assert!(report.problems[0].contains("checkpoint image"), "{:?}", report.problems);
 }
@@ -359,24 +373,24 @@ fn repair_of_a_bad_checkpoint_image_is_safe_or_refused() {
     fs.checkpoint().unwrap();
     drop(fs);
     let after = memory.to_bytes();
-    let geometry = log_view(&before).geometry;
-    let header_ring =
-        geometry.header_start_byte as usize..(geometry.header_start_byte + geometry.header_slots * 64) as usize;
-    let data_ring = geometry.data_start_byte as usize..(geometry.data_start_byte + geometry.data_bytes) as usize;
+    let view = log_view(&before);
+    // Both logs: the record log's rings and the image log's right after them.
+    let logs = view.geometry.header_start_byte as usize
+        ..(view.image_geometry.data_start_byte + view.image_geometry.data_bytes) as usize;
     // Images home, superblock not written / commit durable, nothing home yet.
     let mut images_home = after.clone();
     images_home[..2 * 4096].copy_from_slice(&before[..2 * 4096]);
     let mut nothing_home = before.clone();
-    nothing_home[header_ring.clone()].copy_from_slice(&after[header_ring]);
-    nothing_home[data_ring.clone()].copy_from_slice(&after[data_ring]);
+    nothing_home[logs.clone()].copy_from_slice(&after[logs]);
     for (mut image, home) in [(images_home, true), (nothing_home, false)] {
         let view = log_view(&image);
-        let images = view.records.iter().find(|record| record.kind == record::KIND_CHECKPOINT_IMAGES).unwrap().lsn;
+        let images =
+            view.image_records.iter().find(|record| record.kind == record::KIND_CHECKPOINT_IMAGES).unwrap().lsn;
         let data_block = image.chunks(4096).position(|block| block == &first.data[..4096]).unwrap() as u64;
-        reseal_payload(&mut image, &view.geometry, images, |payload| {
+        reseal_payload(&mut image, &view.image_geometry, images, |payload| {
             payload[12..20].copy_from_slice(&data_block.to_le_bytes());
         });
-        assert_refused(&image, &format!("log record {images} cannot be replayed"));
+        assert_refused(&image, &format!("image log record {images} cannot be used"));
         let device = MemoryDevice::from_bytes(image.clone());
         let repaired = backend::discard_damaged_log(Arc::new(device.clone()));
         if home {

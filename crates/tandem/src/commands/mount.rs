@@ -34,7 +34,8 @@ pub struct MountArguments {
     /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads),
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
     /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
-    /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536),
+    /// backlog_image_logs=N (how many image logs' worth of changes may wait to be applied, 1 to 1024; default 8); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -81,6 +82,8 @@ pub struct ParsedOptions {
     pub checkpoint_interval_ms: Option<u64>,
     /// Writes of at least this many bytes go straight home (`None`: the library's default).
     pub direct_write_min_bytes: Option<u64>,
+    /// `backlog_image_logs=N` (`None`: the library's default).
+    pub backlog_image_logs: Option<u64>,
     /// The key file of an encrypted volume (`--key-file` or `-o key_file=FILE`).
     pub key_file: Option<PathBuf>,
     /// `transport=auto|uring|dev-fuse` (`None`: the adapter's default, dev-fuse).
@@ -101,7 +104,7 @@ const KERNEL_FUSE_OPTIONS: [&str; 8] =
 
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, transport=auto|uring|dev-fuse, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, transport=auto|uring|dev-fuse, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, backlog_image_logs=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -176,6 +179,16 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                             "-o direct_write_min_bytes={value}: expected a whole number of bytes (0: every write through the log)"
                         ))
                     })?);
+                }
+                Some(("backlog_image_logs", value)) => {
+                    let range = 1..=tandemfs::fs::types::BACKLOG_IMAGE_LOGS_MAX;
+                    parsed.backlog_image_logs =
+                        Some(value.parse().ok().filter(|count| range.contains(count)).ok_or_else(|| {
+                            CliError::new(format!(
+                                "-o backlog_image_logs={value}: expected a whole number from 1 to {}",
+                                range.end()
+                            ))
+                        })?);
                 }
                 Some(("mmp_interval_ms", value)) => {
                     let range = tandemfs::block::mmp::MIN_INTERVAL_MS..=tandemfs::block::mmp::MAX_INTERVAL_MS;
@@ -330,6 +343,7 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
         direct_write_min_bytes: options
             .direct_write_min_bytes
             .unwrap_or(tandemfs::fs::types::DIRECT_WRITE_MIN_BYTES_DEFAULT),
+        backlog_image_logs: options.backlog_image_logs.unwrap_or(tandemfs::log::BACKLOG_CHECKPOINTS),
         ..MountOptions::default()
     };
     FileSystem::mount(device, &mount_options).map_err(|error| match error {
@@ -700,6 +714,11 @@ mod tests {
             assert!(error.contains("expected a whole number from 1 to 64"), "{wrong}: {error}");
         }
         assert_eq!(parse_options(&["direct_write_min_bytes=0".into()]).unwrap().direct_write_min_bytes, Some(0));
+        assert_eq!(parse_options(&["backlog_image_logs=64".into()]).unwrap().backlog_image_logs, Some(64));
+        for wrong in ["backlog_image_logs=0", "backlog_image_logs=1025", "backlog_image_logs=many"] {
+            let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
+            assert!(error.contains("expected a whole number from 1 to 1024"), "{wrong}: {error}");
+        }
         assert_eq!(
             parse_options(&["direct_write_min_bytes=1048576".into()]).unwrap().direct_write_min_bytes,
             Some(1 << 20)

@@ -22,7 +22,7 @@ pub mod store;
 use crate::block::codec::Decoder;
 use crate::block::inode::Inode;
 use crate::block::meta::{verify_block, BlockBuf, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64, TRAILER_KIND_OFFSET};
-use crate::block::superblock::{Superblock, FORMAT_VERSION, STATE_MOUNTED};
+use crate::block::superblock::{Superblock, STATE_MOUNTED};
 use crate::block::volume::{Image, Volume};
 use crate::device::Device;
 use crate::dir::{self, DirRoot, HashSeed};
@@ -476,6 +476,9 @@ pub fn checkpoint_finish(volume: &parking_lot::Mutex<Volume>, log: &Log, snapsho
     // order, and a crash may keep the unflushed commit and lose the data (a zero block under a
     // checksum that records the data, `tests/crash.rs`).
     device.flush()?;
+    // Version 9: the images go to the image log, which holds nothing older (the checkpoint
+    // before this one released it), and the record log holds only operation records.
+    let image_log: &Log = log.image_log().map(|images| images.as_ref()).unwrap_or(log);
     let covered_bytes = covered_lsn.to_le_bytes();
     let mut image_count = 0u64;
     for chunk in images.chunks(IMAGES_PER_RECORD) {
@@ -489,15 +492,15 @@ pub fn checkpoint_finish(volume: &parking_lot::Mutex<Volume>, log: &Log, snapsho
             parts.push(number);
             parts.push(&image.block[..]);
         }
-        log.append_reserved(KIND_CHECKPOINT_IMAGES, &parts)?.ok_or(Error::NoSpace)?;
+        image_log.append_reserved(KIND_CHECKPOINT_IMAGES, &parts)?.ok_or(Error::NoSpace)?;
         image_count += chunk.len() as u64;
     }
     if let Some(pledges) = &pledges {
         pledges.checkpoint_images_logged(image_count);
     }
     let commit = encode_commit(covered_lsn, image_count, &superblock);
-    let commit_lsn = log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;
-    log.wait_durable(commit_lsn)?;
+    let commit_lsn = image_log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;
+    image_log.wait_durable(commit_lsn)?;
     // From here a replay completes this checkpoint from the log: writing the images home takes
     // no more room, and the appenders waiting for room need not wait for it.
     if let Some(pledges) = &pledges {
@@ -508,21 +511,39 @@ pub fn checkpoint_finish(volume: &parking_lot::Mutex<Volume>, log: &Log, snapsho
     // Every record before the tail is reflected at home: logical records up to `covered_lsn`
     // are in the images, and the records after it up to the first logical one are checkpoint
     // records (this checkpoint's own, or an earlier one's, whose images this one repeats).
-    let tail_lsn = first_logical_after(log, covered_lsn, commit_lsn).unwrap_or(commit_lsn + 1);
+    // With an image log, the record log's tail is simply the first record not covered (a
+    // forced checkpoint may cover no more than the one before it, whose tail stays), and the
+    // image log's passes this commit: its images are home, and the next checkpoint repeats
+    // whatever a later change dirties again.
+    let tail_lsn = if std::ptr::eq(image_log, log) {
+        first_logical_after(log, covered_lsn, commit_lsn).unwrap_or(commit_lsn + 1)
+    } else {
+        (covered_lsn + 1).max(log.tail().lsn)
+    };
     assert!(tail_lsn > covered_lsn, "a record at or before the checkpoint is still uncovered");
     let tail = log.position(tail_lsn);
+    let image_tail = (!std::ptr::eq(image_log, log)).then(|| image_log.position(commit_lsn + 1));
     superblock.sequence += 1;
     superblock.checkpoint_lsn = tail_lsn - 1;
     superblock.log_tail_lsn = tail.lsn;
     superblock.log_tail_data_position = tail.data_position;
+    if let Some(image_tail) = image_tail {
+        superblock.image_log_tail_lsn = image_tail.lsn;
+        superblock.image_log_tail_data_position = image_tail.data_position;
+    }
     superblock.checkpoint_count += 1;
     superblock.checkpoint_time_ns = now_ns();
     superblock.write(device.as_ref())?;
     device.flush()?;
     log.release(tail);
+    if let Some(image_tail) = image_tail {
+        image_log.release(image_tail);
+    }
     let mut volume = volume.lock();
     let current = &mut volume.superblock;
     current.sequence = superblock.sequence;
+    current.image_log_tail_lsn = superblock.image_log_tail_lsn;
+    current.image_log_tail_data_position = superblock.image_log_tail_data_position;
     current.checkpoint_lsn = superblock.checkpoint_lsn;
     current.log_tail_lsn = superblock.log_tail_lsn;
     current.log_tail_data_position = superblock.log_tail_data_position;
@@ -641,15 +662,24 @@ fn decode_images(record: &Record, superblock: &Superblock) -> Result<Decoded> {
 }
 
 fn decode_commit(record: &Record, superblock: &Superblock) -> Result<Decoded> {
+    let decoded = decode_commit_fields(record, superblock)?;
+    if let Decoded::Commit { covered_lsn, .. } = decoded {
+        if covered_lsn >= record.lsn {
+            return Err(Error::corruption(format!("checkpoint commit covers lsn {covered_lsn}, after itself")));
+        }
+    }
+    Ok(decoded)
+}
+
+/// A commit's fields, checked on their own (in the image log a commit's lsn is of another log
+/// than the lsn it covers).
+fn decode_commit_fields(record: &Record, superblock: &Superblock) -> Result<Decoded> {
     let mut decoder = Decoder::new(&record.payload, "checkpoint commit record");
     let covered_lsn = decoder.u64()?;
     let image_count = decoder.u64()?;
     let orphan_head = decoder.u64()?;
     let next_generation = decoder.u64()?;
     decoder.finish()?;
-    if covered_lsn >= record.lsn {
-        return Err(Error::corruption(format!("checkpoint commit covers lsn {covered_lsn}, after itself")));
-    }
     if orphan_head > superblock.inode_count {
         return Err(Error::corruption(format!("checkpoint commit names orphan {orphan_head}, not an inode")));
     }
@@ -725,6 +755,137 @@ fn plan_replay(records: &[Record], superblock: &Superblock) -> std::result::Resu
     Ok(plan)
 }
 
+/// Decodes the image log of a version-9 volume (records after its tail: image records and
+/// commits only) and pairs each commit with its images. A commit covers record-log lsns, so it
+/// must cover one before `record_end` (the record log's next lsn: a checkpoint covers only
+/// applied, hence durable, records). Images after the last commit belong to a checkpoint that
+/// never committed: a crash cut it, and they are ignored. On failure returns the image-log lsn
+/// of the first record that cannot be used, with the reason.
+fn plan_image_log(
+    records: &[Record],
+    superblock: &Superblock,
+    record_end: u64,
+) -> std::result::Result<ReplayPlan, (u64, Error)> {
+    let mut images_by_covered: BTreeMap<u64, Vec<Image>> = BTreeMap::new();
+    let mut plan = ReplayPlan { found: Vec::new(), max_covered_lsn: None };
+    for record in records {
+        let decoded = match record.kind {
+            KIND_CHECKPOINT_IMAGES => decode_images(record, superblock),
+            KIND_CHECKPOINT_COMMIT => decode_commit_fields(record, superblock),
+            kind => Err(Error::corruption(format!("record of kind {kind} in the image log"))),
+        }
+        .map_err(|error| (record.lsn, error))?;
+        match decoded {
+            Decoded::Images { covered_lsn, images } => images_by_covered.entry(covered_lsn).or_default().extend(images),
+            Decoded::Commit { covered_lsn, image_count, orphan_head, next_generation } => {
+                if covered_lsn >= record_end {
+                    let what =
+                        format!("checkpoint commit covers lsn {covered_lsn}, past the record log's end {record_end}");
+                    return Err((record.lsn, Error::corruption(what)));
+                }
+                let images = images_by_covered.remove(&covered_lsn).unwrap_or_default();
+                plan.max_covered_lsn = plan.max_covered_lsn.max(Some(covered_lsn));
+                if covered_lsn <= superblock.checkpoint_lsn {
+                    continue;
+                }
+                if images.len() as u64 != image_count {
+                    let what = format!(
+                        "checkpoint commit names {image_count} images covering {covered_lsn}; {} found",
+                        images.len()
+                    );
+                    return Err((record.lsn, Error::corruption(what)));
+                }
+                plan.found.push(FoundCheckpoint { covered_lsn, orphan_head, next_generation, images });
+            }
+            Decoded::Operation(_) => unreachable!("only image and commit records are decoded here"),
+        }
+    }
+    Ok(plan)
+}
+
+/// Every record of a version-9 record log must be an operation that decodes and checks.
+fn check_operation_records(records: &[Record], superblock: &Superblock) -> std::result::Result<(), (u64, Error)> {
+    for record in records {
+        if record.kind == KIND_CHECKPOINT_IMAGES || record.kind == KIND_CHECKPOINT_COMMIT {
+            let what =
+                format!("checkpoint record (kind {}) in the record log of a volume with an image log", record.kind);
+            return Err((record.lsn, Error::corruption(what)));
+        }
+        decode_record(record, superblock).map_err(|error| (record.lsn, error))?;
+    }
+    Ok(())
+}
+
+/// The error for an image-log record mount cannot use.
+fn image_error(lsn: u64, error: Error) -> Error {
+    match error {
+        Error::Corruption { what } => Error::corruption(format!(
+            "image log record {lsn} cannot be used: {what} (`tandem fsck --repair` discards the checkpoint it belongs to \
+             while none of its images is home)"
+        )),
+        other => other,
+    }
+}
+
+/// Version 9's tail check: the record log's tail must lie just after a record (where the
+/// record before it ends, if that header is still there), and a checkpoint must cover every
+/// record before it. The evidence is the image log: the commits still in its header ring before
+/// its tail (the last one always is: only a later checkpoint's records overwrite its slot) and
+/// those after it (`max_covered_lsn`). A tail moved forward by damage would otherwise drop the
+/// records it skipped without a word.
+fn check_record_tail(
+    device: &dyn crate::device::Device,
+    superblock: &Superblock,
+    max_covered_lsn: Option<u64>,
+) -> Result<()> {
+    let geometry = superblock.log_geometry();
+    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
+    let moved = |what: String| {
+        Error::corruption(format!(
+            "the log tail in the superblock (lsn {}, data position {}) {what}",
+            tail.lsn, tail.data_position
+        ))
+    };
+    if tail.lsn > 1 {
+        if let Some(header) = Log::read_header(device, &geometry, tail.lsn - 1)? {
+            if header.data_position.checked_add(header.payload_length as u64) != Some(tail.data_position) {
+                return Err(moved(format!(
+                    "is not where record {} ends (data position {} + {} bytes)",
+                    tail.lsn - 1,
+                    header.data_position,
+                    header.payload_length
+                )));
+            }
+        }
+    }
+    let image_geometry = superblock.image_log_geometry().expect("version 9 has an image log");
+    let image_tail = superblock.image_log_tail();
+    let mut covered = max_covered_lsn;
+    for lsn in (image_tail.lsn.saturating_sub(image_geometry.header_slots).max(1)..image_tail.lsn).rev() {
+        if covered.is_some_and(|covered| covered + 1 >= tail.lsn) {
+            return Ok(());
+        }
+        let Some(header) = Log::read_header(device, &image_geometry, lsn)? else {
+            break;
+        };
+        if header.kind == KIND_CHECKPOINT_COMMIT {
+            match Log::read_payload(device, &image_geometry, &header)? {
+                Some(payload) if payload.len() >= 8 => {
+                    covered = covered.max(Some(u64::from_le_bytes(payload[..8].try_into().expect("8 bytes"))));
+                }
+                _ => break,
+            }
+        }
+    }
+    if tail.lsn == 1 || covered.is_some_and(|covered| covered + 1 >= tail.lsn) {
+        return Ok(());
+    }
+    Err(moved(format!(
+        "skips operation records up to {}, which no checkpoint in the image log covers: the records it skipped would be lost",
+        tail.lsn - 1
+    )))
+}
+
 /// Checks that the superblock's log tail lies where a checkpoint put it: just after a record
 /// (its data position is where the record before it ends), and past no operation record that
 /// no checkpoint covers. A tail moved forward by damage would otherwise drop every record it
@@ -789,7 +950,9 @@ fn check_log_tail(
 /// checkpoint and reclaims orphans. With `write` false nothing is written (fsck); the result is
 /// the state mount would produce. Damage in the log (a bad record followed by good ones, a
 /// record replay does not understand, a checkpoint image that is not the block it names, a
-/// moved tail) is `Error::Corruption` naming the record; nothing is written home then.
+/// moved tail) is `Error::Corruption` naming the record; nothing is written home then. A volume
+/// of a version before 9 is replayed as it was written and, with `write`, taken to version 9
+/// (`upgrade_to_image_log`).
 pub fn open_volume(
     device: Arc<dyn crate::device::Device>,
     log_options: LogOptions,
@@ -808,16 +971,201 @@ pub fn open_volume(
             .map(|problem| format!("{problem}; used copy {} (run tandem fsck --repair)", copies.best_copy)),
         ..MountReport::default()
     };
-    if write && superblock.format_version < FORMAT_VERSION {
-        // Before anything this build writes reaches home: from here on the volume may hold what
-        // only the current version allows (a free leaves its generation-table and checksum
-        // entries), so an older build must refuse it.
+    if superblock.has_image_log() {
+        return open_with_image_log(device, superblock, report, log_options, cache_blocks, write);
+    }
+    if write {
         report.format_upgraded_from = Some(superblock.format_version);
-        superblock.format_version = FORMAT_VERSION;
+    }
+    if write && superblock.format_version < LAST_VERSION_WITHOUT_IMAGE_LOG {
+        // Before anything this build writes reaches home: from here on the volume may hold what
+        // only version 8 allows (a free leaves its generation-table and checksum entries, a
+        // block may be shared), so an older build must refuse it.
+        superblock.format_version = LAST_VERSION_WITHOUT_IMAGE_LOG;
         superblock.sequence += 1;
         superblock.write(device.as_ref())?;
         device.flush()?;
     }
+    let (volume, log, applier, report) =
+        open_without_image_log(device.clone(), superblock, report, log_options, cache_blocks)?;
+    if !write {
+        return Ok((volume, log, applier, report));
+    }
+    upgrade_to_image_log(device, volume, log, applier, report, log_options)
+}
+
+/// The last format version whose checkpoint images live in the record log.
+const LAST_VERSION_WITHOUT_IMAGE_LOG: u32 = crate::block::superblock::IMAGE_LOG_VERSION - 1;
+
+/// Options of an image log: it is written only by checkpoints, which wait for their commit, so
+/// it needs no background flush, and every append may use all of it.
+fn image_log_options() -> LogOptions {
+    LogOptions { flush_delay_us: u64::MAX, reserve_fraction: 0.0 }
+}
+
+/// Recovers the image log of a version-9 volume; `None` before version 9.
+fn recover_image_log(device: &Arc<dyn Device>, superblock: &Superblock) -> Result<Option<(Arc<Log>, Vec<Record>)>> {
+    let Some(geometry) = superblock.image_log_geometry() else {
+        return Ok(None);
+    };
+    Log::recover(device.clone(), geometry, superblock.image_log_tail(), image_log_options()).map(Some)
+}
+
+/// Recovers the record log at the superblock's tail and, from version 9 on, the image log,
+/// attached to it so that checkpoints go there (for fsck's repair and inspection, which append
+/// to the log or read its usage without replaying it).
+pub fn recover_logs(
+    device: &Arc<dyn Device>,
+    superblock: &Superblock,
+    log_options: LogOptions,
+) -> Result<(Arc<Log>, Vec<Record>)> {
+    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
+    let options =
+        if superblock.has_image_log() { LogOptions { reserve_fraction: 0.0, ..log_options } } else { log_options };
+    let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, options)?;
+    if let Some((image_log, _)) = recover_image_log(device, superblock)? {
+        log.attach_images(image_log);
+    }
+    Ok((log, records))
+}
+
+/// Empties both logs of a volume at its tails (fsck's repair of a log it cannot read).
+pub fn format_logs(device: &dyn Device, superblock: &Superblock) -> Result<()> {
+    Log::format(device, &superblock.log_geometry())?;
+    if let Some(images) = superblock.image_log_geometry() {
+        Log::format(device, &images)?;
+    }
+    Ok(())
+}
+
+/// A version-9 volume: checkpoints from the image log, operations from the record log. The
+/// replay checkpoints whenever its images would fill half the image log, as the running back
+/// end does, since the records after the tail may have dirtied more than one checkpoint holds.
+fn open_with_image_log(
+    device: Arc<dyn Device>,
+    mut superblock: Superblock,
+    mut report: MountReport,
+    log_options: LogOptions,
+    cache_blocks: usize,
+    write: bool,
+) -> Result<(Volume, Arc<Log>, Applier, MountReport)> {
+    let record_options = LogOptions { reserve_fraction: 0.0, ..log_options };
+    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
+    let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, record_options)?;
+    let (image_log, image_records) = recover_image_log(&device, &superblock)?.expect("version 9 has an image log");
+    let record_end = log.next_lsn();
+    let plan =
+        plan_image_log(&image_records, &superblock, record_end).map_err(|(lsn, error)| image_error(lsn, error))?;
+    check_operation_records(&records, &superblock).map_err(|(lsn, error)| record_error(lsn, error))?;
+    check_record_tail(device.as_ref(), &superblock, plan.max_covered_lsn)?;
+
+    let mut base_lsn = superblock.checkpoint_lsn;
+    if let Some(last) = plan.found.last() {
+        report.checkpoint_completed = true;
+        base_lsn = last.covered_lsn;
+        superblock.orphan_head = last.orphan_head;
+        superblock.next_generation = last.next_generation;
+        for checkpoint in &plan.found {
+            Volume::write_images_home(device.as_ref(), &mut superblock, &checkpoint.images)?;
+        }
+        device.flush()?;
+        let home = Volume::load(device.clone(), superblock.clone(), 64)?;
+        superblock.free_blocks = home.blocks.free_count();
+        superblock.free_inodes = home.inodes.free_count();
+        let tail = log.position((base_lsn + 1).max(log.tail().lsn));
+        let image_tail = image_log.position(image_log.next_lsn());
+        superblock.sequence += 1;
+        superblock.checkpoint_lsn = tail.lsn - 1;
+        superblock.log_tail_lsn = tail.lsn;
+        superblock.log_tail_data_position = tail.data_position;
+        superblock.image_log_tail_lsn = image_tail.lsn;
+        superblock.image_log_tail_data_position = image_tail.data_position;
+        superblock.write(device.as_ref())?;
+        device.flush()?;
+        log.release(tail);
+        image_log.release(image_tail);
+    }
+    log.attach_images(image_log);
+    let mut volume = Volume::load(device.clone(), superblock.clone(), cache_blocks)?;
+    let applier = Applier { hash_seed: superblock.hash_seed };
+    claim_direct_writes(&mut volume, &records, base_lsn)?;
+    let volume = parking_lot::Mutex::new(volume);
+    let half_image_blocks = log.reserve_image_blocks() / 2;
+    // The data checksums on disk are the checkpoint's; replayed writes recompute them (also
+    // after a checkpoint taken here: a later crash replays from it with the same rule).
+    volume.lock().set_replaying(true);
+    for record in records.iter().filter(|record| record.lsn > base_lsn) {
+        let op = Op::decode(record.kind, &record.payload).map_err(|error| record_error(record.lsn, error))?;
+        let mut held = volume.lock();
+        applier.apply(&mut *held, record.lsn, &op)?;
+        report.records_replayed += 1;
+        let due = write && held.image_estimate_blocks() > half_image_blocks;
+        drop(held);
+        if due {
+            checkpoint(&volume, &log, record.lsn)?;
+            report.replay_checkpoints += 1;
+        }
+    }
+    let mut volume = volume.into_inner();
+    volume.set_replaying(false);
+    report.orphans_reclaimed = applier.reclaim_orphans(&mut volume)?;
+    Ok((volume, log, applier, report))
+}
+
+/// Takes a volume replayed as version 8 (or earlier) to version 9: checkpoints what the replay
+/// changed into the record log as version 8 did (its pledge kept room for exactly that), which
+/// leaves nothing after the tail, then gives the second half of the record log's data ring to
+/// an image log (`Superblock::split_log_for_images`). The image log starts with one commit
+/// that covers the record log's tail, the evidence `check_record_tail` asks of a tail. A crash
+/// before the superblock write leaves a checkpointed version-8 volume, which the next mount
+/// takes forward the same way.
+fn upgrade_to_image_log(
+    device: Arc<dyn Device>,
+    volume: Volume,
+    log: Arc<Log>,
+    applier: Applier,
+    report: MountReport,
+    log_options: LogOptions,
+) -> Result<(Volume, Arc<Log>, Applier, MountReport)> {
+    let last_lsn = log.next_lsn() - 1;
+    let volume = parking_lot::Mutex::new(volume);
+    checkpoint(&volume, &log, last_lsn)?;
+    let mut volume = volume.into_inner();
+    let tail = log.tail();
+    assert_eq!(tail.lsn, log.next_lsn(), "a checkpoint of every record leaves the log empty");
+    log.shutdown()?;
+    drop(log);
+    let mut superblock = volume.superblock.clone();
+    superblock.split_log_for_images();
+    let image_geometry = superblock.image_log_geometry().expect("split");
+    Log::format(device.as_ref(), &image_geometry)?;
+    let (image_log, _) = Log::recover(device.clone(), image_geometry, LogPosition::START, image_log_options())?;
+    let commit = encode_commit(tail.lsn - 1, 0, &superblock);
+    let commit_lsn = image_log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;
+    image_log.wait_durable(commit_lsn)?;
+    let image_tail = image_log.position(commit_lsn + 1);
+    superblock.image_log_tail_lsn = image_tail.lsn;
+    superblock.image_log_tail_data_position = image_tail.data_position;
+    superblock.sequence += 1;
+    superblock.write(device.as_ref())?;
+    device.flush()?;
+    image_log.release(image_tail);
+    let record_options = LogOptions { reserve_fraction: 0.0, ..log_options };
+    let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, record_options)?;
+    assert!(records.is_empty(), "the record log was empty before the split");
+    log.attach_images(image_log);
+    volume.superblock = superblock;
+    Ok((volume, log, applier, report))
+}
+
+/// Opens a volume whose checkpoint images are in the record log (versions 5 to 8).
+fn open_without_image_log(
+    device: Arc<dyn Device>,
+    mut superblock: Superblock,
+    mut report: MountReport,
+    log_options: LogOptions,
+    cache_blocks: usize,
+) -> Result<(Volume, Arc<Log>, Applier, MountReport)> {
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, log_options)?;
     let plan = plan_replay(&records, &superblock).map_err(|(lsn, error)| record_error(lsn, error))?;
@@ -898,6 +1246,9 @@ pub struct LostRecord {
 /// not in the log's future): that stays an error. The volume must not be mounted.
 pub fn discard_damaged_log(device: Arc<dyn crate::device::Device>) -> Result<Vec<LostRecord>> {
     let superblock = Superblock::read_best(device.as_ref())?;
+    if superblock.has_image_log() {
+        return discard_damaged_logs(device.as_ref(), &superblock);
+    }
     let geometry = superblock.log_geometry();
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let scan = Log::scan(device.as_ref(), &geometry, tail)?;
@@ -935,6 +1286,50 @@ pub fn discard_damaged_log(device: Arc<dyn crate::device::Device>) -> Result<Vec
         .iter()
         .map(|record| LostRecord { lsn: record.lsn, what: describe_discarded(record, &superblock) })
         .collect())
+}
+
+/// `discard_damaged_log` for a version-9 volume: each log is cut at its first record mount
+/// cannot use. In the image log that drops the checkpoint the record belongs to (images after
+/// the last commit are ignored), which is safe only while none of its images is home; in the
+/// record log it drops the operations from that record on.
+fn discard_damaged_logs(device: &dyn crate::device::Device, superblock: &Superblock) -> Result<Vec<LostRecord>> {
+    let geometry = superblock.log_geometry();
+    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
+    let image_geometry = superblock.image_log_geometry().expect("version 9 has an image log");
+    let image_tail = superblock.image_log_tail();
+    let scan = Log::scan(device, &geometry, tail)?;
+    let image_scan = Log::scan(device, &image_geometry, image_tail)?;
+    let (first_bad_image, max_covered) = match plan_image_log(&image_scan.records, superblock, scan.end.lsn) {
+        Ok(plan) => (image_scan.damage.as_ref().map(|damage| damage.lsn), plan.max_covered_lsn),
+        Err((lsn, _)) => (Some(lsn), scan_max_covered(&image_scan.records, superblock)),
+    };
+    let first_bad = match check_operation_records(&scan.records, superblock) {
+        Ok(()) => scan.damage.as_ref().map(|damage| damage.lsn),
+        Err((lsn, _)) => Some(lsn),
+    };
+    // A wrong tail is not repaired by discarding records after it: that stays an error.
+    check_record_tail(device, superblock, max_covered)?;
+    let mut lost = Vec::new();
+    if let Some(first_bad_image) = first_bad_image {
+        let kept = &image_scan.records[..(first_bad_image - image_tail.lsn) as usize];
+        if let Some(lsn) = dropped_images_home(device, &image_scan.records, kept, superblock)? {
+            return Err(Error::corruption(format!(
+                "image log record {first_bad_image} is damaged inside a checkpoint whose images (image log record \
+                 {lsn}) are already home: replaying the records before it over them is not repeatable, so the log \
+                 is not repaired"
+            )));
+        }
+        for record in Log::discard_from(device, &image_geometry, image_tail, first_bad_image)? {
+            let what = format!("image log: {}", describe_discarded(&record, superblock));
+            lost.push(LostRecord { lsn: record.lsn, what });
+        }
+    }
+    if let Some(first_bad) = first_bad {
+        for record in Log::discard_from(device, &geometry, tail, first_bad)? {
+            lost.push(LostRecord { lsn: record.lsn, what: describe_discarded(&record, superblock) });
+        }
+    }
+    Ok(lost)
 }
 
 /// Images go home only once their commit is durable, and a checkpoint the superblock does not

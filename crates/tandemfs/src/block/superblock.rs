@@ -8,15 +8,19 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 /// The oldest version this build reads and takes forward: version 6 only lets a free leave a
 /// data block's generation-table and checksum entries behind, version 7 only adds the
 /// compaction and create-batch records to the log, and version 8 lets the extents of a file
 /// share a data block (its references counted in the generation table, docs/EXTENTS.md) and adds
-/// the direct-write record, so every version-5, -6 or -7 volume is a valid version-8 volume, and
-/// the first superblock a
-/// read-write mount writes records 8.
+/// the direct-write record, so every version-5, -6 or -7 volume is a valid version-8 volume.
+/// Version 9 moves checkpoint images out of the record log into an image log of their own,
+/// carved out of the old log's data ring: a read-write mount of an older volume replays and
+/// checkpoints it as it was (images in the record log), then splits the emptied log
+/// (`Superblock::split_log_for_images`, `backend::upgrade_to_image_log`).
 pub const OLDEST_READABLE_VERSION: u32 = 5;
+/// The first version with an image log.
+pub const IMAGE_LOG_VERSION: u32 = 9;
 /// Counters the superblock keeps (sequence, lsn, generation, mounts, checkpoints) stay below
 /// this: at a billion a second it takes 146 years to reach.
 pub const COUNTER_LIMIT: u64 = 1 << 62;
@@ -106,8 +110,17 @@ pub const OFFSET_CHECKSUM_TABLE_BLOCKS: usize = 352;
 /// MMP block; 0 blocks on a plain volume.
 pub const OFFSET_KEY_SLOT_START: usize = 360;
 pub const OFFSET_KEY_SLOT_BLOCKS: usize = 368;
+/// Version 9: the image log (checkpoint images, `docs/LOG.md`), two rings right after the record
+/// log's data ring, and its tail. Zero before version 9.
+pub const OFFSET_IMAGE_LOG_HEADER_START: usize = 376;
+pub const OFFSET_IMAGE_LOG_HEADER_BLOCKS: usize = OFFSET_IMAGE_LOG_HEADER_START + 8;
+pub const OFFSET_IMAGE_LOG_DATA_START: usize = OFFSET_IMAGE_LOG_HEADER_BLOCKS + 8;
+pub const OFFSET_IMAGE_LOG_DATA_BLOCKS: usize = OFFSET_IMAGE_LOG_DATA_START + 8;
+pub const OFFSET_IMAGE_LOG_TAIL_LSN: usize = OFFSET_IMAGE_LOG_DATA_BLOCKS + 8;
+pub const OFFSET_IMAGE_LOG_TAIL_DATA_POSITION: usize = OFFSET_IMAGE_LOG_TAIL_LSN + 8;
 /// Bytes from here to the checksum are zero.
-pub const USED_BYTES: usize = 376;
+pub const USED_BYTES: usize = OFFSET_IMAGE_LOG_TAIL_DATA_POSITION + 8;
+const _: () = assert!(OFFSET_IMAGE_LOG_HEADER_START == 376 && USED_BYTES == 424);
 pub const OFFSET_CRC: usize = 4092;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +187,13 @@ pub struct Superblock {
     /// Like the superblocks and the MMP block it is never encrypted.
     pub key_slot_start: u64,
     pub key_slot_blocks: u64,
+    /// Version 9: the image log's rings (0 before) and its tail (lsn 0 before).
+    pub image_log_header_start: u64,
+    pub image_log_header_blocks: u64,
+    pub image_log_data_start: u64,
+    pub image_log_data_blocks: u64,
+    pub image_log_tail_lsn: u64,
+    pub image_log_tail_data_position: u64,
 }
 
 /// Blocks of the data checksum table of a volume of `block_count` blocks: one u32 per block.
@@ -203,6 +223,32 @@ pub fn generation_table_levels(block_count: u64) -> Vec<(u64, u64)> {
 /// Blocks of the generation table of a volume of `block_count` blocks.
 pub fn generation_table_blocks(block_count: u64) -> u64 {
     generation_table_levels(block_count).iter().map(|(_, blocks)| blocks).sum()
+}
+
+/// How the blocks after the record log's header ring are shared between the record log's data
+/// ring and the image log (version 9): half each, the image log's header ring taking a 32nd of
+/// its half (a checkpoint of `n` images takes `n / 64 + 2` header slots, 64 to a block, so this
+/// leaves twice the slots its data ring can use).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogSplit {
+    pub record_data_blocks: u64,
+    pub image_header_blocks: u64,
+    pub image_data_blocks: u64,
+}
+
+impl LogSplit {
+    pub fn of(data_blocks: u64) -> LogSplit {
+        assert!(data_blocks >= 16, "a log data ring of {data_blocks} blocks");
+        let image_blocks = data_blocks / 2;
+        let image_header_blocks = (image_blocks / 32).max(2);
+        let split = LogSplit {
+            record_data_blocks: data_blocks - image_blocks,
+            image_header_blocks,
+            image_data_blocks: image_blocks - image_header_blocks,
+        };
+        assert!(split.record_data_blocks + split.image_header_blocks + split.image_data_blocks == data_blocks);
+        split
+    }
 }
 
 impl Superblock {
@@ -256,7 +302,7 @@ impl Superblock {
         // One 64-byte header per record; metadata records are small, so an eighth of the log
         // for headers leaves room for about as many records as the data ring can hold.
         let log_header_blocks = (log_blocks / 8).max(16);
-        let log_data_blocks = log_blocks - log_header_blocks;
+        let split = LogSplit::of(log_blocks - log_header_blocks);
         let inode_count = inode_count.unwrap_or(volume_bytes / (16 << 10));
         let inode_count = inode_count.max(INODES_PER_BLOCK).div_ceil(INODES_PER_BLOCK) * INODES_PER_BLOCK;
         let inode_table_blocks = inode_count / INODES_PER_BLOCK;
@@ -264,7 +310,10 @@ impl Superblock {
         let inode_bitmap_blocks = inode_count.div_ceil(BITS_PER_BITMAP_BLOCK);
         let log_header_start = 2;
         let log_data_start = log_header_start + log_header_blocks;
-        let block_bitmap_start = log_data_start + log_data_blocks;
+        let log_data_blocks = split.record_data_blocks;
+        let image_log_header_start = log_data_start + log_data_blocks;
+        let image_log_data_start = image_log_header_start + split.image_header_blocks;
+        let block_bitmap_start = image_log_data_start + split.image_data_blocks;
         let inode_bitmap_start = block_bitmap_start + block_bitmap_blocks;
         let inode_table_start = inode_bitmap_start + inode_bitmap_blocks;
         let mmp_block = inode_table_start + inode_table_blocks;
@@ -324,14 +373,50 @@ impl Superblock {
             checksum_table_blocks,
             key_slot_start,
             key_slot_blocks,
+            image_log_header_start,
+            image_log_header_blocks: split.image_header_blocks,
+            image_log_data_start,
+            image_log_data_blocks: split.image_data_blocks,
+            image_log_tail_lsn: crate::log::LogPosition::START.lsn,
+            image_log_tail_data_position: crate::log::LogPosition::START.data_position,
         })
+    }
+
+    /// Takes a volume of a version before 9 to version 9's geometry: the second half of the
+    /// record log's data ring becomes the image log (`LogSplit`), which starts empty. Only for a
+    /// log with nothing after its tail (replayed and checkpointed): the record log's positions
+    /// go on from the tail, and no payload before it is read again. The caller formats the image
+    /// log's header ring before it writes this superblock.
+    pub fn split_log_for_images(&mut self) {
+        assert!(self.format_version < IMAGE_LOG_VERSION, "version {} has an image log", self.format_version);
+        assert!(self.image_log_header_blocks == 0 && self.image_log_data_blocks == 0);
+        let split = LogSplit::of(self.log_data_blocks);
+        self.log_data_blocks = split.record_data_blocks;
+        self.image_log_header_start = self.log_data_start + split.record_data_blocks;
+        self.image_log_header_blocks = split.image_header_blocks;
+        self.image_log_data_start = self.image_log_header_start + split.image_header_blocks;
+        self.image_log_data_blocks = split.image_data_blocks;
+        self.image_log_tail_lsn = crate::log::LogPosition::START.lsn;
+        self.image_log_tail_data_position = crate::log::LogPosition::START.data_position;
+        self.format_version = IMAGE_LOG_VERSION;
+    }
+
+    /// Blocks of both logs, the image log included.
+    pub fn log_blocks(&self) -> u64 {
+        self.log_header_blocks + self.log_data_blocks + self.image_log_header_blocks + self.image_log_data_blocks
+    }
+
+    /// Whether checkpoint images go to an image log of their own (version 9 on) or into the
+    /// record log, as before.
+    pub fn has_image_log(&self) -> bool {
+        self.format_version >= IMAGE_LOG_VERSION
     }
 
     pub fn encode(&self) -> Box<[u8; BLOCK_SIZE]> {
         let mut block = Box::new([0u8; BLOCK_SIZE]);
         let bytes = &mut block[..];
         bytes[OFFSET_MAGIC..OFFSET_MAGIC + 8].copy_from_slice(&MAGIC);
-        put_u32(bytes, OFFSET_VERSION, FORMAT_VERSION);
+        put_u32(bytes, OFFSET_VERSION, self.format_version);
         put_u32(bytes, OFFSET_BLOCK_SIZE, BLOCK_SIZE as u32);
         put_u64(bytes, OFFSET_SEQUENCE, self.sequence);
         put_u64(bytes, OFFSET_BLOCK_COUNT, self.block_count);
@@ -377,6 +462,12 @@ impl Superblock {
         put_u64(bytes, OFFSET_CHECKSUM_TABLE_BLOCKS, self.checksum_table_blocks);
         put_u64(bytes, OFFSET_KEY_SLOT_START, self.key_slot_start);
         put_u64(bytes, OFFSET_KEY_SLOT_BLOCKS, self.key_slot_blocks);
+        put_u64(bytes, OFFSET_IMAGE_LOG_HEADER_START, self.image_log_header_start);
+        put_u64(bytes, OFFSET_IMAGE_LOG_HEADER_BLOCKS, self.image_log_header_blocks);
+        put_u64(bytes, OFFSET_IMAGE_LOG_DATA_START, self.image_log_data_start);
+        put_u64(bytes, OFFSET_IMAGE_LOG_DATA_BLOCKS, self.image_log_data_blocks);
+        put_u64(bytes, OFFSET_IMAGE_LOG_TAIL_LSN, self.image_log_tail_lsn);
+        put_u64(bytes, OFFSET_IMAGE_LOG_TAIL_DATA_POSITION, self.image_log_tail_data_position);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(bytes, OFFSET_CRC, crc);
         block
@@ -458,6 +549,12 @@ impl Superblock {
             checksum_table_blocks: get_u64(bytes, OFFSET_CHECKSUM_TABLE_BLOCKS),
             key_slot_start: get_u64(bytes, OFFSET_KEY_SLOT_START),
             key_slot_blocks: get_u64(bytes, OFFSET_KEY_SLOT_BLOCKS),
+            image_log_header_start: get_u64(bytes, OFFSET_IMAGE_LOG_HEADER_START),
+            image_log_header_blocks: get_u64(bytes, OFFSET_IMAGE_LOG_HEADER_BLOCKS),
+            image_log_data_start: get_u64(bytes, OFFSET_IMAGE_LOG_DATA_START),
+            image_log_data_blocks: get_u64(bytes, OFFSET_IMAGE_LOG_DATA_BLOCKS),
+            image_log_tail_lsn: get_u64(bytes, OFFSET_IMAGE_LOG_TAIL_LSN),
+            image_log_tail_data_position: get_u64(bytes, OFFSET_IMAGE_LOG_TAIL_DATA_POSITION),
         };
         match superblock.validate(device_blocks) {
             Ok(()) => Ok(superblock),
@@ -485,13 +582,30 @@ impl Superblock {
         if self.block_count < MIN_VOLUME_BYTES / BLOCK_SIZE_U64 {
             return fail(format!("volume of {} blocks is below the minimum", self.block_count));
         }
-        let regions = [
+        let image_log = [
+            ("image log header ring", self.image_log_header_start, self.image_log_header_blocks),
+            ("image log data ring", self.image_log_data_start, self.image_log_data_blocks),
+        ];
+        if !self.has_image_log() {
+            let fields = [self.image_log_tail_lsn, self.image_log_tail_data_position];
+            if image_log.iter().any(|(_, start, blocks)| *start != 0 || *blocks != 0) || fields != [0, 0] {
+                return fail(format!("version {} names an image log", self.format_version));
+            }
+        } else if self.image_log_tail_lsn == 0 || self.image_log_tail_lsn >= COUNTER_LIMIT {
+            return fail(format!("image log tail {} is not an lsn", self.image_log_tail_lsn));
+        }
+        let mut regions = vec![
             ("log header ring", self.log_header_start, self.log_header_blocks),
             ("log data ring", self.log_data_start, self.log_data_blocks),
+        ];
+        if self.has_image_log() {
+            regions.extend(image_log);
+        }
+        regions.extend([
             ("block bitmap", self.block_bitmap_start, self.block_bitmap_blocks),
             ("inode bitmap", self.inode_bitmap_start, self.inode_bitmap_blocks),
             ("inode table", self.inode_table_start, self.inode_table_blocks),
-        ];
+        ]);
         let mut expected_start = 2u64;
         for (name, start, blocks) in regions {
             if start != expected_start || blocks == 0 || blocks > self.block_count {
@@ -602,6 +716,21 @@ impl Superblock {
         }
     }
 
+    /// The image log's rings (version 9 on), `None` before.
+    pub fn image_log_geometry(&self) -> Option<crate::log::LogGeometry> {
+        self.has_image_log().then(|| crate::log::LogGeometry {
+            header_start_byte: self.image_log_header_start * BLOCK_SIZE_U64,
+            header_slots: self.image_log_header_blocks * (BLOCK_SIZE_U64 / 64),
+            data_start_byte: self.image_log_data_start * BLOCK_SIZE_U64,
+            data_bytes: self.image_log_data_blocks * BLOCK_SIZE_U64,
+        })
+    }
+
+    /// The image log's tail (version 9 on).
+    pub fn image_log_tail(&self) -> crate::log::LogPosition {
+        crate::log::LogPosition { lsn: self.image_log_tail_lsn, data_position: self.image_log_tail_data_position }
+    }
+
     /// Reads both copies and returns the valid one with the higher sequence number.
     pub fn read_best(device: &dyn Device) -> Result<Superblock> {
         Superblock::read_both(device).map(|copies| copies.best)
@@ -706,7 +835,7 @@ mod tests {
         assert_eq!(MMP_RESERVED_END, OFFSET_GENERATION_TABLE_START);
         assert_eq!(OFFSET_METADATA_GENERATION + 8, OFFSET_CHECKSUM_TABLE_START);
         assert_eq!(OFFSET_CHECKSUM_TABLE_BLOCKS + 8, OFFSET_KEY_SLOT_START);
-        assert_eq!(OFFSET_KEY_SLOT_BLOCKS + 8, USED_BYTES);
+        assert_eq!(OFFSET_KEY_SLOT_BLOCKS + 8, OFFSET_IMAGE_LOG_HEADER_START);
         assert_eq!(BITS_PER_BITMAP_BLOCK, 32_512);
         assert_eq!(GENERATIONS_PER_TABLE_BLOCK, 508);
         assert_eq!(INODES_PER_BLOCK * 256, 3840);
@@ -765,24 +894,49 @@ mod tests {
         }
     }
 
+    /// The layout a version-8 mkfs made: the image log's blocks in the record log's data ring.
+    fn version_8_layout(blocks: u64) -> Superblock {
+        let mut superblock = Superblock::layout(blocks, None, None).unwrap();
+        superblock.log_data_blocks += superblock.image_log_header_blocks + superblock.image_log_data_blocks;
+        superblock.image_log_header_start = 0;
+        superblock.image_log_header_blocks = 0;
+        superblock.image_log_data_start = 0;
+        superblock.image_log_data_blocks = 0;
+        superblock.image_log_tail_lsn = 0;
+        superblock.image_log_tail_data_position = 0;
+        superblock.format_version = 8;
+        superblock
+    }
+
     #[test]
-    fn versions_5_to_7_are_read_and_written_back_as_version_8() {
+    fn versions_5_to_8_are_read_as_they_are_and_split_to_version_9() {
         let blocks = (64u64 << 20) / BLOCK_SIZE_U64;
-        let superblock = Superblock::layout(blocks, None, None).unwrap();
-        let mut bytes = superblock.encode();
-        for old in [5, 6, 7] {
-            put_u32(&mut bytes[..], OFFSET_VERSION, old);
-            let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
-            put_u32(&mut bytes[..], OFFSET_CRC, crc);
-            let decoded = Superblock::decode(&bytes, 0, blocks).unwrap();
+        let version_9 = Superblock::layout(blocks, None, None).unwrap();
+        for old in [5, 6, 7, 8] {
+            let mut superblock = version_8_layout(blocks);
+            superblock.format_version = old;
+            let decoded = Superblock::decode(&superblock.encode(), 0, blocks).unwrap();
             assert_eq!(decoded.format_version, old);
-            assert_eq!(get_u32(&decoded.encode()[..], OFFSET_VERSION), 8);
+            assert!(!decoded.has_image_log() && decoded.image_log_geometry().is_none());
+            assert_eq!(get_u32(&decoded.encode()[..], OFFSET_VERSION), old);
+            // The split gives exactly the rings a version-9 mkfs makes.
+            let mut split = decoded;
+            split.split_log_for_images();
+            assert_eq!(split, Superblock { format_version: IMAGE_LOG_VERSION, ..version_9.clone() });
+            assert_eq!(Superblock::decode(&split.encode(), 0, blocks).unwrap(), split);
         }
-        put_u32(&mut bytes[..], OFFSET_VERSION, 9);
+        // An older version naming an image log is damage.
+        let mut bytes = version_9.encode();
+        put_u32(&mut bytes[..], OFFSET_VERSION, 8);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(&mut bytes[..], OFFSET_CRC, crc);
         let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-        assert!(error.contains("format version 9 is newer than this build's 8"), "{error}");
+        assert!(error.contains("version 8 names an image log"), "{error}");
+        put_u32(&mut bytes[..], OFFSET_VERSION, 10);
+        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+        put_u32(&mut bytes[..], OFFSET_CRC, crc);
+        let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
+        assert!(error.contains("format version 10 is newer than this build's 9"), "{error}");
     }
 
     #[test]
@@ -790,14 +944,16 @@ mod tests {
         for volume_bytes in [64u64 << 20, 12 << 30, 64 << 30, 4 << 40, 16 << 40] {
             let blocks = volume_bytes / BLOCK_SIZE_U64;
             let superblock = Superblock::layout(blocks, None, None).unwrap();
-            let log_blocks = superblock.log_header_blocks + superblock.log_data_blocks;
+            let log_blocks = superblock.log_blocks();
             assert!(log_blocks >= LOG_BLOCKS_PER_BITMAP_BLOCK * superblock.block_bitmap_blocks, "{volume_bytes}");
+            // One checkpoint's images: the whole bitmap, and as much again of other dirt.
+            assert!(superblock.image_log_data_blocks >= 3 * superblock.block_bitmap_blocks, "{volume_bytes}");
             let expected_default = (volume_bytes / 16).clamp(MIN_LOG_BYTES, MAX_LOG_BYTES);
             assert!(log_blocks * BLOCK_SIZE_U64 >= expected_default, "{volume_bytes}");
         }
         // 16 TiB: the default log grows past MAX_LOG_BYTES to hold the bitmap.
         let superblock = Superblock::layout((16u64 << 40) / BLOCK_SIZE_U64, None, None).unwrap();
-        assert!((superblock.log_header_blocks + superblock.log_data_blocks) * BLOCK_SIZE_U64 > MAX_LOG_BYTES);
+        assert!(superblock.log_blocks() * BLOCK_SIZE_U64 > MAX_LOG_BYTES);
         let error = Superblock::layout((64u64 << 30) / BLOCK_SIZE_U64, None, Some(16 << 20)).unwrap_err().to_string();
         assert!(error.contains("a log of 16 MiB is too small for a volume of 65536 MiB: at least 17 MiB"), "{error}");
     }

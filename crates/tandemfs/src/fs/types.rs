@@ -197,7 +197,16 @@ pub struct MountOptions {
     /// written or fallocated bytes, carry their bytes in the log. 0 sends every write through
     /// the log. Default `DIRECT_WRITE_MIN_BYTES_DEFAULT`.
     pub direct_write_min_bytes: u64,
+    /// How many image logs' worth of checkpoint images the records not yet applied may stand
+    /// for (by their bounds) before a change waits for the back end to apply some (format
+    /// version 9, docs/LOG.md *The image log*): more absorbs longer bursts, at the cost of the
+    /// pending changes held in memory and of a longer replay after a crash. From 1 to
+    /// `BACKLOG_IMAGE_LOGS_MAX`; default `log::BACKLOG_CHECKPOINTS` (8).
+    pub backlog_image_logs: u64,
 }
+
+/// The most image logs' worth of backlog `MountOptions::backlog_image_logs` may ask for.
+pub const BACKLOG_IMAGE_LOGS_MAX: u64 = 1024;
 
 /// `MountOptions::checkpoint_interval_ms` when none is given: 5 s.
 pub const CHECKPOINT_INTERVAL_MS_DEFAULT: u64 = 5_000;
@@ -222,6 +231,7 @@ impl Default for MountOptions {
             checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS_DEFAULT,
             key: None,
             direct_write_min_bytes: DIRECT_WRITE_MIN_BYTES_DEFAULT,
+            backlog_image_logs: crate::log::BACKLOG_CHECKPOINTS,
         }
     }
 }
@@ -244,6 +254,9 @@ pub struct DefragReport {
 pub struct MountReport {
     /// Log records after the checkpoint that were replayed.
     pub records_replayed: u64,
+    /// Checkpoints the replay took on its way (format version 9: each time its images would
+    /// fill half the image log).
+    pub replay_checkpoints: u64,
     /// A checkpoint found complete in the log but not yet recorded in the superblock.
     pub checkpoint_completed: bool,
     /// Orphan inodes (unlinked while open at the crash) reclaimed.

@@ -16,7 +16,7 @@ use crate::device::Device;
 use crate::dir::{self, DirRoot};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot};
-use crate::log::{Log, LogOptions, LogPosition};
+use crate::log::LogOptions;
 use crate::types::{FileType, ROOT_INODE};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -483,9 +483,8 @@ pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
     let encryption = encryption_line(device.as_ref(), &Superblock::read_best(device.as_ref())?)?;
     let overlay: Arc<dyn Device> = Arc::new(Overlay::new(device, BTreeMap::new()));
     let superblock = Superblock::read_best(overlay.as_ref())?;
-    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let options = LogOptions { flush_delay_us: u64::MAX, reserve_fraction: 0.5 };
-    let (log, records) = Log::recover(overlay.clone(), superblock.log_geometry(), tail, options)?;
+    let (log, records) = backend::recover_logs(&overlay, &superblock, options)?;
     let volume = Volume::load(overlay, superblock.clone(), 64)?;
     let usage = log.usage();
     let mebibytes = |blocks: u64| format!("{:.1} MiB", (blocks * BLOCK_SIZE_U64) as f64 / (1 << 20) as f64);
@@ -501,6 +500,14 @@ pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
         ("inodes", format!("{} total, {} used", superblock.inode_count, superblock.inode_count - volume.inodes.free_count())),
         ("log", format!("{} header slots, {} data", usage.header_slots_capacity, mebibytes(usage.data_bytes_capacity / BLOCK_SIZE_U64))),
         ("log records pending", format!("{} ({} bytes)", records.len(), usage.data_bytes_used)),
+        ("image log", match superblock.image_log_geometry() {
+            Some(images) => format!(
+                "{} header slots, {} data (checkpoint images)",
+                images.header_slots,
+                mebibytes(images.data_bytes / BLOCK_SIZE_U64)
+            ),
+            None => "none: checkpoint images in the log (format version 8 or older)".into(),
+        }),
         ("checkpoint", format!(
             "lsn {}, {} checkpoints, metadata generation {}",
             superblock.checkpoint_lsn, superblock.checkpoint_count, superblock.metadata_generation
@@ -508,8 +515,9 @@ pub fn inspect(device: Arc<dyn Device>) -> Result<VolumeReport> {
         ("mounts", superblock.mount_count.to_string()),
         ("encryption", encryption),
         ("regions", format!(
-            "log headers {}+{}, log data {}+{}, block bitmap {}+{}, inode bitmap {}+{}, inode table {}+{}, MMP {}, generation table {}+{}, data checksum table {}+{}, data from {}",
+            "log headers {}+{}, log data {}+{}, image log {}+{}, block bitmap {}+{}, inode bitmap {}+{}, inode table {}+{}, MMP {}, generation table {}+{}, data checksum table {}+{}, data from {}",
             superblock.log_header_start, superblock.log_header_blocks, superblock.log_data_start, superblock.log_data_blocks,
+            superblock.image_log_header_start, superblock.image_log_header_blocks + superblock.image_log_data_blocks,
             superblock.block_bitmap_start, superblock.block_bitmap_blocks, superblock.inode_bitmap_start,
             superblock.inode_bitmap_blocks, superblock.inode_table_start, superblock.inode_table_blocks,
             superblock.mmp_block, superblock.generation_table_start, superblock.generation_table_blocks,

@@ -30,7 +30,7 @@ use crate::dir::{self, DirRoot, HashSeed};
 use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot};
 use crate::fs::types::{FileType, ROOT_INODE};
-use crate::log::{Log, LogOptions, LogPosition};
+use crate::log::{Log, LogOptions};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -161,9 +161,7 @@ fn discard_unreplayable_log(
     replay_error: Option<&Error>,
     report: &mut RepairReport,
 ) -> Result<(Arc<Log>, bool)> {
-    let geometry = superblock.log_geometry();
-    let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
-    match Log::recover(device.clone(), geometry, tail, LOG_OPTIONS) {
+    match backend::recover_logs(&device, superblock, LOG_OPTIONS) {
         Ok((log, records)) => {
             let operations =
                 records.iter().filter(|record| record.kind < backend::record::KIND_CHECKPOINT_IMAGES).count();
@@ -180,8 +178,8 @@ fn discard_unreplayable_log(
         Err(error @ Error::Io { .. }) => Err(error),
         Err(error) => {
             report.change(format!("log: cannot be read ({error}); emptied at the checkpoint"));
-            Log::format(device.as_ref(), &geometry)?;
-            let (log, _) = Log::recover(device, geometry, tail, LOG_OPTIONS)?;
+            backend::format_logs(device.as_ref(), superblock)?;
+            let (log, _) = backend::recover_logs(&device, superblock, LOG_OPTIONS)?;
             Ok((log, true))
         }
     }

@@ -45,7 +45,8 @@ pub enum Appended {
     /// The normal share of the log holds no room for the record's bytes.
     LogFull,
     /// The record fits, but not with the images pledged to the records before it
-    /// (`pledge.rs`): applying some of them makes room.
+    /// (`pledge.rs`; with an image log, not under the backlog's bound): applying some of them
+    /// makes room.
     Pledged,
 }
 
@@ -54,6 +55,12 @@ enum Refused {
     Full,
     Pledged,
 }
+
+/// With an image log attached, the records not yet applied may stand for this many image logs'
+/// worth of checkpoint images (by their bounds) before appends wait for the back end: enough
+/// that a burst never waits for a checkpoint (a create's bound is 7 blocks: about 120,000
+/// creates on a 16 GiB volume's image log), few enough to bound a replay and the pending views.
+pub const BACKLOG_CHECKPOINTS: u64 = 8;
 
 /// Bytes of a device block: the unit an encrypted device reads and writes whole.
 const BLOCK_BYTES: u64 = crate::block::meta::BLOCK_SIZE_U64;
@@ -225,6 +232,13 @@ struct Inner {
     normal_data: u64,
     /// Images promised to the records not yet checkpointed; checked by `append_pledged`.
     pledges: Arc<Pledges>,
+    /// Set by `Log::attach_images`: checkpoint images go elsewhere, so no append pledges room
+    /// in this log; the backlog is only kept under `backlog_limit_blocks`.
+    images_elsewhere: AtomicBool,
+    /// With images elsewhere: the most image blocks the records not yet applied may stand for
+    /// (`BACKLOG_CHECKPOINTS` image logs' worth), which bounds what replay after a crash must
+    /// redo and what the front end holds pending.
+    backlog_limit_blocks: AtomicU64,
     state: Mutex<State>,
     /// The stage: `STAGE_SLOTS` slots, record `lsn` in slot `lsn % STAGE_SLOTS`. A reservation
     /// is refused (flush first) while `STAGE_SLOTS` records are not durable, so a slot is
@@ -253,6 +267,9 @@ struct Inner {
 pub struct Log {
     inner: Arc<Inner>,
     flusher: Mutex<Option<JoinHandle<()>>>,
+    /// The log that takes this one's checkpoint images (format version 9 on, `attach_images`);
+    /// unset, they go into this log's reserve and appends pledge room for them (`pledge.rs`).
+    images: std::sync::OnceLock<Arc<Log>>,
 }
 
 impl Log {
@@ -324,6 +341,8 @@ impl Log {
             normal_slots,
             normal_data,
             pledges: Arc::new(Pledges::default()),
+            images_elsewhere: AtomicBool::new(false),
+            backlog_limit_blocks: AtomicU64::new(u64::MAX),
             state: Mutex::new(state),
             slots: (0..STAGE_SLOTS)
                 .map(|_| Slot {
@@ -350,7 +369,7 @@ impl Log {
             }
             None => None,
         };
-        Ok((Arc::new(Log { inner, flusher: Mutex::new(flusher) }), scan.records))
+        Ok((Arc::new(Log { inner, flusher: Mutex::new(flusher), images: std::sync::OnceLock::new() }), scan.records))
     }
 
     /// Reads the log from `tail` as `recover` would, without writing anything and without
@@ -458,12 +477,52 @@ impl Log {
         &self.inner.pledges
     }
 
-    /// Image blocks the log's reserve holds: what one checkpoint's images, and the records
-    /// counted twice while it runs, may take beyond the normal share (see `pledge.rs`).
+    /// Gives this log's checkpoint images a log of their own (format version 9): appends then
+    /// pledge nothing, since no image lands behind them, and `reserve_image_blocks` is what the
+    /// image log holds. Once, before the first append.
+    pub fn attach_images(&self, images: Arc<Log>) {
+        assert!(!Arc::ptr_eq(&self.inner, &images.inner), "a log cannot take its own images");
+        assert!(self.inner.pledges.unapplied_blocks() == 0, "images attached after appends pledged");
+        let limit = images.image_capacity_blocks().saturating_mul(BACKLOG_CHECKPOINTS);
+        self.inner.backlog_limit_blocks.store(limit, Ordering::SeqCst);
+        self.inner.images_elsewhere.store(true, Ordering::SeqCst);
+        assert!(self.images.set(images).is_ok(), "an image log is attached already");
+    }
+
+    /// How many image logs' worth of checkpoint images (by their bounds) the records not yet
+    /// applied may stand for before appends wait for the back end (`BACKLOG_CHECKPOINTS` unless
+    /// set; the mount option `backlog_image_logs`). Only with an image log attached.
+    pub fn set_backlog_image_logs(&self, image_logs: u64) {
+        assert!(image_logs >= 1, "a backlog of {image_logs} image logs");
+        let images = self.images.get().expect("the backlog bound is for a log with an image log");
+        let limit = images.image_capacity_blocks().saturating_mul(image_logs);
+        self.inner.backlog_limit_blocks.store(limit, Ordering::SeqCst);
+    }
+
+    /// The log that takes this one's checkpoint images, if not this one.
+    pub fn image_log(&self) -> Option<&Arc<Log>> {
+        self.images.get()
+    }
+
+    /// Image blocks one checkpoint may write: the reserve of this log (the records counted twice
+    /// while it runs included, see `pledge.rs`), or the whole image log once one is attached
+    /// (each checkpoint releases it before the next one is written).
     pub fn reserve_image_blocks(&self) -> u64 {
+        if let Some(images) = self.images.get() {
+            return images.image_capacity_blocks();
+        }
         let g = &self.inner.geometry;
         let bytes = (g.data_bytes - self.inner.normal_data).saturating_sub(pledge::CHECKPOINT_OVERHEAD_BYTES);
         let slots = (g.header_slots - self.inner.normal_slots).saturating_sub(pledge::CHECKPOINT_OVERHEAD_SLOTS);
+        (bytes / pledge::IMAGE_LOG_BYTES).min(slots.saturating_mul(pledge::IMAGES_PER_SLOT))
+    }
+
+    /// Image blocks this log holds as an image log: all of it, less one checkpoint's fixed
+    /// records.
+    fn image_capacity_blocks(&self) -> u64 {
+        let g = &self.inner.geometry;
+        let bytes = g.data_bytes.saturating_sub(pledge::CHECKPOINT_OVERHEAD_BYTES);
+        let slots = g.header_slots.saturating_sub(pledge::CHECKPOINT_OVERHEAD_SLOTS);
         (bytes / pledge::IMAGE_LOG_BYTES).min(slots.saturating_mul(pledge::IMAGES_PER_SLOT))
     }
 
@@ -813,6 +872,10 @@ impl Inner {
     fn pledge_fits(&self, used_slots: u64, used_bytes: u64, image_blocks: u64) -> bool {
         if self.pledges.unapplied_blocks() == 0 {
             return true;
+        }
+        if self.images_elsewhere.load(Ordering::Relaxed) {
+            let backlog = self.pledges.unapplied_blocks().saturating_add(image_blocks);
+            return backlog <= self.backlog_limit_blocks.load(Ordering::Relaxed);
         }
         let pledged = self.pledges.total_blocks().saturating_add(image_blocks);
         used_bytes.saturating_add(pledge::image_log_bytes(pledged)) <= self.normal_data

@@ -334,3 +334,15 @@ pub fn pattern(rng: &mut SmallRng, length: usize) -> Vec<u8> {
 pub fn resolve(fs: &FileSystem, path: &str) -> Result<Attributes, Error> {
     fs.resolve_path(path.as_bytes())
 }
+
+/// Marks the multi-mount protection block of the volume on `device` clean, as a clean unmount
+/// leaves it: a test's mount that died mid-way stamped it, and the next mount would wait out the
+/// stamp (twice the dead mount's interval and a second; `tests/mmp.rs` tests that wait). For
+/// crash tests whose dead mount is long gone.
+pub fn forget_dead_mount(device: &Arc<dyn Device>) {
+    let superblock = tandemfs::block::superblock::Superblock::read_best(device.as_ref()).unwrap();
+    let location = tandemfs::block::mmp::MmpLocation::of(device.clone(), &superblock);
+    let mut record = location.read().unwrap();
+    record.sequence = tandemfs::block::mmp::SEQUENCE_CLEAN;
+    location.write(&record).unwrap();
+}

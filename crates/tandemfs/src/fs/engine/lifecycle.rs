@@ -39,6 +39,9 @@ impl FileSystem {
             None => device,
         };
         Log::format(device.as_ref(), &superblock.log_geometry())?;
+        if let Some(images) = superblock.image_log_geometry() {
+            Log::format(device.as_ref(), &images)?;
+        }
         // The inode table is not zeroed: its initialized mark starts at 0, so old contents are
         // never read. Other regions are written here (bitmaps) or allocated before use.
         let mut volume = Volume::new_empty(device.clone(), superblock.clone(), 1024);
@@ -90,6 +93,13 @@ impl FileSystem {
                 options.checkpoint_interval_ms,
                 interval.start(),
                 interval.end()
+            )));
+        }
+        if !(1..=crate::fs::types::BACKLOG_IMAGE_LOGS_MAX).contains(&options.backlog_image_logs) {
+            return Err(Error::invalid(format!(
+                "a backlog of {} image logs is outside 1..={}",
+                options.backlog_image_logs,
+                crate::fs::types::BACKLOG_IMAGE_LOGS_MAX
             )));
         }
         let forced_read_only = (!options.read_only && device.is_read_only()).then(|| {
@@ -184,6 +194,9 @@ impl FileSystem {
         let opened = (|| {
             let (volume, log, applier, report) = backend::open_volume(device.clone(), log_options, cache_blocks, true)?;
             volume.check_bitmaps_trusted()?;
+            if log.image_log().is_some() {
+                log.set_backlog_image_logs(options.backlog_image_logs);
+            }
             let last_lsn = log.next_lsn() - 1;
             let volume = Mutex::new(volume);
             if report.records_replayed > 0 || report.orphans_reclaimed > 0 {

@@ -448,11 +448,10 @@ impl FileSystem {
         tree_blocks: u64,
         freed_blocks: u64,
     ) -> Result<Option<u64>> {
-        // Every checkpoint writes its block images into the log, and while records older than
-        // them wait, the tail cannot pass those images. A backlog whose application dirties
-        // more than the log can hold would leave the back end (and a replay after a crash) with
-        // nowhere to write a checkpoint. So each record pledges the images it may need, and the
-        // log admits it only while its bytes and every pledge fit (`log::pledge`): past that,
+        // Each record carries a bound on the checkpoint images its application may need: the
+        // back end hands out batches by it, and the log admits the record only while the
+        // backlog's bounds stay under the log's limit (`log::pledge`; since format version 9
+        // a few image logs' worth, before it the room left beside the records): past that,
         // the caller waits for the back end to apply some of the backlog.
         let image_blocks = data_record_image_blocks(new_blocks, tree_blocks, freed_blocks);
         self.append_with_pledge(op, new_blocks, tree_blocks, image_blocks)
