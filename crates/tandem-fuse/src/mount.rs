@@ -287,6 +287,12 @@ fn start_queues(
 /// `umount`, [`unmount`] or `tandem umount`, or until the process receives SIGINT, SIGTERM or
 /// SIGHUP (then it unmounts itself). Makes every change durable (`fs.sync`) before returning;
 /// the caller then calls `fs.unmount()`.
+/// The requests a mount served, per kind, in its log at `info` once it is unmounted
+/// (`TANDEM_LOG=info`): with the operations a program ran, the kernel round trips each cost.
+fn log_requests_served(mountpoint: &Path, counts: &RequestCounts) {
+    log::info!("tandemfs: {} served {} FUSE requests: {counts:?}", mountpoint.display(), counts.total());
+}
+
 pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<()> {
     // Resolved before mounting: afterwards, looking at the path may need the server, which
     // only starts answering in `run`.
@@ -294,7 +300,7 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     let marker = ServingMarker::claim(mountpoint)?;
     let blocked = BlockedSignals::block()?;
     let counters = Arc::new(RequestCounters::default());
-    let serving = match start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters) {
+    let serving = match start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters.clone()) {
         Ok(serving) => serving,
         Err(error) => {
             drop(blocked);
@@ -308,6 +314,7 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     if let Some(mut queues) = queues {
         queues.stop(QUEUE_STOP_WAIT);
     }
+    log_requests_served(mountpoint, &counters.snapshot());
     control.stop();
     watcher.stop();
     let synced = fs.sync();
@@ -387,6 +394,16 @@ impl BackgroundMount {
         }
     }
 
+    /// Tells the kernel to drop its cached attributes and pages of `inode`
+    /// (FUSE_NOTIFY_INVAL_INODE over the whole file): after the library changed the file's
+    /// contents or attributes behind the mount's back, as [`Self::invalidate_entry`] for names.
+    pub fn invalidate_inode(&self, inode: InodeNumber) -> io::Result<()> {
+        match self.notifier.inval_inode(INodeNo(inode), 0, 0) {
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            result => result,
+        }
+    }
+
     /// Unmounts (fails with EBUSY while files are open, and may then be called again), waits
     /// for the server threads, and makes every change durable. After success, dropping the
     /// value does nothing more.
@@ -406,6 +423,7 @@ impl BackgroundMount {
         if let Some(mut queues) = self.queues.take() {
             queues.stop(QUEUE_STOP_WAIT);
         }
+        log_requests_served(&self.mountpoint, &self.counters.snapshot());
         if let Some(control) = self.control.take() {
             control.stop();
         }

@@ -465,7 +465,8 @@ fn a_cached_negative_entry_never_hides_a_name_made_through_the_mount() {
 /// The library and the mount share a volume in the serving process (`mount_background` is
 /// given a `FileSystem` handle, and its clones stay usable). A name the library creates behind
 /// the kernel's back is hidden by a negative entry the kernel cached before, until
-/// `BackgroundMount::invalidate_entry` tells the kernel.
+/// `BackgroundMount::invalidate_entry` tells the kernel; contents changed there stay stale in
+/// the page cache until `invalidate_inode`.
 #[test]
 fn a_name_made_through_the_library_is_seen_once_the_mount_is_told() {
     let Some(volume) = mounted() else { return };
@@ -476,6 +477,11 @@ fn a_name_made_through_the_library_is_seen_once_the_mount_is_told() {
     volume.fs.write(created.inode, 0, b"library").unwrap();
     volume.mount.as_ref().unwrap().invalidate_entry(root, std::ffi::OsStr::new("from-library")).unwrap();
     assert_eq!(fs::read(&path).unwrap(), b"library");
+    // Contents changed through the library: the kernel keeps its pages (FOPEN_KEEP_CACHE)
+    // and its size until told.
+    volume.fs.write(created.inode, 0, b"LIBRARY, longer").unwrap();
+    volume.mount.as_ref().unwrap().invalidate_inode(created.inode).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"LIBRARY, longer");
 }
 
 /// Set-ID bits and file capabilities are dropped by the file system under
