@@ -68,6 +68,23 @@ fn is_acl_attribute(name: &[u8]) -> bool {
     name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
 }
 
+/// The extended attribute holding a file's capabilities, which Linux removes whenever the
+/// file's contents or owner change.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+/// The permission bits left after what Linux drops on a write or truncation by a caller
+/// without CAP_FSETID, and on a change of owner (`setattr_should_drop_suidgid`):
+/// set-user-ID, and set-group-ID when the file is group-executable or, since Linux 6.2, when
+/// the caller is neither in the file's group nor privileged (`in_group_or_privileged`, asked
+/// only when it matters, since it may read /proc).
+fn without_set_id(permissions: u32, in_group_or_privileged: impl FnOnce() -> bool) -> u32 {
+    let mut kept = permissions & !0o4000;
+    if permissions & 0o2000 != 0 && (permissions & 0o010 != 0 || !in_group_or_privileged()) {
+        kept &= !0o2000;
+    }
+    kept
+}
+
 const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
 
@@ -82,6 +99,9 @@ pub(crate) struct Adapter {
     /// Set when the mount wants FUSE over io_uring; INIT sets it true when the kernel offered
     /// it and it was asked for.
     io_uring: Option<Arc<AtomicBool>>,
+    /// Set by INIT when FUSE_HANDLE_KILLPRIV_V2 was agreed: the kernel then leaves dropping
+    /// set-ID bits and capabilities on write, truncate and chown to the file system.
+    kills_privileges: Arc<AtomicBool>,
 }
 
 impl Adapter {
@@ -92,20 +112,65 @@ impl Adapter {
         counters: Arc<RequestCounters>,
         io_uring: Option<Arc<AtomicBool>>,
     ) -> Adapter {
-        Adapter { fs, kernel_checks_permissions, notifier, counters, io_uring }
+        Adapter { fs, kernel_checks_permissions, notifier, counters, io_uring, kills_privileges: Arc::default() }
     }
 
     /// A second handle on the same volume, notifier and counters, for the io_uring queues'
     /// dispatcher (the session owns the first). Nothing per request lives in the adapter, so
     /// the two serve alike.
     pub(crate) fn second_handle(&self) -> Adapter {
-        Adapter::new(
+        let mut second = Adapter::new(
             self.fs.clone(),
             self.kernel_checks_permissions,
             self.notifier.clone(),
             self.counters.clone(),
             None,
-        )
+        );
+        second.kills_privileges = self.kills_privileges.clone();
+        second
+    }
+
+    /// Drops what Linux drops when a file's contents change (a write, a truncation, an
+    /// allocation): its file capabilities, always, and with `kill_set_id` (the caller, who
+    /// lacks CAP_FSETID) the set-ID bits `without_set_id` names. Returns whether the mode
+    /// changed, so that the caller can tell the kernel its cached mode is stale.
+    fn drop_privileges(&self, inode: InodeNumber, kill_set_id: Option<&Caller>) -> Result<bool, Error> {
+        match self.fs.get_xattr(inode, CAPABILITY_XATTR) {
+            Ok(_) => match self.fs.remove_xattr(inode, CAPABILITY_XATTR) {
+                Ok(()) | Err(Error::NoData) => {}
+                Err(error) => return Err(error),
+            },
+            Err(Error::NoData) => {}
+            Err(error) => return Err(error),
+        }
+        let Some(caller) = kill_set_id else { return Ok(false) };
+        self.drop_set_id(inode, caller)
+    }
+
+    /// Drops set-user-ID and set-group-ID as `without_set_id` says for `caller`; returns
+    /// whether the mode changed.
+    fn drop_set_id(&self, inode: InodeNumber, caller: &Caller) -> Result<bool, Error> {
+        let current = self.fs.get_attributes(inode)?;
+        let kept = without_set_id(current.permissions, || caller.is_root() || caller.is_member_of(current.gid));
+        if kept == current.permissions {
+            return Ok(false);
+        }
+        let change = SetAttributes { permissions: Some(kept), ..Default::default() };
+        self.fs.set_attributes(inode, &change)?;
+        Ok(true)
+    }
+
+    /// Drops the kernel's cached attributes of `inode` (not its pages): after the file system
+    /// changed the mode on its own. Safe before replying to the request at hand, as no page
+    /// lock is taken.
+    fn invalidate_attributes(&self, inode: InodeNumber) {
+        if let Some(notifier) = self.notifier.get() {
+            if let Err(error) = notifier.inval_inode(INodeNo(inode), -1, 0) {
+                if error.raw_os_error() != Some(libc::ENOENT) {
+                    log::warn!("tandemfs: invalidating cached attributes of inode {inode}: {error}");
+                }
+            }
+        }
     }
 
     /// Access check for mounts without `default_permissions`; with it, the kernel has already
@@ -353,6 +418,16 @@ impl fuser::Filesystem for Adapter {
                 let _ = config.add_capabilities(wish);
             }
         }
+        // The file system drops set-user-ID, set-group-ID and file capabilities itself
+        // (docs/FUSE.md, "Set-ID bits and capabilities"). The kernel then marks the volume
+        // SB_NOSEC, and once a file has been written with no set-ID bit and no
+        // `security.capability`, it stops asking for that attribute before every write: one
+        // GETXATTR round trip less per write(2), a third of a durable small append.
+        if config.capabilities().contains(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+            && config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok()
+        {
+            self.kills_privileges.store(true, Ordering::Release);
+        }
         let _ = config.set_max_background(64);
         // Writes of up to 1 MiB, the most the kernel sends anyway (256 pages, FUSE_MAX_PAGES,
         // which fuser asks for): fuser's default of 16 MiB would make the kernel size every
@@ -446,12 +521,43 @@ impl fuser::Filesystem for Adapter {
         _change_time_macos: Option<SystemTime>,
         _backup_time: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         self.counters.count(RequestKind::Setattr);
+        // A truncation drops file capabilities whoever truncates (the kernel no longer checks
+        // once it marked the file SB_NOSEC-clean; harmless where it already did).
+        if size.is_some() {
+            if let Err(error) = self.drop_privileges(inode.0, None) {
+                return reply.error(fuse_errno(&error));
+            }
+        }
         let current = match self.fs.get_attributes(inode.0) {
             Ok(current) => current,
             Err(error) => return reply.error(fuse_errno(&error)),
+        };
+        // FATTR_KILL_SUIDGID (FUSE_HANDLE_KILLPRIV_V2): a chown, or a truncation by a caller
+        // without CAP_FSETID. The kernel sends no mode change of its own then; a mode the
+        // caller sets explicitly wins. Only removing set-ID bits passes the checks below.
+        // Under KILLPRIV_V2 a request that sets nothing at all is the rest of a kill the kernel
+        // stripped: chown(-1, -1), or file_remove_privs before a write by a caller without
+        // CAP_FSETID (whose WRITE is marked as well).
+        let caller = Caller::of(request);
+        let nothing_asked = mode.is_none()
+            && uid.is_none()
+            && gid.is_none()
+            && size.is_none()
+            && access_time.is_none()
+            && modify_time.is_none()
+            && handle.is_none();
+        let kill = kill_suidgid || (nothing_asked && self.kills_privileges.load(Ordering::Acquire));
+        let mode = match mode {
+            None if kill && current.file_type == FileType::Regular => {
+                let in_group_or_privileged = || caller.is_root() || caller.is_member_of(current.gid);
+                Some(without_set_id(current.permissions, in_group_or_privileged))
+                    .filter(|kept| *kept != current.permissions)
+            }
+            mode => mode,
         };
         let changes = SetAttributes {
             permissions: mode.map(|mode| mode & 0o7777),
@@ -463,7 +569,7 @@ impl fuser::Filesystem for Adapter {
         };
         let holds_writable_handle = handle.is_some_and(opened_for_writing);
         let changes = match permissions::check_attribute_change(
-            &Caller::of(request),
+            &caller,
             &current,
             changes,
             holds_writable_handle,
@@ -658,7 +764,7 @@ impl fuser::Filesystem for Adapter {
 
     fn write(
         &self,
-        _request: &Request,
+        request: &Request,
         inode: INodeNo,
         _handle: FileHandle,
         offset: u64,
@@ -674,6 +780,20 @@ impl fuser::Filesystem for Adapter {
         // collapse changed the size and nobody has asked for attributes since. Write-back of
         // cached pages (FUSE_WRITE_CACHE, from mmap) always has its exact offset.
         let appending = flags.0 & libc::O_APPEND != 0 && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        // Under FUSE_HANDLE_KILLPRIV_V2 the file system drops capabilities and set-ID bits
+        // before the data changes, as the kernel's file_remove_privs did; the kernel marks a
+        // write by a caller without CAP_FSETID. Page write-back from mmap carries no caller.
+        if self.kills_privileges.load(Ordering::Acquire) && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            let caller = Caller::of(request);
+            let kill_set_id = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID).then_some(&caller);
+            match self.drop_privileges(inode.0, kill_set_id) {
+                // The kernel's cached mode still has the bits (a write refreshes only size
+                // and times), and exec(2) reads it: drop it now, before the reply.
+                Ok(true) => self.invalidate_attributes(inode.0),
+                Ok(false) => {}
+                Err(error) => return reply.error(fuse_errno(&error)),
+            }
+        }
         let target = if appending {
             match self.fs.get_attributes(inode.0) {
                 Ok(attributes) => attributes.size_bytes,
@@ -939,6 +1059,7 @@ impl fuser::Filesystem for Adapter {
         mode: u32,
         _umask: u32,
         flags: i32,
+        kill_suidgid: bool,
         reply: ReplyCreate,
     ) {
         self.counters.count(RequestKind::Create);
@@ -959,6 +1080,13 @@ impl fuser::Filesystem for Adapter {
                 };
                 if existing.file_type == FileType::Directory {
                     return reply.error(Errno::EISDIR);
+                }
+                if flags & libc::O_TRUNC != 0 {
+                    // FUSE_OPEN_KILL_SUIDGID: an O_TRUNC open by a caller without
+                    // CAP_FSETID drops set-ID bits, as truncate(2) would.
+                    if let Err(error) = self.drop_privileges(existing.inode, kill_suidgid.then_some(&caller)) {
+                        return reply.error(fuse_errno(&error));
+                    }
                 }
                 if flags & libc::O_TRUNC != 0 && existing.size_bytes != 0 {
                     let truncate = SetAttributes { size_bytes: Some(0), ..Default::default() };
@@ -1014,7 +1142,7 @@ impl fuser::Filesystem for Adapter {
 
     fn fallocate(
         &self,
-        _request: &Request,
+        request: &Request,
         inode: INodeNo,
         _handle: FileHandle,
         offset: u64,
@@ -1023,6 +1151,17 @@ impl fuser::Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         self.counters.count(RequestKind::Fallocate);
+        // fallocate(2) drops set-ID bits and capabilities as a write does, but FALLOCATE
+        // carries no CAP_FSETID mark, and under FUSE_HANDLE_KILLPRIV_V2 the kernel leaves the
+        // change to the file system: anyone but root counts as lacking CAP_FSETID here.
+        if self.kills_privileges.load(Ordering::Acquire) {
+            let caller = Caller::of(request);
+            match self.drop_privileges(inode.0, (!caller.is_root()).then_some(&caller)) {
+                Ok(true) => self.invalidate_attributes(inode.0),
+                Ok(false) => {}
+                Err(error) => return reply.error(fuse_errno(&error)),
+            }
+        }
         let keep_size = mode & FALLOCATE_KEEP_SIZE != 0;
         let result = match mode & !FALLOCATE_KEEP_SIZE {
             0 => self.fs.allocate(inode.0, offset, length, keep_size),
@@ -1125,6 +1264,19 @@ mod tests {
         assert!(!opened_for_writing(handle_for(OpenFlags(libc::O_RDONLY))));
         assert!(opened_for_writing(handle_for(OpenFlags(libc::O_WRONLY | libc::O_APPEND))));
         assert!(opened_for_writing(handle_for(OpenFlags(libc::O_RDWR | libc::O_CREAT))));
+    }
+
+    #[test]
+    fn set_id_bits_are_dropped_as_linux_drops_them() {
+        let never_asked = || -> bool { panic!("group membership asked without need") };
+        // Set-user-ID always; set-group-ID with group execute, whoever the caller is.
+        assert_eq!(without_set_id(0o6777, never_asked), 0o777);
+        assert_eq!(without_set_id(0o4755, never_asked), 0o755);
+        assert_eq!(without_set_id(0o0755, never_asked), 0o755);
+        // Without group execute, set-group-ID stays for members and privileged callers only.
+        assert_eq!(without_set_id(0o6766, || true), 0o2766);
+        assert_eq!(without_set_id(0o6766, || false), 0o766);
+        assert_eq!(without_set_id(0o2644, || false), 0o644);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Mounting and unmounting: the API the `tandem` command calls.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fuser::{MountOption, Notifier, Session, SessionACL};
-use tandemfs::fs::FileSystem;
+use fuser::{INodeNo, MountOption, Notifier, Session, SessionACL};
+use tandemfs::fs::{FileSystem, InodeNumber};
 
 use crate::adapter::{Adapter, MAX_REQUEST_BYTES};
 use crate::counters::{RequestCounters, RequestCounts};
@@ -187,6 +187,7 @@ struct Serving {
     session: Session<Adapter>,
     queues: Option<Queues>,
     transport: TransportReport,
+    notifier: Notifier,
 }
 
 /// How long an unmount waits for the io_uring queue threads (they end as soon as the kernel
@@ -241,7 +242,8 @@ fn start_session(
         },
     };
     log::info!(target: TRANSPORT_LOG_TARGET, "tandemfs: {} serves through {transport}", mountpoint.display());
-    Ok(Serving { session, queues, transport })
+    let notifier = session.notifier();
+    Ok(Serving { session, queues, transport, notifier })
 }
 
 /// Starts the io_uring queues of a session whose INIT asked for them; the reason for the
@@ -285,6 +287,12 @@ fn start_queues(
 /// `umount`, [`unmount`] or `tandem umount`, or until the process receives SIGINT, SIGTERM or
 /// SIGHUP (then it unmounts itself). Makes every change durable (`fs.sync`) before returning;
 /// the caller then calls `fs.unmount()`.
+/// The requests a mount served, per kind, in its log at `info` once it is unmounted
+/// (`TANDEM_LOG=info`): with the operations a program ran, the kernel round trips each cost.
+fn log_requests_served(mountpoint: &Path, counts: &RequestCounts) {
+    log::info!("tandemfs: {} served {} FUSE requests: {counts:?}", mountpoint.display(), counts.total());
+}
+
 pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<()> {
     // Resolved before mounting: afterwards, looking at the path may need the server, which
     // only starts answering in `run`.
@@ -292,7 +300,7 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     let marker = ServingMarker::claim(mountpoint)?;
     let blocked = BlockedSignals::block()?;
     let counters = Arc::new(RequestCounters::default());
-    let serving = match start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters) {
+    let serving = match start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters.clone()) {
         Ok(serving) => serving,
         Err(error) => {
             drop(blocked);
@@ -301,11 +309,12 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     };
     let watcher = SignalWatcher::start(resolved_mountpoint)?;
     let control = RemountControl::start(&marker, fs.clone())?;
-    let Serving { session, queues, transport: _ } = serving;
+    let Serving { session, queues, transport: _, notifier: _ } = serving;
     let served = session.run();
     if let Some(mut queues) = queues {
         queues.stop(QUEUE_STOP_WAIT);
     }
+    log_requests_served(mountpoint, &counters.snapshot());
     control.stop();
     watcher.stop();
     let synced = fs.sync();
@@ -327,6 +336,8 @@ pub struct BackgroundMount {
     counters: Arc<RequestCounters>,
     queues: Option<Queues>,
     transport: TransportReport,
+    /// Tells the kernel about changes made through the library behind its back.
+    notifier: Notifier,
     _marker: ServingMarker,
 }
 
@@ -337,7 +348,7 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     let marker = ServingMarker::claim(mountpoint)?;
     marker.mark_background();
     let counters = Arc::new(RequestCounters::default());
-    let Serving { session, queues, transport } =
+    let Serving { session, queues, transport, notifier } =
         start_session(fs.clone(), mountpoint, &resolved_mountpoint, config, counters.clone())?;
     let control = RemountControl::start(&marker, fs.clone())?;
     let server = std::thread::Builder::new().name("tandemfs-fuse".to_string()).spawn(move || session.run())?;
@@ -349,6 +360,7 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
         counters,
         queues,
         transport,
+        notifier,
         _marker: marker,
     })
 }
@@ -367,6 +379,29 @@ impl BackgroundMount {
     /// FORGET) arrive after the system call that caused them has returned.
     pub fn request_counts(&self) -> RequestCounts {
         self.counters.snapshot()
+    }
+
+    /// Tells the kernel to forget what it cached about `name` in directory `parent`, a
+    /// negative entry included (FUSE_NOTIFY_INVAL_ENTRY). The mount's caches trust that every
+    /// change comes through the kernel (docs/FUSE.md, "Caching"); a program that changes a
+    /// name through the library (a clone of the `FileSystem` this mount serves) calls this
+    /// afterwards so that the mount sees the change. A name the kernel holds nothing of is
+    /// not an error.
+    pub fn invalidate_entry(&self, parent: InodeNumber, name: &OsStr) -> io::Result<()> {
+        match self.notifier.inval_entry(INodeNo(parent), name) {
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            result => result,
+        }
+    }
+
+    /// Tells the kernel to drop its cached attributes and pages of `inode`
+    /// (FUSE_NOTIFY_INVAL_INODE over the whole file): after the library changed the file's
+    /// contents or attributes behind the mount's back, as [`Self::invalidate_entry`] for names.
+    pub fn invalidate_inode(&self, inode: InodeNumber) -> io::Result<()> {
+        match self.notifier.inval_inode(INodeNo(inode), 0, 0) {
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            result => result,
+        }
     }
 
     /// Unmounts (fails with EBUSY while files are open, and may then be called again), waits
@@ -388,6 +423,7 @@ impl BackgroundMount {
         if let Some(mut queues) = self.queues.take() {
             queues.stop(QUEUE_STOP_WAIT);
         }
+        log_requests_served(&self.mountpoint, &self.counters.snapshot());
         if let Some(control) = self.control.take() {
             control.stop();
         }

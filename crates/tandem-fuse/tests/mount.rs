@@ -344,39 +344,55 @@ fn create_stat_and_unlink_round_trip_over_io_uring() {
     assert_eq!(fs::read_dir(&directory).unwrap().count(), 0);
 }
 
+/// The adapter's counters once they stopped moving (RELEASE and FORGET arrive after the system
+/// call that caused them returned).
+fn settled_counts(volume: &MountedVolume) -> tandem_fuse::RequestCounts {
+    let mount = volume.mount.as_ref().expect("mounted");
+    let mut last = mount.request_counts();
+    for _ in 0..40 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let now = mount.request_counts();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
+/// The requests `operation` costs when run on every name.
+fn requests_of<T>(volume: &MountedVolume, names: &[T], mut operation: impl FnMut(&T)) -> tandem_fuse::RequestCounts {
+    let before = settled_counts(volume);
+    names.iter().for_each(&mut operation);
+    settled_counts(volume).since(&before)
+}
+
 fn check_request_costs(volume: &MountedVolume) {
     use tandem_fuse::RequestKind;
-    let counts = |volume: &MountedVolume| -> tandem_fuse::RequestCounts {
-        let mount = volume.mount.as_ref().expect("mounted");
-        let mut last = mount.request_counts();
-        for _ in 0..40 {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            let now = mount.request_counts();
-            if now == last {
-                break;
-            }
-            last = now;
-        }
-        last
-    };
     fs::create_dir(volume.path("probe")).unwrap();
     const FILES: u64 = 200;
     let names: Vec<PathBuf> = (0..FILES).map(|index| volume.path(&format!("probe/f{index:04}"))).collect();
-    let before = counts(volume);
-    for name in &names {
+    let renamed: Vec<(PathBuf, PathBuf)> =
+        names.iter().map(|name| (name.clone(), name.with_extension("renamed"))).collect();
+    let created = requests_of(volume, &names, |name| {
         OpenOptions::new().write(true).create_new(true).open(name).unwrap();
-    }
-    let created = counts(volume).since(&before);
-    let before = counts(volume);
-    for name in &names {
+    });
+    let stated = requests_of(volume, &names, |name| {
         fs::metadata(name).unwrap();
-    }
-    let stated = counts(volume).since(&before);
-    let before = counts(volume);
-    for name in &names {
-        fs::remove_file(name).unwrap();
-    }
-    let unlinked = counts(volume).since(&before);
+    });
+    let moved = requests_of(volume, &renamed, |(from, to)| fs::rename(from, to).unwrap());
+    let unlinked = requests_of(volume, &renamed, |(_, name)| fs::remove_file(name).unwrap());
+    let made = requests_of(volume, &names, |name| fs::create_dir(name).unwrap());
+    let removed = requests_of(volume, &names, |name| fs::remove_dir(name).unwrap());
+    let mut appender = OpenOptions::new().append(true).create_new(true).open(volume.path("probe/append")).unwrap();
+    // The file's first write, which the kernel still checks for capabilities.
+    appender.write_all(&[0x5a; 256]).unwrap();
+    let appended = requests_of(volume, &names, |_| {
+        appender.write_all(&[0x5a; 256]).unwrap();
+        appender.sync_all().unwrap();
+    });
+    drop(appender);
+    assert_eq!(fs::metadata(volume.path("probe/append")).unwrap().len(), 256 * (FILES + 1));
 
     // A create: the parent's GETATTR, LOOKUP, CREATE and RELEASE; the mount's first close
     // also sends the one FLUSH that the adapter refuses for good.
@@ -385,9 +401,145 @@ fn check_request_costs(volume: &MountedVolume) {
     assert!(created.total() <= 4 * FILES + 1, "{created:?}");
     // A stat of a name the kernel knows: nothing but, at most, one GETATTR of the directory.
     assert!(stated.total() <= 1, "{stated:?}");
+    // A rename: the parent's GETATTR, LOOKUP of the new name, RENAME.
+    assert_eq!(moved.get(RequestKind::Rename), FILES, "{moved:?}");
+    assert!(moved.total() <= 3 * FILES, "{moved:?}");
     // An unlink: the parent's GETATTR, UNLINK and FORGET.
     assert_eq!(unlinked.get(RequestKind::Unlink), FILES, "{unlinked:?}");
     assert!(unlinked.total() <= 3 * FILES, "{unlinked:?}");
+    // A mkdir: the parent's GETATTR, LOOKUP, MKDIR (no GETATTR of the new directory: the reply
+    // carries its attributes); an rmdir: GETATTR, RMDIR, FORGET.
+    assert_eq!(made.get(RequestKind::Mkdir), FILES, "{made:?}");
+    assert!(made.total() <= 3 * FILES, "{made:?}");
+    assert_eq!(removed.get(RequestKind::Rmdir), FILES, "{removed:?}");
+    assert!(removed.total() <= 3 * FILES, "{removed:?}");
+    // A durable append: WRITE and FSYNC. With FUSE_HANDLE_KILLPRIV_V2 the kernel stops asking
+    // for security.capability before every write once the file had one write without set-ID
+    // bits or capabilities (the first write of this file, above, came before the counting).
+    assert_eq!(appended.get(RequestKind::Write), FILES, "{appended:?}");
+    assert_eq!(appended.get(RequestKind::Fsync), FILES, "{appended:?}");
+    assert_eq!(appended.get(RequestKind::Getxattr), 0, "{appended:?}");
+    assert_eq!(appended.total(), 2 * FILES, "{appended:?}");
+}
+
+/// The kernel caches negative lookups for an hour (`CACHE_TIMEOUT`): a name that appears
+/// through this mount afterwards, by create, rename, link, mkdir or symlink, is seen at once,
+/// because the kernel replaces the negative entry itself when it forwards the change.
+#[test]
+fn a_cached_negative_entry_never_hides_a_name_made_through_the_mount() {
+    let Some(volume) = mounted() else { return };
+    let missing = |name: &str| {
+        assert_eq!(fs::metadata(volume.path(name)).unwrap_err().kind(), ErrorKind::NotFound, "{name}");
+    };
+    for name in ["renamed", "linked", "made", "symbolic", "created", "exchanged"] {
+        missing(name);
+        // Twice: the second is answered from the negative entry, without a LOOKUP.
+        let before = settled_counts(&volume);
+        missing(name);
+        assert_eq!(settled_counts(&volume).since(&before).total(), 0, "{name}: negative entry not cached");
+    }
+    fs::write(volume.path("source"), b"renamed").unwrap();
+    fs::rename(volume.path("source"), volume.path("renamed")).unwrap();
+    assert_eq!(fs::read(volume.path("renamed")).unwrap(), b"renamed");
+    missing("source");
+    fs::hard_link(volume.path("renamed"), volume.path("linked")).unwrap();
+    assert_eq!(fs::read(volume.path("linked")).unwrap(), b"renamed");
+    fs::create_dir(volume.path("made")).unwrap();
+    assert!(fs::metadata(volume.path("made")).unwrap().is_dir());
+    std::os::unix::fs::symlink("renamed", volume.path("symbolic")).unwrap();
+    assert_eq!(fs::read(volume.path("symbolic")).unwrap(), b"renamed");
+    OpenOptions::new().write(true).create_new(true).open(volume.path("created")).unwrap();
+    assert_eq!(fs::metadata(volume.path("created")).unwrap().len(), 0);
+    // Unlinked again, then created again: the unlink leaves a negative entry of its own.
+    fs::remove_file(volume.path("created")).unwrap();
+    missing("created");
+    fs::write(volume.path("created"), b"again").unwrap();
+    assert_eq!(fs::read(volume.path("created")).unwrap(), b"again");
+    // A rename over a name the kernel knows as missing, from a name it knows as present,
+    // then back: both directions are seen.
+    fs::rename(volume.path("created"), volume.path("exchanged")).unwrap();
+    missing("created");
+    assert_eq!(fs::read(volume.path("exchanged")).unwrap(), b"again");
+}
+
+/// The library and the mount share a volume in the serving process (`mount_background` is
+/// given a `FileSystem` handle, and its clones stay usable). A name the library creates behind
+/// the kernel's back is hidden by a negative entry the kernel cached before, until
+/// `BackgroundMount::invalidate_entry` tells the kernel; contents changed there stay stale in
+/// the page cache until `invalidate_inode`.
+#[test]
+fn a_name_made_through_the_library_is_seen_once_the_mount_is_told() {
+    let Some(volume) = mounted() else { return };
+    let path = volume.path("from-library");
+    assert_eq!(fs::metadata(&path).unwrap_err().kind(), ErrorKind::NotFound);
+    let root = tandemfs::fs::ROOT_INODE;
+    let created = volume.fs.create(root, b"from-library", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    volume.fs.write(created.inode, 0, b"library").unwrap();
+    volume.mount.as_ref().unwrap().invalidate_entry(root, std::ffi::OsStr::new("from-library")).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"library");
+    // Contents changed through the library: the kernel keeps its pages (FOPEN_KEEP_CACHE)
+    // and its size until told.
+    volume.fs.write(created.inode, 0, b"LIBRARY, longer").unwrap();
+    volume.mount.as_ref().unwrap().invalidate_inode(created.inode).unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"LIBRARY, longer");
+}
+
+/// Set-ID bits and file capabilities are dropped by the file system under
+/// FUSE_HANDLE_KILLPRIV_V2 (docs/FUSE.md, "Set-ID bits and capabilities"), as Linux drops
+/// them: a write by root (CAP_FSETID) keeps set-ID bits, a write, truncation or fallocate by
+/// another user drops them, and any write drops `security.capability`.
+#[test]
+fn writes_drop_set_id_bits_and_capabilities_as_linux_does() {
+    let Some(volume) = mounted_with(&MountConfig { allow_other: true, ..MountConfig::default() }) else { return };
+    let path = volume.path("set-id");
+    let text = path.to_str().unwrap().to_string();
+    fs::write(&path, b"x").unwrap();
+    let mode = |path: &Path| fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o6777)).unwrap();
+    OpenOptions::new().append(true).open(&path).unwrap().write_all(b"root").unwrap();
+    assert_eq!(mode(&path), 0o6777, "a write by root keeps set-ID bits");
+    if which_setpriv().is_none() || !as_nobody(&["test", "-w", &text]) {
+        eprintln!("skipped the other user's part: needs setpriv, and a temporary directory that nobody may traverse");
+        return;
+    }
+    let nobody_appends = || assert!(as_nobody(&["sh", "-c", &format!("printf nobody >> '{text}'")]));
+    nobody_appends();
+    assert_eq!(mode(&path), 0o777, "a write by another user drops both (group-executable)");
+    // Without group execute, set-group-ID goes too when the writer is not in the group.
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o6766)).unwrap();
+    nobody_appends();
+    assert_eq!(mode(&path), 0o766);
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o6777)).unwrap();
+    assert!(as_nobody(&["truncate", "-s", "1", &text]));
+    assert_eq!(mode(&path), 0o777, "a truncation by another user drops both");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o6777)).unwrap();
+    assert!(as_nobody(&["fallocate", "-l", "8192", &text]));
+    assert_eq!(mode(&path), 0o777, "fallocate by another user drops both");
+    // chown(-1, -1) by root: set-user-ID goes, and set-group-ID of a group-executable file.
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o6755)).unwrap();
+    std::os::unix::fs::chown(&path, None, None).unwrap();
+    assert_eq!(mode(&path), 0o755);
+    // The kernel's cached mode, which exec(2) reads, follows without a stat in between.
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o4777)).unwrap();
+    nobody_appends();
+    let file = File::open(&path).unwrap();
+    assert_eq!(file.metadata().unwrap().permissions().mode() & 0o7777, 0o777);
+    // Capabilities go on any write, root's included.
+    let capability = [1u8, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    set_xattr(&path, "security.capability", &capability);
+    let inode = fs::metadata(&path).unwrap().ino();
+    assert_eq!(volume.fs.get_xattr(inode, b"security.capability").unwrap(), capability);
+    OpenOptions::new().append(true).open(&path).unwrap().write_all(b"root again").unwrap();
+    assert!(volume.fs.get_xattr(inode, b"security.capability").is_err(), "capability kept after a write");
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: NUL-terminated strings and a live slice; the result is checked.
+    let result = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(result, 0, "setxattr: {}", std::io::Error::last_os_error());
 }
 
 /// `Auto` runs io_uring exactly where this machine allows it, and otherwise says why not.

@@ -438,7 +438,8 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
-    /// Set file attributes.
+    /// Set file attributes. `kill_suidgid` (tandem fork): `FATTR_KILL_SUIDGID`, the kernel
+    /// asking the file system to drop set-user-ID and set-group-ID (FUSE_HANDLE_KILLPRIV_V2).
     fn setattr(
         &self,
         _req: &Request,
@@ -455,6 +456,7 @@ pub trait Filesystem: Send + Sync + 'static {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         flags: Option<BsdFileFlags>,
+        _kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         warn!(
@@ -838,6 +840,7 @@ pub trait Filesystem: Send + Sync + 'static {
     /// opened. See `fuse_file_info` structure in <`fuse_common.h`> for more details. If
     /// this method is not implemented or under Linux kernel versions earlier than
     /// 2.6.15, the `mknod()` and `open()` methods will be called instead.
+    /// `kill_suidgid` (tandem fork): `FUSE_OPEN_KILL_SUIDGID` in the request's open flags.
     fn create(
         &self,
         _req: &Request,
@@ -846,6 +849,7 @@ pub trait Filesystem: Send + Sync + 'static {
         mode: u32,
         umask: u32,
         flags: i32,
+        _kill_suidgid: bool,
         reply: ReplyCreate,
     ) {
         warn!(

@@ -1,4 +1,5 @@
-//! `tandem bench mount`'s count of the FUSE requests behind one create, stat and unlink: the
+//! `tandem bench mount`'s count of the FUSE requests behind one create, stat, rename, unlink,
+//! mkdir, rmdir and durable small append: the
 //! kernel round trips are what a metadata operation through the mount costs beyond the engine
 //! (docs/FUSE.md, "Where a create's time goes"), so the run says how many it paid.
 
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::fuse_api::{BackgroundMount, RequestCounts};
 
-/// Files created, looked up and removed by the probe: enough that one stray request (the
+/// Operations of each kind the probe runs: enough that one stray request (the
 /// directory's own) shows as 0.00x per operation.
 const PROBE_FILES: usize = 1000;
 
@@ -25,7 +26,7 @@ pub struct RequestsPerOperation {
     pub files: usize,
 }
 
-/// An open directory, closed when dropped.
+/// An open descriptor, closed when dropped.
 struct DirectoryDescriptor(libc::c_int);
 
 impl Drop for DirectoryDescriptor {
@@ -54,62 +55,111 @@ fn settled_counts(mount: &BackgroundMount) -> RequestCounts {
     last
 }
 
-/// Creates (`openat(O_CREAT|O_EXCL)` + `close`), stats (`fstatat`) and unlinks (`unlinkat`)
-/// `PROBE_FILES` files in a fresh directory under `root`, the same system calls as the
-/// workload's, and returns the requests each phase cost.
+/// Turns a failed system call's result into the error text.
+fn checked(result: libc::c_int, what: &str) -> Result<libc::c_int, String> {
+    if result < 0 {
+        Err(last_error(what))
+    } else {
+        Ok(result)
+    }
+}
+
+/// Bytes of each probe append: the workload's small durable append.
+const PROBE_APPEND_BYTES: usize = 256;
+
+/// Runs `operation` on every name and returns the requests the loop cost, read once the
+/// counters settled.
+fn phase(
+    mount: &BackgroundMount,
+    names: &[CString],
+    mut operation: impl FnMut(&CString) -> Result<(), String>,
+) -> Result<RequestCounts, String> {
+    let before = settled_counts(mount);
+    names.iter().try_for_each(&mut operation)?;
+    Ok(settled_counts(mount).since(&before))
+}
+
+/// Creates (`openat(O_CREAT|O_EXCL)` + `close`), stats (`fstatat`), renames (`renameat` within
+/// the directory), unlinks (`unlinkat`), makes and removes directories (`mkdirat`,
+/// `unlinkat(AT_REMOVEDIR)`) and appends 256 bytes durably (`write` + `fsync` on an open
+/// `O_APPEND` descriptor) `PROBE_FILES` times in a fresh directory under `root`, the same
+/// system calls as the workload's, and returns the requests each phase cost.
 pub fn probe(root: &Path, mount: &BackgroundMount) -> Result<RequestsPerOperation, String> {
     let directory = root.join("requests-probe");
     std::fs::create_dir(&directory).map_err(|error| format!("cannot create {}: {error}", directory.display()))?;
     let path = CString::new(directory.as_os_str().as_bytes()).map_err(|_| "path contains NUL".to_string())?;
     // SAFETY: a NUL-terminated path; the result is checked.
     let descriptor = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-    if descriptor < 0 {
-        return Err(last_error("open the probe directory"));
-    }
-    let descriptor = DirectoryDescriptor(descriptor);
+    let descriptor = DirectoryDescriptor(checked(descriptor, "open the probe directory")?);
+    let at = descriptor.0;
     let names = super::workload::file_names(PROBE_FILES);
+    let renamed: Vec<CString> =
+        names.iter().map(|name| CString::new(format!("r{}", name.to_string_lossy())).expect("no NUL")).collect();
     let mut phases = Vec::new();
 
-    let before = settled_counts(mount);
-    for name in &names {
-        // SAFETY: a directory descriptor and a NUL-terminated name; results are checked.
-        let file = unsafe {
-            libc::openat(
-                descriptor.0,
-                name.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC,
-                0o644,
-            )
-        };
-        if file < 0 {
-            return Err(last_error("probe create"));
-        }
-        // SAFETY: closes the descriptor just opened.
-        unsafe { libc::close(file) };
-    }
-    let after = settled_counts(mount);
-    phases.push(("create", after.since(&before)));
-
-    let before = after;
-    for name in &names {
-        // SAFETY: as above; `status` is written by the call.
-        let mut status = unsafe { std::mem::zeroed::<libc::stat>() };
-        if unsafe { libc::fstatat(descriptor.0, name.as_ptr(), &mut status, 0) } != 0 {
-            return Err(last_error("probe stat"));
-        }
-    }
-    let after = settled_counts(mount);
-    phases.push(("stat", after.since(&before)));
-
-    let before = after;
-    for name in &names {
-        // SAFETY: as above.
-        if unsafe { libc::unlinkat(descriptor.0, name.as_ptr(), 0) } != 0 {
-            return Err(last_error("probe unlink"));
-        }
-    }
-    let after = settled_counts(mount);
-    phases.push(("unlink", after.since(&before)));
+    // SAFETY (every call below): a directory descriptor and NUL-terminated names that live
+    // across the call; results are checked.
+    phases.push((
+        "create",
+        phase(mount, &names, |name| {
+            let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC;
+            let file = checked(unsafe { libc::openat(at, name.as_ptr(), flags, 0o644) }, "probe create")?;
+            unsafe { libc::close(file) };
+            Ok(())
+        })?,
+    ));
+    phases.push((
+        "stat",
+        phase(mount, &names, |name| {
+            let mut status = unsafe { std::mem::zeroed::<libc::stat>() };
+            checked(unsafe { libc::fstatat(at, name.as_ptr(), &mut status, 0) }, "probe stat").map(drop)
+        })?,
+    ));
+    let mut pairs = names.iter().zip(&renamed);
+    phases.push((
+        "rename",
+        phase(mount, &names, |_| {
+            let (from, to) = pairs.next().expect("one pair per name");
+            checked(unsafe { libc::renameat(at, from.as_ptr(), at, to.as_ptr()) }, "probe rename").map(drop)
+        })?,
+    ));
+    phases.push((
+        "unlink",
+        phase(mount, &renamed, |name| {
+            checked(unsafe { libc::unlinkat(at, name.as_ptr(), 0) }, "probe unlink").map(drop)
+        })?,
+    ));
+    phases.push((
+        "mkdir",
+        phase(mount, &names, |name| {
+            checked(unsafe { libc::mkdirat(at, name.as_ptr(), 0o755) }, "probe mkdir").map(drop)
+        })?,
+    ));
+    phases.push((
+        "rmdir",
+        phase(mount, &names, |name| {
+            checked(unsafe { libc::unlinkat(at, name.as_ptr(), libc::AT_REMOVEDIR) }, "probe rmdir").map(drop)
+        })?,
+    ));
+    let append_name = c"append";
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC;
+    let file = DirectoryDescriptor(checked(
+        unsafe { libc::openat(at, append_name.as_ptr(), flags, 0o644) },
+        "probe append file",
+    )?);
+    let data = [0x5au8; PROBE_APPEND_BYTES];
+    phases.push((
+        "append 256 B + fsync",
+        phase(mount, &names, |_| {
+            let written = unsafe { libc::write(file.0, data.as_ptr().cast(), data.len()) };
+            if written != data.len() as isize {
+                return Err(last_error("probe append"));
+            }
+            checked(unsafe { libc::fsync(file.0) }, "probe fsync").map(drop)
+        })?,
+    ));
+    drop(file);
+    checked(unsafe { libc::unlinkat(at, append_name.as_ptr(), 0) }, "remove the probe append file")?;
 
     drop(descriptor);
     std::fs::remove_dir(&directory).map_err(|error| format!("cannot remove {}: {error}", directory.display()))?;

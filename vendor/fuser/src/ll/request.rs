@@ -352,6 +352,11 @@ mod op {
         fn valid(&self) -> FattrFlags {
             FattrFlags::from_bits_retain(self.arg.valid)
         }
+        /// tandem fork: the kernel asks the server to drop set-user-ID and set-group-ID
+        /// (FUSE_HANDLE_KILLPRIV_V2: a chown, or a truncate by a caller without CAP_FSETID).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn mode(&self) -> Option<u32> {
             if self.valid().contains(FattrFlags::FATTR_MODE) {
                 Some(self.arg.mode)
@@ -1254,6 +1259,13 @@ mod op {
         }
         pub(crate) fn umask(&self) -> u32 {
             self.arg.umask
+        }
+        /// tandem fork: `FUSE_OPEN_KILL_SUIDGID` in `fuse_create_in::open_flags` (the field
+        /// this crate calls `padding`): an `O_TRUNC` create by a caller without CAP_FSETID,
+        /// under FUSE_HANDLE_KILLPRIV_V2.
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            const FUSE_OPEN_KILL_SUIDGID: u32 = 1 << 0;
+            self.arg.padding & FUSE_OPEN_KILL_SUIDGID != 0
         }
     }
 
