@@ -16,6 +16,14 @@ const MIRROR_READ_ATTEMPTS: usize = 8;
 /// Spins of a reader that finds a change under way before it tries again.
 const CHANGE_SPINS_MAX: usize = 64;
 
+/// Whether the environment asks for every read of home under the volume lock, as before the
+/// mirror (`TANDEM_HOME_READS_LOCKED=1`): a switch for measuring the two side by side in one
+/// build (docs/BENCHMARKS.md), read once per process.
+fn home_reads_locked() -> bool {
+    static LOCKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOCKED.get_or_init(|| std::env::var("TANDEM_HOME_READS_LOCKED").is_ok_and(|value| value == "1"))
+}
+
 /// What a reader of home reads through: the mirror, or the volume under its lock.
 pub(super) trait HomeSource {
     /// The metadata blocks, for `dir::lookup`.
@@ -113,7 +121,8 @@ impl FileSystem {
     pub(super) fn read_home<T>(&self, read: impl Fn(&mut dyn HomeSource) -> Result<T>) -> Result<T> {
         let backend = &*self.inner.backend;
         let mirror = backend.home_mirror();
-        for _ in 0..MIRROR_READ_ATTEMPTS {
+        let attempts = if home_reads_locked() { 0 } else { MIRROR_READ_ATTEMPTS };
+        for _ in 0..attempts {
             let Some(started) = wait_for_quiet(mirror) else { continue };
             let outcome = read(&mut MirrorReader { mirror, backend });
             if mirror.read_valid(started) {
