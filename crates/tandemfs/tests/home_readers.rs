@@ -11,7 +11,9 @@
 //! file moved back and forth between two directories must be found in one of them or be
 //! missing, never another inode, and afterwards every batch answer equals the single call's,
 //! every changer's model is what the volume holds, and fsck finds the volume clean.
-//! (`fs::engine::home`'s unit tests pin the sequence check itself down deterministically.)
+//! With the mirror's sequence check taken out (`HomeMirror::read_valid` always true), this test
+//! failed 3 runs of 3 on the 2-core VM (stable names not found in a batch and in a resolve);
+//! `fs::engine::home`'s unit tests pin the check itself down deterministically.
 
 mod common;
 
@@ -35,6 +37,11 @@ const READERS: usize = 2;
 /// How long the readers run at most, and the rounds each makes at least.
 const RUN_FOR: Duration = Duration::from_secs(3);
 const READER_ROUNDS_MIN: usize = 20;
+
+/// The inode an answer names, or the answer itself in words: what the asserts compare.
+fn inode_of(answer: &Result<Attributes, Error>) -> Result<u64, String> {
+    answer.as_ref().map(|found| found.inode).map_err(|error| format!("{error:?}"))
+}
 
 struct Tree {
     directories: Vec<u64>,
@@ -140,11 +147,11 @@ fn read_until(fs: &FileSystem, tree: &Tree, seed: u64) -> usize {
             (0..256).map(|_| &tree.stable[rng.gen_range(0..tree.stable.len())]).collect();
         for (index, name, inode) in picks.iter().take(32) {
             let found = fs.lookup(directories[*index], name.as_bytes());
-            assert_eq!(found.map(|found| found.inode).ok(), Some(*inode), "lookup d{index}/{name}");
+            assert_eq!(inode_of(&found), Ok(*inode), "lookup d{index}/{name}");
             let path = format!("d{index}/{name}");
-            assert_eq!(fs.resolve_path(path.as_bytes()).map(|found| found.inode).ok(), Some(*inode), "resolve {path}");
+            assert_eq!(inode_of(&fs.resolve_path(path.as_bytes())), Ok(*inode), "resolve {path}");
         }
-        assert_eq!(fs.resolve_path(b"/d0/sub/deep").map(|found| found.inode).ok(), Some(tree.deep));
+        assert_eq!(inode_of(&fs.resolve_path(b"/d0/sub/deep")), Ok(tree.deep));
         let lookups: Vec<(u64, Vec<u8>)> = picks
             .iter()
             .map(|(index, name, _)| (directories[*index], name.clone().into_bytes()))
@@ -152,18 +159,18 @@ fn read_until(fs: &FileSystem, tree: &Tree, seed: u64) -> usize {
             .collect();
         let answers = fs.lookup_batch(&lookups);
         for ((index, name, inode), answer) in picks.iter().zip(&answers) {
-            assert_eq!(answer.as_ref().map(|found| found.inode).ok(), Some(*inode), "lookup batch d{index}/{name}");
+            assert_eq!(inode_of(answer), Ok(*inode), "lookup batch d{index}/{name}");
         }
         for answer in &answers[picks.len()..] {
             assert!(moving_ok(answer), "the moving file answered {answer:?}");
         }
         let paths: Vec<String> = picks.iter().map(|(index, name, _)| format!("/d{index}//{name}")).collect();
         for ((path, (_, _, inode)), answer) in paths.iter().zip(&picks).zip(fs.resolve_paths(&paths)) {
-            assert_eq!(answer.map(|found| found.inode).ok(), Some(*inode), "resolve batch {path}");
+            assert_eq!(inode_of(&answer), Ok(*inode), "resolve batch {path}");
         }
         let inodes: Vec<u64> = picks.iter().map(|(_, _, inode)| *inode).chain([tree.moving]).collect();
         for (inode, answer) in inodes.iter().zip(fs.stat_batch(&inodes)) {
-            assert_eq!(answer.map(|found| found.inode).ok(), Some(*inode), "stat batch {inode}");
+            assert_eq!(inode_of(&answer), Ok(*inode), "stat batch {inode}");
         }
         checked += 64 + lookups.len() + paths.len() + inodes.len();
     }
@@ -181,61 +188,82 @@ impl Drop for StopOnDrop<'_> {
 #[test]
 fn readers_of_home_see_only_whole_changes_while_others_change_the_tree() {
     for workers in BACKEND_WORKER_COUNTS {
-        let (_memory, device) = memory_volume(VOLUME_BYTES, false);
-        // The smallest block cache (64 blocks), and a mirror as small: blocks come and go.
-        let options = MountOptions { cache_bytes: 0, ..worker_options(*workers) };
-        let (fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
-        let tree = build(&fs);
-        let stop = AtomicBool::new(false);
-        let checked = AtomicUsize::new(0);
-        let models = std::thread::scope(|scope| {
-            let changers: Vec<_> = (0..CHANGERS)
-                .map(|part| {
-                    let (fs, tree, stop) = (&fs, &tree, &stop);
-                    scope.spawn(move || change_until(fs, tree, stop, part))
-                })
-                .collect();
-            let mover = scope.spawn(|| move_until(&fs, &tree, &stop));
-            let dropper = scope.spawn(|| drop_caches_until(&fs, &stop));
-            // A failed check must still stop the others, or the scope would wait for them.
-            let _stop_on_exit = StopOnDrop(&stop);
-            let readers: Vec<_> = (0..READERS)
-                .map(|seed| {
-                    let (fs, tree, checked) = (&fs, &tree, &checked);
-                    scope.spawn(move || checked.fetch_add(read_until(fs, tree, seed as u64), Ordering::Relaxed))
-                })
-                .collect();
-            for reader in readers {
-                reader.join().unwrap();
-            }
-            stop.store(true, Ordering::Relaxed);
-            assert!(mover.join().unwrap() > 0, "the mover made no move while the readers ran");
-            dropper.join().unwrap();
-            changers.into_iter().map(|changer| changer.join().unwrap()).collect::<Vec<_>>()
-        });
-        assert!(checked.load(Ordering::Relaxed) > READERS * READER_ROUNDS_MIN * 500);
-        let (hits, misses) = fs.home_read_counts();
-        assert!(hits > 0 && misses > 0, "the mirror served {hits} reads and missed {misses}: home was not read");
-
-        // Quiet now: every changer's names, by the single call and by the batch.
-        fs.drop_idle_caches();
-        let expected: Vec<((u64, String), u64)> = models.into_iter().flatten().collect();
-        assert!(!expected.is_empty(), "the changers left no names");
-        let lookups: Vec<(u64, Vec<u8>)> =
-            expected.iter().map(|((directory, name), _)| (*directory, name.clone().into_bytes())).collect();
-        let batch = fs.lookup_batch(&lookups);
-        for (((directory, name), inode), answer) in expected.iter().zip(batch) {
-            assert_eq!(fs.lookup(*directory, name.as_bytes()).map(|found| found.inode).ok(), Some(*inode), "{name}");
-            assert_eq!(answer.map(|found| found.inode).ok(), Some(*inode), "batch {name}");
-        }
-        let moving_in = |index: usize| fs.lookup(tree.directories[index], b"moving").map(|found| found.inode);
-        let places = [moving_in(0), moving_in(1)];
-        assert!(
-            matches!(places, [Ok(inode), Err(Error::NotFound)] | [Err(Error::NotFound), Ok(inode)] if inode == tree.moving),
-            "the moving file is at {places:?}"
-        );
-        fs.unmount().unwrap();
-        let report = fsck::check(device).unwrap();
-        assert!(report.is_clean(), "fsck: {:?}", report.problems);
+        readers_against_changers(*workers, false);
     }
+}
+
+/// The same with the CPU twin of the directory index installed: batches are answered by the
+/// index where it is current and by the CPU twin (reading home) where not, and the index learns
+/// directories by reading home too.
+#[test]
+fn readers_of_home_beside_the_directory_index_see_only_whole_changes() {
+    readers_against_changers(4, true);
+}
+
+fn readers_against_changers(workers: usize, with_index: bool) {
+    let (_memory, device) = memory_volume(VOLUME_BYTES, false);
+    // The smallest block cache (64 blocks), and a mirror as small: blocks come and go.
+    let options = MountOptions { cache_bytes: 0, ..worker_options(workers) };
+    let (fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
+    if with_index {
+        let index = DirectoryIndexOptions {
+            engine: IndexEngine::Cpu,
+            min_batch: Some(16),
+            catch_up_wait_ms: 50,
+            ..DirectoryIndexOptions::default()
+        };
+        fs.install_directory_index(&index).unwrap();
+    }
+    let tree = build(&fs);
+    let stop = AtomicBool::new(false);
+    let checked = AtomicUsize::new(0);
+    let models = std::thread::scope(|scope| {
+        let changers: Vec<_> = (0..CHANGERS)
+            .map(|part| {
+                let (fs, tree, stop) = (&fs, &tree, &stop);
+                scope.spawn(move || change_until(fs, tree, stop, part))
+            })
+            .collect();
+        let mover = scope.spawn(|| move_until(&fs, &tree, &stop));
+        let dropper = scope.spawn(|| drop_caches_until(&fs, &stop));
+        // A failed check must still stop the others, or the scope would wait for them.
+        let _stop_on_exit = StopOnDrop(&stop);
+        let readers: Vec<_> = (0..READERS)
+            .map(|seed| {
+                let (fs, tree, checked) = (&fs, &tree, &checked);
+                scope.spawn(move || checked.fetch_add(read_until(fs, tree, seed as u64), Ordering::Relaxed))
+            })
+            .collect();
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(mover.join().unwrap() > 0, "the mover made no move while the readers ran");
+        dropper.join().unwrap();
+        changers.into_iter().map(|changer| changer.join().unwrap()).collect::<Vec<_>>()
+    });
+    assert!(checked.load(Ordering::Relaxed) > READERS * READER_ROUNDS_MIN * 500);
+    let (hits, misses) = fs.home_read_counts();
+    assert!(hits > 0 && misses > 0, "the mirror served {hits} reads and missed {misses}: home was not read");
+
+    // Quiet now: every changer's names, by the single call and by the batch.
+    fs.drop_idle_caches();
+    let expected: Vec<((u64, String), u64)> = models.into_iter().flatten().collect();
+    assert!(!expected.is_empty(), "the changers left no names");
+    let lookups: Vec<(u64, Vec<u8>)> =
+        expected.iter().map(|((directory, name), _)| (*directory, name.clone().into_bytes())).collect();
+    let batch = fs.lookup_batch(&lookups);
+    for (((directory, name), inode), answer) in expected.iter().zip(batch) {
+        assert_eq!(inode_of(&fs.lookup(*directory, name.as_bytes())), Ok(*inode), "{name}");
+        assert_eq!(inode_of(&answer), Ok(*inode), "batch {name}");
+    }
+    let moving_in = |index: usize| fs.lookup(tree.directories[index], b"moving").map(|found| found.inode);
+    let places = [moving_in(0), moving_in(1)];
+    assert!(
+        matches!(places, [Ok(inode), Err(Error::NotFound)] | [Err(Error::NotFound), Ok(inode)] if inode == tree.moving),
+        "the moving file is at {places:?}"
+    );
+    fs.unmount().unwrap();
+    let report = fsck::check(device).unwrap();
+    assert!(report.is_clean(), "fsck: {:?}", report.problems);
 }

@@ -13,7 +13,9 @@ use crate::block::volume::check_inode_contents_within;
 /// change overlapped is repeated, and a reader that keeps meeting changes (creates applied
 /// in one stream) takes its turn at the lock rather than spin.
 const MIRROR_READ_ATTEMPTS: usize = 8;
-/// Spins of a reader that finds a change under way before it tries again.
+/// Spins of a reader that finds a change under way before it reads under the lock instead: a
+/// change is a holder of the lock, so the lock waits for exactly its end (as every reader did
+/// before the mirror), where spinning longer or yielding only adds to the wait.
 const CHANGE_SPINS_MAX: usize = 64;
 
 /// Whether the environment asks for every read of home under the volume lock, as before the
@@ -115,15 +117,15 @@ impl HomeSource for MirrorReader<'_> {
 impl FileSystem {
     /// Runs `read` on home as of one moment: from the mirror while no change of a mirrored
     /// block overlaps it (the mirror's sequence is the same before and after, its outcome,
-    /// error or not, is kept), else again, and after `MIRROR_READ_ATTEMPTS` tries under the
-    /// volume lock. What it reads includes every change whose lock hold ended before it
+    /// error or not, is kept), else again; under the volume lock after `MIRROR_READ_ATTEMPTS`
+    /// tries, or at once when a change is under way (its holder has the lock). What it reads includes every change whose lock hold ended before it
     /// began: so every record made applied before the call.
     pub(super) fn read_home<T>(&self, read: impl Fn(&mut dyn HomeSource) -> Result<T>) -> Result<T> {
         let backend = &*self.inner.backend;
         let mirror = backend.home_mirror();
         let attempts = if home_reads_locked() { 0 } else { MIRROR_READ_ATTEMPTS };
         for _ in 0..attempts {
-            let Some(started) = wait_for_quiet(mirror) else { continue };
+            let Some(started) = wait_for_quiet(mirror) else { break };
             let outcome = read(&mut MirrorReader { mirror, backend });
             if mirror.read_valid(started) {
                 return outcome;
@@ -141,8 +143,8 @@ impl FileSystem {
     }
 }
 
-/// The mirror's sequence once no change is under way, after a bounded spin; `None` if a
-/// change is still under way then.
+/// The mirror's sequence once no change is under way, after a short spin; `None` if a change
+/// is still under way then.
 fn wait_for_quiet(mirror: &HomeMirror) -> Option<u64> {
     for _ in 0..CHANGE_SPINS_MAX {
         if let Some(started) = mirror.read_begin() {
@@ -150,7 +152,6 @@ fn wait_for_quiet(mirror: &HomeMirror) -> Option<u64> {
         }
         std::hint::spin_loop();
     }
-    std::thread::yield_now();
     None
 }
 
