@@ -52,6 +52,11 @@ pub struct GpuDirArguments {
     /// Skip the GPU directory index's own rows (batches, round trips) where a GPU is present
     #[arg(long)]
     pub no_gpu_index: bool,
+    /// Empty the front end's name and view caches before each resolution round, so that every
+    /// name is looked up in its H-tree and every inode read from the inode table (what a tree
+    /// past the caches' bounds does; `FileSystem::drop_idle_caches`)
+    #[arg(long)]
+    pub cold_caches: bool,
 }
 
 /// The shape of one run.
@@ -62,6 +67,7 @@ struct Shape {
     lookups: u64,
     threads: usize,
     rounds: usize,
+    cold_caches: bool,
 }
 
 impl Shape {
@@ -110,6 +116,7 @@ pub fn run(arguments: GpuDirArguments) -> CliResult<i32> {
         lookups: arguments.lookups,
         threads,
         rounds: arguments.rounds as usize,
+        cold_caches: arguments.cold_caches,
     };
     println!(
         "tandem bench gpu-dir: {} directories × {} files, {} random path resolutions a round, {threads} threads beside the batch",
@@ -130,9 +137,10 @@ pub fn run(arguments: GpuDirArguments) -> CliResult<i32> {
         }
     };
     println!(
-        "tandemfs on a memory device of {}; warm-up then median of {} rounds",
+        "tandemfs on a memory device of {}; warm-up then median of {} rounds{}",
         format_bytes(shape.volume_bytes()),
-        shape.rounds
+        shape.rounds,
+        if shape.cold_caches { ", the front end's caches emptied before each" } else { "" }
     );
 
     let (batch, single) = super::contain_panic("the engine", || measure_tandemfs(shape)).map_err(CliError::new)?;
@@ -232,6 +240,12 @@ fn measure_tandemfs(shape: Shape) -> Result<(Column, Column), String> {
     FileSystem::format(device.clone(), &options).map_err(|error| format!("mkfs: {error}"))?;
     let (fs, _) = FileSystem::mount(device, &MountOptions::default()).map_err(|error| format!("mount: {error}"))?;
     let measured = measure_on(&fs, shape);
+    let (mirrored, locked) = fs.home_read_counts();
+    println!(
+        "blocks of home read by lookups and stats: {} from the mirror, {} under the volume lock",
+        format_count(mirrored),
+        format_count(locked)
+    );
     let closed = fs.unmount().map_err(|error| format!("unmount: {error}"));
     let measured = measured?;
     closed?;
@@ -278,7 +292,13 @@ fn measure_on(fs: &FileSystem, shape: Shape) -> Result<(Column, Column), String>
     settle(fs)?;
     let paths = shape.random_paths();
     let expected = check_answers(fs, &paths, shape.threads)?;
+    let cool = || {
+        if shape.cold_caches {
+            fs.drop_idle_caches();
+        }
+    };
     let batch_round = || {
+        cool();
         let started = Instant::now();
         let answers = fs.resolve_paths(&paths);
         let seconds = started.elapsed().as_secs_f64();
@@ -293,6 +313,7 @@ fn measure_on(fs: &FileSystem, shape: Shape) -> Result<(Column, Column), String>
         }
     };
     let single_round = || {
+        cool();
         on_threads(shape.threads, shape.lookups, |position| {
             let path = &paths[position as usize];
             fs.resolve_path(path.as_bytes()).map(|_| ()).map_err(|error| format!("{path}: {error}"))
@@ -489,7 +510,7 @@ mod tests {
 
     #[test]
     fn a_small_run_measures_both_tandemfs_columns_and_checks_the_answers() {
-        let shape = Shape { files: 2_000, directories: 7, lookups: 3_000, threads: 3, rounds: 1 };
+        let shape = Shape { files: 2_000, directories: 7, lookups: 3_000, threads: 3, rounds: 1, cold_caches: true };
         let (batch, single) = measure_tandemfs(shape).unwrap();
         for seconds in [batch.create, batch.resolve, single.create, single.resolve] {
             assert!(seconds.is_some_and(|seconds| seconds > 0.0 && seconds.is_finite()));
@@ -498,7 +519,7 @@ mod tests {
 
     #[test]
     fn paths_name_files_the_batch_made() {
-        let shape = Shape { files: 1_000, directories: 7, lookups: 10_000, threads: 1, rounds: 1 };
+        let shape = Shape { files: 1_000, directories: 7, lookups: 10_000, threads: 1, rounds: 1, cold_caches: false };
         let made: std::collections::HashSet<String> =
             (0..shape.files).map(|serial| shape.file_path("d", serial)).collect();
         assert_eq!(made.len(), 1_000);

@@ -11,6 +11,7 @@ use super::parallel::{self, ApplyPool, Job, JobContext};
 use super::store::{LockTimes, Memo, TimedVolume};
 use super::{checkpoint_finish, checkpoint_snapshot, Applier};
 use crate::backend::record::Op;
+use crate::block::mirror::HomeMirror;
 use crate::block::volume::Volume;
 use crate::error::{Error, Result};
 use crate::log::{Log, Pledges};
@@ -324,6 +325,9 @@ pub struct Backend {
     worker_lock_held_ns: AtomicU64,
     worker_lock_takes: AtomicU64,
     front_lock: LockTimes,
+    /// The volume's mirror of the blocks lookups read (`block::mirror`), for readers that do
+    /// not take the volume lock.
+    mirror: Arc<HomeMirror>,
     checkpoint_ns: AtomicU64,
     checkpoints_beside: AtomicU64,
     /// A checkpoint is due at least this often while records are applied
@@ -352,7 +356,9 @@ impl Backend {
         let pool = if workers > 1 { Some(ApplyPool::start(workers)?) } else { None };
         let mut volume = volume;
         volume.set_image_gauge(log.pledges().dirty_gauge());
+        let mirror = volume.home_mirror();
         Ok(Arc::new(Backend {
+            mirror,
             pledges: log.pledges().clone(),
             log,
             volume: Arc::new(Mutex::new(volume)),
@@ -462,6 +468,11 @@ impl Backend {
         self.front_lock.lock_whole(&self.volume)
     }
 
+    /// The blocks lookups read without the volume lock (`block::mirror`).
+    pub fn home_mirror(&self) -> &HomeMirror {
+        &self.mirror
+    }
+
     /// The volume for fields no record changes half way (the superblock's geometry, counters):
     /// statistics, which still answer after a failure.
     pub fn volume_for_statistics(&self) -> TimedVolume<'_> {
@@ -481,7 +492,9 @@ impl Backend {
             let _ = self.join_checkpoint(in_flight);
         }
         let mut volume = self.volume.lock();
-        change(&mut volume)
+        let result = change(&mut volume);
+        volume.end_change();
+        result
     }
 
     pub fn applier(&self) -> &Applier {
@@ -842,6 +855,8 @@ impl Backend {
             if applied_count > 0 && applied_count % BATCH_RECORDS_MAX == 0 {
                 // Appenders may read the dirt while the lock is let go.
                 volume.publish_image_estimate();
+                // The records so far are whole: readers of the mirror may trust it meanwhile.
+                volume.end_change();
                 MutexGuard::bump(&mut volume);
             }
             // Blocks the back end frees (leaves that compaction empties, for one) are reusable
@@ -872,6 +887,7 @@ impl Backend {
         // Their dirt first, then their bounds (see `Pledges::total_blocks`); records put back
         // for the next pass keep theirs.
         volume.publish_image_estimate();
+        volume.end_change();
         self.pledges.records_applied(batch[..applied_count].iter().map(|queued| queued.image_blocks).sum());
         Ok(AppliedBatch {
             applied_count,

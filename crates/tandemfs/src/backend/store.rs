@@ -285,6 +285,8 @@ impl std::ops::DerefMut for TimedVolume<'_> {
 
 impl Drop for TimedVolume<'_> {
     fn drop(&mut self) {
+        // What this hold changed is whole now: readers of the mirror may trust it again.
+        self.guard.end_change();
         self.held_ns.fetch_add(self.acquired.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 }

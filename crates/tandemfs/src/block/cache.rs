@@ -3,6 +3,7 @@
 //! evicted in least-recently-used order once the cache holds more than its bound.
 
 use super::meta::{BlockBuf, BlockKind, SharedBlock};
+use super::mirror::{is_mirrored_kind, HomeGeometry, HomeMirror};
 use crate::FastHashMap;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,10 +29,22 @@ pub struct BlockCache {
     capacity_blocks: usize,
     pub hits: u64,
     pub misses: u64,
+    /// The blocks lookups read without the volume lock (`block::mirror`): every change of a
+    /// mirrored kind here forgets the block there, inside a change of its sequence.
+    mirror: Arc<HomeMirror>,
+    /// A change of mirrored blocks has begun in this lock hold (or in one that ended without
+    /// `end_change`): the mirror's sequence is odd until `end_change`.
+    changing: bool,
 }
 
 impl BlockCache {
+    /// A cache with a mirror of its own (for volumes no reader shares: mkfs, fsck, tests).
     pub fn new(capacity_blocks: usize) -> BlockCache {
+        let geometry = HomeGeometry { inode_table_start: 0, inode_count: 0, first_data_block: 0, block_count: 0 };
+        BlockCache::with_mirror(capacity_blocks, Arc::new(HomeMirror::new(capacity_blocks, geometry)))
+    }
+
+    pub fn with_mirror(capacity_blocks: usize, mirror: Arc<HomeMirror>) -> BlockCache {
         assert!(capacity_blocks >= 16);
         BlockCache {
             entries: FastHashMap::default(),
@@ -42,6 +55,35 @@ impl BlockCache {
             capacity_blocks,
             hits: 0,
             misses: 0,
+            mirror,
+            changing: false,
+        }
+    }
+
+    pub fn mirror(&self) -> &Arc<HomeMirror> {
+        &self.mirror
+    }
+
+    /// Block `block_number` is about to change or go: if lookups may read it (`mirrored`), a
+    /// change of the mirror's sequence begins (once per lock hold) and the mirror forgets it,
+    /// before anything changes.
+    fn forget_mirrored(&mut self, block_number: u64, mirrored: bool) {
+        if !mirrored {
+            return;
+        }
+        if !self.changing {
+            self.changing = true;
+            self.mirror.begin_change();
+        }
+        self.mirror.remove(block_number);
+    }
+
+    /// The change of mirrored blocks made in this lock hold is whole: readers may trust the
+    /// mirror again. Called just before the volume lock is let go.
+    pub fn end_change(&mut self) {
+        if self.changing {
+            self.changing = false;
+            self.mirror.end_change();
         }
     }
 
@@ -73,6 +115,11 @@ impl BlockCache {
     /// Drops every clean block for which `in_use` says no (fsck's repair, after it rebuilt the
     /// bitmaps: what it read of blocks that turned out unreferenced must not look in use).
     pub fn forget_clean_unless(&mut self, in_use: impl Fn(u64) -> bool) {
+        if !self.changing {
+            self.changing = true;
+            self.mirror.begin_change();
+        }
+        self.mirror.clear();
         self.entries.retain(|block_number, entry| entry.dirty || in_use(*block_number));
     }
 
@@ -86,10 +133,11 @@ impl BlockCache {
     pub fn modify(&mut self, block_number: u64, kind: BlockKind) -> Option<&mut BlockBuf> {
         self.clock += 1;
         let stamp = self.clock;
-        let entry = self.entries.get_mut(&block_number)?;
-        if entry.kind != kind {
+        if self.entries.get(&block_number)?.kind != kind {
             return None;
         }
+        self.forget_mirrored(block_number, is_mirrored_kind(kind));
+        let entry = self.entries.get_mut(&block_number).expect("checked above");
         entry.stamp = stamp;
         if !entry.dirty {
             entry.dirty = true;
@@ -121,6 +169,8 @@ impl BlockCache {
 
     /// Stores a changed block; it stays until the next checkpoint takes it.
     pub fn put_dirty(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) {
+        let old_kind = self.entries.get(&block_number).map(|entry| entry.kind);
+        self.forget_mirrored(block_number, is_mirrored_kind(kind) || old_kind.is_some_and(is_mirrored_kind));
         let stamp = self.touch(block_number);
         match self.entries.get_mut(&block_number) {
             Some(entry) => {
@@ -146,6 +196,9 @@ impl BlockCache {
 
     /// Forgets a freed block, dirty or not: its image must never be written again.
     pub fn remove(&mut self, block_number: u64) {
+        // The kind is not known when the block is not cached (the mirror may still hold it).
+        let kind = self.entries.get(&block_number).map(|entry| entry.kind);
+        self.forget_mirrored(block_number, kind.is_none_or(is_mirrored_kind));
         if let Some(entry) = self.entries.remove(&block_number) {
             if entry.dirty {
                 self.dirty_count -= 1;

@@ -7,6 +7,7 @@ pub mod cache;
 pub mod codec;
 pub mod inode;
 pub mod meta;
+pub mod mirror;
 pub mod mmp;
 pub mod superblock;
 pub mod volume;

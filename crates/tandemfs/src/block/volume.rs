@@ -7,6 +7,7 @@ use super::cache::BlockCache;
 use super::codec::{get_u32, get_u64, put_u32, put_u64};
 use super::inode::{Inode, INODE_BYTES};
 use super::meta::*;
+use super::mirror::{HomeGeometry, HomeMirror};
 use super::superblock::{generation_table_levels, Superblock, GENERATIONS_PER_TABLE_BLOCK, INODES_PER_BLOCK};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -75,6 +76,53 @@ pub struct Volume {
     half_changed: Option<String>,
 }
 
+/// `Volume::check_inode_contents` for a volume of this geometry: for readers without the
+/// volume lock (`block::mirror`).
+pub fn check_inode_contents_within(first_data_block: u64, block_count: u64, inode: &Inode) -> Result<()> {
+    let number = inode.inode_number;
+    let fail = |what: String| Err(Error::corruption(format!("inode {number}: {what}")));
+    match inode.file_type() {
+        FileType::Regular | FileType::Symlink => {
+            let root = crate::extent::ExtentRoot::decode(&inode.root_area)?;
+            if root.length_bytes() != inode.size_bytes {
+                return fail(format!(
+                    "size {} but its extent tree maps {} bytes",
+                    inode.size_bytes,
+                    root.length_bytes()
+                ));
+            }
+            if inode.file_type() == FileType::Symlink && !(1..=4095).contains(&inode.size_bytes) {
+                return fail(format!("symbolic link of {} bytes", inode.size_bytes));
+            }
+            // What the inode says it owns is its tree's blocks and its attribute block: a
+            // lost attribute pointer (or a changed tree count) shows here, where nothing
+            // else would tell the attributes are missing.
+            let owned = root.blocks_owned() + u64::from(inode.xattr_block != 0);
+            if inode.blocks_owned != owned {
+                return fail(format!(
+                    "owns {} blocks but its extent tree and attribute block account for {owned}",
+                    inode.blocks_owned
+                ));
+            }
+        }
+        FileType::Directory => {}
+        _ => {
+            if inode.size_bytes != 0 || inode.root_area.iter().any(|byte| *byte != 0) {
+                return fail("a special file with a size or a root area".into());
+            }
+        }
+    }
+    let is_device = matches!(inode.file_type(), FileType::CharDevice | FileType::BlockDevice);
+    if !is_device && inode.rdev != 0 {
+        return fail(format!("device number {:#x} on a file that is not a device", inode.rdev));
+    }
+    let data_region = first_data_block..block_count;
+    if inode.xattr_block != 0 && !data_region.contains(&inode.xattr_block) {
+        return fail(format!("xattr block {} lies outside the data region", inode.xattr_block));
+    }
+    Ok(())
+}
+
 /// One block image of a checkpoint, sealed and ready to write. Shared with the block cache
 /// until the block changes again (which copies it), so taking images copies nothing.
 pub struct Image {
@@ -88,12 +136,19 @@ impl Volume {
         let blocks = Bitmap::new(superblock.block_count, BlockKind::BlockBitmap);
         let inodes = Bitmap::new(superblock.inode_count, BlockKind::InodeBitmap);
         let table_levels = generation_table_levels(superblock.block_count);
+        let geometry = HomeGeometry {
+            inode_table_start: superblock.inode_table_start,
+            inode_count: superblock.inode_count,
+            first_data_block: superblock.first_data_block,
+            block_count: superblock.block_count,
+        };
+        let mirror = Arc::new(HomeMirror::new(cache_blocks, geometry));
         Volume {
             device,
             superblock,
             blocks,
             inodes,
-            cache: BlockCache::new(cache_blocks),
+            cache: BlockCache::with_mirror(cache_blocks, mirror),
             current_lsn: 0,
             bitmap_disagreement: None,
             table_levels,
@@ -116,6 +171,33 @@ impl Volume {
         if self.half_changed.is_none() {
             self.half_changed = Some(error.to_string());
         }
+    }
+
+    /// The blocks lookups read without the volume lock (`block::mirror`).
+    pub fn home_mirror(&self) -> Arc<HomeMirror> {
+        self.cache.mirror().clone()
+    }
+
+    /// The changes made in this hold of the volume lock are whole: readers of the mirror may
+    /// trust it again. Called just before the lock is let go (`TimedVolume` does it when it
+    /// drops). A half-changed volume keeps the mirror's sequence odd for good, so that every
+    /// reader comes to the lock and gets `Shutdown` there.
+    pub fn end_change(&mut self) {
+        if self.half_changed.is_none() {
+            self.cache.end_change();
+        }
+    }
+
+    /// Block `block_number` of a mirrored kind read as the volume holds it now (the cache, or
+    /// the device, checked), and mirrored: a miss of a reader of the mirror, under the lock.
+    pub fn read_for_mirror(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock> {
+        self.check_whole()?;
+        let block = match kind {
+            BlockKind::InodeTable => self.read_inode_table_block(block_number)?,
+            _ => self.read_meta(block_number, kind)?,
+        };
+        self.cache.mirror().insert(block_number, kind, block.clone());
+        Ok(block)
     }
 
     /// `Shutdown` once a change failed half way (`mark_half_changed`): what the volume holds
@@ -474,48 +556,7 @@ impl Volume {
     /// endless zeros), an inode without data has an empty root and size, and the xattr block
     /// lies in the data region. Cheap: no block is read.
     pub fn check_inode_contents(&self, inode: &Inode) -> Result<()> {
-        let number = inode.inode_number;
-        let fail = |what: String| Err(Error::corruption(format!("inode {number}: {what}")));
-        match inode.file_type() {
-            FileType::Regular | FileType::Symlink => {
-                let root = crate::extent::ExtentRoot::decode(&inode.root_area)?;
-                if root.length_bytes() != inode.size_bytes {
-                    return fail(format!(
-                        "size {} but its extent tree maps {} bytes",
-                        inode.size_bytes,
-                        root.length_bytes()
-                    ));
-                }
-                if inode.file_type() == FileType::Symlink && !(1..=4095).contains(&inode.size_bytes) {
-                    return fail(format!("symbolic link of {} bytes", inode.size_bytes));
-                }
-                // What the inode says it owns is its tree's blocks and its attribute block: a
-                // lost attribute pointer (or a changed tree count) shows here, where nothing
-                // else would tell the attributes are missing.
-                let owned = root.blocks_owned() + u64::from(inode.xattr_block != 0);
-                if inode.blocks_owned != owned {
-                    return fail(format!(
-                        "owns {} blocks but its extent tree and attribute block account for {owned}",
-                        inode.blocks_owned
-                    ));
-                }
-            }
-            FileType::Directory => {}
-            _ => {
-                if inode.size_bytes != 0 || inode.root_area.iter().any(|byte| *byte != 0) {
-                    return fail("a special file with a size or a root area".into());
-                }
-            }
-        }
-        let is_device = matches!(inode.file_type(), FileType::CharDevice | FileType::BlockDevice);
-        if !is_device && inode.rdev != 0 {
-            return fail(format!("device number {:#x} on a file that is not a device", inode.rdev));
-        }
-        let data_region = self.superblock.first_data_block..self.superblock.block_count;
-        if inode.xattr_block != 0 && !data_region.contains(&inode.xattr_block) {
-            return fail(format!("xattr block {} lies outside the data region", inode.xattr_block));
-        }
-        Ok(())
+        check_inode_contents_within(self.superblock.first_data_block, self.superblock.block_count, inode)
     }
 
     /// Allocation never trusts the inode bitmap alone: before the front end hands out number

@@ -308,11 +308,15 @@ pub struct NameTable {
     entries: FastHashMap<NameKey, NameEntry>,
     /// Size at which applied entries are dropped.
     trim_at: usize,
+    /// Moves on whenever a name change is recorded or entries are dropped (not when an H-tree
+    /// answer is cached): a lookup that walked the H-tree under the read lock caches its
+    /// answer later only if this has not moved, so no change it missed can be hidden.
+    changes: u64,
 }
 
 impl Default for NameTable {
     fn default() -> NameTable {
-        NameTable { entries: Default::default(), trim_at: NAME_SHARD_SHARE }
+        NameTable { entries: Default::default(), trim_at: NAME_SHARD_SHARE, changes: 0 }
     }
 }
 
@@ -324,6 +328,7 @@ impl NameTable {
     /// Records a name change by record `lsn`; the caller has made room.
     pub fn set(&mut self, parent: u64, name: &[u8], target: Option<(u64, FileType)>, lsn: u64) {
         assert!(lsn > 0, "a name change needs the lsn of its record");
+        self.changes += 1;
         let entry = NameEntry { target, lsn };
         match self.entries.get_mut(&(parent, name) as &dyn NameKeyParts) {
             Some(existing) => *existing = entry,
@@ -349,6 +354,7 @@ impl NameTable {
             return false;
         }
         let before = self.entries.len();
+        self.changes += 1;
         self.entries.retain(|_, entry| entry.lsn > applied_lsn);
         self.trim_at = floor.max(self.entries.len() * 2);
         self.entries.len() < before
@@ -360,6 +366,7 @@ impl NameTable {
     pub fn forget_removed(&mut self, parent: u64, name: &[u8], lsn: u64) -> bool {
         let key = &(parent, name) as &dyn NameKeyParts;
         if self.entries.get(key).is_some_and(|entry| entry.target.is_none() && entry.lsn <= lsn) {
+            self.changes += 1;
             self.entries.remove(key);
             return true;
         }
@@ -368,6 +375,11 @@ impl NameTable {
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// The change counter (see `changes`).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -768,6 +780,15 @@ impl NameShardLock {
     pub fn write(&self) -> NameWriteGuard<'_> {
         self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// The write lock if nobody holds the shard now.
+    pub fn try_write(&self) -> Option<NameWriteGuard<'_>> {
+        match self.0.try_write() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 /// Write locks on a set of name shards, taken in index order (see `Front::lock_names`).
@@ -920,6 +941,11 @@ impl Front {
         self.name_shards[Front::name_shard_index(directory)].read()
     }
 
+    /// The write lock on the name shard of `directory` if nobody holds it now.
+    pub fn try_write_names(&self, directory: u64) -> Option<NameWriteGuard<'_>> {
+        self.name_shards[Front::name_shard_index(directory)].try_write()
+    }
+
     /// Write locks on the name shards of `directories`, in index order.
     pub fn lock_names(&self, directories: &[u64]) -> NameLocks<'_> {
         let mut indexes: Vec<usize> = directories.iter().map(|number| Front::name_shard_index(*number)).collect();
@@ -981,6 +1007,32 @@ impl Front {
         self.count_names(shard);
     }
 
+    /// Drops every cached answer and view the front end can drop now, as the bounds do when
+    /// they are reached: name entries of applied records (each shard's epoch moves on, ending
+    /// its directories' completeness) and views with nothing pending, nobody holding them open.
+    /// So the next lookups and stats read home: for tests of the readers of home, and for
+    /// measuring them on a tree the caches would hold.
+    pub fn drop_idle_caches(&self, applied_lsn: u64) {
+        for (index, shard) in self.name_shards.iter().enumerate() {
+            let mut shard = shard.write();
+            let before = shard.table.len();
+            shard.table.entries.retain(|_, entry| entry.lsn > applied_lsn);
+            if shard.table.len() < before {
+                shard.table.changes += 1;
+                self.name_epochs[index].fetch_add(1, Ordering::AcqRel);
+            }
+            self.count_names(&mut shard);
+        }
+        for shard in self.view_shards.iter() {
+            let mut shard = shard.0.write();
+            let before = shard.views.len();
+            shard.views.retain(|_, view| {
+                view.last_change_lsn > applied_lsn || view.open_count != 0 || !view.pending_writes.is_empty()
+            });
+            shard.evictions += (before - shard.views.len()) as u64;
+        }
+    }
+
     /// Brings `names_total` up to date with `shard`; returns the new total. Called where a
     /// shard grows past its share and wherever entries are dropped, so the total may lag
     /// behind growth below the share but never counts entries that are gone.
@@ -996,7 +1048,7 @@ mod tests {
     use super::*;
 
     fn table_with_limit(limit: usize) -> NameTable {
-        NameTable { entries: Default::default(), trim_at: limit }
+        NameTable { entries: Default::default(), trim_at: limit, changes: 0 }
     }
 
     #[test]

@@ -563,15 +563,11 @@ fn learn_directory(fs: &FileSystem, directory: u64, lsn: u64) -> Result<Option<L
         return Ok(None);
     }
     let seed = fs.inner.backend.applier().hash_seed;
-    let mut listed: Vec<(Vec<u8>, u64, AttributeImage, u64)> = Vec::new();
-    let directory_image;
-    {
-        let mut volume = fs.inner.backend.volume()?;
-        let inode = match volume.read_inode(directory) {
-            Ok(inode) => inode,
-            Err(Error::NotFound) => return Ok(None),
-            Err(error) => return Err(error),
-        };
+    // Read as of one moment without the volume lock (`read_home`): the back end applies on
+    // meanwhile, and the caller's check that the volume is still at `lsn` afterwards tells
+    // whether that moment was `lsn`.
+    let learnt = fs.read_home(|home| {
+        let Some(inode) = home.inode(directory)? else { return Ok(None) };
         if inode.file_type() != FileType::Directory {
             return Ok(None);
         }
@@ -579,9 +575,9 @@ fn learn_directory(fs: &FileSystem, directory: u64, lsn: u64) -> Result<Option<L
         if root.entry_count() > LEARN_DIRECTORY_ENTRIES_MAX {
             return Ok(None);
         }
-        directory_image = (AttributeImage::from_inode(&inode), inode.blocks_owned);
+        let directory_image = (AttributeImage::from_inode(&inode), inode.blocks_owned);
         let mut entries: Vec<(Vec<u8>, u64)> = Vec::new();
-        dir::readdir(&mut *volume, &root, &seed, 2, &mut |entry| {
+        dir::readdir(home.meta(), &root, &seed, 2, &mut |entry| {
             entries.push((entry.name.clone(), entry.inode));
             // Bounded by the entry count checked above (and the H-tree's own bounds).
             entries.len() as u64 <= LEARN_DIRECTORY_ENTRIES_MAX
@@ -591,11 +587,14 @@ fn learn_directory(fs: &FileSystem, directory: u64, lsn: u64) -> Result<Option<L
         if entries.len() as u64 > LEARN_DIRECTORY_ENTRIES_MAX || !entries.iter().all(|(name, _)| indexable_name(name)) {
             return Ok(None);
         }
+        let mut listed: Vec<(Vec<u8>, u64, AttributeImage, u64)> = Vec::with_capacity(entries.len());
         for (name, number) in entries {
-            let child = volume.read_inode(number)?;
+            let child = home.inode(number)?.ok_or(Error::NotFound)?;
             listed.push((name, number, AttributeImage::from_inode(&child), child.blocks_owned));
         }
-    }
+        Ok(Some((directory_image, listed)))
+    })?;
+    let Some((directory_image, listed)) = learnt else { return Ok(None) };
     // Outside the volume lock (a view's lock comes before the volume's elsewhere): a view whose
     // last change is applied is what the front end answers, and may differ from the volume in
     // its block count (a file made since mount counts 0 until a record touches it again).

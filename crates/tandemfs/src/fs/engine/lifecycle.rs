@@ -433,6 +433,20 @@ impl FileSystem {
         self.inner.front.cache_statistics()
     }
 
+    /// Drops what the front end's caches hold that it may drop now (the entries and views of
+    /// applied records), so that the next lookups and stats read the home structures, as they
+    /// do once a tree outgrows the caches. For tests and measurements; nothing is lost.
+    pub fn drop_idle_caches(&self) {
+        self.inner.front.drop_idle_caches(self.applied());
+    }
+
+    /// The blocks lookups read from the volume's mirror without the volume lock, and those it
+    /// had to read under the lock (`block::mirror`): (hits, misses) since mount.
+    pub fn home_read_counts(&self) -> (u64, u64) {
+        let mirror = self.inner.backend.home_mirror();
+        (mirror.hits.load(Ordering::Relaxed), mirror.misses.load(Ordering::Relaxed))
+    }
+
     /// How the back end has applied records since mount (see `BackendStatistics`).
     pub fn backend_statistics(&self) -> BackendStatistics {
         self.inner.backend.statistics()

@@ -10,6 +10,7 @@ mod create_batch;
 mod data;
 mod direct;
 pub mod dirindex_feed;
+mod home;
 mod lifecycle;
 mod namespace;
 mod xattrs;
@@ -230,14 +231,16 @@ impl FileSystem {
         let clock = match shard.views.entry(number) {
             std::collections::hash_map::Entry::Occupied(_) => front.clock(),
             std::collections::hash_map::Entry::Vacant(slot) => {
-                let mut volume = self.inner.backend.volume()?;
-                let inode = volume.read_inode(number)?;
-                let entry_count = if inode.file_type() == FileType::Directory {
-                    DirRoot::decode(&inode.root_area)?.entry_count()
-                } else {
-                    0
-                };
-                drop(volume);
+                // One record of one block: read without the volume lock (`read_home`).
+                let (inode, entry_count) = self.read_home(|home| {
+                    let inode = home.inode(number)?.ok_or(Error::NotFound)?;
+                    let entry_count = if inode.file_type() == FileType::Directory {
+                        DirRoot::decode(&inode.root_area)?.entry_count()
+                    } else {
+                        0
+                    };
+                    Ok((inode, entry_count))
+                })?;
                 slot.insert(InodeView::new(attributes_image_of(&inode), inode.blocks_owned, entry_count));
                 front.tick()
             }
@@ -395,28 +398,29 @@ impl FileSystem {
         Ok(found)
     }
 
-    /// Looks a name up in the applied H-tree of `parent`.
+    /// Looks a name up in the applied H-tree of `parent`, without the volume lock
+    /// (`read_home`).
     pub(super) fn find_applied_name(
         &self,
         parent: InodeNumber,
         generation: u64,
         name: &[u8],
     ) -> Result<Option<(u64, FileType)>> {
-        let mut volume = self.inner.backend.volume()?;
-        let Some(inode) = FileSystem::home_inode(&mut volume, parent, generation)? else {
-            // Created but not yet applied: every entry is still in the overlay.
-            return Ok(None);
-        };
-        let root = DirRoot::decode(&inode.root_area)?;
-        match dir::lookup(&mut *volume, &root, &self.inner.backend.applier().hash_seed, name)? {
-            None => Ok(None),
-            Some((number, dirent_type)) => {
-                let file_type = FileType::from_dirent_type(dirent_type).ok_or_else(|| {
-                    Error::corruption(format!("directory {parent}: entry type {dirent_type} is unknown"))
-                })?;
-                Ok(Some((number, file_type)))
-            }
-        }
+        let seed = &self.inner.backend.applier().hash_seed;
+        self.read_home(|home| {
+            let Some(inode) = FileSystem::home_inode_in(home, parent, generation)? else {
+                // Created but not yet applied: every entry is still in the overlay.
+                return Ok(None);
+            };
+            let root = DirRoot::decode(&inode.root_area)?;
+            dir::lookup(home.meta(), &root, seed, name)
+        })?
+        .map(|(number, dirent_type)| {
+            let file_type = FileType::from_dirent_type(dirent_type)
+                .ok_or_else(|| Error::corruption(format!("directory {parent}: entry type {dirent_type} is unknown")))?;
+            Ok((number, file_type))
+        })
+        .transpose()
     }
 
     /// The applied inode `number` if it is the same inode as the view (same generation); `None`

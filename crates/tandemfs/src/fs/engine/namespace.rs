@@ -50,16 +50,54 @@ impl FileSystem {
         if let Some(answer) = self.lookup_if_known(parent, name) {
             return answer;
         }
-        // The directory's name shard stays locked until the target is read, so the name
-        // cannot move meanwhile.
-        let mut names = self.inner.front.lock_names(&[parent]);
+        // The directory's name shard stays read-locked until the target is read: every change
+        // of its names takes the write lock, so the name cannot move meanwhile, and readers of
+        // the shard walk their H-trees side by side (the walk takes no volume lock either:
+        // `find_applied_name`).
+        let front = &self.inner.front;
+        let names = front.read_names(parent);
         let info = self.directory_info(parent)?;
-        let (number, entry_type) = self.find_name(names.shard(parent), parent, &info, name)?.ok_or(Error::NotFound)?;
-        let (file_type, attributes) = self
-            .with_view(number, |view| (view.file_type(), view.to_attributes()))
-            .map_err(|error| crate::block::inode::entry_target_error(parent, name, number, error))?;
-        crate::block::inode::check_entry_type(parent, name, entry_type, file_type)?;
-        Ok(attributes)
+        let mut walked = None;
+        let found = match names.table.get(parent, name) {
+            Some(entry) => entry.target,
+            None if info.complete_epoch != 0 && info.complete_epoch == front.name_epoch(parent) => None,
+            None => {
+                let found = self.find_applied_name(parent, info.generation, name)?;
+                walked = Some((found, names.table.changes()));
+                found
+            }
+        };
+        let answer = match found {
+            None => Err(Error::NotFound),
+            Some((number, entry_type)) => self
+                .with_view(number, |view| (view.file_type(), view.to_attributes()))
+                .map_err(|error| crate::block::inode::entry_target_error(parent, name, number, error))
+                .and_then(|(file_type, attributes)| {
+                    crate::block::inode::check_entry_type(parent, name, entry_type, file_type)?;
+                    Ok(attributes)
+                }),
+        };
+        drop(names);
+        if let Some((found, changes)) = walked {
+            self.cache_walked_name(parent, name, found, changes);
+        }
+        answer
+    }
+
+    /// Keeps an answer that `lookup` found in the H-tree under the name shard's read lock,
+    /// if the shard is free now and no name change or drop happened in it since (`changes`
+    /// unmoved): then the H-tree still says the same, and nothing newer is in the table.
+    /// Skipped when another thread holds the shard: the next lookup walks again.
+    fn cache_walked_name(&self, parent: InodeNumber, name: &[u8], found: Option<(u64, FileType)>, changes: u64) {
+        let front = &self.inner.front;
+        let Some(mut names) = front.try_write_names(parent) else { return };
+        if names.table.changes() != changes || names.table.get(parent, name).is_some() {
+            return;
+        }
+        front.make_room_for_name(parent, &mut names, self.applied());
+        if names.table.get(parent, name).is_none() {
+            names.table.cache_applied(parent, name, found);
+        }
     }
 
     pub fn get_attributes(&self, inode: InodeNumber) -> Result<Attributes> {
