@@ -63,6 +63,10 @@ pub struct MetaArguments {
     /// With --threads: the back end's apply workers (0: half the cores, at least 2, as a mount takes)
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub backend_workers: u64,
+    /// With --threads: how many image logs' worth of changes may wait to be applied (the mount
+    /// option backlog_image_logs; default 8)
+    #[arg(long, default_value_t = tandemfs::log::BACKLOG_CHECKPOINTS, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub backlog_image_logs: u64,
     /// Also measure encrypted tandemfs volumes, beside ext4 on dm-crypt (LUKS2, AES-XTS) and
     /// gocryptfs over ext4 through system calls
     #[arg(long, conflicts_with = "threads")]
@@ -325,6 +329,7 @@ fn run_scaling(arguments: &MetaArguments, threads: Threads) -> CliResult<i32> {
         files_per_thread: arguments.files_per_thread,
         stat_passes: arguments.stat_passes,
         backend_workers: arguments.backend_workers as usize,
+        backlog_image_logs: arguments.backlog_image_logs,
         rounds: arguments.rounds as usize,
         volume_bytes: arguments.size,
         scratch,

@@ -264,6 +264,8 @@ pub struct ScalingRun {
     pub stat_passes: u64,
     /// The back end's apply workers (0: the mount's default, half the cores, at least 2).
     pub backend_workers: usize,
+    /// The mount option `backlog_image_logs`.
+    pub backlog_image_logs: u64,
     pub rounds: usize,
     pub volume_bytes: u64,
     pub scratch: PathBuf,
@@ -275,6 +277,7 @@ fn library_target(
     volume_bytes: u64,
     inodes: u64,
     backend_workers: usize,
+    backlog_image_logs: u64,
 ) -> Result<(Arc<Library>, FileSystem), String> {
     let options = FileDeviceOptions { create_size_bytes: Some(volume_bytes), lock_exclusive: true, read_only: false };
     let device: Arc<dyn Device> = Arc::new(
@@ -282,7 +285,7 @@ fn library_target(
     );
     let format = FormatOptions { inode_count: Some(inodes), ..Default::default() };
     FileSystem::format(device.clone(), &format).map_err(|error| format!("mkfs: {error}"))?;
-    let options = MountOptions { backend_workers, ..MountOptions::default() };
+    let options = MountOptions { backend_workers, backlog_image_logs, ..MountOptions::default() };
     let (fs, _) = FileSystem::mount(device, &options).map_err(|error| format!("mount: {error}"))?;
     Ok((Arc::new(Library { fs: fs.clone() }), fs))
 }
@@ -297,7 +300,7 @@ impl ScalingRun {
     fn measure_layout(&self, layout: Layout) -> Result<(Rows, BackendStatistics), String> {
         let image =
             super::ScratchFile { path: self.scratch.join(format!("tandem-scaling-{}.img", std::process::id())) };
-        let (library, fs) = library_target(&image.path, self.volume_bytes, self.inodes(), self.backend_workers)?;
+        let (library, fs) = library_target(&image.path, self.volume_bytes, self.inodes(), self.backend_workers, self.backlog_image_logs)?;
         let ext4 = if self.with_ext4 {
             let path = self.scratch.join(format!("tandem-scaling-ext4-{}.img", std::process::id()));
             let volume = Ext4Volume::create(&path, self.volume_bytes, self.inodes())?;
@@ -386,6 +389,20 @@ fn print_backend(statistics: &BackendStatistics) {
         statistics.front_lock_wait_ns as f64 / 1e9,
         statistics.front_lock_held_ns as f64 / 1e9
     );
+    print_peak_resident();
+}
+
+/// The most memory this process has held resident so far (VmHWM in /proc/self/status): what
+/// the pending changes of a backlog cost, beside the caches' bounds.
+fn print_peak_resident() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let peak_kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    if let Some(peak_kib) = peak_kib {
+        println!("peak resident memory of this process so far: {} MiB", peak_kib / 1024);
+    }
 }
 
 fn rate(threads: usize, files_per_thread: u64, seconds: f64) -> f64 {

@@ -204,6 +204,8 @@ impl FileSystem {
                 backend::checkpoint(&volume, &log, last_lsn)?;
             }
             let mut volume = volume.into_inner();
+            // What the replay changed is whole: readers of the home mirror may trust it.
+            volume.end_change();
             if setup.read_only {
                 // From here on nothing may change, not even in memory.
                 setup.gate.set_writable(false)?;
