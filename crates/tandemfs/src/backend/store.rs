@@ -486,6 +486,12 @@ impl DataStore for RecordStore<'_> {
         self.lock_volume()?.write_data(block_number, offset_in_block, data)
     }
 
+    /// The volume's own copy, which carries damage in the source over to the copy instead of
+    /// failing the record (the default read-then-write would fail on a damaged block).
+    fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
+        self.lock_volume()?.copy_data(from_block, to_block, offset_in_block, length)
+    }
+
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
         let mut volume = self.lock_volume()?;
         volume.current_lsn = self.lsn;

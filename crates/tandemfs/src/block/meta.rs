@@ -176,6 +176,15 @@ pub trait DataStore {
     /// the range may run on into the following blocks.
     fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()>;
     fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()>;
+    /// Copies `length` bytes at `offset_in_block` of data block `from_block` to the same place
+    /// in data block `to_block` (a cut inside a block moves part of it to a block of its own).
+    /// A store that checks data may carry damage in the source over to the copy instead of
+    /// failing (see `Volume`); by default a read and a write.
+    fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
+        let mut bytes = vec![0u8; length];
+        self.read_data(from_block, offset_in_block, &mut bytes)?;
+        self.write_data(to_block, offset_in_block, &bytes)
+    }
     /// Allocates up to `count` contiguous data blocks, preferably starting at `near`; returns
     /// (first block, blocks given), at least one block, or `Error::NoSpace`.
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)>;

@@ -1110,6 +1110,12 @@ impl DataStore for Volume {
         self.set_data_checksums(block_number, &entries)
     }
 
+    fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
+        self.check_data_range(from_block, offset_in_block, length)?;
+        self.check_data_range(to_block, offset_in_block, length)?;
+        self.copy_data_checked(from_block, to_block, offset_in_block, length)
+    }
+
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
         let (first, given) = self.blocks.allocate(near, count, self.superblock.first_data_block)?;
         self.check_allocated_unused(first, given)?;
