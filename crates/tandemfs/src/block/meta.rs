@@ -168,7 +168,19 @@ pub trait MetaStore {
     fn allocate_meta(&mut self, near: u64) -> Result<u64>;
     /// Frees a metadata block. The block is not reused before the change is checkpointed.
     fn free_meta(&mut self, block_number: u64) -> Result<()>;
+    /// A decoded form of `block` (what `read_meta` or `write_meta` of `block_number` saw) that
+    /// this store keeps, if any (the extent tree's entries: a node read again unchanged is not
+    /// decoded again). Only for the very same buffer (`Arc::ptr_eq`): a block that changed is
+    /// a new buffer, so a decoded form can never describe other bytes. None by default.
+    fn decoded(&mut self, _block_number: u64, _block: &SharedBlock) -> Option<Decoded> {
+        None
+    }
+    /// Keeps `decoded` as the decoded form of `block` (see `decoded`); by default nothing.
+    fn keep_decoded(&mut self, _block_number: u64, _block: &SharedBlock, _decoded: Decoded) {}
 }
+
+/// A decoded metadata block as a store keeps it (`MetaStore::decoded`); its owner downcasts.
+pub type Decoded = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 /// File data block access for `extent`. Data blocks carry no trailer: whole 4 KiB of payload.
 pub trait DataStore {

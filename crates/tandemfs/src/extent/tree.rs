@@ -26,6 +26,14 @@ struct CachedNode {
     dirty: bool,
 }
 
+/// A node's entries as a store keeps them between operations (`MetaStore::decoded`), with the
+/// level and subtree length they were checked against.
+struct DecodedNode {
+    level: usize,
+    length: u64,
+    entries: Vec<Entry>,
+}
+
 /// Where a byte position lies: the path from the root to a leaf as (node, entry index), and
 /// the distance from the start of the leaf entry. At the end of the file the leaf index is one
 /// past the last entry and the distance 0.
@@ -147,7 +155,13 @@ impl<'s> Tree<'s> {
             let node = &self.nodes[&id];
             let mut block = zeroed_block();
             encode_node(node.level, &node.entries, &mut block[..]);
-            self.store.write_meta(id, kind_of_level(node.level), std::sync::Arc::new(block))?;
+            let block = std::sync::Arc::new(block);
+            self.store.write_meta(id, kind_of_level(node.level), block.clone())?;
+            // The next operation on this node finds it decoded (the entries are what was encoded).
+            if let Some(length) = sum_lengths(&node.entries) {
+                let decoded = DecodedNode { level: node.level, length, entries: node.entries.clone() };
+                self.store.keep_decoded(id, &block, std::sync::Arc::new(decoded));
+            }
         }
         // Counts before frees: a block whose last reference went is recorded unshared, then freed.
         let mut shares: Vec<(u64, u64)> = self.shares.drain().collect();
@@ -217,7 +231,18 @@ impl<'s> Tree<'s> {
             return Err(Error::corruption(format!("extent tree names block {id}, out of range")));
         }
         let block = self.store.read_meta(id, kind_of_level(level))?;
-        let entries = decode_node(&block[..], id, level, expected_length)?;
+        let kept = self.store.decoded(id, &block).and_then(|decoded| decoded.downcast::<DecodedNode>().ok());
+        let entries = match kept {
+            // Decoded from this very buffer with the same level and length checked: the same
+            // entries `decode_node` would give again.
+            Some(node) if node.level == level && node.length == expected_length => node.entries.clone(),
+            _ => {
+                let entries = decode_node(&block[..], id, level, expected_length)?;
+                let node = DecodedNode { level, length: expected_length, entries: entries.clone() };
+                self.store.keep_decoded(id, &block, std::sync::Arc::new(node));
+                entries
+            }
+        };
         self.nodes.insert(id, CachedNode { level, entries, dirty: false });
         Ok(())
     }
