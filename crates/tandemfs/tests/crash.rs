@@ -189,6 +189,58 @@ fn applied_insert_of_data_replays_to_the_same_bytes() {
     assert!(report.is_clean(), "fsck after replay: {:#?}", report.problems);
 }
 
+/// The same with cuts that copy (a file with room to spare, docs/EXTENTS.md *Shared blocks*):
+/// inserts inside blocks copy the left part's bytes into new blocks, later records write over
+/// those bytes and over the right parts in place, and a collapse cuts again; replay copies from
+/// blocks the first application already changed, and must still give the same bytes.
+#[test]
+fn applied_copying_cuts_replay_to_the_same_bytes() {
+    let (memory, _) = memory_volume(16 << 20, true);
+    let device: Arc<dyn Device> = Arc::new(memory.clone());
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let file = fs.create(tandemfs::fs::ROOT_INODE, b"f", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    let mut expected: Vec<u8> = (0..256 * 1024).map(|index| (index % 251) as u8).collect();
+    assert_eq!(fs.write(file.inode, 0, &expected).unwrap(), expected.len());
+    fs.checkpoint().unwrap();
+    let edits: [(u64, &[u8]); 3] = [(5000, &[0xEE; 100]), (70_001, &[0xDD; 3000]), (9000, &[0xCC; 10])];
+    for (offset, bytes) in edits {
+        fs.insert(file.inode, offset, bytes).unwrap();
+        expected.splice(offset as usize..offset as usize, bytes.iter().copied());
+    }
+    // In place over copied left parts and over the right parts that kept their blocks.
+    for (offset, fill) in [(4100u64, 0x11u8), (5050, 0x22), (69_990, 0x33), (73_050, 0x44)] {
+        assert_eq!(fs.write(file.inode, offset, &[fill; 120]).unwrap(), 120);
+        expected[offset as usize..offset as usize + 120].fill(fill);
+    }
+    fs.collapse_range(file.inode, 4500, 700).unwrap();
+    expected.drain(4500..5200);
+    fs.fsync(file.inode, false).unwrap();
+    fs.run_backend().unwrap();
+    let survivor = memory.crash(1, CrashMode::KeepAll);
+    drop(fs);
+    let device: Arc<dyn Device> = Arc::new(survivor.clone());
+    let (fs, report) = FileSystem::mount(device, &inline_options()).unwrap();
+    assert!(report.records_replayed > 0, "the edits must be replayed, not checkpointed");
+    let mut back = vec![0u8; expected.len() + 10];
+    let mut done = 0;
+    while done < expected.len() {
+        let read = fs.read(file.inode, done as u64, &mut back[done..]).unwrap();
+        assert!(read > 0, "short file after replay: {done} bytes");
+        done += read;
+    }
+    back.truncate(expected.len());
+    let wrong = back.iter().zip(&expected).filter(|(got, want)| got != want).count();
+    assert_eq!(
+        wrong,
+        0,
+        "{wrong} bytes differ after replay; first at {:?}",
+        back.iter().zip(&expected).position(|(got, want)| got != want)
+    );
+    drop(fs);
+    let report = fsck::check(Arc::new(survivor)).unwrap();
+    assert!(report.is_clean(), "fsck after replay: {:#?}", report.problems);
+}
+
 /// One step of the byte-granular workloads below: a collapse of up to 300 bytes one time in
 /// five, else an insert of 100 bytes, at a random byte of the file, mirrored in `model`.
 fn insert_or_collapse(fs: &FileSystem, inode: u64, rng: &mut rand::rngs::SmallRng, model: &mut Vec<u8>) {

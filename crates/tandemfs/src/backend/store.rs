@@ -23,7 +23,7 @@
 //! records already forgot them at their commit.
 
 use crate::block::inode::Inode;
-use crate::block::meta::{BlockKind, DataStore, MetaStore, SharedBlock};
+use crate::block::meta::{BlockKind, DataStore, Decoded, MetaStore, SharedBlock};
 use crate::block::volume::Volume;
 use crate::error::{Error, Result};
 use crate::extent;
@@ -31,6 +31,7 @@ use crate::FastHashMap;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Extended attributes of one inode, by name.
@@ -128,12 +129,19 @@ fn superseded_writes_dropped(changes: Vec<InodeChange>) -> Vec<InodeChange> {
 const MEMO_SHARDS: usize = 64;
 const MEMO_BLOCKS_PER_SHARD: usize = 256;
 const MEMO_INODES_PER_SHARD: usize = 1024;
+/// Decoded extent nodes kept per shard: 1,024 in all, each with its 4 KiB block and up to
+/// 253 entries (about 12 MiB at worst).
+const MEMO_NODES_PER_SHARD: usize = 16;
 
 /// Blocks and inodes as the apply workers last read or committed them (see the module
 /// comment). Sharded by number, so that workers on different files do not meet.
 pub struct Memo {
     blocks: Vec<Mutex<FastHashMap<u64, (BlockKind, SharedBlock)>>>,
     inodes: Vec<Mutex<FastHashMap<u64, Inode>>>,
+    /// Decoded forms of blocks (`MetaStore::decoded`), each with the very buffer it was
+    /// decoded from: held here, that buffer cannot change in place (`Arc::make_mut` copies a
+    /// shared one) nor be freed and its address reused, so a match by pointer is always right.
+    decoded: Vec<Mutex<FastHashMap<u64, (SharedBlock, Decoded)>>>,
 }
 
 impl Default for Memo {
@@ -141,6 +149,7 @@ impl Default for Memo {
         Memo {
             blocks: (0..MEMO_SHARDS).map(|_| Mutex::new(FastHashMap::default())).collect(),
             inodes: (0..MEMO_SHARDS).map(|_| Mutex::new(FastHashMap::default())).collect(),
+            decoded: (0..MEMO_SHARDS).map(|_| Mutex::new(FastHashMap::default())).collect(),
         }
     }
 }
@@ -167,6 +176,19 @@ impl Memo {
         self.blocks[Self::shard_of(block_number)].lock().remove(&block_number);
     }
 
+    fn decoded(&self, block_number: u64, block: &SharedBlock) -> Option<Decoded> {
+        let shard = self.decoded[Self::shard_of(block_number)].lock();
+        shard.get(&block_number).filter(|(held, _)| Arc::ptr_eq(held, block)).map(|(_, decoded)| decoded.clone())
+    }
+
+    fn put_decoded(&self, block_number: u64, block: &SharedBlock, decoded: Decoded) {
+        let mut shard = self.decoded[Self::shard_of(block_number)].lock();
+        if shard.len() >= MEMO_NODES_PER_SHARD && !shard.contains_key(&block_number) {
+            shard.clear();
+        }
+        shard.insert(block_number, (block.clone(), decoded));
+    }
+
     fn inode(&self, inode_number: u64) -> Option<Inode> {
         self.inodes[Self::shard_of(inode_number)].lock().get(&inode_number).cloned()
     }
@@ -189,6 +211,9 @@ impl Memo {
             shard.lock().clear();
         }
         for shard in &self.inodes {
+            shard.lock().clear();
+        }
+        for shard in &self.decoded {
             shard.lock().clear();
         }
     }
@@ -466,6 +491,14 @@ impl MetaStore for RecordStore<'_> {
         Ok(())
     }
 
+    fn decoded(&mut self, block_number: u64, block: &SharedBlock) -> Option<Decoded> {
+        self.memo.decoded(block_number, block)
+    }
+
+    fn keep_decoded(&mut self, block_number: u64, block: &SharedBlock, decoded: Decoded) {
+        self.memo.put_decoded(block_number, block, decoded);
+    }
+
     fn allocate_meta(&mut self, near: u64) -> Result<u64> {
         let mut volume = self.lock_volume()?;
         volume.current_lsn = self.lsn;
@@ -486,6 +519,12 @@ impl DataStore for RecordStore<'_> {
 
     fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()> {
         self.lock_volume()?.write_data(block_number, offset_in_block, data)
+    }
+
+    /// The volume's own copy, which carries damage in the source over to the copy instead of
+    /// failing the record (the default read-then-write would fail on a damaged block).
+    fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
+        self.lock_volume()?.copy_data(from_block, to_block, offset_in_block, length)
     }
 
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {

@@ -168,7 +168,19 @@ pub trait MetaStore {
     fn allocate_meta(&mut self, near: u64) -> Result<u64>;
     /// Frees a metadata block. The block is not reused before the change is checkpointed.
     fn free_meta(&mut self, block_number: u64) -> Result<()>;
+    /// A decoded form of `block` (what `read_meta` or `write_meta` of `block_number` saw) that
+    /// this store keeps, if any (the extent tree's entries: a node read again unchanged is not
+    /// decoded again). Only for the very same buffer (`Arc::ptr_eq`): a block that changed is
+    /// a new buffer, so a decoded form can never describe other bytes. None by default.
+    fn decoded(&mut self, _block_number: u64, _block: &SharedBlock) -> Option<Decoded> {
+        None
+    }
+    /// Keeps `decoded` as the decoded form of `block` (see `decoded`); by default nothing.
+    fn keep_decoded(&mut self, _block_number: u64, _block: &SharedBlock, _decoded: Decoded) {}
 }
+
+/// A decoded metadata block as a store keeps it (`MetaStore::decoded`); its owner downcasts.
+pub type Decoded = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 /// File data block access for `extent`. Data blocks carry no trailer: whole 4 KiB of payload.
 pub trait DataStore {
@@ -176,6 +188,15 @@ pub trait DataStore {
     /// the range may run on into the following blocks.
     fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()>;
     fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()>;
+    /// Copies `length` bytes at `offset_in_block` of data block `from_block` to the same place
+    /// in data block `to_block` (a cut inside a block moves part of it to a block of its own).
+    /// A store that checks data may carry damage in the source over to the copy instead of
+    /// failing (see `Volume`); by default a read and a write.
+    fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
+        let mut bytes = vec![0u8; length];
+        self.read_data(from_block, offset_in_block, &mut bytes)?;
+        self.write_data(to_block, offset_in_block, &bytes)
+    }
     /// Allocates up to `count` contiguous data blocks, preferably starting at `near`; returns
     /// (first block, blocks given), at least one block, or `Error::NoSpace`.
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)>;

@@ -70,6 +70,9 @@ pub struct Volume {
     recent_blocks: checksums::RecentBlocks,
     /// Where each file packs its small runs (`DataStore::pack_room`): memory only.
     pack_rooms: PackRooms,
+    /// Decoded forms of metadata blocks (`MetaStore::decoded`: extent nodes), each with the
+    /// buffer it was decoded from, which therefore cannot change in place or be reused.
+    decoded: std::collections::HashMap<u64, (SharedBlock, Decoded)>,
     /// Why a change made with the volume held failed half way, if one did: the cached blocks
     /// and inodes may then hold part of a record, so nothing may read them again
     /// (`check_whole`). Set before the lock is let go, so no reader sees the half.
@@ -161,6 +164,7 @@ impl Volume {
             checksum_statistics: DataChecksumStatistics::default(),
             recent_blocks: checksums::RecentBlocks::default(),
             pack_rooms: PackRooms::default(),
+            decoded: std::collections::HashMap::new(),
             half_changed: None,
         }
     }
@@ -1123,10 +1127,28 @@ impl MetaStore for Volume {
         }
         self.blocks.free_range(block_number, 1, self.current_lsn)?;
         self.cache.remove(block_number);
+        self.decoded.remove(&block_number);
         self.freed_metadata.push(block_number);
         Ok(())
     }
+
+    fn decoded(&mut self, block_number: u64, block: &SharedBlock) -> Option<Decoded> {
+        let (held, decoded) = self.decoded.get(&block_number)?;
+        Arc::ptr_eq(held, block).then(|| decoded.clone())
+    }
+
+    fn keep_decoded(&mut self, block_number: u64, block: &SharedBlock, decoded: Decoded) {
+        if self.decoded.len() >= DECODED_BLOCKS_MAX && !self.decoded.contains_key(&block_number) {
+            self.decoded.clear();
+        }
+        self.decoded.insert(block_number, (block.clone(), decoded));
+    }
 }
+
+/// Decoded metadata blocks the volume keeps (`MetaStore::decoded`): 1,024 extent nodes, each
+/// with its 4 KiB block and up to 253 entries (about 12 MiB at worst); all are forgotten when
+/// the bound is reached.
+const DECODED_BLOCKS_MAX: usize = 1024;
 
 /// File data carries a CRC32C per block in the data checksum table (`checksums`): every read
 /// checks the whole blocks it touches, every write records the new checksums of the blocks it
@@ -1149,6 +1171,12 @@ impl DataStore for Volume {
         let entries = self.checksums_after_write(block_number, offset_in_block, data)?;
         self.device.write_at(start, data)?;
         self.set_data_checksums(block_number, &entries)
+    }
+
+    fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
+        self.check_data_range(from_block, offset_in_block, length)?;
+        self.check_data_range(to_block, offset_in_block, length)?;
+        self.copy_data_checked(from_block, to_block, offset_in_block, length)
     }
 
     fn allocate_data(&mut self, near: u64, count: u64) -> Result<(u64, u64)> {
@@ -1255,6 +1283,40 @@ mod tests {
         assert_eq!(superblock.metadata_generation, volume.superblock.metadata_generation);
         volume.images_home(&images);
         images
+    }
+
+    /// A decoded form kept for a block is given back only for the very buffer it came from: not
+    /// for an equal copy, not after the block was written again, sealed by a checkpoint (which
+    /// then copies the buffer the volume shares) or freed.
+    #[test]
+    fn decoded_blocks_are_kept_for_their_own_buffer_only() {
+        let device = Arc::new(MemoryDevice::from_bytes(vec![0; 64 << 20]));
+        let superblock = Superblock::layout((64 << 20) / BLOCK_SIZE_U64, None, None).unwrap();
+        let mut volume = Volume::new_empty(device.clone(), superblock.clone(), 64);
+        volume.blocks.set_range(0, superblock.first_data_block);
+        let block = volume.allocate_meta(0).unwrap();
+        let written: SharedBlock = Arc::new(zeroed_block());
+        volume.write_meta(block, BlockKind::ExtentLeaf, written.clone()).unwrap();
+        let read = volume.read_meta(block, BlockKind::ExtentLeaf).unwrap();
+        assert!(Arc::ptr_eq(&read, &written), "the cache hands out the buffer written");
+        let decoded: Decoded = Arc::new(7u32);
+        volume.keep_decoded(block, &read, decoded);
+        let kept = volume.decoded(block, &read).expect("kept for its buffer");
+        assert_eq!(kept.downcast_ref::<u32>(), Some(&7));
+        let equal: SharedBlock = Arc::new((*read).clone());
+        assert!(volume.decoded(block, &equal).is_none(), "an equal copy is another buffer");
+        // Sealed by a checkpoint: the volume's buffer is copied, since the kept one shares it.
+        checkpoint(&mut volume, &device);
+        let sealed = volume.read_meta(block, BlockKind::ExtentLeaf).unwrap();
+        assert!(!Arc::ptr_eq(&sealed, &read));
+        assert!(volume.decoded(block, &sealed).is_none(), "a sealed block is decoded again");
+        volume.keep_decoded(block, &sealed, Arc::new(8u32));
+        let rewritten: SharedBlock = Arc::new(zeroed_block());
+        volume.write_meta(block, BlockKind::ExtentLeaf, rewritten.clone()).unwrap();
+        assert!(volume.decoded(block, &rewritten).is_none(), "a block written again is decoded again");
+        volume.keep_decoded(block, &rewritten, Arc::new(9u32));
+        volume.free_meta(block).unwrap();
+        assert!(volume.decoded(block, &rewritten).is_none(), "a freed block keeps nothing");
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub use format::{
     ExtentRoot, ENTRY_BYTES, EXTENT_ROOT_BYTES, MAX_DEPTH, MAX_FILE_BYTES, NODE_CAPACITY, NODE_HEADER_BYTES,
     NODE_MIN_ENTRIES, ROOT_CAPACITY,
 };
-pub use tree::PACK_MAX_BYTES;
+pub use tree::{COPY_SLACK_DIVISOR, PACK_MAX_BYTES};
 
 use std::collections::HashSet;
 

@@ -1018,3 +1018,57 @@ fn check_counts_the_references_of_shared_blocks() {
     assert_eq!(store.allocated_count(), 0);
     assert!(store.shares.is_empty());
 }
+
+/// Cuts inside blocks of a file with room to spare copy the left part's bytes into a new block
+/// and leave no count behind (a count is a generation-table entry of the cut block, so cuts at
+/// random places of a large file would each dirty a table block of their own for the next
+/// checkpoint); once the file holds `1 + 1 / COPY_SLACK_DIVISOR` times its bytes, cuts share
+/// blocks instead, so space stays near that bound with no compaction. Collapsing the file away
+/// then frees every block, copies and shared ones alike.
+#[test]
+fn cuts_copy_while_the_file_has_room_and_share_beyond_it() {
+    let mut random = SmallRng::seed_from_u64(23);
+    let mut store = MemoryStore::new();
+    let mut root = ExtentRoot::empty();
+    let mut model: Vec<u8> = (0..1 << 20).map(|index| (index % 251) as u8).collect();
+    write(&mut store, &mut root, 0, &model).unwrap();
+    let mut insert = |store: &mut MemoryStore, root: &mut ExtentRoot, model: &mut Vec<u8>, step: u32| {
+        let offset = random.gen_range(0..=model.len() as u64);
+        let data: Vec<u8> = (0..100u32).map(|index| (step.wrapping_mul(7) + index) as u8 | 1).collect();
+        insert_range(store, root, offset, 100).unwrap();
+        write_in_file(store, root, MODEL_FILE, offset, &data).unwrap();
+        model.splice(offset as usize..offset as usize, data);
+    };
+    // 1 MiB with 1/16 to spare: the first few cuts are copies, and no block is shared.
+    for step in 0..12 {
+        insert(&mut store, &mut root, &mut model, step);
+    }
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.shared_blocks.is_empty(), "cuts with room shared blocks: {:?}", report.shared_blocks);
+    assert!(store.shares.is_empty(), "counts recorded: {:?}", store.shares);
+    verify(&mut store, &root, &model, "after copying cuts");
+    // Far past the room: cuts share, and the file's data blocks stay within the bound (its tree
+    // of about 6,000 extents adds about 10% here).
+    for step in 12..3_000 {
+        insert(&mut store, &mut root, &mut model, step);
+    }
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.shared_blocks.len() > 100, "{} shared blocks", report.shared_blocks.len());
+    let space = space_use(&mut store, &root).unwrap();
+    assert_eq!(space.mapped_bytes, model.len() as u64);
+    let bound = space.mapped_bytes + space.mapped_bytes / COPY_SLACK_DIVISOR;
+    assert!(space.data_blocks * BLOCK_SIZE_U64 <= bound + 2 * BLOCK_SIZE_U64, "beyond the copy bound: {space:?}");
+    assert!(space.amplification() <= 1.2, "{space:?}");
+    verify(&mut store, &root, &model, "after sharing cuts");
+    while !model.is_empty() {
+        let offset = random.gen_range(0..model.len());
+        let length = random.gen_range(1..=5000).min(model.len() - offset);
+        collapse_range(&mut store, &mut root, offset as u64, length as u64).unwrap();
+        model.drain(offset..offset + length);
+    }
+    assert_eq!(root.blocks_owned(), 0);
+    assert_eq!(store.allocated_count(), 0, "a block outlived its last reference");
+    assert!(store.shares.is_empty(), "references recorded for freed blocks: {:?}", store.shares);
+}

@@ -26,6 +26,14 @@ struct CachedNode {
     dirty: bool,
 }
 
+/// A node's entries as a store keeps them between operations (`MetaStore::decoded`), with the
+/// level and subtree length they were checked against.
+struct DecodedNode {
+    level: usize,
+    length: u64,
+    entries: Vec<Entry>,
+}
+
 /// Where a byte position lies: the path from the root to a leaf as (node, entry index), and
 /// the distance from the start of the leaf entry. At the end of the file the leaf index is one
 /// past the last entry and the distance 0.
@@ -69,6 +77,11 @@ pub(crate) struct Tree<'s> {
 /// Runs inside a file shorter than this are packed into the file's pack block
 /// (`Tree::pack_place`); longer ones get blocks of their own.
 pub const PACK_MAX_BYTES: u64 = BLOCK_SIZE_U64 / 2;
+
+/// A cut inside a block copies the left part's bytes into a new block while the file holds at
+/// most `1 + 1 / COPY_SLACK_DIVISOR` times its bytes, and shares the block beyond that
+/// (`Tree::cut`): 1/16 keeps space well under issue 12's 1.2× with no compaction.
+pub const COPY_SLACK_DIVISOR: u64 = 16;
 
 fn kind_of_level(level: usize) -> BlockKind {
     if level == 0 {
@@ -142,7 +155,13 @@ impl<'s> Tree<'s> {
             let node = &self.nodes[&id];
             let mut block = zeroed_block();
             encode_node(node.level, &node.entries, &mut block[..]);
-            self.store.write_meta(id, kind_of_level(node.level), std::sync::Arc::new(block))?;
+            let block = std::sync::Arc::new(block);
+            self.store.write_meta(id, kind_of_level(node.level), block.clone())?;
+            // The next operation on this node finds it decoded (the entries are what was encoded).
+            if let Some(length) = sum_lengths(&node.entries) {
+                let decoded = DecodedNode { level: node.level, length, entries: node.entries.clone() };
+                self.store.keep_decoded(id, &block, std::sync::Arc::new(decoded));
+            }
         }
         // Counts before frees: a block whose last reference went is recorded unshared, then freed.
         let mut shares: Vec<(u64, u64)> = self.shares.drain().collect();
@@ -212,7 +231,18 @@ impl<'s> Tree<'s> {
             return Err(Error::corruption(format!("extent tree names block {id}, out of range")));
         }
         let block = self.store.read_meta(id, kind_of_level(level))?;
-        let entries = decode_node(&block[..], id, level, expected_length)?;
+        let kept = self.store.decoded(id, &block).and_then(|decoded| decoded.downcast::<DecodedNode>().ok());
+        let entries = match kept {
+            // Decoded from this very buffer with the same level and length checked: the same
+            // entries `decode_node` would give again.
+            Some(node) if node.level == level && node.length == expected_length => node.entries.clone(),
+            _ => {
+                let entries = decode_node(&block[..], id, level, expected_length)?;
+                let node = DecodedNode { level, length: expected_length, entries: entries.clone() };
+                self.store.keep_decoded(id, &block, std::sync::Arc::new(node));
+                entries
+            }
+        };
         self.nodes.insert(id, CachedNode { level, entries, dirty: false });
         Ok(())
     }
@@ -467,21 +497,59 @@ impl<'s> Tree<'s> {
     }
 
     /// The entries that replace extent `entry` when its first `left_length` bytes and its bytes
-    /// `right_address..right_address + right_length` (up to its end) stay. Nothing is copied: if
-    /// the right part begins inside the left part's last block, both parts reference that block
-    /// and its count of references grows by one (docs/EXTENTS.md, *Shared blocks*).
+    /// `right_address..right_address + right_length` (up to its end) stay. If the right part
+    /// begins inside the left part's last block, the two parts either share that block (its
+    /// count of references grows by one, docs/EXTENTS.md, *Shared blocks*) or, while the file
+    /// has room to spare (`copy_fits`), the left part's bytes of that block are copied into a
+    /// new block at the same offsets and the right part keeps the block, its count unchanged.
+    ///
+    /// The copy is the cheaper cut: a count lives in the generation-table block of the cut
+    /// block, so cuts at random places of a large file each dirty a table block of their own,
+    /// which the next checkpoint writes whole; a copy's new block is allocated beside the other
+    /// copies and touches no count. Sharing is what keeps many small cuts from holding a block
+    /// each. Replay: the bytes copied become unmapped bytes before the right part's first byte,
+    /// which nothing writes until the block is freed (they are no extent's room), so a replay
+    /// reads what the first application read, up to in-place writes of later records, which
+    /// replay writes again over the copy (docs/EXTENTS.md, *Replay*).
     fn cut(&mut self, entry: Entry, left_length: u64, right_address: u64, right_length: u64) -> Result<Vec<Entry>> {
         assert!(!entry.is_hole() && left_length > 0 && right_length > 0);
         assert!(right_address >= entry.address + left_length);
         assert!(right_address + right_length == entry.address + entry.length);
-        let left_last_block = (entry.address + left_length - 1) / BLOCK_SIZE_U64;
-        if right_address / BLOCK_SIZE_U64 == left_last_block {
-            self.add_reference(left_last_block)?;
+        let left_end = entry.address + left_length;
+        let left_last_block = (left_end - 1) / BLOCK_SIZE_U64;
+        let right = Entry::data(right_address, right_length, entry.unwritten);
+        if right_address / BLOCK_SIZE_U64 != left_last_block {
+            return Ok(vec![Entry::data(entry.address, left_length, entry.unwritten), right]);
         }
-        Ok(vec![
-            Entry::data(entry.address, left_length, entry.unwritten),
-            Entry::data(right_address, right_length, entry.unwritten),
-        ])
+        if !self.copy_fits() {
+            self.add_reference(left_last_block)?;
+            return Ok(vec![Entry::data(entry.address, left_length, entry.unwritten), right]);
+        }
+        let block_start = left_last_block * BLOCK_SIZE_U64;
+        let copy_start = entry.address.max(block_start);
+        let in_block = (copy_start - block_start) as usize;
+        let piece = left_end - copy_start;
+        assert!(in_block as u64 + piece < BLOCK_SIZE_U64);
+        let (copy_block, _) = self.allocate_data(left_last_block, 1)?;
+        if !entry.unwritten {
+            self.store.copy_data(left_last_block, copy_block, in_block, piece as usize)?;
+        }
+        let mut pieces = Vec::with_capacity(3);
+        if copy_start > entry.address {
+            pieces.push(Entry::data(entry.address, copy_start - entry.address, entry.unwritten));
+        }
+        pieces.push(Entry::data(copy_block * BLOCK_SIZE_U64 + in_block as u64, piece, entry.unwritten));
+        pieces.push(right);
+        Ok(pieces)
+    }
+
+    /// Whether a cut may copy into a new block (`cut`): while the file, that block included,
+    /// holds at most `1 + 1 / COPY_SLACK_DIVISOR` times its bytes. The file's own state decides,
+    /// so a replay of the same records from the same checkpoint decides the same way up to
+    /// where it packs runs (either way is safe, see `cut`).
+    fn copy_fits(&self) -> bool {
+        let held_bytes = self.blocks_owned.saturating_add(1).saturating_mul(BLOCK_SIZE_U64);
+        held_bytes <= self.length.saturating_add(self.length / COPY_SLACK_DIVISOR)
     }
 
     /// Gives back the references of one extent to data blocks `first..first + count` (all its

@@ -40,6 +40,15 @@ pub fn checksum_matches(stored: u32, computed: u32) -> bool {
     stored != NO_CHECKSUM && stored == checksum_entry(computed)
 }
 
+/// An entry that disagrees with the block `entry` describes, and is not `NO_CHECKSUM` (which a
+/// partial write would replace by a fresh checksum): for a copy of damaged bytes.
+fn poisoned(entry: u32) -> u32 {
+    match entry ^ 1 {
+        NO_CHECKSUM => entry ^ 2,
+        other => other,
+    }
+}
+
 /// The process's accelerator runtime, made once from `RuntimeConfig::default()`: the GPU runs
 /// batches at least as large as its calibrated threshold when one is present, the CPU engine
 /// everything else. The CPU engine runs a batch on the calling thread (`cpu_threads: 1`): a
@@ -534,6 +543,31 @@ impl Volume {
         Ok(entry)
     }
 
+    /// Copies bytes of `from_block` into `to_block` at the same offset (a cut inside a block,
+    /// applied by the back end). The source block is read whole and checked; when it fails, the
+    /// copy is made all the same and the copy's entry is made to disagree with it (`poisoned`),
+    /// so that the damage travels with the bytes and reads of either block fail, while the
+    /// back end's apply, which must not stop the volume over one damaged data block, goes on.
+    /// During replay the source is not checked (see `set_replaying`).
+    pub(super) fn copy_data_checked(
+        &mut self,
+        from_block: u64,
+        to_block: u64,
+        offset_in_block: usize,
+        length: usize,
+    ) -> Result<()> {
+        assert!(offset_in_block + length <= BLOCK_SIZE && length > 0);
+        let stored = self.data_checksum(from_block)?;
+        let mut source = zeroed_block();
+        self.device.read_at(from_block * BLOCK_SIZE_U64, &mut source[..])?;
+        let damaged = !self.replaying && !checksum_matches(stored, self.block_checksums(&source[..])[0]);
+        let bytes = &source[offset_in_block..offset_in_block + length];
+        let entries = self.checksums_after_write(to_block, offset_in_block, bytes)?;
+        self.device.write_at(to_block * BLOCK_SIZE_U64 + offset_in_block as u64, bytes)?;
+        let entry = if damaged { poisoned(entries[0]) } else { entries[0] };
+        self.set_data_checksums(to_block, &[entry])
+    }
+
     /// fsck: reads data blocks `first..first + count` and checks each against its entry, in
     /// batches of at most `CHECK_CHUNK_BLOCKS` that do not cross a table block. Returns the
     /// blocks that fail, with why, and how many blocks were not checked because the table block
@@ -701,6 +735,25 @@ mod tests {
         volume.set_replaying(false);
         let mut buffer = vec![0u8; BLOCK_SIZE];
         volume.read_data(first, 0, &mut buffer).unwrap();
+    }
+
+    #[test]
+    fn a_copy_out_of_a_damaged_block_carries_the_damage() {
+        let (device, mut volume, first) = volume();
+        volume.write_data(first, 0, &pattern(BLOCK_SIZE, 3)).unwrap();
+        // A clean copy reads back.
+        volume.copy_data(first, first + 1, 100, 50).unwrap();
+        let mut buffer = vec![0u8; 50];
+        volume.read_data(first + 1, 100, &mut buffer).unwrap();
+        assert_eq!(buffer, pattern(BLOCK_SIZE, 3)[100..150]);
+        // Damage in the source: the copy succeeds (the back end goes on), and both blocks fail.
+        device.write_at(first * BLOCK_SIZE_U64 + 120, &[0xEE]).unwrap();
+        volume.copy_data(first, first + 2, 100, 50).unwrap();
+        assert!(volume.read_data(first + 2, 100, &mut buffer).unwrap_err().is_corruption());
+        assert!(volume.read_data(first, 100, &mut buffer).unwrap_err().is_corruption());
+        // A later partial write into the copy keeps it failing.
+        volume.write_data(first + 2, 0, &[1, 2, 3]).unwrap();
+        assert!(volume.read_data(first + 2, 0, &mut buffer).unwrap_err().is_corruption());
     }
 
     #[test]
