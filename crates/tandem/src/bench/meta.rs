@@ -64,7 +64,7 @@ pub struct MetaArguments {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     pub backend_workers: u64,
     /// With --threads: how many image logs' worth of changes may wait to be applied (the mount
-    /// option backlog_image_logs; default 8)
+    /// option backlog_image_logs; default 64)
     #[arg(long, default_value_t = tandemfs::log::BACKLOG_CHECKPOINTS, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub backlog_image_logs: u64,
     /// Also measure encrypted tandemfs volumes, beside ext4 on dm-crypt (LUKS2, AES-XTS) and

@@ -300,7 +300,13 @@ impl ScalingRun {
     fn measure_layout(&self, layout: Layout) -> Result<(Rows, BackendStatistics), String> {
         let image =
             super::ScratchFile { path: self.scratch.join(format!("tandem-scaling-{}.img", std::process::id())) };
-        let (library, fs) = library_target(&image.path, self.volume_bytes, self.inodes(), self.backend_workers, self.backlog_image_logs)?;
+        let (library, fs) = library_target(
+            &image.path,
+            self.volume_bytes,
+            self.inodes(),
+            self.backend_workers,
+            self.backlog_image_logs,
+        )?;
         let ext4 = if self.with_ext4 {
             let path = self.scratch.join(format!("tandem-scaling-ext4-{}.img", std::process::id()));
             let volume = Ext4Volume::create(&path, self.volume_bytes, self.inodes())?;
@@ -543,7 +549,7 @@ mod tests {
         let directory = std::env::temp_dir().join(format!("tandem-scaling-test-{}", std::process::id()));
         std::fs::create_dir_all(&directory).unwrap();
         let image = directory.join("v.img");
-        let (library, fs) = library_target(&image, 64 << 20, 8192, 2).unwrap();
+        let (library, fs) = library_target(&image, 64 << 20, 8192, 2, tandemfs::log::BACKLOG_CHECKPOINTS).unwrap();
         for layout in [Layout::Private, Layout::Shared] {
             let shape = Shape { threads: 3, files_per_thread: 200, stat_passes: 2 };
             let seconds = measure(library.clone(), shape, layout, 1).unwrap();

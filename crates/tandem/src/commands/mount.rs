@@ -35,7 +35,7 @@ pub struct MountArguments {
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
     /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
     /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536),
-    /// backlog_image_logs=N (how many image logs' worth of changes may wait to be applied, 1 to 1024; default 8); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// backlog_image_logs=N (how many image logs' worth of changes may wait to be applied, 1 to 1024; default 64); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]

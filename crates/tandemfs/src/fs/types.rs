@@ -201,7 +201,7 @@ pub struct MountOptions {
     /// for (by their bounds) before a change waits for the back end to apply some (format
     /// version 9, docs/LOG.md *The image log*): more absorbs longer bursts, at the cost of the
     /// pending changes held in memory and of a longer replay after a crash. From 1 to
-    /// `BACKLOG_IMAGE_LOGS_MAX`; default `log::BACKLOG_CHECKPOINTS` (8).
+    /// `BACKLOG_IMAGE_LOGS_MAX`; default `log::BACKLOG_CHECKPOINTS` (64).
     pub backlog_image_logs: u64,
 }
 

@@ -58,9 +58,12 @@ enum Refused {
 
 /// With an image log attached, the records not yet applied may stand for this many image logs'
 /// worth of checkpoint images (by their bounds) before appends wait for the back end: enough
-/// that a burst never waits for a checkpoint (a create's bound is 7 blocks: about 120,000
-/// creates on a 16 GiB volume's image log), few enough to bound a replay and the pending views.
-pub const BACKLOG_CHECKPOINTS: u64 = 8;
+/// that a burst of 320,000 creates by 16 threads on a 16 GiB volume never waits (8 made them
+/// wait for the back end, at a third of the rate; BENCHMARKS.md, *Checkpoint images in a log of
+/// their own*), few enough to bound a replay and the pending views (a create's bound is 7 blocks:
+/// about a million creates, some 800 MB of pending state, on a 16 GiB volume's 1 GiB log; a
+/// quarter of that on the default 4 GiB volume).
+pub const BACKLOG_CHECKPOINTS: u64 = 64;
 
 /// Bytes of a device block: the unit an encrypted device reads and writes whole.
 const BLOCK_BYTES: u64 = crate::block::meta::BLOCK_SIZE_U64;
