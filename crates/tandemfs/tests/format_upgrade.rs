@@ -12,10 +12,10 @@
 
 mod common;
 
-use common::forget_dead_mount;
+use common::{forget_dead_mount, killed_mount, writes_of_a_mount};
 use std::sync::Arc;
 use tandemfs::block::superblock::{Superblock, FORMAT_VERSION, OFFSET_CRC, OFFSET_VERSION};
-use tandemfs::device::{CrashMode, Device, Fault, FaultOperation, MemoryDevice};
+use tandemfs::device::{Device, MemoryDevice};
 use tandemfs::fs::*;
 use tandemfs::{fsck, FileSystem};
 
@@ -171,30 +171,14 @@ fn taken_forward(old: u32) {
 /// A crash anywhere in the upgrading mount (the replay, the version-8 checkpoint, the split)
 /// leaves a volume the next mount opens with every acknowledged change: before the superblock
 /// that records version 9, the old log is whole; after it, the image log is.
-
 #[test]
 fn a_crash_during_the_upgrade_loses_nothing() {
     let image = version_8_image();
-    let counting = MemoryDevice::from_bytes(image.clone());
-    counting.reset_counters();
-    let (fs, _) = FileSystem::mount(Arc::new(counting.clone()), &MountOptions::default()).unwrap();
-    let upgrade_writes = counting.counters().writes;
-    drop(fs);
+    let upgrade_writes = writes_of_a_mount(&image);
     assert!(upgrade_writes > 10, "{upgrade_writes}");
     for (step, seed) in (0..16u64).enumerate() {
         let crash_after = upgrade_writes * step as u64 / 16;
-        let memory = MemoryDevice::from_bytes_with_crash_model(image.clone());
-        memory.inject(Fault {
-            operation: FaultOperation::Write,
-            after_operations: crash_after,
-            repeat: true,
-            range: None,
-        });
-        assert!(FileSystem::mount(Arc::new(memory.clone()), &MountOptions::default()).is_err(), "write {crash_after}");
-        let survivor = memory.crash(seed, CrashMode::Random);
-        survivor.clear_faults();
-        let device: Arc<dyn Device> = Arc::new(survivor);
-        forget_dead_mount(&device);
+        let device = killed_mount(&image, crash_after, seed);
         let report = fsck::check(device.clone()).unwrap();
         assert!(report.problems.is_empty(), "crash after write {crash_after}: fsck {:?}", report.problems);
         let (fs, _) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();

@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use std::sync::Arc;
-use tandemfs::device::{CrashMode, Device, Fault, FaultOperation, MemoryDevice};
+use tandemfs::device::{Device, MemoryDevice};
 use tandemfs::fs::*;
 use tandemfs::{fsck, FileSystem};
 
@@ -74,28 +74,11 @@ fn a_replay_larger_than_the_image_log_checkpoints_as_it_goes() {
 fn a_crash_anywhere_in_a_checkpointing_replay_loses_nothing() {
     let (_, image) = backlog_volume();
     // How many writes a whole replay makes, to spread the crash points over it.
-    let counting = MemoryDevice::from_bytes(image.clone());
-    let device: Arc<dyn Device> = Arc::new(counting.clone());
-    counting.reset_counters();
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
-    let replay_writes = counting.counters().writes;
-    drop(fs);
+    let replay_writes = writes_of_a_mount(&image);
     assert!(replay_writes > 100, "{replay_writes}");
     for (step, seed) in seeds(0..12).into_iter().enumerate() {
         let crash_after = replay_writes * (step as u64 + 1) / 13;
-        let memory = MemoryDevice::from_bytes_with_crash_model(image.clone());
-        memory.inject(Fault {
-            operation: FaultOperation::Write,
-            after_operations: crash_after,
-            repeat: true,
-            range: None,
-        });
-        let device: Arc<dyn Device> = Arc::new(memory.clone());
-        assert!(FileSystem::mount(device, &MountOptions::default()).is_err(), "write {crash_after} should fail");
-        let survivor = memory.crash(seed, CrashMode::Random);
-        survivor.clear_faults();
-        let device: Arc<dyn Device> = Arc::new(survivor);
-        forget_dead_mount(&device);
+        let device = killed_mount(&image, crash_after, seed);
         assert_whole(device);
     }
 }

@@ -1060,18 +1060,8 @@ fn open_with_image_log(
     check_record_tail(device.as_ref(), &superblock, plan.max_covered_lsn)?;
 
     let mut base_lsn = superblock.checkpoint_lsn;
-    if let Some(last) = plan.found.last() {
-        report.checkpoint_completed = true;
-        base_lsn = last.covered_lsn;
-        superblock.orphan_head = last.orphan_head;
-        superblock.next_generation = last.next_generation;
-        for checkpoint in &plan.found {
-            Volume::write_images_home(device.as_ref(), &mut superblock, &checkpoint.images)?;
-        }
-        device.flush()?;
-        let home = Volume::load(device.clone(), superblock.clone(), 64)?;
-        superblock.free_blocks = home.blocks.free_count();
-        superblock.free_inodes = home.inodes.free_count();
+    if let Some(covered_lsn) = complete_found_checkpoints(&device, &mut superblock, &plan, &mut report)? {
+        base_lsn = covered_lsn;
         let tail = log.position((base_lsn + 1).max(log.tail().lsn));
         let image_tail = image_log.position(image_log.next_lsn());
         superblock.sequence += 1;
@@ -1110,6 +1100,32 @@ fn open_with_image_log(
     volume.set_replaying(false);
     report.orphans_reclaimed = applier.reclaim_orphans(&mut volume)?;
     Ok((volume, log, applier, report))
+}
+
+/// Completes the checkpoints a mount found committed in the log but not recorded in the
+/// superblock: writes their images home, flushes, and takes the newest one's orphan head and
+/// next generation, and the free counts of the bitmaps now home (mount compares them), into
+/// `superblock`. Returns the lsn the newest covers; `None` when none was found.
+fn complete_found_checkpoints(
+    device: &Arc<dyn Device>,
+    superblock: &mut Superblock,
+    plan: &ReplayPlan,
+    report: &mut MountReport,
+) -> Result<Option<u64>> {
+    let Some(last) = plan.found.last() else {
+        return Ok(None);
+    };
+    report.checkpoint_completed = true;
+    superblock.orphan_head = last.orphan_head;
+    superblock.next_generation = last.next_generation;
+    for checkpoint in &plan.found {
+        Volume::write_images_home(device.as_ref(), superblock, &checkpoint.images)?;
+    }
+    device.flush()?;
+    let home = Volume::load(device.clone(), superblock.clone(), 64)?;
+    superblock.free_blocks = home.blocks.free_count();
+    superblock.free_inodes = home.inodes.free_count();
+    Ok(Some(last.covered_lsn))
 }
 
 /// Takes a volume replayed as version 8 (or earlier) to version 9: checkpoints what the replay
@@ -1172,19 +1188,8 @@ fn open_without_image_log(
     check_log_tail(device.as_ref(), &superblock, plan.max_covered_lsn)?;
 
     let mut base_lsn = superblock.checkpoint_lsn;
-    if let Some(last) = plan.found.last() {
-        report.checkpoint_completed = true;
-        base_lsn = last.covered_lsn;
-        superblock.orphan_head = last.orphan_head;
-        superblock.next_generation = last.next_generation;
-        for checkpoint in &plan.found {
-            Volume::write_images_home(device.as_ref(), &mut superblock, &checkpoint.images)?;
-        }
-        device.flush()?;
-        // The superblock records the free counts of the bitmaps now home: mount compares them.
-        let home = Volume::load(device.clone(), superblock.clone(), 64)?;
-        superblock.free_blocks = home.blocks.free_count();
-        superblock.free_inodes = home.inodes.free_count();
+    if let Some(covered_lsn) = complete_found_checkpoints(&device, &mut superblock, &plan, &mut report)? {
+        base_lsn = covered_lsn;
         let tail = log.position(base_lsn + 1);
         superblock.sequence += 1;
         superblock.checkpoint_lsn = base_lsn;

@@ -346,3 +346,35 @@ pub fn forget_dead_mount(device: &Arc<dyn Device>) {
     record.sequence = tandemfs::block::mmp::SEQUENCE_CLEAN;
     location.write(&record).unwrap();
 }
+
+/// How many writes a mount of the volume `image` makes, with default options, before it is
+/// ready: crash tests spread their crash points over them.
+pub fn writes_of_a_mount(image: &[u8]) -> u64 {
+    let counting = MemoryDevice::from_bytes(image.to_vec());
+    counting.reset_counters();
+    let (fs, _) = FileSystem::mount(Arc::new(counting.clone()), &MountOptions::default()).unwrap();
+    let writes = counting.counters().writes;
+    drop(fs);
+    writes
+}
+
+/// The volume a mount of `image` leaves when it dies at its write number `crash_after` (that
+/// write and every later one fail, so the mount must fail): the writes after its last flush
+/// kept, dropped or torn by `seed`, its multi-mount stamp forgotten.
+pub fn killed_mount(image: &[u8], crash_after: u64, seed: u64) -> Arc<dyn Device> {
+    let memory = MemoryDevice::from_bytes_with_crash_model(image.to_vec());
+    let fault = tandemfs::device::Fault {
+        operation: tandemfs::device::FaultOperation::Write,
+        after_operations: crash_after,
+        repeat: true,
+        range: None,
+    };
+    memory.inject(fault);
+    let mounted = FileSystem::mount(Arc::new(memory.clone()), &MountOptions::default());
+    assert!(mounted.is_err(), "a mount whose write {crash_after} fails should fail");
+    let survivor = memory.crash(seed, tandemfs::device::CrashMode::Random);
+    survivor.clear_faults();
+    let device: Arc<dyn Device> = Arc::new(survivor);
+    forget_dead_mount(&device);
+    device
+}
