@@ -582,6 +582,7 @@ enum Decoded {
 }
 
 /// What replay will do, worked out from the records alone.
+#[derive(Default)]
 struct ReplayPlan {
     /// Checkpoints committed in the log but not recorded in the superblock, in lsn order.
     found: Vec<FoundCheckpoint>,
@@ -724,35 +725,53 @@ fn record_error(lsn: u64, error: Error) -> Error {
 /// Decodes every record after the tail and pairs checkpoint commits with their images. On
 /// failure returns the lsn of the first record replay cannot use, with the reason.
 fn plan_replay(records: &[Record], superblock: &Superblock) -> std::result::Result<ReplayPlan, (u64, Error)> {
-    let mut images_by_covered: BTreeMap<u64, Vec<Image>> = BTreeMap::new();
-    let mut plan = ReplayPlan { found: Vec::new(), max_covered_lsn: None };
+    let mut pairing = Pairing::default();
     for record in records {
         let decoded = decode_record(record, superblock).map_err(|error| (record.lsn, error))?;
+        pairing.take(record.lsn, decoded, superblock)?;
+    }
+    Ok(pairing.plan)
+}
+
+/// Pairs checkpoint commits with the image records before them, in the record log (version 8
+/// and older) or the image log (version 9).
+#[derive(Default)]
+struct Pairing {
+    images_by_covered: BTreeMap<u64, Vec<Image>>,
+    plan: ReplayPlan,
+}
+
+impl Pairing {
+    /// Takes one decoded record (at `lsn` of its log): images wait for their commit; a commit
+    /// above the superblock's checkpoint must find exactly the images it names.
+    fn take(&mut self, lsn: u64, decoded: Decoded, superblock: &Superblock) -> std::result::Result<(), (u64, Error)> {
         match decoded {
-            Decoded::Images { covered_lsn, images } => images_by_covered.entry(covered_lsn).or_default().extend(images),
+            Decoded::Images { covered_lsn, images } => {
+                self.images_by_covered.entry(covered_lsn).or_default().extend(images)
+            }
             Decoded::Commit { covered_lsn, image_count, orphan_head, next_generation } => {
-                let images = images_by_covered.remove(&covered_lsn).unwrap_or_default();
-                plan.max_covered_lsn = plan.max_covered_lsn.max(Some(covered_lsn));
+                let images = self.images_by_covered.remove(&covered_lsn).unwrap_or_default();
+                self.plan.max_covered_lsn = self.plan.max_covered_lsn.max(Some(covered_lsn));
                 // A checkpoint the superblock already records may lie partly before the tail
                 // (the tail skips its own records): ignore it.
                 if covered_lsn <= superblock.checkpoint_lsn {
-                    continue;
+                    return Ok(());
                 }
                 if images.len() as u64 != image_count {
                     let what = format!(
                         "checkpoint commit names {image_count} images covering {covered_lsn}; {} found",
                         images.len()
                     );
-                    return Err((record.lsn, Error::corruption(what)));
+                    return Err((lsn, Error::corruption(what)));
                 }
-                plan.found.push(FoundCheckpoint { covered_lsn, orphan_head, next_generation, images });
+                self.plan.found.push(FoundCheckpoint { covered_lsn, orphan_head, next_generation, images });
             }
             // Decoded again when applied: holding every write's data twice could double the
             // memory replay needs for a large log.
             Decoded::Operation(_) => {}
         }
+        Ok(())
     }
-    Ok(plan)
 }
 
 /// Decodes the image log of a version-9 volume (records after its tail: image records and
@@ -766,8 +785,7 @@ fn plan_image_log(
     superblock: &Superblock,
     record_end: u64,
 ) -> std::result::Result<ReplayPlan, (u64, Error)> {
-    let mut images_by_covered: BTreeMap<u64, Vec<Image>> = BTreeMap::new();
-    let mut plan = ReplayPlan { found: Vec::new(), max_covered_lsn: None };
+    let mut pairing = Pairing::default();
     for record in records {
         let decoded = match record.kind {
             KIND_CHECKPOINT_IMAGES => decode_images(record, superblock),
@@ -775,32 +793,16 @@ fn plan_image_log(
             kind => Err(Error::corruption(format!("record of kind {kind} in the image log"))),
         }
         .map_err(|error| (record.lsn, error))?;
-        match decoded {
-            Decoded::Images { covered_lsn, images } => images_by_covered.entry(covered_lsn).or_default().extend(images),
-            Decoded::Commit { covered_lsn, image_count, orphan_head, next_generation } => {
-                if covered_lsn >= record_end {
-                    let what =
-                        format!("checkpoint commit covers lsn {covered_lsn}, past the record log's end {record_end}");
-                    return Err((record.lsn, Error::corruption(what)));
-                }
-                let images = images_by_covered.remove(&covered_lsn).unwrap_or_default();
-                plan.max_covered_lsn = plan.max_covered_lsn.max(Some(covered_lsn));
-                if covered_lsn <= superblock.checkpoint_lsn {
-                    continue;
-                }
-                if images.len() as u64 != image_count {
-                    let what = format!(
-                        "checkpoint commit names {image_count} images covering {covered_lsn}; {} found",
-                        images.len()
-                    );
-                    return Err((record.lsn, Error::corruption(what)));
-                }
-                plan.found.push(FoundCheckpoint { covered_lsn, orphan_head, next_generation, images });
+        if let Decoded::Commit { covered_lsn, .. } = decoded {
+            if covered_lsn >= record_end {
+                let what =
+                    format!("checkpoint commit covers lsn {covered_lsn}, past the record log's end {record_end}");
+                return Err((record.lsn, Error::corruption(what)));
             }
-            Decoded::Operation(_) => unreachable!("only image and commit records are decoded here"),
         }
+        pairing.take(record.lsn, decoded, superblock)?;
     }
-    Ok(plan)
+    Ok(pairing.plan)
 }
 
 /// Every record of a version-9 record log must be an operation that decodes and checks.
@@ -1003,6 +1005,11 @@ fn image_log_options() -> LogOptions {
     LogOptions { flush_delay_us: u64::MAX, reserve_fraction: 0.0 }
 }
 
+/// Options of a version-9 record log: no reserve, since no checkpoint record goes there.
+fn record_log_options(log_options: LogOptions) -> LogOptions {
+    LogOptions { reserve_fraction: 0.0, ..log_options }
+}
+
 /// Recovers the image log of a version-9 volume; `None` before version 9.
 fn recover_image_log(device: &Arc<dyn Device>, superblock: &Superblock) -> Result<Option<(Arc<Log>, Vec<Record>)>> {
     let Some(geometry) = superblock.image_log_geometry() else {
@@ -1020,8 +1027,7 @@ pub fn recover_logs(
     log_options: LogOptions,
 ) -> Result<(Arc<Log>, Vec<Record>)> {
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
-    let options =
-        if superblock.has_image_log() { LogOptions { reserve_fraction: 0.0, ..log_options } } else { log_options };
+    let options = if superblock.has_image_log() { record_log_options(log_options) } else { log_options };
     let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, options)?;
     if let Some((image_log, _)) = recover_image_log(device, superblock)? {
         log.attach_images(image_log);
@@ -1049,7 +1055,7 @@ fn open_with_image_log(
     cache_blocks: usize,
     write: bool,
 ) -> Result<(Volume, Arc<Log>, Applier, MountReport)> {
-    let record_options = LogOptions { reserve_fraction: 0.0, ..log_options };
+    let record_options = record_log_options(log_options);
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, record_options)?;
     let (image_log, image_records) = recover_image_log(&device, &superblock)?.expect("version 9 has an image log");
@@ -1166,7 +1172,7 @@ fn upgrade_to_image_log(
     superblock.write(device.as_ref())?;
     device.flush()?;
     image_log.release(image_tail);
-    let record_options = LogOptions { reserve_fraction: 0.0, ..log_options };
+    let record_options = record_log_options(log_options);
     let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, record_options)?;
     assert!(records.is_empty(), "the record log was empty before the split");
     log.attach_images(image_log);
