@@ -67,6 +67,14 @@ pub struct MetaArguments {
     /// option backlog_image_logs; default 64)
     #[arg(long, default_value_t = tandemfs::log::BACKLOG_CHECKPOINTS, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub backlog_image_logs: u64,
+    /// With --threads: also print every round's rates as it ends, the warm-up's included (the
+    /// table shows medians, which hide a slowdown that grows with the back end's backlog)
+    #[arg(long)]
+    pub each_round: bool,
+    /// With --threads: inodes of both file systems (default: every round's files and one round
+    /// more); a smaller table measures creates in a nearly full one
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1024..=1_000_000_000))]
+    pub inode_count: Option<u64>,
     /// Also measure encrypted tandemfs volumes, beside ext4 on dm-crypt (LUKS2, AES-XTS) and
     /// gocryptfs over ext4 through system calls
     #[arg(long, conflicts_with = "threads")]
@@ -331,6 +339,8 @@ fn run_scaling(arguments: &MetaArguments, threads: Threads) -> CliResult<i32> {
         backend_workers: arguments.backend_workers as usize,
         backlog_image_logs: arguments.backlog_image_logs,
         rounds: arguments.rounds as usize,
+        each_round: arguments.each_round,
+        inode_count: arguments.inode_count,
         volume_bytes: arguments.size,
         scratch,
         with_ext4,

@@ -146,12 +146,14 @@ struct Shape {
     threads: usize,
     files_per_thread: u64,
     stat_passes: u64,
+    /// Print every round's rates as it ends (a median hides a collapse in later rounds).
+    each_round: bool,
 }
 
 /// Runs the three phases with `threads` threads of `files_per_thread` files each; the stat
 /// phase stats every file `stat_passes` times and reports the time of one pass.
 fn run_phases(target: Arc<dyn Target>, shape: Shape, layout: Layout, round: usize) -> Result<PhaseSeconds, String> {
-    let Shape { threads, files_per_thread, stat_passes } = shape;
+    let Shape { threads, files_per_thread, stat_passes, .. } = shape;
     assert!((1..=THREADS_MAX).contains(&threads));
     assert!(stat_passes >= 1);
     let shared = match layout {
@@ -235,6 +237,17 @@ fn measure(target: Arc<dyn Target>, shape: Shape, layout: Layout, rounds: usize)
     let mut samples = Vec::with_capacity(rounds);
     for round in 0..=rounds {
         let seconds = run_phases(target.clone(), shape, layout, round)?;
+        if shape.each_round {
+            let per_second = |seconds: f64| format_per_second(rate(shape.threads, shape.files_per_thread, seconds));
+            println!(
+                "  {} threads, round {round}{}: create {}/s, stat {}/s, unlink {}/s",
+                shape.threads,
+                if round == 0 { " (warm-up)" } else { "" },
+                per_second(seconds.create),
+                per_second(seconds.stat),
+                per_second(seconds.unlink)
+            );
+        }
         if round > 0 {
             samples.push(seconds);
         }
@@ -267,6 +280,10 @@ pub struct ScalingRun {
     /// The mount option `backlog_image_logs`.
     pub backlog_image_logs: u64,
     pub rounds: usize,
+    /// Print every round's rates, the warm-up's included.
+    pub each_round: bool,
+    /// Inodes of both file systems instead of the default (`inodes`).
+    pub inode_count: Option<u64>,
     pub volume_bytes: u64,
     pub scratch: PathBuf,
     pub with_ext4: bool,
@@ -291,9 +308,19 @@ fn library_target(
 }
 
 impl ScalingRun {
+    /// Inodes for both file systems: every round's files once over, and a round more. A
+    /// number freed by an unlink is reusable only once the back end has applied the unlink, so
+    /// while it works through a backlog the rounds' files hold numbers side by side; with
+    /// twice one round's files (as before) the table was full from the third round on, and 16
+    /// threads then measured the search for free numbers (creates fell from 600k/s to 90k/s on
+    /// the host) rather than creates.
     fn inodes(&self) -> u64 {
+        if let Some(count) = self.inode_count {
+            return count;
+        }
         let most = *self.threads.iter().max().unwrap_or(&1) as u64;
-        most * self.files_per_thread * 2 + 64 * (self.rounds as u64 + 1) * (most + 1) + 4096
+        let rounds = self.rounds as u64 + 1;
+        most * self.files_per_thread * (rounds + 1) + 64 * rounds * (most + 1) + 4096
     }
 
     /// Measures every thread count for one layout on a fresh tandemfs and a fresh ext4.
@@ -317,7 +344,12 @@ impl ScalingRun {
         };
         let mut rows = Vec::new();
         for &threads in &self.threads {
-            let shape = Shape { threads, files_per_thread: self.files_per_thread, stat_passes: self.stat_passes };
+            let shape = Shape {
+                threads,
+                files_per_thread: self.files_per_thread,
+                stat_passes: self.stat_passes,
+                each_round: self.each_round,
+            };
             let ours = measure(library.clone(), shape, layout, self.rounds)?;
             let theirs = match &ext4 {
                 Some((_, system)) => Some(measure(system.clone(), shape, layout, self.rounds)?),
@@ -551,7 +583,7 @@ mod tests {
         let image = directory.join("v.img");
         let (library, fs) = library_target(&image, 64 << 20, 8192, 2, tandemfs::log::BACKLOG_CHECKPOINTS).unwrap();
         for layout in [Layout::Private, Layout::Shared] {
-            let shape = Shape { threads: 3, files_per_thread: 200, stat_passes: 2 };
+            let shape = Shape { threads: 3, files_per_thread: 200, stat_passes: 2, each_round: true };
             let seconds = measure(library.clone(), shape, layout, 1).unwrap();
             assert!(seconds.create > 0.0 && seconds.stat > 0.0 && seconds.unlink > 0.0);
         }
