@@ -544,6 +544,23 @@ fn bit(words: &[u64], index: u64) -> bool {
     words[(index / 64) as usize] & (1 << (index % 64)) != 0
 }
 
+/// The first clear bit at or after `start` and before `end`, a word at a time (a nearly full
+/// group is searched at every create once the allocator has come round).
+fn first_clear(words: &[u64], start: u64, end: u64) -> Option<u64> {
+    assert!(end <= words.len() as u64 * 64, "a search past the bitmap");
+    let mut index = start;
+    // Bounded: each turn moves `index` to the next word or returns.
+    while index < end {
+        let word = words[(index / 64) as usize] | ((1u64 << (index % 64)) - 1);
+        if word != u64::MAX {
+            let found = (index / 64) * 64 + u64::from((!word).trailing_zeros());
+            return (found < end).then_some(found);
+        }
+        index = (index / 64 + 1) * 64;
+    }
+    None
+}
+
 fn set_bit(words: &mut [u64], index: u64, value: bool) {
     let mask = 1u64 << (index % 64);
     if value {
@@ -571,15 +588,8 @@ impl InodeGroup {
         if self.free == 0 {
             return Ok(None);
         }
-        let span = if wrap { self.count } else { self.count - self.cursor };
-        let mut offset = None;
-        for step in 0..span {
-            let candidate = (self.cursor + step) % self.count;
-            if !bit(&self.in_use, candidate) {
-                offset = Some(candidate);
-                break;
-            }
-        }
+        let ahead = first_clear(&self.in_use, self.cursor, self.count);
+        let offset = if wrap { ahead.or_else(|| first_clear(&self.in_use, 0, self.cursor)) } else { ahead };
         let Some(offset) = offset else {
             return Ok(None);
         };
@@ -640,6 +650,9 @@ pub struct InodeGroups {
     group_inodes: u64,
     /// The first group no number has been taken from since mount (nor was in use at mount).
     frontier: AtomicUsize,
+    /// Where the next new directory looks for a roomy group once no fresh one is left: moves
+    /// on with each, so that directories made side by side land in different groups.
+    spread_turn: AtomicUsize,
 }
 
 impl InodeGroups {
@@ -672,7 +685,12 @@ impl InodeGroups {
                 Padded(Mutex::new(group))
             })
             .collect();
-        InodeGroups { groups: groups.into_boxed_slice(), group_inodes, frontier: AtomicUsize::new(frontier) }
+        InodeGroups {
+            groups: groups.into_boxed_slice(),
+            group_inodes,
+            frontier: AtomicUsize::new(frontier),
+            spread_turn: AtomicUsize::new(0),
+        }
     }
 
     fn group_of(&self, number: u64) -> usize {
@@ -698,6 +716,9 @@ impl InodeGroups {
         };
         if spread {
             if let Some(number) = self.take_fresh(&try_group, verify)? {
+                return Ok(number);
+            }
+            if let Some(number) = self.take_roomy(&try_group, verify)? {
                 return Ok(number);
             }
         }
@@ -732,6 +753,30 @@ impl InodeGroups {
                 return Ok(None);
             }
             if let Some(number) = try_group(fresh, verify, false)? {
+                return Ok(Some(number));
+            }
+        }
+        Ok(None)
+    }
+
+    /// For a new directory once every group has been used: a number from a group at least
+    /// half free, looking from a point that moves on with each directory (Orlov's spread, with
+    /// the turn standing in for his average). Without it every directory made then took its
+    /// number from its parent's group, so threads creating in their own new directories all
+    /// filled one group: one group lock, neighbouring numbers, the same view shards (16 threads
+    /// fell from 600k to 90k creates/s on the host). `None` when no group is half free.
+    fn take_roomy(&self, try_group: &TryGroup<'_>, verify: &mut VerifyFree<'_>) -> crate::error::Result<Option<u64>> {
+        let group_count = self.groups.len();
+        // Each directory starts about the golden ratio of the groups further on than the one
+        // before, so directories made in a row start far apart; the scan then goes round.
+        let stride = (((group_count as u64 * 0x9E37_79B9) >> 32) as usize) | 1;
+        let start = self.spread_turn.fetch_add(1, Ordering::Relaxed).wrapping_mul(stride) % group_count;
+        for step in 0..group_count {
+            let index = (start + step) % group_count;
+            if self.groups[index].0.lock().free * 2 < self.group_inodes {
+                continue;
+            }
+            if let Some(number) = try_group(index, verify, true)? {
                 return Ok(Some(number));
             }
         }
@@ -1109,6 +1154,47 @@ mod tests {
         // Below the bound nothing is dropped, applied or not.
         assert!(!table.make_room(100, 4));
         assert_eq!(table.len(), 2);
+    }
+
+    #[test]
+    fn the_first_clear_bit_is_found_within_its_range_only() {
+        let mut words = vec![u64::MAX; 3];
+        assert_eq!(first_clear(&words, 0, 192), None);
+        set_bit(&mut words, 130, false);
+        assert_eq!(first_clear(&words, 0, 192), Some(130));
+        assert_eq!(first_clear(&words, 130, 192), Some(130));
+        assert_eq!(first_clear(&words, 131, 192), None);
+        assert_eq!(first_clear(&words, 0, 130), None);
+        set_bit(&mut words, 5, false);
+        assert_eq!(first_clear(&words, 3, 192), Some(5));
+        assert_eq!(first_clear(&words, 6, 131), Some(130));
+        // Clear bits past `end` in its word do not count.
+        let words = vec![u64::MAX >> 4];
+        assert_eq!(first_clear(&words, 0, 60), None);
+        assert_eq!(first_clear(&words, 0, 61), Some(60));
+        assert_eq!(first_clear(&words, 61, 61), None);
+    }
+
+    #[test]
+    fn directories_made_once_every_group_is_used_spread_over_roomy_groups() {
+        // Eight groups of 960, every one used since mount: the first four full, the others
+        // holding one number each.
+        let group_inodes = crate::block::superblock::INODES_PER_BLOCK * GROUP_TABLE_BLOCKS;
+        let groups =
+            InodeGroups::new(8 * group_inodes, |number| number <= 4 * group_inodes || (number - 1) % group_inodes == 0);
+        assert_eq!(groups.groups.len(), 8);
+        let mut verify = |_: &[u64]| Ok(Vec::new());
+        let made: Vec<usize> =
+            (0..4).map(|_| groups.group_of(groups.allocate(1, true, &mut verify).expect("room left"))).collect();
+        assert!(made.iter().all(|group| *group >= 4), "directories went to full groups: {made:?}");
+        let mut distinct = made.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 1, "directories made in a row share one group: {made:?}");
+        // Files still go to their directory's group.
+        let directory = groups.allocate(1, true, &mut verify).expect("room left");
+        let file = groups.allocate(directory, false, &mut verify).expect("room left");
+        assert_eq!(groups.group_of(file), groups.group_of(directory));
     }
 
     #[test]
