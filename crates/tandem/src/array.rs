@@ -491,7 +491,25 @@ fn render_live(array: &ArrayDevice) -> String {
         "  rebuilt on the fly: {} bytes; healed: {} bytes\n",
         statistics.reconstructed_bytes, statistics.healed_bytes
     ));
+    if let Some(rebuild) = &statistics.rebuild {
+        text.push_str(&rebuild_line(rebuild));
+    }
     text
+}
+
+/// The line of a running rebuild: slot, new member, bytes done of all, and the rate so far.
+fn rebuild_line(rebuild: &array::RebuildProgress) -> String {
+    let seconds = rebuild.elapsed_ms as f64 / 1000.0;
+    format!(
+        "  rebuilding slot {} onto {}: {} of {} ({}%), {:.1} MiB/s, {:.0} s so far\n",
+        rebuild.slot,
+        rebuild.name,
+        crate::size::format_bytes(rebuild.done_bytes),
+        crate::size::format_bytes(rebuild.total_bytes),
+        rebuild.done_bytes * 100 / rebuild.total_bytes.max(1),
+        rebuild.done_bytes as f64 / seconds.max(1e-3) / (1 << 20) as f64,
+        seconds
+    )
 }
 
 /// Prints the live counters of the array that the first member named belongs to, if any.
@@ -562,5 +580,58 @@ mod tests {
         assert!(!lines[1].contains(" 0 writes"), "{lines:?}");
         stop_live();
         assert!(!live_path(&uuid).exists());
+    }
+
+    /// While a rebuild runs, the live counters (what `tandem status` prints of a mounted array)
+    /// say which slot, onto what, how far and how fast; once it has ended they say nothing of it.
+    #[test]
+    fn the_live_counters_show_a_running_rebuild() {
+        let devices: Vec<MemoryDevice> =
+            (0..4).map(|_| MemoryDevice::new(array::DATA_START_BYTES + (1 << 20))).collect();
+        let members = |devices: &[MemoryDevice]| -> Vec<Member> {
+            devices
+                .iter()
+                .enumerate()
+                .map(|(slot, device)| Member { name: format!("m{slot}"), device: Arc::new(device.clone()) })
+                .collect()
+        };
+        let options = array::CreateOptions { parity_count: 2, stripe_unit_bytes: 4096, initialize_parity: false };
+        let accelerator = tandemfs::block::volume::default_accelerator();
+        let array = array::create(members(&devices), &options, accelerator.clone()).unwrap();
+        array.write_at(0, &[7u8; 100_000]).unwrap();
+        array.close().unwrap();
+        drop(array);
+        let mut present = members(&devices);
+        present.remove(1);
+        let array = Arc::new(array::assemble(present, accelerator).unwrap().device);
+        assert!(!render_live(&array).contains("rebuilding"));
+        let stripes = array.geometry().stripe_count;
+        let (reached, release) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let (reached_sender, release_receiver) = (reached.0, release.1);
+        let rebuilding = array.clone();
+        let rebuild = std::thread::spawn(move || {
+            let replacement = Member {
+                name: "new.img".to_string(),
+                device: Arc::new(MemoryDevice::new(array::DATA_START_BYTES + (1 << 20))),
+            };
+            rebuilding.rebuild(1, replacement, &mut |done, total| {
+                if done == total / 2 {
+                    reached_sender.send(()).unwrap();
+                    // Bounded: the test answers at once, or has failed and hung up.
+                    let _ = release_receiver.recv_timeout(std::time::Duration::from_secs(60));
+                }
+                true
+            })
+        });
+        reached.1.recv_timeout(std::time::Duration::from_secs(60)).expect("the rebuild reached half-way");
+        let text = render_live(&array);
+        let half = crate::size::format_bytes(stripes / 2 * 4096);
+        let all = crate::size::format_bytes(stripes * 4096);
+        assert!(text.contains(&format!("  rebuilding slot 1 onto new.img: {half} of {all} (50%), ")), "{text}");
+        assert!(text.contains(" MiB/s, "), "{text}");
+        release.0.send(()).unwrap();
+        rebuild.join().unwrap().unwrap();
+        assert!(array.missing_slots().is_empty());
+        assert!(!render_live(&array).contains("rebuilding"), "the rebuild ended");
     }
 }

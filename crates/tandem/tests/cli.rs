@@ -1177,6 +1177,35 @@ fn arrays_from_mkfs_to_a_degraded_fsck_and_every_refusal() {
     assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
 }
 
+/// An encrypted volume on an array: mkfs takes --encrypt with --devices, a bad key file leaves
+/// no member behind, and fsck, stat and scrub work from one member (fsck and stat with the key;
+/// scrub, which compares ciphertext with parity, without it).
+#[test]
+fn an_encrypted_array_is_made_and_checked_from_one_member() {
+    let scratch = Scratch::new("encrypted-array");
+    let names = ["a", "b", "c", "d"].map(|name| scratch.join(&format!("{name}.img")));
+    let list = names.iter().map(|path| text(path)).collect::<Vec<_>>().join(",");
+    let key = scratch.join("key");
+    std::fs::write(&key, (0..64u8).map(|byte| byte.wrapping_mul(29)).collect::<Vec<u8>>()).unwrap();
+    let short = scratch.join("short-key");
+    std::fs::write(&short, [1u8; 10]).unwrap();
+    let base = ["mkfs", "--devices", &list, "--parity", "2", "--size", "24M", "--encrypt", "--kdf-time-ms", "1"];
+    let refused = tandem(&[&base[..], &["--key-file", text(&short)]].concat());
+    assert_one_line_failure(&refused, "exactly 64");
+    assert!(names.iter().all(|path| !path.exists()), "a refused mkfs left a member behind");
+    let made = tandem(&[&base[..], &["--key-file", text(&key)]].concat());
+    assert_eq!(made.status.code(), Some(0), "{}", stderr(&made));
+    assert!(stdout(&made).contains("created encrypted tandemfs on an array of 4 devices"), "{}", stdout(&made));
+    assert!(stdout(&made).contains("AES-256-XTS"), "{}", stdout(&made));
+    assert_one_line_failure(&tandem(&["fsck", text(&names[2])]), "is encrypted: give --key-file");
+    let checked = tandem(&["fsck", "--key-file", text(&key), text(&names[2])]);
+    assert_eq!(checked.status.code(), Some(0), "{}{}", stdout(&checked), stderr(&checked));
+    let stat = tandem(&["stat", "--key-file", text(&key), text(&names[1])]);
+    assert_eq!(stat.status.code(), Some(0), "{}", stderr(&stat));
+    let scrubbed = tandem(&["scrub", text(&names[0])]);
+    assert_eq!(scrubbed.status.code(), Some(0), "{}{}", stdout(&scrubbed), stderr(&scrubbed));
+}
+
 /// `tandem rebuild` of a mounted array: the mount rebuilds the slot while it serves (through
 /// its control socket), named by the mount point or by a member; bad requests are one line
 /// each with nothing written; afterwards the new member carries the volume with two others gone.

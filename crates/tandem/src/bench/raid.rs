@@ -44,6 +44,10 @@ pub struct RaidBenchArguments {
     /// Stripe units tandemfs is measured with, comma-separated (md uses the first as its chunk)
     #[arg(long, default_value = "16K,64K,256K")]
     pub stripe_units: String,
+    /// Files created (each with 4 KiB written) after the sequential write, to see what a
+    /// create-heavy workload costs the array's write path (0: none)
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    pub creates: u64,
 }
 
 const IO_BYTES: usize = 1 << 20;
@@ -60,8 +64,11 @@ struct Timings {
     rebuild_seconds: f64,
     rebuild_bytes: u64,
     cpu_per_gib: Option<f64>,
-    /// How the sequential write's epochs went home (tandemfs only).
-    write_path: Option<array::EpochStatistics>,
+    /// How the sequential write's epochs went home (tandemfs only), and the volume's writes
+    /// that reached the array by region.
+    write_path: Option<(array::EpochStatistics, RegionCounts)>,
+    /// The same for the create-heavy phase, with its seconds.
+    create_path: Option<(array::EpochStatistics, RegionCounts, f64)>,
 }
 
 pub fn run(arguments: RaidBenchArguments) -> CliResult<i32> {
@@ -96,8 +103,19 @@ pub fn run(arguments: RaidBenchArguments) -> CliResult<i32> {
         let label = format!("tandemfs {}+{parity}, unit {}", count - parity, format_bytes(unit));
         match super::contain_panic(&label, || measure_tandemfs(&arguments, &scratch, unit)) {
             Ok(timings) => {
-                if let Some(path) = &timings.write_path {
-                    notes.push(write_path_note(&label, path, arguments.file_size));
+                if let Some((path, regions)) = &timings.write_path {
+                    let what = format!("seq write of {}", format_bytes(arguments.file_size));
+                    notes.push(write_path_note(&label, &what, path));
+                    notes.extend(regions.lines(&label, &what));
+                }
+                if let Some((path, regions, seconds)) = &timings.create_path {
+                    let what = format!(
+                        "{} creates of 4 KiB files ({:.0}/s)",
+                        arguments.creates,
+                        arguments.creates as f64 / seconds.max(1e-9)
+                    );
+                    notes.push(write_path_note(&label, &what, path));
+                    notes.extend(regions.lines(&label, &what));
                 }
                 rows.push(row(&label, &timings, arguments.file_size))
             }
@@ -124,10 +142,9 @@ pub fn run(arguments: RaidBenchArguments) -> CliResult<i32> {
 
 /// What the sequential write cost the array: its epochs, and the chunks written whole or in
 /// part (read for parity).
-fn write_path_note(label: &str, path: &array::EpochStatistics, file_bytes: u64) -> String {
+fn write_path_note(label: &str, what: &str, path: &array::EpochStatistics) -> String {
     format!(
-        "{label}, seq write of {}: {} epochs ({} flushed full), {} full and {} partial stripe chunks, {} read for parity, {} intent records",
-        format_bytes(file_bytes),
+        "{label}, {what}: {} epochs ({} flushed full), {} full and {} partial stripe chunks, {} read for parity, {} intent records",
         path.epochs,
         path.epochs_full,
         path.full_chunks,
@@ -214,7 +231,10 @@ fn measure_tandemfs(arguments: &RaidBenchArguments, scratch: &Path, unit: u64) -
     let mut cpu = CpuMeter::default();
     let file_bytes = arguments.file_size;
     let assembled = Arc::new(assemble(&images, &[])?);
-    let device: Arc<dyn Device> = assembled.clone();
+    let superblock =
+        tandemfs::block::superblock::Superblock::read_best(assembled.as_ref()).map_err(|e| e.to_string())?;
+    let counting = Arc::new(CountingDevice::new(assembled.clone(), &superblock));
+    let device: Arc<dyn Device> = counting.clone();
     let fs = mount(device)?;
     let file = fs.create(ROOT_INODE, b"bench", FileType::Regular, 0o644, 0, 0, 0).map_err(|e| e.to_string())?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
@@ -230,7 +250,23 @@ fn measure_tandemfs(arguments: &RaidBenchArguments, scratch: &Path, unit: u64) -
     fs.sync().map_err(|error| format!("sync: {error}"))?;
     timings.write_seconds = started.elapsed().as_secs_f64();
     cpu.stop();
-    timings.write_path = Some(assembled.statistics().epochs);
+    timings.write_path = Some((assembled.statistics().epochs, counting.take()));
+    if arguments.creates > 0 {
+        let before = assembled.statistics().epochs;
+        let started = Instant::now();
+        let directory = fs.make_directory(ROOT_INODE, b"creates", 0o755, 0, 0).map_err(|e| e.to_string())?;
+        for index in 0..arguments.creates {
+            let name = format!("f{index}");
+            let made = fs
+                .create(directory.inode, name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0)
+                .map_err(|error| format!("create: {error}"))?;
+            fs.write(made.inode, 0, &chunk[..BLOCK_BYTES as usize]).map_err(|error| format!("write: {error}"))?;
+        }
+        fs.sync().map_err(|error| format!("sync: {error}"))?;
+        let seconds = started.elapsed().as_secs_f64();
+        let after = assembled.statistics().epochs;
+        timings.create_path = Some((epochs_between(&before, &after), counting.take(), seconds));
+    }
     drop(assembled);
     let started = Instant::now();
     let blocks = file_bytes / BLOCK_BYTES;
@@ -242,6 +278,8 @@ fn measure_tandemfs(arguments: &RaidBenchArguments, scratch: &Path, unit: u64) -
     timings.random_seconds = started.elapsed().as_secs_f64() / arguments.random_writes as f64;
     fs.unmount().map_err(|error| format!("unmount: {error}"))?;
     drop(fs);
+    // The counting wrapper holds the array too: it must be gone before the members are reopened.
+    drop(counting);
     // Cold reads: a new mount, whole and then with one and two members gone.
     for (gone, seconds) in [
         (&[][..], &mut timings.read_seconds),
@@ -452,4 +490,136 @@ fn measure_md(arguments: &RaidBenchArguments, scratch: &Path, unit: u64) -> Resu
     timings.rebuild_bytes = arguments.member_size.saturating_sub(array::DATA_START_BYTES);
     timings.cpu_per_gib = cpu.seconds_per_gib(file_bytes * 4 + timings.rebuild_bytes);
     Ok(timings)
+}
+
+/// What the array did between two readings of its epoch counters.
+fn epochs_between(before: &array::EpochStatistics, after: &array::EpochStatistics) -> array::EpochStatistics {
+    array::EpochStatistics {
+        epochs: after.epochs - before.epochs,
+        epochs_full: after.epochs_full - before.epochs_full,
+        full_chunks: after.full_chunks - before.full_chunks,
+        partial_chunks: after.partial_chunks - before.partial_chunks,
+        parity_read_bytes: after.parity_read_bytes - before.parity_read_bytes,
+        intent_records: after.intent_records - before.intent_records,
+    }
+}
+
+/// The regions of the volume a write to the array is counted under, by its first block.
+const REGIONS: [&str; 5] = ["record log headers", "record log data", "image log", "fixed metadata", "allocated blocks"];
+
+/// Writes of one region: how many, their bytes, and the stripes they covered only in part
+/// (each such stripe costs the array a read of its other rows and partial parity, unless
+/// another write of the same epoch fills it).
+#[derive(Clone, Copy, Default)]
+struct RegionCount {
+    writes: u64,
+    bytes: u64,
+    partial_stripes: u64,
+}
+
+#[derive(Clone, Default)]
+struct RegionCounts([RegionCount; 5]);
+
+impl RegionCounts {
+    fn lines(&self, label: &str, what: &str) -> Vec<String> {
+        let mut lines = vec![format!("{label}, {what}, the volume's writes to the array by region:")];
+        for (name, count) in REGIONS.iter().zip(self.0.iter()).filter(|(_, count)| count.writes > 0) {
+            lines.push(format!(
+                "    {name}: {} writes, {}, {} stripes covered in part",
+                count.writes,
+                format_bytes(count.bytes),
+                count.partial_stripes
+            ));
+        }
+        lines
+    }
+}
+
+/// The array with the volume's writes counted by region (`REGIONS`), to say where the
+/// partial-stripe writes come from; everything else passes through.
+struct CountingDevice {
+    inner: Arc<ArrayDevice>,
+    /// Block ranges of the regions before "allocated blocks" (the first data block on).
+    bounds: [std::ops::Range<u64>; 3],
+    first_data_block: u64,
+    stripe_bytes: u64,
+    counts: std::sync::Mutex<RegionCounts>,
+}
+
+impl CountingDevice {
+    fn new(inner: Arc<ArrayDevice>, superblock: &tandemfs::block::superblock::Superblock) -> CountingDevice {
+        let geometry = inner.geometry();
+        let image_start = superblock.image_log_header_start.min(superblock.image_log_data_start);
+        let image_end = (superblock.image_log_header_start + superblock.image_log_header_blocks)
+            .max(superblock.image_log_data_start + superblock.image_log_data_blocks);
+        CountingDevice {
+            bounds: [
+                superblock.log_header_start..superblock.log_header_start + superblock.log_header_blocks,
+                superblock.log_data_start..superblock.log_data_start + superblock.log_data_blocks,
+                image_start..image_end,
+            ],
+            first_data_block: superblock.first_data_block,
+            stripe_bytes: geometry.stripe_data_bytes(),
+            inner,
+            counts: std::sync::Mutex::new(RegionCounts::default()),
+        }
+    }
+
+    /// The counts so far, and zero from here on.
+    fn take(&self) -> RegionCounts {
+        std::mem::take(&mut *self.counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    fn count(&self, offset: u64, length: usize) {
+        if length == 0 {
+            return;
+        }
+        let block = offset / BLOCK_BYTES;
+        let region = self
+            .bounds
+            .iter()
+            .position(|range| range.contains(&block))
+            .unwrap_or(if block < self.first_data_block { 3 } else { 4 });
+        let end = offset + length as u64;
+        let (first_stripe, last_stripe) = (offset / self.stripe_bytes, (end - 1) / self.stripe_bytes);
+        let head_partial = !offset.is_multiple_of(self.stripe_bytes) || end < (first_stripe + 1) * self.stripe_bytes;
+        let tail_partial = last_stripe != first_stripe && !end.is_multiple_of(self.stripe_bytes);
+        let mut counts = self.counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = &mut counts.0[region];
+        count.writes += 1;
+        count.bytes += length as u64;
+        count.partial_stripes += u64::from(head_partial) + u64::from(tail_partial);
+    }
+}
+
+impl Device for CountingDevice {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> tandemfs::Result<()> {
+        self.inner.read_at(offset, buffer)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> tandemfs::Result<()> {
+        self.count(offset, data.len());
+        self.inner.write_at(offset, data)
+    }
+    fn flush(&self) -> tandemfs::Result<()> {
+        self.inner.flush()
+    }
+    fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> tandemfs::Result<()> {
+        self.inner.read_uncached(offset, buffer)
+    }
+    fn write_through(&self, offset: u64, data: &[u8]) -> tandemfs::Result<()> {
+        self.count(offset, data.len());
+        self.inner.write_through(offset, data)
+    }
+    fn reachable_by_other_processes(&self) -> bool {
+        self.inner.reachable_by_other_processes()
+    }
+    fn is_read_only(&self) -> bool {
+        self.inner.is_read_only()
+    }
+    fn read_checked(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> tandemfs::Result<bool> {
+        self.inner.read_checked(offset, buffer, check)
+    }
 }

@@ -25,7 +25,7 @@ pub struct MkfsArguments {
     pub image: Option<PathBuf>,
     /// Make the volume on an erasure-coded array of these devices instead (comma-separated
     /// image files, created when missing, or block devices; docs/RAID.md)
-    #[arg(long, value_name = "A,B,...", conflicts_with_all = ["image", "encrypt"])]
+    #[arg(long, value_name = "A,B,...", conflicts_with_all = ["image"])]
     pub devices: Option<String>,
     /// With --devices: devices' worth of Reed-Solomon parity (1 to 4): any this many may be lost
     #[arg(long, value_name = "M", requires = "devices", value_parser = clap::value_parser!(u64).range(1..=4))]
@@ -457,8 +457,20 @@ fn run_array(arguments: &MkfsArguments, list: &str) -> CliResult<i32> {
             other.size_bytes
         )));
     }
+    // The secret and the key derivation's cost before anything is created: a passphrase
+    // typed twice wrongly (or a bad key file) leaves no member behind.
+    let encryption = match arguments.encrypt {
+        true => {
+            let secret = crate::secret::obtain(&paths[0], arguments.key_file.as_deref(), crate::secret::Ask::New)?;
+            let target_ms = arguments.kdf_time_ms.unwrap_or(KDF_TIME_DEFAULT_MS);
+            let cost = tandemfs::crypt::KdfCost::calibrate(target_ms)
+                .map_err(|error| CliError::new(format!("cannot calibrate the key derivation: {}", describe(&error))))?;
+            Some(tandemfs::crypt::Encryption { secret, cost })
+        }
+        false => None,
+    };
     let mut created = Vec::new();
-    let result = make_array(arguments, &planned, parity as usize, stripe_unit, &mut created);
+    let result = make_array(arguments, &planned, parity as usize, stripe_unit, encryption, &mut created);
     if result.is_err() {
         for path in created {
             let _ = std::fs::remove_file(path);
@@ -472,6 +484,7 @@ fn make_array(
     planned: &[PlannedMember],
     parity: usize,
     stripe_unit: u64,
+    encryption: Option<tandemfs::crypt::Encryption>,
     created: &mut Vec<PathBuf>,
 ) -> CliResult<i32> {
     let mut initialize_parity = false;
@@ -525,6 +538,7 @@ fn make_array(
         inode_count: arguments.inodes,
         log_bytes: arguments.log_size,
         root_owner: Some(arguments.root_owner.unwrap_or(caller)),
+        encryption: encryption.clone(),
         ..Default::default()
     };
     FileSystem::format(device.clone(), &format_options)
@@ -532,14 +546,16 @@ fn make_array(
     array.close().map_err(|error| CliError::new(format!("cannot close the array: {}", describe(&error))))?;
     let geometry = array.geometry();
     println!(
-        "created tandemfs on an array of {} devices ({} data + {} parity, stripe unit {}): {}",
+        "created {}tandemfs on an array of {} devices ({} data + {} parity, stripe unit {}): {}",
+        if encryption.is_some() { "encrypted " } else { "" },
         geometry.member_count,
         geometry.data_count(),
         geometry.parity_count,
         format_bytes(geometry.stripe_unit_bytes),
         format_bytes(device.size_bytes())
     );
-    if let Ok(report) = tandemfs::fsck::inspect(device) {
+    let secret = encryption.as_ref().map(|encryption| &encryption.secret);
+    if let Ok(report) = tandemfs::crypt::unlock(device, secret).and_then(tandemfs::fsck::inspect) {
         crate::commands::stat::print_aligned(&report.lines, "  ");
     }
     Ok(EXIT_SUCCESS)

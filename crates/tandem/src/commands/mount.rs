@@ -483,11 +483,20 @@ fn run_foreground(image_path: &Path, mountpoint: &Path, options: &ParsedOptions)
 /// The passphrase a background mount's child needs: only for an encrypted volume given no key
 /// file, asked on this terminal.
 fn passphrase_for_child(image_path: &Path, options: &ParsedOptions) -> CliResult<Option<zeroize::Zeroizing<String>>> {
-    // Arrays are not encrypted (mkfs refuses --encrypt with --devices).
-    if options.key_file.is_some() || crate::array::names_array(image_path) {
+    if options.key_file.is_some() {
         return Ok(None);
     }
-    let device = image::open(image_path, Access::LOOK)?;
+    let device = if crate::array::names_array(image_path) {
+        // An array (encrypted ones are made with mkfs --devices --encrypt) is looked at through
+        // its members without a lock; one that cannot be assembled to look at (dirty and
+        // degraded) is left to the child, which assembles it writable and says what is wrong.
+        match crate::array::open_volume_device(image_path, Access::LOOK) {
+            Ok(device) => device,
+            Err(_) => return Ok(None),
+        }
+    } else {
+        image::open(image_path, Access::LOOK)?
+    };
     match tandemfs::crypt::is_encrypted(device.as_ref()) {
         Ok(true) if std::io::stdin().is_terminal() => Ok(Some(crate::secret::prompt_once(image_path)?)),
         Ok(true) => {

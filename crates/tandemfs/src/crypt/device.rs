@@ -422,6 +422,34 @@ impl Device for EncryptedDevice {
     fn write_through(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write(offset, data, true)
     }
+    /// The volume's checksums are over plaintext, the redundancy beneath (an erasure-coded
+    /// array) holds ciphertext: the device beneath is asked for the whole blocks that hold the
+    /// range, with a judge that decrypts each version it offers and asks `check` about the
+    /// plaintext. So the array picks the version whose plaintext is right and rewrites the bad
+    /// member with that version's ciphertext, which is what was written there (XTS is
+    /// deterministic per block), as on a plain array (docs/RAID.md, *Self-healing reads*).
+    fn read_checked(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        check_range(self.size_bytes(), offset, buffer.len(), "read")?;
+        if buffer.is_empty() || self.all_plaintext(offset, buffer.len()) {
+            return self.inner.read_checked(offset, buffer, check);
+        }
+        let blocks = covering_blocks(offset, buffer.len());
+        let first_block = blocks.start / BLOCK_SIZE_U64;
+        let start = (offset - blocks.start) as usize;
+        let length = buffer.len();
+        let judge = |ciphertext: &[u8]| {
+            let mut plaintext = ciphertext.to_vec();
+            // A version that cannot be decrypted is not accepted; the decryption of the
+            // answer below reports the error.
+            self.cipher.apply(Direction::Decrypt, &mut [(first_block, &mut plaintext[..])]).is_ok()
+                && check(&plaintext[start..start + length])
+        };
+        let mut whole = vec![0u8; (blocks.end - blocks.start) as usize];
+        let accepted = self.inner.read_checked(blocks.start, &mut whole, &judge)?;
+        self.cipher.apply(Direction::Decrypt, &mut [(first_block, &mut whole[..])])?;
+        buffer.copy_from_slice(&whole[start..start + length]);
+        Ok(accepted)
+    }
 
     /// A batch of whole-block requests goes to the device beneath as one batch: its writes are
     /// encrypted in their own buffers in one runtime call before it is submitted, its reads

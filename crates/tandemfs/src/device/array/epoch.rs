@@ -28,17 +28,43 @@ pub struct Pending {
     pub data: Vec<u8>,
     /// Per data shard, the rows written: sorted, disjoint, not touching.
     pub written: Vec<Vec<Range<u64>>>,
+    /// The intent-record bytes this chunk's partial parity takes on each of its parity members
+    /// as it stands (`partial_parity_bytes`), counted in the epoch's `charges`.
+    charge: u64,
+}
+
+/// The rows any shard of `written` writes, starting at `chunk_start` when none does.
+fn rows_of(written: &[Vec<Range<u64>>], chunk_start: u64) -> Range<u64> {
+    let start = written.iter().filter_map(|ranges| ranges.first()).map(|range| range.start).min();
+    let end = written.iter().filter_map(|ranges| ranges.last()).map(|range| range.end).max();
+    match (start, end) {
+        (Some(start), Some(end)) => start..end,
+        _ => chunk_start..chunk_start,
+    }
+}
+
+/// Whether every shard of `written` covers all of its rows.
+fn is_full_of(written: &[Vec<Range<u64>>], chunk_start: u64) -> bool {
+    let rows = rows_of(written, chunk_start);
+    written.iter().all(|ranges| ranges.len() == 1 && ranges[0] == rows)
+}
+
+/// The bytes of the partial-parity entry a chunk written as `written` puts in the intent
+/// record of each of its parity members (`intent::PartialParity::encoded_bytes`): none when it
+/// is full, which needs no partial parity.
+fn partial_parity_bytes(written: &[Vec<Range<u64>>], chunk_start: u64) -> u64 {
+    if is_full_of(written, chunk_start) {
+        return 0;
+    }
+    let rows = rows_of(written, chunk_start);
+    let ranges: usize = written.iter().map(Vec::len).sum();
+    (ENTRY_HEADER_BYTES + RANGE_BYTES * ranges) as u64 + (rows.end - rows.start)
 }
 
 impl Pending {
     /// The rows any shard writes: what the parity rows of this chunk must be rewritten over.
     pub fn rows(&self) -> Range<u64> {
-        let start = self.written.iter().filter_map(|ranges| ranges.first()).map(|range| range.start).min();
-        let end = self.written.iter().filter_map(|ranges| ranges.last()).map(|range| range.end).max();
-        match (start, end) {
-            (Some(start), Some(end)) => start..end,
-            _ => self.chunk_start..self.chunk_start,
-        }
+        rows_of(&self.written, self.chunk_start)
     }
 
     pub fn range_count(&self) -> usize {
@@ -48,19 +74,13 @@ impl Pending {
     /// Whether every data shard is written over all of `rows()`: no byte of those rows keeps
     /// durable data, so the chunk needs no partial parity and no read.
     pub fn is_full(&self) -> bool {
-        let rows = self.rows();
-        self.written.iter().all(|ranges| ranges.len() == 1 && ranges[0] == rows)
+        is_full_of(&self.written, self.chunk_start)
     }
 
     /// Bytes of shard `shard`'s row `row` as held.
     pub fn bytes(&self, shard: usize, rows: Range<u64>) -> &[u8] {
         let at = shard as u64 * self.chunk_rows + rows.start - self.chunk_start;
         &self.data[at as usize..(at + rows.end - rows.start) as usize]
-    }
-
-    /// The intent-record bytes this chunk's partial parity can take on each parity member.
-    fn charge_max(&self) -> u64 {
-        (ENTRY_HEADER_BYTES + RANGE_BYTES * CHUNK_RANGES_MAX) as u64 + self.chunk_rows
     }
 }
 
@@ -118,25 +138,39 @@ impl Epoch {
         let end = row + data.len() as u64;
         assert!(shard < geometry.data_count() && end <= geometry.stripe_unit_bytes);
         // Check every chunk the write meets before changing any, so a refusal changes nothing.
+        // The intent-record bytes are counted as the chunks will stand after the write: a chunk
+        // the write fills takes none, so streams of small writes that complete their stripes
+        // within the epoch are not cut by a bound meant for partial parity.
         let mut new_chunks = 0u64;
+        let (mut charge_before, mut charge_after) = (0u64, 0u64);
+        let mut charges_after = Vec::new();
         for chunk in row / chunk_rows..end.div_ceil(chunk_rows) {
             let rows = row.max(chunk * chunk_rows)..end.min((chunk + 1) * chunk_rows);
-            match self.pending.get(&(stripe, chunk)) {
-                Some(pending)
+            let mut written = match self.pending.get(&(stripe, chunk)) {
+                Some(pending) => {
                     if merged_count(&pending.written[shard], &rows) + pending.range_count()
                         - pending.written[shard].len()
-                        > CHUNK_RANGES_MAX =>
-                {
-                    return Err(Full)
+                        > CHUNK_RANGES_MAX
+                    {
+                        return Err(Full);
+                    }
+                    charge_before += pending.charge;
+                    pending.written.clone()
                 }
-                Some(_) => {}
-                None => new_chunks += 1,
-            }
+                None => {
+                    new_chunks += 1;
+                    vec![Vec::new(); geometry.data_count()]
+                }
+            };
+            merge(&mut written[shard], rows);
+            let charge = partial_parity_bytes(&written, chunk * chunk_rows);
+            charge_after += charge;
+            charges_after.push(charge);
         }
-        if new_chunks > 0 && !self.room_for(geometry, stripe, new_chunks, chunk_rows) {
+        if !self.room_for(geometry, stripe, new_chunks, chunk_rows, charge_before, charge_after) {
             return Err(Full);
         }
-        for chunk in row / chunk_rows..end.div_ceil(chunk_rows) {
+        for (chunk, charge) in (row / chunk_rows..end.div_ceil(chunk_rows)).zip(charges_after) {
             let rows = row.max(chunk * chunk_rows)..end.min((chunk + 1) * chunk_rows);
             if !self.pending.contains_key(&(stripe, chunk)) {
                 self.open_chunk(geometry, stripe, chunk, chunk_rows);
@@ -147,21 +181,38 @@ impl Epoch {
             let length = (rows.end - rows.start) as usize;
             pending.data[at..at + length].copy_from_slice(&data[from..from + length]);
             merge(&mut pending.written[shard], rows);
+            debug_assert_eq!(charge, partial_parity_bytes(&pending.written, pending.chunk_start));
+            pending.charge = charge;
+        }
+        for parity in 0..geometry.parity_count {
+            let slot = geometry.slot(stripe, geometry.data_count() + parity);
+            self.charges[slot] = self.charges[slot] - charge_before + charge_after;
         }
         Ok(())
     }
 
-    fn room_for(&self, geometry: &Geometry, stripe: u64, new_chunks: u64, chunk_rows: u64) -> bool {
+    /// Whether `new_chunks` more chunks of `stripe` fit, and its parity members' intent records
+    /// the change of its chunks' partial parity from `charge_before` to `charge_after` bytes.
+    fn room_for(
+        &self,
+        geometry: &Geometry,
+        stripe: u64,
+        new_chunks: u64,
+        chunk_rows: u64,
+        charge_before: u64,
+        charge_after: u64,
+    ) -> bool {
         let k = geometry.data_count() as u64;
         if self.held_bytes + new_chunks * k * chunk_rows > EPOCH_BYTES_MAX
             || self.pending.len() + new_chunks as usize > EPOCH_CHUNKS_MAX
         {
             return false;
         }
-        let charge = new_chunks * ((ENTRY_HEADER_BYTES + RANGE_BYTES * CHUNK_RANGES_MAX) as u64 + chunk_rows);
         (0..geometry.parity_count).all(|parity| {
             let slot = geometry.slot(stripe, geometry.data_count() + parity);
-            self.charges.get(slot).copied().unwrap_or(0) + charge + RECORD_FIXED_BYTES as u64 <= INTENT_BYTES_MAX
+            let held = self.charges.get(slot).copied().unwrap_or(0);
+            debug_assert!(held >= charge_before);
+            held - charge_before + charge_after + RECORD_FIXED_BYTES as u64 <= INTENT_BYTES_MAX
         })
     }
 
@@ -172,12 +223,10 @@ impl Epoch {
             chunk_rows,
             data: vec![0u8; k * chunk_rows as usize],
             written: vec![Vec::new(); k],
+            charge: 0,
         };
         if self.charges.len() < geometry.member_count {
             self.charges.resize(geometry.member_count, 0);
-        }
-        for parity in 0..geometry.parity_count {
-            self.charges[geometry.slot(stripe, k + parity)] += pending.charge_max();
         }
         self.held_bytes += pending.data.len() as u64;
         self.pending.insert((stripe, chunk), pending);
@@ -216,5 +265,62 @@ mod tests {
         assert_eq!(ranges, vec![0..40]);
         assert_eq!(merged_count(&ranges, &(50..60)), 2);
         assert_eq!(merged_count(&ranges, &(40..60)), 1);
+    }
+
+    /// Small writes that fill their stripes within the epoch take no room in the intent
+    /// records (they need no partial parity), so a back end writing 4 KiB blocks home in order
+    /// is not cut into epochs by that bound: 100 stripes of a 4+2 array with 64 KiB units fit,
+    /// where charging each chunk its most partial parity when opened took 16 of them per
+    /// parity member (~1 MiB / 65.8 KiB). Partial chunks still fill the records, and the
+    /// epoch's count is then exactly what their entries take.
+    #[test]
+    fn full_chunks_take_no_intent_room_and_partial_ones_exactly_theirs() {
+        let geometry = Geometry { member_count: 6, parity_count: 2, stripe_unit_bytes: 64 << 10, stripe_count: 10_000 };
+        let block = vec![7u8; 4096];
+        let mut epoch = Epoch::default();
+        for stripe in 0..100 {
+            for shard in 0..geometry.data_count() {
+                for row in (0..geometry.stripe_unit_bytes).step_by(4096) {
+                    assert!(epoch.insert(&geometry, stripe, shard, row, &block).is_ok(), "stripe {stripe}");
+                }
+            }
+        }
+        assert!(epoch.pending.values().all(Pending::is_full));
+        assert!(epoch.charges.iter().all(|&charge| charge == 0));
+        // 60 KiB at the start of each further stripe: partial, 24 + 12 + 61,440 bytes of record
+        // on each of its two parity members, so the records fill before the epoch's memory.
+        let piece = vec![9u8; 60 << 10];
+        let mut stripe = 100;
+        while epoch.insert(&geometry, stripe, 0, 0, &piece).is_ok() {
+            stripe += 1;
+            assert!(stripe < 1000, "the intent records never filled");
+        }
+        for slot in 0..geometry.member_count {
+            let entries: u64 = epoch
+                .pending
+                .iter()
+                .filter(|((stripe, _), _)| {
+                    (0..geometry.parity_count)
+                        .any(|parity| geometry.slot(*stripe, geometry.data_count() + parity) == slot)
+                })
+                .map(|(_, pending)| partial_parity_bytes(&pending.written, pending.chunk_start))
+                .sum();
+            assert_eq!(epoch.charges[slot], entries, "slot {slot}");
+            assert!(entries + RECORD_FIXED_BYTES as u64 <= INTENT_BYTES_MAX);
+        }
+        // The stripe refused would have passed a record's room on one of its parity members.
+        let refused = (0..geometry.parity_count).map(|parity| geometry.slot(stripe, geometry.data_count() + parity));
+        assert!(refused
+            .into_iter()
+            .any(|slot| epoch.charges[slot] + 61_476 + RECORD_FIXED_BYTES as u64 > INTENT_BYTES_MAX));
+        // Filling a partial chunk gives its room back.
+        let before = epoch.charges.clone();
+        for shard in 0..geometry.data_count() {
+            for row in (0..geometry.stripe_unit_bytes).step_by(4096) {
+                assert!(epoch.insert(&geometry, 100, shard, row, &block).is_ok());
+            }
+        }
+        let freed: u64 = before.iter().zip(&epoch.charges).map(|(before, after)| before - after).sum();
+        assert_eq!(freed, 2 * 61_476);
     }
 }

@@ -92,6 +92,22 @@ pub struct ArrayStatistics {
     /// Bytes a checked read found wrong on a member, rebuilt from the others and rewrote.
     pub healed_bytes: u64,
     pub epochs: EpochStatistics,
+    /// The rebuild running now, if any (`tandem status` of a mounted array shows it).
+    pub rebuild: Option<RebuildProgress>,
+}
+
+/// How far the running rebuild has come (docs/RAID.md, *Rebuild*).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RebuildProgress {
+    pub slot: usize,
+    /// The new member's name (its path).
+    pub name: String,
+    /// Bytes of the slot's units rebuilt onto the new member (the stripes the cursor passed).
+    pub done_bytes: u64,
+    /// Bytes of the slot's units in all.
+    pub total_bytes: u64,
+    /// Since the rebuild was started.
+    pub elapsed_ms: u64,
 }
 
 /// How the epochs went home since assembly (docs/RAID.md, *Rule 3*): what the write path cost.
@@ -335,6 +351,7 @@ impl ArrayDevice {
                     intent_records: counters.intent_records.load(Ordering::Relaxed),
                 }
             },
+            rebuild: self.rebuild_progress(),
         }
     }
 

@@ -7,12 +7,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
 use super::assemble::{random_uuid, Member};
 use super::header::{DATA_START_BYTES, HEADER_BYTES};
-use super::{ArrayDevice, STRIPE_LOCK_COUNT};
+use super::{ArrayDevice, RebuildProgress, STRIPE_LOCK_COUNT};
 use crate::device::Device;
 use crate::error::{Error, Result};
 
@@ -26,6 +27,7 @@ pub(super) struct Target {
     cursor: AtomicU64,
     /// The first write to `device` that failed: the rebuild stops with it, the array goes on.
     failed: Mutex<Option<String>>,
+    started: Instant,
 }
 
 impl ArrayDevice {
@@ -51,6 +53,20 @@ impl ArrayDevice {
                 target.failed.lock().get_or_insert_with(|| format!("{}: {error}", target.name));
             }
         }
+    }
+
+    /// How far the running rebuild has come, if one runs.
+    pub(super) fn rebuild_progress(&self) -> Option<RebuildProgress> {
+        let rebuilding = self.rebuilding.read();
+        let target = rebuilding.as_ref()?;
+        let unit_bytes = self.geometry.stripe_unit_bytes;
+        Some(RebuildProgress {
+            slot: target.slot,
+            name: target.name.clone(),
+            done_bytes: target.cursor.load(Ordering::Acquire) * unit_bytes,
+            total_bytes: self.geometry.stripe_count * unit_bytes,
+            elapsed_ms: u64::try_from(target.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
     }
 
     /// Rebuilds missing `slot` onto `replacement` with nothing else using the array (offline),
@@ -122,6 +138,7 @@ impl ArrayDevice {
             name: replacement.name,
             cursor: AtomicU64::new(0),
             failed: Mutex::new(None),
+            started: Instant::now(),
         });
         *rebuilding = Some(target.clone());
         Ok(target)
