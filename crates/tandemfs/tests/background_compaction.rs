@@ -153,3 +153,43 @@ fn a_read_only_mount_never_compacts_and_a_remount_read_write_does() {
     let report = fsck::check(std::sync::Arc::new(memory)).unwrap();
     assert!(report.is_clean(), "fsck: {:#?}", report.problems);
 }
+
+/// Runs compaction passes (and the back end) until the queue is empty.
+fn passes_until_idle(fs: &FileSystem) {
+    // Bounded: a small file takes a pass or two.
+    for _ in 0..100 {
+        fs.run_backend().unwrap();
+        if fs.compaction_pass().unwrap() == CompactionPass::Idle {
+            return;
+        }
+    }
+    panic!("the compactor never went idle: {:?}", fs.compaction_statistics());
+}
+
+/// A file measured below the factor is not walked again at every change: it rests for 64
+/// changes (more in a file of many extents), then is measured again.
+#[test]
+fn a_file_below_the_factor_rests_until_it_changed_enough() {
+    let (_, device) = memory_volume(64 << 20, false);
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let file = fs.create(ROOT_INODE, b"calm", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    let mut rng = rng(9);
+    fs.write(file, 0, &pattern(&mut rng, 256 << 10)).unwrap();
+    let mut insert = |count: usize| {
+        for _ in 0..count {
+            let offset = rng.gen_range(0..(256u64 << 10));
+            fs.insert(file, offset, b"0123456789").unwrap();
+        }
+    };
+    insert(1);
+    passes_until_idle(&fs);
+    assert_eq!(fs.compaction_statistics().files_measured, 1);
+    insert(10);
+    passes_until_idle(&fs);
+    assert_eq!(fs.compaction_statistics().files_measured, 1, "measured again after 10 changes");
+    insert(60);
+    passes_until_idle(&fs);
+    let statistics = fs.compaction_statistics();
+    assert_eq!((statistics.files_measured, statistics.records), (2, 0), "{statistics:?}");
+    fs.unmount().unwrap();
+}

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::extent::{self, ExtentRoot};
 use crate::fs::types::FileType;
 use parking_lot::{Condvar, Mutex};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -47,6 +47,13 @@ const BACKLOG_WAIT: Duration = Duration::from_millis(20);
 /// Files the queue holds; past this, files noted are not queued until the queue shrinks (they
 /// are noted again by their next change, or compacted by `tandem defrag`).
 const QUEUE_FILES_MAX: usize = 4096;
+/// Changes a file found below the factor must see before it is measured again: at least this
+/// many, and at least one per `REMEASURE_EXTENTS_PER_CHANGE` extents of it, so that measuring
+/// (a walk of every extent) costs a few dozen extent visits per change however large the file
+/// is. A change adds at most a couple of blocks, so the file drifts little above the factor
+/// meanwhile, and the next sweep brings it back.
+const REMEASURE_CHANGES_MIN: u64 = 64;
+const REMEASURE_EXTENTS_PER_CHANGE: u64 = 64;
 /// A file is compacted only when it holds at least this many blocks more than its bytes need:
 /// a small file's amplification is mostly its last block's rounding, which no compaction
 /// gives back.
@@ -71,7 +78,7 @@ pub struct CompactionStatistics {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Adding up the bytes mapped from `cursor` on.
-    Measure { mapped_bytes: u64 },
+    Measure { mapped_bytes: u64, extents: u64 },
     /// Logging compaction records for the runs from `cursor` on.
     Compact,
 }
@@ -83,12 +90,18 @@ struct Sweep {
     phase: Phase,
     /// The file changed again since this sweep began: measure it again when it ends.
     changed: bool,
+    /// Set when a measure found the file below the factor: the changes it must see before it
+    /// is measured again.
+    rest_for: Option<u64>,
 }
 
 #[derive(Default)]
 struct Queue {
     sweeps: VecDeque<Sweep>,
     queued: HashSet<u64>,
+    /// Files measured below the factor: the changes each must see before it is queued again
+    /// (at most `QUEUE_FILES_MAX`; a file left out is queued at its next change).
+    resting: HashMap<u64, u64>,
 }
 
 /// The compactor's shared state: in `Inner`, and seen by its thread through a weak handle.
@@ -145,6 +158,13 @@ impl Compactor {
             return;
         }
         let mut queue = self.queue.lock();
+        if let Some(changes_left) = queue.resting.get_mut(&inode) {
+            *changes_left = changes_left.saturating_sub(1);
+            if *changes_left > 0 {
+                return;
+            }
+            queue.resting.remove(&inode);
+        }
         if queue.queued.contains(&inode) {
             if let Some(sweep) = queue.sweeps.iter_mut().find(|sweep| sweep.inode == inode) {
                 sweep.changed = true;
@@ -155,7 +175,8 @@ impl Compactor {
             return;
         }
         queue.queued.insert(inode);
-        queue.sweeps.push_back(Sweep { inode, cursor: 0, phase: Phase::Measure { mapped_bytes: 0 }, changed: false });
+        let phase = Phase::Measure { mapped_bytes: 0, extents: 0 };
+        queue.sweeps.push_back(Sweep { inode, cursor: 0, phase, changed: false, rest_for: None });
         drop(queue);
         self.signal.notify_one();
     }
@@ -290,15 +311,23 @@ impl FileSystem {
                 queue.sweeps.push_back(sweep);
                 Ok(CompactionPass::Worked { records })
             }
-            Ok((records, true)) if sweep.changed => {
+            // Compacted while it changed: measured again at once. A file measured below the
+            // factor rests instead, whatever changed meanwhile (those changes were counted
+            // loosely: a file changed without pause would otherwise be measured without pause).
+            Ok((records, true)) if sweep.changed && sweep.rest_for.is_none() => {
                 sweep.cursor = 0;
-                sweep.phase = Phase::Measure { mapped_bytes: 0 };
+                sweep.phase = Phase::Measure { mapped_bytes: 0, extents: 0 };
                 sweep.changed = false;
                 queue.sweeps.push_back(sweep);
                 Ok(CompactionPass::Worked { records })
             }
             Ok((records, true)) => {
                 queue.queued.remove(&sweep.inode);
+                if let Some(changes) = sweep.rest_for {
+                    if queue.resting.len() < QUEUE_FILES_MAX {
+                        queue.resting.insert(sweep.inode, changes);
+                    }
+                }
                 Ok(CompactionPass::Worked { records })
             }
             // The file went, or is not a regular file: nothing to compact.
@@ -323,16 +352,18 @@ impl FileSystem {
             _ => Err(Error::invalid("not a regular file")),
         })??;
         match sweep.phase {
-            Phase::Measure { mapped_bytes } => {
+            Phase::Measure { mapped_bytes, extents } => {
                 let step = self.measure_step(sweep.inode, generation, sweep.cursor)?;
                 let mapped_bytes = mapped_bytes + step.mapped_bytes;
+                let extents = extents + step.extents;
                 let Some(blocks_owned) = step.blocks_owned_at_end else {
                     sweep.cursor = step.next_cursor;
-                    sweep.phase = Phase::Measure { mapped_bytes };
+                    sweep.phase = Phase::Measure { mapped_bytes, extents };
                     return Ok((0, false));
                 };
                 self.inner.compactor.files_measured.fetch_add(1, Ordering::Relaxed);
                 if !self.worth_compacting(blocks_owned, mapped_bytes) {
+                    sweep.rest_for = Some((extents / REMEASURE_EXTENTS_PER_CHANGE).max(REMEASURE_CHANGES_MIN));
                     return Ok((0, true));
                 }
                 sweep.cursor = 0;
@@ -379,7 +410,7 @@ impl FileSystem {
         let home = FileSystem::home_inode(&mut volume, inode, generation)?.ok_or(Error::NotFound)?;
         let root = ExtentRoot::decode(&home.root_area)?;
         let length = root.length_bytes();
-        let mut step = MeasureStep { mapped_bytes: 0, next_cursor: cursor, blocks_owned_at_end: None };
+        let mut step = MeasureStep { mapped_bytes: 0, extents: 0, next_cursor: cursor, blocks_owned_at_end: None };
         if cursor < length {
             let mut visited = 0u64;
             extent::extents_from(&mut *volume, &root, cursor, &mut |logical, extent_bytes, physical, _| {
@@ -387,6 +418,7 @@ impl FileSystem {
                     return false;
                 }
                 visited += 1;
+                step.extents += 1;
                 // The first extent may start before the cursor: only its bytes from there on.
                 let start = logical.max(cursor);
                 if physical.is_some() {
@@ -456,6 +488,7 @@ struct PiecesStep {
 
 struct MeasureStep {
     mapped_bytes: u64,
+    extents: u64,
     next_cursor: u64,
     /// The root's `blocks_owned` when this step reached the end of the file.
     blocks_owned_at_end: Option<u64>,
