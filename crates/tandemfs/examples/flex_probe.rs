@@ -1,4 +1,14 @@
-// Temporary probe (not committed): where a collapse's time goes, 64 MiB against 8 GiB.
+//! Where a byte-granular collapse's (or insert's) time goes as the file grows (issue 12's flat
+//! cost): a file of `mib` MiB reserved with `allocate` on a sparse image in /dev/shm, as `tandem
+//! bench flex` makes it, then `count` collapses (or inserts, with `insert`) of 1–4096 bytes at
+//! random bytes, with the bench's seed. Prints, per operation, the loop (appends), the fsync,
+//! and the checkpoint that applies the backlog and writes it home, with the back end's apply
+//! and checkpoint times. With `PERF_CTL` and `PERF_ACK` naming perf's control and ack fifos,
+//! perf records only the timed span:
+//!
+//! `perf record --control fifo:ctl,ack -D -1 target/release/examples/flex_probe 8192 1000`
+//! (`cargo build --release -p tandemfs --example flex_probe`; arguments `[mib] [count] [insert]`,
+//! defaults 64 and 1000).
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Instant;
