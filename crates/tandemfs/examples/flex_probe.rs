@@ -1,14 +1,15 @@
 //! Where a byte-granular collapse's (or insert's) time goes as the file grows (issue 12's flat
 //! cost): a file of `mib` MiB reserved with `allocate` on a sparse image in /dev/shm, as `tandem
 //! bench flex` makes it, then `count` collapses (or inserts, with `insert`) of 1–4096 bytes at
-//! random bytes, with the bench's seed. Prints, per operation, the loop (appends), the fsync,
+//! random bytes, or inserts of 4 KiB at random block boundaries (`aligned`, the bench's first
+//! row). Prints, per operation, the loop (appends), the fsync,
 //! and the checkpoint that applies the backlog and writes it home, with the back end's apply
 //! and checkpoint times. With `PERF_CTL` and `PERF_ACK` naming perf's control and ack fifos,
 //! perf records only the timed span:
 //!
 //! `perf record --control fifo:ctl,ack -D -1 target/release/examples/flex_probe 8192 1000`
-//! (`cargo build --release -p tandemfs --example flex_probe`; arguments `[mib] [count] [insert]`,
-//! defaults 64 and 1000).
+//! (`cargo build --release -p tandemfs --example flex_probe`; arguments `[mib] [count]
+//! [collapse|insert|aligned]`, defaults 64, 1000, collapse).
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,7 +21,9 @@ fn main() {
     let mut arguments = std::env::args().skip(1);
     let mib: u64 = arguments.next().map(|a| a.parse().unwrap()).unwrap_or(64);
     let count: usize = arguments.next().map(|a| a.parse().unwrap()).unwrap_or(1000);
-    let insert = arguments.next().is_some_and(|a| a == "insert");
+    let mode = arguments.next().unwrap_or_else(|| "collapse".into());
+    assert!(["collapse", "insert", "aligned"].contains(&mode.as_str()), "mode: collapse, insert or aligned");
+    let (insert, aligned) = (mode != "collapse", mode == "aligned");
     let path = "/dev/shm/tandem-compact-probe.img";
     let file_bytes = mib << 20;
     let volume_bytes = file_bytes + file_bytes / 8 + (1 << 30) + count as u64 * 3 * 4096;
@@ -50,9 +53,9 @@ fn main() {
     tell("enable\n");
     let started = Instant::now();
     for _ in 0..count {
-        let length = rng.gen_range(1..=4096u64);
+        let length = if aligned { 4096 } else { rng.gen_range(1..=4096u64) };
         if insert {
-            let offset = rng.gen_range(0..=size);
+            let offset = if aligned { rng.gen_range(0..size / 4096) * 4096 } else { rng.gen_range(0..=size) };
             fs.insert(file, offset, &vec![0x5a; length as usize]).unwrap();
             size += length;
         } else {
@@ -72,7 +75,7 @@ fn main() {
     let l2 = fs.log_statistics();
     println!(
         "{mib} MiB {}: loop {:.1} us/op, fsync+apply {:.1}, checkpoint {:.1}, total {:.1} us/op; apply_ns/op {:.1} (to fsync) {:.1} (all); checkpoint_ns {:.2} ms, checkpoints {} -> {}; lsn {} -> {}",
-        if insert { "inserts" } else { "collapses" },
+        mode,
         looped.as_secs_f64() * 1e6 / count as f64,
         (synced - looped).as_secs_f64() * 1e6 / count as f64,
         (done - synced).as_secs_f64() * 1e6 / count as f64,
