@@ -405,6 +405,65 @@ fn compaction_at_scale(seed: u64, mode: CrashMode) {
     assert_clean_after_replay(survivor, seed);
 }
 
+#[test]
+fn background_compaction_replays_to_the_same_bytes() {
+    background_compaction_at_scale(5, CrashMode::KeepAll);
+    background_compaction_at_scale(6, CrashMode::Random);
+}
+
+/// Background compaction (`FileSystem::compaction_pass`, which the compactor thread runs) under
+/// replay: a 1 MiB file fragmented by collapses inside blocks and split by punched holes into
+/// pieces that take several passes, inserts and collapses between the passes, and a crash after
+/// the first or second pass that logged records, so that records of the sweep are applied and
+/// others never logged, all after the last checkpoint. Replay must give every byte, and fsck
+/// must be clean.
+fn background_compaction_at_scale(seed: u64, mode: CrashMode) {
+    const FILE_BYTES: usize = 1 << 20;
+    let (memory, fs, inode, mut rng, mut model) = file_at_scale(seed, b"background", FILE_BYTES);
+    for k in (1..=200usize).rev() {
+        let offset = k * 4096 + rng.gen_range(100..600);
+        fs.collapse_range(inode, offset as u64, 3000).unwrap();
+        model.drain(offset..offset + 3000);
+        if k == 100 {
+            fs.run_backend().unwrap();
+            fs.checkpoint().unwrap();
+        }
+    }
+    // Holes end compaction runs: a piece each between them.
+    for hole in 1..12usize {
+        let offset = hole * 40_000;
+        fs.punch_hole(inode, offset as u64, 5000).unwrap();
+        model[offset..offset + 5000].fill(0);
+    }
+    fs.run_backend().unwrap();
+    let crash_after = 1 + seed % 2;
+    let mut logged_passes = 0;
+    // Bounded: each pass walks at most a few thousand extents of a file of a few hundred.
+    for _ in 0..1000 {
+        match fs.compaction_pass().unwrap() {
+            tandemfs::fs::CompactionPass::Idle => break,
+            tandemfs::fs::CompactionPass::Deferred => {}
+            tandemfs::fs::CompactionPass::Worked { records } => {
+                if records > 0 {
+                    logged_passes += 1;
+                    insert_or_collapse(&fs, inode, &mut rng, &mut model);
+                }
+            }
+        }
+        fs.run_backend().unwrap();
+        if logged_passes == crash_after {
+            break;
+        }
+    }
+    let statistics = fs.compaction_statistics();
+    assert_eq!(logged_passes, crash_after, "seed {seed}: {statistics:?}");
+    assert!(statistics.records > crash_after, "seed {seed}: several records a pass: {statistics:?}");
+    let (fs, survivor) = crash_and_replay(fs, &memory, inode, &model, seed, mode);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert_clean_after_replay(survivor, seed);
+}
+
 /// Shared blocks under replay (format version 8): inserts of 1 to 200 bytes cut extents inside
 /// blocks without copying (both parts reference the block) and pack into shared blocks;
 /// collapses of up to 400 bytes, punches and overwrites at byte offsets then drop references

@@ -31,7 +31,9 @@ fn bad_factors_and_file_types_are_typed_errors() {
 #[test]
 fn a_full_volume_refuses_a_compaction_and_keeps_the_file() {
     let (memory, device) = memory_volume(32 << 20, false);
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+    // Background compaction off: it would compact the file before the volume fills.
+    let options = MountOptions { background_compact_factor: 0.0, ..MountOptions::default() };
+    let (fs, _) = FileSystem::mount(device, &options).unwrap();
     let file = fs.create(ROOT_INODE, b"fragmented", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
     let mut rng = rng(7);
     let mut model = pattern(&mut rng, 200_000);

@@ -716,6 +716,17 @@ pub fn run(arguments: FlexBenchArguments) -> CliResult<i32> {
     if let Some(reason) = &ext4_reason {
         println!("ext4: skipped ({reason})");
     }
+    // The process's accelerator runtime is made by the first data checksum: on a host with a
+    // GPU that opens the GPU and calibrates it against the CPU, most of a second, which landed
+    // inside the first row's timed span (the aligned inserts: 750-800 µs per operation on the
+    // 16-core GPU host against 25-80 on a 2-core VM without one). Made here, before any row.
+    let started = Instant::now();
+    let accelerator = tandemfs::block::volume::default_accelerator();
+    println!(
+        "accelerator runtime made in {:.3} s, before the timed spans ({})",
+        started.elapsed().as_secs_f64(),
+        accelerator.describe().lines().find(|line| line.starts_with("GPU")).unwrap_or("no GPU line").trim()
+    );
     let mut rows: Vec<Row> = Vec::new();
     for workload in &list {
         let row = run_workload(workload, &peers, &scratch, arguments.seed)

@@ -35,7 +35,8 @@ pub struct MountArguments {
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
     /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
     /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536),
-    /// backlog_image_logs=N (how many image logs' worth of changes may wait to be applied, 1 to 1024; default 64); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
+    /// backlog_image_logs=N (how many image logs' worth of changes may wait to be applied, 1 to 1024; default 64),
+    /// compact_factor=F (files whose cuts leave them holding more than F times their bytes are compacted in the background; 0: never; default 1.25); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
     /// accepted and change nothing
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -60,7 +61,7 @@ pub struct UmountArguments {
 const BACKGROUND_CHILD_VARIABLE: &str = "TANDEM_BACKGROUND_MOUNT";
 
 /// Mount options from `-o`, checked before anything is opened.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct ParsedOptions {
     pub allow_other: bool,
     pub default_permissions: bool,
@@ -84,6 +85,8 @@ pub struct ParsedOptions {
     pub direct_write_min_bytes: Option<u64>,
     /// `backlog_image_logs=N` (`None`: the library's default).
     pub backlog_image_logs: Option<u64>,
+    /// `compact_factor=F` (`None`: the library's default).
+    pub compact_factor: Option<f64>,
     /// The key file of an encrypted volume (`--key-file` or `-o key_file=FILE`).
     pub key_file: Option<PathBuf>,
     /// `transport=auto|uring|dev-fuse` (`None`: the adapter's default, dev-fuse).
@@ -104,7 +107,7 @@ const KERNEL_FUSE_OPTIONS: [&str; 8] =
 
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, transport=auto|uring|dev-fuse, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, backlog_image_logs=N, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, transport=auto|uring|dev-fuse, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, backlog_image_logs=N, compact_factor=F, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -187,6 +190,14 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                             CliError::new(format!(
                                 "-o backlog_image_logs={value}: expected a whole number from 1 to {}",
                                 range.end()
+                            ))
+                        })?);
+                }
+                Some(("compact_factor", value)) => {
+                    parsed.compact_factor =
+                        Some(value.parse().ok().filter(|factor: &f64| *factor == 0.0 || (*factor >= 1.0 && factor.is_finite())).ok_or_else(|| {
+                            CliError::new(format!(
+                                "-o compact_factor={value}: expected 0 (no background compaction) or a number of at least 1"
                             ))
                         })?);
                 }
@@ -344,6 +355,9 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
             .direct_write_min_bytes
             .unwrap_or(tandemfs::fs::types::DIRECT_WRITE_MIN_BYTES_DEFAULT),
         backlog_image_logs: options.backlog_image_logs.unwrap_or(tandemfs::log::BACKLOG_CHECKPOINTS),
+        background_compact_factor: options
+            .compact_factor
+            .unwrap_or(tandemfs::fs::types::BACKGROUND_COMPACT_FACTOR_DEFAULT),
         ..MountOptions::default()
     };
     FileSystem::mount(device, &mount_options).map_err(|error| match error {
@@ -724,6 +738,13 @@ mod tests {
         }
         assert_eq!(parse_options(&["direct_write_min_bytes=0".into()]).unwrap().direct_write_min_bytes, Some(0));
         assert_eq!(parse_options(&["backlog_image_logs=64".into()]).unwrap().backlog_image_logs, Some(64));
+        assert_eq!(parse_options(&["compact_factor=1.5".into()]).unwrap().compact_factor, Some(1.5));
+        assert_eq!(parse_options(&["compact_factor=0".into()]).unwrap().compact_factor, Some(0.0));
+        for wrong in
+            ["compact_factor=0.5", "compact_factor=-1", "compact_factor=inf", "compact_factor=NaN", "compact_factor=x"]
+        {
+            assert!(parse_options(&[wrong.into()]).is_err(), "{wrong}");
+        }
         for wrong in ["backlog_image_logs=0", "backlog_image_logs=1025", "backlog_image_logs=many"] {
             let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
             assert!(error.contains("expected a whole number from 1 to 1024"), "{wrong}: {error}");

@@ -203,7 +203,19 @@ pub struct MountOptions {
     /// pending changes held in memory and of a longer replay after a crash. From 1 to
     /// `BACKLOG_IMAGE_LOGS_MAX`; default `log::BACKLOG_CHECKPOINTS` (64).
     pub backlog_image_logs: u64,
+    /// Background compaction (docs/EXTENTS.md, *Background compaction*): a regular file whose
+    /// inserts, collapses, punches or zero ranges leave it holding more than this many times
+    /// the bytes it maps (and at least 16 blocks more than they need) is compacted by a thread
+    /// of the mount, through the same records as `FileSystem::defrag`, at about a tenth of the
+    /// back end's time. 0 turns it off; otherwise at least 1. Default
+    /// `BACKGROUND_COMPACT_FACTOR_DEFAULT` (1.25). Only with a back-end thread (without one,
+    /// the caller runs `FileSystem::compaction_pass`); never on a read-only mount.
+    pub background_compact_factor: f64,
 }
+
+/// `MountOptions::background_compact_factor` when none is given: a file is compacted in the
+/// background once it holds more than 1.25 times the bytes it maps.
+pub const BACKGROUND_COMPACT_FACTOR_DEFAULT: f64 = 1.25;
 
 /// The most image logs' worth of backlog `MountOptions::backlog_image_logs` may ask for.
 pub const BACKLOG_IMAGE_LOGS_MAX: u64 = 1024;
@@ -232,6 +244,7 @@ impl Default for MountOptions {
             key: None,
             direct_write_min_bytes: DIRECT_WRITE_MIN_BYTES_DEFAULT,
             backlog_image_logs: crate::log::BACKLOG_CHECKPOINTS,
+            background_compact_factor: BACKGROUND_COMPACT_FACTOR_DEFAULT,
         }
     }
 }

@@ -95,6 +95,12 @@ impl FileSystem {
                 interval.end()
             )));
         }
+        let factor = options.background_compact_factor;
+        if !(factor == 0.0 || (factor >= 1.0 && factor.is_finite())) {
+            return Err(Error::invalid(format!(
+                "background compaction factor {factor} is neither 0 (off) nor a number of at least 1"
+            )));
+        }
         if !(1..=crate::fs::types::BACKLOG_IMAGE_LOGS_MAX).contains(&options.backlog_image_logs) {
             return Err(Error::invalid(format!(
                 "a backlog of {} image logs is outside 1..={}",
@@ -257,10 +263,17 @@ impl FileSystem {
             max_record_data_bytes,
             direct_write_records: AtomicU64::new(0),
             batch: Default::default(),
+            compactor: super::compactor::Compactor::new(options.background_compact_factor),
         });
         let file_system = FileSystem { inner };
         if options.background_backend {
             if let Err(error) = file_system.inner.backend.start(Arc::new(file_system.clone())) {
+                let keeper = file_system.inner.mmp.lock().take();
+                return Err((error, keeper));
+            }
+            // Its passes do nothing while the mount is read-only (`compaction_pass`).
+            if let Err(error) = file_system.inner.compactor.start(Arc::downgrade(&file_system.inner)) {
+                file_system.inner.backend.stop();
                 let keeper = file_system.inner.mmp.lock().take();
                 return Err((error, keeper));
             }
@@ -382,6 +395,8 @@ impl FileSystem {
             return Ok(());
         }
         let read_only = self.is_read_only();
+        // No compaction record after the drain below.
+        inner.compactor.stop();
         // An index serves a mounted volume only, and one that holds a handle of this volume
         // would otherwise keep it alive after the unmount.
         self.set_batch_index(None);

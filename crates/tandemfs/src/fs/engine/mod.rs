@@ -6,6 +6,7 @@
 //! current through `FrontSink`.
 
 pub mod batch;
+pub mod compactor;
 mod create_batch;
 mod data;
 mod direct;
@@ -166,6 +167,8 @@ struct Inner {
     direct_write_records: AtomicU64,
     /// The batch API's index and counters (see `batch`).
     batch: batch::BatchState,
+    /// Background compaction: the files whose shape changed and its thread (`compactor`).
+    compactor: compactor::Compactor,
 }
 
 /// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
@@ -705,7 +708,16 @@ impl FrontSink for FileSystem {
                     update.writes_through = queued.lsn;
                     update.blocks_through = queued.lsn;
                 }
-                Op::Range { inode, .. } => updates.entry(inode.inode_number).or_default().blocks_through = queued.lsn,
+                Op::Range { inode, kind, .. } => {
+                    updates.entry(inode.inode_number).or_default().blocks_through = queued.lsn;
+                    // Cuts inside blocks leave shared and partly used blocks behind.
+                    if matches!(
+                        kind,
+                        RangeKind::Insert | RangeKind::Collapse | RangeKind::PunchHole | RangeKind::ZeroRange
+                    ) {
+                        self.inner.compactor.note_changed(inode.inode_number);
+                    }
+                }
                 _ => {}
             }
         }
