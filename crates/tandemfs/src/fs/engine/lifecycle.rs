@@ -449,6 +449,19 @@ impl FileSystem {
         (mirror.hits.load(Ordering::Relaxed), mirror.misses.load(Ordering::Relaxed))
     }
 
+    /// How lookups and stats read home since mount: blocks from the mirror and under the lock,
+    /// reads done again and reads that fell back to the lock (`block::mirror`).
+    pub fn home_read_statistics(&self) -> HomeReadStatistics {
+        let mirror = self.inner.backend.home_mirror();
+        HomeReadStatistics {
+            mirrored_blocks: mirror.hits.load(Ordering::Relaxed),
+            locked_blocks: mirror.misses.load(Ordering::Relaxed),
+            retries: mirror.retries.load(Ordering::Relaxed),
+            fallbacks: mirror.fallbacks.load(Ordering::Relaxed),
+            summarised_lookups: 0,
+        }
+    }
+
     /// How the back end has applied records since mount (see `BackendStatistics`).
     pub fn backend_statistics(&self) -> BackendStatistics {
         self.inner.backend.statistics()
