@@ -248,6 +248,11 @@ impl HomeMirror {
             && noted.into_iter().all(|(stripe, sequence)| self.stripes[stripe].load(Ordering::SeqCst) == sequence)
     }
 
+    /// The counter of `stripe` now (for a reader checking versions it noted earlier).
+    pub fn stripe_counter(&self, stripe: usize) -> u64 {
+        self.stripes[stripe].load(Ordering::SeqCst)
+    }
+
     /// Whether a change failed half way (then every read goes to the lock).
     pub fn is_poisoned(&self) -> bool {
         self.poisoned.load(Ordering::SeqCst)

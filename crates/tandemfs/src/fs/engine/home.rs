@@ -8,7 +8,7 @@ use crate::block::meta::{BlockKind, MetaStore, SharedBlock};
 use crate::block::mirror::{is_mirrored_kind, HomeMirror};
 use crate::block::superblock::INODES_PER_BLOCK;
 use crate::block::volume::check_inode_contents_within;
-use std::cell::Cell;
+use crate::dir::{HashSeed, RegionCache, VersionedStore};
 
 /// Tries of a read from the mirror before it reads under the volume lock: each try that a
 /// change overlapped is repeated, and a reader that keeps meeting changes (creates applied
@@ -38,6 +38,10 @@ pub(super) trait HomeSource {
     fn meta(&mut self) -> &mut dyn MetaStore;
     /// The applied inode `number`; `None` when its number is free.
     fn inode(&mut self, number: u64) -> Result<Option<Inode>>;
+    /// `name` in the directory of `root` (`dir::lookup`).
+    fn lookup_name(&mut self, root: &DirRoot, seed: &HashSeed, name: &[u8]) -> Result<Option<(u64, u8)>> {
+        dir::lookup(self.meta(), root, seed, name)
+    }
 }
 
 impl HomeSource for Volume {
@@ -68,11 +72,6 @@ impl NotedStripes {
     }
 
     fn note(&mut self, noted: (usize, u64)) {
-        // A walk asks for the block it asked for last again and again (the session keeps its
-        // blocks, but one read may run several sessions): no need to note it twice.
-        if self.inline_count > 0 && self.inline[self.inline_count - 1] == noted {
-            return;
-        }
         if self.inline_count < NOTED_INLINE {
             self.inline[self.inline_count] = noted;
             self.inline_count += 1;
@@ -84,6 +83,10 @@ impl NotedStripes {
     fn iter(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
         self.inline[..self.inline_count].iter().chain(self.spilled.iter()).copied()
     }
+
+    fn len(&self) -> usize {
+        self.inline_count + self.spilled.len()
+    }
 }
 
 /// A reader of the mirror: hits take a shard's read lock, a miss reads the block under the
@@ -92,16 +95,17 @@ impl NotedStripes {
 pub(super) struct MirrorReader<'a> {
     mirror: &'a HomeMirror,
     backend: &'a Backend,
+    regions: &'a RegionCache,
     noted: NotedStripes,
     /// A block's change was under way past `CHANGE_SPINS_MAX` spins: the read must go to the
     /// lock, whatever the closure made of the error it got.
-    gave_up: Cell<bool>,
+    gave_up: bool,
 }
 
 impl MirrorReader<'_> {
     fn block(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock> {
         let Some(noted) = wait_for_quiet(self.mirror, block_number) else {
-            self.gave_up.set(true);
+            self.gave_up = true;
             return Err(Error::invalid(format!("block {block_number} is changing; reading under the lock")));
         };
         self.noted.note(noted);
@@ -136,9 +140,39 @@ impl MetaStore for MirrorReader<'_> {
     }
 }
 
+impl VersionedStore for MirrorReader<'_> {
+    fn meta(&mut self) -> &mut dyn MetaStore {
+        self
+    }
+
+    fn noted_count(&self) -> usize {
+        self.noted.len()
+    }
+
+    fn noted_since(&self, start: usize) -> Vec<(usize, u64)> {
+        self.noted.iter().skip(start).collect()
+    }
+
+    fn still_current(&mut self, versions: &[(usize, u64)]) -> bool {
+        if !versions.iter().all(|(stripe, counter)| self.mirror.stripe_counter(*stripe) == *counter) {
+            return false;
+        }
+        for version in versions {
+            self.noted.note(*version);
+        }
+        true
+    }
+}
+
 impl HomeSource for MirrorReader<'_> {
     fn meta(&mut self) -> &mut dyn MetaStore {
         self
+    }
+
+    /// Through the region summaries (`dir::lookup_summarised`), checked by the same counters.
+    fn lookup_name(&mut self, root: &DirRoot, seed: &HashSeed, name: &[u8]) -> Result<Option<(u64, u8)>> {
+        let regions = self.regions;
+        dir::lookup_summarised(self, regions, root, seed, name)
     }
 
     /// The record as its inode-table block holds it. A free number's record is all zero
@@ -175,9 +209,15 @@ impl FileSystem {
         let mirror = backend.home_mirror();
         let attempts = if home_reads_locked() || mirror.is_poisoned() { 0 } else { MIRROR_READ_ATTEMPTS };
         for attempt in 0..attempts {
-            let mut reader = MirrorReader { mirror, backend, noted: NotedStripes::new(), gave_up: Cell::new(false) };
+            let mut reader = MirrorReader {
+                mirror,
+                backend,
+                regions: &self.inner.regions,
+                noted: NotedStripes::new(),
+                gave_up: false,
+            };
             let outcome = read(&mut reader);
-            if reader.gave_up.get() {
+            if reader.gave_up {
                 break;
             }
             if mirror.read_valid(reader.noted.iter()) {
@@ -432,6 +472,63 @@ mod tests {
             "{reads} reads of a quiet directory read again {retries} times and fell back to the lock {fallbacks} \
              times while {applied:?} applied in another"
         );
+        fs.unmount().unwrap();
+    }
+
+    /// Lookups through region summaries answer as the walk does, and a summary read before a
+    /// change of its region's blocks is never used after it: names created into summarised
+    /// regions are found, unlinked ones are not, and none of it needs the lock. (With
+    /// `still_current` answering yes without looking, the stale summaries' versions fail the
+    /// reader's own check, every lookup falls back to the lock, and the count below fails.)
+    #[test]
+    fn summarised_lookups_follow_changes_of_their_regions() {
+        const FILES: usize = 3_000;
+        let device: Arc<dyn Device> = Arc::new(MemoryDevice::new(64 << 20));
+        FileSystem::format(device.clone(), &FormatOptions::default()).unwrap();
+        let options = MountOptions { background_backend: false, ..MountOptions::default() };
+        let (fs, _) = FileSystem::mount(device, &options).unwrap();
+        let directory = fs.make_directory(ROOT_INODE, b"d", 0o755, 0, 0).unwrap().inode;
+        let mut expected = std::collections::BTreeMap::new();
+        for serial in 0..FILES {
+            let name = format!("file-{serial}");
+            let created = fs.create(directory, name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
+            expected.insert(name, created.inode);
+        }
+        fs.run_backend().unwrap();
+        let generation = fs.read_home(|home| Ok(home.inode(directory)?.expect("applied").generation)).unwrap();
+        let check = |expected: &std::collections::BTreeMap<String, InodeNumber>, missing: &[String]| {
+            for (name, number) in expected {
+                let found = fs.find_applied_name(directory, generation, name.as_bytes()).unwrap();
+                assert_eq!(found.map(|(found, _)| found), Some(*number), "{name}");
+            }
+            for name in missing {
+                assert_eq!(fs.find_applied_name(directory, generation, name.as_bytes()).unwrap(), None, "{name}");
+            }
+        };
+        let never = ["never-made".to_string(), "file-".to_string(), "file-3000x".to_string()];
+        check(&expected, &never);
+        check(&expected, &never);
+        let summarised = fs.home_read_statistics().summarised_lookups;
+        assert!(summarised >= 2 * FILES as u64, "only {summarised} lookups went through summaries");
+        // Every region changes: a third of the names go, new ones come.
+        let mut gone = never.to_vec();
+        for serial in (0..FILES).step_by(3) {
+            let name = format!("file-{serial}");
+            fs.unlink(directory, name.as_bytes()).unwrap();
+            expected.remove(&name);
+            gone.push(name);
+        }
+        for serial in 0..FILES / 2 {
+            let name = format!("late-{serial}");
+            let created = fs.create(directory, name.as_bytes(), FileType::Regular, 0o644, 0, 0, 0).unwrap();
+            expected.insert(name, created.inode);
+        }
+        fs.run_backend().unwrap();
+        let before = fs.home_read_statistics();
+        check(&expected, &gone);
+        let after = fs.home_read_statistics();
+        assert_eq!((after.retries, after.fallbacks), (before.retries, before.fallbacks), "lookups fell back");
+        assert!(fs.inner.regions.built.load(Ordering::Relaxed) > 0);
         fs.unmount().unwrap();
     }
 }

@@ -257,6 +257,9 @@ impl FileSystem {
             max_record_data_bytes,
             direct_write_records: AtomicU64::new(0),
             batch: Default::default(),
+            // A summary takes at most about a leaf's bytes: a quarter of the block cache's
+            // bound in summaries keeps them below a quarter of its memory.
+            regions: dir::RegionCache::new(region_summaries_max(options.cache_bytes)),
         });
         let file_system = FileSystem { inner };
         if options.background_backend {
@@ -458,7 +461,7 @@ impl FileSystem {
             locked_blocks: mirror.misses.load(Ordering::Relaxed),
             retries: mirror.retries.load(Ordering::Relaxed),
             fallbacks: mirror.fallbacks.load(Ordering::Relaxed),
-            summarised_lookups: 0,
+            summarised_lookups: self.inner.regions.summarised.load(Ordering::Relaxed),
         }
     }
 
@@ -555,4 +558,10 @@ impl FileSystem {
             Ok(Some(()))
         })
     }
+}
+
+/// The region summaries a mount keeps at most (`dir::RegionCache`): a quarter of the blocks the
+/// metadata cache may hold, each summary being at most about a leaf's bytes.
+fn region_summaries_max(cache_bytes: u64) -> usize {
+    ((cache_bytes / BLOCK_SIZE_U64) / 4).max(64) as usize
 }

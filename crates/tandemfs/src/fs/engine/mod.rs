@@ -166,6 +166,8 @@ struct Inner {
     direct_write_records: AtomicU64,
     /// The batch API's index and counters (see `batch`).
     batch: batch::BatchState,
+    /// Summaries of the regions lookups of home walked (`dir::RegionCache`, `home`).
+    regions: dir::RegionCache,
 }
 
 /// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
@@ -413,7 +415,7 @@ impl FileSystem {
                 return Ok(None);
             };
             let root = DirRoot::decode(&inode.root_area)?;
-            dir::lookup(home.meta(), &root, seed, name)
+            home.lookup_name(&root, seed, name)
         })?
         .map(|(number, dirent_type)| {
             let file_type = FileType::from_dirent_type(dirent_type)
