@@ -48,6 +48,8 @@ pub struct RegionSummary {
     region_hash: u32,
     /// (key, position) of the region's entries, in list order (ascending keys, checked).
     entries: Box<[(u64, u64)]>,
+    /// The hash of each entry's key, beside them: the bisection reads a quarter of the bytes.
+    hashes: Box<[u32]>,
     /// The hash of the next region's dummy; `None` where the list ends.
     next_region_hash: Option<u32>,
     /// The versions of the blocks the walk read (`VersionedStore`).
@@ -196,12 +198,9 @@ pub fn lookup_summarised(
                 return super::lookup(store.meta(), root, seed, name);
             };
             let versions = store.noted_since(start).into_boxed_slice();
-            let summary = Arc::new(RegionSummary {
-                region_hash,
-                entries: entries.into_boxed_slice(),
-                next_region_hash,
-                versions,
-            });
+            let hashes = entries.iter().map(|(key, _)| key_hash(*key)).collect();
+            let entries = entries.into_boxed_slice();
+            let summary = Arc::new(RegionSummary { region_hash, entries, hashes, next_region_hash, versions });
             cache.insert(dummy_position, summary.clone());
             cache.built.fetch_add(1, Ordering::Relaxed);
             summary
@@ -219,7 +218,7 @@ pub fn lookup_summarised(
             "directory index sends hash {hash:#x} to region {region_hash:#x}, but region {next:#x} follows"
         )));
     }
-    let first = summary.entries.partition_point(|(key, _)| key_hash(*key) < hash);
+    let first = summary.hashes.partition_point(|entry_hash| *entry_hash < hash);
     let mut session = Session::new(store.meta());
     for &(key, position) in summary.entries[first..].iter().take_while(|(key, _)| key_hash(*key) == hash) {
         let header = session.header(position, &|| "entry of a summarised region".into())?;
