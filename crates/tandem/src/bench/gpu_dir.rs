@@ -240,11 +240,17 @@ fn measure_tandemfs(shape: Shape) -> Result<(Column, Column), String> {
     FileSystem::format(device.clone(), &options).map_err(|error| format!("mkfs: {error}"))?;
     let (fs, _) = FileSystem::mount(device, &MountOptions::default()).map_err(|error| format!("mount: {error}"))?;
     let measured = measure_on(&fs, shape);
-    let (mirrored, locked) = fs.home_read_counts();
+    let home = fs.home_read_statistics();
     println!(
         "blocks of home read by lookups and stats: {} from the mirror, {} under the volume lock",
-        format_count(mirrored),
-        format_count(locked)
+        format_count(home.mirrored_blocks),
+        format_count(home.locked_blocks)
+    );
+    println!(
+        "reads of home read again after a change of their blocks: {}, read under the volume lock whole: {}; lookups through region summaries: {}",
+        format_count(home.retries),
+        format_count(home.fallbacks),
+        format_count(home.summarised_lookups)
     );
     let closed = fs.unmount().map_err(|error| format!("unmount: {error}"));
     let measured = measured?;

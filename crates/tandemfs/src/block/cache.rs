@@ -32,9 +32,9 @@ pub struct BlockCache {
     /// The blocks lookups read without the volume lock (`block::mirror`): every change of a
     /// mirrored kind here forgets the block there, inside a change of its sequence.
     mirror: Arc<HomeMirror>,
-    /// A change of mirrored blocks has begun in this lock hold (or in one that ended without
-    /// `end_change`): the mirror's sequence is odd until `end_change`.
-    changing: bool,
+    /// The mirror's stripes whose change has begun in this lock hold (or in one that ended
+    /// without `end_change`): their counters are odd until `end_change`.
+    changing_stripes: Vec<usize>,
 }
 
 impl BlockCache {
@@ -56,7 +56,7 @@ impl BlockCache {
             hits: 0,
             misses: 0,
             mirror,
-            changing: false,
+            changing_stripes: Vec::new(),
         }
     }
 
@@ -65,15 +65,14 @@ impl BlockCache {
     }
 
     /// Block `block_number` is about to change or go: if lookups may read it (`mirrored`), a
-    /// change of the mirror's sequence begins (once per lock hold) and the mirror forgets it,
-    /// before anything changes.
+    /// change of its stripe in the mirror begins (once per lock hold) and the mirror forgets
+    /// it, before anything changes.
     fn forget_mirrored(&mut self, block_number: u64, mirrored: bool) {
         if !mirrored {
             return;
         }
-        if !self.changing {
-            self.changing = true;
-            self.mirror.begin_change();
+        if let Some(stripe) = self.mirror.begin_change(block_number) {
+            self.changing_stripes.push(stripe);
         }
         self.mirror.remove(block_number);
     }
@@ -81,9 +80,8 @@ impl BlockCache {
     /// The change of mirrored blocks made in this lock hold is whole: readers may trust the
     /// mirror again. Called just before the volume lock is let go.
     pub fn end_change(&mut self) {
-        if self.changing {
-            self.changing = false;
-            self.mirror.end_change();
+        for stripe in self.changing_stripes.drain(..) {
+            self.mirror.end_change(stripe);
         }
     }
 
@@ -115,10 +113,8 @@ impl BlockCache {
     /// Drops every clean block for which `in_use` says no (fsck's repair, after it rebuilt the
     /// bitmaps: what it read of blocks that turned out unreferenced must not look in use).
     pub fn forget_clean_unless(&mut self, in_use: impl Fn(u64) -> bool) {
-        if !self.changing {
-            self.changing = true;
-            self.mirror.begin_change();
-        }
+        let begun = self.mirror.begin_change_of_all();
+        self.changing_stripes.extend(begun);
         self.mirror.clear();
         self.entries.retain(|block_number, entry| entry.dirty || in_use(*block_number));
     }

@@ -175,6 +175,9 @@ impl Volume {
         if self.half_changed.is_none() {
             self.half_changed = Some(error.to_string());
         }
+        // Readers of the mirror check it after their reads, so none keeps an answer read
+        // after this point (blocks the change did not touch included).
+        self.cache.mirror().poison();
     }
 
     /// The blocks lookups read without the volume lock (`block::mirror`).
@@ -184,8 +187,8 @@ impl Volume {
 
     /// The changes made in this hold of the volume lock are whole: readers of the mirror may
     /// trust it again. Called just before the lock is let go (`TimedVolume` does it when it
-    /// drops). A half-changed volume keeps the mirror's sequence odd for good, so that every
-    /// reader comes to the lock and gets `Shutdown` there.
+    /// drops). A half-changed volume keeps its changed stripes odd for good and the mirror
+    /// poisoned, so that every reader comes to the lock and gets `Shutdown` there.
     pub fn end_change(&mut self) {
         if self.half_changed.is_none() {
             self.cache.end_change();

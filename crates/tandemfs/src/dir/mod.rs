@@ -14,6 +14,7 @@ mod format;
 mod hash;
 mod index;
 mod session;
+mod summary;
 #[cfg(test)]
 mod tests;
 
@@ -22,6 +23,7 @@ pub use format::{
     DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES, REGION_SPLIT_ENTRIES,
 };
 pub use hash::{half_md4, hash_seed_from_uuid, HashSeed};
+pub use summary::{lookup_summarised, RegionCache, VersionedStore};
 
 use crate::block::meta::{BlockKind, MetaStore};
 use crate::error::{Error, Result};

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{seal_block, MemoryStore, SharedBlock, META_PAYLOAD_BYTES};
+use crate::block::meta::{seal_block, MemoryStore, MetaStore, SharedBlock, META_PAYLOAD_BYTES};
 
 const SEED: HashSeed = [0x1234_5678, 0x9abc_def0, 0x0fed_cba9, 0x8765_4321];
 
@@ -483,8 +483,14 @@ fn corrupt_blocks_give_errors_not_panics() {
         seal_block(&mut block, kind, block_number);
         store.meta.insert(block_number, block);
         let mut outcomes: Vec<Result<()>> = Vec::new();
+        let regions = RegionCache::new(1024);
         for name in names.iter().step_by(97) {
             outcomes.push(lookup(&mut store, &root, &SEED, name).map(|_| ()));
+            // Through a summary, built now and then used: every block of the region is read.
+            for _ in 0..2 {
+                let mut versioned = ContentVersioned { store: &mut store, noted: Vec::new() };
+                outcomes.push(lookup_summarised(&mut versioned, &regions, &root, &SEED, name).map(|_| ()));
+            }
         }
         outcomes.push(readdir(&mut store, &root, &SEED, 0, &mut |_| true));
         outcomes.push(readdir(&mut store, &root, &SEED, (trial as u64) << 40, &mut |_| true));
@@ -537,4 +543,96 @@ fn corrupt_blocks_give_errors_not_panics() {
         started.elapsed()
     );
     assert!(corruption_errors > 0);
+}
+
+/// A store whose versions are the contents' hashes (unchanged exactly while the block is, but
+/// for collisions): what the home mirror's stripe counters give `lookup_summarised`.
+struct ContentVersioned<'a> {
+    store: &'a mut MemoryStore,
+    noted: Vec<(usize, u64)>,
+}
+
+fn content_version(store: &MemoryStore, block_number: u64) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    store.meta.get(&block_number).map(|block| &block[..]).hash(&mut hasher);
+    hasher.finish()
+}
+
+impl MetaStore for ContentVersioned<'_> {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock> {
+        self.noted.push((block_number as usize, content_version(self.store, block_number)));
+        self.store.read_meta(block_number, kind)
+    }
+
+    fn write_meta(&mut self, block_number: u64, _kind: BlockKind, _block: SharedBlock) -> Result<()> {
+        panic!("a lookup wrote block {block_number}")
+    }
+
+    fn allocate_meta(&mut self, _near: u64) -> Result<u64> {
+        panic!("a lookup allocated a block")
+    }
+
+    fn free_meta(&mut self, block_number: u64) -> Result<()> {
+        panic!("a lookup freed block {block_number}")
+    }
+}
+
+impl VersionedStore for ContentVersioned<'_> {
+    fn meta(&mut self) -> &mut dyn MetaStore {
+        self
+    }
+
+    fn noted_count(&self) -> usize {
+        self.noted.len()
+    }
+
+    fn noted_since(&self, start: usize) -> Vec<(usize, u64)> {
+        self.noted[start..].to_vec()
+    }
+
+    fn still_current(&mut self, versions: &[(usize, u64)]) -> bool {
+        versions.iter().all(|(block_number, version)| content_version(self.store, *block_number as u64) == *version)
+    }
+}
+
+/// Lookups through region summaries answer exactly as `lookup` does, for present and missing
+/// names, before and after inserts and removes that change every region (a summary of a
+/// changed region is read again, never used).
+#[test]
+fn summarised_lookups_equal_walks() {
+    let mut rng = SmallRng::seed_from_u64(0x5ab);
+    let mut store = MemoryStore::new();
+    let mut root = create(&mut store).unwrap();
+    let mut present: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let regions = RegionCache::new(4096);
+    for round in 0..3u64 {
+        for serial in 0..2_000u64 {
+            let name = random_name(&mut rng);
+            if present.contains_key(&name) {
+                continue;
+            }
+            let inode = round * 10_000 + serial + 1;
+            insert(&mut store, &mut root, &SEED, &name, inode, 1).unwrap();
+            present.insert(name, inode);
+        }
+        let victims: Vec<Vec<u8>> = present.keys().step_by(3).cloned().collect();
+        for victim in &victims {
+            remove(&mut store, &mut root, &SEED, victim).unwrap();
+            present.remove(victim);
+        }
+        for _ in 0..2 {
+            for name in present.keys().chain(victims.iter()) {
+                let walked = lookup(&mut store, &root, &SEED, name).unwrap();
+                let mut versioned = ContentVersioned { store: &mut store, noted: Vec::new() };
+                let summarised = lookup_summarised(&mut versioned, &regions, &root, &SEED, name).unwrap();
+                assert_eq!(summarised, walked, "{}", String::from_utf8_lossy(name));
+                assert_eq!(walked.map(|(inode, _)| inode), present.get(name).copied());
+            }
+        }
+    }
+    let built = regions.built.load(std::sync::atomic::Ordering::Relaxed);
+    let summarised = regions.summarised.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(root.region_count > 10 && built >= root.region_count, "{built} summaries built");
+    assert!(summarised > 4 * built, "{summarised} lookups through {built} summaries");
 }

@@ -88,6 +88,22 @@ pub struct VolumeStatistics {
     pub name_max_bytes: u32,
 }
 
+/// How lookups and stats read home since mount (`FileSystem::home_read_statistics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HomeReadStatistics {
+    /// Blocks read from the mirror without the volume lock.
+    pub mirrored_blocks: u64,
+    /// Blocks the mirror lacked, read under the volume lock (and mirrored).
+    pub locked_blocks: u64,
+    /// Reads refused because a change of a block they read overlapped them, and read again.
+    pub retries: u64,
+    /// Reads that went to the volume lock whole: a change of a block they needed was under
+    /// way, changes overlapped every try, or the switch `TANDEM_HOME_READS_LOCKED=1` is set.
+    pub fallbacks: u64,
+    /// Lookups answered from a region's summary without walking its list (`dir::RegionCache`).
+    pub summarised_lookups: u64,
+}
+
 /// What the front end's caches hold and what their tables take (`FileSystem::cache_statistics`,
 /// `tandem bench memory`). Table bytes count the slots of the hash tables as allocated (a slot
 /// per bucket plus one control byte), not what each entry may own besides.

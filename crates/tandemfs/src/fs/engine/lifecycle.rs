@@ -264,6 +264,9 @@ impl FileSystem {
             direct_write_records: AtomicU64::new(0),
             batch: Default::default(),
             compactor: super::compactor::Compactor::new(options.background_compact_factor),
+            // A summary takes at most about a leaf's bytes: a quarter of the block cache's
+            // bound in summaries keeps them below a quarter of its memory.
+            regions: dir::RegionCache::new(region_summaries_max(options.cache_bytes)),
         });
         let file_system = FileSystem { inner };
         if options.background_backend {
@@ -464,6 +467,19 @@ impl FileSystem {
         (mirror.hits.load(Ordering::Relaxed), mirror.misses.load(Ordering::Relaxed))
     }
 
+    /// How lookups and stats read home since mount: blocks from the mirror and under the lock,
+    /// reads done again and reads that fell back to the lock (`block::mirror`).
+    pub fn home_read_statistics(&self) -> HomeReadStatistics {
+        let mirror = self.inner.backend.home_mirror();
+        HomeReadStatistics {
+            mirrored_blocks: mirror.hits.load(Ordering::Relaxed),
+            locked_blocks: mirror.misses.load(Ordering::Relaxed),
+            retries: mirror.retries.load(Ordering::Relaxed),
+            fallbacks: mirror.fallbacks.load(Ordering::Relaxed),
+            summarised_lookups: self.inner.regions.summarised.load(Ordering::Relaxed),
+        }
+    }
+
     /// How the back end has applied records since mount (see `BackendStatistics`).
     pub fn backend_statistics(&self) -> BackendStatistics {
         self.inner.backend.statistics()
@@ -557,4 +573,10 @@ impl FileSystem {
             Ok(Some(()))
         })
     }
+}
+
+/// The region summaries a mount keeps at most (`dir::RegionCache`): a quarter of the blocks the
+/// metadata cache may hold, each summary being at most about a leaf's bytes.
+fn region_summaries_max(cache_bytes: u64) -> usize {
+    ((cache_bytes / BLOCK_SIZE_U64) / 4).max(64) as usize
 }

@@ -169,6 +169,8 @@ struct Inner {
     batch: batch::BatchState,
     /// Background compaction: the files whose shape changed and its thread (`compactor`).
     compactor: compactor::Compactor,
+    /// Summaries of the regions lookups of home walked (`dir::RegionCache`, `home`).
+    regions: dir::RegionCache,
 }
 
 /// A mounted tandemfs volume. Cheap to clone; all methods take `&self` and are thread-safe.
@@ -416,7 +418,7 @@ impl FileSystem {
                 return Ok(None);
             };
             let root = DirRoot::decode(&inode.root_area)?;
-            dir::lookup(home.meta(), &root, seed, name)
+            home.lookup_name(&root, seed, name)
         })?
         .map(|(number, dirent_type)| {
             let file_type = FileType::from_dirent_type(dirent_type)
