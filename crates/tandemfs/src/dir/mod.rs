@@ -181,12 +181,7 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
     // Headers only: names are compared in place, and only where the hash matches.
     while position != 0 {
         steps += 1;
-        if steps > dummy.inode_or_count.saturating_add(1) {
-            return Err(Error::corruption(format!(
-                "directory region {region_hash:#x} holds more entries than its count {}",
-                dummy.inode_or_count
-            )));
-        }
+        check_region_count(region_hash, dummy.inode_or_count, steps - 1)?;
         let (block_number, slot) = split_position(position, &|| format!("entry after {previous:#x}"))?;
         if block_number != previous_leaf {
             leaf = session.leaf_shared(block_number)?;
@@ -196,12 +191,7 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
         }
         let record = decode_header(&leaf, block_number, slot)?;
         if record.is_dummy {
-            if record.region_hash() <= region_hash {
-                return Err(Error::corruption(format!(
-                    "directory list: dummy {:#x} out of order",
-                    record.region_hash()
-                )));
-            }
+            check_next_region(region_hash, record.region_hash())?;
             // A name belongs to the last region whose hash is at or below its own: an index
             // that sent this hash to an earlier region is damaged, and a lookup would miss.
             if record.region_hash() <= hash {
@@ -216,9 +206,7 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
             note_leaf(&mut found.member_leaves, position);
             previous_leaf_is_member = true;
         }
-        if record.key <= previous_key && previous != dummy_position || record.key < previous_key {
-            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
-        }
+        check_key_order(record.key, previous_key, previous == dummy_position)?;
         let record_hash = key_hash(record.key);
         if record_hash > hash {
             break;
@@ -239,6 +227,33 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
     }
     found.predecessor = previous;
     Ok(found)
+}
+
+/// A region's walk has met `seen` of its entries: more than its dummy's count is a damaged
+/// list (a cycle, or a count that lost a write).
+fn check_region_count(region_hash: u32, count: u64, seen: u64) -> Result<()> {
+    if seen > count {
+        return Err(Error::corruption(format!(
+            "directory region {region_hash:#x} holds more entries than its count {count}"
+        )));
+    }
+    Ok(())
+}
+
+/// The dummy that ends a region must start a later one.
+fn check_next_region(region_hash: u32, next_region_hash: u32) -> Result<()> {
+    if next_region_hash <= region_hash {
+        return Err(Error::corruption(format!("directory list: dummy {next_region_hash:#x} out of order")));
+    }
+    Ok(())
+}
+
+/// Keys grow along a region's list; the first entry may share its dummy's key.
+fn check_key_order(key: u64, previous_key: u64, first: bool) -> Result<()> {
+    if key <= previous_key && !first || key < previous_key {
+        return Err(Error::corruption(format!("directory list: key {key:#x} after {previous_key:#x}")));
+    }
+    Ok(())
 }
 
 pub fn lookup(store: &mut dyn MetaStore, root: &DirRoot, seed: &HashSeed, name: &[u8]) -> Result<Option<(u64, u8)>> {
@@ -469,16 +484,8 @@ fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> 
             }
             break;
         }
-        if record.key < previous_key || (!members.is_empty() && record.key == previous_key) {
-            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
-        }
-        if members.len() as u64 >= dummy.inode_or_count {
-            return Err(Error::corruption(format!(
-                "directory region {:#x} holds more entries than its count {}",
-                dummy.region_hash(),
-                dummy.inode_or_count
-            )));
-        }
+        check_key_order(record.key, previous_key, members.is_empty())?;
+        check_region_count(dummy.region_hash(), dummy.inode_or_count, members.len() as u64 + 1)?;
         members.push(Member { position, key: record.key, slots: record.slots() });
         previous_key = record.key;
         position = record.next;

@@ -144,12 +144,7 @@ fn walk_region(session: &mut Session, region_hash: u32, dummy_position: u64) -> 
     let mut previous_leaf = 0u64;
     let mut leaf = session.leaf_shared(super::block_of(dummy_position))?;
     while position != 0 {
-        if entries.len() as u64 > dummy.inode_or_count {
-            return Err(Error::corruption(format!(
-                "directory region {region_hash:#x} holds more entries than its count {}",
-                dummy.inode_or_count
-            )));
-        }
+        super::check_region_count(region_hash, dummy.inode_or_count, entries.len() as u64)?;
         let (block_number, slot) = split_position(position, &|| format!("entry after key {previous_key:#x}"))?;
         if block_number != previous_leaf {
             leaf = session.leaf_shared(block_number)?;
@@ -157,17 +152,10 @@ fn walk_region(session: &mut Session, region_hash: u32, dummy_position: u64) -> 
         }
         let record = decode_header(&leaf, block_number, slot)?;
         if record.is_dummy {
-            if record.region_hash() <= region_hash {
-                return Err(Error::corruption(format!(
-                    "directory list: dummy {:#x} out of order",
-                    record.region_hash()
-                )));
-            }
+            super::check_next_region(region_hash, record.region_hash())?;
             return Ok(Some(WalkedRegion { entries, next_region_hash: Some(record.region_hash()) }));
         }
-        if record.key <= previous_key && !entries.is_empty() || record.key < previous_key {
-            return Err(Error::corruption(format!("directory list: key {:#x} after {previous_key:#x}", record.key)));
-        }
+        super::check_key_order(record.key, previous_key, entries.is_empty())?;
         entries.push((record.key, position));
         previous_key = record.key;
         position = record.next;
