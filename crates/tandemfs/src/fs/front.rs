@@ -51,7 +51,7 @@ impl std::hash::Hasher for InodeNumberHasher {
         // A shard holds one run of each window of `VIEW_RUN * SHARD_COUNT` numbers
         // (`Front::view_shard_index`), so the bits that pick the run within a window say
         // nothing within a shard: they are dropped here, or the numbers of a shard would all
-        // land in one sixty-fourth of its table's slots.
+        // land in one `SHARD_COUNT`-th of its table's slots.
         let within_shard = ((number >> (SHARD_BITS + VIEW_RUN_BITS)) << VIEW_RUN_BITS) | (number & (VIEW_RUN - 1));
         let tag = number.wrapping_mul(0x9e37_79b9_7f4a_7c15) & 0xfe00_0000_0000_0000;
         self.hash = (within_shard & !0xfe00_0000_0000_0000) | tag;
@@ -290,9 +290,14 @@ pub struct NameEntry {
 pub const LOOKUP_CACHE_LIMIT: usize = 500_000;
 
 /// Shards of the view map and of the name table. Views are sharded by inode number, names by
-/// their directory's number, so that one directory's names live in one shard.
+/// their directory's number, so that one directory's names live in one shard. A create
+/// write-locks two view shards (its directory's and its new file's), so with 16 threads each
+/// creating in its own directory, a file's shard was another thread's directory's in one create
+/// of four with 64 shards, and the off-CPU profile had the creating threads asleep on view
+/// locks more than half of the time; 256 shards made 16-thread creates 1.3× faster on the host
+/// (BENCHMARKS.md, *More shards*), and 1,024 no faster again.
 pub const SHARD_COUNT: usize = 1 << SHARD_BITS;
-const SHARD_BITS: u32 = 6;
+const SHARD_BITS: u32 = 8;
 /// Consecutive inode numbers whose views share a shard (see `Front::view_shard_index`).
 const VIEW_RUN: u64 = 1 << VIEW_RUN_BITS;
 const VIEW_RUN_BITS: u32 = 4;
@@ -1218,7 +1223,7 @@ mod tests {
         assert_ne!(build.hash_one(1024u64) >> 57, build.hash_one(1025u64) >> 57);
         // The shard's run in the next window follows the last one.
         let window = VIEW_RUN * SHARD_COUNT as u64;
-        let next_run = (2048..2048 + window)
+        let next_run = (window..2 * window)
             .find(|number| Front::view_shard_index(*number) == Front::view_shard_index(1024))
             .unwrap();
         assert_eq!(next_run % VIEW_RUN, 0);
@@ -1241,7 +1246,7 @@ mod tests {
         let first_shards: std::collections::BTreeSet<usize> =
             (0..64u64).map(|group| Front::view_shard_index(group * 1024 + 1)).collect();
         assert!(first_shards.len() > 32, "{} shards for 64 groups' first runs", first_shards.len());
-        // The numbers of one shard spread over all slots, not a sixty-fourth of them.
+        // The numbers of one shard spread over all slots, not a `SHARD_COUNT`-th of them.
         let slots: std::collections::BTreeSet<u64> = (0..64 * window)
             .filter(|number| Front::view_shard_index(*number) == 0)
             .map(|number| low_bits(number) % 16)
