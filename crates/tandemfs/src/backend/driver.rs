@@ -795,12 +795,15 @@ impl Backend {
             return Err(Error::Shutdown);
         }
         let report = flight.job.wait().inspect_err(|error| self.fail(error))?;
-        if policy.jobs.is_empty() {
-            if let Some(since) = policy.pipeline_since.take() {
-                let elapsed_ns = since.elapsed().as_nanos() as u64;
-                self.parallel_ns.fetch_add(elapsed_ns, Ordering::Relaxed);
-                self.apply_ns.fetch_add(elapsed_ns, Ordering::Relaxed);
-            }
+        // The pipeline's time is counted at every collected batch, not only when it empties: a
+        // pipeline kept busy for a whole run counted nothing before, and the statistics read
+        // then showed its workers' busy time over a span of zero.
+        if let Some(since) = policy.pipeline_since {
+            let now = Instant::now();
+            let elapsed_ns = now.duration_since(since).as_nanos() as u64;
+            self.parallel_ns.fetch_add(elapsed_ns, Ordering::Relaxed);
+            self.apply_ns.fetch_add(elapsed_ns, Ordering::Relaxed);
+            policy.pipeline_since = (!policy.jobs.is_empty()).then_some(now);
         }
         self.worker_busy_ns.fetch_add(report.busy_ns, Ordering::Relaxed);
         self.worker_lock_wait_ns.fetch_add(report.lock_wait_ns, Ordering::Relaxed);
