@@ -13,6 +13,7 @@ pub mod dir;
 pub mod error;
 pub mod extent;
 pub mod log;
+pub mod sync;
 pub mod types;
 
 pub use error::{Error, Result};

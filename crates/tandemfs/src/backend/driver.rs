@@ -613,7 +613,7 @@ impl Backend {
                 return Err(error);
             }
         };
-        self.queue.lock().deposit(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
+        crate::sync::lock_briefly(&self.queue).deposit(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
         self.last_queued_lsn.fetch_max(lsn, Ordering::AcqRel);
         Ok(Some(lsn))
     }

@@ -815,7 +815,7 @@ impl Inner {
             (self.normal_slots, self.normal_data)
         };
         for _ in 0..RESERVE_ATTEMPTS_MAX {
-            let mut state = self.state.lock();
+            let mut state = crate::sync::lock_briefly(&self.state);
             if state.failed || state.closed {
                 return Err(Error::Shutdown);
             }
