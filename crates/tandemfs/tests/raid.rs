@@ -610,3 +610,54 @@ fn a_damaged_metadata_block_of_an_encrypted_array_is_rebuilt() {
     devices[slot].read_at(member_offset, &mut now).unwrap();
     assert!(now == good, "the damaged copy was rewritten on its member");
 }
+
+/// The back end's home writes of file data (`Device::write_held`) stay in the array's epoch
+/// over the log's group commits while they leave stripes partial (docs/RAID.md, *Held home
+/// writes*), and the write order that makes safe is: records durable first, their home bytes
+/// whenever the array likes, all of them before a checkpoint's commit. Power lost while some
+/// are held (every member dropping what was not flushed) loses nothing acknowledged: the mount
+/// replays the records, and every file reads back. Fails without the holding (no chunk held).
+#[test]
+fn home_writes_held_over_log_flushes_are_replayed_after_a_crash() {
+    let devices = array_volume(true);
+    let array = Arc::new(assemble(&devices, &[]).device);
+    let device: Arc<dyn Device> = array.clone();
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let mut rng = rng(0x4e1d);
+    let mut files = Vec::new();
+    for round in 0..6 {
+        // A few 4 KiB files each round: too few blocks to fill a stripe (2 units of 16 KiB).
+        for index in 0..3 {
+            let name = format!("f{round}-{index}");
+            let made = fs
+                .create(tandemfs::fs::ROOT_INODE, name.as_bytes(), tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0)
+                .unwrap();
+            let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+            fs.write(made.inode, 0, &data).unwrap();
+            files.push((name, data));
+        }
+        // The records durable (a group commit), then applied: their blocks go home, held.
+        fs.sync().unwrap();
+        fs.run_backend().unwrap();
+    }
+    // One more group commit with held home writes in the epoch.
+    fs.create(tandemfs::fs::ROOT_INODE, b"last", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.sync().unwrap();
+    let held = array.statistics().epochs.held_chunks;
+    assert!(held > 0, "no partial chunk was held over a log flush");
+    let images: Vec<MemoryDevice> =
+        devices.iter().enumerate().map(|(slot, member)| member.crash_image(slot as u64, CrashMode::DropAll)).collect();
+    drop(fs);
+    drop(array);
+    let recovered: Arc<dyn Device> = Arc::new(assemble(&images, &[]).device);
+    let (fs, report) = FileSystem::mount(recovered, &inline_options()).unwrap();
+    assert!(report.records_replayed > 0, "the crash left nothing to replay");
+    for (name, data) in &files {
+        let found = fs.lookup(tandemfs::fs::ROOT_INODE, name.as_bytes()).unwrap();
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(fs.read(found.inode, 0, &mut back).unwrap(), data.len(), "{name}");
+        assert!(back == *data, "{name} read back wrong after the crash");
+    }
+    fs.lookup(tandemfs::fs::ROOT_INODE, b"last").unwrap();
+    fs.unmount().unwrap();
+}
