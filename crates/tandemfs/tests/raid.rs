@@ -661,3 +661,81 @@ fn home_writes_held_over_log_flushes_are_replayed_after_a_crash() {
     fs.lookup(tandemfs::fs::ROOT_INODE, b"last").unwrap();
     fs.unmount().unwrap();
 }
+
+/// The volume's checks run over an array opened writable (what `tandem scrub --repair` does)
+/// rebuild what fails them from the other members and rewrite it: a file data block whose
+/// CRC32C fails and a metadata block whose trailer fails, each damaged on one member. Opened
+/// read-only (`tandem fsck`, scrub without --repair) the same check reports them and writes
+/// nothing. Fails without the fsck overlay passing `read_checked` on and the data check
+/// asking for it.
+#[test]
+fn the_volume_check_over_a_writable_array_heals_what_its_checksums_reject() {
+    let devices = array_volume(false);
+    let mut rng = rng(0x5c2b);
+    let data: Vec<u8> = (0..4 * 4096).map(|_| rng.gen()).collect();
+    let device: Arc<dyn Device> = Arc::new(assemble(&devices, &[]).device);
+    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+    let file = fs.create(tandemfs::fs::ROOT_INODE, b"f", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.write(file.inode, 0, &data).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let array = assemble(&devices, &[]).device;
+    let superblock = tandemfs::block::superblock::Superblock::read_both(&array).unwrap().best;
+    let mut table_block = vec![0u8; 4096];
+    array.read_at(superblock.inode_table_start * 4096, &mut table_block).unwrap();
+    drop(array);
+    for (what, block) in [("file data", &data[4096..8192]), ("inode table", &table_block[..])] {
+        assert!(damage_copies(&devices, block) >= 1, "the {what} block was found on a member");
+        // Read-only: reported, nothing written.
+        let before: Vec<Vec<u8>> = devices.iter().map(MemoryDevice::to_bytes).collect();
+        let read_only: Vec<Member> = members_of(&devices)
+            .into_iter()
+            .map(|member| Member { name: member.name, device: Arc::new(ReadOnly(member.device)) })
+            .collect();
+        let array = Arc::new(array::assemble(read_only, accelerator()).unwrap().device);
+        let report = check_with_key(array.clone(), None);
+        assert!(!report.problems.is_empty() && report.healed_blocks == 0, "{what}: {report:#?}");
+        if what == "file data" {
+            assert_eq!(report.damaged_data_blocks, 1, "{report:#?}");
+            let place = format!("inode {}: file offset 4096: data block", file.inode);
+            assert!(report.problems.iter().any(|problem| problem.contains(&place)), "{report:#?}");
+        }
+        drop(array);
+        assert!(devices.iter().zip(&before).all(|(member, bytes)| member.to_bytes() == *bytes));
+
+        // Writable: rebuilt and rewritten, the check clean.
+        let array = Arc::new(assemble(&devices, &[]).device);
+        let report = check_with_key(array.clone(), None);
+        assert!(report.problems.is_empty(), "{what}: {report:#?}");
+        assert!(report.healed_blocks >= 1, "{what}: {report:#?}");
+        assert!(array.statistics().healed_bytes >= 4096);
+        array.close().unwrap();
+        drop(array);
+        let whole = devices.iter().any(|member| !block_occurrences(&member.to_bytes(), block).is_empty());
+        assert!(whole, "the damaged {what} copy was not rewritten on its member");
+    }
+}
+
+/// A member opened without write permission, as `tandem fsck` opens them.
+struct ReadOnly(Arc<dyn Device>);
+
+impl Device for ReadOnly {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> tandemfs::Result<()> {
+        self.0.read_at(offset, buffer)
+    }
+    fn write_at(&self, offset: u64, _data: &[u8]) -> tandemfs::Result<()> {
+        Err(tandemfs::Error::invalid(format!("write at {offset} to a read-only member")))
+    }
+    fn flush(&self) -> tandemfs::Result<()> {
+        Ok(())
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+    fn reachable_by_other_processes(&self) -> bool {
+        false
+    }
+}
