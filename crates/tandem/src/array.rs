@@ -205,14 +205,24 @@ pub struct ScrubArguments {
     /// member's block is the wrong one)
     #[arg(long)]
     pub repair: bool,
+    /// The 64-byte key file of an encrypted volume, for checking its checksums (asked on the
+    /// terminal when not given; without either, only parity is checked)
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
 }
 
-/// `tandem scrub`: every stripe's parity checked against its data on an unmounted array, one
-/// line per 4 KiB block that disagrees (and, with --repair, whether it was rewritten). Exit 0
-/// when all agree, 1 when some did not, 4 when --repair left some unrepaired.
+/// `tandem scrub`: on an unmounted array, first every block the volume keeps a checksum for
+/// (file data: its CRC32C in the data checksum table; metadata: its trailer) is read and
+/// checked, as fsck checks them; one that fails is rebuilt from the other members with
+/// --repair (each member left out in turn, the version whose checksum matches written back),
+/// else reported with its inode, file offset and block. Then every stripe's parity is checked
+/// against its data, one line per 4 KiB block that disagrees (and, with --repair, whether it
+/// was rewritten). Exit 0 when all agree, 1 when some did not, 4 when --repair left some
+/// unrepaired.
 pub fn run_scrub(arguments: ScrubArguments) -> CliResult<i32> {
     let access = if arguments.repair { Access::WRITE } else { Access::CHECK };
     let array = open(&arguments.members, access)?;
+    let volume_problems = scrub_volume(&array, &arguments)?;
     let report =
         array.scrub(arguments.repair).map_err(|error| CliError::new(format!("scrub stopped: {}", describe(&error))))?;
     let geometry = array.geometry();
@@ -234,13 +244,45 @@ pub fn run_scrub(arguments: ScrubArguments) -> CliResult<i32> {
         report.mismatches.len(),
         report.mismatches.iter().filter(|mismatch| mismatch.repaired).count()
     );
-    if report.mismatches.is_empty() {
+    if report.mismatches.is_empty() && volume_problems == 0 {
         Ok(EXIT_SUCCESS)
-    } else if arguments.repair && report.mismatches.iter().any(|mismatch| !mismatch.repaired) {
+    } else if arguments.repair && (volume_problems > 0 || report.mismatches.iter().any(|mismatch| !mismatch.repaired)) {
         Ok(crate::error::EXIT_PROBLEMS_REMAIN)
     } else {
         Ok(EXIT_PROBLEMS_FOUND)
     }
+}
+
+/// The volume's own checks over the array (`fsck::check`): every checksummed block read, and
+/// with --repair (the array writable) a block that fails rebuilt from the other members and
+/// rewritten where some version passes. Prints one line per problem left (a block no member
+/// combination gives right: its inode, file offset and block) and one summary line; returns
+/// how many problems are left. An encrypted volume with no key to be had is skipped, said so.
+fn scrub_volume(array: &Arc<ArrayDevice>, arguments: &ScrubArguments) -> CliResult<u64> {
+    let device: Arc<dyn Device> = array.clone();
+    let encrypted = tandemfs::crypt::is_encrypted(device.as_ref()).unwrap_or(false);
+    if encrypted && arguments.key_file.is_none() && !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        println!("volume checksums: not checked: the volume is encrypted (give --key-file FILE)");
+        return Ok(0);
+    }
+    let volume = crate::secret::unlock(&arguments.members, device, arguments.key_file.as_deref())?;
+    let before = array.statistics().healed_bytes;
+    let report = tandemfs::fsck::check(volume)
+        .map_err(|error| CliError::new(format!("volume check stopped: {}", describe(&error))))?;
+    for problem in &report.problems {
+        println!("volume: {problem}");
+    }
+    let left = report.problems.len() as u64 + report.problems_not_listed;
+    let healed_bytes = array.statistics().healed_bytes - before;
+    println!(
+        "volume checksums: {} inodes checked, {} blocks rebuilt from the other members and rewritten ({}), {} damaged file data blocks left, {} problems in all",
+        report.inodes_checked,
+        report.healed_blocks,
+        crate::size::format_bytes(healed_bytes),
+        report.damaged_data_blocks,
+        left
+    );
+    Ok(left)
 }
 
 #[derive(clap::Args)]

@@ -610,3 +610,132 @@ fn a_damaged_metadata_block_of_an_encrypted_array_is_rebuilt() {
     devices[slot].read_at(member_offset, &mut now).unwrap();
     assert!(now == good, "the damaged copy was rewritten on its member");
 }
+
+/// The back end's home writes of file data (`Device::write_held`) stay in the array's epoch
+/// over the log's group commits while they leave stripes partial (docs/RAID.md, *Held home
+/// writes*), and the write order that makes safe is: records durable first, their home bytes
+/// whenever the array likes, all of them before a checkpoint's commit. Power lost while some
+/// are held (every member dropping what was not flushed) loses nothing acknowledged: the mount
+/// replays the records, and every file reads back. Fails without the holding (no chunk held).
+#[test]
+fn home_writes_held_over_log_flushes_are_replayed_after_a_crash() {
+    let devices = array_volume(true);
+    let array = Arc::new(assemble(&devices, &[]).device);
+    let device: Arc<dyn Device> = array.clone();
+    let (fs, _) = FileSystem::mount(device, &inline_options()).unwrap();
+    let mut rng = rng(0x4e1d);
+    let mut files = Vec::new();
+    for round in 0..6 {
+        // A few 4 KiB files each round: too few blocks to fill a stripe (2 units of 16 KiB).
+        for index in 0..3 {
+            let name = format!("f{round}-{index}");
+            let made = fs
+                .create(tandemfs::fs::ROOT_INODE, name.as_bytes(), tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0)
+                .unwrap();
+            let data: Vec<u8> = (0..4096).map(|_| rng.gen()).collect();
+            fs.write(made.inode, 0, &data).unwrap();
+            files.push((name, data));
+        }
+        // The records durable (a group commit), then applied: their blocks go home, held.
+        fs.sync().unwrap();
+        fs.run_backend().unwrap();
+    }
+    // One more group commit with held home writes in the epoch.
+    fs.create(tandemfs::fs::ROOT_INODE, b"last", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.sync().unwrap();
+    let held = array.statistics().epochs.held_chunks;
+    assert!(held > 0, "no partial chunk was held over a log flush");
+    let images: Vec<MemoryDevice> =
+        devices.iter().enumerate().map(|(slot, member)| member.crash_image(slot as u64, CrashMode::DropAll)).collect();
+    drop(fs);
+    drop(array);
+    let recovered: Arc<dyn Device> = Arc::new(assemble(&images, &[]).device);
+    let (fs, report) = FileSystem::mount(recovered, &inline_options()).unwrap();
+    assert!(report.records_replayed > 0, "the crash left nothing to replay");
+    for (name, data) in &files {
+        let found = fs.lookup(tandemfs::fs::ROOT_INODE, name.as_bytes()).unwrap();
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(fs.read(found.inode, 0, &mut back).unwrap(), data.len(), "{name}");
+        assert!(back == *data, "{name} read back wrong after the crash");
+    }
+    fs.lookup(tandemfs::fs::ROOT_INODE, b"last").unwrap();
+    fs.unmount().unwrap();
+}
+
+/// The volume's checks run over an array opened writable (what `tandem scrub --repair` does)
+/// rebuild what fails them from the other members and rewrite it: a file data block whose
+/// CRC32C fails and a metadata block whose trailer fails, each damaged on one member. Opened
+/// read-only (`tandem fsck`, scrub without --repair) the same check reports them and writes
+/// nothing. Fails without the fsck overlay passing `read_checked` on and the data check
+/// asking for it.
+#[test]
+fn the_volume_check_over_a_writable_array_heals_what_its_checksums_reject() {
+    let devices = array_volume(false);
+    let mut rng = rng(0x5c2b);
+    let data: Vec<u8> = (0..4 * 4096).map(|_| rng.gen()).collect();
+    let device: Arc<dyn Device> = Arc::new(assemble(&devices, &[]).device);
+    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+    let file = fs.create(tandemfs::fs::ROOT_INODE, b"f", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.write(file.inode, 0, &data).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    let array = assemble(&devices, &[]).device;
+    let superblock = tandemfs::block::superblock::Superblock::read_both(&array).unwrap().best;
+    let mut table_block = vec![0u8; 4096];
+    array.read_at(superblock.inode_table_start * 4096, &mut table_block).unwrap();
+    drop(array);
+    for (what, block) in [("file data", &data[4096..8192]), ("inode table", &table_block[..])] {
+        assert!(damage_copies(&devices, block) >= 1, "the {what} block was found on a member");
+        // Read-only: reported, nothing written.
+        let before: Vec<Vec<u8>> = devices.iter().map(MemoryDevice::to_bytes).collect();
+        let read_only: Vec<Member> = members_of(&devices)
+            .into_iter()
+            .map(|member| Member { name: member.name, device: Arc::new(ReadOnly(member.device)) })
+            .collect();
+        let array = Arc::new(array::assemble(read_only, accelerator()).unwrap().device);
+        let report = check_with_key(array.clone(), None);
+        assert!(!report.problems.is_empty() && report.healed_blocks == 0, "{what}: {report:#?}");
+        if what == "file data" {
+            assert_eq!(report.damaged_data_blocks, 1, "{report:#?}");
+            let place = format!("inode {}: file offset 4096: data block", file.inode);
+            assert!(report.problems.iter().any(|problem| problem.contains(&place)), "{report:#?}");
+        }
+        drop(array);
+        assert!(devices.iter().zip(&before).all(|(member, bytes)| member.to_bytes() == *bytes));
+
+        // Writable: rebuilt and rewritten, the check clean.
+        let array = Arc::new(assemble(&devices, &[]).device);
+        let report = check_with_key(array.clone(), None);
+        assert!(report.problems.is_empty(), "{what}: {report:#?}");
+        assert!(report.healed_blocks >= 1, "{what}: {report:#?}");
+        assert!(array.statistics().healed_bytes >= 4096);
+        array.close().unwrap();
+        drop(array);
+        let whole = devices.iter().any(|member| !block_occurrences(&member.to_bytes(), block).is_empty());
+        assert!(whole, "the damaged {what} copy was not rewritten on its member");
+    }
+}
+
+/// A member opened without write permission, as `tandem fsck` opens them.
+struct ReadOnly(Arc<dyn Device>);
+
+impl Device for ReadOnly {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn read_at(&self, offset: u64, buffer: &mut [u8]) -> tandemfs::Result<()> {
+        self.0.read_at(offset, buffer)
+    }
+    fn write_at(&self, offset: u64, _data: &[u8]) -> tandemfs::Result<()> {
+        Err(tandemfs::Error::invalid(format!("write at {offset} to a read-only member")))
+    }
+    fn flush(&self) -> tandemfs::Result<()> {
+        Ok(())
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+    fn reachable_by_other_processes(&self) -> bool {
+        false
+    }
+}

@@ -48,6 +48,10 @@ pub struct RaidBenchArguments {
     /// create-heavy workload costs the array's write path (0: none)
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     pub creates: u64,
+    /// The back end's home writes as before session 16: every log flush writes them home
+    /// (for comparing in one build; docs/RAID.md, *Held home writes*)
+    #[arg(long)]
+    pub no_held_writes: bool,
 }
 
 const IO_BYTES: usize = 1 << 20;
@@ -144,13 +148,14 @@ pub fn run(arguments: RaidBenchArguments) -> CliResult<i32> {
 /// part (read for parity).
 fn write_path_note(label: &str, what: &str, path: &array::EpochStatistics) -> String {
     format!(
-        "{label}, {what}: {} epochs ({} flushed full), {} full and {} partial stripe chunks, {} read for parity, {} intent records",
+        "{label}, {what}: {} epochs ({} flushed full), {} full and {} partial stripe chunks, {} read for parity, {} intent records, {} partial chunks held over log flushes",
         path.epochs,
         path.epochs_full,
         path.full_chunks,
         path.partial_chunks,
         format_bytes(path.parity_read_bytes),
         path.intent_records,
+        path.held_chunks,
     )
 }
 
@@ -233,7 +238,7 @@ fn measure_tandemfs(arguments: &RaidBenchArguments, scratch: &Path, unit: u64) -
     let assembled = Arc::new(assemble(&images, &[])?);
     let superblock =
         tandemfs::block::superblock::Superblock::read_best(assembled.as_ref()).map_err(|e| e.to_string())?;
-    let counting = Arc::new(CountingDevice::new(assembled.clone(), &superblock));
+    let counting = Arc::new(CountingDevice::new(assembled.clone(), &superblock, !arguments.no_held_writes));
     let device: Arc<dyn Device> = counting.clone();
     let fs = mount(device)?;
     let file = fs.create(ROOT_INODE, b"bench", FileType::Regular, 0o644, 0, 0, 0).map_err(|e| e.to_string())?;
@@ -501,11 +506,22 @@ fn epochs_between(before: &array::EpochStatistics, after: &array::EpochStatistic
         partial_chunks: after.partial_chunks - before.partial_chunks,
         parity_read_bytes: after.parity_read_bytes - before.parity_read_bytes,
         intent_records: after.intent_records - before.intent_records,
+        held_chunks: after.held_chunks - before.held_chunks,
     }
 }
 
 /// The regions of the volume a write to the array is counted under, by its first block.
-const REGIONS: [&str; 5] = ["record log headers", "record log data", "image log", "fixed metadata", "allocated blocks"];
+/// The back end's home writes of file data (`Device::write_held`) are counted apart from the
+/// other writes to allocated blocks (checkpoint images of directory and extent blocks, direct
+/// writes), wherever they land.
+const REGIONS: [&str; 6] = [
+    "record log headers",
+    "record log data",
+    "image log",
+    "fixed metadata",
+    "allocated blocks (metadata images, direct writes)",
+    "file data home (held writes)",
+];
 
 /// Writes of one region: how many, their bytes, and the stripes they covered only in part
 /// (each such stripe costs the array a read of its other rows and partial parity, unless
@@ -518,7 +534,7 @@ struct RegionCount {
 }
 
 #[derive(Clone, Default)]
-struct RegionCounts([RegionCount; 5]);
+struct RegionCounts([RegionCount; 6]);
 
 impl RegionCounts {
     fn lines(&self, label: &str, what: &str) -> Vec<String> {
@@ -544,10 +560,17 @@ struct CountingDevice {
     first_data_block: u64,
     stripe_bytes: u64,
     counts: std::sync::Mutex<RegionCounts>,
+    /// Whether held writes and log flushes reach the array as such (else as plain writes and
+    /// flushes, the behaviour before held home writes).
+    hold: bool,
 }
 
 impl CountingDevice {
-    fn new(inner: Arc<ArrayDevice>, superblock: &tandemfs::block::superblock::Superblock) -> CountingDevice {
+    fn new(
+        inner: Arc<ArrayDevice>,
+        superblock: &tandemfs::block::superblock::Superblock,
+        hold: bool,
+    ) -> CountingDevice {
         let geometry = inner.geometry();
         let image_start = superblock.image_log_header_start.min(superblock.image_log_data_start);
         let image_end = (superblock.image_log_header_start + superblock.image_log_header_blocks)
@@ -562,6 +585,7 @@ impl CountingDevice {
             stripe_bytes: geometry.stripe_data_bytes(),
             inner,
             counts: std::sync::Mutex::new(RegionCounts::default()),
+            hold,
         }
     }
 
@@ -570,7 +594,7 @@ impl CountingDevice {
         std::mem::take(&mut *self.counts.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
     }
 
-    fn count(&self, offset: u64, length: usize) {
+    fn count(&self, offset: u64, length: usize, held: bool) {
         if length == 0 {
             return;
         }
@@ -580,6 +604,7 @@ impl CountingDevice {
             .iter()
             .position(|range| range.contains(&block))
             .unwrap_or(if block < self.first_data_block { 3 } else { 4 });
+        let region = if held { 5 } else { region };
         let end = offset + length as u64;
         let (first_stripe, last_stripe) = (offset / self.stripe_bytes, (end - 1) / self.stripe_bytes);
         let head_partial = !offset.is_multiple_of(self.stripe_bytes) || end < (first_stripe + 1) * self.stripe_bytes;
@@ -600,17 +625,35 @@ impl Device for CountingDevice {
         self.inner.read_at(offset, buffer)
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> tandemfs::Result<()> {
-        self.count(offset, data.len());
+        self.count(offset, data.len(), false);
         self.inner.write_at(offset, data)
     }
     fn flush(&self) -> tandemfs::Result<()> {
         self.inner.flush()
     }
+    fn write_held(&self, offset: u64, data: &[u8]) -> tandemfs::Result<()> {
+        self.count(offset, data.len(), true);
+        if self.hold {
+            self.inner.write_held(offset, data)
+        } else {
+            self.inner.write_at(offset, data)
+        }
+    }
+    fn stripe_bytes(&self) -> Option<u64> {
+        self.inner.stripe_bytes()
+    }
+    fn flush_unheld(&self) -> tandemfs::Result<()> {
+        if self.hold {
+            self.inner.flush_unheld()
+        } else {
+            self.inner.flush()
+        }
+    }
     fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> tandemfs::Result<()> {
         self.inner.read_uncached(offset, buffer)
     }
     fn write_through(&self, offset: u64, data: &[u8]) -> tandemfs::Result<()> {
-        self.count(offset, data.len());
+        self.count(offset, data.len(), false);
         self.inner.write_through(offset, data)
     }
     fn reachable_by_other_processes(&self) -> bool {

@@ -1010,12 +1010,18 @@ fn record_log_options(log_options: LogOptions) -> LogOptions {
     LogOptions { reserve_fraction: 0.0, ..log_options }
 }
 
+/// The device a log writes through: its group commits make only what is not held durable
+/// (`device::LogDevice`), so the back end's home writes between them may gather on an array.
+fn log_device(device: &Arc<dyn Device>) -> Arc<dyn Device> {
+    Arc::new(crate::device::LogDevice::new(device.clone()))
+}
+
 /// Recovers the image log of a version-9 volume; `None` before version 9.
 fn recover_image_log(device: &Arc<dyn Device>, superblock: &Superblock) -> Result<Option<(Arc<Log>, Vec<Record>)>> {
     let Some(geometry) = superblock.image_log_geometry() else {
         return Ok(None);
     };
-    Log::recover(device.clone(), geometry, superblock.image_log_tail(), image_log_options()).map(Some)
+    Log::recover(log_device(device), geometry, superblock.image_log_tail(), image_log_options()).map(Some)
 }
 
 /// Recovers the record log at the superblock's tail and, from version 9 on, the image log,
@@ -1028,7 +1034,7 @@ pub fn recover_logs(
 ) -> Result<(Arc<Log>, Vec<Record>)> {
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
     let options = if superblock.has_image_log() { record_log_options(log_options) } else { log_options };
-    let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, options)?;
+    let (log, records) = Log::recover(log_device(device), superblock.log_geometry(), tail, options)?;
     if let Some((image_log, _)) = recover_image_log(device, superblock)? {
         log.attach_images(image_log);
     }
@@ -1057,7 +1063,7 @@ fn open_with_image_log(
 ) -> Result<(Volume, Arc<Log>, Applier, MountReport)> {
     let record_options = record_log_options(log_options);
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
-    let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, record_options)?;
+    let (log, records) = Log::recover(log_device(&device), superblock.log_geometry(), tail, record_options)?;
     let (image_log, image_records) = recover_image_log(&device, &superblock)?.expect("version 9 has an image log");
     let record_end = log.next_lsn();
     let plan =
@@ -1161,7 +1167,7 @@ fn upgrade_to_image_log(
     superblock.split_log_for_images();
     let image_geometry = superblock.image_log_geometry().expect("split");
     Log::format(device.as_ref(), &image_geometry)?;
-    let (image_log, _) = Log::recover(device.clone(), image_geometry, LogPosition::START, image_log_options())?;
+    let (image_log, _) = Log::recover(log_device(&device), image_geometry, LogPosition::START, image_log_options())?;
     let commit = encode_commit(tail.lsn - 1, 0, &superblock);
     let commit_lsn = image_log.append_reserved(KIND_CHECKPOINT_COMMIT, &[&commit])?.ok_or(Error::NoSpace)?;
     image_log.wait_durable(commit_lsn)?;
@@ -1173,7 +1179,7 @@ fn upgrade_to_image_log(
     device.flush()?;
     image_log.release(image_tail);
     let record_options = record_log_options(log_options);
-    let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, record_options)?;
+    let (log, records) = Log::recover(log_device(&device), superblock.log_geometry(), tail, record_options)?;
     assert!(records.is_empty(), "the record log was empty before the split");
     log.attach_images(image_log);
     volume.superblock = superblock;
@@ -1189,7 +1195,7 @@ fn open_without_image_log(
     cache_blocks: usize,
 ) -> Result<(Volume, Arc<Log>, Applier, MountReport)> {
     let tail = LogPosition { lsn: superblock.log_tail_lsn, data_position: superblock.log_tail_data_position };
-    let (log, records) = Log::recover(device.clone(), superblock.log_geometry(), tail, log_options)?;
+    let (log, records) = Log::recover(log_device(&device), superblock.log_geometry(), tail, log_options)?;
     let plan = plan_replay(&records, &superblock).map_err(|(lsn, error)| record_error(lsn, error))?;
     check_log_tail(device.as_ref(), &superblock, plan.max_covered_lsn)?;
 
@@ -1511,5 +1517,19 @@ impl crate::device::Device for Overlay {
     }
     fn flush(&self) -> Result<()> {
         Ok(())
+    }
+    /// A range the overlay holds nothing of is the device's own: the device beneath may heal
+    /// it (an array opened writable rewrites the member that was wrong, which is how `tandem
+    /// scrub` repairs what the volume's checksums find). A range it holds is judged as read.
+    fn read_checked(&self, offset: u64, buffer: &mut [u8], check: &dyn Fn(&[u8]) -> bool) -> Result<bool> {
+        let held = !buffer.is_empty() && {
+            let end = offset + buffer.len() as u64;
+            self.images.lock().range(offset / BLOCK_SIZE_U64..=(end - 1) / BLOCK_SIZE_U64).next().is_some()
+        };
+        if held {
+            self.read_at(offset, buffer)?;
+            return Ok(check(buffer));
+        }
+        self.inner.read_checked(offset, buffer, check)
     }
 }

@@ -57,6 +57,11 @@ pub struct Bitmap {
     pending_free_total: u64,
     free_count: u64,
     cursor: u64,
+    /// Where the next metadata block is looked for (`allocate_meta`), within the metadata zone.
+    meta_cursor: u64,
+    /// Whether metadata blocks come from their own zone (`set_metadata_zone`: volumes on
+    /// erasure-coded arrays); otherwise `allocate_meta` is `allocate` of one bit.
+    metadata_zone: bool,
     pub kind: BlockKind,
 }
 
@@ -73,6 +78,8 @@ impl Bitmap {
             pending_free_total: 0,
             free_count: bit_count,
             cursor: 0,
+            meta_cursor: 0,
+            metadata_zone: false,
             kind,
         };
         // Bits past the end of the last word are never free.
@@ -252,6 +259,33 @@ impl Bitmap {
         self.set_range(first, length);
         self.cursor = first + length;
         Ok((first, length))
+    }
+
+    /// Metadata blocks from their own zone (`allocate_meta`) or among the data.
+    pub fn set_metadata_zone(&mut self, zone: bool) {
+        self.metadata_zone = zone;
+    }
+
+    /// Allocates one bit for a metadata block (directory, extent-tree and xattr blocks) in the
+    /// *metadata zone*, the last eighth of the bits from `floor` on: from `near` when it lies
+    /// there (a directory's next block near its last one), else from where the last metadata
+    /// block was taken. File data is allocated from the front (`allocate`, whose cursor this
+    /// does not move), so metadata blocks lie together instead of one between every few data
+    /// blocks. That is for erasure-coded arrays: a checkpoint writes its images of changed
+    /// metadata blocks home, and spread out, each one leaves a stripe partial (its other rows
+    /// read, partial parity logged); together, a checkpoint's images fill stripes
+    /// (docs/RAID.md, *Held home writes*). When the zone is full the search goes on from
+    /// `floor`, like any allocation. Returns the bit or `NoSpace`.
+    pub fn allocate_meta(&mut self, near: u64, floor: u64) -> Result<u64> {
+        if !self.metadata_zone {
+            return self.allocate(near, 1, floor).map(|(first, _)| first);
+        }
+        let zone = floor + self.bit_count.saturating_sub(floor) / 8 * 7;
+        let start = if near >= zone && near < self.bit_count { near } else { self.meta_cursor.max(zone) };
+        let first = self.find_available(start.min(self.bit_count), floor).ok_or(Error::NoSpace)?;
+        self.set_range(first, 1);
+        self.meta_cursor = first + 1;
+        Ok(first)
     }
 
     /// Claims up to `count` contiguous available bits, preferring `near`, for a direct write
@@ -609,5 +643,38 @@ mod tests {
         let mut bitmap = Bitmap::new(64, BlockKind::BlockBitmap);
         bitmap.allocate(0, 64, 0).unwrap();
         assert!(matches!(bitmap.allocate(0, 1, 0), Err(Error::NoSpace)));
+    }
+
+    /// Metadata blocks come from the last eighth of the bits past the floor and file data from
+    /// the front, neither moving the other's cursor, so a run of data allocations is not cut
+    /// by the directory and extent blocks made between them (on an array, a checkpoint's
+    /// metadata images then fill stripes instead of leaving one partial each). A `near` inside
+    /// the zone is followed; a full zone goes on from the floor.
+    #[test]
+    fn metadata_blocks_come_from_their_own_zone_and_data_runs_stay_whole() {
+        let mut bitmap = Bitmap::new(1000, BlockKind::BlockBitmap);
+        bitmap.set_metadata_zone(true);
+        let floor = 200;
+        let zone = floor + (1000 - floor) / 8 * 7;
+        let mut data = Vec::new();
+        let mut meta = Vec::new();
+        for _ in 0..10 {
+            data.push(bitmap.allocate(0, 4, floor).unwrap());
+            meta.push(bitmap.allocate_meta(0, floor).unwrap());
+        }
+        assert_eq!(data, (0..10).map(|run| (floor + 4 * run, 4)).collect::<Vec<_>>());
+        assert_eq!(meta, (0..10).map(|index| zone + index).collect::<Vec<_>>());
+        // A near in the zone is followed; one outside it is not.
+        assert_eq!(bitmap.allocate_meta(zone + 50, floor).unwrap(), zone + 50);
+        assert_eq!(bitmap.allocate_meta(floor + 3, floor).unwrap(), zone + 51);
+        // The zone full: the search goes on from the floor, past the data.
+        let mut below_zone = 0;
+        while let Ok(bit) = bitmap.allocate_meta(0, floor) {
+            assert!(bit >= floor);
+            below_zone += u64::from(bit < zone);
+            assert!(below_zone <= 1000, "the search never ended");
+        }
+        assert_eq!(below_zone, zone - floor - 40);
+        assert_eq!(bitmap.free_count(), floor, "only the bits below the floor are left");
     }
 }

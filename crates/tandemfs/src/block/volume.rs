@@ -136,7 +136,10 @@ pub struct Image {
 impl Volume {
     /// A volume whose bitmaps have not been read: for mkfs, which then marks the fixed regions.
     pub fn new_empty(device: Arc<dyn Device>, superblock: Superblock, cache_blocks: usize) -> Volume {
-        let blocks = Bitmap::new(superblock.block_count, BlockKind::BlockBitmap);
+        let mut blocks = Bitmap::new(superblock.block_count, BlockKind::BlockBitmap);
+        // On an erasure-coded array metadata blocks lie apart from file data, so that a
+        // checkpoint's images fill stripes (docs/RAID.md, *Metadata apart from file data*).
+        blocks.set_metadata_zone(device.stripe_bytes().is_some());
         let inodes = Bitmap::new(superblock.inode_count, BlockKind::InodeBitmap);
         let table_levels = generation_table_levels(superblock.block_count);
         let geometry = HomeGeometry {
@@ -1119,7 +1122,7 @@ impl MetaStore for Volume {
     }
 
     fn allocate_meta(&mut self, near: u64) -> Result<u64> {
-        let (block, _) = self.blocks.allocate(near, 1, self.superblock.first_data_block)?;
+        let block = self.blocks.allocate_meta(near, self.superblock.first_data_block)?;
         self.check_allocated_unused(block, 1)?;
         Ok(block)
     }
@@ -1172,7 +1175,9 @@ impl DataStore for Volume {
         }
         // Computed before the write: a partial block's other bytes are read from the device.
         let entries = self.checksums_after_write(block_number, offset_in_block, data)?;
-        self.device.write_at(start, data)?;
+        // Held: the record this write applies is durable in the log, and replay redoes it, so
+        // the log's group commits need not make it durable (the checkpoint's flush does).
+        self.device.write_held(start, data)?;
         self.set_data_checksums(block_number, &entries)
     }
 

@@ -272,14 +272,13 @@ impl EncryptedDevice {
     /// (every disk) the unchanged bytes that share an AES block with changed ones are safe too.
     /// A medium that tore a write inside a sector would garble that whole 16-byte AES block,
     /// up to 15 unchanged bytes beside the first or last changed byte (docs/ENCRYPTION.md).
-    fn write(&self, offset: u64, data: &[u8], through: bool) -> Result<()> {
+    fn write(&self, offset: u64, data: &[u8], kind: WriteKind) -> Result<()> {
         check_range(self.size_bytes(), offset, data.len(), "write")?;
-        let write_inner = |offset: u64, data: &[u8]| {
-            if through {
-                self.inner.write_through(offset, data)
-            } else {
-                self.inner.write_at(offset, data)
-            }
+        let through = kind == WriteKind::Through;
+        let write_inner = |offset: u64, data: &[u8]| match kind {
+            WriteKind::Through => self.inner.write_through(offset, data),
+            WriteKind::Held => self.inner.write_held(offset, data),
+            WriteKind::Normal => self.inner.write_at(offset, data),
         };
         if data.is_empty() || self.all_plaintext(offset, data.len()) {
             return write_inner(offset, data);
@@ -394,6 +393,14 @@ impl EncryptedDevice {
     }
 }
 
+/// How a write reaches the device beneath: as `write_at`, `write_through` or `write_held`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WriteKind {
+    Normal,
+    Through,
+    Held,
+}
+
 impl Device for EncryptedDevice {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
@@ -402,10 +409,20 @@ impl Device for EncryptedDevice {
         self.read(offset, buffer, false)
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.write(offset, data, false)
+        self.write(offset, data, WriteKind::Normal)
     }
     fn flush(&self) -> Result<()> {
         self.inner.flush()
+    }
+    fn write_held(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data, WriteKind::Held)
+    }
+    fn flush_unheld(&self) -> Result<()> {
+        self.inner.flush_unheld()
+    }
+    /// Blocks keep their places under encryption, so the array's stripes are this device's.
+    fn stripe_bytes(&self) -> Option<u64> {
+        self.inner.stripe_bytes()
     }
     fn decrypts(&self) -> bool {
         true
@@ -420,7 +437,7 @@ impl Device for EncryptedDevice {
         self.read(offset, buffer, true)
     }
     fn write_through(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.write(offset, data, true)
+        self.write(offset, data, WriteKind::Through)
     }
     /// The volume's checksums are over plaintext, the redundancy beneath (an erasure-coded
     /// array) holds ciphertext: the device beneath is asked for the whole blocks that hold the

@@ -185,6 +185,22 @@ impl Device for Gate {
         }
         self.inner.flush()
     }
+    fn write_held(&self, offset: u64, data: &[u8]) -> Result<()> {
+        if self.is_memory() {
+            return self.write_memory(offset, data);
+        }
+        self.check_write()?;
+        self.inner.write_held(offset, data)
+    }
+    fn stripe_bytes(&self) -> Option<u64> {
+        self.inner.stripe_bytes()
+    }
+    fn flush_unheld(&self) -> Result<()> {
+        if self.check_write().is_err() {
+            return Ok(());
+        }
+        self.inner.flush_unheld()
+    }
     fn read_uncached(&self, offset: u64, buffer: &mut [u8]) -> Result<()> {
         self.inner.read_uncached(offset, buffer)
     }

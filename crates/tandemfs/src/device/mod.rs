@@ -7,12 +7,14 @@
 pub mod array;
 mod file;
 mod gate;
+mod log_device;
 mod memory;
 mod uring;
 mod worker;
 
 pub use file::{AsyncOptions, FileDevice, FileDeviceOptions, TransportChoice, TransportStatistics};
 pub use gate::Gate;
+pub use log_device::LogDevice;
 pub use memory::{CrashMode, Fault, FaultOperation, MemoryCounters, MemoryDevice, SECTOR_SIZE_BYTES};
 
 use crate::error::Result;
@@ -86,6 +88,29 @@ pub trait Device: Send + Sync {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> Result<()>;
+    /// A write its caller can redo after a crash, so it need not be durable before the next
+    /// `flush`: the back end's home writes of file data for records already durable in the log
+    /// (replay writes them again; a checkpoint's `flush` makes them durable before its commit).
+    /// A device may keep it volatile across `flush_unheld`; an erasure-coded array does, so that
+    /// the small home writes of many group commits gather into full stripes (docs/RAID.md,
+    /// *Held home writes*). The default is `write_at`.
+    fn write_held(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_at(offset, data)
+    }
+    /// Makes every completed write durable except those made with `write_held`, which may
+    /// wait for the next `flush` (they may also become durable now). The logs flush this way
+    /// (`LogDevice`): a group commit needs its records durable, not the home writes between.
+    /// The default is `flush`.
+    fn flush_unheld(&self) -> Result<()> {
+        self.flush()
+    }
+    /// Bytes of one full stripe where this device is an erasure-coded array (k units), for
+    /// layouts that care: the volume then allocates metadata blocks apart from file data, so
+    /// that a checkpoint's images fill stripes (docs/RAID.md, *Metadata apart from file data*).
+    /// `None` (the default) for every other device.
+    fn stripe_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Whether another process could reach these bytes (a file, a block device). Multi-mount
     /// protection skips its wait for racing mounters where none can (memory): the mounts of
     /// this process it knows without waiting.

@@ -55,6 +55,10 @@ pub struct FsckReport {
     pub log_records_pending: u64,
     /// File data blocks whose bytes disagree with their checksum: no repair brings them back.
     pub damaged_data_blocks: u64,
+    /// Blocks (file data and metadata) whose checksum or trailer failed and that the device's
+    /// redundancy rebuilt and rewrote while they were checked: only on an array opened
+    /// writable (`tandem scrub`), never through `tandem fsck`'s read-only open.
+    pub healed_blocks: u64,
 }
 
 impl FsckReport {
@@ -385,6 +389,7 @@ fn check_volume(device: Arc<dyn Device>, progress: &mut dyn FnMut(&Progress)) ->
         }
     }
     report.blocks_in_use = in_use;
+    report.healed_blocks = volume.checksum_statistics().healed_blocks;
     Ok(report)
 }
 

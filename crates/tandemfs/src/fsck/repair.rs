@@ -798,6 +798,7 @@ impl<'a> Repairer<'a> {
     fn rebuild_bitmaps(&mut self) -> Result<()> {
         let superblock = self.volume.superblock.clone();
         let mut blocks = Bitmap::new(superblock.block_count, BlockKind::BlockBitmap);
+        blocks.set_metadata_zone(self.volume.device.stripe_bytes().is_some());
         blocks.set_range(0, superblock.first_data_block);
         let mut used: Vec<u64> = self.owner.keys().copied().collect();
         used.sort_unstable();

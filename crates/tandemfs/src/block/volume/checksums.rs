@@ -598,8 +598,15 @@ impl Volume {
             for (index, (stored, crc)) in stored.into_iter().zip(computed).enumerate() {
                 if !checksum_matches(stored, crc) {
                     let number = block + index as u64;
-                    if let Error::Corruption { what } = Volume::mismatch(number, stored, crc) {
-                        mismatches.push(ChecksumMismatch { block_number: number, what });
+                    // A device with redundancy that lets writes through rebuilds the block from
+                    // its other copies and rewrites it (`tandem scrub`, an array opened
+                    // writable); any other reads it once more and it stays a mismatch.
+                    match self.heal_block(number, stored, crc) {
+                        Ok(_) => {}
+                        Err(Error::Corruption { what }) => {
+                            mismatches.push(ChecksumMismatch { block_number: number, what })
+                        }
+                        Err(other) => return Err(other),
                     }
                 }
             }

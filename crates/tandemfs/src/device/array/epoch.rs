@@ -31,6 +31,9 @@ pub struct Pending {
     /// The intent-record bytes this chunk's partial parity takes on each of its parity members
     /// as it stands (`partial_parity_bytes`), counted in the epoch's `charges`.
     charge: u64,
+    /// Every write in it was held (`Device::write_held`): a log flush may leave it in the
+    /// epoch while it is partial (docs/RAID.md, *Held home writes*).
+    pub held: bool,
 }
 
 /// The rows any shard of `written` writes, starting at `chunk_start` when none does.
@@ -133,6 +136,7 @@ impl Epoch {
         shard: usize,
         row: u64,
         data: &[u8],
+        held: bool,
     ) -> Result<(), Full> {
         let chunk_rows = Self::chunk_rows(geometry);
         let end = row + data.len() as u64;
@@ -183,6 +187,7 @@ impl Epoch {
             merge(&mut pending.written[shard], rows);
             debug_assert_eq!(charge, partial_parity_bytes(&pending.written, pending.chunk_start));
             pending.charge = charge;
+            pending.held &= held;
         }
         for parity in 0..geometry.parity_count {
             let slot = geometry.slot(stripe, geometry.data_count() + parity);
@@ -224,12 +229,43 @@ impl Epoch {
             data: vec![0u8; k * chunk_rows as usize],
             written: vec![Vec::new(); k],
             charge: 0,
+            held: true,
         };
         if self.charges.len() < geometry.member_count {
             self.charges.resize(geometry.member_count, 0);
         }
         self.held_bytes += pending.data.len() as u64;
         self.pending.insert((stripe, chunk), pending);
+    }
+
+    /// Takes out of the epoch what a log flush (`Device::flush_unheld`) writes home: every
+    /// chunk with an unheld write, and every full chunk (it costs no read and no partial
+    /// parity, so holding it gains nothing). Held partial chunks stay, waiting for the rest
+    /// of their rows. Returns the chunks taken, as an epoch of their own, and how many stayed.
+    pub fn take_unheld(&mut self, geometry: &Geometry) -> (Epoch, usize) {
+        let pending = std::mem::take(&mut self.pending);
+        let mut taken = Epoch::default();
+        for (key, chunk) in pending {
+            if chunk.held && !chunk.is_full() {
+                self.pending.insert(key, chunk);
+            } else {
+                taken.pending.insert(key, chunk);
+            }
+        }
+        self.recount(geometry);
+        taken.recount(geometry);
+        (taken, self.pending.len())
+    }
+
+    /// Sets `held_bytes` and `charges` from the chunks held.
+    fn recount(&mut self, geometry: &Geometry) {
+        self.held_bytes = self.pending.values().map(|pending| pending.data.len() as u64).sum();
+        self.charges = vec![0; geometry.member_count];
+        for (&(stripe, _), pending) in &self.pending {
+            for parity in 0..geometry.parity_count {
+                self.charges[geometry.slot(stripe, geometry.data_count() + parity)] += pending.charge;
+            }
+        }
     }
 
     /// Lays the epoch's bytes of rows `row..` of data shard `shard` of `stripe` over `buffer`.
@@ -281,7 +317,7 @@ mod tests {
         for stripe in 0..100 {
             for shard in 0..geometry.data_count() {
                 for row in (0..geometry.stripe_unit_bytes).step_by(4096) {
-                    assert!(epoch.insert(&geometry, stripe, shard, row, &block).is_ok(), "stripe {stripe}");
+                    assert!(epoch.insert(&geometry, stripe, shard, row, &block, true).is_ok(), "stripe {stripe}");
                 }
             }
         }
@@ -291,7 +327,7 @@ mod tests {
         // on each of its two parity members, so the records fill before the epoch's memory.
         let piece = vec![9u8; 60 << 10];
         let mut stripe = 100;
-        while epoch.insert(&geometry, stripe, 0, 0, &piece).is_ok() {
+        while epoch.insert(&geometry, stripe, 0, 0, &piece, true).is_ok() {
             stripe += 1;
             assert!(stripe < 1000, "the intent records never filled");
         }
@@ -317,10 +353,58 @@ mod tests {
         let before = epoch.charges.clone();
         for shard in 0..geometry.data_count() {
             for row in (0..geometry.stripe_unit_bytes).step_by(4096) {
-                assert!(epoch.insert(&geometry, 100, shard, row, &block).is_ok());
+                assert!(epoch.insert(&geometry, 100, shard, row, &block, true).is_ok());
             }
         }
         let freed: u64 = before.iter().zip(&epoch.charges).map(|(before, after)| before - after).sum();
         assert_eq!(freed, 2 * 61_476);
+    }
+
+    /// A log flush takes the chunks with an unheld write and the full ones, and leaves the
+    /// held partial ones with exactly their room: the bytes held and the intent-record charges
+    /// are those of what stayed, so the bounds still hold the epoch as it is.
+    #[test]
+    fn a_log_flush_takes_unheld_and_full_chunks_and_keeps_held_partial_ones() {
+        let geometry = Geometry { member_count: 6, parity_count: 2, stripe_unit_bytes: 64 << 10, stripe_count: 100 };
+        let block = vec![3u8; 4096];
+        let mut epoch = Epoch::default();
+        // Stripe 0: held and full. Stripe 1: held, one block. Stripe 2: one held block and one
+        // unheld. Stripe 3: held, two blocks.
+        for shard in 0..geometry.data_count() {
+            for row in (0..geometry.stripe_unit_bytes).step_by(4096) {
+                assert!(epoch.insert(&geometry, 0, shard, row, &block, true).is_ok());
+            }
+        }
+        assert!(epoch.insert(&geometry, 1, 0, 0, &block, true).is_ok());
+        assert!(epoch.insert(&geometry, 2, 1, 0, &block, true).is_ok());
+        assert!(epoch.insert(&geometry, 2, 2, 8192, &block, false).is_ok());
+        assert!(epoch.insert(&geometry, 3, 0, 0, &block, true).is_ok());
+        assert!(epoch.insert(&geometry, 3, 3, 4096, &block, true).is_ok());
+        let (taken, kept) = epoch.take_unheld(&geometry);
+        let stripes = |epoch: &Epoch| epoch.pending.keys().map(|(stripe, _)| *stripe).collect::<Vec<_>>();
+        assert_eq!((stripes(&taken), stripes(&epoch), kept), (vec![0, 2], vec![1, 3], 2));
+        for part in [&taken, &epoch] {
+            let bytes: u64 = part.pending.values().map(|pending| pending.data.len() as u64).sum();
+            assert_eq!(part.held_bytes, bytes);
+            for slot in 0..geometry.member_count {
+                let charge: u64 = part
+                    .pending
+                    .iter()
+                    .filter(|((stripe, _), _)| {
+                        (0..geometry.parity_count)
+                            .any(|parity| geometry.slot(*stripe, geometry.data_count() + parity) == slot)
+                    })
+                    .map(|(_, pending)| partial_parity_bytes(&pending.written, pending.chunk_start))
+                    .sum();
+                assert_eq!(part.charges[slot], charge, "slot {slot}");
+            }
+        }
+        // What stayed is still read, and an unheld write to it makes it go at the next one.
+        let mut back = vec![0u8; 4096];
+        epoch.overlay(&geometry, 3, 3, 4096, &mut back);
+        assert_eq!(back, block);
+        assert!(epoch.insert(&geometry, 1, 1, 0, &block, false).is_ok());
+        let (taken, kept) = epoch.take_unheld(&geometry);
+        assert_eq!((stripes(&taken), stripes(&epoch), kept), (vec![1], vec![3], 1));
     }
 }

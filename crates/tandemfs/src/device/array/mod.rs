@@ -125,6 +125,9 @@ pub struct EpochStatistics {
     pub parity_read_bytes: u64,
     /// Intent records written (one round on every present member, then a flush).
     pub intent_records: u64,
+    /// Held partial chunks left in memory by log flushes (`Device::flush_unheld`), counted at
+    /// each such flush: the gathering of home writes at work.
+    pub held_chunks: u64,
 }
 
 #[derive(Default)]
@@ -135,6 +138,7 @@ struct EpochCounters {
     partial_chunks: AtomicU64,
     parity_read_bytes: AtomicU64,
     intent_records: AtomicU64,
+    held_chunks: AtomicU64,
 }
 
 /// What `scrub` found.
@@ -349,6 +353,7 @@ impl ArrayDevice {
                     partial_chunks: counters.partial_chunks.load(Ordering::Relaxed),
                     parity_read_bytes: counters.parity_read_bytes.load(Ordering::Relaxed),
                     intent_records: counters.intent_records.load(Ordering::Relaxed),
+                    held_chunks: counters.held_chunks.load(Ordering::Relaxed),
                 }
             },
             rebuild: self.rebuild_progress(),
@@ -719,7 +724,7 @@ impl ArrayDevice {
 
     /// A write joins the epoch (rule 3): nothing reaches the members before the next flush,
     /// which the array also runs of its own accord when the epoch is full.
-    fn write_logical(&self, offset: u64, data: &[u8]) -> Result<()> {
+    fn write_logical(&self, offset: u64, data: &[u8], held: bool) -> Result<()> {
         check_range(self.size_bytes(), offset, data.len(), "write")?;
         if data.is_empty() {
             return Ok(());
@@ -734,15 +739,15 @@ impl ArrayDevice {
                 let end = end.min(piece.row + piece.length as u64);
                 let from = piece.buffer_offset + (row - piece.row) as usize;
                 let bytes = &data[from..from + (end - row) as usize];
-                if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes).is_err() {
+                if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes, held).is_err() {
                     self.epoch_counters.epochs_full.fetch_add(1, Ordering::Relaxed);
                     self.flush()?;
-                    if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes).is_err() {
+                    if self.epoch.lock().insert(&self.geometry, piece.stripe, piece.shard, row, bytes, held).is_err() {
                         // Another thread's writes filled the new epoch at once: flush again.
                         self.flush()?;
                         self.epoch
                             .lock()
-                            .insert(&self.geometry, piece.stripe, piece.shard, row, bytes)
+                            .insert(&self.geometry, piece.stripe, piece.shard, row, bytes, held)
                             .map_err(|_| Error::invalid("the array's epoch takes no write".to_string()))?;
                     }
                 }
@@ -1182,12 +1187,34 @@ impl Device for ArrayDevice {
         self.read_logical(offset, buffer, false)
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.write_logical(offset, data)
+        self.write_logical(offset, data, false)
     }
     /// Writes the epoch home (rule 3), then flushes every member.
     fn flush(&self) -> Result<()> {
         let _home = self.home.write();
         let epoch = std::mem::take(&mut *self.epoch.lock());
+        self.check_enough()?;
+        if !epoch.is_empty() {
+            self.write_epoch(epoch)?;
+        }
+        self.flush_members()
+    }
+    /// A held write joins the epoch like any other, marked held (docs/RAID.md, *Held home
+    /// writes*).
+    fn write_held(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_logical(offset, data, true)
+    }
+    fn stripe_bytes(&self) -> Option<u64> {
+        Some(self.geometry.stripe_data_bytes())
+    }
+    /// Writes home, as an epoch of their own, the chunks with an unheld write and the full
+    /// ones; held partial chunks stay in memory (reads still see them) until more writes
+    /// complete them or a `flush` takes everything. What stays was never on a member, so a
+    /// crash leaves its stripes as they were, and the volume's replay writes it again.
+    fn flush_unheld(&self) -> Result<()> {
+        let _home = self.home.write();
+        let (epoch, kept) = self.epoch.lock().take_unheld(&self.geometry);
+        self.epoch_counters.held_chunks.fetch_add(kept as u64, Ordering::Relaxed);
         self.check_enough()?;
         if !epoch.is_empty() {
             self.write_epoch(epoch)?;
