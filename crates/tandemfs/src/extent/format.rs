@@ -157,19 +157,24 @@ pub fn sum_lengths(entries: &[Entry]) -> Option<u64> {
     entries.iter().try_fold(0u64, |sum, entry| sum.checked_add(entry.length))
 }
 
-/// Encodes a tree node into the payload of a metadata block.
-pub fn encode_node(level: usize, entries: &[Entry], block: &mut [u8]) {
+/// Encodes a tree node into the payload of a metadata block; returns the node's length (the
+/// sum of its entries' lengths, which the header holds). Every byte of the payload is written:
+/// the header, the entries, and zeros after them (only those: a node is encoded once per
+/// operation that changes it, and the whole payload was zeroed and then written again).
+pub fn encode_node(level: usize, entries: &[Entry], block: &mut [u8]) -> u64 {
     assert!(entries.len() <= NODE_CAPACITY && level <= MAX_DEPTH);
     assert!(block.len() >= META_PAYLOAD_BYTES);
-    block[..META_PAYLOAD_BYTES].fill(0);
     let length = sum_lengths(entries).expect("node length fits");
     block[NODE_COUNT_OFFSET..NODE_COUNT_OFFSET + 2].copy_from_slice(&(entries.len() as u16).to_le_bytes());
     block[NODE_LEVEL_OFFSET..NODE_LEVEL_OFFSET + 2].copy_from_slice(&(level as u16).to_le_bytes());
+    block[NODE_RESERVED_OFFSET..NODE_RESERVED_OFFSET + 4].fill(0);
     block[NODE_LENGTH_OFFSET..NODE_LENGTH_OFFSET + 8].copy_from_slice(&length.to_le_bytes());
     for (index, entry) in entries.iter().enumerate() {
         let start = NODE_HEADER_BYTES + index * ENTRY_BYTES;
         entry.encode(level == 0, &mut block[start..start + ENTRY_BYTES]);
     }
+    block[NODE_HEADER_BYTES + entries.len() * ENTRY_BYTES..META_PAYLOAD_BYTES].fill(0);
+    length
 }
 
 /// Decodes and validates a tree node read from block `block_number`, which its parent says is at

@@ -3,7 +3,9 @@
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{seal_block, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64};
+use crate::block::meta::{
+    seal_block, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64, META_PAYLOAD_BYTES,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -252,6 +254,27 @@ fn model_many_small_extents_seed_12() {
     many_small_extents(12);
 }
 
+/// `encode_node` writes every byte of the payload: over a block full of ones, the bytes after
+/// the entries and the reserved header bytes come out zero, and the node decodes as encoded.
+#[test]
+fn encoded_nodes_write_every_payload_byte() {
+    for count in [1usize, 2, 100, NODE_CAPACITY] {
+        let entries: Vec<Entry> = (0..count as u64)
+            .map(|index| Entry::data((index + 1) * BLOCK_SIZE_U64, 100 + index, index % 3 == 0))
+            .collect();
+        let mut block = vec![0xffu8; BLOCK_SIZE];
+        let length = encode_node(0, &entries, &mut block);
+        assert_eq!(Some(length), sum_lengths(&entries));
+        let end = NODE_HEADER_BYTES + count * ENTRY_BYTES;
+        assert!(
+            block[end..META_PAYLOAD_BYTES].iter().all(|byte| *byte == 0),
+            "{count} entries: stale bytes after them"
+        );
+        assert!(block[NODE_RESERVED_OFFSET..NODE_RESERVED_OFFSET + 4].iter().all(|byte| *byte == 0));
+        assert_eq!(decode_node(&block, 9, 0, length).unwrap(), entries);
+    }
+}
+
 #[test]
 fn small_file_stays_inline() {
     let mut store = MemoryStore::new();
@@ -368,6 +391,113 @@ impl DataStore for CountingStore {
     fn set_shared_references(&mut self, block_number: u64, references: u64) -> crate::Result<()> {
         self.inner.set_shared_references(block_number, references)
     }
+}
+
+/// A store that keeps metadata blocks as shared buffers and the decoded forms of extent nodes
+/// beside them, as a volume does (`MetaStore::decoded`), over a `MemoryStore`.
+struct KeepingStore {
+    inner: MemoryStore,
+    blocks: std::collections::HashMap<u64, SharedBlock>,
+    kept: std::collections::HashMap<u64, (SharedBlock, crate::block::meta::Decoded)>,
+}
+
+impl MetaStore for KeepingStore {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<SharedBlock> {
+        match self.blocks.get(&block_number) {
+            Some(block) => Ok(block.clone()),
+            None => self.inner.read_meta(block_number, kind),
+        }
+    }
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> crate::Result<()> {
+        self.blocks.insert(block_number, block.clone());
+        self.inner.write_meta(block_number, kind, block)
+    }
+    fn allocate_meta(&mut self, near: u64) -> crate::Result<u64> {
+        self.inner.allocate_meta(near)
+    }
+    fn free_meta(&mut self, block_number: u64) -> crate::Result<()> {
+        self.blocks.remove(&block_number);
+        self.kept.remove(&block_number);
+        self.inner.free_meta(block_number)
+    }
+    fn decoded(&mut self, block_number: u64, block: &SharedBlock) -> Option<crate::block::meta::Decoded> {
+        let (held, decoded) = self.kept.get(&block_number)?;
+        std::sync::Arc::ptr_eq(held, block).then(|| decoded.clone())
+    }
+    fn keep_decoded(&mut self, block_number: u64, block: &SharedBlock, decoded: crate::block::meta::Decoded) {
+        self.kept.insert(block_number, (block.clone(), decoded));
+    }
+}
+
+impl DataStore for KeepingStore {
+    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> crate::Result<()> {
+        self.inner.read_data(block_number, offset_in_block, buffer)
+    }
+    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> crate::Result<()> {
+        self.inner.write_data(block_number, offset_in_block, data)
+    }
+    fn allocate_data(&mut self, near: u64, count: u64) -> crate::Result<(u64, u64)> {
+        self.inner.allocate_data(near, count)
+    }
+    fn free_data(&mut self, first: u64, count: u64) -> crate::Result<()> {
+        self.inner.free_data(first, count)
+    }
+    fn shared_references(&mut self, block_number: u64) -> crate::Result<u64> {
+        self.inner.shared_references(block_number)
+    }
+    fn set_shared_references(&mut self, block_number: u64, references: u64) -> crate::Result<()> {
+        self.inner.set_shared_references(block_number, references)
+    }
+}
+
+/// A node an operation only reads shares the entries the store keeps (no copy); the first
+/// change copies them once, with room to grow (no second copy when an entry is added); commit
+/// hands the changed entries to the store (no copy), and the next operation finds them there.
+#[test]
+fn nodes_share_their_entries_with_the_store_until_changed() {
+    let mut store = KeepingStore {
+        inner: MemoryStore::new(),
+        blocks: std::collections::HashMap::new(),
+        kept: std::collections::HashMap::new(),
+    };
+    let mut root = striped_file(&mut store, 2_000);
+    assert!(root.depth() >= 1, "a tree with blocks");
+    let kept_of = |store: &mut KeepingStore, id: u64| {
+        let (block, _) = store.kept.get(&id).cloned().expect("a kept form for every node written");
+        tree::kept_entries(&store.decoded(id, &block).expect("kept for its buffer")).expect("an extent node")
+    };
+    // Read only: every node on the path shares the store's entries.
+    let mut tree = tree::Tree::open(&mut store, &root);
+    let location = tree.locate(3 * BLOCK_SIZE_U64).unwrap();
+    let path: Vec<u64> = location.path.iter().map(|(id, _)| *id).filter(|id| *id != u64::MAX).collect();
+    assert!(!path.is_empty());
+    let held: Vec<std::sync::Arc<Vec<Entry>>> =
+        path.iter().map(|id| tree.node_entries(*id).expect("loaded").clone()).collect();
+    tree.abort();
+    for (id, entries) in path.iter().zip(&held) {
+        assert!(std::sync::Arc::ptr_eq(entries, &kept_of(&mut store, *id)), "node {id} was copied by a read");
+    }
+    // A change copies once, with room; commit hands the copy to the store.
+    let leaf = *path.last().expect("a leaf");
+    let mut tree = tree::Tree::open(&mut store, &root);
+    tree.locate(3 * BLOCK_SIZE_U64).unwrap();
+    tree.touch_node(leaf);
+    let changed = tree.node_entries(leaf).expect("loaded").clone();
+    assert!(!std::sync::Arc::ptr_eq(&changed, &held[held.len() - 1]), "a change must not alter the kept entries");
+    assert!(changed.capacity() > changed.len() + 2, "copied with room: {} of {}", changed.len(), changed.capacity());
+    let changed_address = std::sync::Arc::as_ptr(&changed);
+    drop(changed);
+    root = tree.commit().unwrap();
+    assert_eq!(std::sync::Arc::as_ptr(&kept_of(&mut store, leaf)), changed_address, "commit copied the entries");
+    // The entries read back are the ones written, and the tree is whole.
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    insert_range(&mut store, &mut root, 3 * BLOCK_SIZE_U64 + 7, 5).unwrap();
+    collapse_range(&mut store, &mut root, 5 * BLOCK_SIZE_U64 + 9, 3).unwrap();
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    destroy(&mut store, root).unwrap();
+    assert_eq!(store.inner.allocated_count(), 0);
 }
 
 /// Builds a file of `blocks` unwritten blocks separated by one-byte holes: 2 * blocks extents,

@@ -6,12 +6,14 @@
 //! allocated and leaves the tree exactly as it was). So an `Error::NoSpace` or a corrupt node
 //! found half way never leaves a half-changed tree behind.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::format::*;
 use super::Store;
 use crate::block::meta::{zeroed_block, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64};
 use crate::error::{Error, Result};
+use crate::FastHashMap;
 
 /// The node id that names the root area (never a block number: block numbers stay below
 /// `MAX_BLOCK_NUMBER`).
@@ -22,8 +24,21 @@ const MAX_RUN_BLOCKS: u64 = 1 << 15;
 
 struct CachedNode {
     level: usize,
-    entries: Vec<Entry>,
+    /// Shared with the form the store keeps (`DecodedNode`) until the first change, which
+    /// copies them (`entries_mut`): a node only read costs no copy, and a node written at
+    /// commit hands its entries to the store instead of a copy.
+    entries: Arc<Vec<Entry>>,
+    /// The sum of the entries' lengths, known since the last change (None: not yet summed).
+    /// A search loads the nodes of its path again and again in one operation; summing up to 253
+    /// entries each time was 6% of a collapse's CPU time (perf, `flex_probe`).
+    length: Option<u64>,
     dirty: bool,
+}
+
+impl CachedNode {
+    fn new(level: usize, entries: Vec<Entry>) -> CachedNode {
+        CachedNode { level, entries: Arc::new(entries), length: None, dirty: true }
+    }
 }
 
 /// A node's entries as a store keeps them between operations (`MetaStore::decoded`), with the
@@ -31,7 +46,13 @@ struct CachedNode {
 struct DecodedNode {
     level: usize,
     length: u64,
-    entries: Vec<Entry>,
+    entries: Arc<Vec<Entry>>,
+}
+
+/// The entries of a kept decoded node (tests: who shares them).
+#[cfg(test)]
+pub(crate) fn kept_entries(decoded: &crate::block::meta::Decoded) -> Option<Arc<Vec<Entry>>> {
+    decoded.clone().downcast::<DecodedNode>().ok().map(|node| node.entries.clone())
 }
 
 /// Where a byte position lies: the path from the root to a leaf as (node, entry index), and
@@ -57,14 +78,17 @@ pub(crate) struct Tree<'s> {
     root: Vec<Entry>,
     length: u64,
     blocks_owned: u64,
-    nodes: HashMap<u64, CachedNode>,
+    /// The nodes this operation read or made, by block number. Fx hashing: the operation looks
+    /// nodes up by number at every step of every search and change, and SipHash was 2–3% of a
+    /// collapse's CPU time.
+    nodes: FastHashMap<u64, CachedNode>,
     new_data: Vec<(u64, u64)>,
     new_meta: Vec<u64>,
     freed_data: Vec<(u64, u64)>,
     freed_meta: Vec<u64>,
     /// References of shared data blocks as this operation leaves them (0: not shared), written
     /// to the store at commit (docs/EXTENTS.md, *Shared blocks*).
-    shares: HashMap<u64, u64>,
+    shares: FastHashMap<u64, u64>,
     /// The file whose small runs this operation packs into shared blocks (`pack_place`); None:
     /// no packing.
     pub pack_file: Option<u64>,
@@ -82,6 +106,11 @@ pub const PACK_MAX_BYTES: u64 = BLOCK_SIZE_U64 / 2;
 /// most `1 + 1 / COPY_SLACK_DIVISOR` times its bytes, and shares the block beyond that
 /// (`Tree::cut`): 1/16 keeps space well under issue 12's 1.2× with no compaction.
 pub const COPY_SLACK_DIVISOR: u64 = 16;
+
+/// Entries a node may gain over `NODE_CAPACITY` in one change before `rebalance` splits it
+/// (a cut of one extent into three pieces, plus a neighbour): room kept when a node's entries are
+/// copied for a change, so that the change does not reallocate them. Only a capacity hint.
+const NODE_GROWTH_ROOM: usize = 4;
 
 fn kind_of_level(level: usize) -> BlockKind {
     if level == 0 {
@@ -124,12 +153,12 @@ impl<'s> Tree<'s> {
             root: root.root_entries().to_vec(),
             length: root.length_bytes(),
             blocks_owned: root.blocks_owned(),
-            nodes: HashMap::new(),
+            nodes: FastHashMap::default(),
             new_data: Vec::new(),
             new_meta: Vec::new(),
             freed_data: Vec::new(),
             freed_meta: Vec::new(),
-            shares: HashMap::new(),
+            shares: FastHashMap::default(),
             pack_file: None,
             pack_room: None,
             pack_loaded: false,
@@ -152,16 +181,15 @@ impl<'s> Tree<'s> {
         let mut dirty: Vec<u64> = self.nodes.iter().filter(|(_, node)| node.dirty).map(|(id, _)| *id).collect();
         dirty.sort_unstable();
         for id in dirty {
-            let node = &self.nodes[&id];
+            let node = self.nodes.remove(&id).expect("listed above");
             let mut block = zeroed_block();
-            encode_node(node.level, &node.entries, &mut block[..]);
-            let block = std::sync::Arc::new(block);
+            let length = encode_node(node.level, &node.entries, &mut block[..]);
+            let block = Arc::new(block);
             self.store.write_meta(id, kind_of_level(node.level), block.clone())?;
-            // The next operation on this node finds it decoded (the entries are what was encoded).
-            if let Some(length) = sum_lengths(&node.entries) {
-                let decoded = DecodedNode { level: node.level, length, entries: node.entries.clone() };
-                self.store.keep_decoded(id, &block, std::sync::Arc::new(decoded));
-            }
+            // The next operation on this node finds it decoded (the entries are what was
+            // encoded), and takes them over without a copy: the tree is done with them.
+            let decoded = DecodedNode { level: node.level, length, entries: node.entries };
+            self.store.keep_decoded(id, &block, Arc::new(decoded));
         }
         // Counts before frees: a block whose last reference went is recorded unshared, then freed.
         let mut shares: Vec<(u64, u64)> = self.shares.drain().collect();
@@ -186,6 +214,18 @@ impl<'s> Tree<'s> {
             self.store.free_data(first, count)?;
         }
         Ok(ExtentRoot::from_parts(self.depth, &self.root, self.length, self.blocks_owned))
+    }
+
+    /// The entries of node `id` as this operation holds them (tests: who shares them).
+    #[cfg(test)]
+    pub(crate) fn node_entries(&self, id: u64) -> Option<&Arc<Vec<Entry>>> {
+        self.nodes.get(&id).map(|node| &node.entries)
+    }
+
+    /// Changes nothing in node `id`'s entries but takes them for a change, as every change does.
+    #[cfg(test)]
+    pub(crate) fn touch_node(&mut self, id: u64) {
+        self.entries_mut(id);
     }
 
     /// Gives back what this operation allocated; the stored tree was never touched.
@@ -214,15 +254,27 @@ impl<'s> Tree<'s> {
         } else {
             let node = self.nodes.get_mut(&id).expect("node loaded before use");
             node.dirty = true;
-            &mut node.entries
+            node.length = None;
+            if Arc::get_mut(&mut node.entries).is_none() {
+                // The first change copies the shared entries, with room for the entries a
+                // change adds before the node is split (an exact copy grew, and was copied
+                // again, at the first insert).
+                let mut copy = Vec::with_capacity(NODE_CAPACITY + NODE_GROWTH_ROOM);
+                copy.extend_from_slice(&node.entries);
+                node.entries = Arc::new(copy);
+            }
+            Arc::get_mut(&mut node.entries).expect("held only here")
         }
     }
 
     /// Brings node `id` into the cache, checking that it is what its parent says it is.
     fn load(&mut self, id: u64, level: usize, expected_length: u64) -> Result<()> {
         assert!(id != ROOT_ID);
-        if let Some(node) = self.nodes.get(&id) {
-            if node.level != level || sum_lengths(&node.entries) != Some(expected_length) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            if node.length.is_none() {
+                node.length = sum_lengths(&node.entries);
+            }
+            if node.level != level || node.length != Some(expected_length) {
                 return Err(Error::corruption(format!("extent node {id} is referenced from two places")));
             }
             return Ok(());
@@ -237,13 +289,13 @@ impl<'s> Tree<'s> {
             // entries `decode_node` would give again.
             Some(node) if node.level == level && node.length == expected_length => node.entries.clone(),
             _ => {
-                let entries = decode_node(&block[..], id, level, expected_length)?;
+                let entries = Arc::new(decode_node(&block[..], id, level, expected_length)?);
                 let node = DecodedNode { level, length: expected_length, entries: entries.clone() };
-                self.store.keep_decoded(id, &block, std::sync::Arc::new(node));
+                self.store.keep_decoded(id, &block, Arc::new(node));
                 entries
             }
         };
-        self.nodes.insert(id, CachedNode { level, entries, dirty: false });
+        self.nodes.insert(id, CachedNode { level, entries, length: Some(expected_length), dirty: false });
         Ok(())
     }
 
@@ -416,7 +468,7 @@ impl<'s> Tree<'s> {
                 let new_id = self.allocate_node(id)?;
                 let moved = self.entries_mut(id).split_off(count / 2);
                 let moved_length = sum_lengths(&moved).expect("lengths fit");
-                self.nodes.insert(new_id, CachedNode { level, entries: moved, dirty: true });
+                self.nodes.insert(new_id, CachedNode::new(level, moved));
                 let parent_entries = self.entries_mut(parent);
                 parent_entries[parent_index].length -= moved_length;
                 parent_entries.insert(parent_index + 1, Entry::child(new_id, moved_length));
@@ -469,7 +521,7 @@ impl<'s> Tree<'s> {
             }
             let new_id = self.allocate_node(0)?;
             let entries = std::mem::take(&mut self.root);
-            self.nodes.insert(new_id, CachedNode { level: self.depth, entries, dirty: true });
+            self.nodes.insert(new_id, CachedNode::new(self.depth, entries));
             self.root = vec![Entry::child(new_id, self.length)];
             self.depth += 1;
         }
