@@ -177,6 +177,10 @@ pub trait MetaStore {
     }
     /// Keeps `decoded` as the decoded form of `block` (see `decoded`); by default nothing.
     fn keep_decoded(&mut self, _block_number: u64, _block: &SharedBlock, _decoded: Decoded) {}
+    /// Drops the decoded form kept for `block_number`, if any: the extent tree is about to
+    /// change the node and takes the entries over instead of copying them. By default nothing
+    /// (the tree then copies).
+    fn forget_decoded(&mut self, _block_number: u64) {}
 }
 
 /// A decoded metadata block as a store keeps it (`MetaStore::decoded`); its owner downcasts.

@@ -1146,6 +1146,10 @@ impl MetaStore for Volume {
         }
         self.decoded.insert(block_number, (block.clone(), decoded));
     }
+
+    fn forget_decoded(&mut self, block_number: u64) {
+        self.decoded.remove(&block_number);
+    }
 }
 
 /// Decoded metadata blocks the volume keeps (`MetaStore::decoded`): 1,024 extent nodes, each
@@ -1318,6 +1322,11 @@ mod tests {
         volume.write_meta(block, BlockKind::ExtentLeaf, rewritten.clone()).unwrap();
         assert!(volume.decoded(block, &rewritten).is_none(), "a block written again is decoded again");
         volume.keep_decoded(block, &rewritten, Arc::new(9u32));
+        assert!(volume.decoded(block, &rewritten).is_some());
+        // Forgotten when the extent tree takes the entries over for a change.
+        volume.forget_decoded(block);
+        assert!(volume.decoded(block, &rewritten).is_none(), "a forgotten block keeps nothing");
+        volume.keep_decoded(block, &rewritten, Arc::new(10u32));
         volume.free_meta(block).unwrap();
         assert!(volume.decoded(block, &rewritten).is_none(), "a freed block keeps nothing");
     }

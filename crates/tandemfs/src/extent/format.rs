@@ -53,6 +53,10 @@ pub const ENTRY_LENGTH_MASK: u64 = (1 << 61) - 1;
 
 /// Entries per tree block: (4064 - 16) / 16 = 253.
 pub const NODE_CAPACITY: usize = (META_PAYLOAD_BYTES - NODE_HEADER_BYTES) / ENTRY_BYTES;
+/// Entries a node may gain over `NODE_CAPACITY` in one change before it is split (a cut of one
+/// extent into three pieces, plus a neighbour): room a node's entries are allocated with, so
+/// that a change does not reallocate them. Only a capacity hint, never a bound.
+pub const NODE_GROWTH_ROOM: usize = 4;
 /// A non-root node below this many entries is merged with or refilled from a sibling.
 pub const NODE_MIN_ENTRIES: usize = NODE_CAPACITY / 4;
 
@@ -204,7 +208,9 @@ pub fn decode_node(block: &[u8], block_number: u64, level: usize, expected_lengt
             name("subtree_length_bytes")
         )));
     }
-    let mut entries = Vec::with_capacity(count);
+    // With room for a change (`NODE_GROWTH_ROOM`): the extent tree changes these entries in
+    // place when it takes them over from the store.
+    let mut entries = Vec::with_capacity(NODE_CAPACITY + NODE_GROWTH_ROOM);
     for index in 0..count {
         let start = NODE_HEADER_BYTES + index * ENTRY_BYTES;
         let place = || format!("extent node {block_number} entry {index}");

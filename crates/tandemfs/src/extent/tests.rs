@@ -394,11 +394,13 @@ impl DataStore for CountingStore {
 }
 
 /// A store that keeps metadata blocks as shared buffers and the decoded forms of extent nodes
-/// beside them, as a volume does (`MetaStore::decoded`), over a `MemoryStore`.
+/// beside them, as a volume does (`MetaStore::decoded`), over a `MemoryStore`; with `forgets`,
+/// it drops a kept form when asked (`forget_decoded`), as a volume does.
 struct KeepingStore {
     inner: MemoryStore,
     blocks: std::collections::HashMap<u64, SharedBlock>,
     kept: std::collections::HashMap<u64, (SharedBlock, crate::block::meta::Decoded)>,
+    forgets: bool,
 }
 
 impl MetaStore for KeepingStore {
@@ -427,6 +429,11 @@ impl MetaStore for KeepingStore {
     fn keep_decoded(&mut self, block_number: u64, block: &SharedBlock, decoded: crate::block::meta::Decoded) {
         self.kept.insert(block_number, (block.clone(), decoded));
     }
+    fn forget_decoded(&mut self, block_number: u64) {
+        if self.forgets {
+            self.kept.remove(&block_number);
+        }
+    }
 }
 
 impl DataStore for KeepingStore {
@@ -450,54 +457,65 @@ impl DataStore for KeepingStore {
     }
 }
 
+/// Where the entries the store keeps for node `id` live (None: nothing kept).
+fn kept_address(store: &mut KeepingStore, id: u64) -> Option<*const Vec<Entry>> {
+    let (block, _) = store.kept.get(&id).cloned()?;
+    let decoded = store.decoded(id, &block).expect("kept for its own buffer");
+    Some(std::sync::Arc::as_ptr(&tree::kept_entries(&decoded).expect("an extent node")))
+}
+
 /// A node an operation only reads shares the entries the store keeps (no copy); the first
-/// change copies them once, with room to grow (no second copy when an entry is added); commit
-/// hands the changed entries to the store (no copy), and the next operation finds them there.
+/// change takes them over from a store that forgets its kept form, or copies them once, with
+/// room to grow, from one that does not (never changing what that store keeps); commit hands
+/// the changed entries to the store (no copy), and the next operations find them there.
 #[test]
 fn nodes_share_their_entries_with_the_store_until_changed() {
-    let mut store = KeepingStore {
-        inner: MemoryStore::new(),
-        blocks: std::collections::HashMap::new(),
-        kept: std::collections::HashMap::new(),
-    };
-    let mut root = striped_file(&mut store, 2_000);
-    assert!(root.depth() >= 1, "a tree with blocks");
-    let kept_of = |store: &mut KeepingStore, id: u64| {
-        let (block, _) = store.kept.get(&id).cloned().expect("a kept form for every node written");
-        tree::kept_entries(&store.decoded(id, &block).expect("kept for its buffer")).expect("an extent node")
-    };
-    // Read only: every node on the path shares the store's entries.
-    let mut tree = tree::Tree::open(&mut store, &root);
-    let location = tree.locate(3 * BLOCK_SIZE_U64).unwrap();
-    let path: Vec<u64> = location.path.iter().map(|(id, _)| *id).filter(|id| *id != u64::MAX).collect();
-    assert!(!path.is_empty());
-    let held: Vec<std::sync::Arc<Vec<Entry>>> =
-        path.iter().map(|id| tree.node_entries(*id).expect("loaded").clone()).collect();
-    tree.abort();
-    for (id, entries) in path.iter().zip(&held) {
-        assert!(std::sync::Arc::ptr_eq(entries, &kept_of(&mut store, *id)), "node {id} was copied by a read");
+    for forgets in [true, false] {
+        let mut store = KeepingStore {
+            inner: MemoryStore::new(),
+            blocks: std::collections::HashMap::new(),
+            kept: std::collections::HashMap::new(),
+            forgets,
+        };
+        let mut root = striped_file(&mut store, 2_000);
+        assert!(root.depth() >= 1, "a tree with blocks");
+        // Read only: every node on the path shares the store's entries.
+        let mut tree = tree::Tree::open(&mut store, &root);
+        let location = tree.locate(3 * BLOCK_SIZE_U64).unwrap();
+        let path: Vec<u64> = location.path.iter().map(|(id, _)| *id).filter(|id| *id != u64::MAX).collect();
+        assert!(!path.is_empty());
+        let held: Vec<*const Vec<Entry>> =
+            path.iter().map(|id| std::sync::Arc::as_ptr(tree.node_entries(*id).expect("loaded"))).collect();
+        tree.abort();
+        for (id, address) in path.iter().zip(&held) {
+            assert_eq!(kept_address(&mut store, *id), Some(*address), "node {id} was copied by a read");
+        }
+        // A change takes the entries over, or copies them with room; commit hands them over.
+        let leaf = *path.last().expect("a leaf");
+        let kept_before = store.kept[&leaf].1.clone();
+        let entries_before = tree::kept_entries(&kept_before).expect("an extent node").to_vec();
+        drop(kept_before);
+        let mut tree = tree::Tree::open(&mut store, &root);
+        tree.locate(3 * BLOCK_SIZE_U64).unwrap();
+        tree.touch_node(leaf);
+        let changed = tree.node_entries(leaf).expect("loaded");
+        assert!(changed.capacity() >= NODE_CAPACITY + NODE_GROWTH_ROOM, "room: {}", changed.capacity());
+        let changed_address = std::sync::Arc::as_ptr(changed);
+        assert_eq!(changed_address == held[held.len() - 1], forgets, "taken over only from a store that forgets");
+        tree::Tree::commit(tree).map(|new_root| root = new_root).unwrap();
+        assert_eq!(kept_address(&mut store, leaf), Some(changed_address), "commit copied the entries");
+        let (_, kept_after) = store.kept[&leaf].clone();
+        assert_eq!(tree::kept_entries(&kept_after).expect("an extent node").to_vec(), entries_before);
+        // The tree is whole and goes on working from the kept forms.
+        let report = check(&mut store, &root);
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        insert_range(&mut store, &mut root, 3 * BLOCK_SIZE_U64 + 7, 5).unwrap();
+        collapse_range(&mut store, &mut root, 5 * BLOCK_SIZE_U64 + 9, 3).unwrap();
+        let report = check(&mut store, &root);
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        destroy(&mut store, root).unwrap();
+        assert_eq!(store.inner.allocated_count(), 0);
     }
-    // A change copies once, with room; commit hands the copy to the store.
-    let leaf = *path.last().expect("a leaf");
-    let mut tree = tree::Tree::open(&mut store, &root);
-    tree.locate(3 * BLOCK_SIZE_U64).unwrap();
-    tree.touch_node(leaf);
-    let changed = tree.node_entries(leaf).expect("loaded").clone();
-    assert!(!std::sync::Arc::ptr_eq(&changed, &held[held.len() - 1]), "a change must not alter the kept entries");
-    assert!(changed.capacity() > changed.len() + 2, "copied with room: {} of {}", changed.len(), changed.capacity());
-    let changed_address = std::sync::Arc::as_ptr(&changed);
-    drop(changed);
-    root = tree.commit().unwrap();
-    assert_eq!(std::sync::Arc::as_ptr(&kept_of(&mut store, leaf)), changed_address, "commit copied the entries");
-    // The entries read back are the ones written, and the tree is whole.
-    let report = check(&mut store, &root);
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    insert_range(&mut store, &mut root, 3 * BLOCK_SIZE_U64 + 7, 5).unwrap();
-    collapse_range(&mut store, &mut root, 5 * BLOCK_SIZE_U64 + 9, 3).unwrap();
-    let report = check(&mut store, &root);
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    destroy(&mut store, root).unwrap();
-    assert_eq!(store.inner.allocated_count(), 0);
 }
 
 /// Builds a file of `blocks` unwritten blocks separated by one-byte holes: 2 * blocks extents,

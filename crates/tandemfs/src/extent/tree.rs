@@ -25,8 +25,8 @@ const MAX_RUN_BLOCKS: u64 = 1 << 15;
 struct CachedNode {
     level: usize,
     /// Shared with the form the store keeps (`DecodedNode`) until the first change, which
-    /// copies them (`entries_mut`): a node only read costs no copy, and a node written at
-    /// commit hands its entries to the store instead of a copy.
+    /// takes them over or copies them (`entries_mut`): a node only read costs no copy, and a
+    /// node written at commit hands its entries to the store instead of a copy.
     entries: Arc<Vec<Entry>>,
     /// The sum of the entries' lengths, known since the last change (None: not yet summed).
     /// A search loads the nodes of its path again and again in one operation; summing up to 253
@@ -106,11 +106,6 @@ pub const PACK_MAX_BYTES: u64 = BLOCK_SIZE_U64 / 2;
 /// most `1 + 1 / COPY_SLACK_DIVISOR` times its bytes, and shares the block beyond that
 /// (`Tree::cut`): 1/16 keeps space well under issue 12's 1.2× with no compaction.
 pub const COPY_SLACK_DIVISOR: u64 = 16;
-
-/// Entries a node may gain over `NODE_CAPACITY` in one change before `rebalance` splits it
-/// (a cut of one extent into three pieces, plus a neighbour): room kept when a node's entries are
-/// copied for a change, so that the change does not reallocate them. Only a capacity hint.
-const NODE_GROWTH_ROOM: usize = 4;
 
 fn kind_of_level(level: usize) -> BlockKind {
     if level == 0 {
@@ -256,14 +251,24 @@ impl<'s> Tree<'s> {
             node.dirty = true;
             node.length = None;
             if Arc::get_mut(&mut node.entries).is_none() {
-                // The first change copies the shared entries, with room for the entries a
-                // change adds before the node is split (an exact copy grew, and was copied
-                // again, at the first insert).
-                let mut copy = Vec::with_capacity(NODE_CAPACITY + NODE_GROWTH_ROOM);
-                copy.extend_from_slice(&node.entries);
-                node.entries = Arc::new(copy);
+                // The first change takes the entries over from the store, which forgets its
+                // kept form (the block it describes is about to be written anew); where someone
+                // else holds them too, it copies them, with room for the entries a change adds
+                // before the node is split (an exact copy grew, and was copied again, at the
+                // first insert).
+                self.store.forget_decoded(id);
+                if Arc::get_mut(&mut node.entries).is_none() {
+                    let mut copy = Vec::with_capacity(NODE_CAPACITY + NODE_GROWTH_ROOM);
+                    copy.extend_from_slice(&node.entries);
+                    node.entries = Arc::new(copy);
+                }
             }
-            Arc::get_mut(&mut node.entries).expect("held only here")
+            let entries = Arc::get_mut(&mut node.entries).expect("held only here");
+            // Entries taken over may have come from a split (`split_off` allocates exactly).
+            if entries.capacity() < NODE_CAPACITY + NODE_GROWTH_ROOM {
+                entries.reserve_exact(NODE_CAPACITY + NODE_GROWTH_ROOM - entries.len());
+            }
+            entries
         }
     }
 
