@@ -72,7 +72,7 @@ pub struct Volume {
     pack_rooms: PackRooms,
     /// Decoded forms of metadata blocks (`MetaStore::decoded`: extent nodes), each with the
     /// buffer it was decoded from, which therefore cannot change in place or be reused.
-    decoded: std::collections::HashMap<u64, (SharedBlock, Decoded)>,
+    decoded: crate::FastHashMap<u64, (SharedBlock, Decoded)>,
     /// Why a change made with the volume held failed half way, if one did: the cached blocks
     /// and inodes may then hold part of a record, so nothing may read them again
     /// (`check_whole`). Set before the lock is let go, so no reader sees the half.
@@ -164,7 +164,7 @@ impl Volume {
             checksum_statistics: DataChecksumStatistics::default(),
             recent_blocks: checksums::RecentBlocks::default(),
             pack_rooms: PackRooms::default(),
-            decoded: std::collections::HashMap::new(),
+            decoded: crate::FastHashMap::default(),
             half_changed: None,
         }
     }

@@ -445,6 +445,13 @@ impl<'s> Tree<'s> {
     fn splice(&mut self, path: &[(u64, usize)], start: usize, remove: usize, insert: &[Entry]) -> Result<()> {
         let leaf = path.last().expect("path has a leaf").0;
         assert!(insert.iter().all(|entry| entry.length > 0));
+        // Every node on the path grows or shrinks by the same bytes: their summed lengths stay
+        // known (`CachedNode::length`), so the operation's next search sums nothing again.
+        assert!(path.len() <= MAX_DEPTH + 1, "a path is bounded by the depth");
+        let mut known = [None; MAX_DEPTH + 1];
+        for (slot, (id, _)) in known.iter_mut().zip(path) {
+            *slot = self.nodes.get(id).and_then(|node| node.length);
+        }
         let entries = self.entries_mut(leaf);
         assert!(start + remove <= entries.len());
         let removed = sum_lengths(&entries[start..start + remove]).expect("validated lengths");
@@ -454,6 +461,11 @@ impl<'s> Tree<'s> {
             let entry = &mut self.entries_mut(id)[index];
             assert!(entry.length >= removed);
             entry.length = entry.length - removed + added;
+        }
+        for (&(id, _), length) in path.iter().zip(known) {
+            if let (Some(node), Some(length)) = (self.nodes.get_mut(&id), length) {
+                node.length = length.checked_sub(removed).and_then(|length| length.checked_add(added));
+            }
         }
         assert!(self.length >= removed);
         self.length = self.length - removed + added;
