@@ -1180,6 +1180,14 @@ impl DataStore for Volume {
         self.set_data_checksums(block_number, &entries)
     }
 
+    fn write_fresh(&mut self, block_number: u64, data: &[u8]) -> Result<()> {
+        self.check_data_range(block_number, 0, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.write_fresh_checked(block_number, data)
+    }
+
     fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
         self.check_data_range(from_block, offset_in_block, length)?;
         self.check_data_range(to_block, offset_in_block, length)?;

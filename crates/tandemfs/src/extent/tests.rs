@@ -353,6 +353,8 @@ struct CountingStore {
     inner: MemoryStore,
     reads: u64,
     writes: u64,
+    /// Data writes into blocks just handed out (`write_fresh`).
+    fresh_writes: u64,
 }
 
 impl MetaStore for CountingStore {
@@ -375,6 +377,19 @@ impl MetaStore for CountingStore {
 impl DataStore for CountingStore {
     fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> crate::Result<()> {
         self.inner.read_data(block_number, offset_in_block, buffer)
+    }
+    fn write_fresh(&mut self, block_number: u64, data: &[u8]) -> crate::Result<()> {
+        self.fresh_writes += 1;
+        self.inner.write_fresh(block_number, data)
+    }
+    fn pack_room(&mut self, file: u64) -> Option<(u64, u64)> {
+        self.inner.pack_room(file)
+    }
+    fn set_pack_room(&mut self, file: u64, room: Option<(u64, u64)>) {
+        self.inner.set_pack_room(file, room)
+    }
+    fn forget_pack_room(&mut self, first: u64, count: u64) {
+        self.inner.forget_pack_room(first, count)
     }
     fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> crate::Result<()> {
         self.inner.write_data(block_number, offset_in_block, data)
@@ -518,6 +533,43 @@ fn nodes_share_their_entries_with_the_store_until_changed() {
     }
 }
 
+/// Bytes that fill a hole from blocks just handed out (a run of its own, or the first run of a
+/// new pack block) are written as fresh blocks, so a volume reads nothing for their checksums;
+/// bytes into a pack block's room, or over written bytes, are not.
+#[test]
+fn holes_filled_from_new_blocks_are_written_fresh() {
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0, fresh_writes: 0 };
+    let mut root = ExtentRoot::empty();
+    let mut model = vec![7u8; 1 << 20];
+    write(&mut store, &mut root, 0, &model).unwrap();
+    let fresh_after_setup = store.fresh_writes;
+    let mut insert = |store: &mut CountingStore, root: &mut ExtentRoot, offset: usize, bytes: Vec<u8>| {
+        insert_range(store, root, offset as u64, bytes.len() as u64).unwrap();
+        write_in_file(store, root, 1, offset as u64, &bytes).unwrap();
+        model.splice(offset..offset, bytes);
+    };
+    // At block boundaries of the written file (old offsets 8,192, 69,632 and 90,112, shifted by
+    // the inserts before them), so no extent before the hole has room in its last block.
+    insert(&mut store, &mut root, 8_192, vec![1; 3_000]);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 1, "a run of its own");
+    insert(&mut store, &mut root, 69_632 + 3_000, vec![2; 100]);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 2, "the first run of a new pack block");
+    insert(&mut store, &mut root, 90_112 + 3_100, vec![3; 100]);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 2, "a run into the pack block's room");
+    // Inside a block: the cut copies the left part into a new block, whose room takes the bytes.
+    insert(&mut store, &mut root, 200_001, vec![5; 500]);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 2, "a run into an extent's own room");
+    write(&mut store, &mut root, 5_100, &[4; 10]).unwrap();
+    model[5_100..5_110].fill(4);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 2, "a write in place");
+    let mut buffer = vec![0u8; model.len()];
+    assert_eq!(read(&mut store, &root, 0, &mut buffer).unwrap(), model.len());
+    assert!(buffer == model, "bytes differ from the model");
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    destroy(&mut store, root).unwrap();
+}
+
 /// Builds a file of `blocks` unwritten blocks separated by one-byte holes: 2 * blocks extents,
 /// without storing any data.
 fn striped_file(store: &mut dyn Store, blocks: u64) -> ExtentRoot {
@@ -531,7 +583,7 @@ fn striped_file(store: &mut dyn Store, blocks: u64) -> ExtentRoot {
 
 #[test]
 fn insert_and_collapse_touch_logarithmic_nodes() {
-    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0 };
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0, fresh_writes: 0 };
     let mut root = striped_file(&mut store, 50_000);
     let extent_total = extent_count(&mut store, &root);
     assert!(extent_total >= 100_000, "{extent_total} extents");
@@ -926,7 +978,7 @@ fn bad_arguments_are_typed_errors() {
 
 #[test]
 fn extents_from_starts_at_the_extent_holding_the_offset() {
-    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0 };
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0, fresh_writes: 0 };
     let root = striped_file(&mut store, 5000);
     let mut seen = Vec::new();
     store.reads = 0;

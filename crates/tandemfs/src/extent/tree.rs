@@ -825,6 +825,9 @@ impl<'s> Tree<'s> {
             let taken;
             let (replace_start, replace_count, mut replacement);
             let write_at;
+            // The bytes go to the start of blocks this fill was just handed, whose other bytes
+            // nothing maps: written with zeros after them, so no old byte is read for the checksum.
+            let mut fresh = false;
             // The rest of the previous extent's last block is free room it may fill only if the
             // block was never shared (docs/EXTENTS.md, *Replay*).
             let previous_room = match previous {
@@ -838,7 +841,9 @@ impl<'s> Tree<'s> {
             match previous {
                 _ if packed.is_some() => {
                     // A small run inside the file goes into the free room of the file's pack block.
-                    write_at = packed.expect("checked");
+                    let (address, new_block) = packed.expect("checked");
+                    write_at = address;
+                    fresh = new_block;
                     taken = hole_length;
                     replacement = vec![Entry::data(write_at, taken, unwritten)];
                     (replace_start, replace_count) = (index, 1);
@@ -857,6 +862,7 @@ impl<'s> Tree<'s> {
                     let (first, given) = self.allocate_data(near, wanted)?;
                     taken = hole_length.min(given * BLOCK_SIZE_U64);
                     write_at = first * BLOCK_SIZE_U64;
+                    fresh = true;
                     match previous {
                         Some(previous) if previous.address + previous.length == write_at => {
                             replacement = vec![Entry::data(previous.address, previous.length + taken, unwritten)];
@@ -872,7 +878,12 @@ impl<'s> Tree<'s> {
             if let Some((bytes, data_start)) = data {
                 let from = (position - data_start) as usize;
                 let chunk = &bytes[from..from + taken as usize];
-                self.store.write_data(write_at / BLOCK_SIZE_U64, (write_at % BLOCK_SIZE_U64) as usize, chunk)?;
+                if fresh {
+                    assert!(write_at.is_multiple_of(BLOCK_SIZE_U64), "fresh blocks are written from their start");
+                    self.store.write_fresh(write_at / BLOCK_SIZE_U64, chunk)?;
+                } else {
+                    self.store.write_data(write_at / BLOCK_SIZE_U64, (write_at % BLOCK_SIZE_U64) as usize, chunk)?;
+                }
             }
             if hole_length > taken {
                 replacement.push(Entry::hole(hole_length - taken));
@@ -888,7 +899,8 @@ impl<'s> Tree<'s> {
     /// `previous`, marked shared from the start so that no extent fills its room the other way).
     /// None when this tree packs nothing (`pack_file`). Every byte of the room has never been
     /// mapped since the block was handed out, so nothing read it (docs/EXTENTS.md, *Packing*).
-    fn pack_place(&mut self, length: u64, previous: Option<Entry>) -> Result<Option<u64>> {
+    /// Returns the address and whether the block is new (nothing written in it yet).
+    fn pack_place(&mut self, length: u64, previous: Option<Entry>) -> Result<Option<(u64, bool)>> {
         assert!(length > 0 && length < PACK_MAX_BYTES);
         let Some(file) = self.pack_file else { return Ok(None) };
         if !self.pack_loaded {
@@ -903,7 +915,7 @@ impl<'s> Tree<'s> {
                 self.add_reference(block)?;
                 self.pack_room = (used + length < BLOCK_SIZE_U64).then_some((block, used + length));
                 self.pack_changed = true;
-                return Ok(Some(block * BLOCK_SIZE_U64 + used));
+                return Ok(Some((block * BLOCK_SIZE_U64 + used, false)));
             }
         }
         let near = previous.map_or(0, |previous| (previous.address + previous.length) / BLOCK_SIZE_U64);
@@ -911,7 +923,7 @@ impl<'s> Tree<'s> {
         self.shares.insert(block, 1);
         self.pack_room = Some((block, length));
         self.pack_changed = true;
-        Ok(Some(block * BLOCK_SIZE_U64))
+        Ok(Some((block * BLOCK_SIZE_U64, true)))
     }
 
     /// Gives the hole `start..end` written extents over `runs`, data blocks its caller took
