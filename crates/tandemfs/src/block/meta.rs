@@ -177,6 +177,10 @@ pub trait MetaStore {
     }
     /// Keeps `decoded` as the decoded form of `block` (see `decoded`); by default nothing.
     fn keep_decoded(&mut self, _block_number: u64, _block: &SharedBlock, _decoded: Decoded) {}
+    /// Drops the decoded form kept for `block_number`, if any: the extent tree is about to
+    /// change the node and takes the entries over instead of copying them. By default nothing
+    /// (the tree then copies).
+    fn forget_decoded(&mut self, _block_number: u64) {}
 }
 
 /// A decoded metadata block as a store keeps it (`MetaStore::decoded`); its owner downcasts.
@@ -188,6 +192,19 @@ pub trait DataStore {
     /// the range may run on into the following blocks.
     fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> Result<()>;
     fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> Result<()>;
+    /// Writes `data` from the first byte of data block `block_number` on, and zeros after it to
+    /// the end of its last block: for blocks the caller has just been handed by `allocate_data`,
+    /// whose other bytes nothing maps, so that no old byte has to be read (a write of part of a
+    /// block reads the rest for its checksum). By default a write of the bytes and the zeros.
+    fn write_fresh(&mut self, block_number: u64, data: &[u8]) -> Result<()> {
+        let tail = data.len().next_multiple_of(BLOCK_SIZE) - data.len();
+        self.write_data(block_number, 0, data)?;
+        if tail > 0 {
+            let last = block_number + (data.len() / BLOCK_SIZE) as u64;
+            self.write_data(last, data.len() % BLOCK_SIZE, &vec![0u8; tail])?;
+        }
+        Ok(())
+    }
     /// Copies `length` bytes at `offset_in_block` of data block `from_block` to the same place
     /// in data block `to_block` (a cut inside a block moves part of it to a block of its own).
     /// A store that checks data may carry damage in the source over to the copy instead of

@@ -72,7 +72,7 @@ pub struct Volume {
     pack_rooms: PackRooms,
     /// Decoded forms of metadata blocks (`MetaStore::decoded`: extent nodes), each with the
     /// buffer it was decoded from, which therefore cannot change in place or be reused.
-    decoded: std::collections::HashMap<u64, (SharedBlock, Decoded)>,
+    decoded: crate::FastHashMap<u64, (SharedBlock, Decoded)>,
     /// Why a change made with the volume held failed half way, if one did: the cached blocks
     /// and inodes may then hold part of a record, so nothing may read them again
     /// (`check_whole`). Set before the lock is let go, so no reader sees the half.
@@ -167,7 +167,7 @@ impl Volume {
             checksum_statistics: DataChecksumStatistics::default(),
             recent_blocks: checksums::RecentBlocks::default(),
             pack_rooms: PackRooms::default(),
-            decoded: std::collections::HashMap::new(),
+            decoded: crate::FastHashMap::default(),
             half_changed: None,
         }
     }
@@ -1149,6 +1149,10 @@ impl MetaStore for Volume {
         }
         self.decoded.insert(block_number, (block.clone(), decoded));
     }
+
+    fn forget_decoded(&mut self, block_number: u64) {
+        self.decoded.remove(&block_number);
+    }
 }
 
 /// Decoded metadata blocks the volume keeps (`MetaStore::decoded`): 1,024 extent nodes, each
@@ -1179,6 +1183,14 @@ impl DataStore for Volume {
         // the log's group commits need not make it durable (the checkpoint's flush does).
         self.device.write_held(start, data)?;
         self.set_data_checksums(block_number, &entries)
+    }
+
+    fn write_fresh(&mut self, block_number: u64, data: &[u8]) -> Result<()> {
+        self.check_data_range(block_number, 0, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.write_fresh_checked(block_number, data)
     }
 
     fn copy_data(&mut self, from_block: u64, to_block: u64, offset_in_block: usize, length: usize) -> Result<()> {
@@ -1323,6 +1335,11 @@ mod tests {
         volume.write_meta(block, BlockKind::ExtentLeaf, rewritten.clone()).unwrap();
         assert!(volume.decoded(block, &rewritten).is_none(), "a block written again is decoded again");
         volume.keep_decoded(block, &rewritten, Arc::new(9u32));
+        assert!(volume.decoded(block, &rewritten).is_some());
+        // Forgotten when the extent tree takes the entries over for a change.
+        volume.forget_decoded(block);
+        assert!(volume.decoded(block, &rewritten).is_none(), "a forgotten block keeps nothing");
+        volume.keep_decoded(block, &rewritten, Arc::new(10u32));
         volume.free_meta(block).unwrap();
         assert!(volume.decoded(block, &rewritten).is_none(), "a freed block keeps nothing");
     }

@@ -53,6 +53,10 @@ pub const ENTRY_LENGTH_MASK: u64 = (1 << 61) - 1;
 
 /// Entries per tree block: (4064 - 16) / 16 = 253.
 pub const NODE_CAPACITY: usize = (META_PAYLOAD_BYTES - NODE_HEADER_BYTES) / ENTRY_BYTES;
+/// Entries a node may gain over `NODE_CAPACITY` in one change before it is split (a cut of one
+/// extent into three pieces, plus a neighbour): room a node's entries are allocated with, so
+/// that a change does not reallocate them. Only a capacity hint, never a bound.
+pub const NODE_GROWTH_ROOM: usize = 4;
 /// A non-root node below this many entries is merged with or refilled from a sibling.
 pub const NODE_MIN_ENTRIES: usize = NODE_CAPACITY / 4;
 
@@ -157,19 +161,24 @@ pub fn sum_lengths(entries: &[Entry]) -> Option<u64> {
     entries.iter().try_fold(0u64, |sum, entry| sum.checked_add(entry.length))
 }
 
-/// Encodes a tree node into the payload of a metadata block.
-pub fn encode_node(level: usize, entries: &[Entry], block: &mut [u8]) {
+/// Encodes a tree node into the payload of a metadata block; returns the node's length (the
+/// sum of its entries' lengths, which the header holds). Every byte of the payload is written:
+/// the header, the entries, and zeros after them (only those: a node is encoded once per
+/// operation that changes it, and the whole payload was zeroed and then written again).
+pub fn encode_node(level: usize, entries: &[Entry], block: &mut [u8]) -> u64 {
     assert!(entries.len() <= NODE_CAPACITY && level <= MAX_DEPTH);
     assert!(block.len() >= META_PAYLOAD_BYTES);
-    block[..META_PAYLOAD_BYTES].fill(0);
     let length = sum_lengths(entries).expect("node length fits");
     block[NODE_COUNT_OFFSET..NODE_COUNT_OFFSET + 2].copy_from_slice(&(entries.len() as u16).to_le_bytes());
     block[NODE_LEVEL_OFFSET..NODE_LEVEL_OFFSET + 2].copy_from_slice(&(level as u16).to_le_bytes());
+    block[NODE_RESERVED_OFFSET..NODE_RESERVED_OFFSET + 4].fill(0);
     block[NODE_LENGTH_OFFSET..NODE_LENGTH_OFFSET + 8].copy_from_slice(&length.to_le_bytes());
     for (index, entry) in entries.iter().enumerate() {
         let start = NODE_HEADER_BYTES + index * ENTRY_BYTES;
         entry.encode(level == 0, &mut block[start..start + ENTRY_BYTES]);
     }
+    block[NODE_HEADER_BYTES + entries.len() * ENTRY_BYTES..META_PAYLOAD_BYTES].fill(0);
+    length
 }
 
 /// Decodes and validates a tree node read from block `block_number`, which its parent says is at
@@ -199,7 +208,9 @@ pub fn decode_node(block: &[u8], block_number: u64, level: usize, expected_lengt
             name("subtree_length_bytes")
         )));
     }
-    let mut entries = Vec::with_capacity(count);
+    // With room for a change (`NODE_GROWTH_ROOM`): the extent tree changes these entries in
+    // place when it takes them over from the store.
+    let mut entries = Vec::with_capacity(NODE_CAPACITY + NODE_GROWTH_ROOM);
     for index in 0..count {
         let start = NODE_HEADER_BYTES + index * ENTRY_BYTES;
         let place = || format!("extent node {block_number} entry {index}");

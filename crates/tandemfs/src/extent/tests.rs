@@ -3,7 +3,9 @@
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{seal_block, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64};
+use crate::block::meta::{
+    seal_block, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64, META_PAYLOAD_BYTES,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -252,6 +254,27 @@ fn model_many_small_extents_seed_12() {
     many_small_extents(12);
 }
 
+/// `encode_node` writes every byte of the payload: over a block full of ones, the bytes after
+/// the entries and the reserved header bytes come out zero, and the node decodes as encoded.
+#[test]
+fn encoded_nodes_write_every_payload_byte() {
+    for count in [1usize, 2, 100, NODE_CAPACITY] {
+        let entries: Vec<Entry> = (0..count as u64)
+            .map(|index| Entry::data((index + 1) * BLOCK_SIZE_U64, 100 + index, index % 3 == 0))
+            .collect();
+        let mut block = vec![0xffu8; BLOCK_SIZE];
+        let length = encode_node(0, &entries, &mut block);
+        assert_eq!(Some(length), sum_lengths(&entries));
+        let end = NODE_HEADER_BYTES + count * ENTRY_BYTES;
+        assert!(
+            block[end..META_PAYLOAD_BYTES].iter().all(|byte| *byte == 0),
+            "{count} entries: stale bytes after them"
+        );
+        assert!(block[NODE_RESERVED_OFFSET..NODE_RESERVED_OFFSET + 4].iter().all(|byte| *byte == 0));
+        assert_eq!(decode_node(&block, 9, 0, length).unwrap(), entries);
+    }
+}
+
 #[test]
 fn small_file_stays_inline() {
     let mut store = MemoryStore::new();
@@ -330,6 +353,8 @@ struct CountingStore {
     inner: MemoryStore,
     reads: u64,
     writes: u64,
+    /// Data writes into blocks just handed out (`write_fresh`).
+    fresh_writes: u64,
 }
 
 impl MetaStore for CountingStore {
@@ -353,6 +378,19 @@ impl DataStore for CountingStore {
     fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> crate::Result<()> {
         self.inner.read_data(block_number, offset_in_block, buffer)
     }
+    fn write_fresh(&mut self, block_number: u64, data: &[u8]) -> crate::Result<()> {
+        self.fresh_writes += 1;
+        self.inner.write_fresh(block_number, data)
+    }
+    fn pack_room(&mut self, file: u64) -> Option<(u64, u64)> {
+        self.inner.pack_room(file)
+    }
+    fn set_pack_room(&mut self, file: u64, room: Option<(u64, u64)>) {
+        self.inner.set_pack_room(file, room)
+    }
+    fn forget_pack_room(&mut self, first: u64, count: u64) {
+        self.inner.forget_pack_room(first, count)
+    }
     fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> crate::Result<()> {
         self.inner.write_data(block_number, offset_in_block, data)
     }
@@ -370,6 +408,168 @@ impl DataStore for CountingStore {
     }
 }
 
+/// A store that keeps metadata blocks as shared buffers and the decoded forms of extent nodes
+/// beside them, as a volume does (`MetaStore::decoded`), over a `MemoryStore`; with `forgets`,
+/// it drops a kept form when asked (`forget_decoded`), as a volume does.
+struct KeepingStore {
+    inner: MemoryStore,
+    blocks: std::collections::HashMap<u64, SharedBlock>,
+    kept: std::collections::HashMap<u64, (SharedBlock, crate::block::meta::Decoded)>,
+    forgets: bool,
+}
+
+impl MetaStore for KeepingStore {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> crate::Result<SharedBlock> {
+        match self.blocks.get(&block_number) {
+            Some(block) => Ok(block.clone()),
+            None => self.inner.read_meta(block_number, kind),
+        }
+    }
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> crate::Result<()> {
+        self.blocks.insert(block_number, block.clone());
+        self.inner.write_meta(block_number, kind, block)
+    }
+    fn allocate_meta(&mut self, near: u64) -> crate::Result<u64> {
+        self.inner.allocate_meta(near)
+    }
+    fn free_meta(&mut self, block_number: u64) -> crate::Result<()> {
+        self.blocks.remove(&block_number);
+        self.kept.remove(&block_number);
+        self.inner.free_meta(block_number)
+    }
+    fn decoded(&mut self, block_number: u64, block: &SharedBlock) -> Option<crate::block::meta::Decoded> {
+        let (held, decoded) = self.kept.get(&block_number)?;
+        std::sync::Arc::ptr_eq(held, block).then(|| decoded.clone())
+    }
+    fn keep_decoded(&mut self, block_number: u64, block: &SharedBlock, decoded: crate::block::meta::Decoded) {
+        self.kept.insert(block_number, (block.clone(), decoded));
+    }
+    fn forget_decoded(&mut self, block_number: u64) {
+        if self.forgets {
+            self.kept.remove(&block_number);
+        }
+    }
+}
+
+impl DataStore for KeepingStore {
+    fn read_data(&mut self, block_number: u64, offset_in_block: usize, buffer: &mut [u8]) -> crate::Result<()> {
+        self.inner.read_data(block_number, offset_in_block, buffer)
+    }
+    fn write_data(&mut self, block_number: u64, offset_in_block: usize, data: &[u8]) -> crate::Result<()> {
+        self.inner.write_data(block_number, offset_in_block, data)
+    }
+    fn allocate_data(&mut self, near: u64, count: u64) -> crate::Result<(u64, u64)> {
+        self.inner.allocate_data(near, count)
+    }
+    fn free_data(&mut self, first: u64, count: u64) -> crate::Result<()> {
+        self.inner.free_data(first, count)
+    }
+    fn shared_references(&mut self, block_number: u64) -> crate::Result<u64> {
+        self.inner.shared_references(block_number)
+    }
+    fn set_shared_references(&mut self, block_number: u64, references: u64) -> crate::Result<()> {
+        self.inner.set_shared_references(block_number, references)
+    }
+}
+
+/// Where the entries the store keeps for node `id` live (None: nothing kept).
+fn kept_address(store: &mut KeepingStore, id: u64) -> Option<*const Vec<Entry>> {
+    let (block, _) = store.kept.get(&id).cloned()?;
+    let decoded = store.decoded(id, &block).expect("kept for its own buffer");
+    Some(std::sync::Arc::as_ptr(&tree::kept_entries(&decoded).expect("an extent node")))
+}
+
+/// A node an operation only reads shares the entries the store keeps (no copy); the first
+/// change takes them over from a store that forgets its kept form, or copies them once, with
+/// room to grow, from one that does not (never changing what that store keeps); commit hands
+/// the changed entries to the store (no copy), and the next operations find them there.
+#[test]
+fn nodes_share_their_entries_with_the_store_until_changed() {
+    for forgets in [true, false] {
+        let mut store = KeepingStore {
+            inner: MemoryStore::new(),
+            blocks: std::collections::HashMap::new(),
+            kept: std::collections::HashMap::new(),
+            forgets,
+        };
+        let mut root = striped_file(&mut store, 2_000);
+        assert!(root.depth() >= 1, "a tree with blocks");
+        // Read only: every node on the path shares the store's entries.
+        let mut tree = tree::Tree::open(&mut store, &root);
+        let location = tree.locate(3 * BLOCK_SIZE_U64).unwrap();
+        let path: Vec<u64> = location.path.iter().map(|(id, _)| *id).filter(|id| *id != u64::MAX).collect();
+        assert!(!path.is_empty());
+        let held: Vec<*const Vec<Entry>> =
+            path.iter().map(|id| std::sync::Arc::as_ptr(tree.node_entries(*id).expect("loaded"))).collect();
+        tree.abort();
+        for (id, address) in path.iter().zip(&held) {
+            assert_eq!(kept_address(&mut store, *id), Some(*address), "node {id} was copied by a read");
+        }
+        // A change takes the entries over, or copies them with room; commit hands them over.
+        let leaf = *path.last().expect("a leaf");
+        let kept_before = store.kept[&leaf].1.clone();
+        let entries_before = tree::kept_entries(&kept_before).expect("an extent node").to_vec();
+        drop(kept_before);
+        let mut tree = tree::Tree::open(&mut store, &root);
+        tree.locate(3 * BLOCK_SIZE_U64).unwrap();
+        tree.touch_node(leaf);
+        let changed = tree.node_entries(leaf).expect("loaded");
+        assert!(changed.capacity() >= NODE_CAPACITY + NODE_GROWTH_ROOM, "room: {}", changed.capacity());
+        let changed_address = std::sync::Arc::as_ptr(changed);
+        assert_eq!(changed_address == held[held.len() - 1], forgets, "taken over only from a store that forgets");
+        tree::Tree::commit(tree).map(|new_root| root = new_root).unwrap();
+        assert_eq!(kept_address(&mut store, leaf), Some(changed_address), "commit copied the entries");
+        let (_, kept_after) = store.kept[&leaf].clone();
+        assert_eq!(tree::kept_entries(&kept_after).expect("an extent node").to_vec(), entries_before);
+        // The tree is whole and goes on working from the kept forms.
+        let report = check(&mut store, &root);
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        insert_range(&mut store, &mut root, 3 * BLOCK_SIZE_U64 + 7, 5).unwrap();
+        collapse_range(&mut store, &mut root, 5 * BLOCK_SIZE_U64 + 9, 3).unwrap();
+        let report = check(&mut store, &root);
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        destroy(&mut store, root).unwrap();
+        assert_eq!(store.inner.allocated_count(), 0);
+    }
+}
+
+/// Bytes that fill a hole from blocks just handed out (a run of its own, or the first run of a
+/// new pack block) are written as fresh blocks, so a volume reads nothing for their checksums;
+/// bytes into a pack block's room, or over written bytes, are not.
+#[test]
+fn holes_filled_from_new_blocks_are_written_fresh() {
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0, fresh_writes: 0 };
+    let mut root = ExtentRoot::empty();
+    let mut model = vec![7u8; 1 << 20];
+    write(&mut store, &mut root, 0, &model).unwrap();
+    let fresh_after_setup = store.fresh_writes;
+    let mut insert = |store: &mut CountingStore, root: &mut ExtentRoot, offset: usize, bytes: Vec<u8>| {
+        insert_range(store, root, offset as u64, bytes.len() as u64).unwrap();
+        write_in_file(store, root, 1, offset as u64, &bytes).unwrap();
+        model.splice(offset..offset, bytes);
+    };
+    // At block boundaries of the written file (old offsets 8,192, 69,632 and 90,112, shifted by
+    // the inserts before them), so no extent before the hole has room in its last block.
+    insert(&mut store, &mut root, 8_192, vec![1; 3_000]);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 1, "a run of its own");
+    insert(&mut store, &mut root, 69_632 + 3_000, vec![2; 100]);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 2, "the first run of a new pack block");
+    insert(&mut store, &mut root, 90_112 + 3_100, vec![3; 100]);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 2, "a run into the pack block's room");
+    // Inside a block: the cut copies the left part into a new block, whose room takes the bytes.
+    insert(&mut store, &mut root, 200_001, vec![5; 500]);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 2, "a run into an extent's own room");
+    write(&mut store, &mut root, 5_100, &[4; 10]).unwrap();
+    model[5_100..5_110].fill(4);
+    assert_eq!(store.fresh_writes, fresh_after_setup + 2, "a write in place");
+    let mut buffer = vec![0u8; model.len()];
+    assert_eq!(read(&mut store, &root, 0, &mut buffer).unwrap(), model.len());
+    assert!(buffer == model, "bytes differ from the model");
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    destroy(&mut store, root).unwrap();
+}
+
 /// Builds a file of `blocks` unwritten blocks separated by one-byte holes: 2 * blocks extents,
 /// without storing any data.
 fn striped_file(store: &mut dyn Store, blocks: u64) -> ExtentRoot {
@@ -383,7 +583,7 @@ fn striped_file(store: &mut dyn Store, blocks: u64) -> ExtentRoot {
 
 #[test]
 fn insert_and_collapse_touch_logarithmic_nodes() {
-    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0 };
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0, fresh_writes: 0 };
     let mut root = striped_file(&mut store, 50_000);
     let extent_total = extent_count(&mut store, &root);
     assert!(extent_total >= 100_000, "{extent_total} extents");
@@ -778,7 +978,7 @@ fn bad_arguments_are_typed_errors() {
 
 #[test]
 fn extents_from_starts_at_the_extent_holding_the_offset() {
-    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0 };
+    let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0, fresh_writes: 0 };
     let root = striped_file(&mut store, 5000);
     let mut seen = Vec::new();
     store.reads = 0;

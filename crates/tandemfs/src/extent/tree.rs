@@ -6,12 +6,14 @@
 //! allocated and leaves the tree exactly as it was). So an `Error::NoSpace` or a corrupt node
 //! found half way never leaves a half-changed tree behind.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::format::*;
 use super::Store;
 use crate::block::meta::{zeroed_block, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64};
 use crate::error::{Error, Result};
+use crate::FastHashMap;
 
 /// The node id that names the root area (never a block number: block numbers stay below
 /// `MAX_BLOCK_NUMBER`).
@@ -22,8 +24,21 @@ const MAX_RUN_BLOCKS: u64 = 1 << 15;
 
 struct CachedNode {
     level: usize,
-    entries: Vec<Entry>,
+    /// Shared with the form the store keeps (`DecodedNode`) until the first change, which
+    /// takes them over or copies them (`entries_mut`): a node only read costs no copy, and a
+    /// node written at commit hands its entries to the store instead of a copy.
+    entries: Arc<Vec<Entry>>,
+    /// The sum of the entries' lengths, known since the last change (None: not yet summed).
+    /// A search loads the nodes of its path again and again in one operation; summing up to 253
+    /// entries each time was 6% of a collapse's CPU time (perf, `flex_probe`).
+    length: Option<u64>,
     dirty: bool,
+}
+
+impl CachedNode {
+    fn new(level: usize, entries: Vec<Entry>) -> CachedNode {
+        CachedNode { level, entries: Arc::new(entries), length: None, dirty: true }
+    }
 }
 
 /// A node's entries as a store keeps them between operations (`MetaStore::decoded`), with the
@@ -31,7 +46,13 @@ struct CachedNode {
 struct DecodedNode {
     level: usize,
     length: u64,
-    entries: Vec<Entry>,
+    entries: Arc<Vec<Entry>>,
+}
+
+/// The entries of a kept decoded node (tests: who shares them).
+#[cfg(test)]
+pub(crate) fn kept_entries(decoded: &crate::block::meta::Decoded) -> Option<Arc<Vec<Entry>>> {
+    decoded.clone().downcast::<DecodedNode>().ok().map(|node| node.entries.clone())
 }
 
 /// Where a byte position lies: the path from the root to a leaf as (node, entry index), and
@@ -57,14 +78,17 @@ pub(crate) struct Tree<'s> {
     root: Vec<Entry>,
     length: u64,
     blocks_owned: u64,
-    nodes: HashMap<u64, CachedNode>,
+    /// The nodes this operation read or made, by block number. Fx hashing: the operation looks
+    /// nodes up by number at every step of every search and change, and SipHash was 2–3% of a
+    /// collapse's CPU time.
+    nodes: FastHashMap<u64, CachedNode>,
     new_data: Vec<(u64, u64)>,
     new_meta: Vec<u64>,
     freed_data: Vec<(u64, u64)>,
     freed_meta: Vec<u64>,
     /// References of shared data blocks as this operation leaves them (0: not shared), written
     /// to the store at commit (docs/EXTENTS.md, *Shared blocks*).
-    shares: HashMap<u64, u64>,
+    shares: FastHashMap<u64, u64>,
     /// The file whose small runs this operation packs into shared blocks (`pack_place`); None:
     /// no packing.
     pub pack_file: Option<u64>,
@@ -124,12 +148,12 @@ impl<'s> Tree<'s> {
             root: root.root_entries().to_vec(),
             length: root.length_bytes(),
             blocks_owned: root.blocks_owned(),
-            nodes: HashMap::new(),
+            nodes: FastHashMap::default(),
             new_data: Vec::new(),
             new_meta: Vec::new(),
             freed_data: Vec::new(),
             freed_meta: Vec::new(),
-            shares: HashMap::new(),
+            shares: FastHashMap::default(),
             pack_file: None,
             pack_room: None,
             pack_loaded: false,
@@ -152,16 +176,15 @@ impl<'s> Tree<'s> {
         let mut dirty: Vec<u64> = self.nodes.iter().filter(|(_, node)| node.dirty).map(|(id, _)| *id).collect();
         dirty.sort_unstable();
         for id in dirty {
-            let node = &self.nodes[&id];
+            let node = self.nodes.remove(&id).expect("listed above");
             let mut block = zeroed_block();
-            encode_node(node.level, &node.entries, &mut block[..]);
-            let block = std::sync::Arc::new(block);
+            let length = encode_node(node.level, &node.entries, &mut block[..]);
+            let block = Arc::new(block);
             self.store.write_meta(id, kind_of_level(node.level), block.clone())?;
-            // The next operation on this node finds it decoded (the entries are what was encoded).
-            if let Some(length) = sum_lengths(&node.entries) {
-                let decoded = DecodedNode { level: node.level, length, entries: node.entries.clone() };
-                self.store.keep_decoded(id, &block, std::sync::Arc::new(decoded));
-            }
+            // The next operation on this node finds it decoded (the entries are what was
+            // encoded), and takes them over without a copy: the tree is done with them.
+            let decoded = DecodedNode { level: node.level, length, entries: node.entries };
+            self.store.keep_decoded(id, &block, Arc::new(decoded));
         }
         // Counts before frees: a block whose last reference went is recorded unshared, then freed.
         let mut shares: Vec<(u64, u64)> = self.shares.drain().collect();
@@ -186,6 +209,18 @@ impl<'s> Tree<'s> {
             self.store.free_data(first, count)?;
         }
         Ok(ExtentRoot::from_parts(self.depth, &self.root, self.length, self.blocks_owned))
+    }
+
+    /// The entries of node `id` as this operation holds them (tests: who shares them).
+    #[cfg(test)]
+    pub(crate) fn node_entries(&self, id: u64) -> Option<&Arc<Vec<Entry>>> {
+        self.nodes.get(&id).map(|node| &node.entries)
+    }
+
+    /// Changes nothing in node `id`'s entries but takes them for a change, as every change does.
+    #[cfg(test)]
+    pub(crate) fn touch_node(&mut self, id: u64) {
+        self.entries_mut(id);
     }
 
     /// Gives back what this operation allocated; the stored tree was never touched.
@@ -214,15 +249,37 @@ impl<'s> Tree<'s> {
         } else {
             let node = self.nodes.get_mut(&id).expect("node loaded before use");
             node.dirty = true;
-            &mut node.entries
+            node.length = None;
+            if Arc::get_mut(&mut node.entries).is_none() {
+                // The first change takes the entries over from the store, which forgets its
+                // kept form (the block it describes is about to be written anew); where someone
+                // else holds them too, it copies them, with room for the entries a change adds
+                // before the node is split (an exact copy grew, and was copied again, at the
+                // first insert).
+                self.store.forget_decoded(id);
+                if Arc::get_mut(&mut node.entries).is_none() {
+                    let mut copy = Vec::with_capacity(NODE_CAPACITY + NODE_GROWTH_ROOM);
+                    copy.extend_from_slice(&node.entries);
+                    node.entries = Arc::new(copy);
+                }
+            }
+            let entries = Arc::get_mut(&mut node.entries).expect("held only here");
+            // Entries taken over may have come from a split (`split_off` allocates exactly).
+            if entries.capacity() < NODE_CAPACITY + NODE_GROWTH_ROOM {
+                entries.reserve_exact(NODE_CAPACITY + NODE_GROWTH_ROOM - entries.len());
+            }
+            entries
         }
     }
 
     /// Brings node `id` into the cache, checking that it is what its parent says it is.
     fn load(&mut self, id: u64, level: usize, expected_length: u64) -> Result<()> {
         assert!(id != ROOT_ID);
-        if let Some(node) = self.nodes.get(&id) {
-            if node.level != level || sum_lengths(&node.entries) != Some(expected_length) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            if node.length.is_none() {
+                node.length = sum_lengths(&node.entries);
+            }
+            if node.level != level || node.length != Some(expected_length) {
                 return Err(Error::corruption(format!("extent node {id} is referenced from two places")));
             }
             return Ok(());
@@ -237,13 +294,13 @@ impl<'s> Tree<'s> {
             // entries `decode_node` would give again.
             Some(node) if node.level == level && node.length == expected_length => node.entries.clone(),
             _ => {
-                let entries = decode_node(&block[..], id, level, expected_length)?;
+                let entries = Arc::new(decode_node(&block[..], id, level, expected_length)?);
                 let node = DecodedNode { level, length: expected_length, entries: entries.clone() };
-                self.store.keep_decoded(id, &block, std::sync::Arc::new(node));
+                self.store.keep_decoded(id, &block, Arc::new(node));
                 entries
             }
         };
-        self.nodes.insert(id, CachedNode { level, entries, dirty: false });
+        self.nodes.insert(id, CachedNode { level, entries, length: Some(expected_length), dirty: false });
         Ok(())
     }
 
@@ -388,6 +445,13 @@ impl<'s> Tree<'s> {
     fn splice(&mut self, path: &[(u64, usize)], start: usize, remove: usize, insert: &[Entry]) -> Result<()> {
         let leaf = path.last().expect("path has a leaf").0;
         assert!(insert.iter().all(|entry| entry.length > 0));
+        // Every node on the path grows or shrinks by the same bytes: their summed lengths stay
+        // known (`CachedNode::length`), so the operation's next search sums nothing again.
+        assert!(path.len() <= MAX_DEPTH + 1, "a path is bounded by the depth");
+        let mut known = [None; MAX_DEPTH + 1];
+        for (slot, (id, _)) in known.iter_mut().zip(path) {
+            *slot = self.nodes.get(id).and_then(|node| node.length);
+        }
         let entries = self.entries_mut(leaf);
         assert!(start + remove <= entries.len());
         let removed = sum_lengths(&entries[start..start + remove]).expect("validated lengths");
@@ -397,6 +461,11 @@ impl<'s> Tree<'s> {
             let entry = &mut self.entries_mut(id)[index];
             assert!(entry.length >= removed);
             entry.length = entry.length - removed + added;
+        }
+        for (&(id, _), length) in path.iter().zip(known) {
+            if let (Some(node), Some(length)) = (self.nodes.get_mut(&id), length) {
+                node.length = length.checked_sub(removed).and_then(|length| length.checked_add(added));
+            }
         }
         assert!(self.length >= removed);
         self.length = self.length - removed + added;
@@ -416,7 +485,7 @@ impl<'s> Tree<'s> {
                 let new_id = self.allocate_node(id)?;
                 let moved = self.entries_mut(id).split_off(count / 2);
                 let moved_length = sum_lengths(&moved).expect("lengths fit");
-                self.nodes.insert(new_id, CachedNode { level, entries: moved, dirty: true });
+                self.nodes.insert(new_id, CachedNode::new(level, moved));
                 let parent_entries = self.entries_mut(parent);
                 parent_entries[parent_index].length -= moved_length;
                 parent_entries.insert(parent_index + 1, Entry::child(new_id, moved_length));
@@ -469,7 +538,7 @@ impl<'s> Tree<'s> {
             }
             let new_id = self.allocate_node(0)?;
             let entries = std::mem::take(&mut self.root);
-            self.nodes.insert(new_id, CachedNode { level: self.depth, entries, dirty: true });
+            self.nodes.insert(new_id, CachedNode::new(self.depth, entries));
             self.root = vec![Entry::child(new_id, self.length)];
             self.depth += 1;
         }
@@ -756,6 +825,9 @@ impl<'s> Tree<'s> {
             let taken;
             let (replace_start, replace_count, mut replacement);
             let write_at;
+            // The bytes go to the start of blocks this fill was just handed, whose other bytes
+            // nothing maps: written with zeros after them, so no old byte is read for the checksum.
+            let mut fresh = false;
             // The rest of the previous extent's last block is free room it may fill only if the
             // block was never shared (docs/EXTENTS.md, *Replay*).
             let previous_room = match previous {
@@ -769,7 +841,9 @@ impl<'s> Tree<'s> {
             match previous {
                 _ if packed.is_some() => {
                     // A small run inside the file goes into the free room of the file's pack block.
-                    write_at = packed.expect("checked");
+                    let (address, new_block) = packed.expect("checked");
+                    write_at = address;
+                    fresh = new_block;
                     taken = hole_length;
                     replacement = vec![Entry::data(write_at, taken, unwritten)];
                     (replace_start, replace_count) = (index, 1);
@@ -788,6 +862,7 @@ impl<'s> Tree<'s> {
                     let (first, given) = self.allocate_data(near, wanted)?;
                     taken = hole_length.min(given * BLOCK_SIZE_U64);
                     write_at = first * BLOCK_SIZE_U64;
+                    fresh = true;
                     match previous {
                         Some(previous) if previous.address + previous.length == write_at => {
                             replacement = vec![Entry::data(previous.address, previous.length + taken, unwritten)];
@@ -803,7 +878,12 @@ impl<'s> Tree<'s> {
             if let Some((bytes, data_start)) = data {
                 let from = (position - data_start) as usize;
                 let chunk = &bytes[from..from + taken as usize];
-                self.store.write_data(write_at / BLOCK_SIZE_U64, (write_at % BLOCK_SIZE_U64) as usize, chunk)?;
+                if fresh {
+                    assert!(write_at.is_multiple_of(BLOCK_SIZE_U64), "fresh blocks are written from their start");
+                    self.store.write_fresh(write_at / BLOCK_SIZE_U64, chunk)?;
+                } else {
+                    self.store.write_data(write_at / BLOCK_SIZE_U64, (write_at % BLOCK_SIZE_U64) as usize, chunk)?;
+                }
             }
             if hole_length > taken {
                 replacement.push(Entry::hole(hole_length - taken));
@@ -819,7 +899,8 @@ impl<'s> Tree<'s> {
     /// `previous`, marked shared from the start so that no extent fills its room the other way).
     /// None when this tree packs nothing (`pack_file`). Every byte of the room has never been
     /// mapped since the block was handed out, so nothing read it (docs/EXTENTS.md, *Packing*).
-    fn pack_place(&mut self, length: u64, previous: Option<Entry>) -> Result<Option<u64>> {
+    /// Returns the address and whether the block is new (nothing written in it yet).
+    fn pack_place(&mut self, length: u64, previous: Option<Entry>) -> Result<Option<(u64, bool)>> {
         assert!(length > 0 && length < PACK_MAX_BYTES);
         let Some(file) = self.pack_file else { return Ok(None) };
         if !self.pack_loaded {
@@ -834,7 +915,7 @@ impl<'s> Tree<'s> {
                 self.add_reference(block)?;
                 self.pack_room = (used + length < BLOCK_SIZE_U64).then_some((block, used + length));
                 self.pack_changed = true;
-                return Ok(Some(block * BLOCK_SIZE_U64 + used));
+                return Ok(Some((block * BLOCK_SIZE_U64 + used, false)));
             }
         }
         let near = previous.map_or(0, |previous| (previous.address + previous.length) / BLOCK_SIZE_U64);
@@ -842,7 +923,7 @@ impl<'s> Tree<'s> {
         self.shares.insert(block, 1);
         self.pack_room = Some((block, length));
         self.pack_changed = true;
-        Ok(Some(block * BLOCK_SIZE_U64))
+        Ok(Some((block * BLOCK_SIZE_U64, true)))
     }
 
     /// Gives the hole `start..end` written extents over `runs`, data blocks its caller took

@@ -543,6 +543,32 @@ impl Volume {
         Ok(entry)
     }
 
+    /// Writes `data` from the start of block `block_number` with zeros after it to the end of
+    /// its last block (`DataStore::write_fresh`), and records every block's entry from the bytes
+    /// written: nothing is read. The last block, when partly data, is remembered like a partial
+    /// write's (`RecentBlocks`), so the next run written into its room merges without a read.
+    pub(super) fn write_fresh_checked(&mut self, block_number: u64, data: &[u8]) -> Result<()> {
+        assert!(!data.is_empty());
+        let whole_bytes = data.len() / BLOCK_SIZE * BLOCK_SIZE;
+        let mut entries: Vec<u32> = Vec::with_capacity(data.len().div_ceil(BLOCK_SIZE));
+        if whole_bytes > 0 {
+            entries.extend(self.block_checksums(&data[..whole_bytes]).into_iter().map(checksum_entry));
+            self.device.write_at(block_number * BLOCK_SIZE_U64, &data[..whole_bytes])?;
+        }
+        if whole_bytes < data.len() {
+            let tail_block = block_number + (whole_bytes / BLOCK_SIZE) as u64;
+            let mut block = zeroed_block();
+            block[..data.len() - whole_bytes].copy_from_slice(&data[whole_bytes..]);
+            let crc = self.block_checksums(&block[..])[0];
+            self.device.write_at(tail_block * BLOCK_SIZE_U64, &block[..])?;
+            entries.push(checksum_entry(crc));
+            if !self.replaying {
+                self.recent_blocks.remember(tail_block, block, crc);
+            }
+        }
+        self.set_data_checksums(block_number, &entries)
+    }
+
     /// Copies bytes of `from_block` into `to_block` at the same offset (a cut inside a block,
     /// applied by the back end). The source block is read whole and checked; when it fails, the
     /// copy is made all the same and the copy's entry is made to disagree with it (`poisoned`),
@@ -761,6 +787,38 @@ mod tests {
         // A later partial write into the copy keeps it failing.
         volume.write_data(first + 2, 0, &[1, 2, 3]).unwrap();
         assert!(volume.read_data(first + 2, 0, &mut buffer).unwrap_err().is_corruption());
+    }
+
+    /// Fresh blocks (`write_fresh`): over old bytes on the device, nothing is read, the bytes
+    /// after the data read as zeros and every block's entry agrees; the next run written into
+    /// the room of the last block uses the remembered bytes (no read either).
+    #[test]
+    fn fresh_blocks_are_written_whole_without_a_read() {
+        for length in [1usize, 100, BLOCK_SIZE - 1, BLOCK_SIZE, BLOCK_SIZE + 7, 3 * BLOCK_SIZE + 2048] {
+            let (device, mut volume, first) = volume();
+            device.write_at(first * BLOCK_SIZE_U64, &vec![0xa5; 8 * BLOCK_SIZE]).unwrap();
+            let bytes = pattern(length, 11);
+            let reads = device.counters().reads;
+            volume.write_fresh(first, &bytes).unwrap();
+            assert_eq!(device.counters().reads, reads, "{length} bytes: the fresh write read the device");
+            let span = length.next_multiple_of(BLOCK_SIZE);
+            let mut expected = bytes.clone();
+            expected.resize(span, 0);
+            let mut buffer = vec![0u8; span];
+            volume.read_data(first, 0, &mut buffer).unwrap();
+            assert_eq!(buffer, expected, "{length} bytes");
+            if length % BLOCK_SIZE != 0 {
+                let last = first + (length / BLOCK_SIZE) as u64;
+                let at = length % BLOCK_SIZE;
+                let more = pattern((BLOCK_SIZE - at).min(50), 12);
+                let reads = device.counters().reads;
+                volume.write_data(last, at, &more).unwrap();
+                assert_eq!(device.counters().reads, reads, "{length} bytes: the room's fill read the device");
+                expected[length..length + more.len()].copy_from_slice(&more);
+                volume.read_data(first, 0, &mut buffer).unwrap();
+                assert_eq!(buffer, expected, "{length} bytes, room filled");
+            }
+        }
     }
 
     #[test]
