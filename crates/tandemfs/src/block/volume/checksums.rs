@@ -553,14 +553,15 @@ impl Volume {
         let mut entries: Vec<u32> = Vec::with_capacity(data.len().div_ceil(BLOCK_SIZE));
         if whole_bytes > 0 {
             entries.extend(self.block_checksums(&data[..whole_bytes]).into_iter().map(checksum_entry));
-            self.device.write_at(block_number * BLOCK_SIZE_U64, &data[..whole_bytes])?;
+            // Held, as `write_data`'s: the record is durable in the log and replay redoes it.
+            self.device.write_held(block_number * BLOCK_SIZE_U64, &data[..whole_bytes])?;
         }
         if whole_bytes < data.len() {
             let tail_block = block_number + (whole_bytes / BLOCK_SIZE) as u64;
             let mut block = zeroed_block();
             block[..data.len() - whole_bytes].copy_from_slice(&data[whole_bytes..]);
             let crc = self.block_checksums(&block[..])[0];
-            self.device.write_at(tail_block * BLOCK_SIZE_U64, &block[..])?;
+            self.device.write_held(tail_block * BLOCK_SIZE_U64, &block[..])?;
             entries.push(checksum_entry(crc));
             if !self.replaying {
                 self.recent_blocks.remember(tail_block, block, crc);
