@@ -422,11 +422,12 @@ fn check_request_costs(volume: &MountedVolume) {
 }
 
 /// Opens and creates answer FOPEN_NOFLUSH, so no close of a fresh mount sends a FLUSH, not even
-/// the first (which the adapter used to refuse with ENOSYS), and what was written, through
-/// write(2) or a shared mmap, is read back the same after the close and after an unmount.
+/// the first (which the adapter used to refuse with ENOSYS), and what was written is read back
+/// the same after the close and, through the library, after the unmount. (Writes through a
+/// shared mmap are checked by the mount suite, in processes of their own: a process that
+/// faults on pages of a mount it serves itself can deadlock on its own memory map lock.)
 #[test]
 fn closes_send_no_flush() {
-    use std::os::fd::AsRawFd;
     use tandem_fuse::RequestKind;
     let Some(mut volume) = mounted() else { return };
     for round in 0..3u8 {
@@ -437,34 +438,13 @@ fn closes_send_no_flush() {
         assert_eq!(fs::read(volume.path("closed")).unwrap(), vec![round; 5000]);
         drop(reader);
     }
-    let file = OpenOptions::new().read(true).write(true).open(volume.path("closed")).unwrap();
-    let bytes = 5000;
-    // SAFETY: a fresh shared mapping of an open file of `bytes` bytes, unmapped below.
-    let mapping = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(mapping, libc::MAP_FAILED);
-    // SAFETY: the mapping is `bytes` long and writable.
-    unsafe { std::ptr::write_bytes(mapping.cast::<u8>(), 0x77, bytes) };
-    drop(file);
-    // SAFETY: unmaps exactly the mapping made above.
-    assert_eq!(unsafe { libc::munmap(mapping, bytes) }, 0);
-    assert_eq!(fs::read(volume.path("closed")).unwrap(), vec![0x77; 5000]);
     let counts = settled_counts(&volume);
     assert_eq!(counts.get(RequestKind::Flush), 0, "{counts:?}");
-    // The mmap'd bytes reach the volume by the unmount at the latest.
     volume.mount.take().expect("mounted").unmount().expect("unmount");
-    let root = volume.fs.lookup(tandemfs::fs::ROOT_INODE, b"closed").expect("the file");
-    let mut stored = vec![0u8; 5000];
-    assert_eq!(volume.fs.read(root.inode, 0, &mut stored).expect("read"), 5000);
-    assert_eq!(stored, vec![0x77; 5000]);
+    let stored = volume.fs.lookup(tandemfs::fs::ROOT_INODE, b"closed").expect("the file");
+    let mut bytes = vec![0u8; 5000];
+    assert_eq!(volume.fs.read(stored.inode, 0, &mut bytes).expect("read"), 5000);
+    assert_eq!(bytes, vec![2u8; 5000]);
 }
 
 /// The kernel caches negative lookups for an hour (`CACHE_TIMEOUT`): a name that appears
