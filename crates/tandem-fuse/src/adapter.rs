@@ -308,6 +308,16 @@ impl Adapter {
 
 /// Open-file handles carry the open flags: that is all the adapter needs later (write access
 /// for ioctl, O_APPEND is also sent with each write), so no table of open files is kept.
+/// What every open and create of a file tells the kernel. `FOPEN_KEEP_CACHE`: keep the page
+/// cache across opens, as nothing changes the file behind the kernel's back without
+/// invalidating it. `FOPEN_NOFLUSH` (Linux 5.17 and later; older kernels ignore it): close(2)
+/// sends no FLUSH, since nothing is buffered in the adapter and the engine took every write when
+/// it arrived. Before, the first FLUSH of a mount was answered ENOSYS, after which the kernel
+/// still wrote the file's dirty pages back on every close before skipping FLUSH; now a close
+/// costs neither, and pages dirtied through a shared `mmap` go back as on ext4: by the kernel's
+/// write-back, msync, fsync or unmount (docs/FUSE.md, "Caching").
+const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_NOFLUSH);
+
 fn handle_for(flags: OpenFlags) -> FileHandle {
     FileHandle(flags.0 as u32 as u64)
 }
@@ -715,9 +725,7 @@ impl fuser::Filesystem for Adapter {
         }
         // O_TRUNC arrives separately as a size change (FUSE_ATOMIC_O_TRUNC is not asked for).
         match self.fs.open_inode(inode.0) {
-            // Keep the page cache across opens: nothing changes the file behind the kernel's
-            // back without invalidating it.
-            Ok(()) => reply.opened(handle_for(flags), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(()) => reply.opened(handle_for(flags), FILE_OPEN_FLAGS),
             Err(error) => reply.error(fuse_errno(&error)),
         }
     }
@@ -825,6 +833,7 @@ impl fuser::Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         self.counters.count(RequestKind::Flush);
+        // Only kernels before 5.17 send this (later ones honour FOPEN_NOFLUSH, FILE_OPEN_FLAGS).
         // close(2) promises no durability; fsync does. Nothing is buffered in the adapter, and
         // the engine takes (and checks, space included) every write when it arrives, so a
         // close has nothing to report. ENOSYS makes the kernel stop sending FLUSH for the rest
@@ -1108,7 +1117,7 @@ impl fuser::Filesystem for Adapter {
             &file_attr(&attributes),
             Generation(attributes.generation),
             handle_for(OpenFlags(flags)),
-            FopenFlags::FOPEN_KEEP_CACHE,
+            FILE_OPEN_FLAGS,
         );
     }
 

@@ -16,5 +16,7 @@ mod uring;
 
 pub use counters::{RequestCounts, RequestKind};
 pub use errno::errno_of;
-pub use mount::{mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig};
+pub use mount::{
+    mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig, POLL_MICROSECONDS_MAX,
+};
 pub use uring::{availability as uring_availability, FuseTransport, TransportReport};

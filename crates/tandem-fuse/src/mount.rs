@@ -61,7 +61,15 @@ pub struct MountConfig {
     /// io_uring entries (each with its own thread) per CPU queue; at least 2 (see
     /// `uring::queue` for why).
     pub uring_entries_per_queue: usize,
+    /// Over /dev/fuse: microseconds one worker keeps polling /dev/fuse without sleeping after
+    /// it last found a request (at most `POLL_MICROSECONDS_MAX`); 0, the default: every worker
+    /// sleeps in read(2). docs/FUSE.md, "Polling worker", says what it costs and buys.
+    pub poll_microseconds: u64,
 }
+
+/// The longest `MountConfig::poll_microseconds` taken: a poller is meant to bridge the gap
+/// between one caller's requests, not to hold a core while the mount is idle.
+pub const POLL_MICROSECONDS_MAX: u64 = 10_000;
 
 impl Default for MountConfig {
     fn default() -> MountConfig {
@@ -78,11 +86,14 @@ impl Default for MountConfig {
             volume_name: "tandemfs".to_string(),
             transport: FuseTransport::DevFuse,
             uring_entries_per_queue: 2,
+            poll_microseconds: 0,
         }
     }
 }
 
-fn session_config(config: &MountConfig) -> fuser::Config {
+/// `over_dev_fuse`: requests come through /dev/fuse only (no io_uring asked for), the one case
+/// where a polling worker serves them; over io_uring it would only wait for FORGETs.
+fn session_config(config: &MountConfig, over_dev_fuse: bool) -> fuser::Config {
     let mut options = vec![
         MountOption::FSName(if config.volume_name.is_empty() {
             SUBTYPE.to_string()
@@ -117,6 +128,10 @@ fn session_config(config: &MountConfig) -> fuser::Config {
     // dirty mmap pages back first, which another worker must serve: never fewer than two.
     session.n_threads = Some(config.threads.max(2));
     session.clone_fd = true;
+    assert!(config.poll_microseconds <= POLL_MICROSECONDS_MAX, "poll of {} µs", config.poll_microseconds);
+    if over_dev_fuse && config.poll_microseconds > 0 {
+        session.spin = Some(Duration::from_micros(config.poll_microseconds));
+    }
     session
 }
 
@@ -219,7 +234,7 @@ fn start_session(
     let adapter =
         Adapter::new(fs, config.default_permissions, notifier.clone(), counters, uring_wish.as_ref().ok().cloned());
     let second_handle = adapter.second_handle();
-    let session = Session::new(adapter, mountpoint, &session_config(config))
+    let session = Session::new(adapter, mountpoint, &session_config(config, uring_wish.is_err()))
         .map_err(|error| io::Error::new(error.kind(), format!("mounting {}: {error}", mountpoint.display())))?;
     // `Session::new` has completed the INIT handshake, and the kernel sets the mount's
     // read-ahead while it processes the INIT reply, so this value is not overwritten.

@@ -2,5 +2,5 @@
 
 pub use tandem_fuse::{
     ioctl, mount_background, mount_foreground, remount, unmount, uring_availability, BackgroundMount, FuseTransport,
-    MountConfig, RequestCounts,
+    MountConfig, RequestCounts, POLL_MICROSECONDS_MAX,
 };

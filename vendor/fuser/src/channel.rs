@@ -47,6 +47,38 @@ impl Channel {
         }
     }
 
+    /// tandemfs addition: makes reads of this channel's descriptor return EAGAIN instead of
+    /// blocking, for `receive_spinning`.
+    pub(crate) fn set_nonblocking(&self) -> io::Result<()> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let flags = OFlag::from_bits_retain(fcntl(&self.0, FcntlArg::F_GETFL)?);
+        fcntl(&self.0, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        Ok(())
+    }
+
+    /// tandemfs addition: receives one request from a non-blocking descriptor, trying again
+    /// without sleeping until `spin` has passed, then waiting in poll(2) until the kernel has
+    /// one. Retries what `receive_retrying` retries.
+    pub(crate) fn receive_spinning(&self, buffer: &mut [u8], spin: std::time::Duration) -> nix::Result<usize> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let started = std::time::Instant::now();
+        loop {
+            match self.receive(buffer) {
+                Ok(size) => return Ok(size),
+                Err(Errno::EAGAIN) if started.elapsed() < spin => std::hint::spin_loop(),
+                Err(Errno::EAGAIN) => {
+                    let mut waiting = [PollFd::new(self.0.as_fd(), PollFlags::POLLIN)];
+                    match poll(&mut waiting, PollTimeout::NONE) {
+                        Ok(_) | Err(Errno::EINTR) => {}
+                        Err(err) => return Err(err),
+                    }
+                }
+                Err(Errno::ENOENT | Errno::EINTR) => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
     /// Returns a sender object for this channel. The sender object can be
     /// used to send to the channel. Multiple sender objects can be used
     /// and they can safely be sent to other threads.

@@ -291,6 +291,14 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut threads = Vec::with_capacity(n_threads);
 
+        // tandemfs addition (`Config::spin`): the first worker polls a non-blocking
+        // descriptor; the others sleep in read(2) as before.
+        if config.spin.is_some() {
+            if let Some(first) = channels.first() {
+                first.set_nonblocking()?;
+            }
+        }
+
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
             let event_loop = SessionEventLoop {
@@ -299,6 +307,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                spin: if i == 0 { config.spin } else { None },
             };
             threads.push(
                 thread::Builder::new()
@@ -509,6 +518,7 @@ impl<FS: Filesystem> Session<FS> {
                 }),
                 allowed: self.allowed,
                 session_owner: self.session_owner,
+                spin: None,
             },
         }
     }
@@ -569,10 +579,25 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// tandemfs addition (`Config::spin`): set for the one worker that polls its (non-blocking)
+    /// descriptor this long after its last request before it sleeps in poll(2).
+    pub(crate) spin: Option<std::time::Duration>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
+    /// Reads the next request: blocking (fuser's way), or polling for the polling worker.
+    fn receive(&self, buf: &mut [u8]) -> nix::Result<usize> {
+        match self.spin {
+            None => self.ch.receive_retrying(buf),
+            Some(spin) => self.ch.receive_spinning(buf, spin),
+        }
+    }
+
     fn event_loop(&self) -> io::Result<()> {
+        self.serve()
+    }
+
+    fn serve(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
@@ -580,7 +605,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            match self.ch.receive_retrying(buf) {
+            match self.receive(buf) {
                 Ok(size) => {
                     match RequestWithSender::new(ReplyTo::Channel(self.ch.sender()), &buf[..size]) {
                         // Dispatch request

@@ -18,6 +18,11 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// tandemfs addition: when set, the worker threads read /dev/fuse one at a time, and the
+    /// one reading keeps polling without sleeping for this long after it last found a request
+    /// (then it waits in poll(2)); the others wait in user space for their turn to read. The
+    /// kernel then never has a sleeping reader to wake for the next request of a busy caller.
+    pub spin: Option<std::time::Duration>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
