@@ -17,6 +17,7 @@ mod uring;
 pub use counters::{RequestCounts, RequestKind};
 pub use errno::errno_of;
 pub use mount::{
-    mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig, POLL_MICROSECONDS_MAX,
+    default_poll_microseconds, mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig,
+    POLL_CORES_MIN, POLL_MICROSECONDS_MAX,
 };
 pub use uring::{availability as uring_availability, FuseTransport, TransportReport};

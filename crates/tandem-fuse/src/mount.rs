@@ -62,14 +62,33 @@ pub struct MountConfig {
     /// `uring::queue` for why).
     pub uring_entries_per_queue: usize,
     /// Over /dev/fuse: microseconds one worker keeps polling /dev/fuse without sleeping after
-    /// it last found a request (at most `POLL_MICROSECONDS_MAX`); 0, the default: every worker
-    /// sleeps in read(2). docs/FUSE.md, "Polling worker", says what it costs and buys.
+    /// it last found a request (at most `POLL_MICROSECONDS_MAX`); 0: every worker sleeps in
+    /// read(2). The default is `default_poll_microseconds` of the machine's cores.
+    /// docs/FUSE.md, "Polling worker", says what it costs and buys.
     pub poll_microseconds: u64,
 }
 
 /// The longest `MountConfig::poll_microseconds` taken: a poller is meant to bridge the gap
 /// between one caller's requests, not to hold a core while the mount is idle.
 pub const POLL_MICROSECONDS_MAX: u64 = 10_000;
+
+/// Cores from which a mount polls by default: the poller's core must be one the callers and
+/// the back end can spare. On the 2-core VM polling lost (creates 100–245 µs against 57–213);
+/// on the 16-core host it doubled encrypted creates and unlinks (docs/BENCHMARKS.md, session 16).
+pub const POLL_CORES_MIN: usize = 8;
+
+/// The poll a mount gets by default where it polls: 50 µs covers the 6–10 µs between one
+/// caller's requests many times over, and 200 µs bought no more on the host.
+pub const POLL_MICROSECONDS_DEFAULT: u64 = 50;
+
+/// The default `poll_microseconds` on a machine with `cores` cores.
+pub fn default_poll_microseconds(cores: usize) -> u64 {
+    if cores >= POLL_CORES_MIN {
+        POLL_MICROSECONDS_DEFAULT
+    } else {
+        0
+    }
+}
 
 impl Default for MountConfig {
     fn default() -> MountConfig {
@@ -86,7 +105,7 @@ impl Default for MountConfig {
             volume_name: "tandemfs".to_string(),
             transport: FuseTransport::DevFuse,
             uring_entries_per_queue: 2,
-            poll_microseconds: 0,
+            poll_microseconds: default_poll_microseconds(cores),
         }
     }
 }
@@ -931,6 +950,15 @@ impl SignalWatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mounts_poll_by_default_only_with_cores_to_spare() {
+        assert_eq!(default_poll_microseconds(2), 0);
+        assert_eq!(default_poll_microseconds(POLL_CORES_MIN - 1), 0);
+        assert_eq!(default_poll_microseconds(POLL_CORES_MIN), POLL_MICROSECONDS_DEFAULT);
+        assert_eq!(default_poll_microseconds(128), POLL_MICROSECONDS_DEFAULT);
+        assert!(POLL_MICROSECONDS_DEFAULT <= POLL_MICROSECONDS_MAX);
+    }
 
     #[test]
     fn mount_table_escapes_are_decoded() {

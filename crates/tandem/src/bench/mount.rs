@@ -61,9 +61,10 @@ pub struct MountBenchArguments {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=64))]
     pub fuse_threads: u64,
     /// Over /dev/fuse, one worker polls for this many microseconds after each request instead
-    /// of sleeping (`tandem mount -o poll_us=N`; 0: none)
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
-    pub fuse_poll_us: u64,
+    /// of sleeping (`tandem mount -o poll_us=N`; 0: none; unset: the mount's default, 50 on
+    /// machines of 8 cores or more, else 0)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub fuse_poll_us: Option<u64>,
     /// Transports to measure tandemfs over: both (a /dev/fuse column and, where the kernel
     /// allows it, an io_uring one), dev-fuse, uring or auto (`tandem mount -o transport=`)
     #[arg(long, default_value = "both")]
@@ -249,7 +250,7 @@ fn measure_tandemfs(
         volume_name: "tandem-bench".into(),
         threads: arguments.fuse_threads as usize,
         transport,
-        poll_microseconds: arguments.fuse_poll_us,
+        poll_microseconds: arguments.fuse_poll_us.unwrap_or_else(|| MountConfig::default().poll_microseconds),
         ..Default::default()
     };
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {

@@ -31,7 +31,7 @@ pub struct MountArguments {
     #[arg(long = "daemon", short = 'd')]
     pub daemon: bool,
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
-    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads), poll_us=N (over /dev/fuse one of them polls for N microseconds after each request instead of sleeping; default 0, docs/FUSE.md),
+    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads), poll_us=N (over /dev/fuse one of them polls for N microseconds after each request instead of sleeping; default 50 on machines of 8 cores or more, else 0; docs/FUSE.md),
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
     /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
     /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536),
@@ -67,8 +67,9 @@ pub struct ParsedOptions {
     pub default_permissions: bool,
     pub read_only: bool,
     pub threads: usize,
-    /// `poll_us=N`: one /dev/fuse worker polls this long after a request (0: none).
-    pub poll_microseconds: u64,
+    /// `poll_us=N`: one /dev/fuse worker polls this long after a request (0: none); unset,
+    /// the adapter's default for the machine's cores.
+    pub poll_microseconds: Option<u64>,
     /// Device files and set-id bits work (root only).
     pub dev: bool,
     pub suid: bool,
@@ -156,9 +157,9 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                 Some(("poll_us", value)) => {
                     let most = crate::fuse_api::POLL_MICROSECONDS_MAX;
                     parsed.poll_microseconds =
-                        value.parse().ok().filter(|value: &u64| *value <= most).ok_or_else(|| {
+                        Some(value.parse().ok().filter(|value: &u64| *value <= most).ok_or_else(|| {
                             CliError::new(format!("-o poll_us={value}: expected microseconds from 0 to {most}"))
-                        })?;
+                        })?);
                 }
                 Some(("transport", name)) => {
                     parsed.transport =
@@ -423,7 +424,7 @@ pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
         volume_name: image.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or(defaults.volume_name),
         transport: options.transport.unwrap_or(defaults.transport),
         uring_entries_per_queue: defaults.uring_entries_per_queue,
-        poll_microseconds: options.poll_microseconds,
+        poll_microseconds: options.poll_microseconds.unwrap_or(defaults.poll_microseconds),
     }
 }
 
@@ -767,7 +768,13 @@ mod tests {
         assert!(parse_options(&["nosuch".into()]).is_err());
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert!(parse_options(&["threads=x".into()]).is_err());
-        assert_eq!(parse_options(&["poll_us=50".into()]).unwrap().poll_microseconds, 50);
+        assert_eq!(parse_options(&["poll_us=50".into()]).unwrap().poll_microseconds, Some(50));
+        assert_eq!(mount_config(&parse_options(&["poll_us=0".into()]).unwrap(), Path::new("i")).poll_microseconds, 0);
+        // Unset: the adapter's default for this machine's cores.
+        assert_eq!(
+            mount_config(&parse_options(&[]).unwrap(), Path::new("i")).poll_microseconds,
+            MountConfig::default().poll_microseconds
+        );
         assert_eq!(mount_config(&parse_options(&["poll_us=50".into()]).unwrap(), Path::new("i")).poll_microseconds, 50);
         for wrong in ["poll_us=10001", "poll_us=-1", "poll_us=x"] {
             let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
