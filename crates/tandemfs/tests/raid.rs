@@ -44,6 +44,21 @@ fn accelerator() -> Arc<tandem_accel::Accelerator> {
 }
 
 /// A formatted volume on a new array of crash-model memory members, closed clean.
+/// An array volume (no crash model) holding one file `f` of four random blocks from `seed`,
+/// unmounted: its members, the file's bytes and its attributes.
+fn array_with_one_file(seed: u64) -> (Vec<MemoryDevice>, Vec<u8>, tandemfs::fs::Attributes) {
+    let devices = array_volume(false);
+    let mut rng = rng(seed);
+    let data: Vec<u8> = (0..4 * 4096).map(|_| rng.gen()).collect();
+    let device: Arc<dyn Device> = Arc::new(assemble(&devices, &[]).device);
+    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+    let file = fs.create(tandemfs::fs::ROOT_INODE, b"f", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
+    fs.write(file.inode, 0, &data).unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+    (devices, data, file)
+}
+
 fn array_volume(crash_model: bool) -> Vec<MemoryDevice> {
     array_volume_with(crash_model, None)
 }
@@ -376,15 +391,7 @@ fn block_occurrences(bytes: &[u8], pattern: &[u8]) -> Vec<usize> {
 /// array's redundancy the same damage is EIO (`tests/data_checksums.rs`).
 #[test]
 fn a_damaged_data_block_reads_back_right_and_is_rewritten() {
-    let devices = array_volume(false);
-    let mut rng = rng(0x5e1f);
-    let data: Vec<u8> = (0..4 * 4096).map(|_| rng.gen()).collect();
-    let device: Arc<dyn Device> = Arc::new(assemble(&devices, &[]).device);
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
-    let file = fs.create(tandemfs::fs::ROOT_INODE, b"f", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
-    fs.write(file.inode, 0, &data).unwrap();
-    fs.unmount().unwrap();
-    drop(fs);
+    let (devices, data, file) = array_with_one_file(0x5e1f);
 
     // Every copy of the file's second block (its home, and any left in the log's data ring)
     // gets one byte flipped; each lies in its own stripe, on one member.
@@ -670,15 +677,7 @@ fn home_writes_held_over_log_flushes_are_replayed_after_a_crash() {
 /// asking for it.
 #[test]
 fn the_volume_check_over_a_writable_array_heals_what_its_checksums_reject() {
-    let devices = array_volume(false);
-    let mut rng = rng(0x5c2b);
-    let data: Vec<u8> = (0..4 * 4096).map(|_| rng.gen()).collect();
-    let device: Arc<dyn Device> = Arc::new(assemble(&devices, &[]).device);
-    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
-    let file = fs.create(tandemfs::fs::ROOT_INODE, b"f", tandemfs::fs::FileType::Regular, 0o644, 0, 0, 0).unwrap();
-    fs.write(file.inode, 0, &data).unwrap();
-    fs.unmount().unwrap();
-    drop(fs);
+    let (devices, data, file) = array_with_one_file(0x5c2b);
     let array = assemble(&devices, &[]).device;
     let superblock = tandemfs::block::superblock::Superblock::read_both(&array).unwrap().best;
     let mut table_block = vec![0u8; 4096];

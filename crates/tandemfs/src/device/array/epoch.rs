@@ -288,6 +288,19 @@ impl Epoch {
 mod tests {
     use super::*;
 
+    /// What the intent records of `epoch`'s pending chunks should charge member `slot`: the
+    /// partial parity of every pending chunk whose stripe keeps a parity unit there.
+    fn charge_of_pending(epoch: &Epoch, geometry: &Geometry, slot: usize) -> u64 {
+        epoch
+            .pending
+            .iter()
+            .filter(|((stripe, _), _)| {
+                (0..geometry.parity_count).any(|parity| geometry.slot(*stripe, geometry.data_count() + parity) == slot)
+            })
+            .map(|(_, pending)| partial_parity_bytes(&pending.written, pending.chunk_start))
+            .sum()
+    }
+
     #[test]
     fn ranges_merge_and_touching_ones_join() {
         let mut ranges = Vec::new();
@@ -332,15 +345,7 @@ mod tests {
             assert!(stripe < 1000, "the intent records never filled");
         }
         for slot in 0..geometry.member_count {
-            let entries: u64 = epoch
-                .pending
-                .iter()
-                .filter(|((stripe, _), _)| {
-                    (0..geometry.parity_count)
-                        .any(|parity| geometry.slot(*stripe, geometry.data_count() + parity) == slot)
-                })
-                .map(|(_, pending)| partial_parity_bytes(&pending.written, pending.chunk_start))
-                .sum();
+            let entries = charge_of_pending(&epoch, &geometry, slot);
             assert_eq!(epoch.charges[slot], entries, "slot {slot}");
             assert!(entries + RECORD_FIXED_BYTES as u64 <= INTENT_BYTES_MAX);
         }
@@ -387,16 +392,7 @@ mod tests {
             let bytes: u64 = part.pending.values().map(|pending| pending.data.len() as u64).sum();
             assert_eq!(part.held_bytes, bytes);
             for slot in 0..geometry.member_count {
-                let charge: u64 = part
-                    .pending
-                    .iter()
-                    .filter(|((stripe, _), _)| {
-                        (0..geometry.parity_count)
-                            .any(|parity| geometry.slot(*stripe, geometry.data_count() + parity) == slot)
-                    })
-                    .map(|(_, pending)| partial_parity_bytes(&pending.written, pending.chunk_start))
-                    .sum();
-                assert_eq!(part.charges[slot], charge, "slot {slot}");
+                assert_eq!(part.charges[slot], charge_of_pending(part, &geometry, slot), "slot {slot}");
             }
         }
         // What stayed is still read, and an unheld write to it makes it go at the next one.
