@@ -371,8 +371,9 @@ pub struct BackgroundMount {
     counters: Arc<RequestCounters>,
     queues: Option<Queues>,
     transport: TransportReport,
-    /// Tells the kernel about changes made through the library behind its back.
-    notifier: Notifier,
+    /// Tells the kernel about changes made through the library behind its back. Dropped at
+    /// the unmount: it holds a /dev/fuse descriptor, which outlived the mount before.
+    notifier: Option<Notifier>,
     _marker: ServingMarker,
 }
 
@@ -395,7 +396,7 @@ pub fn mount_background(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
         counters,
         queues,
         transport,
-        notifier,
+        notifier: Some(notifier),
         _marker: marker,
     })
 }
@@ -416,6 +417,13 @@ impl BackgroundMount {
         self.counters.snapshot()
     }
 
+    /// The notifier while the mount stands; ENOTCONN once it is unmounted.
+    fn notifier(&self) -> io::Result<&Notifier> {
+        self.notifier.as_ref().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, format!("{} is no longer mounted", self.mountpoint.display()))
+        })
+    }
+
     /// Tells the kernel to forget what it cached about `name` in directory `parent`, a
     /// negative entry included (FUSE_NOTIFY_INVAL_ENTRY). The mount's caches trust that every
     /// change comes through the kernel (docs/FUSE.md, "Caching"); a program that changes a
@@ -423,7 +431,7 @@ impl BackgroundMount {
     /// afterwards so that the mount sees the change. A name the kernel holds nothing of is
     /// not an error.
     pub fn invalidate_entry(&self, parent: InodeNumber, name: &OsStr) -> io::Result<()> {
-        match self.notifier.inval_entry(INodeNo(parent), name) {
+        match self.notifier()?.inval_entry(INodeNo(parent), name) {
             Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             result => result,
         }
@@ -433,7 +441,7 @@ impl BackgroundMount {
     /// (FUSE_NOTIFY_INVAL_INODE over the whole file): after the library changed the file's
     /// contents or attributes behind the mount's back, as [`Self::invalidate_entry`] for names.
     pub fn invalidate_inode(&self, inode: InodeNumber) -> io::Result<()> {
-        match self.notifier.inval_inode(INodeNo(inode), 0, 0) {
+        match self.notifier()?.inval_inode(INodeNo(inode), 0, 0) {
             Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             result => result,
         }
@@ -455,6 +463,7 @@ impl BackgroundMount {
             return Err(error);
         }
         let served = server.join().unwrap_or_else(|_| Err(io::Error::other("FUSE server thread panicked")));
+        self.notifier = None;
         if let Some(mut queues) = self.queues.take() {
             queues.stop(QUEUE_STOP_WAIT);
         }

@@ -1,5 +1,6 @@
 //! A mount with a polling worker (`MountConfig::poll_microseconds`) serves concurrent callers
-//! exactly as one without, and its poller ends with the unmount. A test binary of its own, so
+//! exactly as one without, and its poller ends with the unmount, which closes every /dev/fuse
+//! descriptor of the mount. A test binary of its own, so
 //! that no other mount of this process opens /dev/fuse descriptors while they are inspected.
 //! Needs root and /dev/fuse; elsewhere it says so and passes without running.
 
@@ -95,6 +96,8 @@ fn a_polling_worker_serves_concurrent_callers_like_sleeping_ones() {
         let started = Instant::now();
         mount.unmount().expect("unmount");
         assert!(started.elapsed() < Duration::from_secs(10), "unmount took {:?}", started.elapsed());
+        // Every descriptor the mount opened is closed by the unmount, not only by the drop.
+        assert_eq!(fuse_descriptors(&earlier), Vec::new(), "left open after the unmount");
         drop(mount);
         fs.unmount().expect("engine unmount");
         fs::remove_dir(&directory).unwrap();
