@@ -59,7 +59,11 @@ impl Channel {
     /// tandemfs addition: receives one request from a non-blocking descriptor, trying again
     /// without sleeping until `spin` has passed, then waiting in poll(2) until the kernel has
     /// one. Retries what `receive_retrying` retries.
-    pub(crate) fn receive_spinning(&self, buffer: &mut [u8], spin: std::time::Duration) -> nix::Result<usize> {
+    pub(crate) fn receive_spinning(
+        &self,
+        buffer: &mut [u8],
+        spin: std::time::Duration,
+    ) -> nix::Result<usize> {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let started = std::time::Instant::now();
         loop {
