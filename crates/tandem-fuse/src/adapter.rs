@@ -306,8 +306,6 @@ impl Adapter {
     }
 }
 
-/// Open-file handles carry the open flags: that is all the adapter needs later (write access
-/// for ioctl, O_APPEND is also sent with each write), so no table of open files is kept.
 /// What every open and create of a file tells the kernel. `FOPEN_KEEP_CACHE`: keep the page
 /// cache across opens, as nothing changes the file behind the kernel's back without
 /// invalidating it. `FOPEN_NOFLUSH` (Linux 5.17 and later; older kernels ignore it): close(2)
@@ -318,6 +316,8 @@ impl Adapter {
 /// write-back, msync, fsync or unmount (docs/FUSE.md, "Caching").
 const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_KEEP_CACHE.union(FopenFlags::FOPEN_NOFLUSH);
 
+/// Open-file handles carry the open flags: that is all the adapter needs later (write access
+/// for ioctl, O_APPEND is also sent with each write), so no table of open files is kept.
 fn handle_for(flags: OpenFlags) -> FileHandle {
     FileHandle(flags.0 as u32 as u64)
 }

@@ -594,10 +594,6 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
     }
 
     fn event_loop(&self) -> io::Result<()> {
-        self.serve()
-    }
-
-    fn serve(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();

@@ -246,12 +246,13 @@ fn measure_tandemfs(
     let fs = fresh_volume_with(Arc::new(device), inode_count(size), encryption, mount_options)?;
     let mountpoint = std::env::temp_dir().join(format!("tandem-bench-fuse-{}", std::process::id()));
     std::fs::create_dir_all(&mountpoint).map_err(|error| format!("cannot create {}: {error}", mountpoint.display()))?;
+    let defaults = MountConfig::default();
     let config = MountConfig {
         volume_name: "tandem-bench".into(),
         threads: arguments.fuse_threads as usize,
         transport,
-        poll_microseconds: arguments.fuse_poll_us.unwrap_or_else(|| MountConfig::default().poll_microseconds),
-        ..Default::default()
+        poll_microseconds: arguments.fuse_poll_us.unwrap_or(defaults.poll_microseconds),
+        ..defaults
     };
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {
         Ok(mut mount) => {

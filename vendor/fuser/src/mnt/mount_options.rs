@@ -18,10 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
-    /// tandemfs addition: when set, the worker threads read /dev/fuse one at a time, and the
-    /// one reading keeps polling without sleeping for this long after it last found a request
-    /// (then it waits in poll(2)); the others wait in user space for their turn to read. The
-    /// kernel then never has a sleeping reader to wake for the next request of a busy caller.
+    /// tandemfs addition: when set, the first worker's descriptor is non-blocking and that
+    /// worker keeps reading it without sleeping for this long after it last found a request
+    /// (then it waits in poll(2)); the other workers sleep in read(2) as before. A busy
+    /// caller's next request is then read by a worker that is already running.
     pub spin: Option<std::time::Duration>,
 }
 
