@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use portable_atomic::AtomicU128;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -83,6 +84,12 @@ const WAIT_SLICE: Duration = Duration::from_millis(10);
 /// Rounds of "stage full, flush, try again" before an append gives up: each round flushes
 /// everything reserved, so only appenders refilling the whole stage in between can repeat it.
 const RESERVE_ATTEMPTS_MAX: usize = 1 << 16;
+/// Lost compare-and-swaps on the head before one append gives up: each loss is another
+/// appender's success, so reaching it means a bug, not load.
+const HEAD_RACES_MAX: u64 = 1 << 32;
+/// How long a reader of a reservation waits for its appender to store it (a few instructions
+/// after it moved the head; longer only while that thread is descheduled).
+const RESERVATION_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// Where a record starts: its lsn and the data position of its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,29 +178,43 @@ pub struct LogStats {
     pub background_flushes: u64,
 }
 
-/// The log head and the group-commit state. Appenders hold its lock only to reserve (lsn, data
-/// position); they copy their record into its stage slot after letting it go.
+/// The head: the lsn and data position the next reservation gets, one 128-bit word so that one
+/// compare-and-swap takes both (the lsn in the high half). Appenders reserve without a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Head {
+    lsn: u64,
+    position: u64,
+}
+
+impl Head {
+    fn pack(self) -> u128 {
+        (u128::from(self.lsn) << 64) | u128::from(self.position)
+    }
+
+    fn unpack(word: u128) -> Head {
+        Head { lsn: (word >> 64) as u64, position: word as u64 }
+    }
+}
+
+/// The group-commit state, behind the state lock. Appenders do not take it: they move the head
+/// with a compare-and-swap and read the tail and the durable point from their mirrors in
+/// `Inner` (see `Inner::reserve`).
 struct State {
-    /// The lsn and data position the next reservation gets.
-    next_lsn: u64,
-    next_position: u64,
     tail: LogPosition,
     durable_lsn: u64,
     /// Data position just after the last durable record.
     durable_position: u64,
-    /// Data positions of the records `tail.lsn .. next_lsn`.
+    /// Data positions of the durable records `tail.lsn ..= durable_lsn` (a record not yet
+    /// durable keeps its position in its stage slot until a leader moves it here).
     positions: VecDeque<u64>,
     /// Whether each of those records was appended with `append_reserved`.
     reserve_flags: VecDeque<bool>,
     /// Empty batch buffers with capacity, reused by each leader.
     spare_headers: Vec<u8>,
     spare_data: Vec<u8>,
+    spare_marks: Vec<(u64, bool)>,
     /// A leader is writing a batch.
     flushing: bool,
-    /// When the oldest record not yet taken by a leader was appended (about).
-    pending_since: Option<Instant>,
-    appended_since_check: bool,
-    flusher_idle: bool,
     stop_flusher: bool,
     /// `shutdown` ran: no more appends.
     closed: bool,
@@ -212,6 +233,13 @@ struct Slot {
     /// The lsn whose header and payload the slot holds complete: the record is published.
     /// Older lsns of the slot (`lsn - k * STAGE_SLOTS`) mean "not yet".
     filled_lsn: AtomicU64,
+    /// The lsn whose reservation `position` and `reserve` describe: stored by its appender right
+    /// after it moved the head, before the copy, and kept until the slot's next reservation.
+    reserved_lsn: AtomicU64,
+    /// The data position of record `reserved_lsn`.
+    position: AtomicU64,
+    /// Whether record `reserved_lsn` was appended with `append_reserved`.
+    reserve: AtomicBool,
     /// Written by the appender that reserved the lsn, then read by the leader once published:
     /// never contended, the lock only makes the hand-over safe Rust.
     bytes: Mutex<SlotBytes>,
@@ -243,6 +271,24 @@ struct Inner {
     /// redo and what the front end holds pending.
     backlog_limit_blocks: AtomicU64,
     state: Mutex<State>,
+    /// The next reservation's lsn and data position (`Head`), moved only by compare-and-swap.
+    head: AtomicU128,
+    /// Mirrors of the state's tail and durable point, stored with the state lock held and read
+    /// by reservations without it. Each only moves forward, so a reservation that reads an
+    /// older value sees less room and more pending records than there are: it refuses or
+    /// flushes early, never overwrites a live record or a stage slot in use.
+    tail_lsn: AtomicU64,
+    tail_position: AtomicU64,
+    durable_lsn: AtomicU64,
+    durable_position: AtomicU64,
+    /// The state's `closed || failed`, for reservations.
+    stopped: AtomicBool,
+    /// When the oldest record not yet taken by a leader was reserved (about): nanoseconds since
+    /// `epoch` plus one, 0 for none. Set by the appender that finds it 0, cleared by leaders.
+    pending_since_ns: AtomicU64,
+    /// The background flusher sleeps until woken (nothing pending when it looked).
+    flusher_idle: AtomicBool,
+    epoch: Instant,
     /// The stage: `STAGE_SLOTS` slots, record `lsn` in slot `lsn % STAGE_SLOTS`. A reservation
     /// is refused (flush first) while `STAGE_SLOTS` records are not durable, so a slot is
     /// reused only after its previous record was written.
@@ -315,8 +361,6 @@ impl Log {
         let normal_slots = ((geometry.header_slots as f64 * share) as u64).min(geometry.header_slots);
         let normal_data = ((geometry.data_bytes as f64 * share) as u64).min(geometry.data_bytes);
         let state = State {
-            next_lsn: scan.end.lsn,
-            next_position: scan.end.data_position,
             tail,
             durable_lsn: scan.end.lsn - 1,
             durable_position: scan.end.data_position,
@@ -324,10 +368,8 @@ impl Log {
             positions: scan.positions.into(),
             spare_headers: Vec::new(),
             spare_data: Vec::new(),
+            spare_marks: Vec::new(),
             flushing: false,
-            pending_since: None,
-            appended_since_check: false,
-            flusher_idle: false,
             stop_flusher: false,
             closed: false,
             failed: false,
@@ -347,9 +389,21 @@ impl Log {
             images_elsewhere: AtomicBool::new(false),
             backlog_limit_blocks: AtomicU64::new(u64::MAX),
             state: Mutex::new(state),
+            head: AtomicU128::new(Head { lsn: scan.end.lsn, position: scan.end.data_position }.pack()),
+            tail_lsn: AtomicU64::new(tail.lsn),
+            tail_position: AtomicU64::new(tail.data_position),
+            durable_lsn: AtomicU64::new(scan.end.lsn - 1),
+            durable_position: AtomicU64::new(scan.end.data_position),
+            stopped: AtomicBool::new(false),
+            pending_since_ns: AtomicU64::new(0),
+            flusher_idle: AtomicBool::new(false),
+            epoch: Instant::now(),
             slots: (0..STAGE_SLOTS)
                 .map(|_| Slot {
                     filled_lsn: AtomicU64::new(0),
+                    reserved_lsn: AtomicU64::new(0),
+                    position: AtomicU64::new(0),
+                    reserve: AtomicBool::new(false),
                     bytes: Mutex::new(SlotBytes { header: [0; HEADER_SIZE], payload: Vec::new() }),
                 })
                 .collect(),
@@ -549,20 +603,28 @@ impl Log {
     /// records still being appended with it.
     pub fn appended_with_reserve(&self, lsn: u64) -> Option<bool> {
         let state = self.inner.state.lock();
-        if lsn < state.tail.lsn || lsn >= state.next_lsn {
+        if lsn < state.tail.lsn {
             return None;
         }
-        Some(state.reserve_flags[(lsn - state.tail.lsn) as usize])
+        if lsn <= state.durable_lsn {
+            return Some(state.reserve_flags[(lsn - state.tail.lsn) as usize]);
+        }
+        if lsn >= self.inner.head().lsn {
+            return None;
+        }
+        // Not durable, and it cannot become durable while the state lock is held: its slot
+        // still holds its reservation.
+        Some(self.inner.reservation_of(lsn).1)
     }
 
     /// The highest lsn known durable (the tail's lsn - 1 when nothing is).
     pub fn durable_lsn(&self) -> u64 {
-        self.inner.state.lock().durable_lsn
+        self.inner.durable_lsn.load(Ordering::Acquire)
     }
 
     /// The lsn the next record will get.
     pub fn next_lsn(&self) -> u64 {
-        self.inner.state.lock().next_lsn
+        self.inner.head().lsn
     }
 
     /// The current tail (as last given to `release`, or to `recover`).
@@ -578,14 +640,24 @@ impl Log {
     /// next record will start). Panics for an lsn outside that range (a caller bug).
     pub fn position(&self, lsn: u64) -> LogPosition {
         let state = self.inner.state.lock();
+        let head = self.inner.head();
         assert!(
-            lsn >= state.tail.lsn && lsn <= state.next_lsn,
+            lsn >= state.tail.lsn && lsn <= head.lsn,
             "log position of lsn {lsn} asked, outside [tail {}, next {}]",
             state.tail.lsn,
-            state.next_lsn
+            head.lsn
         );
-        let data_position =
-            if lsn == state.next_lsn { state.next_position } else { state.positions[(lsn - state.tail.lsn) as usize] };
+        let data_position = if lsn <= state.durable_lsn {
+            state.positions[(lsn - state.tail.lsn) as usize]
+        } else if lsn == state.durable_lsn + 1 {
+            state.durable_position
+        } else if lsn == head.lsn {
+            head.position
+        } else {
+            // Reserved, not durable, and it cannot become durable while the state lock is
+            // held: its slot still holds its reservation.
+            self.inner.reservation_of(lsn).0
+        };
         LogPosition { lsn, data_position }
     }
 
@@ -605,8 +677,8 @@ impl Log {
             new_tail.lsn,
             state.durable_lsn
         );
-        let expected = if new_tail.lsn == state.next_lsn {
-            state.next_position
+        let expected = if new_tail.lsn == state.durable_lsn + 1 {
+            state.durable_position
         } else {
             state.positions[(new_tail.lsn - state.tail.lsn) as usize]
         };
@@ -618,22 +690,25 @@ impl Log {
         state.positions.drain(..drop_count);
         state.reserve_flags.drain(..drop_count);
         state.tail = new_tail;
+        self.inner.tail_lsn.store(new_tail.lsn, Ordering::Release);
+        self.inner.tail_position.store(new_tail.data_position, Ordering::Release);
     }
 
     /// Header slots and data bytes in use and their capacity.
     pub fn usage(&self) -> LogUsage {
         let state = self.inner.state.lock();
+        let head = self.inner.head();
         let g = &self.inner.geometry;
-        let records = state.next_lsn - state.tail.lsn;
+        let records = head.lsn - state.tail.lsn;
         LogUsage {
             header_slots_used: records,
             header_slots_capacity: g.header_slots,
             header_slots_normal: self.inner.normal_slots,
-            data_bytes_used: state.next_position - state.tail.data_position,
+            data_bytes_used: head.position - state.tail.data_position,
             data_bytes_capacity: g.data_bytes,
             data_bytes_normal: self.inner.normal_data,
             records_since_tail: records,
-            records_not_durable: state.next_lsn - 1 - state.durable_lsn,
+            records_not_durable: head.lsn - 1 - state.durable_lsn,
         }
     }
 
@@ -672,6 +747,7 @@ impl Log {
             let mut state = self.inner.state.lock();
             state.closed = true;
             state.stop_flusher = true;
+            self.inner.stopped.store(true, Ordering::Release);
         }
         self.inner.flusher_wake.notify_all();
         self.inner.durable_changed.notify_all();
@@ -719,6 +795,35 @@ enum Share {
     Reserve,
 }
 
+/// A record's image bound counted in the pledge before its reservation is checked: given back
+/// when the reservation is refused or fails, kept once it succeeds.
+struct HeldPledge<'a> {
+    pledges: &'a Pledges,
+    blocks: u64,
+}
+
+impl HeldPledge<'_> {
+    /// Counts `blocks` in the pledge, once.
+    fn hold(&mut self, blocks: u64) {
+        if self.blocks == 0 && blocks > 0 {
+            self.pledges.pledge_record(blocks);
+            self.blocks = blocks;
+        }
+    }
+
+    fn keep(mut self) {
+        self.blocks = 0;
+    }
+}
+
+impl Drop for HeldPledge<'_> {
+    fn drop(&mut self) {
+        if self.blocks > 0 {
+            self.pledges.unpledge_record(self.blocks);
+        }
+    }
+}
+
 /// Unpublished reservation: if the appender unwinds between reserving its lsn and publishing
 /// the record, the log latches failed, so that no flush waits for a record that never comes.
 struct PublishGuard<'a> {
@@ -730,6 +835,7 @@ impl Drop for PublishGuard<'_> {
     fn drop(&mut self) {
         if !self.published {
             self.inner.state.lock().failed = true;
+            self.inner.stopped.store(true, Ordering::Release);
             self.inner.durable_changed.notify_all();
         }
     }
@@ -805,8 +911,16 @@ impl Inner {
         Ok(Appended::At(lsn))
     }
 
-    /// The short critical section of an append: checks space, assigns the lsn and the data
-    /// position, and advances the head. Flushes first when too much is pending.
+    /// The head as it is now.
+    fn head(&self) -> Head {
+        Head::unpack(self.head.load(Ordering::Acquire))
+    }
+
+    /// Reserves an lsn and a data position for a record of `length` bytes without a lock: checks
+    /// space and the stage against the head it read and moves the head past the record with one
+    /// compare-and-swap, so the checks held for exactly the head it replaced. Flushes first
+    /// when too much is pending. The reservation is stored in the record's stage slot before
+    /// this returns.
     fn reserve(&self, length: u64, share: Share) -> Result<std::result::Result<(u64, u64), Refused>> {
         let reserved = matches!(share, Share::Reserve);
         let (slot_limit, data_limit) = if reserved {
@@ -814,73 +928,134 @@ impl Inner {
         } else {
             (self.normal_slots, self.normal_data)
         };
-        for _ in 0..RESERVE_ATTEMPTS_MAX {
-            let mut state = crate::sync::lock_briefly(&self.state);
-            if state.failed || state.closed {
+        // Counted before the checks (add, then check), so that two appenders cannot both take
+        // the last room; given back unless the reservation succeeds.
+        let mut pledge = HeldPledge { pledges: &self.pledges, blocks: 0 };
+        let mut flushes = 0usize;
+        let mut races = 0u64;
+        let mut head = self.head();
+        loop {
+            if self.stopped.load(Ordering::Acquire) {
                 return Err(Error::Shutdown);
             }
-            let used_slots = state.next_lsn - state.tail.lsn;
-            let used_bytes = state.next_position - state.tail.data_position;
+            // The tail and the durable point are read after `head` and only move forward, so
+            // if the compare-and-swap below succeeds they are at most what they were when it
+            // did: the room and the pending count computed here are conservative.
+            let used_slots = head.lsn.saturating_sub(self.tail_lsn.load(Ordering::Acquire));
+            let used_bytes = head.position.saturating_sub(self.tail_position.load(Ordering::Acquire));
             if used_slots >= slot_limit || used_bytes + length > data_limit {
                 return Ok(Err(Refused::Full));
             }
             if let Share::Pledged(image_blocks) = share {
+                pledge.hold(image_blocks);
                 if !self.pledge_fits(used_slots, used_bytes + length, image_blocks) {
                     return Ok(Err(Refused::Pledged));
                 }
             }
-            let pending_records = state.next_lsn - 1 - state.durable_lsn;
-            let pending_bytes = state.next_position - state.durable_position;
+            let pending_records = (head.lsn - 1).saturating_sub(self.durable_lsn.load(Ordering::Acquire));
+            let pending_bytes = head.position.saturating_sub(self.durable_position.load(Ordering::Acquire));
             if pending_records > 0
                 && (pending_records >= MAX_PENDING_RECORDS as u64
                     || pending_bytes + length > MAX_PENDING_DATA_BYTES as u64)
             {
                 // The stage is full: a flush frees it (its slots are reused by lsn).
-                let target = state.next_lsn - 1;
-                drop(state);
-                self.flush_to(target)?;
+                flushes += 1;
+                if flushes > RESERVE_ATTEMPTS_MAX {
+                    return Err(Error::invalid(
+                        "log append found the stage full after every flush: other appenders keep refilling it",
+                    ));
+                }
+                self.flush_to(head.lsn - 1)?;
+                head = self.head();
                 continue;
             }
-            let lsn = state.next_lsn;
-            let position = state.next_position;
-            let Some(next_position) = position.checked_add(length) else {
+            let Some(next_position) = head.position.checked_add(length) else {
                 return Err(Error::NoSpace);
             };
-            if let Share::Pledged(image_blocks) = share {
-                // Under the lock, so that two appenders cannot both take the last room.
-                self.pledges.pledge_record(image_blocks);
+            let next = Head { lsn: head.lsn + 1, position: next_position };
+            match self.head.compare_exchange_weak(head.pack(), next.pack(), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(actual) => {
+                    // Another appender moved the head: it made progress, so this loop is bounded
+                    // by how fast the others append; the bound is for a bug.
+                    races += 1;
+                    assert!(races < HEAD_RACES_MAX, "log reservation lost {races} races for the head");
+                    head = Head::unpack(actual);
+                }
             }
-            state.positions.push_back(position);
-            state.reserve_flags.push_back(reserved);
-            state.next_lsn = lsn + 1;
-            state.next_position = next_position;
-            state.appended_since_check = true;
-            let wake = state.pending_since.is_none() && state.flusher_idle;
-            if state.pending_since.is_none() && self.flush_delay.is_some() {
-                state.pending_since = Some(Instant::now());
-            }
-            drop(state);
-            if wake {
-                self.flusher_wake.notify_one();
-            }
-            return Ok(Ok((lsn, position)));
         }
-        Err(Error::invalid("log append found the stage full after every flush: other appenders keep refilling it"))
+        pledge.keep();
+        // The reservation `lsn - STAGE_SLOTS` of this slot is durable (the pending bound).
+        let slot = self.slot(head.lsn);
+        assert!(
+            slot.reserved_lsn.load(Ordering::Relaxed) < head.lsn,
+            "log stage slot of lsn {} reserved twice",
+            head.lsn
+        );
+        slot.position.store(head.position, Ordering::Relaxed);
+        slot.reserve.store(reserved, Ordering::Relaxed);
+        slot.reserved_lsn.store(head.lsn, Ordering::Release);
+        self.note_pending();
+        Ok(Ok((head.lsn, head.position)))
+    }
+
+    /// The data position and reserve flag of record `lsn`, reserved and not durable: waits for
+    /// its appender to store them (it does so right after it moved the head, without a lock).
+    /// The caller holds the state lock, so `lsn` cannot become durable and its slot cannot be
+    /// reserved again meanwhile.
+    fn reservation_of(&self, lsn: u64) -> (u64, bool) {
+        let slot = self.slot(lsn);
+        let started = Instant::now();
+        while slot.reserved_lsn.load(Ordering::Acquire) != lsn {
+            assert!(
+                started.elapsed() < RESERVATION_WAIT_MAX,
+                "log record {lsn} was reserved but its slot never said so"
+            );
+            std::thread::yield_now();
+        }
+        (slot.position.load(Ordering::Relaxed), slot.reserve.load(Ordering::Relaxed))
+    }
+
+    /// Marks records pending for the background flusher when none were, and wakes it if it
+    /// sleeps until woken. Without a lock in the common case: only the appender that finds
+    /// nothing pending while the flusher is idle takes the state lock.
+    fn note_pending(&self) {
+        if self.flush_delay.is_none() || self.pending_since_ns.load(Ordering::Relaxed) != 0 {
+            return;
+        }
+        let now_ns = self.epoch.elapsed().as_nanos() as u64 + 1;
+        // SeqCst: pairs with the flusher's store of `flusher_idle` and its second look at
+        // `pending_since_ns` (`background_flusher`): either it sees this mark or this sees it idle.
+        if self.pending_since_ns.compare_exchange(0, now_ns, Ordering::SeqCst, Ordering::Relaxed).is_ok()
+            && self.flusher_idle.load(Ordering::SeqCst)
+        {
+            // Under the lock, so that the wake-up cannot fall between its look and its wait.
+            drop(self.state.lock());
+            self.flusher_wake.notify_one();
+        }
+    }
+
+    /// Marks the records after a batch pending, if nothing else did (a leader clears the mark
+    /// when it takes a batch).
+    fn mark_pending_now(&self) {
+        let now_ns = self.epoch.elapsed().as_nanos() as u64 + 1;
+        let _ = self.pending_since_ns.compare_exchange(0, now_ns, Ordering::SeqCst, Ordering::Relaxed);
     }
 
     /// Whether the normal share holds `used_slots + 1` records and `used_bytes` (the record
-    /// included) together with the images of the pledge and `image_blocks` more. Always true
-    /// while no record waits to be applied: the pledge is then the volume's own dirt and
-    /// checkpoint, which the back end bounds, and refusing would wait for nothing.
-    fn pledge_fits(&self, used_slots: u64, used_bytes: u64, image_blocks: u64) -> bool {
-        if self.pledges.unapplied_blocks() == 0 {
+    /// included) together with the images of the pledge, which counts the record's own
+    /// `own_blocks` already. Always true while no other record waits to be applied: the pledge
+    /// is then the volume's own dirt and checkpoint, which the back end bounds, and refusing
+    /// would wait for nothing.
+    fn pledge_fits(&self, used_slots: u64, used_bytes: u64, own_blocks: u64) -> bool {
+        let unapplied = self.pledges.unapplied_blocks();
+        if unapplied <= own_blocks {
             return true;
         }
         if self.images_elsewhere.load(Ordering::Relaxed) {
-            let backlog = self.pledges.unapplied_blocks().saturating_add(image_blocks);
-            return backlog <= self.backlog_limit_blocks.load(Ordering::Relaxed);
+            return unapplied <= self.backlog_limit_blocks.load(Ordering::Relaxed);
         }
-        let pledged = self.pledges.total_blocks().saturating_add(image_blocks);
+        let pledged = self.pledges.total_blocks();
         used_bytes.saturating_add(pledge::image_log_bytes(pledged)) <= self.normal_data
             && used_slots + 1 + pledge::image_log_slots(pledged) <= self.normal_slots
     }
@@ -897,10 +1072,10 @@ impl Inner {
             if state.failed {
                 return Err(Error::Shutdown);
             }
-            if target >= state.next_lsn {
+            let next_lsn = self.head().lsn;
+            if target >= next_lsn {
                 return Err(Error::invalid(format!(
-                    "wait for log record {target}, but the next record will be {}",
-                    state.next_lsn
+                    "wait for log record {target}, but the next record will be {next_lsn}"
                 )));
             }
             if state.flushing {
@@ -932,17 +1107,18 @@ impl Inner {
         debug_assert!(!state.flushing);
         let first_lsn = state.durable_lsn + 1;
         let first_position = state.durable_position;
-        let reserved_end = state.next_lsn;
+        let reserved_end = self.head().lsn;
         // Data positions below this one hold no durable record the ring may not overwrite
         // (the tail only moves forward while the batch is written).
         let free_end = state.tail.data_position + self.geometry.data_bytes;
         let mut headers = std::mem::take(&mut state.spare_headers);
         let mut data = std::mem::take(&mut state.spare_data);
-        state.pending_since = None;
+        let mut marks = std::mem::take(&mut state.spare_marks);
+        self.pending_since_ns.store(0, Ordering::SeqCst);
         state.flushing = true;
         drop(state);
 
-        let last_lsn = self.gather_published(first_lsn, reserved_end, &mut headers, &mut data);
+        let last_lsn = self.gather_published(first_lsn, reserved_end, &mut headers, &mut data, &mut marks);
         // After the gather: a record in this batch published after its writer noted its data,
         // so the note is seen here (and one a later writer makes stays for the next batch).
         let ordered_data = self.ordered_data.swap(false, Ordering::SeqCst);
@@ -963,19 +1139,28 @@ impl Inner {
         state.stats.device_writes += writes;
         match &result {
             Ok(()) => {
+                for &(position, reserve) in &marks {
+                    state.positions.push_back(position);
+                    state.reserve_flags.push_back(reserve);
+                }
                 state.durable_lsn = last_lsn;
                 state.durable_position = first_position + batch_bytes;
-                if state.next_lsn - 1 > last_lsn && state.pending_since.is_none() && self.flush_delay.is_some() {
+                self.durable_position.store(state.durable_position, Ordering::Release);
+                self.durable_lsn.store(last_lsn, Ordering::Release);
+                if self.head().lsn - 1 > last_lsn && self.flush_delay.is_some() {
                     // Records reserved before this batch but not yet published when it was
                     // taken: the background flush still owes them.
-                    state.pending_since = Some(Instant::now());
+                    self.mark_pending_now();
                 }
             }
             Err(_) => {
                 state.failed = true;
-                state.pending_since = None;
+                self.stopped.store(true, Ordering::Release);
+                self.pending_since_ns.store(0, Ordering::SeqCst);
             }
         }
+        marks.clear();
+        state.spare_marks = marks;
         self.durable_changed.notify_all();
         (state, result)
     }
@@ -1000,10 +1185,22 @@ impl Inner {
 
     /// Copies the published records `first_lsn ..` (up to the first one not yet published, at
     /// most to `reserved_end`) out of the stage into the batch buffers; returns the last lsn.
-    fn gather_published(&self, first_lsn: u64, reserved_end: u64, headers: &mut Vec<u8>, data: &mut Vec<u8>) -> u64 {
+    /// Each record's data position and reserve flag go to `marks`, for the state once durable.
+    fn gather_published(
+        &self,
+        first_lsn: u64,
+        reserved_end: u64,
+        headers: &mut Vec<u8>,
+        data: &mut Vec<u8>,
+        marks: &mut Vec<(u64, bool)>,
+    ) -> u64 {
         let mut lsn = first_lsn;
         while lsn < reserved_end && self.is_published(lsn) {
-            let mut bytes = self.slot(lsn).bytes.lock();
+            let slot = self.slot(lsn);
+            // Published, so its reservation was stored before (same appender, earlier).
+            debug_assert_eq!(slot.reserved_lsn.load(Ordering::Relaxed), lsn);
+            marks.push((slot.position.load(Ordering::Relaxed), slot.reserve.load(Ordering::Relaxed)));
+            let mut bytes = slot.bytes.lock();
             headers.extend_from_slice(&bytes.header);
             data.extend_from_slice(&bytes.payload);
             if bytes.payload.capacity() > SLOT_KEEP_BYTES {
@@ -1052,57 +1249,58 @@ impl Inner {
         self.device.flush()
     }
 
-    /// The background flusher: flushes pending records `delay` after the oldest was appended.
-    /// While appends keep coming it re-checks every `delay` (so appends need not wake it); after
-    /// a quiet period it sleeps until an append wakes it.
+    /// The background flusher: flushes pending records `delay` after the oldest was reserved.
+    /// While records are pending it sleeps until their deadline (appends need not wake it);
+    /// with none pending it sleeps until the appender that marks some wakes it.
     fn background_flusher(&self, delay: Duration) {
         let mut state = self.state.lock();
         loop {
             if state.stop_flusher {
                 return;
             }
-            if state.failed || state.closed {
-                state.flusher_idle = true;
-                self.flusher_wake.wait(&mut state);
-                state.flusher_idle = false;
+            let since_ns = self.pending_since_ns.load(Ordering::SeqCst);
+            if state.failed || state.closed || since_ns == 0 {
+                self.sleep_until_woken(&mut state);
                 continue;
             }
-            if let Some(since) = state.pending_since {
-                let deadline = since.checked_add(delay);
-                match deadline {
-                    None => {
-                        // The delay is too long to express as an instant: never flush early.
-                        state.flusher_idle = true;
-                        self.flusher_wake.wait(&mut state);
-                        state.flusher_idle = false;
-                    }
-                    Some(deadline) if Instant::now() < deadline => {
-                        self.flusher_wake.wait_until(&mut state, deadline);
-                    }
-                    Some(_) => {
-                        // Only what is published: a record still being copied is its
-                        // appender's to finish, and waiting for it here would stall the
-                        // flusher. Look again after `delay` if nothing is published yet.
-                        let target = self.published_max.load(Ordering::Acquire);
-                        if target <= state.durable_lsn {
-                            self.flusher_wake.wait_for(&mut state, delay);
-                            continue;
-                        }
-                        state.stats.background_flushes += 1;
-                        drop(state);
-                        let _ = self.flush_to(target); // a failure is recorded in the state
-                        state = self.state.lock();
-                    }
+            let deadline =
+                self.epoch.checked_add(Duration::from_nanos(since_ns - 1)).and_then(|since| since.checked_add(delay));
+            match deadline {
+                None => {
+                    // The delay is too long to express as an instant: never flush early.
+                    self.sleep_until_woken(&mut state);
                 }
-            } else if state.appended_since_check {
-                state.appended_since_check = false;
-                self.flusher_wake.wait_for(&mut state, delay);
-            } else {
-                state.flusher_idle = true;
-                self.flusher_wake.wait(&mut state);
-                state.flusher_idle = false;
+                Some(deadline) if Instant::now() < deadline => {
+                    self.flusher_wake.wait_until(&mut state, deadline);
+                }
+                Some(_) => {
+                    // Only what is published: a record still being copied is its appender's
+                    // to finish, and waiting for it here would stall the flusher. Look again
+                    // after `delay` if nothing is published yet.
+                    let target = self.published_max.load(Ordering::Acquire);
+                    if target <= state.durable_lsn {
+                        self.flusher_wake.wait_for(&mut state, delay);
+                        continue;
+                    }
+                    state.stats.background_flushes += 1;
+                    drop(state);
+                    let _ = self.flush_to(target); // a failure is recorded in the state
+                    state = self.state.lock();
+                }
             }
         }
+    }
+
+    /// The flusher's sleep with nothing to do: says it is idle, then looks at the pending mark
+    /// once more (SeqCst, against `note_pending`'s), so that an appender that marked records
+    /// pending before it said so is seen here and one after it sees it idle and wakes it.
+    fn sleep_until_woken(&self, state: &mut MutexGuard<'_, State>) {
+        self.flusher_idle.store(true, Ordering::SeqCst);
+        let nothing_pending = self.pending_since_ns.load(Ordering::SeqCst) == 0;
+        if (nothing_pending || state.failed || state.closed) && !state.stop_flusher {
+            self.flusher_wake.wait(state);
+        }
+        self.flusher_idle.store(false, Ordering::SeqCst);
     }
 
     #[cfg(test)]

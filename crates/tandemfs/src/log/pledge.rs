@@ -20,8 +20,10 @@
 //!   count of bytes in use holds them). Writing them home, which takes as long again, holds no
 //!   pledge.
 //!
-//! `Log::append_pledged` checks the pledge, with the record's own bound, against the log's
-//! normal share under the log's lock, and counts the bound in `unapplied` as it appends.
+//! `Log::append_pledged` counts the record's bound in `unapplied` first, then checks the pledge
+//! against the log's normal share, and takes the bound back if the append is refused: with no
+//! lock around the check, adding first is what keeps two appenders from both taking the last
+//! room.
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,9 +88,20 @@ impl Pledges {
         self.dirty_blocks.clone()
     }
 
-    /// Counts the bound of a record being appended (the log's lock held).
+    /// Counts the bound of a record being appended, before its room is checked.
     pub(super) fn pledge_record(&self, image_blocks: u64) {
         self.unapplied_blocks.fetch_add(image_blocks, Ordering::SeqCst);
+    }
+
+    /// Takes back the bound of a record whose append was refused after `pledge_record`. Wakes
+    /// the waiters only when nothing is pledged any more: a refusal may have seen this bound,
+    /// and with no record left to apply no release would come for it.
+    pub(super) fn unpledge_record(&self, image_blocks: u64) {
+        let before = self.unapplied_blocks.fetch_sub(image_blocks, Ordering::SeqCst);
+        assert!(before >= image_blocks, "log pledge taken back more often than made");
+        if before == image_blocks {
+            self.wake_waiters();
+        }
     }
 
     /// Records with these bounds were applied (their dirt is in the volume's estimate already)

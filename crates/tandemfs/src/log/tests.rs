@@ -1168,3 +1168,147 @@ fn reserve_flags_are_known_per_lsn() {
     assert_eq!(log.appended_with_reserve(normal), Some(false));
     assert_eq!(log.appended_with_reserve(reserved), Some(true));
 }
+
+/// Appenders reserve without the state lock: a thread holding it (as a flush leader does while
+/// it takes a batch, or the back end while it reads the durable point) stops no append.
+#[test]
+fn appends_reserve_without_the_state_lock() {
+    let (g, size) = geometry(4096, 1 << 20);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let (log, _) = open(&device, g, LogPosition::START, no_background(0.1));
+    let held = log.inner.state.lock();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let appender = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            let lsns: Vec<u64> = (0..1000u32).map(|i| log.append(1, &[&i.to_le_bytes()]).unwrap().unwrap()).collect();
+            sender.send(()).unwrap();
+            lsns
+        })
+    };
+    let finished = receiver.recv_timeout(Duration::from_secs(20)).is_ok();
+    drop(held);
+    let lsns = appender.join().unwrap();
+    assert!(finished, "appends waited for the state lock");
+    assert_eq!(lsns, (1..=1000).collect::<Vec<u64>>());
+    assert_eq!(log.durable_lsn(), 0);
+    log.shutdown().unwrap();
+    let (_, records) = open(&device, g, LogPosition::START, no_background(0.1));
+    assert_eq!(records.len(), 1000);
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record.payload, (i as u32).to_le_bytes());
+    }
+}
+
+/// While appenders race for the head, the position and the reserve flag of every reserved
+/// record, read before it is durable (from its stage slot) or after (from the state), are the
+/// ones its place in lsn order gives it.
+#[test]
+fn reservations_read_while_appenders_race_match_lsn_order() {
+    let (g, size) = geometry(1 << 15, 8 << 20);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let options = LogOptions { flush_delay_us: 100, reserve_fraction: 0.1 };
+    let (log, _) = open(&device, g, LogPosition::START, options);
+    let lengths: Mutex<HashMap<u64, (u64, bool)>> = Mutex::new(HashMap::new());
+    let seen: Mutex<Vec<(u64, u64, bool)>> = Mutex::new(Vec::new());
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let appenders: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (log, lengths) = (&log, &lengths);
+                scope.spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(300 + t);
+                    for _ in 0..3000 {
+                        let length = rng.gen_range(0..200);
+                        let bytes = payload(&mut rng, length);
+                        let reserve = rng.gen_ratio(1, 5);
+                        let lsn = if reserve { log.append_reserved(2, &[&bytes]) } else { log.append(1, &[&bytes]) };
+                        lengths.lock().insert(lsn.unwrap().unwrap(), (bytes.len() as u64, reserve));
+                    }
+                })
+            })
+            .collect();
+        let (log, seen, done) = (&log, &seen, &done);
+        scope.spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(299);
+            while !done.load(Ordering::SeqCst) {
+                let next = log.next_lsn();
+                if next == 1 {
+                    continue;
+                }
+                // Mostly the newest records: those still in their stage slots.
+                let lsn = if rng.gen_ratio(3, 4) {
+                    next - 1 - rng.gen_range(0..(next - 1).min(8))
+                } else {
+                    rng.gen_range(1..next)
+                };
+                let position = log.position(lsn).data_position;
+                let reserve = log.appended_with_reserve(lsn).expect("a reserved lsn has a flag");
+                seen.lock().push((lsn, position, reserve));
+            }
+        });
+        for appender in appenders {
+            appender.join().unwrap();
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    log.shutdown().unwrap();
+    let lengths = lengths.lock();
+    let mut expected = HashMap::new();
+    let mut position = 0;
+    for lsn in 1..=lengths.len() as u64 {
+        let (length, reserve) = lengths[&lsn];
+        expected.insert(lsn, (position, reserve));
+        position += length;
+    }
+    let seen = seen.lock();
+    assert!(seen.len() > 100, "the reader read {} reservations", seen.len());
+    for &(lsn, position, reserve) in seen.iter() {
+        assert_eq!(expected[&lsn], (position, reserve), "record {lsn}");
+    }
+    for lsn in 1..=lengths.len() as u64 {
+        assert_eq!(log.position(lsn).data_position, expected[&lsn].0);
+    }
+}
+
+/// Racing pledged appends never admit more than the backlog bound, and a refused append gives
+/// its bound back: what stays pledged is exactly what was admitted.
+#[test]
+fn racing_pledged_appends_stay_within_the_backlog_bound() {
+    let (g, size) = geometry(1 << 12, 1 << 20);
+    let device = TestDevice::new(size);
+    Log::format(device.as_ref(), &g).unwrap();
+    let (log, _) = open(&device, g, LogPosition::START, no_background(0.1));
+    let (image_g, image_size) = geometry(64, pledge::CHECKPOINT_OVERHEAD_BYTES + 100 * pledge::IMAGE_LOG_BYTES);
+    let image_device = TestDevice::new(image_size);
+    Log::format(image_device.as_ref(), &image_g).unwrap();
+    let (image_log, _) = open(&image_device, image_g, LogPosition::START, no_background(0.0));
+    log.attach_images(image_log);
+    log.set_backlog_image_logs(1);
+    const BOUND_BLOCKS: u64 = 7;
+    let admitted = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            let (log, admitted) = (&log, &admitted);
+            scope.spawn(move || {
+                let mut refusals_in_a_row = 0;
+                while refusals_in_a_row < 200 {
+                    match log.append_pledged(1, &[b"create"], BOUND_BLOCKS).unwrap() {
+                        Appended::At(_) => {
+                            admitted.fetch_add(1, Ordering::SeqCst);
+                            refusals_in_a_row = 0;
+                        }
+                        Appended::Pledged => refusals_in_a_row += 1,
+                        Appended::LogFull => panic!("the log filled before the backlog bound"),
+                    }
+                }
+            });
+        }
+    });
+    let pledged = log.pledges().unapplied_blocks();
+    assert_eq!(pledged, admitted.load(Ordering::SeqCst) * BOUND_BLOCKS, "refusals gave their bounds back");
+    assert!(pledged <= 100, "{pledged} image blocks pledged, above the bound of 100");
+    assert!(pledged >= 50, "only {pledged} image blocks pledged");
+}
