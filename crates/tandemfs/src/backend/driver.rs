@@ -7,6 +7,7 @@
 //! the back end failed, keeps the first reason, and wakes every waiter. Every wait here is
 //! bounded or wakes on the latch, so callers get `Error::Shutdown`, never a hang.
 
+use super::deposits::{self, Consumer, Deposits};
 use super::parallel::{self, ApplyPool, Job, JobContext};
 use super::store::{LockTimes, Memo, TimedVolume};
 use super::{checkpoint_finish, checkpoint_snapshot, Applier};
@@ -71,86 +72,6 @@ pub struct Queued {
     pub reserved_blocks: u64,
     /// Bound on the metadata blocks applying it may dirty, pledged in the log (`log::pledge`).
     pub image_blocks: u64,
-}
-
-/// Records appended and waiting to be applied, indexed by lsn. Appenders deposit their record
-/// after their own append returned, in any order; the back end takes the contiguous prefix.
-/// An lsn with no record is either a record still being deposited or one that never will be
-/// (the back end's own checkpoint records, appended with `append_reserved`): the log tells
-/// which ([`Log::appended_with_reserve`]), so a gap is never skipped while its record is on
-/// the way.
-struct DepositRing {
-    /// Every lsn at or below it was taken by a pass or is not a logical record.
-    consumed_lsn: u64,
-    /// Entry `i` stands for lsn `consumed_lsn + 1 + i`.
-    entries: VecDeque<Option<Queued>>,
-}
-
-impl DepositRing {
-    fn deposit(&mut self, queued: Queued) {
-        assert!(queued.lsn > self.consumed_lsn, "record {} deposited after it was consumed", queued.lsn);
-        let index = (queued.lsn - self.consumed_lsn - 1) as usize;
-        if index >= self.entries.len() {
-            self.entries.resize_with(index + 1, || None);
-        }
-        assert!(self.entries[index].is_none(), "record {} deposited twice", queued.lsn);
-        self.entries[index] = Some(queued);
-    }
-
-    /// Whether the lsn after `consumed_lsn` can be passed over: no logical record has it, or
-    /// it lies before the log's tail (a checkpoint moved the tail past it, so it was not an
-    /// unapplied logical record).
-    fn next_is_not_logical(&self, log: &Log) -> bool {
-        log.appended_with_reserve(self.consumed_lsn + 1) != Some(false)
-    }
-
-    /// Takes up to `max` records in lsn order, none after `durable_lsn`, stopping at a record
-    /// still being deposited.
-    /// Takes up to `max` durable records in lsn order whose image bounds sum to at most
-    /// `image_blocks_max` (the first record is taken whatever its bound).
-    fn take_prefix(&mut self, durable_lsn: u64, max: usize, image_blocks_max: u64, log: &Log) -> Vec<Queued> {
-        let mut batch = Vec::new();
-        let mut image_blocks = 0u64;
-        while batch.len() < max && self.consumed_lsn < durable_lsn {
-            let next_blocks = self.entries.front().and_then(Option::as_ref).map(|queued| queued.image_blocks);
-            if next_blocks.is_some_and(|blocks| !batch.is_empty() && image_blocks + blocks > image_blocks_max) {
-                break;
-            }
-            match self.entries.front_mut().and_then(Option::take) {
-                Some(queued) => {
-                    image_blocks += queued.image_blocks;
-                    batch.push(queued);
-                }
-                None if self.next_is_not_logical(log) => {}
-                None => break,
-            }
-            self.entries.pop_front();
-            self.consumed_lsn += 1;
-        }
-        batch
-    }
-
-    /// Puts back the tail of a batch that was not applied: it precedes everything deposited
-    /// since. The lsns between them that were passed over are looked at again.
-    fn put_back(&mut self, leftover: Vec<Queued>) {
-        let Some(first) = leftover.first() else { return };
-        let new_consumed = first.lsn - 1;
-        assert!(new_consumed < self.consumed_lsn, "put back records that were not taken");
-        let mut front: VecDeque<Option<Queued>> = (new_consumed..self.consumed_lsn).map(|_| None).collect();
-        for queued in leftover {
-            let index = (queued.lsn - new_consumed - 1) as usize;
-            front[index] = Some(queued);
-        }
-        front.append(&mut self.entries);
-        self.entries = front;
-        self.consumed_lsn = new_consumed;
-    }
-
-    /// The lowest deposited lsn, if any.
-    fn first_deposited(&self) -> Option<u64> {
-        let index = self.entries.iter().position(Option::is_some)?;
-        Some(self.consumed_lsn + 1 + index as u64)
-    }
 }
 
 /// What the back end has applied since mount, and how.
@@ -297,7 +218,10 @@ pub struct Backend {
     pledges: Arc<Pledges>,
     /// What the workers' stores last read or committed (see `store::Memo`).
     memo: Arc<Memo>,
-    queue: Mutex<DepositRing>,
+    /// Where appenders deposit their records, without a lock (`deposits`).
+    deposits: Deposits,
+    /// The consumed lsn, taken by passes; its condvar wakes the thread.
+    queue: Mutex<Consumer>,
     queue_signal: Condvar,
     applied_lsn: Mutex<u64>,
     /// Mirrors `applied_lsn` for readers that need no wait.
@@ -357,6 +281,7 @@ impl Backend {
         let mut volume = volume;
         volume.set_image_gauge(log.pledges().dirty_gauge());
         let mirror = volume.home_mirror();
+        let (deposits, consumer) = Deposits::new(applied_lsn, log.geometry().header_slots);
         Ok(Arc::new(Backend {
             mirror,
             pledges: log.pledges().clone(),
@@ -365,7 +290,8 @@ impl Backend {
             applier,
             pool,
             memo: Arc::new(Memo::default()),
-            queue: Mutex::new(DepositRing { consumed_lsn: applied_lsn, entries: VecDeque::new() }),
+            deposits,
+            queue: Mutex::new(consumer),
             queue_signal: Condvar::new(),
             applied_lsn: Mutex::new(applied_lsn),
             applied_lsn_fast: AtomicU64::new(applied_lsn),
@@ -595,7 +521,7 @@ impl Backend {
     /// Appends a record through `append_to_log` (which must use `Log::append`, never
     /// `append_reserved`: reserve records are the back end's own and are never queued), then
     /// deposits it at its lsn. Safe to call from many threads at once: no lock is held while
-    /// the log copies the record, and the deposit takes the queue lock only to store it. Until
+    /// the log copies the record, and the deposit takes none (`deposits`). Until
     /// the deposit, the log knows the lsn as a logical record, so neither a pass nor a
     /// checkpoint's "first unapplied record" passes over it. `None` when the log is full.
     pub fn enqueue(
@@ -613,9 +539,15 @@ impl Backend {
                 return Err(error);
             }
         };
-        crate::sync::lock_briefly(&self.queue).deposit(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
+        self.deposits.deposit(Queued { lsn, op: Arc::new(op), reserved_blocks, image_blocks });
         self.last_queued_lsn.fetch_max(lsn, Ordering::AcqRel);
         Ok(Some(lsn))
+    }
+
+    /// Takes the next durable records deposited, in lsn order (`Consumer::take_prefix`).
+    fn take_prefix(&self, durable_lsn: u64, max: usize, image_blocks_max: u64) -> Vec<Queued> {
+        let passes_over = |lsn| deposits::log_passes_over(&self.log, lsn);
+        self.queue.lock().take_prefix(&self.deposits, durable_lsn, max, image_blocks_max, &passes_over)
     }
 
     // ------------------------------------------------------------------ the thread
@@ -639,7 +571,7 @@ impl Backend {
                 Err(_) => return,
             }
             let durable = self.log.durable_lsn();
-            let waiting = self.queue.lock().first_deposited();
+            let waiting = self.queue.lock().first_waiting(self.last_queued_lsn.load(Ordering::Acquire));
             match waiting {
                 // Records are waiting to become durable: the log's flusher makes them so.
                 Some(lsn) if lsn > durable => {
@@ -658,7 +590,11 @@ impl Backend {
                 }
                 None => {
                     let mut queue = self.queue.lock();
-                    if queue.first_deposited().is_none() && !self.stop.load(Ordering::Acquire) && !self.is_failed() {
+                    let last_queued = self.last_queued_lsn.load(Ordering::Acquire);
+                    if queue.first_waiting(last_queued).is_none()
+                        && !self.stop.load(Ordering::Acquire)
+                        && !self.is_failed()
+                    {
                         self.queue_signal.wait_for(&mut queue, Duration::from_millis(200));
                     }
                 }
@@ -693,7 +629,7 @@ impl Backend {
             self.log.reserve_image_blocks().saturating_sub(self.pledges.dirty_blocks() + in_flight_blocks);
         let mut batch: Vec<Queued> =
             if policy.jobs.len() < JOBS_IN_FLIGHT_MAX && (room_blocks > 0 || policy.jobs.is_empty()) {
-                self.queue.lock().take_prefix(durable, batch_max, room_blocks, &self.log)
+                self.take_prefix(durable, batch_max, room_blocks)
             } else {
                 Vec::new()
             };
@@ -731,7 +667,7 @@ impl Backend {
         if space_low {
             // Back to the head of the queue, in lsn order: they precede everything queued since.
             let leftover = batch.split_off(applied_count);
-            self.queue.lock().put_back(leftover);
+            self.queue.lock().put_back(&self.deposits, leftover);
         }
         self.publish_applied(&mut policy, &batch, owned_blocks, free_blocks, pending_free_blocks, sink);
         self.maybe_checkpoint(&mut policy, space_low, sink)?;
@@ -1225,7 +1161,7 @@ mod tests {
         let lsn = enqueue_root_touch(&backend);
         backend.log.flush().unwrap();
         let mut policy = backend.policy.lock();
-        let batch = backend.queue.lock().take_prefix(backend.log.durable_lsn(), 16, u64::MAX, &backend.log);
+        let batch = backend.take_prefix(backend.log.durable_lsn(), 16, u64::MAX);
         assert_eq!(batch.len(), 1);
         let groups = parallel::group_by_inode(&batch);
         backend.submit_batch(backend.pool.as_ref().unwrap(), &mut policy, batch, groups);

@@ -14,6 +14,7 @@
 //! A crash before 2 completes leaves the old checkpoint and the log intact; after it, mount
 //! finds the commit, writes its images home again and finishes step 4.
 
+mod deposits;
 pub mod driver;
 pub mod parallel;
 pub mod record;
