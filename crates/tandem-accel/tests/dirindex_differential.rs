@@ -1440,7 +1440,7 @@ mod ring_index {
         ) -> Result<Vec<T>> {
             let mut out = Vec::new();
             let failure = |reason: String| AccelError::Device(reason);
-            ring::express_query(
+            let stamps = ring::express_query(
                 &self.ring,
                 requests,
                 command,
@@ -1450,7 +1450,22 @@ mod ring_index {
                 &failure,
                 &mut out,
             )?;
+            Self::check_stamps(&stamps);
             Ok(out)
+        }
+
+        /// The stamps the benchmark splits a round trip with: each side's in order, and the
+        /// kernel's span (doorbell seen → answers stored) inside the host's wait (doorbell rung →
+        /// done seen). The host build's GPU clock is the host's monotonic clock, as `Instant`'s.
+        fn check_stamps(stamps: &ring::ExpressStamps) {
+            let (host, kernel) = (stamps.host, stamps.kernel);
+            assert!(host.called <= host.encoded && host.encoded <= host.published, "{host:?}");
+            assert!(host.published <= host.done_seen && host.done_seen <= host.decoded, "{host:?}");
+            assert!(kernel.seen_ns > 0 && kernel.seen_ns <= kernel.staged_ns, "{kernel:?}");
+            assert!(kernel.staged_ns <= kernel.answered_ns, "{kernel:?}");
+            let kernel_span = Duration::from_nanos(kernel.answered_ns - kernel.seen_ns);
+            let waited = host.done_seen - host.published;
+            assert!(kernel_span <= waited, "kernel span {kernel_span:?} outside the host's wait {waited:?}");
         }
 
         pub fn express_lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
