@@ -150,7 +150,8 @@ struct Tables {
     u32* entry_hash;
     u64* entry_parent;
     u64* entry_child;
-    u64* entry_name;    // arena offset << 8 | length
+    u64* entry_name;    // arena offset << 8 | length, or a short name's bytes << 8 | length
+
     u64 entry_mask;     // capacity - 1 (capacity a power of two)
     u32* inode_state;
     u32* inode_flags;
@@ -299,12 +300,40 @@ __device__ __forceinline__ u32 inode_flags_of(const Tables& t, long long slot) {
 #define PROBE_MISS 1
 #define PROBE_LIMIT 2
 
+// A name of at most this many bytes lives in its slot's name word (bytes << 8 | length), not in
+// the arena: comparing it costs no memory round trip after the probe's own loads (the arena
+// word was one more dependent load, on every step of a walk).
+#define INLINE_NAME_BYTES 7u
+// Arena words of a long name loaded together before they are compared.
+#define NAME_WORDS_AT_ONCE 4u
+
+__device__ __forceinline__ bool name_is_inline(u32 length) { return length <= INLINE_NAME_BYTES; }
+
+// Word `index` of the name in slot word `packed` (its length known to be `length`).
+__device__ __forceinline__ u64 stored_name_word(const Tables& t, u64 packed, u32 length, u32 index) {
+    return name_is_inline(length) ? (packed >> 8) : load_table_u64(&t.arena[(packed >> 8) / 8 + index]);
+}
+
+// Whether slot word `packed` names `words` (masked, `length` bytes). A long name's arena words
+// are loaded NAME_WORDS_AT_ONCE at a time before any is compared, so a name of up to 32 bytes
+// costs one round trip, not one per word.
 __device__ bool arena_name_equals(const Tables& t, u64 packed, const u64* words, u32 length) {
     if ((u32)(packed & 0xFF) != length) return false;
-    const u64 offset_words = (packed >> 8) / 8;
+    if (name_is_inline(length)) return (packed >> 8) == words[0];
+    const u64* stored = &t.arena[(packed >> 8) / 8];
     const u32 count = (length + 7) / 8;
-    for (u32 index = 0; index < count; ++index) {
-        if (load_table_u64(&t.arena[offset_words + index]) != words[index]) return false;
+    for (u32 first = 0; first < count; first += NAME_WORDS_AT_ONCE) {
+        u64 loaded[NAME_WORDS_AT_ONCE];
+#pragma unroll
+        for (u32 index = 0; index < NAME_WORDS_AT_ONCE; ++index) {
+            loaded[index] = first + index < count ? load_table_u64(stored + first + index) : 0ull;
+        }
+        bool same = true;
+#pragma unroll
+        for (u32 index = 0; index < NAME_WORDS_AT_ONCE; ++index) {
+            same = same && (first + index >= count || loaded[index] == words[first + index]);
+        }
+        if (!same) return false;
     }
     return true;
 }
@@ -326,19 +355,25 @@ __device__ int entry_find(const Tables& t, u64 parent, const u64* words, u32 len
     return PROBE_LIMIT;
 }
 
-// Writes a claimed entry slot and publishes it. false when the arena is full.
+// Writes a claimed entry slot and publishes it. false when the arena is full. A short name
+// goes into the slot's name word (`words` is masked, so its top byte is zero), a long one
+// into the arena.
 __device__ bool entry_fill(const Tables& t, u64 slot, u64 parent, const u64* words, u32 length, u64 hash, u64 child) {
-    const u32 count = (length + 7) / 8;
-    const u64 offset_words = atomicAdd(&t.control->arena_top, (u64)count);
-    if (offset_words + count > t.arena_words) {
-        atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
-        return false;
+    u64 packed = (words[0] << 8) | length;
+    if (!name_is_inline(length)) {
+        const u32 count = (length + 7) / 8;
+        const u64 offset_words = atomicAdd(&t.control->arena_top, (u64)count);
+        if (offset_words + count > t.arena_words) {
+            atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
+            return false;
+        }
+        for (u32 index = 0; index < count; ++index) t.arena[offset_words + index] = words[index];
+        packed = ((offset_words * 8) << 8) | length;
     }
-    for (u32 index = 0; index < count; ++index) t.arena[offset_words + index] = words[index];
     t.entry_hash[slot] = (u32)(hash >> 32);
     t.entry_parent[slot] = parent;
     t.entry_child[slot] = child;
-    t.entry_name[slot] = ((offset_words * 8) << 8) | length;
+    t.entry_name[slot] = packed;
     __threadfence();
     atomicExch(&t.entry_state[slot], SLOT_FULL);
     return true;
@@ -536,44 +571,85 @@ __device__ __forceinline__ bool may_search(u32 owner, u32 group, u32 permissions
 
 #define WALK_ON 0u
 
+// Where the walk stands: the record of `inode` (null when the index holds no attributes for
+// it) and every field a step reads, loaded together with the probe that found it.
+struct WalkRecord {
+    const IndexAttributes* record;
+    u64 parent;
+    u32 kind, owner, group, permissions;
+    bool complete;
+};
+
+// The record of `inode` for the walk. Each probe loads the slot's state, key and flags and the
+// record's kind, uid, gid, permissions and parent at once (the record of a slot that turns out
+// not to be the inode's is read and dropped): one dependent round trip when the inode sits in
+// its home slot, where finding the slot and then reading the fields took two.
+__device__ WalkRecord walk_record_stable(const Tables& t, u64 inode) {
+    WalkRecord found = {nullptr, 0, 0, 0, 0, 0, false};
+    u64 slot = inode_hash_of(inode) & t.inode_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.inode_mask; ++probe) {
+        const IndexAttributes* record = &t.inode_attributes[slot];
+        const u32 state = load_table_u32(&t.inode_state[slot]);
+        const u64 key = load_table_u64(&t.inode_key[slot]);
+        const u32 flags = load_table_u32(&t.inode_flags[slot]);
+        const u32 kind = load_table_u32(&record->kind);
+        const u32 owner = load_table_u32(&record->uid);
+        const u32 group = load_table_u32(&record->gid);
+        const u32 permissions = load_table_u32(&record->permissions);
+        const u64 parent = load_table_u64(&record->parent);
+        if (state == SLOT_EMPTY) break;
+        if (state == SLOT_FULL && key == inode) {
+            found.complete = (flags & FLAG_COMPLETE) != 0;
+            if (flags & FLAG_ATTRIBUTES) {
+                found.record = record;
+                found.parent = parent;
+                found.kind = kind;
+                found.owner = owner;
+                found.group = group;
+                found.permissions = permissions;
+            }
+            break;
+        }
+        slot = (slot + 1) & t.inode_mask;
+    }
+    return found;
+}
+
 // One component of the walk (resolve_walk in mod.rs, step for step): `words` holds its first
-// 255 bytes, `length` its whole length; `*here` is the attributes of `*current` (null when the
-// index has none). WALK_ON to go on, else the answer.
+// 255 bytes, `length` its whole length; `*here` is where the walk stands, `*current` its inode.
+// WALK_ON to go on, else the answer.
 //
 // The walk carries `here` from one step to the next instead of looking `current` up again:
 // the child's record found by the lookup is the record of the inode the walk goes to, because
-// a record is stored under its own inode (apply refuses a record whose inode is not its key),
-// exactly as the twin keys its map by `attributes.inode`.
-__device__ u32 walk_component(const Tables& t, u64* current, const IndexAttributes** here, const u64* words, u32 length,
+// a record is stored under its own inode (apply and create refuse or never make a record whose
+// inode is not its key), exactly as the twin keys its map by `attributes.inode`; so the child's
+// inode is the entry's child, not a load from the record.
+//
+// The lookup is the twin's rule (lookup_one) with what the walk already knows: `here` is a
+// directory with attributes, so a miss is NotFound when it is complete (and nothing
+// overflowed), else Unknown, without probing for the directory again.
+__device__ u32 walk_component(const Tables& t, u64* current, WalkRecord* here, const u64* words, u32 length,
                               u32 uid, u32 gid) {
-    const IndexAttributes* directory = *here;
-    if (!directory) return STATUS_NEEDS_CPU;
-    // Every field the step may need, loaded at once.
-    const u32 kind = load_table_u32(&directory->kind);
-    const u32 owner = load_table_u32(&directory->uid);
-    const u32 group = load_table_u32(&directory->gid);
-    const u32 permissions = load_table_u32(&directory->permissions);
-    const u64 parent = load_table_u64(&directory->parent);
-    if (kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    if (!may_search(owner, group, permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
+    if (!here->record) return STATUS_NEEDS_CPU;
+    if (here->kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (!may_search(here->owner, here->group, here->permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
     if (length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 1 && (words[0] & 0xFF) == '.') return WALK_ON;
     if (length == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
         if (*current != t.root) {
-            *current = parent;
-            *here = attributes_stable(t, parent);
+            *current = here->parent;
+            *here = walk_record_stable(t, *current);
         }
         return WALK_ON;
     }
-    const IndexAttributes* child = nullptr;
-    const u32 status = lookup_one(t, *current, words, length, &child);
-    if (status == STATUS_NOT_FOUND) return STATUS_NOT_FOUND;
-    if (status != STATUS_FOUND) return STATUS_NEEDS_CPU;
-    const u32 child_kind = load_table_u32(&child->kind);
-    const u64 child_inode = load_table_u64(&child->inode);
-    if (child_kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
-    *current = child_inode;
-    *here = child;
+    u64 child = 0;
+    const int probe_result = entry_find_stable(t, *current, words, length, entry_hash_of(*current, words, length), &child);
+    if (probe_result == PROBE_MISS) return (here->complete && !overflowed(t)) ? STATUS_NOT_FOUND : STATUS_NEEDS_CPU;
+    if (probe_result != PROBE_HIT) return STATUS_NEEDS_CPU;
+    const WalkRecord next = walk_record_stable(t, child);
+    if (!next.record || next.kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
+    *current = child;
+    *here = next;
     return WALK_ON;
 }
 
@@ -583,8 +659,10 @@ static_assert(PATH_HEAD_WORDS == 4, "resolve_one names head0..head3");
 
 // The path is read once, front to back: its first PATH_HEAD_WORDS words with loads issued
 // together (from mapped host memory each is a PCIe read of about 1 µs, so a path of up to 32
-// bytes costs one round trip, not one per word), the rest a word at a time as the walk reaches
-// them. Bytes gather into the current component, and a '/' or the end walks it.
+// bytes costs one round trip, not one per word; the express path reads them from shared
+// memory), the rest a word at a time as the walk reaches them. Bytes gather into the current
+// component in a register, stored into `words` a whole word at a time, and a '/' or the end
+// walks it.
 __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
                            const IndexAttributes** result) {
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
@@ -595,9 +673,10 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     const u64 head2 = path_words > 2 ? load_volatile_u64(source + 2) : 0ull;
     const u64 head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
     u64 current = t.root;
-    const IndexAttributes* here = attributes_stable(t, current);
+    WalkRecord here = walk_record_stable(t, current);
     u64 words[MAXIMUM_NAME_WORDS];
     u32 component = 0;
+    u64 name_word = 0;  // the component's bytes since its last whole word
     u64 word = 0;
     u32 last_byte = 0;
     // One pass per byte and one for the end: at most 4097.
@@ -617,20 +696,27 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
         }
         if (byte != '/') {
             if (component < MAXIMUM_NAME_BYTES) {
-                const u64 shifted = (u64)byte << (8 * (component & 7));
-                words[component / 8] = (component & 7) == 0 ? shifted : (words[component / 8] | shifted);
+                name_word |= (u64)byte << (8 * (component & 7));
+                if ((component & 7) == 7) {
+                    words[component / 8] = name_word;
+                    name_word = 0;
+                }
             }
             ++component;
             continue;
         }
         if (component == 0) continue;
+        // The last, partial word (bytes past the name are zero: the word was cleared when it began).
+        const u32 kept = component < MAXIMUM_NAME_BYTES ? component : MAXIMUM_NAME_BYTES;
+        if ((kept & 7) != 0) words[kept / 8] = name_word;
         const u32 status = walk_component(t, &current, &here, words, component, uid, gid);
         if (status != WALK_ON) return status;
         component = 0;
+        name_word = 0;
     }
-    if (!here) return STATUS_NEEDS_CPU;
-    if (last_byte == '/' && load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    *result = here;
+    if (!here.record) return STATUS_NEEDS_CPU;
+    if (last_byte == '/' && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    *result = here.record;
     return STATUS_FOUND;
 }
 
@@ -882,8 +968,7 @@ __device__ void serve_list(const Tables& t, const Command& c, u64 thread, u64 th
         u64* record = (u64*)(c.answers + at);
         record[0] = load_table_u64(&t.entry_child[slot]);
         record[1] = (u64)length;
-        const u64 offset_words = (packed >> 8) / 8;
-        for (u32 index = 0; index < count; ++index) record[2 + index] = load_table_u64(&t.arena[offset_words + index]);
+        for (u32 index = 0; index < count; ++index) record[2 + index] = stored_name_word(t, packed, length, index);
     }
 }
 
