@@ -205,6 +205,13 @@ __device__ __forceinline__ u64 clock_ns() {
     return value;
 #endif
 }
+// Asks L2 for the line holding `address` without waiting for it (no register is written): the
+// walk's record loads come first, the answer writer's loads of the whole record later.
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+#ifndef DIRINDEX_HOST_EMULATION
+    asm volatile("prefetch.global.L2 [%0];" : : "l"(address));
+#endif
+}
 // Table data written by other SMs in earlier commands: cached in L2 only.
 __device__ __forceinline__ u64 load_table_u64(const u64* address) { return __ldcg(address); }
 __device__ __forceinline__ u32 load_table_u32(const u32* address) { return __ldcg(address); }
@@ -601,6 +608,12 @@ __device__ WalkRecord walk_record_stable(const Tables& t, u64 inode) {
         if (state == SLOT_FULL && key == inode) {
             found.complete = (flags & FLAG_COMPLETE) != 0;
             if (flags & FLAG_ATTRIBUTES) {
+                // The sectors of the 104-byte record the fields above did not bring: if the
+                // walk ends here, the answer writer reads them from L2, not from memory.
+                prefetch_l2(record);
+                prefetch_l2((const u8*)record + 32);
+                prefetch_l2((const u8*)record + 64);
+                prefetch_l2((const u8*)record + sizeof(IndexAttributes) - 1);
                 found.record = record;
                 found.parent = parent;
                 found.kind = kind;
