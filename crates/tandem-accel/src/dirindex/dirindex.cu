@@ -448,24 +448,50 @@ __device__ const IndexAttributes* attributes_stable(const Tables& t, u64 inode) 
     return (slot >= 0 && (flags & FLAG_ATTRIBUTES)) ? &t.inode_attributes[slot] : nullptr;
 }
 
-// entry_find for queries: PROBE_HIT with *child set, PROBE_MISS or PROBE_LIMIT.
-__device__ int entry_find_stable(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* child) {
-    const u32 tag = (u32)(hash >> 32);
-    u64 slot = hash & t.entry_mask;
-    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
-        const u32 state = load_table_u32(&t.entry_state[slot]);
-        const u32 slot_tag = load_table_u32(&t.entry_hash[slot]);
-        const u64 slot_parent = load_table_u64(&t.entry_parent[slot]);
-        const u64 packed = load_table_u64(&t.entry_name[slot]);
-        const u64 slot_child = load_table_u64(&t.entry_child[slot]);
-        if (state == SLOT_EMPTY) return PROBE_MISS;
-        if (state == SLOT_FULL && slot_tag == tag && slot_parent == parent && arena_name_equals(t, packed, words, length)) {
-            *child = slot_child;
-            return PROBE_HIT;
-        }
+// The fields of one entry slot a query compares, loaded together.
+struct EntrySlotFields {
+    u32 state, tag;
+    u64 parent, packed, child;
+};
+
+__device__ __forceinline__ EntrySlotFields load_entry_slot(const Tables& t, u64 slot) {
+    EntrySlotFields f;
+    f.state = load_table_u32(&t.entry_state[slot]);
+    f.tag = load_table_u32(&t.entry_hash[slot]);
+    f.parent = load_table_u64(&t.entry_parent[slot]);
+    f.packed = load_table_u64(&t.entry_name[slot]);
+    f.child = load_table_u64(&t.entry_child[slot]);
+    return f;
+}
+
+#define PROBE_GO_ON 3
+
+// What one probed slot says: PROBE_HIT (*child set), PROBE_MISS, or PROBE_GO_ON to the next.
+__device__ __forceinline__ int entry_slot_says(const Tables& t, const EntrySlotFields& f, u32 tag, u64 parent,
+                                               const u64* words, u32 length, u64* child) {
+    if (f.state == SLOT_EMPTY) return PROBE_MISS;
+    if (f.state == SLOT_FULL && f.tag == tag && f.parent == parent && arena_name_equals(t, f.packed, words, length)) {
+        *child = f.child;
+        return PROBE_HIT;
+    }
+    return PROBE_GO_ON;
+}
+
+// entry_find for queries from probe number `first_probe` at `slot` on: PROBE_HIT with *child
+// set, PROBE_MISS or PROBE_LIMIT.
+__device__ int entry_find_stable_from(const Tables& t, u64 parent, const u64* words, u32 length, u32 tag, u64 slot,
+                                      u32 first_probe, u64* child) {
+    for (u32 probe = first_probe; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
+        const int says = entry_slot_says(t, load_entry_slot(t, slot), tag, parent, words, length, child);
+        if (says != PROBE_GO_ON) return says;
         slot = (slot + 1) & t.entry_mask;
     }
     return PROBE_LIMIT;
+}
+
+// entry_find for queries: PROBE_HIT with *child set, PROBE_MISS or PROBE_LIMIT.
+__device__ int entry_find_stable(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* child) {
+    return entry_find_stable_from(t, parent, words, length, (u32)(hash >> 32), hash & t.entry_mask, 0, child);
 }
 
 // ---------------------------------------------------------------- answers
@@ -576,8 +602,6 @@ __device__ __forceinline__ bool may_search(u32 owner, u32 group, u32 permissions
     return (permissions & bit) != 0;
 }
 
-#define WALK_ON 0u
-
 // Where the walk stands: the record of `inode` (null when the index holds no attributes for
 // it) and every field a step reads, loaded together with the probe that found it.
 struct WalkRecord {
@@ -628,107 +652,173 @@ __device__ WalkRecord walk_record_stable(const Tables& t, u64 inode) {
     return found;
 }
 
-// One component of the walk (resolve_walk in mod.rs, step for step): `words` holds its first
-// 255 bytes, `length` its whole length; `*here` is where the walk stands, `*current` its inode.
-// WALK_ON to go on, else the answer.
+// The lookup of the next component, begun early: its home entry slot's fields were loaded
+// together with the record of the directory it is looked up in (`begin_step`), so the
+// directory's record and the entry's first slot cost one round trip, not two in turn.
+struct EntryProbe {
+    bool begun;
+    u32 tag;
+    u64 parent, slot;
+    EntrySlotFields home;
+};
+
+// Whether a component is looked up in its directory (not `.`, `..` or too long to name).
+__device__ __forceinline__ bool looked_up(const u64* words, u32 length) {
+    if (length > MAXIMUM_NAME_BYTES) return false;
+    if (length == 1 && (words[0] & 0xFF) == '.') return false;
+    return !(length == 2 && (words[0] & 0xFFFF) == 0x2E2E);
+}
+
+// Where the walk stands next: the record of `inode` (walk_record_stable) and, when `words`
+// (the component after it, `length` bytes) is looked up there, that lookup's home slot, their
+// loads issued together. Nothing is decided from the entry's fields before the record's checks:
+// loading them early changes no answer.
+__device__ WalkRecord begin_step(const Tables& t, u64 inode, const u64* words, u32 length, EntryProbe* probe) {
+    probe->begun = words != nullptr && looked_up(words, length);
+    if (probe->begun) {
+        const u64 hash = entry_hash_of(inode, words, length);
+        probe->tag = (u32)(hash >> 32);
+        probe->parent = inode;
+        probe->slot = hash & t.entry_mask;
+        probe->home = load_entry_slot(t, probe->slot);
+    }
+    return walk_record_stable(t, inode);
+}
+
+// The lookup of `words` in `parent`: from the home slot begun with it, else from scratch.
+__device__ int finish_lookup(const Tables& t, const EntryProbe& probe, u64 parent, const u64* words, u32 length,
+                             u64* child) {
+    if (!probe.begun) return entry_find_stable(t, parent, words, length, entry_hash_of(parent, words, length), child);
+    const int says = entry_slot_says(t, probe.home, probe.tag, parent, words, length, child);
+    if (says != PROBE_GO_ON) return says;
+    return entry_find_stable_from(t, parent, words, length, probe.tag, (probe.slot + 1) & t.entry_mask, 1, child);
+}
+
+// Reads a path front to back: its first PATH_HEAD_WORDS words loaded together before the walk
+// starts (from mapped host memory each is a PCIe read of about 1 µs, so a path of up to 32
+// bytes costs one round trip, not one per word; the express path reads them from shared
+// memory), the rest a word at a time as reached.
+#define PATH_HEAD_WORDS 4u
+struct PathCursor {
+    const u64* source;
+    u64 head0, head1, head2, head3;
+    u32 length, position;
+    u64 word;
+    u32 last_byte;
+};
+
+__device__ __forceinline__ u64 path_word(const PathCursor& p, u32 index) {
+    return index == 0   ? p.head0
+           : index == 1 ? p.head1
+           : index == 2 ? p.head2
+           : index == 3 ? p.head3
+                        : load_volatile_u64(p.source + index);
+}
+
+// The next non-empty component: its first 255 bytes into `words` (masked: bytes past it in its
+// last word are zero), its whole length into *length; false at the end of the path. Bytes
+// gather in a register and are stored a whole word at a time. Bounded by the path's length.
+__device__ bool next_component(PathCursor* p, u64* words, u32* length) {
+    u32 component = 0;
+    u64 name_word = 0;
+    for (; p->position < p->length; ++p->position) {
+        if ((p->position & 7) == 0) p->word = path_word(*p, p->position / 8);
+        const u32 byte = (u32)((p->word >> (8 * (p->position & 7))) & 0xFF);
+        p->last_byte = byte;
+        if (byte == '/') {
+            if (component != 0) break;
+            continue;
+        }
+        if (component < MAXIMUM_NAME_BYTES) {
+            name_word |= (u64)byte << (8 * (component & 7));
+            if ((component & 7) == 7) {
+                words[component / 8] = name_word;
+                name_word = 0;
+            }
+        }
+        ++component;
+    }
+    if (component == 0) return false;
+    const u32 kept = component < MAXIMUM_NAME_BYTES ? component : MAXIMUM_NAME_BYTES;
+    if ((kept & 7) != 0) words[kept / 8] = name_word;
+    *length = component;
+    return true;
+}
+
+// The walk (resolve_walk in mod.rs, step for step) with one component of look-ahead: when the
+// walk reaches a directory, the lookup of the component after it starts with the directory's
+// own record (begin_step), so a step of a path waits for about two dependent round trips
+// in all (the entry's home slot with the directory's record, then the child's record with the
+// next entry's home slot): /dA/fB is three where it was six.
 //
 // The walk carries `here` from one step to the next instead of looking `current` up again:
 // the child's record found by the lookup is the record of the inode the walk goes to, because
 // a record is stored under its own inode (apply and create refuse or never make a record whose
 // inode is not its key), exactly as the twin keys its map by `attributes.inode`; so the child's
-// inode is the entry's child, not a load from the record.
-//
-// The lookup is the twin's rule (lookup_one) with what the walk already knows: `here` is a
-// directory with attributes, so a miss is NotFound when it is complete (and nothing
-// overflowed), else Unknown, without probing for the directory again.
-__device__ u32 walk_component(const Tables& t, u64* current, WalkRecord* here, const u64* words, u32 length,
-                              u32 uid, u32 gid) {
-    if (!here->record) return STATUS_NEEDS_CPU;
-    if (here->kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    if (!may_search(here->owner, here->group, here->permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
-    if (length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
-    if (length == 1 && (words[0] & 0xFF) == '.') return WALK_ON;
-    if (length == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
-        if (*current != t.root) {
-            *current = here->parent;
-            *here = walk_record_stable(t, *current);
-        }
-        return WALK_ON;
-    }
-    u64 child = 0;
-    const int probe_result = entry_find_stable(t, *current, words, length, entry_hash_of(*current, words, length), &child);
-    if (probe_result == PROBE_MISS) return (here->complete && !overflowed(t)) ? STATUS_NOT_FOUND : STATUS_NEEDS_CPU;
-    if (probe_result != PROBE_HIT) return STATUS_NEEDS_CPU;
-    const WalkRecord next = walk_record_stable(t, child);
-    if (!next.record || next.kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
-    *current = child;
-    *here = next;
-    return WALK_ON;
-}
-
-// Words of a path loaded together before the walk starts (the rest one at a time as reached).
-#define PATH_HEAD_WORDS 4u
-static_assert(PATH_HEAD_WORDS == 4, "resolve_one names head0..head3");
-
-// The path is read once, front to back: its first PATH_HEAD_WORDS words with loads issued
-// together (from mapped host memory each is a PCIe read of about 1 µs, so a path of up to 32
-// bytes costs one round trip, not one per word; the express path reads them from shared
-// memory), the rest a word at a time as the walk reaches them. Bytes gather into the current
-// component in a register, stored into `words` a whole word at a time, and a '/' or the end
-// walks it.
+// inode is the entry's child, not a load from the record. A lookup's miss is decided from the
+// directory the walk stands in (a directory with attributes): NotFound when it is complete and
+// nothing overflowed, else Unknown (lookup_one's rule without probing for the directory again).
 __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
                            const IndexAttributes** result) {
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 0) return STATUS_NOT_FOUND;
     const u32 path_words = (length + 7) / 8;
-    const u64 head0 = load_volatile_u64(source);
-    const u64 head1 = path_words > 1 ? load_volatile_u64(source + 1) : 0ull;
-    const u64 head2 = path_words > 2 ? load_volatile_u64(source + 2) : 0ull;
-    const u64 head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
-    u64 current = t.root;
-    WalkRecord here = walk_record_stable(t, current);
-    u64 words[MAXIMUM_NAME_WORDS];
+    PathCursor path;
+    path.source = source;
+    path.head0 = load_volatile_u64(source);
+    path.head1 = path_words > 1 ? load_volatile_u64(source + 1) : 0ull;
+    path.head2 = path_words > 2 ? load_volatile_u64(source + 2) : 0ull;
+    path.head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
+    path.length = length;
+    path.position = 0;
+    path.word = 0;
+    path.last_byte = 0;
+    // This component's words and the next one's, swapped as the walk goes.
+    u64 first_words[MAXIMUM_NAME_WORDS], second_words[MAXIMUM_NAME_WORDS];
+    u64* words = first_words;
+    u64* ahead = second_words;
     u32 component = 0;
-    u64 name_word = 0;  // the component's bytes since its last whole word
-    u64 word = 0;
-    u32 last_byte = 0;
-    // One pass per byte and one for the end: at most 4097.
-    for (u32 position = 0; position <= length; ++position) {
-        u32 byte = '/';
-        if (position < length) {
-            if ((position & 7) == 0) {
-                const u32 index = position / 8;
-                word = index == 0   ? head0
-                       : index == 1 ? head1
-                       : index == 2 ? head2
-                       : index == 3 ? head3
-                                    : load_volatile_u64(source + index);
+    bool more = next_component(&path, words, &component);
+    u64 current = t.root;
+    EntryProbe probe;
+    WalkRecord here = begin_step(t, current, more ? words : nullptr, component, &probe);
+    // Each pass walks one component of at least one byte: at most 4096.
+    while (more) {
+        if (!here.record) return STATUS_NEEDS_CPU;
+        if (here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+        if (!may_search(here.owner, here.group, here.permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
+        if (component > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
+        u32 next = 0;
+        const bool more_after = next_component(&path, ahead, &next);
+        const u64* next_words = more_after ? ahead : nullptr;
+        if (component == 1 && (words[0] & 0xFF) == '.') {
+            // Stays: the next lookup is begun in the same directory when it is reached.
+            probe.begun = false;
+        } else if (component == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
+            if (current != t.root) {
+                current = here.parent;
+                here = begin_step(t, current, next_words, next, &probe);
+            } else {
+                probe.begun = false;
             }
-            byte = (u32)((word >> (8 * (position & 7))) & 0xFF);
-            last_byte = byte;
+        } else {
+            u64 child = 0;
+            const int found = finish_lookup(t, probe, current, words, component, &child);
+            if (found == PROBE_MISS) return (here.complete && !overflowed(t)) ? STATUS_NOT_FOUND : STATUS_NEEDS_CPU;
+            if (found != PROBE_HIT) return STATUS_NEEDS_CPU;
+            const WalkRecord reached = begin_step(t, child, next_words, next, &probe);
+            if (!reached.record || reached.kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
+            current = child;
+            here = reached;
         }
-        if (byte != '/') {
-            if (component < MAXIMUM_NAME_BYTES) {
-                name_word |= (u64)byte << (8 * (component & 7));
-                if ((component & 7) == 7) {
-                    words[component / 8] = name_word;
-                    name_word = 0;
-                }
-            }
-            ++component;
-            continue;
-        }
-        if (component == 0) continue;
-        // The last, partial word (bytes past the name are zero: the word was cleared when it began).
-        const u32 kept = component < MAXIMUM_NAME_BYTES ? component : MAXIMUM_NAME_BYTES;
-        if ((kept & 7) != 0) words[kept / 8] = name_word;
-        const u32 status = walk_component(t, &current, &here, words, component, uid, gid);
-        if (status != WALK_ON) return status;
-        component = 0;
-        name_word = 0;
+        u64* walked = words;
+        words = ahead;
+        ahead = walked;
+        component = next;
+        more = more_after;
     }
     if (!here.record) return STATUS_NEEDS_CPU;
-    if (last_byte == '/' && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (path.last_byte == '/' && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
     *result = here.record;
     return STATUS_FOUND;
 }
