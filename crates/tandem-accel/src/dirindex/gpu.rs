@@ -493,7 +493,7 @@ impl GpuDirectoryIndex {
         self.express_enabled.store(enabled, Ordering::Relaxed);
     }
 
-    /// One path resolved by the express path, with the kernel's time stamps (benchmark).
+    /// One path resolved by the express path, with both sides' time stamps (benchmark).
     pub fn resolve_express_timed(
         &self,
         path: &[u8],
