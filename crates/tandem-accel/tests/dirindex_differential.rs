@@ -707,6 +707,95 @@ fn kernel_source_overflow_turns_negatives_into_unknown() {
     assert_eq!(kernel.resolve(&paths, Credentials::ROOT).unwrap()[0], tandem_accel::dirindex::ResolveResult::NeedsCpu);
 }
 
+/// Names of at most 7 bytes live in their entry slot, so a walk compares them without a load
+/// from the arena: they take no arena words, longer ones take theirs, and every name of 1 to
+/// 40 bytes is found, listed, resolved, replaced, removed and created as the twin does.
+#[test]
+fn kernel_source_keeps_short_names_in_their_slots() {
+    let kernel = match emulator::EmulatedKernel::build(ROOT, 4096) {
+        Ok(kernel) => kernel,
+        Err(reason) => {
+            println!("no C++ compiler: skipped ({reason})");
+            return;
+        }
+    };
+    let cpu = CpuDirectoryIndex::new(ROOT, 2).unwrap();
+    let mut root = IndexAttributes::new(ROOT, IndexKind::Directory, 0o755);
+    root.parent = ROOT;
+    let mut updates = vec![IndexUpdate::SetAttributes(root), IndexUpdate::MarkComplete(ROOT)];
+    // A name of every length from 1 to 40 bytes, and one ending in a zero-looking byte pattern.
+    let names: Vec<Vec<u8>> =
+        (1..=40usize).map(|length| (0..length).map(|i| b'a' + (i % 26) as u8).collect()).collect();
+    for (index, name) in names.iter().enumerate() {
+        let child = 100 + index as u64;
+        updates.push(IndexUpdate::InsertEntry { parent: ROOT, name: name.clone(), child });
+        let kind = if index % 2 == 0 { IndexKind::Directory } else { IndexKind::File };
+        let mut attributes = IndexAttributes::new(child, kind, 0o755);
+        attributes.parent = ROOT;
+        updates.push(IndexUpdate::SetAttributes(attributes));
+        if kind == IndexKind::Directory {
+            updates.push(IndexUpdate::MarkComplete(child));
+        }
+    }
+    assert_eq!(kernel.apply(&updates).unwrap().overflowed, 0);
+    cpu.apply(&updates).unwrap();
+    let long_words: u64 = names.iter().filter(|name| name.len() > 7).map(|name| name.len().div_ceil(8) as u64).sum();
+    assert_eq!(kernel.arena_words(), long_words, "short names took arena words");
+    let compare = |label: &str| {
+        let lookups: Vec<(u64, &[u8])> =
+            names.iter().map(|name| (ROOT, &name[..])).chain([(ROOT, &b"abcdefg"[..7])]).collect();
+        assert_eq!(kernel.lookup(&lookups).unwrap(), cpu.lookup(&lookups).unwrap(), "{label}");
+        let mut absent: Vec<(u64, Vec<u8>)> = names.iter().map(|name| (ROOT, [&name[..], b"x"].concat())).collect();
+        absent.push((ROOT, b"b".to_vec()));
+        let absent: Vec<(u64, &[u8])> = absent.iter().map(|(parent, name)| (*parent, &name[..])).collect();
+        assert_eq!(kernel.lookup(&absent).unwrap(), cpu.lookup(&absent).unwrap(), "{label}");
+        let paths: Vec<Vec<u8>> = names
+            .iter()
+            .flat_map(|name| [[b"/", &name[..]].concat(), [b"/", &name[..], b"/.", b"/../", &name[..], b"/"].concat()])
+            .collect();
+        let paths: Vec<&[u8]> = paths.iter().map(|path| &path[..]).collect();
+        assert_eq!(
+            kernel.resolve(&paths, Credentials::ROOT).unwrap(),
+            cpu.resolve(&paths, Credentials::ROOT).unwrap(),
+            "{label}"
+        );
+        assert_eq!(kernel.list(ROOT).unwrap(), cpu.list(ROOT).unwrap(), "{label}");
+    };
+    compare("inserted");
+    // Replaced children and removed names, short and long.
+    let mut changes = Vec::new();
+    for (index, name) in names.iter().enumerate().step_by(3) {
+        changes.push(IndexUpdate::InsertEntry {
+            parent: ROOT,
+            name: name.clone(),
+            child: 100 + ((index as u64 + 1) % 40),
+        });
+    }
+    for name in names.iter().skip(1).step_by(5) {
+        changes.push(IndexUpdate::RemoveEntry { parent: ROOT, name: name.clone() });
+    }
+    kernel.apply(&changes).unwrap();
+    cpu.apply(&changes).unwrap();
+    compare("changed");
+    // Creates of short and long names, some of them taken already.
+    let create_names: Vec<Vec<u8>> =
+        (1..=12usize).map(|length| vec![b'q'; length]).chain([names[0].clone(), names[9].clone()]).collect();
+    let requests: Vec<CreateEntry<'_>> = create_names
+        .iter()
+        .enumerate()
+        .map(|(index, name)| CreateEntry {
+            parent: ROOT,
+            name,
+            attributes: IndexAttributes {
+                parent: 0,
+                ..IndexAttributes::new(1000 + index as u64, IndexKind::File, 0o644)
+            },
+        })
+        .collect();
+    assert_eq!(kernel.create_entries(&requests).unwrap(), cpu.create_entries(&requests).unwrap());
+    compare("created");
+}
+
 mod emulator {
     use super::*;
     use std::ffi::{c_void, CString};
@@ -720,7 +809,7 @@ mod emulator {
     type Open = unsafe extern "C" fn(u64, u64, u64, u64) -> *mut c_void;
     type Close = unsafe extern "C" fn(*mut c_void);
     type Serve = unsafe extern "C" fn(*mut c_void, *mut u8, u64, u32);
-    type Counts = unsafe extern "C" fn(*mut c_void, *mut u64, *mut u64, *mut u64);
+    type Counts = unsafe extern "C" fn(*mut c_void, *mut u64, *mut u64, *mut u64, *mut u64);
     type Command = unsafe extern "C" fn(
         *mut c_void,
         u32,
@@ -909,11 +998,21 @@ mod emulator {
         /// Commands the serving loop served by block 0 alone, by the whole grid and by the
         /// express path.
         pub fn served_counts(&self) -> (u64, u64, u64) {
-            let state = *self.state.lock().unwrap();
-            let (mut alone, mut grid, mut express) = (0, 0, 0);
-            // SAFETY: out-parameters; the emulator lives until close.
-            unsafe { (self.counts)(state as *mut c_void, &mut alone, &mut grid, &mut express) };
+            let (alone, grid, express, _) = self.counts();
             (alone, grid, express)
+        }
+
+        /// Words of the name arena in use.
+        pub fn arena_words(&self) -> u64 {
+            self.counts().3
+        }
+
+        fn counts(&self) -> (u64, u64, u64, u64) {
+            let state = *self.state.lock().unwrap();
+            let (mut alone, mut grid, mut express, mut arena) = (0, 0, 0, 0);
+            // SAFETY: out-parameters; the emulator lives until close.
+            unsafe { (self.counts)(state as *mut c_void, &mut alone, &mut grid, &mut express, &mut arena) };
+            (alone, grid, express, arena)
         }
 
         pub fn entry_slots(&self) -> u64 {
@@ -1440,7 +1539,7 @@ mod ring_index {
         ) -> Result<Vec<T>> {
             let mut out = Vec::new();
             let failure = |reason: String| AccelError::Device(reason);
-            ring::express_query(
+            let stamps = ring::express_query(
                 &self.ring,
                 requests,
                 command,
@@ -1450,7 +1549,22 @@ mod ring_index {
                 &failure,
                 &mut out,
             )?;
+            Self::check_stamps(&stamps);
             Ok(out)
+        }
+
+        /// The stamps the benchmark splits a round trip with: each side's in order, and the
+        /// kernel's span (doorbell seen → answers stored) inside the host's wait (doorbell rung →
+        /// done seen). The host build's GPU clock is the host's monotonic clock, as `Instant`'s.
+        fn check_stamps(stamps: &ring::ExpressStamps) {
+            let (host, kernel) = (stamps.host, stamps.kernel);
+            assert!(host.called <= host.encoded && host.encoded <= host.published, "{host:?}");
+            assert!(host.published <= host.done_seen && host.done_seen <= host.decoded, "{host:?}");
+            assert!(kernel.seen_ns > 0 && kernel.seen_ns <= kernel.staged_ns, "{kernel:?}");
+            assert!(kernel.staged_ns <= kernel.answered_ns, "{kernel:?}");
+            let kernel_span = Duration::from_nanos(kernel.answered_ns - kernel.seen_ns);
+            let waited = host.done_seen - host.published;
+            assert!(kernel_span <= waited, "kernel span {kernel_span:?} outside the host's wait {waited:?}");
         }
 
         pub fn express_lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {

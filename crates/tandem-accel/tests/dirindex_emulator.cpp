@@ -273,9 +273,10 @@ extern "C" void dirindex_emulator_serve(void* emulator, u8* ring, u64 ring_slots
 }
 
 // Commands the serving loop served by block 0 alone, by the whole grid and by warp 0's express
-// path (since the last dirindex_emulator_serve began).
-extern "C" void dirindex_emulator_counts(void* emulator, u64* alone, u64* grid, u64* express) {
+// path (since the last dirindex_emulator_serve began), and the arena words names took.
+extern "C" void dirindex_emulator_counts(void* emulator, u64* alone, u64* grid, u64* express, u64* arena_words) {
     Emulator* e = (Emulator*)emulator;
+    *arena_words = __atomic_load_n(&e->control.arena_top, __ATOMIC_SEQ_CST);
     *alone = __atomic_load_n(&e->control.alone_commands, __ATOMIC_SEQ_CST);
     *grid = __atomic_load_n(&e->control.grid_commands, __ATOMIC_SEQ_CST);
     *express = __atomic_load_n(&e->control.express_commands, __ATOMIC_SEQ_CST);

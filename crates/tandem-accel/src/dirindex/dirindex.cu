@@ -150,7 +150,8 @@ struct Tables {
     u32* entry_hash;
     u64* entry_parent;
     u64* entry_child;
-    u64* entry_name;    // arena offset << 8 | length
+    u64* entry_name;    // arena offset << 8 | length, or a short name's bytes << 8 | length
+
     u64 entry_mask;     // capacity - 1 (capacity a power of two)
     u32* inode_state;
     u32* inode_flags;
@@ -202,6 +203,13 @@ __device__ __forceinline__ u64 clock_ns() {
     u64 value;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
     return value;
+#endif
+}
+// Asks L2 for the line holding `address` without waiting for it (no register is written): the
+// walk's record loads come first, the answer writer's loads of the whole record later.
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+#ifndef DIRINDEX_HOST_EMULATION
+    asm volatile("prefetch.global.L2 [%0];" : : "l"(address));
 #endif
 }
 // Table data written by other SMs in earlier commands: cached in L2 only.
@@ -299,12 +307,40 @@ __device__ __forceinline__ u32 inode_flags_of(const Tables& t, long long slot) {
 #define PROBE_MISS 1
 #define PROBE_LIMIT 2
 
+// A name of at most this many bytes lives in its slot's name word (bytes << 8 | length), not in
+// the arena: comparing it costs no memory round trip after the probe's own loads (the arena
+// word was one more dependent load, on every step of a walk).
+#define INLINE_NAME_BYTES 7u
+// Arena words of a long name loaded together before they are compared.
+#define NAME_WORDS_AT_ONCE 4u
+
+__device__ __forceinline__ bool name_is_inline(u32 length) { return length <= INLINE_NAME_BYTES; }
+
+// Word `index` of the name in slot word `packed` (its length known to be `length`).
+__device__ __forceinline__ u64 stored_name_word(const Tables& t, u64 packed, u32 length, u32 index) {
+    return name_is_inline(length) ? (packed >> 8) : load_table_u64(&t.arena[(packed >> 8) / 8 + index]);
+}
+
+// Whether slot word `packed` names `words` (masked, `length` bytes). A long name's arena words
+// are loaded NAME_WORDS_AT_ONCE at a time before any is compared, so a name of up to 32 bytes
+// costs one round trip, not one per word.
 __device__ bool arena_name_equals(const Tables& t, u64 packed, const u64* words, u32 length) {
     if ((u32)(packed & 0xFF) != length) return false;
-    const u64 offset_words = (packed >> 8) / 8;
+    if (name_is_inline(length)) return (packed >> 8) == words[0];
+    const u64* stored = &t.arena[(packed >> 8) / 8];
     const u32 count = (length + 7) / 8;
-    for (u32 index = 0; index < count; ++index) {
-        if (load_table_u64(&t.arena[offset_words + index]) != words[index]) return false;
+    for (u32 first = 0; first < count; first += NAME_WORDS_AT_ONCE) {
+        u64 loaded[NAME_WORDS_AT_ONCE];
+#pragma unroll
+        for (u32 index = 0; index < NAME_WORDS_AT_ONCE; ++index) {
+            loaded[index] = first + index < count ? load_table_u64(stored + first + index) : 0ull;
+        }
+        bool same = true;
+#pragma unroll
+        for (u32 index = 0; index < NAME_WORDS_AT_ONCE; ++index) {
+            same = same && (first + index >= count || loaded[index] == words[first + index]);
+        }
+        if (!same) return false;
     }
     return true;
 }
@@ -326,19 +362,25 @@ __device__ int entry_find(const Tables& t, u64 parent, const u64* words, u32 len
     return PROBE_LIMIT;
 }
 
-// Writes a claimed entry slot and publishes it. false when the arena is full.
+// Writes a claimed entry slot and publishes it. false when the arena is full. A short name
+// goes into the slot's name word (`words` is masked, so its top byte is zero), a long one
+// into the arena.
 __device__ bool entry_fill(const Tables& t, u64 slot, u64 parent, const u64* words, u32 length, u64 hash, u64 child) {
-    const u32 count = (length + 7) / 8;
-    const u64 offset_words = atomicAdd(&t.control->arena_top, (u64)count);
-    if (offset_words + count > t.arena_words) {
-        atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
-        return false;
+    u64 packed = (words[0] << 8) | length;
+    if (!name_is_inline(length)) {
+        const u32 count = (length + 7) / 8;
+        const u64 offset_words = atomicAdd(&t.control->arena_top, (u64)count);
+        if (offset_words + count > t.arena_words) {
+            atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
+            return false;
+        }
+        for (u32 index = 0; index < count; ++index) t.arena[offset_words + index] = words[index];
+        packed = ((offset_words * 8) << 8) | length;
     }
-    for (u32 index = 0; index < count; ++index) t.arena[offset_words + index] = words[index];
     t.entry_hash[slot] = (u32)(hash >> 32);
     t.entry_parent[slot] = parent;
     t.entry_child[slot] = child;
-    t.entry_name[slot] = ((offset_words * 8) << 8) | length;
+    t.entry_name[slot] = packed;
     __threadfence();
     atomicExch(&t.entry_state[slot], SLOT_FULL);
     return true;
@@ -406,24 +448,50 @@ __device__ const IndexAttributes* attributes_stable(const Tables& t, u64 inode) 
     return (slot >= 0 && (flags & FLAG_ATTRIBUTES)) ? &t.inode_attributes[slot] : nullptr;
 }
 
-// entry_find for queries: PROBE_HIT with *child set, PROBE_MISS or PROBE_LIMIT.
-__device__ int entry_find_stable(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* child) {
-    const u32 tag = (u32)(hash >> 32);
-    u64 slot = hash & t.entry_mask;
-    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
-        const u32 state = load_table_u32(&t.entry_state[slot]);
-        const u32 slot_tag = load_table_u32(&t.entry_hash[slot]);
-        const u64 slot_parent = load_table_u64(&t.entry_parent[slot]);
-        const u64 packed = load_table_u64(&t.entry_name[slot]);
-        const u64 slot_child = load_table_u64(&t.entry_child[slot]);
-        if (state == SLOT_EMPTY) return PROBE_MISS;
-        if (state == SLOT_FULL && slot_tag == tag && slot_parent == parent && arena_name_equals(t, packed, words, length)) {
-            *child = slot_child;
-            return PROBE_HIT;
-        }
+// The fields of one entry slot a query compares, loaded together.
+struct EntrySlotFields {
+    u32 state, tag;
+    u64 parent, packed, child;
+};
+
+__device__ __forceinline__ EntrySlotFields load_entry_slot(const Tables& t, u64 slot) {
+    EntrySlotFields f;
+    f.state = load_table_u32(&t.entry_state[slot]);
+    f.tag = load_table_u32(&t.entry_hash[slot]);
+    f.parent = load_table_u64(&t.entry_parent[slot]);
+    f.packed = load_table_u64(&t.entry_name[slot]);
+    f.child = load_table_u64(&t.entry_child[slot]);
+    return f;
+}
+
+#define PROBE_GO_ON 3
+
+// What one probed slot says: PROBE_HIT (*child set), PROBE_MISS, or PROBE_GO_ON to the next.
+__device__ __forceinline__ int entry_slot_says(const Tables& t, const EntrySlotFields& f, u32 tag, u64 parent,
+                                               const u64* words, u32 length, u64* child) {
+    if (f.state == SLOT_EMPTY) return PROBE_MISS;
+    if (f.state == SLOT_FULL && f.tag == tag && f.parent == parent && arena_name_equals(t, f.packed, words, length)) {
+        *child = f.child;
+        return PROBE_HIT;
+    }
+    return PROBE_GO_ON;
+}
+
+// entry_find for queries from probe number `first_probe` at `slot` on: PROBE_HIT with *child
+// set, PROBE_MISS or PROBE_LIMIT.
+__device__ int entry_find_stable_from(const Tables& t, u64 parent, const u64* words, u32 length, u32 tag, u64 slot,
+                                      u32 first_probe, u64* child) {
+    for (u32 probe = first_probe; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
+        const int says = entry_slot_says(t, load_entry_slot(t, slot), tag, parent, words, length, child);
+        if (says != PROBE_GO_ON) return says;
         slot = (slot + 1) & t.entry_mask;
     }
     return PROBE_LIMIT;
+}
+
+// entry_find for queries: PROBE_HIT with *child set, PROBE_MISS or PROBE_LIMIT.
+__device__ int entry_find_stable(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* child) {
+    return entry_find_stable_from(t, parent, words, length, (u32)(hash >> 32), hash & t.entry_mask, 0, child);
 }
 
 // ---------------------------------------------------------------- answers
@@ -534,103 +602,224 @@ __device__ __forceinline__ bool may_search(u32 owner, u32 group, u32 permissions
     return (permissions & bit) != 0;
 }
 
-#define WALK_ON 0u
+// Where the walk stands: the record of `inode` (null when the index holds no attributes for
+// it) and every field a step reads, loaded together with the probe that found it.
+struct WalkRecord {
+    const IndexAttributes* record;
+    u64 parent;
+    u32 kind, owner, group, permissions;
+    bool complete;
+};
 
-// One component of the walk (resolve_walk in mod.rs, step for step): `words` holds its first
-// 255 bytes, `length` its whole length; `*here` is the attributes of `*current` (null when the
-// index has none). WALK_ON to go on, else the answer.
+// The record of `inode` for the walk. Each probe loads the slot's state, key and flags and the
+// record's kind, uid, gid, permissions and parent at once (the record of a slot that turns out
+// not to be the inode's is read and dropped): one dependent round trip when the inode sits in
+// its home slot, where finding the slot and then reading the fields took two.
+__device__ WalkRecord walk_record_stable(const Tables& t, u64 inode) {
+    WalkRecord found = {nullptr, 0, 0, 0, 0, 0, false};
+    u64 slot = inode_hash_of(inode) & t.inode_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.inode_mask; ++probe) {
+        const IndexAttributes* record = &t.inode_attributes[slot];
+        const u32 state = load_table_u32(&t.inode_state[slot]);
+        const u64 key = load_table_u64(&t.inode_key[slot]);
+        const u32 flags = load_table_u32(&t.inode_flags[slot]);
+        const u32 kind = load_table_u32(&record->kind);
+        const u32 owner = load_table_u32(&record->uid);
+        const u32 group = load_table_u32(&record->gid);
+        const u32 permissions = load_table_u32(&record->permissions);
+        const u64 parent = load_table_u64(&record->parent);
+        if (state == SLOT_EMPTY) break;
+        if (state == SLOT_FULL && key == inode) {
+            found.complete = (flags & FLAG_COMPLETE) != 0;
+            if (flags & FLAG_ATTRIBUTES) {
+                // The sectors of the 104-byte record the fields above did not bring: if the
+                // walk ends here, the answer writer reads them from L2, not from memory.
+                prefetch_l2(record);
+                prefetch_l2((const u8*)record + 32);
+                prefetch_l2((const u8*)record + 64);
+                prefetch_l2((const u8*)record + sizeof(IndexAttributes) - 1);
+                found.record = record;
+                found.parent = parent;
+                found.kind = kind;
+                found.owner = owner;
+                found.group = group;
+                found.permissions = permissions;
+            }
+            break;
+        }
+        slot = (slot + 1) & t.inode_mask;
+    }
+    return found;
+}
+
+// The lookup of the next component, begun early: its home entry slot's fields were loaded
+// together with the record of the directory it is looked up in (`begin_step`), so the
+// directory's record and the entry's first slot cost one round trip, not two in turn.
+struct EntryProbe {
+    bool begun;
+    u32 tag;
+    u64 parent, slot;
+    EntrySlotFields home;
+};
+
+// Whether a component is looked up in its directory (not `.`, `..` or too long to name).
+__device__ __forceinline__ bool looked_up(const u64* words, u32 length) {
+    if (length > MAXIMUM_NAME_BYTES) return false;
+    if (length == 1 && (words[0] & 0xFF) == '.') return false;
+    return !(length == 2 && (words[0] & 0xFFFF) == 0x2E2E);
+}
+
+// Where the walk stands next: the record of `inode` (walk_record_stable) and, when `words`
+// (the component after it, `length` bytes) is looked up there, that lookup's home slot, their
+// loads issued together. Nothing is decided from the entry's fields before the record's checks:
+// loading them early changes no answer.
+__device__ WalkRecord begin_step(const Tables& t, u64 inode, const u64* words, u32 length, EntryProbe* probe) {
+    probe->begun = words != nullptr && looked_up(words, length);
+    if (probe->begun) {
+        const u64 hash = entry_hash_of(inode, words, length);
+        probe->tag = (u32)(hash >> 32);
+        probe->parent = inode;
+        probe->slot = hash & t.entry_mask;
+        probe->home = load_entry_slot(t, probe->slot);
+    }
+    return walk_record_stable(t, inode);
+}
+
+// The lookup of `words` in `parent`: from the home slot begun with it, else from scratch.
+__device__ int finish_lookup(const Tables& t, const EntryProbe& probe, u64 parent, const u64* words, u32 length,
+                             u64* child) {
+    if (!probe.begun) return entry_find_stable(t, parent, words, length, entry_hash_of(parent, words, length), child);
+    const int says = entry_slot_says(t, probe.home, probe.tag, parent, words, length, child);
+    if (says != PROBE_GO_ON) return says;
+    return entry_find_stable_from(t, parent, words, length, probe.tag, (probe.slot + 1) & t.entry_mask, 1, child);
+}
+
+// Reads a path front to back: its first PATH_HEAD_WORDS words loaded together before the walk
+// starts (from mapped host memory each is a PCIe read of about 1 µs, so a path of up to 32
+// bytes costs one round trip, not one per word; the express path reads them from shared
+// memory), the rest a word at a time as reached.
+#define PATH_HEAD_WORDS 4u
+struct PathCursor {
+    const u64* source;
+    u64 head0, head1, head2, head3;
+    u32 length, position;
+    u64 word;
+    u32 last_byte;
+};
+
+__device__ __forceinline__ u64 path_word(const PathCursor& p, u32 index) {
+    return index == 0   ? p.head0
+           : index == 1 ? p.head1
+           : index == 2 ? p.head2
+           : index == 3 ? p.head3
+                        : load_volatile_u64(p.source + index);
+}
+
+// The next non-empty component: its first 255 bytes into `words` (masked: bytes past it in its
+// last word are zero), its whole length into *length; false at the end of the path. Bytes
+// gather in a register and are stored a whole word at a time. Bounded by the path's length.
+__device__ bool next_component(PathCursor* p, u64* words, u32* length) {
+    u32 component = 0;
+    u64 name_word = 0;
+    for (; p->position < p->length; ++p->position) {
+        if ((p->position & 7) == 0) p->word = path_word(*p, p->position / 8);
+        const u32 byte = (u32)((p->word >> (8 * (p->position & 7))) & 0xFF);
+        p->last_byte = byte;
+        if (byte == '/') {
+            if (component != 0) break;
+            continue;
+        }
+        if (component < MAXIMUM_NAME_BYTES) {
+            name_word |= (u64)byte << (8 * (component & 7));
+            if ((component & 7) == 7) {
+                words[component / 8] = name_word;
+                name_word = 0;
+            }
+        }
+        ++component;
+    }
+    if (component == 0) return false;
+    const u32 kept = component < MAXIMUM_NAME_BYTES ? component : MAXIMUM_NAME_BYTES;
+    if ((kept & 7) != 0) words[kept / 8] = name_word;
+    *length = component;
+    return true;
+}
+
+// The walk (resolve_walk in mod.rs, step for step) with one component of look-ahead: when the
+// walk reaches a directory, the lookup of the component after it starts with the directory's
+// own record (begin_step), so a step of a path waits for about two dependent round trips
+// in all (the entry's home slot with the directory's record, then the child's record with the
+// next entry's home slot): /dA/fB is three where it was six.
 //
 // The walk carries `here` from one step to the next instead of looking `current` up again:
 // the child's record found by the lookup is the record of the inode the walk goes to, because
-// a record is stored under its own inode (apply refuses a record whose inode is not its key),
-// exactly as the twin keys its map by `attributes.inode`.
-__device__ u32 walk_component(const Tables& t, u64* current, const IndexAttributes** here, const u64* words, u32 length,
-                              u32 uid, u32 gid) {
-    const IndexAttributes* directory = *here;
-    if (!directory) return STATUS_NEEDS_CPU;
-    // Every field the step may need, loaded at once.
-    const u32 kind = load_table_u32(&directory->kind);
-    const u32 owner = load_table_u32(&directory->uid);
-    const u32 group = load_table_u32(&directory->gid);
-    const u32 permissions = load_table_u32(&directory->permissions);
-    const u64 parent = load_table_u64(&directory->parent);
-    if (kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    if (!may_search(owner, group, permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
-    if (length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
-    if (length == 1 && (words[0] & 0xFF) == '.') return WALK_ON;
-    if (length == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
-        if (*current != t.root) {
-            *current = parent;
-            *here = attributes_stable(t, parent);
-        }
-        return WALK_ON;
-    }
-    const IndexAttributes* child = nullptr;
-    const u32 status = lookup_one(t, *current, words, length, &child);
-    if (status == STATUS_NOT_FOUND) return STATUS_NOT_FOUND;
-    if (status != STATUS_FOUND) return STATUS_NEEDS_CPU;
-    const u32 child_kind = load_table_u32(&child->kind);
-    const u64 child_inode = load_table_u64(&child->inode);
-    if (child_kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
-    *current = child_inode;
-    *here = child;
-    return WALK_ON;
-}
-
-// Words of a path loaded together before the walk starts (the rest one at a time as reached).
-#define PATH_HEAD_WORDS 4u
-static_assert(PATH_HEAD_WORDS == 4, "resolve_one names head0..head3");
-
-// The path is read once, front to back: its first PATH_HEAD_WORDS words with loads issued
-// together (from mapped host memory each is a PCIe read of about 1 µs, so a path of up to 32
-// bytes costs one round trip, not one per word), the rest a word at a time as the walk reaches
-// them. Bytes gather into the current component, and a '/' or the end walks it.
+// a record is stored under its own inode (apply and create refuse or never make a record whose
+// inode is not its key), exactly as the twin keys its map by `attributes.inode`; so the child's
+// inode is the entry's child, not a load from the record. A lookup's miss is decided from the
+// directory the walk stands in (a directory with attributes): NotFound when it is complete and
+// nothing overflowed, else Unknown (lookup_one's rule without probing for the directory again).
 __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
                            const IndexAttributes** result) {
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 0) return STATUS_NOT_FOUND;
     const u32 path_words = (length + 7) / 8;
-    const u64 head0 = load_volatile_u64(source);
-    const u64 head1 = path_words > 1 ? load_volatile_u64(source + 1) : 0ull;
-    const u64 head2 = path_words > 2 ? load_volatile_u64(source + 2) : 0ull;
-    const u64 head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
-    u64 current = t.root;
-    const IndexAttributes* here = attributes_stable(t, current);
-    u64 words[MAXIMUM_NAME_WORDS];
+    PathCursor path;
+    path.source = source;
+    path.head0 = load_volatile_u64(source);
+    path.head1 = path_words > 1 ? load_volatile_u64(source + 1) : 0ull;
+    path.head2 = path_words > 2 ? load_volatile_u64(source + 2) : 0ull;
+    path.head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
+    path.length = length;
+    path.position = 0;
+    path.word = 0;
+    path.last_byte = 0;
+    // This component's words and the next one's, swapped as the walk goes.
+    u64 first_words[MAXIMUM_NAME_WORDS], second_words[MAXIMUM_NAME_WORDS];
+    u64* words = first_words;
+    u64* ahead = second_words;
     u32 component = 0;
-    u64 word = 0;
-    u32 last_byte = 0;
-    // One pass per byte and one for the end: at most 4097.
-    for (u32 position = 0; position <= length; ++position) {
-        u32 byte = '/';
-        if (position < length) {
-            if ((position & 7) == 0) {
-                const u32 index = position / 8;
-                word = index == 0   ? head0
-                       : index == 1 ? head1
-                       : index == 2 ? head2
-                       : index == 3 ? head3
-                                    : load_volatile_u64(source + index);
+    bool more = next_component(&path, words, &component);
+    u64 current = t.root;
+    EntryProbe probe;
+    WalkRecord here = begin_step(t, current, more ? words : nullptr, component, &probe);
+    // Each pass walks one component of at least one byte: at most 4096.
+    while (more) {
+        if (!here.record) return STATUS_NEEDS_CPU;
+        if (here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+        if (!may_search(here.owner, here.group, here.permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
+        if (component > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
+        u32 next = 0;
+        const bool more_after = next_component(&path, ahead, &next);
+        const u64* next_words = more_after ? ahead : nullptr;
+        if (component == 1 && (words[0] & 0xFF) == '.') {
+            // Stays: the next lookup is begun in the same directory when it is reached.
+            probe.begun = false;
+        } else if (component == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
+            if (current != t.root) {
+                current = here.parent;
+                here = begin_step(t, current, next_words, next, &probe);
+            } else {
+                probe.begun = false;
             }
-            byte = (u32)((word >> (8 * (position & 7))) & 0xFF);
-            last_byte = byte;
+        } else {
+            u64 child = 0;
+            const int found = finish_lookup(t, probe, current, words, component, &child);
+            if (found == PROBE_MISS) return (here.complete && !overflowed(t)) ? STATUS_NOT_FOUND : STATUS_NEEDS_CPU;
+            if (found != PROBE_HIT) return STATUS_NEEDS_CPU;
+            const WalkRecord reached = begin_step(t, child, next_words, next, &probe);
+            if (!reached.record || reached.kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
+            current = child;
+            here = reached;
         }
-        if (byte != '/') {
-            if (component < MAXIMUM_NAME_BYTES) {
-                const u64 shifted = (u64)byte << (8 * (component & 7));
-                words[component / 8] = (component & 7) == 0 ? shifted : (words[component / 8] | shifted);
-            }
-            ++component;
-            continue;
-        }
-        if (component == 0) continue;
-        const u32 status = walk_component(t, &current, &here, words, component, uid, gid);
-        if (status != WALK_ON) return status;
-        component = 0;
+        u64* walked = words;
+        words = ahead;
+        ahead = walked;
+        component = next;
+        more = more_after;
     }
-    if (!here) return STATUS_NEEDS_CPU;
-    if (last_byte == '/' && load_table_u32(&here->kind) != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
-    *result = here;
+    if (!here.record) return STATUS_NEEDS_CPU;
+    if (path.last_byte == '/' && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    *result = here.record;
     return STATUS_FOUND;
 }
 
@@ -882,8 +1071,7 @@ __device__ void serve_list(const Tables& t, const Command& c, u64 thread, u64 th
         u64* record = (u64*)(c.answers + at);
         record[0] = load_table_u64(&t.entry_child[slot]);
         record[1] = (u64)length;
-        const u64 offset_words = (packed >> 8) / 8;
-        for (u32 index = 0; index < count; ++index) record[2 + index] = load_table_u64(&t.arena[offset_words + index]);
+        for (u32 index = 0; index < count; ++index) record[2 + index] = stored_name_word(t, packed, length, index);
     }
 }
 

@@ -14,7 +14,7 @@
 //! the host is bounded: a command not answered in time latches the index failed, and every
 //! later call gets that error. docs/GPUDIR.md describes the protocol.
 
-use super::ring::{self, KernelStamps, Ring, RingCommand, RingCompletion, RING_MEMORY_BYTES, RING_SLOTS};
+use super::ring::{self, ExpressStamps, Ring, RingCommand, RingCompletion, RING_MEMORY_BYTES, RING_SLOTS};
 use super::wire::{self, Layout, Segment};
 use super::{
     check_creates, check_inode, check_inodes, check_lookups, check_updates, ApplyReport, CreateEntry, CreateResult,
@@ -472,7 +472,7 @@ impl GpuDirectoryIndex {
 
     /// One empty express command (no request): doorbell, the command and its area loaded,
     /// the warp's fence and the completion. The floor of a single request's round trip.
-    pub fn ping_express(&self) -> Result<KernelStamps> {
+    pub fn ping_express(&self) -> Result<ExpressStamps> {
         let mut answers: Vec<StatResult> = Vec::new();
         self.express(&[], (wire::COMMAND_STAT, [0; 3]), wire::encode_stats, wire::decode_stats_into, &mut answers)
     }
@@ -493,12 +493,12 @@ impl GpuDirectoryIndex {
         self.express_enabled.store(enabled, Ordering::Relaxed);
     }
 
-    /// One path resolved by the express path, with the kernel's time stamps (benchmark).
+    /// One path resolved by the express path, with both sides' time stamps (benchmark).
     pub fn resolve_express_timed(
         &self,
         path: &[u8],
         credentials: Credentials,
-    ) -> Result<(ResolveResult, KernelStamps)> {
+    ) -> Result<(ResolveResult, ExpressStamps)> {
         let paths = [path];
         if !ring::fits_express(&paths, |path| wire::RESOLVE_RECORD_BYTES + wire::padded(path.len())) {
             return Err(AccelError::InvalidArgument(format!(
@@ -526,7 +526,7 @@ impl GpuDirectoryIndex {
         encode: impl FnOnce(&[R], &mut [u8]) -> Layout,
         decode: impl FnOnce(&[u8], &[R], &mut [MaybeUninit<T>]) -> Result<()>,
         out: &mut Vec<T>,
-    ) -> Result<KernelStamps> {
+    ) -> Result<ExpressStamps> {
         self.check_failed()?;
         self.commands.fetch_add(1, Ordering::Relaxed);
         ring::express_query(

@@ -81,12 +81,43 @@ pub struct KernelStamps {
     pub answered_ns: u64,
 }
 
+/// When the host side of one express command reached each step, on the host's monotonic
+/// clock: called, requests encoded into the area, doorbell rung (the command published), `done`
+/// seen by the waiter, answers decoded. Beside the kernel's `KernelStamps` they say whether a
+/// round trip's time is the host's or the GPU's: the kernel's span (seen → answered) lies
+/// inside published → done seen, and what is left of that span is the doorbell's way in, the
+/// fence and the completion's way out. Five clock reads a command (about 25 ns each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostStamps {
+    pub called: Instant,
+    pub encoded: Instant,
+    pub published: Instant,
+    pub done_seen: Instant,
+    pub decoded: Instant,
+}
+
+impl HostStamps {
+    /// Every step at `now` (filled in as the command goes).
+    fn at(now: Instant) -> Self {
+        HostStamps { called: now, encoded: now, published: now, done_seen: now, decoded: now }
+    }
+}
+
+/// Both sides' stamps of one express command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpressStamps {
+    pub host: HostStamps,
+    pub kernel: KernelStamps,
+}
+
 /// An express command's completion, its answers and its stamps, read in place; the slot (and
 /// so its area) stays held until this is dropped.
 pub struct ExpressAnswer<'a> {
     ring: &'a Ring,
     slot: usize,
     pub completion: RingCompletion,
+    /// The host's stamps up to `done_seen` (`decoded` is the caller's to set).
+    pub host: HostStamps,
 }
 
 impl ExpressAnswer<'_> {
@@ -219,6 +250,7 @@ impl Ring {
         alive: &mut dyn FnMut() -> Result<()>,
     ) -> Result<ExpressAnswer<'_>> {
         assert!(count <= EXPRESS_MAXIMUM_REQUESTS && opcode & EXPRESS_FLAG == 0);
+        let mut host = HostStamps::at(Instant::now());
         let (slot, sequence) = {
             let mut next = self.lock();
             let (slot, sequence) = self.reserve(&mut next)?;
@@ -227,6 +259,7 @@ impl Ring {
             let area = unsafe { std::slice::from_raw_parts_mut(self.express_area(slot), EXPRESS_REQUEST_BYTES) };
             let request_bytes = encode(area);
             assert!(request_bytes <= EXPRESS_REQUEST_BYTES);
+            host.encoded = Instant::now();
             let command = RingCommand {
                 opcode: opcode | EXPRESS_FLAG,
                 count: count as u32,
@@ -237,10 +270,13 @@ impl Ring {
                 ..RingCommand::default()
             };
             self.publish(&mut next, slot, sequence, &command);
+            host.published = Instant::now();
             (slot, sequence)
         };
         let completion = self.wait_held(slot, sequence, alive)?;
-        Ok(ExpressAnswer { ring: self, slot, completion })
+        host.done_seen = Instant::now();
+        host.decoded = host.done_seen;
+        Ok(ExpressAnswer { ring: self, slot, completion, host })
     }
 
     /// Waits (bounded) for the kernel to complete `sequence` in `slot`, then frees the slot.
@@ -311,7 +347,7 @@ pub fn fits_express<R>(requests: &[R], request_bytes: impl Fn(&R) -> usize) -> b
 /// with `encode` (the batch path's encoder), answered in place and decoded into `out` (cleared
 /// first) with `decode` (the batch path's decoder). A ring error or a command the kernel
 /// refused is passed through `ring_failure` (the GPU engine latches itself failed there); a
-/// decoding error is returned as it is. Returns the kernel's stamps.
+/// decoding error is returned as it is. Returns both sides' stamps.
 #[allow(clippy::too_many_arguments)]
 pub fn express_query<R, T: Copy>(
     ring: &Ring,
@@ -322,7 +358,7 @@ pub fn express_query<R, T: Copy>(
     alive: &mut dyn FnMut() -> Result<()>,
     ring_failure: &dyn Fn(String) -> AccelError,
     out: &mut Vec<T>,
-) -> Result<KernelStamps> {
+) -> Result<ExpressStamps> {
     out.clear();
     let count = requests.len();
     let encoded = |area: &mut [u8]| encode(requests, area).request_bytes;
@@ -338,7 +374,8 @@ pub fn express_query<R, T: Copy>(
     decode(answer.answers(count * super::wire::ANSWER_BYTES), requests, &mut out.spare_capacity_mut()[..count])?;
     // SAFETY: `decode` returned Ok, so it wrote each of the first `count` elements.
     unsafe { out.set_len(count) };
-    Ok(answer.stamps())
+    let host = HostStamps { decoded: Instant::now(), ..answer.host };
+    Ok(ExpressStamps { host, kernel: answer.stamps() })
 }
 
 #[cfg(test)]
