@@ -238,7 +238,7 @@ impl FileSystem {
 
 /// Workers for a batch of `requests`: every core, but no more than there are blocks.
 fn worker_count(requests: usize) -> usize {
-    let cores = std::thread::available_parallelism().map(|cores| cores.get()).unwrap_or(1);
+    let cores = crate::sync::cores();
     cores.min(requests.div_ceil(BLOCK_REQUESTS)).clamp(1, WORKERS_MAX)
 }
 

@@ -39,7 +39,7 @@ impl FileSystem {
     /// it, later ones answer `Exists`); requests in different directories run concurrently.
     pub(super) fn create_batch_logged(&self, requests: &[batch::CreateRequest<'_>]) -> Vec<Result<Attributes>> {
         let mut answers: Vec<Option<Result<Attributes>>> = requests.iter().map(check_request).collect();
-        let workers = std::thread::available_parallelism().map(|cores| cores.get()).unwrap_or(1);
+        let workers = crate::sync::cores();
         let workers = workers.min(requests.len().div_ceil(CREATE_BATCH_RECORD_MAX)).clamp(1, 256);
         let keyed = (0..requests.len())
             .filter(|position| answers[*position].is_none())
