@@ -10,7 +10,7 @@
 use super::deposits::{self, Consumer, Deposits};
 use super::parallel::{self, ApplyPool, Job, JobContext};
 use super::store::{LockTimes, Memo, TimedVolume};
-use super::{checkpoint_finish, checkpoint_snapshot, Applier};
+use super::{checkpoint_finish, checkpoint_snapshot, Applier, DataRun};
 use crate::backend::record::Op;
 use crate::block::mirror::HomeMirror;
 use crate::block::volume::Volume;
@@ -102,6 +102,9 @@ pub struct BackendStatistics {
     /// Records applied with the volume held throughout: one worker, a batch of one group, a
     /// batch with a record that reaches beyond its inodes, or free space running low.
     pub held_records: u64,
+    /// Runs of data records of one file that the held apply committed as one change of the
+    /// file's tree (`Applier::apply_in_run`): fewer than the data records they hold.
+    pub data_runs: u64,
     pub checkpoints: u64,
     /// Checkpoints whose images went to the log and home in their own thread while the passes
     /// went on (taken when due, not forced).
@@ -258,6 +261,7 @@ pub struct Backend {
     /// (`MountOptions::checkpoint_interval_ms`).
     checkpoint_interval_ms: AtomicU64,
     held_records: AtomicU64,
+    data_runs: AtomicU64,
     apply_ns: AtomicU64,
     drains: AtomicU64,
     drain_ns: AtomicU64,
@@ -323,6 +327,7 @@ impl Backend {
             checkpoints_beside: AtomicU64::new(0),
             checkpoint_interval_ms: AtomicU64::new(crate::fs::types::CHECKPOINT_INTERVAL_MS_DEFAULT),
             held_records: AtomicU64::new(0),
+            data_runs: AtomicU64::new(0),
             apply_ns: AtomicU64::new(0),
             drains: AtomicU64::new(0),
             drain_ns: AtomicU64::new(0),
@@ -463,6 +468,7 @@ impl Backend {
             checkpoints_beside: self.checkpoints_beside.load(Ordering::Relaxed),
             checkpoint_ns: self.checkpoint_ns.load(Ordering::Relaxed),
             held_records: self.held_records.load(Ordering::Relaxed),
+            data_runs: self.data_runs.load(Ordering::Relaxed),
             checkpoints: self.checkpoints(),
             apply_ns: self.apply_ns.load(Ordering::Relaxed),
             drains: self.drains.load(Ordering::Relaxed),
@@ -790,8 +796,18 @@ impl Backend {
         let mut owned: Vec<(u64, u64)> = Vec::new();
         let mut applied_count = 0;
         let mut volume = self.volume.lock();
+        // Data records of one file in a row share one tree open and commit (issue 12,
+        // `Applier::apply_in_run`); the run ends before every look at the volume below.
+        let mut run = None;
         for queued in batch {
-            if applied_count > 0 && applied_count % BATCH_RECORDS_MAX == 0 {
+            let boundary = applied_count > 0 && applied_count % BATCH_RECORDS_MAX == 0;
+            let low = volume.free_blocks() < BACKEND_LOW_WATER_BLOCKS;
+            if boundary || low {
+                if let Err(error) = self.end_run_held(&mut volume, &mut run, &mut owned) {
+                    return Err(self.fail_held(volume, error));
+                }
+            }
+            if boundary {
                 // Appenders may read the dirt while the lock is let go.
                 volume.publish_image_estimate();
                 // The records so far are whole: readers of the mirror may trust it meanwhile.
@@ -809,18 +825,17 @@ impl Backend {
             {
                 break;
             }
-            match self.applier.apply(&mut *volume, queued.lsn, &queued.op) {
+            match self.applier.apply_in_run(&mut *volume, queued.lsn, &queued.op, &mut run) {
                 Ok(written) => owned.extend(written),
                 Err(error) => {
-                    // The record may be half applied (a directory entry without its count);
-                    // readers must find that out before they can take the lock.
-                    volume.mark_half_changed(&error);
-                    drop(volume);
-                    self.fail(&error);
-                    return Err(error);
+                    self.applier.abort_run(&mut *volume, &mut run);
+                    return Err(self.fail_held(volume, error));
                 }
             }
             applied_count += 1;
+        }
+        if let Err(error) = self.end_run_held(&mut volume, &mut run, &mut owned) {
+            return Err(self.fail_held(volume, error));
         }
         self.held_records.fetch_add(applied_count as u64, Ordering::Relaxed);
         // Their dirt first, then their bounds (see `Pledges::total_blocks`); records put back
@@ -834,6 +849,25 @@ impl Backend {
             free_blocks: volume.free_blocks(),
             pending_free_blocks: volume.blocks.pending_free_count(),
         })
+    }
+
+    /// Ends the data run `run` if one is open (`Applier::end_run`), counting it.
+    fn end_run_held(&self, volume: &mut Volume, run: &mut Option<DataRun>, owned: &mut Vec<(u64, u64)>) -> Result<()> {
+        if run.is_some() {
+            owned.extend(self.applier.end_run(volume, run)?);
+            self.data_runs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// An error applying records with the volume held: the records may be half applied (a
+    /// directory entry without its count), and readers must find that out before they can take
+    /// the lock; then the back end stops.
+    fn fail_held(&self, mut volume: MutexGuard<'_, Volume>, error: Error) -> Error {
+        volume.mark_half_changed(&error);
+        drop(volume);
+        self.fail(&error);
+        error
     }
 
     /// Takes a checkpoint when one is due (or `force`). In background mode only its snapshot

@@ -78,12 +78,7 @@ impl Touched {
     }
     fn image(&mut self, volume: &mut dyn ApplyStore, image: &AttributeImage) -> Result<()> {
         let inode = self.get(volume, image.inode_number)?;
-        if inode.generation != image.generation || FileType::from_mode(inode.mode) != FileType::from_mode(image.mode) {
-            return Err(Error::corruption(format!(
-                "log record for inode {} generation {} finds generation {} of type {:#o}",
-                image.inode_number, image.generation, inode.generation, inode.mode
-            )));
-        }
+        check_attribute_image(inode, image)?;
         image.apply_to(inode);
         Ok(())
     }
@@ -99,6 +94,17 @@ impl Touched {
         }
         Ok(owned)
     }
+}
+
+/// A record's image must name the inode as it is: the same generation and type.
+fn check_attribute_image(inode: &Inode, image: &AttributeImage) -> Result<()> {
+    if inode.generation != image.generation || FileType::from_mode(inode.mode) != FileType::from_mode(image.mode) {
+        return Err(Error::corruption(format!(
+            "log record for inode {} generation {} finds generation {} of type {:#o}",
+            image.inode_number, image.generation, inode.generation, inode.mode
+        )));
+    }
+    Ok(())
 }
 
 fn dir_root(inode: &Inode) -> Result<DirRoot> {
@@ -118,6 +124,40 @@ fn extent_root(inode: &Inode) -> Result<ExtentRoot> {
 fn set_extent_root(inode: &mut Inode, root: &ExtentRoot) {
     inode.root_area = root.encode();
     inode.blocks_owned = root.blocks_owned() + (inode.xattr_block != 0) as u64;
+}
+
+/// Most records one `DataRun` applies before it is committed: bounds what an error throws
+/// away with it (the back end stops then anyway) and the nodes it holds.
+pub const RUN_RECORDS_MAX: usize = 256;
+/// Most tree nodes one `DataRun` holds in memory before it is committed (about 4 KiB each).
+pub const RUN_NODES_MAX: usize = 1024;
+
+/// Consecutive data records on one regular file (writes, inserts, collapses and punches of
+/// ranges) applied through one open extent tree (`extent::FileRun`) and one read of the inode,
+/// with the tree's changed nodes written and the inode written back once, when the run ends
+/// (`Applier::end_run`). The caller holds it between records and ends it before anything else
+/// reads the volume: see `Applier::apply_in_run`.
+pub struct DataRun {
+    inode: Inode,
+    run: extent::FileRun,
+}
+
+/// The file and the change of a record that a `DataRun` can take.
+fn run_change(op: &Op) -> Option<(&AttributeImage, extent::FileChange<'_>)> {
+    match op {
+        Op::Write { inode, offset, data } => Some((inode, extent::FileChange::Write { offset: *offset, data })),
+        Op::Range { inode, kind, offset, length, .. } => {
+            let (offset, length_bytes) = (*offset, *length);
+            let change = match kind {
+                RangeKind::Insert => extent::FileChange::Insert { offset, length_bytes },
+                RangeKind::Collapse => extent::FileChange::Collapse { offset, length_bytes },
+                RangeKind::PunchHole => extent::FileChange::PunchHole { offset, length_bytes },
+                RangeKind::ZeroRange | RangeKind::Allocate | RangeKind::Compact => return None,
+            };
+            Some((inode, change))
+        }
+        _ => None,
+    }
 }
 
 /// Everything the back end keeps besides the volume.
@@ -298,6 +338,75 @@ impl Applier {
             }
         }
         touched.write_back(volume)
+    }
+
+    /// Applies one durable record as `apply` does, but keeps consecutive data records on one
+    /// regular file in `run` (a `DataRun`: one tree open, one commit), and ends the run first
+    /// when the record is of another kind or another file, or the run is full. Returns (inode,
+    /// blocks owned) of the inodes written meanwhile; a run's own inode is reported when it
+    /// ends.
+    ///
+    /// The caller must `end_run` before the volume is read or changed by anything but this
+    /// function (before it lets go of the volume lock, ends a change, takes a checkpoint or
+    /// looks at its free blocks), and `abort_run` after an error, which stops the back end as
+    /// `apply`'s errors do. A run's frees are recorded when it ends, under the lsn of its last
+    /// record (a later one than the record that freed them: they wait for a checkpoint covering
+    /// that record), so a caller that stops a batch when free blocks run low must end the run
+    /// before it looks.
+    pub fn apply_in_run(
+        &self,
+        volume: &mut dyn ApplyStore,
+        lsn: u64,
+        op: &Op,
+        run: &mut Option<DataRun>,
+    ) -> Result<Vec<(u64, u64)>> {
+        let Some((image, change)) = run_change(op) else {
+            let mut owned = self.end_run(volume, run)?;
+            owned.extend(self.apply(volume, lsn, op)?);
+            return Ok(owned);
+        };
+        let full = |open: &DataRun| {
+            open.inode.inode_number != image.inode_number
+                || open.run.changes() >= RUN_RECORDS_MAX
+                || open.run.node_count() >= RUN_NODES_MAX
+        };
+        let mut owned = if run.as_ref().is_some_and(full) { self.end_run(volume, run)? } else { Vec::new() };
+        if run.is_none() {
+            let mut touched = Touched::new();
+            let inode = touched.get(volume, image.inode_number)?;
+            if inode.file_type() != FileType::Regular {
+                owned.extend(self.apply(volume, lsn, op)?);
+                return Ok(owned);
+            }
+            let root = extent_root(inode)?;
+            *run = Some(DataRun { run: extent::FileRun::open(&root, inode.inode_number), inode: inode.clone() });
+        }
+        volume.begin_record(lsn);
+        let open = run.as_mut().expect("opened above");
+        check_attribute_image(&open.inode, image)?;
+        open.run.apply(volume, change)?;
+        image.apply_to(&mut open.inode);
+        Ok(owned)
+    }
+
+    /// Ends `run` if one is open: writes its tree's changed nodes and its inode, frees what it
+    /// released. Returns (inode, blocks owned) of its inode.
+    pub fn end_run(&self, volume: &mut dyn ApplyStore, run: &mut Option<DataRun>) -> Result<Vec<(u64, u64)>> {
+        let Some(DataRun { mut inode, run: file_run }) = run.take() else {
+            return Ok(Vec::new());
+        };
+        let root = file_run.commit(volume)?;
+        set_extent_root(&mut inode, &root);
+        volume.write_inode(&inode)?;
+        Ok(vec![(inode.inode_number, inode.blocks_owned)])
+    }
+
+    /// Gives back what an open `run` allocated, after an error (the back end stops; replay
+    /// applies the run's records again from the log).
+    pub fn abort_run(&self, volume: &mut dyn ApplyStore, run: &mut Option<DataRun>) {
+        if let Some(open) = run.take() {
+            open.run.abort(volume);
+        }
     }
 
     /// Writes the new inode `image` describes (a directory with its empty H-tree, a file or

@@ -140,10 +140,30 @@ fn merged(left: Entry, right: Entry) -> Option<(Entry, Option<u64>)> {
     None
 }
 
-impl<'s> Tree<'s> {
-    pub fn open(store: &'s mut dyn Store, root: &ExtentRoot) -> Tree<'s> {
-        Tree {
-            store,
+/// A tree between the changes of one run (`super::FileRun`): everything a `Tree` holds but
+/// the store it borrows, so that the run's next change resumes where the last one stopped, with
+/// the nodes it read and changed still decoded and nothing written or freed yet.
+pub(crate) struct Suspended {
+    depth: usize,
+    root: Vec<Entry>,
+    length: u64,
+    blocks_owned: u64,
+    nodes: FastHashMap<u64, CachedNode>,
+    new_data: Vec<(u64, u64)>,
+    new_meta: Vec<u64>,
+    freed_data: Vec<(u64, u64)>,
+    freed_meta: Vec<u64>,
+    shares: FastHashMap<u64, u64>,
+    pack_file: Option<u64>,
+    pack_room: Option<(u64, u64)>,
+    pack_loaded: bool,
+    pack_changed: bool,
+}
+
+impl Suspended {
+    /// A tree on `root` that no change has touched yet.
+    pub fn new(root: &ExtentRoot, pack_file: Option<u64>) -> Suspended {
+        Suspended {
             depth: root.depth(),
             root: root.root_entries().to_vec(),
             length: root.length_bytes(),
@@ -154,10 +174,64 @@ impl<'s> Tree<'s> {
             freed_data: Vec::new(),
             freed_meta: Vec::new(),
             shares: FastHashMap::default(),
-            pack_file: None,
+            pack_file,
             pack_room: None,
             pack_loaded: false,
             pack_changed: false,
+        }
+    }
+
+    /// Nodes held decoded, changed or only read (a run's bound on memory).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+impl<'s> Tree<'s> {
+    pub fn open(store: &'s mut dyn Store, root: &ExtentRoot) -> Tree<'s> {
+        Tree::resume(store, Suspended::new(root, None))
+    }
+
+    /// Continues a suspended tree on `store` (the store it was suspended from).
+    pub fn resume(store: &'s mut dyn Store, state: Suspended) -> Tree<'s> {
+        Tree {
+            store,
+            depth: state.depth,
+            root: state.root,
+            length: state.length,
+            blocks_owned: state.blocks_owned,
+            nodes: state.nodes,
+            new_data: state.new_data,
+            new_meta: state.new_meta,
+            freed_data: state.freed_data,
+            freed_meta: state.freed_meta,
+            shares: state.shares,
+            pack_file: state.pack_file,
+            pack_room: state.pack_room,
+            pack_loaded: state.pack_loaded,
+            pack_changed: state.pack_changed,
+        }
+    }
+
+    /// Lets go of the store, keeping every change made so far uncommitted: `resume` and
+    /// `commit` (or `abort`) later, on the same store, with nothing else changing this file's
+    /// tree, counts or pack room in between.
+    pub fn suspend(self) -> Suspended {
+        Suspended {
+            depth: self.depth,
+            root: self.root,
+            length: self.length,
+            blocks_owned: self.blocks_owned,
+            nodes: self.nodes,
+            new_data: self.new_data,
+            new_meta: self.new_meta,
+            freed_data: self.freed_data,
+            freed_meta: self.freed_meta,
+            shares: self.shares,
+            pack_file: self.pack_file,
+            pack_room: self.pack_room,
+            pack_loaded: self.pack_loaded,
+            pack_changed: self.pack_changed,
         }
     }
 
@@ -645,8 +719,27 @@ impl<'s> Tree<'s> {
             .blocks_owned
             .checked_sub(freed_count)
             .ok_or_else(|| Error::corruption("extent root field blocks_owned: smaller than the blocks in the tree"))?;
+        self.forget_freed_pack_room(&freed);
         self.freed_data.extend(freed);
         Ok(())
+    }
+
+    /// The pack block goes when its last run goes: its room is offered no more. Commit makes
+    /// the store forget it too (`forget_pack_room`), which is enough for one change; a run of
+    /// changes (`super::FileRun`) commits later, and its next packed write must not find the
+    /// room of a block it has already freed.
+    fn forget_freed_pack_room(&mut self, freed: &[(u64, u64)]) {
+        let Some(file) = self.pack_file else { return };
+        if !self.pack_loaded {
+            self.pack_room = self.store.pack_room(file);
+            self.pack_loaded = true;
+        }
+        if let Some((block, _)) = self.pack_room {
+            if freed.iter().any(|&(first, count)| (first..first + count).contains(&block)) {
+                self.pack_room = None;
+                self.pack_changed = true;
+            }
+        }
     }
 
     /// Makes `position` the start of an entry. Nothing is copied: a cut inside a block leaves
