@@ -25,10 +25,14 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// The most ring slots (2 MiB of pointers): a back end behind by more than this many records
+/// The most ring slots (8 MiB of pointers): a back end behind by more than this many records
 /// deposits the rest through the overflow. Smaller logs get a ring as large as their header
-/// ring, which bounds the records after the tail.
-pub const RING_SLOTS_MAX: u64 = 1 << 18;
+/// ring, which bounds the records after the tail. (With 2^18 slots, 16 threads creating ran a
+/// quarter of a million records ahead of the back end within a second, and their deposits
+/// queued on the overflow's lock.)
+pub const RING_SLOTS_MAX: u64 = 1 << 20;
+/// The overflow's shards, by lsn: depositors beyond the ring's window spread over them.
+const OVERFLOW_SHARDS: usize = 64;
 
 /// The depositors' side: shared, no lock on the common path.
 pub struct Deposits {
@@ -36,9 +40,34 @@ pub struct Deposits {
     /// The consumer's consumed lsn as last published: every lsn at or below it was taken or
     /// is not a logical record. Depositors read it to choose the ring or the overflow.
     consumed_lsn: AtomicU64,
-    overflow: Mutex<BTreeMap<u64, Queued>>,
-    /// Records in the overflow, so that the consumer takes its lock only when it holds some.
-    overflow_len: AtomicUsize,
+    overflow: Box<[OverflowShard]>,
+}
+
+/// The records of the lsns `lsn % OVERFLOW_SHARDS == index` that went to the overflow.
+#[repr(align(128))] // shards are taken by different depositors: keep them off each other's lines
+struct OverflowShard {
+    records: Mutex<BTreeMap<u64, Queued>>,
+    /// How many, so that the consumer takes the lock only when the shard holds some.
+    len: AtomicUsize,
+}
+
+impl OverflowShard {
+    fn insert(&self, queued: Queued) {
+        let mut records = self.records.lock();
+        let lsn = queued.lsn;
+        assert!(records.insert(lsn, queued).is_none(), "record {lsn} deposited twice");
+        self.len.store(records.len(), Ordering::Release);
+    }
+
+    fn remove(&self, lsn: u64) -> Option<Queued> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut records = self.records.lock();
+        let queued = records.remove(&lsn)?;
+        self.len.store(records.len(), Ordering::Release);
+        Some(queued)
+    }
 }
 
 /// The back end's side, behind its queue mutex: the consumed lsn itself.
@@ -55,14 +84,19 @@ impl Deposits {
         let deposits = Deposits {
             ring: (0..slots).map(|_| AtomicCell::new(None)).collect(),
             consumed_lsn: AtomicU64::new(applied_lsn),
-            overflow: Mutex::new(BTreeMap::new()),
-            overflow_len: AtomicUsize::new(0),
+            overflow: (0..OVERFLOW_SHARDS)
+                .map(|_| OverflowShard { records: Mutex::new(BTreeMap::new()), len: AtomicUsize::new(0) })
+                .collect(),
         };
         (deposits, Consumer { consumed_lsn: applied_lsn })
     }
 
     fn slot(&self, lsn: u64) -> &AtomicCell<Option<Box<Queued>>> {
         &self.ring[(lsn % self.ring.len() as u64) as usize]
+    }
+
+    fn overflow_shard(&self, lsn: u64) -> &OverflowShard {
+        &self.overflow[(lsn % OVERFLOW_SHARDS as u64) as usize]
     }
 
     /// Deposits `queued` at its lsn, from any thread.
@@ -74,20 +108,14 @@ impl Deposits {
             let earlier = self.slot(lsn).swap(Some(Box::new(queued)));
             assert!(earlier.is_none(), "record {lsn} deposited into a slot still in use");
         } else {
-            let mut overflow = self.overflow.lock();
-            assert!(overflow.insert(lsn, queued).is_none(), "record {lsn} deposited twice");
-            self.overflow_len.store(overflow.len(), Ordering::Release);
+            self.overflow_shard(lsn).insert(queued);
         }
     }
 
     /// The record of `lsn` if it was deposited, from the overflow or the ring.
     fn take(&self, lsn: u64) -> Option<Queued> {
-        if self.overflow_len.load(Ordering::Acquire) > 0 {
-            let mut overflow = self.overflow.lock();
-            if let Some(queued) = overflow.remove(&lsn) {
-                self.overflow_len.store(overflow.len(), Ordering::Release);
-                return Some(queued);
-            }
+        if let Some(queued) = self.overflow_shard(lsn).remove(lsn) {
+            return Some(queued);
         }
         let queued = *self.slot(lsn).take()?;
         assert_eq!(queued.lsn, lsn, "the ring slot of lsn {lsn} held another record");
@@ -96,10 +124,13 @@ impl Deposits {
 
     /// Puts a taken record back where `take` finds it first.
     fn put_back(&self, queued: Queued) {
-        let mut overflow = self.overflow.lock();
-        let lsn = queued.lsn;
-        assert!(overflow.insert(lsn, queued).is_none(), "record {lsn} put back twice");
-        self.overflow_len.store(overflow.len(), Ordering::Release);
+        self.overflow_shard(queued.lsn).insert(queued);
+    }
+
+    /// Records in the overflow, all shards.
+    #[cfg(test)]
+    fn overflow_len(&self) -> usize {
+        self.overflow.iter().map(|shard| shard.len.load(Ordering::Acquire)).sum()
     }
 }
 
@@ -192,7 +223,7 @@ mod tests {
         for &lsn in &lsns {
             deposits.deposit(queued(lsn, 1));
         }
-        assert_eq!(deposits.overflow_len.load(Ordering::Relaxed), 30 - 8, "beyond the window: overflow");
+        assert_eq!(deposits.overflow_len(), 30 - 8, "beyond the window: overflow");
         let mut taken = Vec::new();
         while consumer.consumed_lsn < 40 {
             let mut batch = consumer.take_prefix(&deposits, 40, 7, u64::MAX, &never_passes_over);
@@ -203,7 +234,7 @@ mod tests {
             taken.extend(batch.iter().map(|queued| queued.lsn));
         }
         assert_eq!(taken, (11..=40).collect::<Vec<u64>>());
-        assert_eq!(deposits.overflow_len.load(Ordering::Relaxed), 0);
+        assert_eq!(deposits.overflow_len(), 0);
         assert!(deposits.ring.iter().all(|slot| slot.take().is_none()));
     }
 
