@@ -933,6 +933,7 @@ impl Inner {
         let mut pledge = HeldPledge { pledges: &self.pledges, blocks: 0 };
         let mut flushes = 0usize;
         let mut races = 0u64;
+        let backoff = crossbeam_utils::Backoff::new();
         let mut head = self.head();
         loop {
             if self.stopped.load(Ordering::Acquire) {
@@ -975,12 +976,15 @@ impl Inner {
             let next = Head { lsn: head.lsn + 1, position: next_position };
             match self.head.compare_exchange_weak(head.pack(), next.pack(), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => break,
-                Err(actual) => {
+                Err(_) => {
                     // Another appender moved the head: it made progress, so this loop is bounded
-                    // by how fast the others append; the bound is for a bug.
+                    // by how fast the others append; the bound is for a bug. Back off before
+                    // the next try: 16 appenders retrying at once keep the head's line moving
+                    // between cores, and each failed compare-and-swap costs a trip.
                     races += 1;
                     assert!(races < HEAD_RACES_MAX, "log reservation lost {races} races for the head");
-                    head = Head::unpack(actual);
+                    backoff.spin();
+                    head = self.head();
                 }
             }
         }
