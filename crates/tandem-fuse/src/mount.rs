@@ -61,12 +61,21 @@ pub struct MountConfig {
     /// io_uring entries (each with its own thread) per CPU queue; at least 2 (see
     /// `uring::queue` for why).
     pub uring_entries_per_queue: usize,
+    /// Over io_uring: READ requests of at least this many bytes are served off the
+    /// CPU of the queue they arrived on (docs/FUSE.md, "Transports"); 0: all on their queue's
+    /// CPU. Default [`URING_MOVE_MIN_BYTES_DEFAULT`].
+    pub uring_move_min_bytes: usize,
     /// Over /dev/fuse: microseconds one worker keeps polling /dev/fuse without sleeping after
     /// it last found a request (at most `POLL_MICROSECONDS_MAX`); 0: every worker sleeps in
     /// read(2). The default is `default_poll_microseconds` of the machine's cores.
     /// docs/FUSE.md, "Polling worker", says what it costs and buys.
     pub poll_microseconds: u64,
 }
+
+/// Requests of this many bytes or more leave their io_uring queue's CPU by default: a
+/// read-ahead request of one sequential reader grows to 1 MiB, while a 4 KiB read or a stat
+/// stays beside its caller.
+pub const URING_MOVE_MIN_BYTES_DEFAULT: usize = 128 * 1024;
 
 /// The longest `MountConfig::poll_microseconds` taken: a poller is meant to bridge the gap
 /// between one caller's requests, not to hold a core while the mount is idle.
@@ -106,6 +115,7 @@ impl Default for MountConfig {
             volume_name: "tandemfs".to_string(),
             transport: FuseTransport::DevFuse,
             uring_entries_per_queue: 2,
+            uring_move_min_bytes: URING_MOVE_MIN_BYTES_DEFAULT,
             poll_microseconds: default_poll_microseconds(cores),
         }
     }
@@ -301,6 +311,7 @@ fn start_queues(
         queues: uring::queue_count(),
         entries_per_queue: config.uring_entries_per_queue.max(2),
         payload_bytes: MAX_REQUEST_BYTES as usize,
+        move_min_bytes: config.uring_move_min_bytes,
     };
     let queues = Queues::start(Arc::new(device), Arc::new(session.raw_dispatcher(handle)), shape)?;
     let pinning = match queues.unpinned {
@@ -310,9 +321,13 @@ fn start_queues(
     Ok((
         queues,
         format!(
-            "{} queues of {} entries, {pinning}; {} is Y",
+            "{} queues of {} entries, {pinning}, {}; {} is Y",
             shape.queues,
             shape.entries_per_queue,
+            match shape.move_min_bytes {
+                0 => "every request served on its queue's CPU".to_string(),
+                bytes => format!("reads of {bytes} bytes or more served on any CPU"),
+            },
             uring::ENABLE_PARAMETER
         ),
     ))
@@ -360,6 +375,17 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     marker.keep_until_exit();
     served?;
     synced.map_err(|error| io::Error::other(format!("final sync: {error}")))
+}
+
+/// The READs a mount served over io_uring, and where (`MountConfig::uring_move_min_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UringReads {
+    /// READs served, of any size.
+    pub reads: u64,
+    /// READs served by a thread moved off its queue's CPU (large enough to move).
+    pub moved: u64,
+    /// READs served on another CPU than their queue's, which is the caller's CPU.
+    pub served_elsewhere: u64,
 }
 
 /// A volume served by a background thread of this process.
@@ -415,6 +441,15 @@ impl BackgroundMount {
     /// FORGET) arrive after the system call that caused them has returned.
     pub fn request_counts(&self) -> RequestCounts {
         self.counters.snapshot()
+    }
+
+    /// Over io_uring, the READs served so far and where; None over /dev/fuse.
+    pub fn uring_reads(&self) -> Option<UringReads> {
+        self.queues.as_ref().map(|queues| UringReads {
+            reads: queues.counters.reads.load(Ordering::Relaxed),
+            moved: queues.counters.moved.load(Ordering::Relaxed),
+            served_elsewhere: queues.counters.reads_elsewhere.load(Ordering::Relaxed),
+        })
     }
 
     /// The notifier while the mount stands; ENOTCONN once it is unmounted.
