@@ -74,7 +74,7 @@ pub(crate) struct QueueShape {
     pub(crate) move_min_bytes: usize,
 }
 
-/// What the queue threads count for the mount log and the tests.
+/// What the queue threads count, for `BackgroundMount::uring_reads` (printed by `bench mount`).
 #[derive(Debug, Default)]
 pub(crate) struct QueueCounters {
     /// READs served with the thread's affinity widened beyond its queue's CPU.
@@ -82,8 +82,8 @@ pub(crate) struct QueueCounters {
     /// READs served, of any size.
     pub(crate) reads: AtomicU64,
     /// READs whose reply was built on another CPU than their queue's: the caller's CPU, as
-    /// the kernel picks the queue by it (a moved thread may still run there when no other CPU
-    /// is free; a pinned one always does).
+    /// the kernel picks the queue by it (a moved thread may still run there, where the
+    /// scheduler finds it best, e.g. while the reader sleeps; a pinned one always does).
     pub(crate) reads_elsewhere: AtomicU64,
 }
 
