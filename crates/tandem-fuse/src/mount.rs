@@ -54,19 +54,28 @@ pub struct MountConfig {
     pub no_atime: bool,
     /// The "source" column of /proc/mounts.
     pub volume_name: String,
-    /// How requests travel: only /dev/fuse (`DevFuse`, the default: io_uring halved one
-    /// reader's sequential reads on the 16-core host), io_uring where allowed (`Auto`), or only
+    /// How requests travel: io_uring where the kernel allows it, else /dev/fuse (`Auto`, the
+    /// default since large reads over io_uring keep up), only /dev/fuse (`DevFuse`), or only
     /// io_uring (docs/FUSE.md, "Transports").
     pub transport: FuseTransport,
     /// io_uring entries (each with its own thread) per CPU queue; at least 2 (see
     /// `uring::queue` for why).
     pub uring_entries_per_queue: usize,
+    /// Over io_uring: READ requests of at least this many bytes are served off the
+    /// CPU of the queue they arrived on (docs/FUSE.md, "Transports"); 0: all on their queue's
+    /// CPU. Default [`URING_MOVE_MIN_BYTES_DEFAULT`].
+    pub uring_move_min_bytes: usize,
     /// Over /dev/fuse: microseconds one worker keeps polling /dev/fuse without sleeping after
     /// it last found a request (at most `POLL_MICROSECONDS_MAX`); 0: every worker sleeps in
     /// read(2). The default is `default_poll_microseconds` of the machine's cores.
     /// docs/FUSE.md, "Polling worker", says what it costs and buys.
     pub poll_microseconds: u64,
 }
+
+/// Requests of this many bytes or more leave their io_uring queue's CPU by default: a
+/// read-ahead request of one sequential reader grows to 1 MiB, while a 4 KiB read or a stat
+/// stays beside its caller.
+pub const URING_MOVE_MIN_BYTES_DEFAULT: usize = 128 * 1024;
 
 /// The longest `MountConfig::poll_microseconds` taken: a poller is meant to bridge the gap
 /// between one caller's requests, not to hold a core while the mount is idle.
@@ -104,8 +113,9 @@ impl Default for MountConfig {
             no_exec: false,
             no_atime: false,
             volume_name: "tandemfs".to_string(),
-            transport: FuseTransport::DevFuse,
+            transport: FuseTransport::Auto,
             uring_entries_per_queue: 2,
+            uring_move_min_bytes: URING_MOVE_MIN_BYTES_DEFAULT,
             poll_microseconds: default_poll_microseconds(cores),
         }
     }
@@ -243,10 +253,7 @@ fn start_session(
     // Whether to ask the kernel for io_uring in INIT; an explicit `uring` that cannot be had
     // fails here, before anything is mounted.
     let uring_wish = match (config.transport, uring::availability()) {
-        (FuseTransport::DevFuse, _) => Err(
-            "the default (-o transport=auto or uring serves through io_uring where the kernel allows it; docs/FUSE.md)"
-                .to_string(),
-        ),
+        (FuseTransport::DevFuse, _) => Err("asked for (transport=dev-fuse)".to_string()),
         (_, Ok(())) => Ok(Arc::new(AtomicBool::new(false))),
         (FuseTransport::Uring, Err(why)) => return Err(io::Error::other(format!("transport=uring: {why}"))),
         (FuseTransport::Auto, Err(why)) => Err(why),
@@ -301,6 +308,7 @@ fn start_queues(
         queues: uring::queue_count(),
         entries_per_queue: config.uring_entries_per_queue.max(2),
         payload_bytes: MAX_REQUEST_BYTES as usize,
+        move_min_bytes: config.uring_move_min_bytes,
     };
     let queues = Queues::start(Arc::new(device), Arc::new(session.raw_dispatcher(handle)), shape)?;
     let pinning = match queues.unpinned {
@@ -310,9 +318,13 @@ fn start_queues(
     Ok((
         queues,
         format!(
-            "{} queues of {} entries, {pinning}; {} is Y",
+            "{} queues of {} entries, {pinning}, {}; {} is Y",
             shape.queues,
             shape.entries_per_queue,
+            match shape.move_min_bytes {
+                0 => "every request served on its queue's CPU".to_string(),
+                bytes => format!("reads of {bytes} bytes or more served on any CPU"),
+            },
             uring::ENABLE_PARAMETER
         ),
     ))
@@ -360,6 +372,17 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     marker.keep_until_exit();
     served?;
     synced.map_err(|error| io::Error::other(format!("final sync: {error}")))
+}
+
+/// The READs a mount served over io_uring, and where (`MountConfig::uring_move_min_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UringReads {
+    /// READs served, of any size.
+    pub reads: u64,
+    /// READs served by a thread moved off its queue's CPU (large enough to move).
+    pub moved: u64,
+    /// READs served on another CPU than their queue's, which is the caller's CPU.
+    pub served_elsewhere: u64,
 }
 
 /// A volume served by a background thread of this process.
@@ -415,6 +438,15 @@ impl BackgroundMount {
     /// FORGET) arrive after the system call that caused them has returned.
     pub fn request_counts(&self) -> RequestCounts {
         self.counters.snapshot()
+    }
+
+    /// Over io_uring, the READs served so far and where; None over /dev/fuse.
+    pub fn uring_reads(&self) -> Option<UringReads> {
+        self.queues.as_ref().map(|queues| UringReads {
+            reads: queues.counters.reads.load(Ordering::Relaxed),
+            moved: queues.counters.moved.load(Ordering::Relaxed),
+            served_elsewhere: queues.counters.reads_elsewhere.load(Ordering::Relaxed),
+        })
     }
 
     /// The notifier while the mount stands; ENOTCONN once it is unmounted.

@@ -77,6 +77,21 @@ pub(crate) fn arrival(header: &RequestHeader, payload_capacity_bytes: usize) -> 
     Ok(Arrival { commit_id, op_in_bytes, payload_bytes })
 }
 
+/// `FUSE_READ` in the in-header's `opcode` (offset 4).
+const OPCODE_READ: u32 = 15;
+/// `size` (u32) in `struct fuse_read_in` (fh u64, offset u64, size u32, ...).
+const READ_IN_SIZE_OFFSET: usize = 16;
+
+/// The bytes an arrived READ asks for; 0 for every other request.
+pub(crate) fn read_bytes(header: &RequestHeader, arrival: &Arrival) -> usize {
+    let opcode = u32_at(&header.0, 4);
+    if opcode == OPCODE_READ && arrival.op_in_bytes >= READ_IN_SIZE_OFFSET + 4 {
+        u32_at(&header.0, OP_IN_OFFSET + READ_IN_SIZE_OFFSET) as usize
+    } else {
+        0
+    }
+}
+
 /// Writes the reply's out-header into `in_out` and the payload size into the entry's
 /// `fuse_uring_ent_in_out`, as `fuse_uring_commit` reads them back.
 pub(crate) fn set_reply(header: &mut RequestHeader, out_header: &[u8; OUT_HEADER_BYTES], payload_bytes: usize) {
@@ -140,6 +155,23 @@ mod tests {
         // WRITE of 4096 bytes: fuse_write_in (40 bytes) in op_in, the data in the payload.
         let write = arrival(&header_with(40 + 40 + 4096, 9, 9, 4096), 1 << 20).unwrap();
         assert_eq!(write.op_in_bytes, 40);
+    }
+
+    #[test]
+    fn reads_say_how_much_they_ask_for() {
+        // READ of 1 MiB: fuse_read_in (40 bytes) in op_in, nothing in the payload.
+        let mut read = header_with(40 + 40, 3, 3, 0);
+        read.0[4..8].copy_from_slice(&OPCODE_READ.to_ne_bytes());
+        read.0[OP_IN_OFFSET + READ_IN_SIZE_OFFSET..OP_IN_OFFSET + READ_IN_SIZE_OFFSET + 4]
+            .copy_from_slice(&(1u32 << 20).to_ne_bytes());
+        assert_eq!(read_bytes(&read, &arrival(&read, 1 << 20).unwrap()), 1 << 20);
+        // WRITE (16) of 4096 bytes and LOOKUP (1): not reads.
+        let mut write = header_with(40 + 40 + 4096, 9, 9, 4096);
+        write.0[4..8].copy_from_slice(&16u32.to_ne_bytes());
+        assert_eq!(read_bytes(&write, &arrival(&write, 1 << 20).unwrap()), 0);
+        let mut lookup = header_with(45, 7, 7, 5);
+        lookup.0[4..8].copy_from_slice(&1u32.to_ne_bytes());
+        assert_eq!(read_bytes(&lookup, &arrival(&lookup, 1 << 20).unwrap()), 0);
     }
 
     #[test]

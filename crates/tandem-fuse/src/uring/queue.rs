@@ -9,11 +9,28 @@
 //! invalidation, the server thread's own). A thread serving several entries could then be
 //! blocked while one of its own entries holds the write it waits for; a thread with one entry
 //! is either serving it or waiting on it, so the queue's other threads serve the write.
+//!
+//! Why a large READ may leave the queue's CPU: the kernel queues a request on the CPU its
+//! caller runs on, so one reader's read-ahead all lands on the reader's own queue, whose threads
+//! are pinned to the reader's CPU. Served there, each 1 MiB read (the volume's copy into the
+//! payload, then the kernel's copy into the page cache at the commit) takes turns with the
+//! reader's own copying on one CPU, however many entries the queue has, where /dev/fuse's
+//! workers run on idle CPUs beside the reader (0.53x of /dev/fuse's sequential reads on the
+//! 16-core host, docs/FUSE.md). So a thread given a READ of at least
+//! [`QueueShape::move_min_bytes`] widens its affinity to all the process's CPUs, and keeps it
+//! wide while large reads keep coming: woken for the next one, the scheduler runs it on an idle
+//! CPU (its own when the reader sleeps). The first other request pins it back before it is
+//! served, so small requests keep the same-CPU round trip. Widening to the *other* CPUs only
+//! (forcing a migration off the reader's) lost on the shared 2-core VM, where the other CPU
+//! was the busy one: 0.64x of /dev/fuse against 0.80x staying pinned (docs/BENCHMARKS.md).
+//! WRITEs stay: a writer waits in `write(2)` for its reply, so there is nothing of its own to
+//! overlap with, and moving only added a migration (and, on a busy machine, a wait for the
+//! other CPU) to each 1 MiB write.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -52,6 +69,22 @@ pub(crate) struct QueueShape {
     pub(crate) entries_per_queue: usize,
     /// Payload buffer of each entry: at least the kernel's largest request or reply.
     pub(crate) payload_bytes: usize,
+    /// READ requests of at least this many bytes may be served off the queue's CPU (module
+    /// documentation); 0: every request on its queue's CPU.
+    pub(crate) move_min_bytes: usize,
+}
+
+/// What the queue threads count, for `BackgroundMount::uring_reads` (printed by `bench mount`).
+#[derive(Debug, Default)]
+pub(crate) struct QueueCounters {
+    /// READs served with the thread's affinity widened beyond its queue's CPU.
+    pub(crate) moved: AtomicU64,
+    /// READs served, of any size.
+    pub(crate) reads: AtomicU64,
+    /// READs whose reply was built on another CPU than their queue's: the caller's CPU, as
+    /// the kernel picks the queue by it (a moved thread may still run there, where the
+    /// scheduler finds it best, e.g. while the reader sleeps; a pinned one always does).
+    pub(crate) reads_elsewhere: AtomicU64,
 }
 
 /// The running entry threads.
@@ -61,6 +94,7 @@ pub(crate) struct Queues {
     ended: Receiver<()>,
     /// Threads that could not be pinned to their queue's CPU (the mount log says so once).
     pub(crate) unpinned: usize,
+    pub(crate) counters: Arc<QueueCounters>,
 }
 
 /// One thread's start-up report: pinned or not, or why registration failed.
@@ -83,7 +117,16 @@ impl Queues {
         let thread_count = shape.queues * shape.entries_per_queue;
         let (ended_sender, ended) = sync_channel(thread_count);
         let (report_sender, reports) = sync_channel::<Registration>(thread_count);
-        let mut queues = Queues { stop: stop.clone(), threads: Vec::with_capacity(thread_count), ended, unpinned: 0 };
+        let counters = Arc::new(QueueCounters::default());
+        let mut queues = Queues {
+            stop: stop.clone(),
+            threads: Vec::with_capacity(thread_count),
+            ended,
+            unpinned: 0,
+            counters: counters.clone(),
+        };
+        // Read before any thread pins itself: the CPUs this process may run on.
+        let allowed = allowed_cpus();
         for index in 0..thread_count {
             let queue = (index % shape.queues) as u16;
             let entry = Entry {
@@ -92,6 +135,9 @@ impl Queues {
                 queue,
                 payload_bytes: shape.payload_bytes,
                 stop: stop.clone(),
+                wide: allowed.filter(|set| shape.move_min_bytes > 0 && cpu_count(set) >= 2),
+                move_min_bytes: shape.move_min_bytes,
+                counters: counters.clone(),
             };
             let report = report_sender.clone();
             let ended = ended_sender.clone();
@@ -212,6 +258,11 @@ struct Entry<FS: fuser::Filesystem> {
     queue: u16,
     payload_bytes: usize,
     stop: Arc<AtomicBool>,
+    /// The CPUs a large READ may be served on: all the process's; None when large reads stay
+    /// on the queue's CPU (moving is off, or there is no other CPU).
+    wide: Option<libc::cpu_set_t>,
+    move_min_bytes: usize,
+    counters: Arc<QueueCounters>,
 }
 
 /// How an entry's service ended.
@@ -273,6 +324,8 @@ impl<FS: fuser::Filesystem> Entry<FS> {
         };
         drop(report);
         let mut reregistrations = 0;
+        // Whether the thread's affinity is widened beyond its queue's CPU (`place`).
+        let mut wide = false;
         loop {
             let completion = match first.take() {
                 Some(completion) => completion,
@@ -309,7 +362,14 @@ impl<FS: fuser::Filesystem> Entry<FS> {
             let header = unsafe { &mut *memory.header };
             let commit_id = match abi::arrival(header, memory.payload_capacity()) {
                 Ok(arrival) => {
+                    let read_bytes = abi::read_bytes(header, &arrival);
+                    if pinned {
+                        wide = self.place(wide, read_bytes);
+                    }
                     self.serve_request(memory, header, &arrival, &sink);
+                    if read_bytes > 0 {
+                        self.count_read();
+                    }
                     arrival.commit_id
                 }
                 Err(problem) => {
@@ -330,6 +390,40 @@ impl<FS: fuser::Filesystem> Entry<FS> {
                 log::error!("tandemfs: io_uring queue {}: submission queue full: {error}", self.queue);
                 return End::StillRegistered;
             }
+        }
+    }
+
+    /// Where this thread serves the request that arrived, given whether its affinity is wide
+    /// (`wide`) now; whether it is wide afterwards. A READ of at least `move_min_bytes` widens
+    /// it to the process's CPUs (`Entry::wide`); any other request pins it back to its queue's CPU
+    /// first. It stays wide between large reads, so that a reader's read-ahead keeps being
+    /// served wherever a CPU is free, and a burst costs two affinity changes, not two per read.
+    fn place(&self, wide: bool, read_bytes: usize) -> bool {
+        let Some(wide_set) = self.wide.as_ref() else { return false };
+        let large = read_bytes >= self.move_min_bytes;
+        if large && !wide {
+            // SAFETY: `wide_set` is a valid, non-empty CPU set of the size passed.
+            let widened = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), wide_set) } == 0;
+            if widened {
+                self.counters.moved.fetch_add(1, Ordering::Relaxed);
+            }
+            return widened;
+        }
+        if large {
+            self.counters.moved.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        if wide && !pin_to_cpu(self.queue as usize) {
+            log::warn!("tandemfs: io_uring queue {}: could not pin the thread back to its CPU", self.queue);
+        }
+        false
+    }
+
+    /// Counts a READ just served, and whether it was served off its queue's CPU.
+    fn count_read(&self) {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        if current_cpu() != Some(self.queue as usize) {
+            self.counters.reads_elsewhere.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -471,6 +565,28 @@ fn pin_to_cpu(cpu: usize) -> bool {
         libc::CPU_SET(cpu, &mut set);
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
     }
+}
+
+/// The CPUs this process may run on; None where the kernel does not say.
+fn allowed_cpus() -> Option<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t is an empty set, filled by the kernel up to its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0).then_some(set)
+    }
+}
+
+/// The CPUs in `set`.
+fn cpu_count(set: &libc::cpu_set_t) -> u32 {
+    // SAFETY: counting the bits of a valid set.
+    unsafe { libc::CPU_COUNT(set) as u32 }
+}
+
+/// The CPU the calling thread runs on.
+fn current_cpu() -> Option<usize> {
+    // SAFETY: no arguments; -1 on failure.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
 }
 
 thread_local! {

@@ -65,6 +65,14 @@ pub struct MountBenchArguments {
     /// machines of 8 cores or more, else 0)
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub fuse_poll_us: Option<u64>,
+    /// Over io_uring, reads of at least this many bytes are served off the caller's
+    /// CPU (`tandem mount -o uring_move_min_bytes=N`; 0: never; unset: the mount's default)
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    pub fuse_uring_move_min_bytes: Option<u64>,
+    /// io_uring entries (each with its own thread) per CPU queue (at least 2; unset: the
+    /// mount's default)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..=64))]
+    pub fuse_uring_entries: Option<u64>,
     /// Transports to measure tandemfs over: both (a /dev/fuse column and, where the kernel
     /// allows it, an io_uring one), dev-fuse, uring or auto (`tandem mount -o transport=`)
     #[arg(long, default_value = "both")]
@@ -252,6 +260,12 @@ fn measure_tandemfs(
         threads: arguments.fuse_threads as usize,
         transport,
         poll_microseconds: arguments.fuse_poll_us.unwrap_or(defaults.poll_microseconds),
+        uring_move_min_bytes: arguments
+            .fuse_uring_move_min_bytes
+            .map_or(defaults.uring_move_min_bytes, |bytes| bytes as usize),
+        uring_entries_per_queue: arguments
+            .fuse_uring_entries
+            .map_or(defaults.uring_entries_per_queue, |entries| entries as usize),
         ..defaults
     };
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {
@@ -259,6 +273,12 @@ fn measure_tandemfs(
             eprintln!("  {label}: FUSE transport {}", mount.transport());
             let measured = run_workload(&mountpoint, size, arguments, label, &|| fs.data_checksum_statistics())
                 .and_then(|measured| {
+                    if let Some(reads) = mount.uring_reads() {
+                        eprintln!(
+                            "  {label}: io_uring READs {}, {} with the thread free to leave the caller's CPU, {} served off it",
+                            reads.reads, reads.moved, reads.served_elsewhere
+                        );
+                    }
                     let requests = super::requests::probe(&mountpoint, &mount)?;
                     for line in super::requests::describe(&requests) {
                         eprintln!("  {label}: FUSE requests per {line}");

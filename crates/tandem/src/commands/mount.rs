@@ -33,6 +33,7 @@ pub struct MountArguments {
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
     /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads), poll_us=N (over /dev/fuse one of them polls for N microseconds after each request instead of sleeping; default 50 on machines of 8 cores or more, else 0; docs/FUSE.md),
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
+    /// uring_move_min_bytes=N (over io_uring, reads of N bytes or more are served off the caller's CPU; 0: never; default 131072),
     /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
     /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536),
     /// backlog_image_logs=N (how many image logs' worth of changes may wait to be applied, 1 to 1024; default 64),
@@ -70,6 +71,9 @@ pub struct ParsedOptions {
     /// `poll_us=N`: one /dev/fuse worker polls this long after a request (0: none); unset,
     /// the adapter's default for the machine's cores.
     pub poll_microseconds: Option<u64>,
+    /// `uring_move_min_bytes=N`: io_uring requests of N bytes or more leave their queue's CPU;
+    /// unset, the adapter's default.
+    pub uring_move_min_bytes: Option<usize>,
     /// Device files and set-id bits work (root only).
     pub dev: bool,
     pub suid: bool,
@@ -108,9 +112,13 @@ const IGNORED_OPTIONS: [&str; 16] = [
 const KERNEL_FUSE_OPTIONS: [&str; 8] =
     ["user_id=", "group_id=", "rootmode=", "fd=", "max_read=", "blksize=", "subtype=", "fsname="];
 
+/// Largest `uring_move_min_bytes` taken: the largest request (1 MiB); above it nothing moves,
+/// which 0 says more plainly.
+const URING_MOVE_MIN_BYTES_MAX: usize = 1 << 20;
+
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, poll_us=N, transport=auto|uring|dev-fuse, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, backlog_image_logs=N, compact_factor=F, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, poll_us=N, transport=auto|uring|dev-fuse, uring_move_min_bytes=N, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, backlog_image_logs=N, compact_factor=F, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -159,6 +167,13 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                     parsed.poll_microseconds =
                         Some(value.parse().ok().filter(|value: &u64| *value <= most).ok_or_else(|| {
                             CliError::new(format!("-o poll_us={value}: expected microseconds from 0 to {most}"))
+                        })?);
+                }
+                Some(("uring_move_min_bytes", value)) => {
+                    let most = URING_MOVE_MIN_BYTES_MAX;
+                    parsed.uring_move_min_bytes =
+                        Some(value.parse().ok().filter(|value: &usize| *value <= most).ok_or_else(|| {
+                            CliError::new(format!("-o uring_move_min_bytes={value}: expected bytes from 0 to {most}"))
                         })?);
                 }
                 Some(("transport", name)) => {
@@ -424,6 +439,7 @@ pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
         volume_name: image.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or(defaults.volume_name),
         transport: options.transport.unwrap_or(defaults.transport),
         uring_entries_per_queue: defaults.uring_entries_per_queue,
+        uring_move_min_bytes: options.uring_move_min_bytes.unwrap_or(defaults.uring_move_min_bytes),
         poll_microseconds: options.poll_microseconds.unwrap_or(defaults.poll_microseconds),
     }
 }
@@ -785,6 +801,19 @@ mod tests {
             Some(crate::fuse_api::FuseTransport::Uring)
         );
         assert!(parse_options(&["transport=pigeon".into()]).is_err());
+        assert_eq!(
+            mount_config(&parse_options(&["uring_move_min_bytes=0".into()]).unwrap(), Path::new("i"))
+                .uring_move_min_bytes,
+            0
+        );
+        assert_eq!(
+            mount_config(&parse_options(&[]).unwrap(), Path::new("i")).uring_move_min_bytes,
+            MountConfig::default().uring_move_min_bytes
+        );
+        for wrong in ["uring_move_min_bytes=1048577", "uring_move_min_bytes=x"] {
+            let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
+            assert!(error.contains("expected bytes from 0 to 1048576"), "{wrong}: {error}");
+        }
         assert_eq!(parse_options(&[]).unwrap(), ParsedOptions::default());
     }
 
