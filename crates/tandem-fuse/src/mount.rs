@@ -54,8 +54,8 @@ pub struct MountConfig {
     pub no_atime: bool,
     /// The "source" column of /proc/mounts.
     pub volume_name: String,
-    /// How requests travel: io_uring where the kernel allows it, else /dev/fuse (`Auto`, the
-    /// default since large reads over io_uring keep up), only /dev/fuse (`DevFuse`), or only
+    /// How requests travel: only /dev/fuse (`DevFuse`, the default: io_uring halved one
+    /// reader's sequential reads on the 16-core host), io_uring where allowed (`Auto`), or only
     /// io_uring (docs/FUSE.md, "Transports").
     pub transport: FuseTransport,
     /// io_uring entries (each with its own thread) per CPU queue; at least 2 (see
@@ -113,7 +113,7 @@ impl Default for MountConfig {
             no_exec: false,
             no_atime: false,
             volume_name: "tandemfs".to_string(),
-            transport: FuseTransport::Auto,
+            transport: FuseTransport::DevFuse,
             uring_entries_per_queue: 2,
             uring_move_min_bytes: URING_MOVE_MIN_BYTES_DEFAULT,
             poll_microseconds: default_poll_microseconds(cores),
@@ -253,7 +253,10 @@ fn start_session(
     // Whether to ask the kernel for io_uring in INIT; an explicit `uring` that cannot be had
     // fails here, before anything is mounted.
     let uring_wish = match (config.transport, uring::availability()) {
-        (FuseTransport::DevFuse, _) => Err("asked for (transport=dev-fuse)".to_string()),
+        (FuseTransport::DevFuse, _) => Err(
+            "the default (-o transport=auto or uring serves through io_uring where the kernel allows it; docs/FUSE.md)"
+                .to_string(),
+        ),
         (_, Ok(())) => Ok(Arc::new(AtomicBool::new(false))),
         (FuseTransport::Uring, Err(why)) => return Err(io::Error::other(format!("transport=uring: {why}"))),
         (FuseTransport::Auto, Err(why)) => Err(why),
