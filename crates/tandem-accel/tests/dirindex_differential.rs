@@ -1561,7 +1561,15 @@ mod ring_index {
             assert!(host.called <= host.encoded && host.encoded <= host.published, "{host:?}");
             assert!(host.published <= host.done_seen && host.done_seen <= host.decoded, "{host:?}");
             assert!(kernel.seen_ns > 0 && kernel.seen_ns <= kernel.staged_ns, "{kernel:?}");
-            assert!(kernel.staged_ns <= kernel.answered_ns, "{kernel:?}");
+            assert!(kernel.staged_ns <= kernel.walked_ns && kernel.walked_ns <= kernel.answered_ns, "{kernel:?}");
+            // A walk's step stamps, where it got that far, lie in order inside staged → walked.
+            let mut previous = kernel.staged_ns;
+            for step in kernel.step_ns.into_iter().filter(|&step| step != 0) {
+                assert!(previous <= step && step <= kernel.walked_ns, "{kernel:?}");
+                previous = step;
+            }
+            assert!(kernel.step_ns[0] != 0 || kernel.step_ns[1] == 0, "{kernel:?}");
+            assert!(kernel.staged_cycles <= kernel.answered_cycles, "{kernel:?}");
             let kernel_span = Duration::from_nanos(kernel.answered_ns - kernel.seen_ns);
             let waited = host.done_seen - host.published;
             assert!(kernel_span <= waited, "kernel span {kernel_span:?} outside the host's wait {waited:?}");

@@ -292,7 +292,7 @@ pub fn round_trip_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize)
 /// loaded, the walk with the answer's stores issued, and the rest of the wait (the doorbell's
 /// way in, the warp's fence, the completion's way out), which is host wait less kernel span.
 fn express_phase_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize) -> Result<Vec<DirectoryBenchRow>> {
-    const PHASES: usize = 9;
+    const PHASES: usize = 13;
     let labels: [(&str, &str); PHASES] = [
         ("round trip", "host clock, call → return"),
         ("host: encode", "host clock, call → path in the express area"),
@@ -300,12 +300,18 @@ fn express_phase_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize) 
         ("host: wait for done", "host clock, doorbell rung → done seen"),
         ("  GPU: command + path loaded", "GPU clock, doorbell seen → in shared memory"),
         ("  GPU: walk + answer stored", "GPU clock, the walk and the answer's stores issued"),
+        ("    GPU: round 1", "GPU clock, staged → the root's record checked (with the first entry's home slot)"),
+        ("    GPU: round 2", "GPU clock, → the first directory's record checked (with the next entry's slot)"),
+        ("    GPU: walk's end", "GPU clock, → the last record found and the answer decided"),
+        ("    GPU: answer stored", "GPU clock, → the answer writer's loads, shuffles and stores issued"),
         ("  wait less the GPU's span", "doorbell's way in, fence, completion's way out"),
         ("host: decode", "host clock, done seen → answer decoded"),
         ("host: return", "host clock, decoded → call returned (slot released)"),
     ];
     let micros = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64() * 1e6;
-    let sample = |path: &[u8]| -> Result<[f64; PHASES]> {
+    // The walk's phase is the row that carries the SM clock in its note.
+    const WALK_PHASE: usize = 5;
+    let sample = |path: &[u8]| -> Result<([f64; PHASES], Option<f64>)> {
         let start = Instant::now();
         let (_, stamps) = gpu.resolve_express_timed(path, Credentials::ROOT)?;
         let end = Instant::now();
@@ -313,41 +319,60 @@ fn express_phase_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize) 
         let load = kernel.staged_ns.saturating_sub(kernel.seen_ns) as f64 / 1e3;
         let walk = kernel.answered_ns.saturating_sub(kernel.staged_ns) as f64 / 1e3;
         let wait = micros(host.published, host.done_seen);
-        Ok([
+        // A step the walk did not reach (0) ends where the walk ended.
+        let step = |index: usize| match kernel.step_ns[index] {
+            0 => kernel.walked_ns,
+            stamp => stamp,
+        };
+        let gpu_micros = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e3;
+        let phases = [
             micros(start, end),
             micros(start, host.encoded),
             micros(host.encoded, host.published),
             wait,
             load,
             walk,
+            gpu_micros(kernel.staged_ns, step(0)),
+            gpu_micros(step(0), step(1)),
+            gpu_micros(step(1), kernel.walked_ns),
+            gpu_micros(kernel.walked_ns, kernel.answered_ns),
             wait - load - walk,
             micros(host.done_seen, host.decoded),
             micros(host.decoded, end),
-        ])
+        ];
+        Ok((phases, kernel.sm_clock_mhz()))
     };
     let mut cold: [Vec<f64>; PHASES] = Default::default();
     let mut warm: [Vec<f64>; PHASES] = Default::default();
+    let (mut cold_mhz, mut warm_mhz) = (Vec::new(), Vec::new());
     for index in 0..calls.max(1) {
         // Paths past those the round-trip rows resolved (they took indices below calls + 100).
         let path = &paths[(calls + 100 + index) % paths.len()][..];
-        for (phase, value) in sample(path)?.into_iter().enumerate() {
-            cold[phase].push(value);
-        }
-        for (phase, value) in sample(path)?.into_iter().enumerate() {
-            warm[phase].push(value);
+        for (samples, clocks) in [(&mut cold, &mut cold_mhz), (&mut warm, &mut warm_mhz)] {
+            let (phases, mhz) = sample(path)?;
+            for (phase, value) in phases.into_iter().enumerate() {
+                samples[phase].push(value);
+            }
+            clocks.extend(mhz);
         }
     }
     let mut rows = Vec::new();
-    for (which, mut samples) in [("cold", cold), ("warm", warm)] {
-        for ((operation, what), samples) in labels.iter().zip(samples.iter_mut()) {
+    for (which, mut samples, mut clocks) in [("cold", cold, cold_mhz), ("warm", warm, warm_mhz)] {
+        clocks.sort_by(f64::total_cmp);
+        let clock = match clocks.get(clocks.len() / 2) {
+            Some(mhz) => format!("; SM clock {mhz:.0} MHz (clock64 over the span, median of {})", clocks.len()),
+            None => "; SM clock unknown (every span under 2 µs)".to_string(),
+        };
+        for (phase, ((operation, what), samples)) in labels.iter().zip(samples.iter_mut()).enumerate() {
             samples.sort_by(f64::total_cmp);
             let (middle, tail) = (samples[samples.len() / 2], samples[samples.len() * 99 / 100]);
+            let extra = if phase == WALK_PHASE { clock.as_str() } else { "" };
             rows.push(DirectoryBenchRow {
                 operation: format!("  express {which}: {operation}"),
                 engine: "gpu".into(),
                 per_second: None,
                 microseconds: Some(middle),
-                note: format!("median of {calls}, p99 {tail:.2} µs; {what}"),
+                note: format!("median of {calls}, p99 {tail:.2} µs; {what}{extra}"),
             });
         }
     }

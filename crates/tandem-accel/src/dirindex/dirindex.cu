@@ -72,7 +72,13 @@ typedef unsigned char u8;
 #define CREATE_RECORD_BYTES 24u
 #define CREATE_ANSWER_BYTES 16u
 #define EXPRESS_STAMPS_OFFSET (EXPRESS_ANSWERS_OFFSET + EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES)
-static_assert(EXPRESS_STAMPS_OFFSET + 24 <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
+// The express stamps, words of the area at EXPRESS_STAMPS_OFFSET (must equal ring.rs): seen,
+// staged and answered (ns, %globaltimer), walked (the answer function returned), the walk's
+// first two directories checked (a resolve's rounds 1 and 2; 0 when not reached), and the SM's
+// cycle counter (clock64) at staged and at answered, which with the ns span gives the SM clock.
+#define EXPRESS_STAMP_WORDS 8u
+#define WALK_STEP_STAMPS 2u
+static_assert(EXPRESS_STAMPS_OFFSET + 8 * EXPRESS_STAMP_WORDS <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
 
 // Slot states of both hash tables.
 #define SLOT_EMPTY 0u
@@ -203,6 +209,15 @@ __device__ __forceinline__ u64 clock_ns() {
     u64 value;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
     return value;
+#endif
+}
+// The SM's cycle counter, for the express stamps: beside %globaltimer it says the SM clock
+// during the span (a walk that is slow in ns but short in cycles ran at a low clock).
+__device__ __forceinline__ u64 clock_cycles() {
+#ifdef DIRINDEX_HOST_EMULATION
+    return emulated_clock_ns();
+#else
+    return (u64)clock64();
 #endif
 }
 // Asks L2 for the line holding `address` without waiting for it (no register is written): the
@@ -758,8 +773,12 @@ __device__ bool next_component(PathCursor* p, u64* words, u32* length) {
 // inode is the entry's child, not a load from the record. A lookup's miss is decided from the
 // directory the walk stands in (a directory with attributes): NotFound when it is complete and
 // nothing overflowed, else Unknown (lookup_one's rule without probing for the directory again).
+//
+// `step_ns` (null but on the express path) gets the GPU clock when each of the walk's first
+// WALK_STEP_STAMPS directories has passed its checks: its record's loads have arrived then
+// (the checks branch on them), so the stamps split the walk into its dependent rounds.
 __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
-                           const IndexAttributes** result) {
+                           const IndexAttributes** result, u64* step_ns) {
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 0) return STATUS_NOT_FOUND;
     const u32 path_words = (length + 7) / 8;
@@ -782,12 +801,14 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     u64 current = t.root;
     EntryProbe probe;
     WalkRecord here = begin_step(t, current, more ? words : nullptr, component, &probe);
+    u32 steps = 0;
     // Each pass walks one component of at least one byte: at most 4096.
     while (more) {
         if (!here.record) return STATUS_NEEDS_CPU;
         if (here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
         if (!may_search(here.owner, here.group, here.permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
         if (component > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
+        if (step_ns && steps < WALK_STEP_STAMPS) step_ns[steps++] = clock_ns();
         u32 next = 0;
         const bool more_after = next_component(&path, ahead, &next);
         const u64* next_words = more_after ? ahead : nullptr;
@@ -823,7 +844,9 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     return STATUS_FOUND;
 }
 
-__device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+// answer_resolve with the walk's step stamps (`step_ns`: null, or WALK_STEP_STAMPS words).
+__device__ u32 answer_resolve_stamped(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes,
+                                      u64* step_ns) {
     const u64 packed = load_volatile_u64((const u64*)(c.requests + index * 8));
     const u64 offset = packed & 0xFFFFFFFFull;
     const u32 length = (u32)(packed >> 32);
@@ -831,9 +854,14 @@ __device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, cons
         fail(t, ERROR_BAD_REQUEST);
         return 0;
     }
-    const u32 status = resolve_one(t, (const u64*)(c.requests + offset), length, (u32)c.argument0, (u32)c.argument1, attributes);
+    const u32 status =
+        resolve_one(t, (const u64*)(c.requests + offset), length, (u32)c.argument0, (u32)c.argument1, attributes, step_ns);
     if (status != STATUS_FOUND) *attributes = nullptr;
     return status;
+}
+
+__device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+    return answer_resolve_stamped(t, c, index, attributes, nullptr);
 }
 
 // Query commands go a warp at a time: lane L answers request base+L, then the warp writes
@@ -1193,6 +1221,7 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
     if (valid && host.request_bytes > EXPRESS_PREFETCH_WORDS * 8) stage_express_rest((const u64*)area, host.request_bytes, words);
     __syncwarp();
     const u64 staged_ns = clock_ns();
+    const u64 staged_cycles = clock_cycles();
     Command c = host;
     c.opcode = opcode;
     c.requests = (u64)words;
@@ -1200,19 +1229,30 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
     c.answer_bytes = (u64)EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES;
     u32 status = 0;
     const IndexAttributes* attributes = nullptr;
+    u64 step_ns[WALK_STEP_STAMPS] = {0, 0};
     if (valid && lane < c.count) {
         status = opcode == COMMAND_LOOKUP    ? answer_lookup(t, c, lane, &attributes)
-                 : opcode == COMMAND_RESOLVE ? answer_resolve(t, c, lane, &attributes)
+                 : opcode == COMMAND_RESOLVE ? answer_resolve_stamped(t, c, lane, &attributes, step_ns)
                                              : answer_stat(t, c, lane, &attributes);
     }
+    // Lane 0's walk is over here (the status is decided); the other lanes wait for it in the
+    // writer's shuffles.
+    const u64 walked_ns = clock_ns();
     if (valid) write_answers_of_warp((u8*)c.answers, 0, c.count, status, attributes);
     // Every answer function returns a status of 1..7 unless the request was bad.
     const bool bad = !valid || __any_sync(FULL_WARP, lane < c.count && status == 0);
     if (lane == 0) {
+        const u64 answered_ns = clock_ns();
+        const u64 answered_cycles = clock_cycles();
         u64* stamps = (u64*)(area + EXPRESS_STAMPS_OFFSET);
         store_volatile_u64(stamps, seen_ns);
         store_volatile_u64(stamps + 1, staged_ns);
-        store_volatile_u64(stamps + 2, clock_ns());
+        store_volatile_u64(stamps + 2, answered_ns);
+        store_volatile_u64(stamps + 3, walked_ns);
+        store_volatile_u64(stamps + 4, step_ns[0]);
+        store_volatile_u64(stamps + 5, step_ns[1]);
+        store_volatile_u64(stamps + 6, staged_cycles);
+        store_volatile_u64(stamps + 7, answered_cycles);
         Completion* completion = &t.ring[slot].completion;
         store_volatile_u32(&completion->status, bad ? ERROR_BAD_REQUEST : ERROR_NONE);
         store_volatile_u64(&completion->result0, 0);

@@ -34,9 +34,11 @@ pub const EXPRESS_REQUEST_BYTES: usize = 4096;
 pub const EXPRESS_MAXIMUM_REQUESTS: usize = 32;
 /// Where the answers start in an express area (`wire::ANSWER_BYTES` each).
 pub const EXPRESS_ANSWERS_OFFSET: usize = EXPRESS_REQUEST_BYTES;
-/// Where the kernel writes its three time stamps (ns of the GPU's global timer).
+/// Where the kernel writes its time stamps (`KernelStamps`, `EXPRESS_STAMP_WORDS` words).
 pub const EXPRESS_STAMPS_OFFSET: usize = EXPRESS_ANSWERS_OFFSET + EXPRESS_MAXIMUM_REQUESTS * super::wire::ANSWER_BYTES;
-const _: () = assert!(EXPRESS_STAMPS_OFFSET + 24 <= EXPRESS_SLOT_BYTES);
+/// Words of the kernel's stamps (`EXPRESS_STAMP_WORDS` in dirindex.cu).
+pub const EXPRESS_STAMP_WORDS: usize = 8;
+const _: () = assert!(EXPRESS_STAMPS_OFFSET + 8 * EXPRESS_STAMP_WORDS <= EXPRESS_SLOT_BYTES);
 /// Bytes of ring memory with the express areas behind the slots: what `Ring::new` takes.
 pub const RING_MEMORY_BYTES: usize = RING_BYTES + RING_SLOTS * EXPRESS_SLOT_BYTES;
 /// How long the waiter polls `done` in a busy loop: a round trip is a few microseconds and a
@@ -72,13 +74,31 @@ pub struct RingCompletion {
 }
 
 /// When the kernel's warp saw an express command, had it and its requests in shared memory,
-/// and had computed and stored its answers (before the fence and the completion), in ns of
-/// the GPU's global timer (its resolution is the GPU's: 32 ns to 1 µs).
+/// had decided its answers (the walk over), and had stored them (before the fence and the
+/// completion), in ns of the GPU's global timer (its resolution is the GPU's: 32 ns to 1 µs);
+/// for a resolve also when the walk's first and second directories had passed their checks
+/// (their records' loads arrived: the walk's dependent rounds 1 and 2; 0 when the walk did
+/// not get there); and the SM's cycle counter at staged and at answered, whose ratio to the
+/// ns span is the SM clock during the walk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelStamps {
     pub seen_ns: u64,
     pub staged_ns: u64,
     pub answered_ns: u64,
+    pub walked_ns: u64,
+    pub step_ns: [u64; 2],
+    pub staged_cycles: u64,
+    pub answered_cycles: u64,
+}
+
+impl KernelStamps {
+    /// The SM clock in MHz over staged → answered (cycles per µs), or None when the span is
+    /// shorter than the GPU timer can tell (under 2 µs) or a stamp is missing.
+    pub fn sm_clock_mhz(&self) -> Option<f64> {
+        let span_ns = self.answered_ns.checked_sub(self.staged_ns)?;
+        let cycles = self.answered_cycles.checked_sub(self.staged_cycles)?;
+        (span_ns >= 2_000).then(|| cycles as f64 * 1e3 / span_ns as f64)
+    }
 }
 
 /// When the host side of one express command reached each step, on the host's monotonic
@@ -136,7 +156,15 @@ impl ExpressAnswer<'_> {
                 (self.ring.express_area(self.slot).add(EXPRESS_STAMPS_OFFSET + 8 * index) as *const u64).read_volatile()
             }
         };
-        KernelStamps { seen_ns: word(0), staged_ns: word(1), answered_ns: word(2) }
+        KernelStamps {
+            seen_ns: word(0),
+            staged_ns: word(1),
+            answered_ns: word(2),
+            walked_ns: word(3),
+            step_ns: [word(4), word(5)],
+            staged_cycles: word(6),
+            answered_cycles: word(7),
+        }
     }
 }
 
