@@ -4,7 +4,7 @@
 //! path resolutions, lookups and stats per second, and the single-command round trip in µs.
 //! The GPU engine's answers are checked against the CPU twin's on the same batches.
 
-use super::{wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
+use super::{ring, wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
 use super::{CreateEntry, CreateResult};
 use super::{Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, LookupResult, ResolveResult};
 use crate::error::Result;
@@ -281,7 +281,72 @@ pub fn round_trip_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize)
     );
     row("one stat, express", latency(calls, |_| gpu.stat(&[ROOT]).map(drop))?, "the root's attributes");
     rows.extend(express_phase_rows(gpu, paths, calls)?);
+    rows.extend(latency_probe_rows(gpu, calls)?);
     Ok(rows)
+}
+
+/// Dependent loads a latency probe times (twice: cold, then the same lines again).
+const PROBE_LOADS: u32 = 32;
+
+/// What one dependent load of table memory and one dependent multiply cost from the kernel's
+/// polling warp (warp 0 of block 0, the warp that walks an express path), on both of the GPU's
+/// clocks: the yardstick for the walk's rounds above. A round of the walk that takes several
+/// times the probe's load is not waiting on memory; a low SM clock shows in MHz and in the
+/// walk's rows alike.
+fn latency_probe_rows(gpu: &GpuDirectoryIndex, calls: usize) -> Result<Vec<DirectoryBenchRow>> {
+    let probes = calls.clamp(1, 1000);
+    let mut samples: [Vec<f64>; 5] = Default::default();
+    let mut clocks = Vec::new();
+    for index in 0..probes {
+        let probe = gpu.probe_latency(PROBE_LOADS, 0x9E37_79B9 ^ index as u64)?;
+        let multiplies_micros =
+            probe.ns[3].saturating_sub(probe.ns[2]) as f64 / 1e3 / f64::from(ring::PROBE_MULTIPLIES) * 1e3;
+        let values = [
+            probe.first_load_ns() / 1e3,
+            probe.second_load_ns() / 1e3,
+            probe.second_load_cycles(),
+            probe.multiply_cycles(),
+        ];
+        for (target, value) in samples.iter_mut().zip(values.into_iter().chain([multiplies_micros])) {
+            target.push(value);
+        }
+        clocks.extend(probe.sm_clock_mhz());
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        (values[values.len() / 2], values[values.len() * 99 / 100])
+    };
+    let [first, second, second_cycles, multiply_cycles, multiplies] = &mut samples;
+    let (second_cycles, _) = median(second_cycles);
+    let (multiply_cycles, _) = median(multiply_cycles);
+    let clock = match clocks.is_empty() {
+        true => "SM clock unknown (probes under 2 µs)".to_string(),
+        false => format!("SM clock {:.0} MHz", median(&mut clocks).0),
+    };
+    let row = |operation: &str, (middle, tail): (f64, f64), what: String| DirectoryBenchRow {
+        operation: operation.into(),
+        engine: "gpu".into(),
+        per_second: None,
+        microseconds: Some(middle),
+        note: format!("median of {probes} probes, p99 {tail:.3} µs; {what}"),
+    };
+    Ok(vec![
+        row(
+            "  probe: one dependent table load, cold",
+            median(first),
+            format!("GPU clock, a chain of {PROBE_LOADS} inode-key loads from warp 0 of block 0 (ld.global.cg, as the walk)"),
+        ),
+        row(
+            "  probe: the same load again (L2)",
+            median(second),
+            format!("GPU clock, the same chain at once; {second_cycles:.0} SM cycles a load; {clock}"),
+        ),
+        row(
+            "  probe: 1000 dependent multiplies",
+            median(multiplies),
+            format!("GPU clock, per 1000 of {} 32-bit multiply-adds in a chain; {multiply_cycles:.1} SM cycles each", ring::PROBE_MULTIPLIES),
+        ),
+    ])
 }
 
 /// Where one express resolve's time goes, on both clocks, for a cold path (one no round trip

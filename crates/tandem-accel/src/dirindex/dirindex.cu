@@ -27,6 +27,9 @@ typedef unsigned char u8;
 #define COMMAND_LIST 7u
 #define COMMAND_NOP 8u
 #define COMMAND_CREATE 9u
+// With COMMAND_EXPRESS: the polling warp times a chain of dependent table loads (twice) and of
+// dependent multiplies on both clocks, for the benchmark (see serve_probe).
+#define COMMAND_PROBE 10u
 // Flag on a lookup, resolve or stat: the requests are in the slot's express area and block 0's
 // warp 0 answers them there (see "the express path" below). Must equal ring.rs.
 #define COMMAND_EXPRESS 0x100u
@@ -1270,6 +1273,81 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
     }
 }
 
+// The latency probe (benchmark): how long one dependent load of table memory takes from the
+// polling warp of the live kernel, in ns and in SM cycles, and what the SM clock is. Lane 0
+// walks a chain of `argument0` loads (at most PROBE_MAXIMUM_LOADS) of inode keys, each slot
+// chosen from the key loaded before it (so each load waits for the last, as the walk's rounds
+// do), from `argument1` as the seed; then walks the same chain again (its lines now in L2 and
+// its pages in the TLB); then PROBE_MULTIPLIES dependent 32-bit multiply-adds (one IMAD each). Stamps, words
+// of the area at EXPRESS_STAMPS_OFFSET: ns at the start and after each part (4), the SM's
+// cycles at the same points (4), then the chain's and the multiplies' results (so that
+// nothing is optimized away). Changes nothing; fenced like an express answer.
+#define PROBE_MAXIMUM_LOADS 256u
+#define PROBE_MULTIPLIES 1024u
+#define PROBE_STAMP_WORDS 10u
+static_assert(EXPRESS_STAMPS_OFFSET + 8 * PROBE_STAMP_WORDS <= EXPRESS_SLOT_BYTES, "probe stamps fit the area");
+
+__device__ u64 probe_chain(const Tables& t, u64 seed, u32 loads) {
+    u64 slot = mix(seed) & t.inode_mask;
+    u64 carried = 0;
+    for (u32 index = 0; index < loads; ++index) {
+        const u64 key = load_table_u64(&t.inode_key[slot]);
+        carried += key;
+        // One multiply-add of 32 bits and a mask between two loads: the next address waits
+        // for this key.
+        slot = (u64)((u32)slot * 2654435761u + (u32)key + index + 1u) & t.inode_mask;
+    }
+    return carried + slot;
+}
+
+__device__ u32 probe_multiplies(u32 value) {
+#pragma unroll 1
+    for (u32 index = 0; index < PROBE_MULTIPLIES / 4; ++index) {
+        // A square each (the compiler cannot fold a chain of them into one multiply).
+        value = value * value + index;
+        value = value * value + index;
+        value = value * value + index;
+        value = value * value + index;
+    }
+    return value;
+}
+
+__device__ void serve_probe(const Tables& t, const Command& c, u64 slot) {
+    const u32 lane = threadIdx.x & 31;
+    if (lane == 0) {
+        const u32 loads = c.argument0 < PROBE_MAXIMUM_LOADS ? (u32)c.argument0 : PROBE_MAXIMUM_LOADS;
+        u64 ns[4], cycles[4];
+        ns[0] = clock_ns();
+        cycles[0] = clock_cycles();
+        const u64 first = probe_chain(t, c.argument1, loads);
+        ns[1] = clock_ns();
+        cycles[1] = clock_cycles();
+        const u64 second = probe_chain(t, c.argument1, loads);
+        ns[2] = clock_ns();
+        cycles[2] = clock_cycles();
+        const u32 product = probe_multiplies((u32)(first ^ second ^ c.argument1));
+        ns[3] = clock_ns();
+        cycles[3] = clock_cycles();
+        u64* stamps = (u64*)(express_area(t, slot) + EXPRESS_STAMPS_OFFSET);
+        for (u32 index = 0; index < 4; ++index) {
+            store_volatile_u64(stamps + index, ns[index]);
+            store_volatile_u64(stamps + 4 + index, cycles[index]);
+        }
+        store_volatile_u64(stamps + 8, first ^ second);
+        store_volatile_u64(stamps + 9, product);
+        Completion* completion = &t.ring[slot].completion;
+        store_volatile_u32(&completion->status, ERROR_NONE);
+        store_volatile_u64(&completion->result0, 0);
+        store_volatile_u64(&completion->result1, 0);
+    }
+    __threadfence_system();
+    __syncwarp();
+    if (lane == 0) {
+        store_volatile_u64(&t.ring[slot].completion.done, c.sequence);
+        store_volatile_u64(&t.control->completed, c.sequence);
+    }
+}
+
 // Block 0, warp 0: takes commands in sequence order. Lane 0 waits until command `*taken` is
 // completed (its completion reads the command's counters), then polls the next slot's
 // doorbell (acquire at system scope); the warp then loads the command and the first KiB of
@@ -1321,6 +1399,10 @@ __device__ bool take_next(const Tables& t, u64* taken, Command* command, u64* wo
         }
         if (express_opcode(c.opcode)) {
             serve_express(t, c, slot_index, words, seen_ns);
+            continue;
+        }
+        if (c.opcode == (COMMAND_PROBE | COMMAND_EXPRESS)) {
+            serve_probe(t, c, slot_index);
             continue;
         }
         bool alone = false;
