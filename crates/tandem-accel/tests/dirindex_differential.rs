@@ -1418,6 +1418,13 @@ fn kernel_serving_loop_on_the_host_answers_through_the_ring() {
     assert!(matches!(expected[0], ResolveResult::Found(_)));
     // A NOP answers; a request of a name of 0 bytes is refused (status, not a hang).
     served.nop();
+    // The latency probe answers with its stamps in order, on both clocks, and changes nothing.
+    for loads in [0, 1, 32, tandem_accel::dirindex::ring::PROBE_MAXIMUM_LOADS] {
+        let probe = served.probe_latency(loads, u64::from(loads) * 7 + 1);
+        assert!(probe.ns[0] > 0 && probe.ns.windows(2).all(|pair| pair[0] <= pair[1]), "{probe:?}");
+        assert!(probe.cycles[0] > 0 && probe.cycles.windows(2).all(|pair| pair[0] <= pair[1]), "{probe:?}");
+    }
+    assert_eq!(served.express_resolve(&long_paths, Credentials::ROOT).unwrap(), expected);
     assert!(served.express_lookup(&[(ROOT, b"")]).is_err());
     served.stop();
     // Every way of serving ran: single requests (half of them) and small applies by block 0
@@ -1561,7 +1568,15 @@ mod ring_index {
             assert!(host.called <= host.encoded && host.encoded <= host.published, "{host:?}");
             assert!(host.published <= host.done_seen && host.done_seen <= host.decoded, "{host:?}");
             assert!(kernel.seen_ns > 0 && kernel.seen_ns <= kernel.staged_ns, "{kernel:?}");
-            assert!(kernel.staged_ns <= kernel.answered_ns, "{kernel:?}");
+            assert!(kernel.staged_ns <= kernel.walked_ns && kernel.walked_ns <= kernel.answered_ns, "{kernel:?}");
+            // A walk's step stamps, where it got that far, lie in order inside staged → walked.
+            let mut previous = kernel.staged_ns;
+            for step in kernel.step_ns.into_iter().filter(|&step| step != 0) {
+                assert!(previous <= step && step <= kernel.walked_ns, "{kernel:?}");
+                previous = step;
+            }
+            assert!(kernel.step_ns[0] != 0 || kernel.step_ns[1] == 0, "{kernel:?}");
+            assert!(kernel.staged_cycles <= kernel.answered_cycles, "{kernel:?}");
             let kernel_span = Duration::from_nanos(kernel.answered_ns - kernel.seen_ns);
             let waited = host.done_seen - host.published;
             assert!(kernel_span <= waited, "kernel span {kernel_span:?} outside the host's wait {waited:?}");
@@ -1582,6 +1597,11 @@ mod ring_index {
 
         pub fn express_stat(&self, inodes: &[u64]) -> Result<Vec<StatResult>> {
             self.express_query(inodes, (wire::COMMAND_STAT, [0; 3]), wire::encode_stats, wire::decode_stats_into)
+        }
+
+        pub fn probe_latency(&self, loads: u32, seed: u64) -> ring::ProbeStamps {
+            let failure = |reason: String| AccelError::Device(reason);
+            ring::latency_probe(&self.ring, loads, seed, &mut || self.alive(), &failure).expect("a probe is answered")
         }
 
         pub fn nop(&self) {

@@ -4,7 +4,7 @@
 //! path resolutions, lookups and stats per second, and the single-command round trip in µs.
 //! The GPU engine's answers are checked against the CPU twin's on the same batches.
 
-use super::{wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
+use super::{ring, wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
 use super::{CreateEntry, CreateResult};
 use super::{Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, LookupResult, ResolveResult};
 use crate::error::Result;
@@ -281,7 +281,72 @@ pub fn round_trip_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize)
     );
     row("one stat, express", latency(calls, |_| gpu.stat(&[ROOT]).map(drop))?, "the root's attributes");
     rows.extend(express_phase_rows(gpu, paths, calls)?);
+    rows.extend(latency_probe_rows(gpu, calls)?);
     Ok(rows)
+}
+
+/// Dependent loads a latency probe times (twice: cold, then the same lines again).
+const PROBE_LOADS: u32 = 32;
+
+/// What one dependent load of table memory and one dependent multiply cost from the kernel's
+/// polling warp (warp 0 of block 0, the warp that walks an express path), on both of the GPU's
+/// clocks: the yardstick for the walk's rounds above. A round of the walk that takes several
+/// times the probe's load is not waiting on memory; a low SM clock shows in MHz and in the
+/// walk's rows alike.
+fn latency_probe_rows(gpu: &GpuDirectoryIndex, calls: usize) -> Result<Vec<DirectoryBenchRow>> {
+    let probes = calls.clamp(1, 1000);
+    let mut samples: [Vec<f64>; 5] = Default::default();
+    let mut clocks = Vec::new();
+    for index in 0..probes {
+        let probe = gpu.probe_latency(PROBE_LOADS, 0x9E37_79B9 ^ index as u64)?;
+        let multiplies_micros =
+            probe.ns[3].saturating_sub(probe.ns[2]) as f64 / 1e3 / f64::from(ring::PROBE_MULTIPLIES) * 1e3;
+        let values = [
+            probe.first_load_ns() / 1e3,
+            probe.second_load_ns() / 1e3,
+            probe.second_load_cycles(),
+            probe.multiply_cycles(),
+        ];
+        for (target, value) in samples.iter_mut().zip(values.into_iter().chain([multiplies_micros])) {
+            target.push(value);
+        }
+        clocks.extend(probe.sm_clock_mhz());
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        (values[values.len() / 2], values[values.len() * 99 / 100])
+    };
+    let [first, second, second_cycles, multiply_cycles, multiplies] = &mut samples;
+    let (second_cycles, _) = median(second_cycles);
+    let (multiply_cycles, _) = median(multiply_cycles);
+    let clock = match clocks.is_empty() {
+        true => "SM clock unknown (probes under 2 µs)".to_string(),
+        false => format!("SM clock {:.0} MHz", median(&mut clocks).0),
+    };
+    let row = |operation: &str, (middle, tail): (f64, f64), what: String| DirectoryBenchRow {
+        operation: operation.into(),
+        engine: "gpu".into(),
+        per_second: None,
+        microseconds: Some(middle),
+        note: format!("median of {probes} probes, p99 {tail:.3} µs; {what}"),
+    };
+    Ok(vec![
+        row(
+            "  probe: one dependent table load, cold",
+            median(first),
+            format!("GPU clock, a chain of {PROBE_LOADS} inode-key loads from warp 0 of block 0 (ld.global.cg, as the walk)"),
+        ),
+        row(
+            "  probe: the same load again (L2)",
+            median(second),
+            format!("GPU clock, the same chain at once; {second_cycles:.0} SM cycles a load; {clock}"),
+        ),
+        row(
+            "  probe: 1000 dependent multiplies",
+            median(multiplies),
+            format!("GPU clock, per 1000 of {} 32-bit multiply-adds in a chain; {multiply_cycles:.1} SM cycles each", ring::PROBE_MULTIPLIES),
+        ),
+    ])
 }
 
 /// Where one express resolve's time goes, on both clocks, for a cold path (one no round trip
@@ -292,7 +357,7 @@ pub fn round_trip_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize)
 /// loaded, the walk with the answer's stores issued, and the rest of the wait (the doorbell's
 /// way in, the warp's fence, the completion's way out), which is host wait less kernel span.
 fn express_phase_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize) -> Result<Vec<DirectoryBenchRow>> {
-    const PHASES: usize = 9;
+    const PHASES: usize = 13;
     let labels: [(&str, &str); PHASES] = [
         ("round trip", "host clock, call → return"),
         ("host: encode", "host clock, call → path in the express area"),
@@ -300,12 +365,18 @@ fn express_phase_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize) 
         ("host: wait for done", "host clock, doorbell rung → done seen"),
         ("  GPU: command + path loaded", "GPU clock, doorbell seen → in shared memory"),
         ("  GPU: walk + answer stored", "GPU clock, the walk and the answer's stores issued"),
+        ("    GPU: round 1", "GPU clock, staged → the root's record checked (with the first entry's home slot)"),
+        ("    GPU: round 2", "GPU clock, → the first directory's record checked (with the next entry's slot)"),
+        ("    GPU: walk's end", "GPU clock, → the last record found and the answer decided"),
+        ("    GPU: answer stored", "GPU clock, → the answer writer's loads, shuffles and stores issued"),
         ("  wait less the GPU's span", "doorbell's way in, fence, completion's way out"),
         ("host: decode", "host clock, done seen → answer decoded"),
         ("host: return", "host clock, decoded → call returned (slot released)"),
     ];
     let micros = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64() * 1e6;
-    let sample = |path: &[u8]| -> Result<[f64; PHASES]> {
+    // The walk's phase is the row that carries the SM clock in its note.
+    const WALK_PHASE: usize = 5;
+    let sample = |path: &[u8]| -> Result<([f64; PHASES], Option<f64>)> {
         let start = Instant::now();
         let (_, stamps) = gpu.resolve_express_timed(path, Credentials::ROOT)?;
         let end = Instant::now();
@@ -313,41 +384,60 @@ fn express_phase_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize) 
         let load = kernel.staged_ns.saturating_sub(kernel.seen_ns) as f64 / 1e3;
         let walk = kernel.answered_ns.saturating_sub(kernel.staged_ns) as f64 / 1e3;
         let wait = micros(host.published, host.done_seen);
-        Ok([
+        // A step the walk did not reach (0) ends where the walk ended.
+        let step = |index: usize| match kernel.step_ns[index] {
+            0 => kernel.walked_ns,
+            stamp => stamp,
+        };
+        let gpu_micros = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e3;
+        let phases = [
             micros(start, end),
             micros(start, host.encoded),
             micros(host.encoded, host.published),
             wait,
             load,
             walk,
+            gpu_micros(kernel.staged_ns, step(0)),
+            gpu_micros(step(0), step(1)),
+            gpu_micros(step(1), kernel.walked_ns),
+            gpu_micros(kernel.walked_ns, kernel.answered_ns),
             wait - load - walk,
             micros(host.done_seen, host.decoded),
             micros(host.decoded, end),
-        ])
+        ];
+        Ok((phases, kernel.sm_clock_mhz()))
     };
     let mut cold: [Vec<f64>; PHASES] = Default::default();
     let mut warm: [Vec<f64>; PHASES] = Default::default();
+    let (mut cold_mhz, mut warm_mhz) = (Vec::new(), Vec::new());
     for index in 0..calls.max(1) {
         // Paths past those the round-trip rows resolved (they took indices below calls + 100).
         let path = &paths[(calls + 100 + index) % paths.len()][..];
-        for (phase, value) in sample(path)?.into_iter().enumerate() {
-            cold[phase].push(value);
-        }
-        for (phase, value) in sample(path)?.into_iter().enumerate() {
-            warm[phase].push(value);
+        for (samples, clocks) in [(&mut cold, &mut cold_mhz), (&mut warm, &mut warm_mhz)] {
+            let (phases, mhz) = sample(path)?;
+            for (phase, value) in phases.into_iter().enumerate() {
+                samples[phase].push(value);
+            }
+            clocks.extend(mhz);
         }
     }
     let mut rows = Vec::new();
-    for (which, mut samples) in [("cold", cold), ("warm", warm)] {
-        for ((operation, what), samples) in labels.iter().zip(samples.iter_mut()) {
+    for (which, mut samples, mut clocks) in [("cold", cold, cold_mhz), ("warm", warm, warm_mhz)] {
+        clocks.sort_by(f64::total_cmp);
+        let clock = match clocks.get(clocks.len() / 2) {
+            Some(mhz) => format!("; SM clock {mhz:.0} MHz (clock64 over the span, median of {})", clocks.len()),
+            None => "; SM clock unknown (every span under 2 µs)".to_string(),
+        };
+        for (phase, ((operation, what), samples)) in labels.iter().zip(samples.iter_mut()).enumerate() {
             samples.sort_by(f64::total_cmp);
             let (middle, tail) = (samples[samples.len() / 2], samples[samples.len() * 99 / 100]);
+            let extra = if phase == WALK_PHASE { clock.as_str() } else { "" };
             rows.push(DirectoryBenchRow {
                 operation: format!("  express {which}: {operation}"),
                 engine: "gpu".into(),
                 per_second: None,
                 microseconds: Some(middle),
-                note: format!("median of {calls}, p99 {tail:.2} µs; {what}"),
+                note: format!("median of {calls}, p99 {tail:.2} µs; {what}{extra}"),
             });
         }
     }

@@ -27,6 +27,9 @@ typedef unsigned char u8;
 #define COMMAND_LIST 7u
 #define COMMAND_NOP 8u
 #define COMMAND_CREATE 9u
+// With COMMAND_EXPRESS: the polling warp times a chain of dependent table loads (twice) and of
+// dependent multiplies on both clocks, for the benchmark (see serve_probe).
+#define COMMAND_PROBE 10u
 // Flag on a lookup, resolve or stat: the requests are in the slot's express area and block 0's
 // warp 0 answers them there (see "the express path" below). Must equal ring.rs.
 #define COMMAND_EXPRESS 0x100u
@@ -72,7 +75,13 @@ typedef unsigned char u8;
 #define CREATE_RECORD_BYTES 24u
 #define CREATE_ANSWER_BYTES 16u
 #define EXPRESS_STAMPS_OFFSET (EXPRESS_ANSWERS_OFFSET + EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES)
-static_assert(EXPRESS_STAMPS_OFFSET + 24 <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
+// The express stamps, words of the area at EXPRESS_STAMPS_OFFSET (must equal ring.rs): seen,
+// staged and answered (ns, %globaltimer), walked (the answer function returned), the walk's
+// first two directories checked (a resolve's rounds 1 and 2; 0 when not reached), and the SM's
+// cycle counter (clock64) at staged and at answered, which with the ns span gives the SM clock.
+#define EXPRESS_STAMP_WORDS 8u
+#define WALK_STEP_STAMPS 2u
+static_assert(EXPRESS_STAMPS_OFFSET + 8 * EXPRESS_STAMP_WORDS <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
 
 // Slot states of both hash tables.
 #define SLOT_EMPTY 0u
@@ -203,6 +212,15 @@ __device__ __forceinline__ u64 clock_ns() {
     u64 value;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
     return value;
+#endif
+}
+// The SM's cycle counter, for the express stamps: beside %globaltimer it says the SM clock
+// during the span (a walk that is slow in ns but short in cycles ran at a low clock).
+__device__ __forceinline__ u64 clock_cycles() {
+#ifdef DIRINDEX_HOST_EMULATION
+    return emulated_clock_ns();
+#else
+    return (u64)clock64();
 #endif
 }
 // Asks L2 for the line holding `address` without waiting for it (no register is written): the
@@ -758,8 +776,12 @@ __device__ bool next_component(PathCursor* p, u64* words, u32* length) {
 // inode is the entry's child, not a load from the record. A lookup's miss is decided from the
 // directory the walk stands in (a directory with attributes): NotFound when it is complete and
 // nothing overflowed, else Unknown (lookup_one's rule without probing for the directory again).
+//
+// `step_ns` (null but on the express path) gets the GPU clock when each of the walk's first
+// WALK_STEP_STAMPS directories has passed its checks: its record's loads have arrived then
+// (the checks branch on them), so the stamps split the walk into its dependent rounds.
 __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 uid, u32 gid,
-                           const IndexAttributes** result) {
+                           const IndexAttributes** result, u64* step_ns) {
     if (length > MAXIMUM_PATH_BYTES) return STATUS_NAME_TOO_LONG;
     if (length == 0) return STATUS_NOT_FOUND;
     const u32 path_words = (length + 7) / 8;
@@ -782,12 +804,14 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     u64 current = t.root;
     EntryProbe probe;
     WalkRecord here = begin_step(t, current, more ? words : nullptr, component, &probe);
+    u32 steps = 0;
     // Each pass walks one component of at least one byte: at most 4096.
     while (more) {
         if (!here.record) return STATUS_NEEDS_CPU;
         if (here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
         if (!may_search(here.owner, here.group, here.permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
         if (component > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
+        if (step_ns && steps < WALK_STEP_STAMPS) step_ns[steps++] = clock_ns();
         u32 next = 0;
         const bool more_after = next_component(&path, ahead, &next);
         const u64* next_words = more_after ? ahead : nullptr;
@@ -823,7 +847,9 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     return STATUS_FOUND;
 }
 
-__device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+// answer_resolve with the walk's step stamps (`step_ns`: null, or WALK_STEP_STAMPS words).
+__device__ u32 answer_resolve_stamped(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes,
+                                      u64* step_ns) {
     const u64 packed = load_volatile_u64((const u64*)(c.requests + index * 8));
     const u64 offset = packed & 0xFFFFFFFFull;
     const u32 length = (u32)(packed >> 32);
@@ -831,9 +857,14 @@ __device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, cons
         fail(t, ERROR_BAD_REQUEST);
         return 0;
     }
-    const u32 status = resolve_one(t, (const u64*)(c.requests + offset), length, (u32)c.argument0, (u32)c.argument1, attributes);
+    const u32 status =
+        resolve_one(t, (const u64*)(c.requests + offset), length, (u32)c.argument0, (u32)c.argument1, attributes, step_ns);
     if (status != STATUS_FOUND) *attributes = nullptr;
     return status;
+}
+
+__device__ u32 answer_resolve(const Tables& t, const Command& c, u64 index, const IndexAttributes** attributes) {
+    return answer_resolve_stamped(t, c, index, attributes, nullptr);
 }
 
 // Query commands go a warp at a time: lane L answers request base+L, then the warp writes
@@ -1193,6 +1224,7 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
     if (valid && host.request_bytes > EXPRESS_PREFETCH_WORDS * 8) stage_express_rest((const u64*)area, host.request_bytes, words);
     __syncwarp();
     const u64 staged_ns = clock_ns();
+    const u64 staged_cycles = clock_cycles();
     Command c = host;
     c.opcode = opcode;
     c.requests = (u64)words;
@@ -1200,19 +1232,30 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
     c.answer_bytes = (u64)EXPRESS_MAXIMUM_REQUESTS * ANSWER_BYTES;
     u32 status = 0;
     const IndexAttributes* attributes = nullptr;
+    u64 step_ns[WALK_STEP_STAMPS] = {0, 0};
     if (valid && lane < c.count) {
         status = opcode == COMMAND_LOOKUP    ? answer_lookup(t, c, lane, &attributes)
-                 : opcode == COMMAND_RESOLVE ? answer_resolve(t, c, lane, &attributes)
+                 : opcode == COMMAND_RESOLVE ? answer_resolve_stamped(t, c, lane, &attributes, step_ns)
                                              : answer_stat(t, c, lane, &attributes);
     }
+    // Lane 0's walk is over here (the status is decided); the other lanes wait for it in the
+    // writer's shuffles.
+    const u64 walked_ns = clock_ns();
     if (valid) write_answers_of_warp((u8*)c.answers, 0, c.count, status, attributes);
     // Every answer function returns a status of 1..7 unless the request was bad.
     const bool bad = !valid || __any_sync(FULL_WARP, lane < c.count && status == 0);
     if (lane == 0) {
+        const u64 answered_ns = clock_ns();
+        const u64 answered_cycles = clock_cycles();
         u64* stamps = (u64*)(area + EXPRESS_STAMPS_OFFSET);
         store_volatile_u64(stamps, seen_ns);
         store_volatile_u64(stamps + 1, staged_ns);
-        store_volatile_u64(stamps + 2, clock_ns());
+        store_volatile_u64(stamps + 2, answered_ns);
+        store_volatile_u64(stamps + 3, walked_ns);
+        store_volatile_u64(stamps + 4, step_ns[0]);
+        store_volatile_u64(stamps + 5, step_ns[1]);
+        store_volatile_u64(stamps + 6, staged_cycles);
+        store_volatile_u64(stamps + 7, answered_cycles);
         Completion* completion = &t.ring[slot].completion;
         store_volatile_u32(&completion->status, bad ? ERROR_BAD_REQUEST : ERROR_NONE);
         store_volatile_u64(&completion->result0, 0);
@@ -1227,6 +1270,81 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
         store_volatile_u64(&t.ring[slot].completion.done, host.sequence);
         store_volatile_u64(&t.control->completed, host.sequence);
         atomicAdd(&t.control->express_commands, 1ull);
+    }
+}
+
+// The latency probe (benchmark): how long one dependent load of table memory takes from the
+// polling warp of the live kernel, in ns and in SM cycles, and what the SM clock is. Lane 0
+// walks a chain of `argument0` loads (at most PROBE_MAXIMUM_LOADS) of inode keys, each slot
+// chosen from the key loaded before it (so each load waits for the last, as the walk's rounds
+// do), from `argument1` as the seed; then walks the same chain again (its lines now in L2 and
+// its pages in the TLB); then PROBE_MULTIPLIES dependent 32-bit multiply-adds (one IMAD each). Stamps, words
+// of the area at EXPRESS_STAMPS_OFFSET: ns at the start and after each part (4), the SM's
+// cycles at the same points (4), then the chain's and the multiplies' results (so that
+// nothing is optimized away). Changes nothing; fenced like an express answer.
+#define PROBE_MAXIMUM_LOADS 256u
+#define PROBE_MULTIPLIES 1024u
+#define PROBE_STAMP_WORDS 10u
+static_assert(EXPRESS_STAMPS_OFFSET + 8 * PROBE_STAMP_WORDS <= EXPRESS_SLOT_BYTES, "probe stamps fit the area");
+
+__device__ u64 probe_chain(const Tables& t, u64 seed, u32 loads) {
+    u64 slot = mix(seed) & t.inode_mask;
+    u64 carried = 0;
+    for (u32 index = 0; index < loads; ++index) {
+        const u64 key = load_table_u64(&t.inode_key[slot]);
+        carried += key;
+        // One multiply-add of 32 bits and a mask between two loads: the next address waits
+        // for this key.
+        slot = (u64)((u32)slot * 2654435761u + (u32)key + index + 1u) & t.inode_mask;
+    }
+    return carried + slot;
+}
+
+__device__ u32 probe_multiplies(u32 value) {
+#pragma unroll 1
+    for (u32 index = 0; index < PROBE_MULTIPLIES / 4; ++index) {
+        // A square each (the compiler cannot fold a chain of them into one multiply).
+        value = value * value + index;
+        value = value * value + index;
+        value = value * value + index;
+        value = value * value + index;
+    }
+    return value;
+}
+
+__device__ void serve_probe(const Tables& t, const Command& c, u64 slot) {
+    const u32 lane = threadIdx.x & 31;
+    if (lane == 0) {
+        const u32 loads = c.argument0 < PROBE_MAXIMUM_LOADS ? (u32)c.argument0 : PROBE_MAXIMUM_LOADS;
+        u64 ns[4], cycles[4];
+        ns[0] = clock_ns();
+        cycles[0] = clock_cycles();
+        const u64 first = probe_chain(t, c.argument1, loads);
+        ns[1] = clock_ns();
+        cycles[1] = clock_cycles();
+        const u64 second = probe_chain(t, c.argument1, loads);
+        ns[2] = clock_ns();
+        cycles[2] = clock_cycles();
+        const u32 product = probe_multiplies((u32)(first ^ second ^ c.argument1));
+        ns[3] = clock_ns();
+        cycles[3] = clock_cycles();
+        u64* stamps = (u64*)(express_area(t, slot) + EXPRESS_STAMPS_OFFSET);
+        for (u32 index = 0; index < 4; ++index) {
+            store_volatile_u64(stamps + index, ns[index]);
+            store_volatile_u64(stamps + 4 + index, cycles[index]);
+        }
+        store_volatile_u64(stamps + 8, first ^ second);
+        store_volatile_u64(stamps + 9, product);
+        Completion* completion = &t.ring[slot].completion;
+        store_volatile_u32(&completion->status, ERROR_NONE);
+        store_volatile_u64(&completion->result0, 0);
+        store_volatile_u64(&completion->result1, 0);
+    }
+    __threadfence_system();
+    __syncwarp();
+    if (lane == 0) {
+        store_volatile_u64(&t.ring[slot].completion.done, c.sequence);
+        store_volatile_u64(&t.control->completed, c.sequence);
     }
 }
 
@@ -1281,6 +1399,10 @@ __device__ bool take_next(const Tables& t, u64* taken, Command* command, u64* wo
         }
         if (express_opcode(c.opcode)) {
             serve_express(t, c, slot_index, words, seen_ns);
+            continue;
+        }
+        if (c.opcode == (COMMAND_PROBE | COMMAND_EXPRESS)) {
+            serve_probe(t, c, slot_index);
             continue;
         }
         bool alone = false;

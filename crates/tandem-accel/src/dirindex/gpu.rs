@@ -14,7 +14,7 @@
 //! the host is bounded: a command not answered in time latches the index failed, and every
 //! later call gets that error. docs/GPUDIR.md describes the protocol.
 
-use super::ring::{self, ExpressStamps, Ring, RingCommand, RingCompletion, RING_MEMORY_BYTES, RING_SLOTS};
+use super::ring::{self, ExpressStamps, ProbeStamps, Ring, RingCommand, RingCompletion, RING_MEMORY_BYTES, RING_SLOTS};
 use super::wire::{self, Layout, Segment};
 use super::{
     check_creates, check_inode, check_inodes, check_lookups, check_updates, ApplyReport, CreateEntry, CreateResult,
@@ -485,6 +485,14 @@ impl GpuDirectoryIndex {
         let fields = RingCommand { opcode: wire::COMMAND_NOP, ..RingCommand::default() };
         let (slot, sequence) = self.submit(&mut self.ring.lock(), &fields)?;
         self.wait(slot, sequence).map(|_| ())
+    }
+
+    /// One latency probe (benchmark): `loads` dependent table loads from the polling warp,
+    /// twice, and dependent multiplies, on both of the GPU's clocks (`ring::latency_probe`).
+    pub fn probe_latency(&self, loads: u32, seed: u64) -> Result<ProbeStamps> {
+        self.check_failed()?;
+        self.commands.fetch_add(1, Ordering::Relaxed);
+        ring::latency_probe(&self.ring, loads, seed, &mut || self.check_kernel_alive(), &|reason| self.fail(reason))
     }
 
     /// Whether batches of up to 32 small requests take the express path (the default) or the

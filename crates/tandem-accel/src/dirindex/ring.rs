@@ -34,9 +34,11 @@ pub const EXPRESS_REQUEST_BYTES: usize = 4096;
 pub const EXPRESS_MAXIMUM_REQUESTS: usize = 32;
 /// Where the answers start in an express area (`wire::ANSWER_BYTES` each).
 pub const EXPRESS_ANSWERS_OFFSET: usize = EXPRESS_REQUEST_BYTES;
-/// Where the kernel writes its three time stamps (ns of the GPU's global timer).
+/// Where the kernel writes its time stamps (`KernelStamps`, `EXPRESS_STAMP_WORDS` words).
 pub const EXPRESS_STAMPS_OFFSET: usize = EXPRESS_ANSWERS_OFFSET + EXPRESS_MAXIMUM_REQUESTS * super::wire::ANSWER_BYTES;
-const _: () = assert!(EXPRESS_STAMPS_OFFSET + 24 <= EXPRESS_SLOT_BYTES);
+/// Words of the kernel's stamps (`EXPRESS_STAMP_WORDS` in dirindex.cu).
+pub const EXPRESS_STAMP_WORDS: usize = 8;
+const _: () = assert!(EXPRESS_STAMPS_OFFSET + 8 * EXPRESS_STAMP_WORDS <= EXPRESS_SLOT_BYTES);
 /// Bytes of ring memory with the express areas behind the slots: what `Ring::new` takes.
 pub const RING_MEMORY_BYTES: usize = RING_BYTES + RING_SLOTS * EXPRESS_SLOT_BYTES;
 /// How long the waiter polls `done` in a busy loop: a round trip is a few microseconds and a
@@ -72,13 +74,31 @@ pub struct RingCompletion {
 }
 
 /// When the kernel's warp saw an express command, had it and its requests in shared memory,
-/// and had computed and stored its answers (before the fence and the completion), in ns of
-/// the GPU's global timer (its resolution is the GPU's: 32 ns to 1 µs).
+/// had decided its answers (the walk over), and had stored them (before the fence and the
+/// completion), in ns of the GPU's global timer (its resolution is the GPU's: 32 ns to 1 µs);
+/// for a resolve also when the walk's first and second directories had passed their checks
+/// (their records' loads arrived: the walk's dependent rounds 1 and 2; 0 when the walk did
+/// not get there); and the SM's cycle counter at staged and at answered, whose ratio to the
+/// ns span is the SM clock during the walk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelStamps {
     pub seen_ns: u64,
     pub staged_ns: u64,
     pub answered_ns: u64,
+    pub walked_ns: u64,
+    pub step_ns: [u64; 2],
+    pub staged_cycles: u64,
+    pub answered_cycles: u64,
+}
+
+impl KernelStamps {
+    /// The SM clock in MHz over staged → answered (cycles per µs), or None when the span is
+    /// shorter than the GPU timer can tell (under 2 µs) or a stamp is missing.
+    pub fn sm_clock_mhz(&self) -> Option<f64> {
+        let span_ns = self.answered_ns.checked_sub(self.staged_ns)?;
+        let cycles = self.answered_cycles.checked_sub(self.staged_cycles)?;
+        (span_ns >= 2_000).then(|| cycles as f64 * 1e3 / span_ns as f64)
+    }
 }
 
 /// When the host side of one express command reached each step, on the host's monotonic
@@ -101,6 +121,77 @@ impl HostStamps {
     fn at(now: Instant) -> Self {
         HostStamps { called: now, encoded: now, published: now, done_seen: now, decoded: now }
     }
+}
+
+/// Dependent loads of a latency probe at most (`PROBE_MAXIMUM_LOADS` in dirindex.cu).
+pub const PROBE_MAXIMUM_LOADS: u32 = 256;
+/// Dependent multiplies a latency probe times (`PROBE_MULTIPLIES` in dirindex.cu).
+pub const PROBE_MULTIPLIES: u32 = 1024;
+const PROBE_STAMP_WORDS: usize = 10;
+const _: () = assert!(EXPRESS_STAMPS_OFFSET + 8 * PROBE_STAMP_WORDS <= EXPRESS_SLOT_BYTES);
+
+/// What the kernel's latency probe measured (`serve_probe` in dirindex.cu), from the polling
+/// warp of the live kernel: `loads` dependent loads of table memory, then the same chain again
+/// (its lines in L2 now), then `PROBE_MULTIPLIES` dependent multiplies; `ns` (global timer)
+/// and `cycles` (the SM's clock64) at the start and after each of the three.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeStamps {
+    pub loads: u32,
+    pub ns: [u64; 4],
+    pub cycles: [u64; 4],
+}
+
+impl ProbeStamps {
+    fn per(total: u64, count: u32) -> f64 {
+        total as f64 / count.max(1) as f64
+    }
+    /// ns a load of the first chain (cold: where the lines were, L2 or memory).
+    pub fn first_load_ns(&self) -> f64 {
+        Self::per(self.ns[1].saturating_sub(self.ns[0]), self.loads)
+    }
+    /// ns a load of the second chain (the same lines again: L2).
+    pub fn second_load_ns(&self) -> f64 {
+        Self::per(self.ns[2].saturating_sub(self.ns[1]), self.loads)
+    }
+    /// SM cycles a load of the second chain.
+    pub fn second_load_cycles(&self) -> f64 {
+        Self::per(self.cycles[2].saturating_sub(self.cycles[1]), self.loads)
+    }
+    /// SM cycles a dependent multiply (about 4 at any clock: the instruction's latency).
+    pub fn multiply_cycles(&self) -> f64 {
+        Self::per(self.cycles[3].saturating_sub(self.cycles[2]), PROBE_MULTIPLIES)
+    }
+    /// The SM clock in MHz over the whole probe (cycles per µs), or None when the probe was
+    /// shorter than the GPU timer can tell (under 2 µs).
+    pub fn sm_clock_mhz(&self) -> Option<f64> {
+        let span_ns = self.ns[3].checked_sub(self.ns[0])?;
+        let cycles = self.cycles[3].checked_sub(self.cycles[0])?;
+        (span_ns >= 2_000).then(|| cycles as f64 * 1e3 / span_ns as f64)
+    }
+}
+
+/// One latency probe of `loads` dependent loads (at most PROBE_MAXIMUM_LOADS) from `seed`, sent
+/// the express way (the kernel changes nothing). Errors as `express_query`'s.
+pub fn latency_probe(
+    ring: &Ring,
+    loads: u32,
+    seed: u64,
+    alive: &mut dyn FnMut() -> Result<()>,
+    ring_failure: &dyn Fn(String) -> AccelError,
+) -> Result<ProbeStamps> {
+    assert!(loads <= PROBE_MAXIMUM_LOADS, "a probe of {loads} loads");
+    let answer = ring
+        .express(super::wire::COMMAND_PROBE, 0, [loads as u64, seed, 0], |_| 0, alive)
+        .map_err(|error| ring_failure(error.to_string()))?;
+    if answer.completion.status != 0 {
+        return Err(ring_failure(format!("latency probe refused by the kernel (error {})", answer.completion.status)));
+    }
+    let words = answer.stamp_words::<PROBE_STAMP_WORDS>();
+    Ok(ProbeStamps {
+        loads,
+        ns: [words[0], words[1], words[2], words[3]],
+        cycles: [words[4], words[5], words[6], words[7]],
+    })
 }
 
 /// Both sides' stamps of one express command.
@@ -130,13 +221,28 @@ impl ExpressAnswer<'_> {
     }
 
     pub fn stamps(&self) -> KernelStamps {
-        let word = |index: usize| {
-            // SAFETY: as `answers`; 8-byte aligned (the area and the offset are).
+        let word = self.stamp_words::<EXPRESS_STAMP_WORDS>();
+        KernelStamps {
+            seen_ns: word[0],
+            staged_ns: word[1],
+            answered_ns: word[2],
+            walked_ns: word[3],
+            step_ns: [word[4], word[5]],
+            staged_cycles: word[6],
+            answered_cycles: word[7],
+        }
+    }
+
+    /// The first `WORDS` words the kernel stored at EXPRESS_STAMPS_OFFSET.
+    fn stamp_words<const WORDS: usize>(&self) -> [u64; WORDS] {
+        assert!(EXPRESS_STAMPS_OFFSET + 8 * WORDS <= EXPRESS_SLOT_BYTES);
+        std::array::from_fn(|index| {
+            // SAFETY: as `answers`, inside the area (asserted); 8-byte aligned (the area and
+            // the offset are).
             unsafe {
                 (self.ring.express_area(self.slot).add(EXPRESS_STAMPS_OFFSET + 8 * index) as *const u64).read_volatile()
             }
-        };
-        KernelStamps { seen_ns: word(0), staged_ns: word(1), answered_ns: word(2) }
+        })
     }
 }
 

@@ -27,6 +27,9 @@ pub const COMMAND_LIST: u32 = 7;
 pub const COMMAND_NOP: u32 = 8;
 /// Creates of entries whose names the index finds free (docs/GPUDIR.md, "Creates").
 pub const COMMAND_CREATE: u32 = 9;
+/// Sent the express way only: the polling warp times chains of dependent table loads and of
+/// multiplies on both of the GPU's clocks (`ring::latency_probe`), for the benchmark.
+pub const COMMAND_PROBE: u32 = 10;
 
 // Update codes inside an apply command.
 pub const UPDATE_INSERT: u32 = 1;
