@@ -1027,23 +1027,20 @@ impl Inner {
         if self.flush_delay.is_none() || self.pending_since_ns.load(Ordering::Relaxed) != 0 {
             return;
         }
-        let now_ns = self.epoch.elapsed().as_nanos() as u64 + 1;
         // SeqCst: pairs with the flusher's store of `flusher_idle` and its second look at
         // `pending_since_ns` (`background_flusher`): either it sees this mark or this sees it idle.
-        if self.pending_since_ns.compare_exchange(0, now_ns, Ordering::SeqCst, Ordering::Relaxed).is_ok()
-            && self.flusher_idle.load(Ordering::SeqCst)
-        {
+        if self.mark_pending_now() && self.flusher_idle.load(Ordering::SeqCst) {
             // Under the lock, so that the wake-up cannot fall between its look and its wait.
             drop(self.state.lock());
             self.flusher_wake.notify_one();
         }
     }
 
-    /// Marks the records after a batch pending, if nothing else did (a leader clears the mark
-    /// when it takes a batch).
-    fn mark_pending_now(&self) {
+    /// Marks records pending from now, if nothing else did (a leader clears the mark when it
+    /// takes a batch); true when this call set the mark.
+    fn mark_pending_now(&self) -> bool {
         let now_ns = self.epoch.elapsed().as_nanos() as u64 + 1;
-        let _ = self.pending_since_ns.compare_exchange(0, now_ns, Ordering::SeqCst, Ordering::Relaxed);
+        self.pending_since_ns.compare_exchange(0, now_ns, Ordering::SeqCst, Ordering::Relaxed).is_ok()
     }
 
     /// Whether the normal share holds `used_slots + 1` records and `used_bytes` (the record
@@ -1154,7 +1151,7 @@ impl Inner {
                 if self.head().lsn - 1 > last_lsn && self.flush_delay.is_some() {
                     // Records reserved before this batch but not yet published when it was
                     // taken: the background flush still owes them.
-                    self.mark_pending_now();
+                    let _ = self.mark_pending_now();
                 }
             }
             Err(_) => {
