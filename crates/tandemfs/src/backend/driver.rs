@@ -399,6 +399,11 @@ impl Backend {
         self.front_lock.lock_whole(&self.volume)
     }
 
+    /// `volume` if nobody holds the volume lock now, without waiting; `None` if somebody does.
+    pub fn try_volume(&self) -> Result<Option<TimedVolume<'_>>> {
+        self.front_lock.try_lock_whole(&self.volume)
+    }
+
     /// The blocks lookups read without the volume lock (`block::mirror`).
     pub fn home_mirror(&self) -> &HomeMirror {
         &self.mirror

@@ -281,6 +281,21 @@ impl LockTimes {
         Ok(guard)
     }
 
+    /// `lock_whole` if nobody holds the lock now; `None` if somebody does.
+    pub fn try_lock_whole<'s>(&'s self, volume: &'s Mutex<Volume>) -> Result<Option<TimedVolume<'s>>> {
+        if volume.is_locked() {
+            return Ok(None);
+        }
+        let Some(guard) = volume.try_lock() else {
+            return Ok(None);
+        };
+        let acquired = Instant::now();
+        self.takes.fetch_add(1, Ordering::Relaxed);
+        let guard = TimedVolume { guard, acquired, held_ns: &self.held_ns };
+        guard.check_whole()?;
+        Ok(Some(guard))
+    }
+
     /// (takes, wait, hold) so far.
     pub fn totals(&self) -> (u64, u64, u64) {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);

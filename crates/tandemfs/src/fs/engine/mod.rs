@@ -17,7 +17,7 @@ mod namespace;
 mod xattrs;
 
 use super::front::NameEntry;
-use super::front::{Front, InodeGroups, InodeView, NameShard, PendingWrite, Space, ViewLocks, ViewShard};
+use super::front::{Front, InodeGroups, InodeView, NameShard, PendingWrite, Space, VerifyWait, ViewLocks, ViewShard};
 use super::types::*;
 use crate::backend::driver::{Backend, BatchSummary, FrontSink};
 use crate::backend::record::{AttributeImage, Disposition, Op, RangeKind, RenameKind, XATTR_VALUE_MAX_BYTES};
@@ -606,8 +606,14 @@ impl FileSystem {
     /// `InodeGroups::allocate`).
     pub(super) fn allocate_inode(&self, parent: InodeNumber, directory: bool) -> Result<InodeNumber> {
         let backend = &self.inner.backend;
-        self.inner.front.inode_numbers.allocate(parent, directory, &mut |numbers| {
-            let mut volume = backend.volume()?;
+        self.inner.front.inode_numbers.allocate(parent, directory, &mut |numbers, wait| {
+            let mut volume = match wait {
+                VerifyWait::Always => backend.volume()?,
+                VerifyWait::IfFree => match backend.try_volume()? {
+                    Some(volume) => volume,
+                    None => return Ok(None),
+                },
+            };
             let mut refused = Vec::new();
             for &number in numbers {
                 match volume.check_inode_free(number) {
@@ -616,7 +622,7 @@ impl FileSystem {
                     Err(error) => return Err(error),
                 }
             }
-            Ok(refused)
+            Ok(Some(refused))
         })
     }
 
