@@ -189,3 +189,68 @@ fn a_crash_during_the_upgrade_loses_nothing() {
         assert!(fsck::check(device).unwrap().problems.is_empty(), "crash after write {crash_after}");
     }
 }
+
+/// Version 10 adds one log record, the insert of data. A version-9 volume, killed with inserts
+/// logged the version-9 way (a hole and a write of the bytes into it) after its checkpoint, is
+/// read as it is by fsck and a read-only mount; the first read-write mount records 10 before
+/// anything else, replays the old records as they are, and logs an insert as one record.
+#[test]
+fn a_version_9_volume_replays_its_old_inserts_and_is_recorded_as_version_10() {
+    let (memory, device) = common::memory_volume(32 << 20, true);
+    let (fs, _) = FileSystem::mount(device, &MountOptions::default()).unwrap();
+    let file = fs.create(ROOT_INODE, b"edited", FileType::Regular, 0o644, 0, 0, 0).unwrap().inode;
+    let mut model: Vec<u8> = (0..20_000u32).map(|index| (index % 253) as u8).collect();
+    fs.write(file, 0, &model).unwrap();
+    fs.checkpoint().unwrap();
+    for step in 0..30usize {
+        let offset = (step * 613) % model.len();
+        let bytes = vec![b'a' + (step % 26) as u8; 1 + step * 37];
+        fs.insert_range(file, offset as u64, bytes.len() as u64).unwrap();
+        fs.write(file, offset as u64, &bytes).unwrap();
+        model.splice(offset..offset, bytes);
+    }
+    fs.fsync(file, false).unwrap();
+    let survivor = memory.crash(9, tandemfs::device::CrashMode::KeepAll);
+    drop(fs);
+    let device: Arc<dyn Device> = Arc::new(survivor.clone());
+    set_version(device.as_ref(), 9);
+    forget_dead_mount(&device);
+    let read_back = |fs: &FileSystem, model: &[u8]| {
+        let mut back = vec![0u8; model.len() + 1];
+        assert_eq!(fs.read(file, 0, &mut back).unwrap(), model.len());
+        assert!(back[..model.len()] == *model, "the file differs after replay");
+    };
+
+    let report = fsck::check(device.clone()).unwrap();
+    assert!(report.problems.is_empty(), "fsck: {:?}", report.problems);
+    let lines = fsck::inspect(device.clone()).unwrap();
+    let version = lines.lines.iter().find(|(name, _)| name == "format version").unwrap();
+    assert!(version.1.starts_with(&format!("9 (the next read-write mount records {FORMAT_VERSION})")), "{version:?}");
+    let before = survivor.to_bytes();
+    let read_only = MountOptions { read_only: true, ..MountOptions::default() };
+    let (fs, report) = FileSystem::mount(device.clone(), &read_only).unwrap();
+    assert_eq!(report.format_upgraded_from, Some(9));
+    assert!(report.records_replayed > 0, "the crash must leave the old inserts to replay");
+    read_back(&fs, &model);
+    fs.unmount().unwrap();
+    drop(fs);
+    assert!(survivor.to_bytes() == before, "a read-only mount wrote to the medium");
+    assert_eq!(on_disk_version(device.as_ref()), 9);
+
+    let (fs, report) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    assert_eq!(report.format_upgraded_from, Some(9));
+    assert_eq!(on_disk_version(device.as_ref()), FORMAT_VERSION);
+    read_back(&fs, &model);
+    let lsn = fs.log_statistics().next_lsn;
+    fs.insert(file, 5, b"one record").unwrap();
+    assert_eq!(fs.log_statistics().next_lsn, lsn + 1);
+    model.splice(5..5, b"one record".iter().copied());
+    read_back(&fs, &model);
+    fs.unmount().unwrap();
+    drop(fs);
+    let (fs, report) = FileSystem::mount(device.clone(), &MountOptions::default()).unwrap();
+    assert_eq!(report.format_upgraded_from, None);
+    read_back(&fs, &model);
+    fs.unmount().unwrap();
+    assert!(fsck::check(device).unwrap().problems.is_empty());
+}

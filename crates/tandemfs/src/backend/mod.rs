@@ -145,7 +145,12 @@ pub struct DataRun {
 /// The file and the change of a record that a `DataRun` can take.
 fn run_change(op: &Op) -> Option<(&AttributeImage, extent::FileChange<'_>)> {
     match op {
-        Op::Write { inode, offset, data } => Some((inode, extent::FileChange::Write { offset: *offset, data })),
+        Op::Write { inode, offset, data, insert: false } => {
+            Some((inode, extent::FileChange::Write { offset: *offset, data }))
+        }
+        Op::Write { inode, offset, data, insert: true } => {
+            Some((inode, extent::FileChange::InsertData { offset: *offset, data }))
+        }
         Op::Range { inode, kind, offset, length, .. } => {
             let (offset, length_bytes) = (*offset, *length);
             let change = match kind {
@@ -275,9 +280,13 @@ impl Applier {
                 }
                 touched.image(volume, image)?;
             }
-            Op::Write { inode: image, offset, data } => {
+            Op::Write { inode: image, offset, data, insert } => {
                 let mut root = extent_root(touched.get(volume, image.inode_number)?)?;
-                extent::write_in_file(volume, &mut root, image.inode_number, *offset, data)?;
+                if *insert {
+                    extent::insert_data(volume, &mut root, image.inode_number, *offset, data)?;
+                } else {
+                    extent::write_in_file(volume, &mut root, image.inode_number, *offset, data)?;
+                }
                 set_extent_root(touched.get(volume, image.inode_number)?, &root);
                 touched.image(volume, image)?;
             }
@@ -1084,6 +1093,16 @@ pub fn open_volume(
         ..MountReport::default()
     };
     if superblock.has_image_log() {
+        if write && superblock.format_version < crate::block::superblock::FORMAT_VERSION {
+            // Version 9: valid as version 10, which only adds a record kind (an insert of
+            // data). Recorded before anything else, so that once this build may have logged
+            // such a record a version-9 build refuses the volume instead of the record.
+            report.format_upgraded_from = Some(superblock.format_version);
+            superblock.format_version = crate::block::superblock::FORMAT_VERSION;
+            superblock.sequence += 1;
+            superblock.write(device.as_ref())?;
+            device.flush()?;
+        }
         return open_with_image_log(device, superblock, report, log_options, cache_blocks, write);
     }
     if write {
@@ -1546,8 +1565,11 @@ fn describe_op(op: &Op) -> String {
             format!("rename {:?} in directory {parent} to {:?} in directory {new_parent}", name(entry), name(new_name))
         }
         Op::SetAttributes { inode, .. } => format!("attribute change of inode {}", inode.inode_number),
-        Op::Write { inode, offset, data } => {
+        Op::Write { inode, offset, data, insert: false } => {
             format!("write of {} bytes at offset {offset} to inode {}", data.len(), inode.inode_number)
+        }
+        Op::Write { inode, offset, data, insert: true } => {
+            format!("insert of {} bytes at offset {offset} in inode {}", data.len(), inode.inode_number)
         }
         Op::Range { inode, kind, offset, length, .. } => {
             format!("{kind:?} of {length} bytes at offset {offset} in inode {}", inode.inode_number)

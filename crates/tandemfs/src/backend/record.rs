@@ -28,6 +28,11 @@ pub const KIND_CREATE_BATCH: u16 = 11;
 /// A direct write (format version 8): a large write whose bytes went straight to newly claimed
 /// blocks, made durable before this record was logged; the record maps them.
 pub const KIND_DIRECT_WRITE: u16 = 12;
+/// An insert of data (format version 10): `Op::Write` with `insert` set, the bytes put in at
+/// the offset and every later byte shifted up, in one record. Before version 10 an insert of
+/// data was a `Range` insert record (a hole) and a `Write` record of the bytes into it, which
+/// older volumes' logs still hold and replay as they are.
+pub const KIND_INSERT_DATA: u16 = 13;
 /// Most bytes one direct-write record maps (4,096 blocks): its payload stays within 82 KiB.
 pub const DIRECT_WRITE_RECORD_MAX_BYTES: u64 = 16 << 20;
 /// Checkpoint records (written by the back end, see `backend::checkpoint`).
@@ -284,10 +289,15 @@ pub enum Op {
         inode: AttributeImage,
         truncate: bool,
     },
+    /// `data` written at `offset`, over what the file holds there; or, with `insert`
+    /// (`KIND_INSERT_DATA`, format version 10), put in at `offset` (at most the size before
+    /// the record), every later byte shifted up by its length, as an insert of a hole and a
+    /// write of the bytes into it would leave the file.
     Write {
         inode: AttributeImage,
         offset: u64,
         data: Arc<[u8]>,
+        insert: bool,
     },
     Range {
         inode: AttributeImage,
@@ -340,7 +350,8 @@ impl Op {
             Op::Unlink { .. } => KIND_UNLINK,
             Op::Rename { .. } => KIND_RENAME,
             Op::SetAttributes { .. } => KIND_SET_ATTRIBUTES,
-            Op::Write { .. } => KIND_WRITE,
+            Op::Write { insert: false, .. } => KIND_WRITE,
+            Op::Write { insert: true, .. } => KIND_INSERT_DATA,
             Op::Range { .. } => KIND_RANGE,
             Op::SetXattr { .. } => KIND_SET_XATTR,
             Op::RemoveXattr { .. } => KIND_REMOVE_XATTR,
@@ -387,7 +398,7 @@ impl Op {
                 inode.encode(&mut encoder);
                 encoder.u8(*truncate as u8);
             }
-            Op::Write { inode, offset, data } => {
+            Op::Write { inode, offset, data, .. } => {
                 inode.encode(&mut encoder);
                 encoder.u64(*offset).u32(data.len() as u32);
             }
@@ -507,7 +518,8 @@ impl Op {
             KIND_SET_ATTRIBUTES => {
                 Op::SetAttributes { inode: AttributeImage::decode(&mut decoder)?, truncate: flag(&mut decoder)? }
             }
-            KIND_WRITE => {
+            KIND_WRITE | KIND_INSERT_DATA => {
+                let insert = kind == KIND_INSERT_DATA;
                 let inode = AttributeImage::decode(&mut decoder)?;
                 let offset = decoder.u64()?;
                 let length = decoder.u32()? as usize;
@@ -520,7 +532,11 @@ impl Op {
                         data.len()
                     )));
                 }
-                Op::Write { inode, offset, data: Arc::from(data) }
+                // An insert of nothing is never logged (the front end returns before).
+                if insert && length == 0 {
+                    return Err(Error::corruption(format!("log record: insert of no bytes at {offset}")));
+                }
+                Op::Write { inode, offset, data: Arc::from(data), insert }
             }
             KIND_RANGE => {
                 let inode = AttributeImage::decode(&mut decoder)?;
@@ -807,9 +823,13 @@ mod tests {
         let mut payload = Op::SetAttributes { inode: image(2), truncate: true }.encode_head();
         *payload.last_mut().unwrap() = 2;
         assert!(Op::decode(KIND_SET_ATTRIBUTES, &payload).unwrap_err().is_corruption());
-        let op = Op::Write { inode: image(200), offset: 0, data: Arc::from(&b"x"[..]) };
+        let op = Op::Write { inode: image(200), offset: 0, data: Arc::from(&b"x"[..]), insert: false };
         assert!(op.check(100).unwrap_err().is_corruption());
-        assert!(Op::Write { inode: image(2), offset: 0, data: Arc::from(&b"x"[..]) }.check(100).is_ok());
+        assert!(Op::Write { inode: image(2), offset: 0, data: Arc::from(&b"x"[..]), insert: false }.check(100).is_ok());
+        // An insert of no bytes is never logged; a write of none decodes (as it always did).
+        let empty = Op::Write { inode: image(2), offset: 3, data: Arc::from(&b""[..]), insert: true };
+        assert!(Op::decode(KIND_INSERT_DATA, &empty.encode_head()).unwrap_err().is_corruption());
+        assert!(Op::decode(KIND_WRITE, &empty.encode_head()).is_ok());
         assert!(Op::Reclaim { inode_number: 101 }.check(100).unwrap_err().is_corruption());
         let parent_beyond = AttributeImage { parent: 101, ..image(2) };
         assert!(Op::SetAttributes { inode: parent_beyond, truncate: false }.check(100).is_err());
@@ -848,7 +868,8 @@ mod tests {
                 images: vec![image(1), image(3)],
             },
             Op::SetAttributes { inode: image(2), truncate: true },
-            Op::Write { inode: image(2), offset: 77, data: Arc::from(&b"hello"[..]) },
+            Op::Write { inode: image(2), offset: 77, data: Arc::from(&b"hello"[..]), insert: false },
+            Op::Write { inode: image(2), offset: 78, data: Arc::from(&b"inserted"[..]), insert: true },
             Op::Range { inode: image(2), kind: RangeKind::Collapse, offset: 1, length: 2, keep_size: false },
             Op::Range { inode: image(2), kind: RangeKind::Compact, offset: 3, length: 4096, keep_size: false },
             Op::SetXattr { inode: image(2), name: b"user.x".to_vec(), value: b"v".to_vec() },
@@ -870,7 +891,9 @@ mod tests {
                 ],
             },
         ];
+        let mut kinds = std::collections::HashSet::new();
         for op in ops {
+            kinds.insert(op.kind());
             let mut payload = op.encode_head();
             payload.extend_from_slice(op.tail());
             assert_eq!(Op::decode(op.kind(), &payload).unwrap(), op);
@@ -878,5 +901,6 @@ mod tests {
                 assert!(Op::decode(op.kind(), &payload[..cut]).is_err());
             }
         }
+        assert!(kinds.contains(&KIND_INSERT_DATA) && kinds.contains(&KIND_WRITE), "{kinds:?}");
     }
 }

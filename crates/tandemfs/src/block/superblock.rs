@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"TANDEMFS";
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 10;
 /// The oldest version this build reads and takes forward: version 6 only lets a free leave a
 /// data block's generation-table and checksum entries behind, version 7 only adds the
 /// compaction and create-batch records to the log, and version 8 lets the extents of a file
@@ -17,7 +17,10 @@ pub const FORMAT_VERSION: u32 = 9;
 /// Version 9 moves checkpoint images out of the record log into an image log of their own,
 /// carved out of the old log's data ring: a read-write mount of an older volume replays and
 /// checkpoints it as it was (images in the record log), then splits the emptied log
-/// (`Superblock::split_log_for_images`, `backend::upgrade_to_image_log`).
+/// (`Superblock::split_log_for_images`, `backend::upgrade_to_image_log`), recording this
+/// build's version. Version 10 only adds the insert-of-data record to the log, so a version-9
+/// volume is a valid version-10 one: its first read-write mount records 10 before anything else
+/// (`backend::open`); its log's old records replay as they are.
 pub const OLDEST_READABLE_VERSION: u32 = 5;
 /// The first version with an image log.
 pub const IMAGE_LOG_VERSION: u32 = 9;
@@ -398,7 +401,9 @@ impl Superblock {
         self.image_log_data_blocks = split.image_data_blocks;
         self.image_log_tail_lsn = crate::log::LogPosition::START.lsn;
         self.image_log_tail_data_position = crate::log::LogPosition::START.data_position;
-        self.format_version = IMAGE_LOG_VERSION;
+        // The log is empty, so nothing in it predates what later versions add (an insert-of-data
+        // record, version 10).
+        self.format_version = FORMAT_VERSION;
     }
 
     /// Blocks of both logs, the image log included.
@@ -922,7 +927,7 @@ mod tests {
             // The split gives exactly the rings a version-9 mkfs makes.
             let mut split = decoded;
             split.split_log_for_images();
-            assert_eq!(split, Superblock { format_version: IMAGE_LOG_VERSION, ..version_9.clone() });
+            assert_eq!(split, Superblock { format_version: FORMAT_VERSION, ..version_9.clone() });
             assert_eq!(Superblock::decode(&split.encode(), 0, blocks).unwrap(), split);
         }
         // An older version naming an image log is damage.
@@ -932,11 +937,18 @@ mod tests {
         put_u32(&mut bytes[..], OFFSET_CRC, crc);
         let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
         assert!(error.contains("version 8 names an image log"), "{error}");
-        put_u32(&mut bytes[..], OFFSET_VERSION, 10);
+        put_u32(&mut bytes[..], OFFSET_VERSION, 11);
         let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
         put_u32(&mut bytes[..], OFFSET_CRC, crc);
         let error = Superblock::decode(&bytes, 0, blocks).unwrap_err().to_string();
-        assert!(error.contains("format version 10 is newer than this build's 9"), "{error}");
+        assert!(error.contains("format version 11 is newer than this build's 10"), "{error}");
+        // Version 9 (an image log, no insert-of-data record) is read as it is.
+        let mut bytes = version_9.encode();
+        put_u32(&mut bytes[..], OFFSET_VERSION, 9);
+        let crc = tandem_accel::crc32c(0, &bytes[..OFFSET_CRC]);
+        put_u32(&mut bytes[..], OFFSET_CRC, crc);
+        let decoded = Superblock::decode(&bytes, 0, blocks).unwrap();
+        assert!(decoded.format_version == 9 && decoded.has_image_log());
     }
 
     #[test]

@@ -805,6 +805,27 @@ impl<'s> Tree<'s> {
         self.coalesce(position)
     }
 
+    /// Inserts `data` at entry boundary or inside-entry `position`, shifting later bytes up:
+    /// what `insert_hole(position, n)` and then `write(position, data)` leave, with the same
+    /// cut, the same fill (room, pack block or new blocks, chosen from the same neighbours) and
+    /// the same merge with the entry after, but one search for the place where those two make
+    /// nine. The hole is filled where it is put, so it is never merged with a neighbouring hole
+    /// and split off again (which changes no byte, only where the entries lie in the leaves).
+    pub fn insert_data(&mut self, position: u64, data: &[u8]) -> Result<()> {
+        let length = data.len() as u64;
+        assert!(length > 0 && position <= self.length);
+        if !matches!(self.length.checked_add(length), Some(total) if total <= MAX_FILE_BYTES) {
+            return Err(Error::FileTooLarge);
+        }
+        self.split_at(position)?;
+        let location = self.locate(position)?;
+        assert_eq!(location.offset_in_entry, 0);
+        self.splice(&location.path, location.index(), 0, &[Entry::hole(length)])?;
+        let end = position + length;
+        self.fill_hole(position, end, Some((data, position)))?;
+        self.coalesce(end)
+    }
+
     /// Removes bytes `start..end`, shifting later bytes down and releasing their blocks.
     /// Extents cut at either end are trimmed and keep their blocks, so nothing is copied (a range
     /// inside one block in the middle of one extent leaves both ends referencing that block).

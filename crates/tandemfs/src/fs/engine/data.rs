@@ -197,7 +197,7 @@ impl FileSystem {
             image.size_bytes = image.size_bytes.max(end);
             image.modify_time_ns = now;
             image.change_time_ns = now;
-            let op = Op::Write { inode: image.clone(), offset, data: shared.clone() };
+            let op = Op::Write { inode: image.clone(), offset, data: shared.clone(), insert: false };
             let Some(lsn) = self.append_reserving(op, new_blocks, DATA_RESERVE_BLOCKS, 0)? else {
                 return Ok(None);
             };
@@ -418,11 +418,16 @@ impl FileSystem {
     }
 
     /// Inserts `data` at `offset` (≤ size), shifting later bytes up. All or nothing while the
-    /// volume runs: when the bytes cannot be written (no space, an I/O error), the range made
-    /// for them is collapsed out again and the file is as it was.
+    /// volume runs: bytes that fit one record go in one insert-of-data record (format version
+    /// 10), refused whole; more are a hole and writes into it, and when those bytes cannot be
+    /// written (no space, an I/O error), the range made for them is collapsed out again and the
+    /// file is as it was.
     pub fn insert(&self, inode: InodeNumber, offset: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
+        }
+        if data.len() <= self.inner.max_record_data_bytes && !self.writes_direct(data.len()) {
+            return self.insert_record(inode, offset, data);
         }
         let length = data.len() as u64;
         self.insert_range(inode, offset, length)?;
@@ -447,6 +452,40 @@ impl FileSystem {
             };
         }
         Ok(())
+    }
+
+    /// One record that inserts `data` at `offset` (issue 12: the hole's record and the bytes'
+    /// record were two encodes, appends, deposits and applies, and two searches of the tree for
+    /// the same place). A change of the file's shape, like an insert of a range: reads wait
+    /// until it is applied, and the writes pending before it are applied before it is. It takes
+    /// as many new blocks as its bytes at most (a hole's fill never takes more).
+    fn insert_record(&self, inode: InodeNumber, offset: u64, data: &[u8]) -> Result<()> {
+        assert!(!data.is_empty() && data.len() <= self.inner.max_record_data_bytes);
+        let shared: Arc<[u8]> = Arc::from(data);
+        let length = data.len() as u64;
+        self.with_space(|| {
+            let mut shard = self.lock_view(inode)?;
+            let view = FileSystem::regular_view(shard.views.get_mut(&inode).expect("loaded by lock_view"))?;
+            let mut image = view.attributes.clone();
+            let size = image.size_bytes;
+            if offset > size {
+                return Err(Error::invalid(format!("insert at {offset} lies beyond the end of the file ({size})")));
+            }
+            image.size_bytes =
+                size.checked_add(length).filter(|size| *size <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
+            let now = now_ns();
+            image.modify_time_ns = now;
+            image.change_time_ns = now;
+            let new_blocks = length.div_ceil(BLOCK_SIZE_U64);
+            let op = Op::Write { inode: image.clone(), offset, data: shared.clone(), insert: true };
+            let Some(lsn) = self.append_reserving(op, new_blocks, DATA_RESERVE_BLOCKS, 0)? else {
+                return Ok(None);
+            };
+            FileSystem::commit_view(view, image, lsn, true);
+            view.forget_writes_through(lsn);
+            view.add_pending_blocks(lsn, new_blocks);
+            Ok(Some(()))
+        })
     }
 
     /// Removes `length` bytes at `offset` (offset + length ≤ size), shifting later bytes down.
