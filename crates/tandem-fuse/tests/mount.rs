@@ -107,14 +107,14 @@ fn drop_cached_pages(file: &File) {
 }
 
 #[test]
-fn sequential_reads_use_one_mebibyte_read_ahead_and_reused_buffers_stay_exact() {
+fn sequential_reads_use_the_default_read_ahead_and_reused_buffers_stay_exact() {
     let Some(volume) = mounted() else { return };
-    // The server set the mount's read-ahead to 1 MiB through sysfs (root runs this test).
+    // The server set the mount's read-ahead to 8 MiB through sysfs (root runs this test).
     let device = fs::metadata(&volume.directory).unwrap().dev();
     let read_ahead =
         fs::read_to_string(format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(device), libc::minor(device)))
             .unwrap();
-    assert_eq!(read_ahead.trim(), "1024");
+    assert_eq!(read_ahead.trim(), tandem_fuse::READ_AHEAD_KIB_DEFAULT.to_string());
 
     // Several closes, none of which sends a FLUSH (FOPEN_NOFLUSH).
     let pattern: Vec<u8> = (0..(3usize << 20) + 777).map(|index| (index % 251) as u8).collect();

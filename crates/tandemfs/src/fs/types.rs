@@ -213,6 +213,11 @@ pub struct MountOptions {
     /// written or fallocated bytes, carry their bytes in the log. 0 sends every write through
     /// the log. Default `DIRECT_WRITE_MIN_BYTES_DEFAULT`.
     pub direct_write_min_bytes: u64,
+    /// A direct write of at least this many bytes computes its checksums and the copy its
+    /// pending write keeps on a second thread while the calling thread writes its blocks home
+    /// (`engine/direct.rs`, `write_home_keeping`): less time per write where a core is idle,
+    /// slightly more CPU. 0: never. Default `default_direct_write_overlap_min_bytes`.
+    pub direct_write_overlap_min_bytes: u64,
     /// How many image logs' worth of checkpoint images the records not yet applied may stand
     /// for (by their bounds) before a change waits for the back end to apply some (format
     /// version 9, docs/LOG.md *The image log*): more absorbs longer bursts, at the cost of the
@@ -243,6 +248,23 @@ pub const CHECKPOINT_INTERVAL_MS_MIN: u64 = 1;
 /// `MountOptions::direct_write_min_bytes` when none is given (docs/BENCHMARKS.md, *Large writes
 /// straight home*).
 pub const DIRECT_WRITE_MIN_BYTES_DEFAULT: u64 = 64 << 10;
+/// `MountOptions::direct_write_overlap_min_bytes` where it is on: below 256 KiB starting the
+/// thread (tens of µs) costs about what the overlap saves.
+pub const DIRECT_WRITE_OVERLAP_MIN_BYTES_ON: u64 = 256 << 10;
+/// Cores from which direct writes overlap by default: the second thread needs an idle core.
+/// On the 2-core VM, shared with builds, overlapping lost (docs/FUSE.md, "Sequential write
+/// and read"), as the polling FUSE worker did (`tandem_fuse::POLL_CORES_MIN`, also 8).
+pub const DIRECT_WRITE_OVERLAP_CORES_MIN: usize = 8;
+
+/// The default `MountOptions::direct_write_overlap_min_bytes` on this machine.
+pub fn default_direct_write_overlap_min_bytes() -> u64 {
+    let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
+    if cores >= DIRECT_WRITE_OVERLAP_CORES_MIN {
+        DIRECT_WRITE_OVERLAP_MIN_BYTES_ON
+    } else {
+        0
+    }
+}
 /// Longest checkpoint interval accepted: an hour.
 pub const CHECKPOINT_INTERVAL_MS_MAX: u64 = 3_600_000;
 
@@ -259,6 +281,7 @@ impl Default for MountOptions {
             checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS_DEFAULT,
             key: None,
             direct_write_min_bytes: DIRECT_WRITE_MIN_BYTES_DEFAULT,
+            direct_write_overlap_min_bytes: default_direct_write_overlap_min_bytes(),
             backlog_image_logs: crate::log::BACKLOG_CHECKPOINTS,
             background_compact_factor: BACKGROUND_COMPACT_FACTOR_DEFAULT,
         }
