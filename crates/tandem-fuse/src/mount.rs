@@ -353,8 +353,14 @@ fn start_queues(
 /// the caller then calls `fs.unmount()`.
 /// The requests a mount served, per kind, in its log at `info` once it is unmounted
 /// (`TANDEM_LOG=info`): with the operations a program ran, the kernel round trips each cost.
-fn log_requests_served(mountpoint: &Path, counts: &RequestCounts) {
-    log::info!("tandemfs: {} served {} FUSE requests: {counts:?}", mountpoint.display(), counts.total());
+fn log_requests_served(mountpoint: &Path, counters: &RequestCounters) {
+    let counts = counters.snapshot();
+    log::info!(
+        "tandemfs: {} served {} FUSE requests: {counts:?}; at most {} READs at once",
+        mountpoint.display(),
+        counts.total(),
+        counters.reads_at_once_most()
+    );
 }
 
 pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<()> {
@@ -378,7 +384,7 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     if let Some(mut queues) = queues {
         queues.stop(QUEUE_STOP_WAIT);
     }
-    log_requests_served(mountpoint, &counters.snapshot());
+    log_requests_served(mountpoint, &counters);
     control.stop();
     watcher.stop();
     let synced = fs.sync();
@@ -457,6 +463,12 @@ impl BackgroundMount {
         self.counters.snapshot()
     }
 
+    /// The most READs the mount served at the same time so far (over either transport): how
+    /// many workers one reader's read-ahead kept busy at once.
+    pub fn reads_at_once_most(&self) -> u64 {
+        self.counters.reads_at_once_most()
+    }
+
     /// Over io_uring, the READs served so far and where; None over /dev/fuse.
     pub fn uring_reads(&self) -> Option<UringReads> {
         self.queues.as_ref().map(|queues| UringReads {
@@ -516,7 +528,7 @@ impl BackgroundMount {
         if let Some(mut queues) = self.queues.take() {
             queues.stop(QUEUE_STOP_WAIT);
         }
-        log_requests_served(&self.mountpoint, &self.counters.snapshot());
+        log_requests_served(&self.mountpoint, &self.counters);
         if let Some(control) = self.control.take() {
             control.stop();
         }

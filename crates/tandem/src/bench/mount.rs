@@ -291,6 +291,7 @@ fn measure_tandemfs(
             eprintln!("  {label}: FUSE transport {}", mount.transport());
             let measured = run_workload(&mountpoint, size, arguments, label, &|| fs.data_checksum_statistics())
                 .and_then(|measured| {
+                    eprintln!("  {label}: at most {} READs served at once", mount.reads_at_once_most());
                     if let Some(reads) = mount.uring_reads() {
                         eprintln!(
                             "  {label}: io_uring READs {}, {} with the thread free to leave the caller's CPU, {} served off it",
