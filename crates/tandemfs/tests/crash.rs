@@ -32,7 +32,7 @@ fn crash_run_with(seed: u64, key: Option<tandemfs::crypt::Secret>, direct_min: O
     let mut write_bytes_max = 20_000;
     if let Some(direct_min) = direct_min {
         options.direct_write_min_bytes = direct_min;
-        options.direct_write_overlap_min_bytes = if seed % 2 == 0 { direct_min } else { 0 };
+        options.direct_write_overlap_min_bytes = if seed.is_multiple_of(2) { direct_min } else { 0 };
         write_bytes_max = 40_000;
         // Records stay unflushed until a sync, a pass or a checkpoint flushes them (not within
         // the flusher's 2 ms), so crashes find direct writes whose records are not durable.
