@@ -19,14 +19,13 @@ fn pattern_bytes(length: usize, seed: u8) -> Vec<u8> {
 }
 
 /// Inline back end (records apply only when asked), writes of 64 KiB or more go direct, each
-/// computing its checksums and pending copy on the writing thread (the default on small
-/// machines).
+/// computing its checksums and pending copy on the writing thread (the default).
 fn options() -> MountOptions {
     MountOptions { direct_write_min_bytes: 64 << 10, direct_write_overlap_min_bytes: 0, ..inline_options() }
 }
 
 /// As `options`, with every direct write computing its checksums and pending copy on a second
-/// thread while its bytes go home (the default on machines of 8 cores or more).
+/// thread while its bytes go home (`-o direct_write_overlap_min_bytes`).
 fn overlapping_options() -> MountOptions {
     MountOptions { direct_write_overlap_min_bytes: 64 << 10, ..options() }
 }

@@ -87,7 +87,7 @@ pub struct MountBenchArguments {
     pub direct_write_min_bytes: Option<u64>,
     /// Direct writes of at least this many bytes compute their checksums and pending copy on a
     /// second thread while their bytes go home (`tandem mount -o
-    /// direct_write_overlap_min_bytes=`; 0: never; default: the library's for this machine)
+    /// direct_write_overlap_min_bytes=`; 0: never, the library's default)
     #[arg(long, value_name = "BYTES")]
     pub direct_write_overlap_min_bytes: Option<u64>,
 }

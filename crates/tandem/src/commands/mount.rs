@@ -35,7 +35,7 @@ pub struct MountArguments {
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
     /// uring_move_min_bytes=N (over io_uring, reads of N bytes or more are served off the caller's CPU; 0: never; default 131072),
     /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
-    /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536), direct_write_overlap_min_bytes=N (direct writes of N bytes or more compute their checksums on a second thread while their bytes go home; 0: never; default 262144 on machines of 8 cores or more, else 0),
+    /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536), direct_write_overlap_min_bytes=N (direct writes of N bytes or more compute their checksums on a second thread while their bytes go home; default 0: never; docs/FUSE.md),
     /// backlog_image_logs=N (how many image logs' worth of changes may wait to be applied, 1 to 1024; default 64),
     /// compact_factor=F (files whose cuts leave them holding more than F times their bytes are compacted in the background; 0: never; default 1.25); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
@@ -94,7 +94,7 @@ pub struct ParsedOptions {
     /// Writes of at least this many bytes go straight home (`None`: the library's default).
     pub direct_write_min_bytes: Option<u64>,
     /// Direct writes of at least this many bytes overlap their checksums with their home
-    /// write (`None`: the library's default for this machine's cores).
+    /// write (`None`: the library's default, off).
     pub direct_write_overlap_min_bytes: Option<u64>,
     /// `backlog_image_logs=N` (`None`: the library's default).
     pub backlog_image_logs: Option<u64>,
@@ -401,7 +401,7 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
             .unwrap_or(tandemfs::fs::types::DIRECT_WRITE_MIN_BYTES_DEFAULT),
         direct_write_overlap_min_bytes: options
             .direct_write_overlap_min_bytes
-            .unwrap_or_else(tandemfs::fs::types::default_direct_write_overlap_min_bytes),
+            .unwrap_or(tandemfs::fs::types::DIRECT_WRITE_OVERLAP_MIN_BYTES_DEFAULT),
         backlog_image_logs: options.backlog_image_logs.unwrap_or(tandemfs::log::BACKLOG_CHECKPOINTS),
         background_compact_factor: options
             .compact_factor

@@ -216,7 +216,7 @@ pub struct MountOptions {
     /// A direct write of at least this many bytes computes its checksums and the copy its
     /// pending write keeps on a second thread while the calling thread writes its blocks home
     /// (`engine/direct.rs`, `write_home_keeping`): less time per write where a core is idle,
-    /// slightly more CPU. 0: never. Default `default_direct_write_overlap_min_bytes`.
+    /// slightly more CPU. 0: never. Default `DIRECT_WRITE_OVERLAP_MIN_BYTES_DEFAULT` (off).
     pub direct_write_overlap_min_bytes: u64,
     /// How many image logs' worth of checkpoint images the records not yet applied may stand
     /// for (by their bounds) before a change waits for the back end to apply some (format
@@ -248,23 +248,13 @@ pub const CHECKPOINT_INTERVAL_MS_MIN: u64 = 1;
 /// `MountOptions::direct_write_min_bytes` when none is given (docs/BENCHMARKS.md, *Large writes
 /// straight home*).
 pub const DIRECT_WRITE_MIN_BYTES_DEFAULT: u64 = 64 << 10;
-/// `MountOptions::direct_write_overlap_min_bytes` where it is on: below 256 KiB starting the
-/// thread (tens of µs) costs about what the overlap saves.
-pub const DIRECT_WRITE_OVERLAP_MIN_BYTES_ON: u64 = 256 << 10;
-/// Cores from which direct writes overlap by default: the second thread needs an idle core.
-/// On the 2-core VM, shared with builds, overlapping lost (docs/FUSE.md, "Sequential write
-/// and read"), as the polling FUSE worker did (`tandem_fuse::POLL_CORES_MIN`, also 8).
-pub const DIRECT_WRITE_OVERLAP_CORES_MIN: usize = 8;
-
-/// The default `MountOptions::direct_write_overlap_min_bytes` on this machine.
-pub fn default_direct_write_overlap_min_bytes() -> u64 {
-    let cores = std::thread::available_parallelism().map_or(1, |count| count.get());
-    if cores >= DIRECT_WRITE_OVERLAP_CORES_MIN {
-        DIRECT_WRITE_OVERLAP_MIN_BYTES_ON
-    } else {
-        0
-    }
-}
+/// `MountOptions::direct_write_overlap_min_bytes` when none is given: off. On the 2-core VM
+/// (load average about 4) a 1 MiB WRITE through the mount took a median 1.2–3.4 ms with the
+/// overlap at 256 KiB against 0.85–1.0 ms without, and even its fastest tenth was slower
+/// (0.92 against 0.77 ms): starting the thread and running the copy on another core cost more
+/// than the overlap saved. Whether a machine with idle cores gains is for its own run to say
+/// (docs/FUSE.md, "Sequential write and read"; `bench mount --direct-write-overlap-min-bytes`).
+pub const DIRECT_WRITE_OVERLAP_MIN_BYTES_DEFAULT: u64 = 0;
 /// Longest checkpoint interval accepted: an hour.
 pub const CHECKPOINT_INTERVAL_MS_MAX: u64 = 3_600_000;
 
@@ -281,7 +271,7 @@ impl Default for MountOptions {
             checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS_DEFAULT,
             key: None,
             direct_write_min_bytes: DIRECT_WRITE_MIN_BYTES_DEFAULT,
-            direct_write_overlap_min_bytes: default_direct_write_overlap_min_bytes(),
+            direct_write_overlap_min_bytes: DIRECT_WRITE_OVERLAP_MIN_BYTES_DEFAULT,
             backlog_image_logs: crate::log::BACKLOG_CHECKPOINTS,
             background_compact_factor: BACKGROUND_COMPACT_FACTOR_DEFAULT,
         }
