@@ -741,12 +741,16 @@ impl fuser::Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.counters.count(RequestKind::Read);
+        // In service while the engine copies from the volume, not while the reply is written:
+        // a worker whose reply has ended the kernel's request must not count as serving it.
+        let in_service = self.counters.read_begins();
         // Over io_uring the data goes straight into the entry's payload buffer, which is where
         // the reply is sent from: no copy between the volume and the kernel's.
         if let Some(mut area) = crate::uring::queue::reply_area(size as usize) {
             let area = area.as_mut_slice();
-            match self.fs.read(inode.0, offset, area) {
+            let read = self.fs.read(inode.0, offset, area);
+            drop(in_service);
+            match read {
                 Ok(count) => reply.data(&area[..count]),
                 Err(error) => reply.error(fuse_errno(&error)),
             }
@@ -760,7 +764,9 @@ impl fuser::Filesystem for Adapter {
             if buffer.len() < size {
                 buffer.resize(size, 0);
             }
-            match self.fs.read(inode.0, offset, &mut buffer[..size]) {
+            let read = self.fs.read(inode.0, offset, &mut buffer[..size]);
+            drop(in_service);
+            match read {
                 Ok(count) => reply.data(&buffer[..count]),
                 Err(error) => reply.error(fuse_errno(&error)),
             }

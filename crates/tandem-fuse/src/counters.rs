@@ -133,17 +133,49 @@ struct PaddedCounter(AtomicU64);
 /// The live counters of one mount, shared by its worker threads.
 pub(crate) struct RequestCounters {
     counters: [PaddedCounter; RequestKind::ALL.len()],
+    /// READs whose bytes the engine is reading now, and the most ever at once: whether one
+    /// sequential reader's read-ahead keeps several workers copying (docs/FUSE.md, "Sequential
+    /// write and read"). Two atomic operations more per READ, next to its copy of up to 1 MiB.
+    reads_in_service: PaddedCounter,
+    reads_at_once_most: PaddedCounter,
 }
 
 impl Default for RequestCounters {
     fn default() -> RequestCounters {
-        RequestCounters { counters: std::array::from_fn(|_| PaddedCounter::default()) }
+        RequestCounters {
+            counters: std::array::from_fn(|_| PaddedCounter::default()),
+            reads_in_service: PaddedCounter::default(),
+            reads_at_once_most: PaddedCounter::default(),
+        }
+    }
+}
+
+/// A READ being served; dropping it ends its service.
+pub(crate) struct ReadInService<'a>(&'a RequestCounters);
+
+impl Drop for ReadInService<'_> {
+    fn drop(&mut self) {
+        let before = self.0.reads_in_service.0.fetch_sub(1, Ordering::Relaxed);
+        assert!(before > 0, "a READ ends only after it began");
     }
 }
 
 impl RequestCounters {
     pub(crate) fn count(&self, kind: RequestKind) {
         self.counters[kind.index()].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a READ and marks it in service until the returned value is dropped.
+    pub(crate) fn read_begins(&self) -> ReadInService<'_> {
+        self.count(RequestKind::Read);
+        let now = self.reads_in_service.0.fetch_add(1, Ordering::Relaxed) + 1;
+        self.reads_at_once_most.0.fetch_max(now, Ordering::Relaxed);
+        ReadInService(self)
+    }
+
+    /// The most READs served at the same time since the mount began.
+    pub(crate) fn reads_at_once_most(&self) -> u64 {
+        self.reads_at_once_most.0.load(Ordering::Relaxed)
     }
 
     pub(crate) fn snapshot(&self) -> RequestCounts {
@@ -206,6 +238,22 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), RequestKind::ALL.len());
+    }
+
+    #[test]
+    fn reads_at_once_keeps_the_most_in_service() {
+        let counters = RequestCounters::default();
+        assert_eq!(counters.reads_at_once_most(), 0);
+        let first = counters.read_begins();
+        let second = counters.read_begins();
+        drop(first);
+        let third = counters.read_begins();
+        assert_eq!(counters.reads_at_once_most(), 2);
+        drop((second, third));
+        let fourth = counters.read_begins();
+        assert_eq!(counters.reads_at_once_most(), 2, "one alone after two at once");
+        drop(fourth);
+        assert_eq!(counters.snapshot().get(RequestKind::Read), 4);
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub use counters::{RequestCounts, RequestKind};
 pub use errno::errno_of;
 pub use mount::{
     default_poll_microseconds, mount_background, mount_foreground, remount, unmount, BackgroundMount, MountConfig,
-    UringReads, POLL_CORES_MIN, POLL_MICROSECONDS_MAX, URING_MOVE_MIN_BYTES_DEFAULT,
+    UringReads, POLL_CORES_MIN, POLL_MICROSECONDS_MAX, READ_AHEAD_KIB_DEFAULT, READ_AHEAD_KIB_MAX,
+    URING_MOVE_MIN_BYTES_DEFAULT,
 };
 pub use uring::{availability as uring_availability, FuseTransport, TransportReport};

@@ -27,12 +27,18 @@ const SUBTYPE: &str = "tandemfs";
 /// let go of the mount.
 const SERVER_EXIT_WAIT: Duration = Duration::from_secs(120);
 
-/// Read-ahead of the mount, set through its backing device info in sysfs. The kernel starts a
-/// FUSE mount at 128 KiB (and offers no more in INIT), so a sequential reader pays one round
-/// trip per 128 KiB; at 1 MiB, the largest request the kernel sends (256 pages), it pays one
-/// per MiB. Sequential detection ramps the window up from a few pages, so small random reads
-/// are not made larger by this.
-const READ_AHEAD_KIB: u32 = 1024;
+/// Read-ahead of a mount by default (`MountConfig::read_ahead_kib`), set through its backing
+/// device info in sysfs. The kernel starts a FUSE mount at 128 KiB (and offers no more in
+/// INIT), so a sequential reader pays one round trip per 128 KiB. The kernel splits a window
+/// into requests of at most 1 MiB (256 pages) and sends them together as background requests:
+/// at 1 MiB one sequential reader had at most 2 READs in flight, so at most 2 workers copied
+/// for it; at 8 MiB up to 16 (docs/FUSE.md, "Sequential write and read"), enough for every
+/// worker (`threads` is at most 8 by default) to copy a request of its own. Sequential
+/// detection ramps the window up from a few pages, so small random reads are not made larger.
+pub const READ_AHEAD_KIB_DEFAULT: u32 = 8192;
+
+/// The largest `MountConfig::read_ahead_kib` taken: 64 MiB of page cache per reader's window.
+pub const READ_AHEAD_KIB_MAX: u32 = 65536;
 
 /// How a volume is mounted.
 #[derive(Debug, Clone)]
@@ -70,6 +76,10 @@ pub struct MountConfig {
     /// read(2). The default is `default_poll_microseconds` of the machine's cores.
     /// docs/FUSE.md, "Polling worker", says what it costs and buys.
     pub poll_microseconds: u64,
+    /// Read-ahead of the mount in KiB (root only: it is written to sysfs), at most
+    /// [`READ_AHEAD_KIB_MAX`]; 0 leaves the kernel's 128 KiB. Default
+    /// [`READ_AHEAD_KIB_DEFAULT`].
+    pub read_ahead_kib: u32,
 }
 
 /// Requests of this many bytes or more leave their io_uring queue's CPU by default: a
@@ -117,6 +127,7 @@ impl Default for MountConfig {
             uring_entries_per_queue: 2,
             uring_move_min_bytes: URING_MOVE_MIN_BYTES_DEFAULT,
             poll_microseconds: default_poll_microseconds(cores),
+            read_ahead_kib: READ_AHEAD_KIB_DEFAULT,
         }
     }
 }
@@ -268,9 +279,12 @@ fn start_session(
         .map_err(|error| io::Error::new(error.kind(), format!("mounting {}: {error}", mountpoint.display())))?;
     // `Session::new` has completed the INIT handshake, and the kernel sets the mount's
     // read-ahead while it processes the INIT reply, so this value is not overwritten.
-    if let Err(error) = set_read_ahead(resolved_mountpoint, READ_AHEAD_KIB) {
-        // Only speed depends on it; a non-root mount may not write to sysfs.
-        log::info!("tandemfs: read-ahead of {} stays at the kernel's default: {error}", mountpoint.display());
+    if config.read_ahead_kib > 0 {
+        let kib = config.read_ahead_kib.min(READ_AHEAD_KIB_MAX);
+        if let Err(error) = set_read_ahead(resolved_mountpoint, kib) {
+            // Only speed depends on it; a non-root mount may not write to sysfs.
+            log::info!("tandemfs: read-ahead of {} stays at the kernel's default: {error}", mountpoint.display());
+        }
     }
     // Requests are served only once `run` starts, so the notifier is in place before the
     // first one.
@@ -339,8 +353,14 @@ fn start_queues(
 /// the caller then calls `fs.unmount()`.
 /// The requests a mount served, per kind, in its log at `info` once it is unmounted
 /// (`TANDEM_LOG=info`): with the operations a program ran, the kernel round trips each cost.
-fn log_requests_served(mountpoint: &Path, counts: &RequestCounts) {
-    log::info!("tandemfs: {} served {} FUSE requests: {counts:?}", mountpoint.display(), counts.total());
+fn log_requests_served(mountpoint: &Path, counters: &RequestCounters) {
+    let counts = counters.snapshot();
+    log::info!(
+        "tandemfs: {} served {} FUSE requests: {counts:?}; at most {} READs at once",
+        mountpoint.display(),
+        counts.total(),
+        counters.reads_at_once_most()
+    );
 }
 
 pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig) -> io::Result<()> {
@@ -364,7 +384,7 @@ pub fn mount_foreground(fs: FileSystem, mountpoint: &Path, config: &MountConfig)
     if let Some(mut queues) = queues {
         queues.stop(QUEUE_STOP_WAIT);
     }
-    log_requests_served(mountpoint, &counters.snapshot());
+    log_requests_served(mountpoint, &counters);
     control.stop();
     watcher.stop();
     let synced = fs.sync();
@@ -443,6 +463,12 @@ impl BackgroundMount {
         self.counters.snapshot()
     }
 
+    /// The most READs the mount served at the same time so far (over either transport): how
+    /// many workers one reader's read-ahead kept busy at once.
+    pub fn reads_at_once_most(&self) -> u64 {
+        self.counters.reads_at_once_most()
+    }
+
     /// Over io_uring, the READs served so far and where; None over /dev/fuse.
     pub fn uring_reads(&self) -> Option<UringReads> {
         self.queues.as_ref().map(|queues| UringReads {
@@ -502,7 +528,7 @@ impl BackgroundMount {
         if let Some(mut queues) = self.queues.take() {
             queues.stop(QUEUE_STOP_WAIT);
         }
-        log_requests_served(&self.mountpoint, &self.counters.snapshot());
+        log_requests_served(&self.mountpoint, &self.counters);
         if let Some(control) = self.control.take() {
             control.stop();
         }

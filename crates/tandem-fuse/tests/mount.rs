@@ -106,15 +106,49 @@ fn drop_cached_pages(file: &File) {
     assert_eq!(result, 0, "posix_fadvise");
 }
 
+/// One sequential reader keeps several workers copying at once: the kernel sends a read-ahead
+/// window's 1 MiB requests together, and at 1 MiB of read-ahead it had at most 2 in flight.
 #[test]
-fn sequential_reads_use_one_mebibyte_read_ahead_and_reused_buffers_stay_exact() {
+fn one_sequential_reader_keeps_several_workers_reading() {
+    for (read_ahead_kib, most_at_least, most_at_most) in [(tandem_fuse::READ_AHEAD_KIB_DEFAULT, 3, 4), (1024, 1, 2)] {
+        let config = MountConfig {
+            threads: 4,
+            transport: FuseTransport::DevFuse,
+            read_ahead_kib,
+            poll_microseconds: 0,
+            ..MountConfig::default()
+        };
+        let Some(volume) = mounted_with(&config) else { return };
+        let chunk: Vec<u8> = (0..1usize << 20).map(|index| (index % 253) as u8).collect();
+        let mut file = File::create(volume.path("large")).unwrap();
+        for _ in 0..48 {
+            file.write_all(&chunk).unwrap();
+        }
+        drop(file);
+        let mut file = File::open(volume.path("large")).unwrap();
+        drop_cached_pages(&file);
+        let mut buffer = vec![0u8; 1 << 20];
+        for index in 0..48 {
+            file.read_exact(&mut buffer).unwrap();
+            assert!(buffer == chunk, "MiB {index} differs");
+        }
+        let most = volume.mount.as_ref().unwrap().reads_at_once_most();
+        assert!(
+            (most_at_least..=most_at_most).contains(&most),
+            "read-ahead {read_ahead_kib} KiB: at most {most} READs at once, expected {most_at_least}..={most_at_most}"
+        );
+    }
+}
+
+#[test]
+fn sequential_reads_use_the_default_read_ahead_and_reused_buffers_stay_exact() {
     let Some(volume) = mounted() else { return };
-    // The server set the mount's read-ahead to 1 MiB through sysfs (root runs this test).
+    // The server set the mount's read-ahead to 8 MiB through sysfs (root runs this test).
     let device = fs::metadata(&volume.directory).unwrap().dev();
     let read_ahead =
         fs::read_to_string(format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(device), libc::minor(device)))
             .unwrap();
-    assert_eq!(read_ahead.trim(), "1024");
+    assert_eq!(read_ahead.trim(), tandem_fuse::READ_AHEAD_KIB_DEFAULT.to_string());
 
     // Several closes, none of which sends a FLUSH (FOPEN_NOFLUSH).
     let pattern: Vec<u8> = (0..(3usize << 20) + 777).map(|index| (index % 251) as u8).collect();

@@ -2,5 +2,5 @@
 
 pub use tandem_fuse::{
     ioctl, mount_background, mount_foreground, remount, unmount, uring_availability, BackgroundMount, FuseTransport,
-    MountConfig, RequestCounts, POLL_MICROSECONDS_MAX,
+    MountConfig, RequestCounts, POLL_MICROSECONDS_MAX, READ_AHEAD_KIB_MAX,
 };

@@ -23,13 +23,16 @@ fn crash_run(seed: u64) -> u64 {
 
 /// `crash_run` on a volume encrypted under `key` when one is given; with `direct_min`, writes
 /// of at least that many bytes go straight home (direct-write records) and the workload's
-/// writes reach twice as far, so that about one write in six goes direct.
+/// writes reach twice as far, so that about one write in six goes direct; under even seeds
+/// those compute their checksums on a second thread during the home write
+/// (`direct_write_overlap_min_bytes`), under odd ones after it.
 /// Returns the crash points checked and the direct-write records logged.
 fn crash_run_with(seed: u64, key: Option<tandemfs::crypt::Secret>, direct_min: Option<u64>) -> (u64, u64) {
     let mut options = tandemfs::fs::MountOptions { key: key.clone(), ..inline_options() };
     let mut write_bytes_max = 20_000;
     if let Some(direct_min) = direct_min {
         options.direct_write_min_bytes = direct_min;
+        options.direct_write_overlap_min_bytes = if seed.is_multiple_of(2) { direct_min } else { 0 };
         write_bytes_max = 40_000;
         // Records stay unflushed until a sync, a pass or a checkpoint flushes them (not within
         // the flusher's 2 ms), so crashes find direct writes whose records are not durable.

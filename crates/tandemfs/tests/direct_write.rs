@@ -18,9 +18,16 @@ fn pattern_bytes(length: usize, seed: u8) -> Vec<u8> {
     (0..length).map(|index| (index % 241) as u8 ^ seed).collect()
 }
 
-/// Inline back end (records apply only when asked), writes of 64 KiB or more go direct.
+/// Inline back end (records apply only when asked), writes of 64 KiB or more go direct, each
+/// computing its checksums and pending copy on the writing thread (the default).
 fn options() -> MountOptions {
-    MountOptions { direct_write_min_bytes: 64 << 10, ..inline_options() }
+    MountOptions { direct_write_min_bytes: 64 << 10, direct_write_overlap_min_bytes: 0, ..inline_options() }
+}
+
+/// As `options`, with every direct write computing its checksums and pending copy on a second
+/// thread while its bytes go home (`-o direct_write_overlap_min_bytes`).
+fn overlapping_options() -> MountOptions {
+    MountOptions { direct_write_overlap_min_bytes: 64 << 10, ..options() }
 }
 
 fn new_file(fs: &FileSystem, name: &[u8]) -> u64 {
@@ -37,8 +44,17 @@ fn read_all(fs: &FileSystem, inode: u64) -> Result<Vec<u8>, Error> {
 
 #[test]
 fn reads_see_a_direct_write_before_and_after_it_is_applied() {
+    reads_see_direct_writes(&options());
+}
+
+#[test]
+fn reads_see_an_overlapped_direct_write_before_and_after_it_is_applied() {
+    reads_see_direct_writes(&overlapping_options());
+}
+
+fn reads_see_direct_writes(options: &MountOptions) {
     let (_memory, device) = memory_volume(64 << 20, false);
-    let (fs, _) = FileSystem::mount(device.clone(), &options()).unwrap();
+    let (fs, _) = FileSystem::mount(device.clone(), options).unwrap();
     let file = new_file(&fs, b"f");
     let small = pattern_bytes(10_000, 1);
     fs.write(file, 0, &small).unwrap();
@@ -71,7 +87,7 @@ fn reads_see_a_direct_write_before_and_after_it_is_applied() {
     fs.unmount().unwrap();
     drop(fs);
     assert!(fsck::check(device.clone()).unwrap().is_clean());
-    let (fs, _) = FileSystem::mount(device, &options()).unwrap();
+    let (fs, _) = FileSystem::mount(device, options).unwrap();
     assert!(read_all(&fs, file).unwrap() == expected, "after a remount");
     fs.unmount().unwrap();
 }
@@ -168,9 +184,19 @@ fn a_full_volume_half_way_through_a_direct_write_leaks_nothing() {
 /// never wrong bytes) while the blocks around it still read.
 #[test]
 fn direct_blocks_on_an_encrypted_volume_are_encrypted_and_checked() {
+    direct_blocks_encrypted_and_checked(options());
+}
+
+/// The same with the checksums computed on a second thread: they still describe the blocks.
+#[test]
+fn overlapped_direct_blocks_on_an_encrypted_volume_are_encrypted_and_checked() {
+    direct_blocks_encrypted_and_checked(overlapping_options());
+}
+
+fn direct_blocks_encrypted_and_checked(options: MountOptions) {
     let secret = test_secret();
     let (memory, device) = memory_volume_with(32 << 20, false, Some(&secret));
-    let options = MountOptions { key: Some(secret.clone()), ..options() };
+    let options = MountOptions { key: Some(secret.clone()), ..options };
     let (fs, _) = FileSystem::mount(device.clone(), &options).unwrap();
     let file = new_file(&fs, b"secret");
     let before = memory.to_bytes();

@@ -65,6 +65,10 @@ pub struct MountBenchArguments {
     /// machines of 8 cores or more, else 0)
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub fuse_poll_us: Option<u64>,
+    /// Read-ahead of the tandemfs mount in KiB (`tandem mount -o read_ahead_kb=N`; 0: the
+    /// kernel's 128; unset: the mount's default)
+    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u32).range(0..=65_536))]
+    pub fuse_read_ahead_kib: Option<u32>,
     /// Over io_uring, reads of at least this many bytes are served off the caller's
     /// CPU (`tandem mount -o uring_move_min_bytes=N`; 0: never; unset: the mount's default)
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
@@ -81,6 +85,11 @@ pub struct MountBenchArguments {
     /// -o direct_write_min_bytes=`; 0: every write through the log; default: the library's)
     #[arg(long, value_name = "BYTES")]
     pub direct_write_min_bytes: Option<u64>,
+    /// Direct writes of at least this many bytes compute their checksums and pending copy on a
+    /// second thread while their bytes go home (`tandem mount -o
+    /// direct_write_overlap_min_bytes=`; 0: never, the library's default)
+    #[arg(long, value_name = "BYTES")]
+    pub direct_write_overlap_min_bytes: Option<u64>,
 }
 
 /// Empties the kernel's page cache so reads come from the file system, not from memory the
@@ -250,6 +259,13 @@ fn measure_tandemfs(
     if let Some(threshold) = arguments.direct_write_min_bytes {
         mount_options.direct_write_min_bytes = threshold;
     }
+    if let Some(threshold) = arguments.direct_write_overlap_min_bytes {
+        mount_options.direct_write_overlap_min_bytes = threshold;
+    }
+    eprintln!(
+        "  {label}: direct writes of {} bytes or more overlap their checksums with the home write (0: none)",
+        mount_options.direct_write_overlap_min_bytes
+    );
     eprintln!("  {label}: writes of {} bytes or more go straight home (0: none)", mount_options.direct_write_min_bytes);
     let fs = fresh_volume_with(Arc::new(device), inode_count(size), encryption, mount_options)?;
     let mountpoint = std::env::temp_dir().join(format!("tandem-bench-fuse-{}", std::process::id()));
@@ -260,6 +276,7 @@ fn measure_tandemfs(
         threads: arguments.fuse_threads as usize,
         transport,
         poll_microseconds: arguments.fuse_poll_us.unwrap_or(defaults.poll_microseconds),
+        read_ahead_kib: arguments.fuse_read_ahead_kib.unwrap_or(defaults.read_ahead_kib),
         uring_move_min_bytes: arguments
             .fuse_uring_move_min_bytes
             .map_or(defaults.uring_move_min_bytes, |bytes| bytes as usize),
@@ -268,11 +285,13 @@ fn measure_tandemfs(
             .map_or(defaults.uring_entries_per_queue, |entries| entries as usize),
         ..defaults
     };
+    eprintln!("  {label}: read-ahead {} KiB (0: the kernel's 128)", config.read_ahead_kib);
     let result = match fuse_api::mount_background(fs.clone(), &mountpoint, &config) {
         Ok(mut mount) => {
             eprintln!("  {label}: FUSE transport {}", mount.transport());
             let measured = run_workload(&mountpoint, size, arguments, label, &|| fs.data_checksum_statistics())
                 .and_then(|measured| {
+                    eprintln!("  {label}: at most {} READs served at once", mount.reads_at_once_most());
                     if let Some(reads) = mount.uring_reads() {
                         eprintln!(
                             "  {label}: io_uring READs {}, {} with the thread free to leave the caller's CPU, {} served off it",

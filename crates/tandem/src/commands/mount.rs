@@ -31,11 +31,11 @@ pub struct MountArguments {
     #[arg(long = "daemon", short = 'd')]
     pub daemon: bool,
     /// Comma-separated options: allow_other, default_permissions, ro, rw, remount (with ro or
-    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads), poll_us=N (over /dev/fuse one of them polls for N microseconds after each request instead of sleeping; default 50 on machines of 8 cores or more, else 0; docs/FUSE.md),
+    /// rw, on a mounted volume), dev, suid (root only), noexec, noatime (access times never move; the default is relatime), strictatime (every read moves them), threads=N (FUSE request threads), poll_us=N (over /dev/fuse one of them polls for N microseconds after each request instead of sleeping; default 50 on machines of 8 cores or more, else 0; docs/FUSE.md), read_ahead_kb=N (the mount's read-ahead, root only; default 8192; 0: the kernel's 128),
     /// transport=auto|uring|dev-fuse (FUSE over io_uring where the kernel allows it, only it, or only /dev/fuse),
     /// uring_move_min_bytes=N (over io_uring, reads of N bytes or more are served off the caller's CPU; 0: never; default 131072),
     /// backend_workers=N (threads applying the log; default half the cores, at least 2), checkpoint_interval_ms=N (default 5000), mmp_interval_ms=N,
-    /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536),
+    /// direct_write_min_bytes=N (writes of N bytes or more into unmapped bytes go straight home, not through the log; 0: none; default 65536), direct_write_overlap_min_bytes=N (direct writes of N bytes or more compute their checksums on a second thread while their bytes go home; default 0: never; docs/FUSE.md),
     /// backlog_image_logs=N (how many image logs' worth of changes may wait to be applied, 1 to 1024; default 64),
     /// compact_factor=F (files whose cuts leave them holding more than F times their bytes are compacted in the background; 0: never; default 1.25); mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group,
     /// _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-* and comment=* are
@@ -74,6 +74,9 @@ pub struct ParsedOptions {
     /// `uring_move_min_bytes=N`: io_uring requests of N bytes or more leave their queue's CPU;
     /// unset, the adapter's default.
     pub uring_move_min_bytes: Option<usize>,
+    /// `read_ahead_kb=N`: the mount's read-ahead in KiB (0: the kernel's); unset, the adapter's
+    /// default.
+    pub read_ahead_kib: Option<u32>,
     /// Device files and set-id bits work (root only).
     pub dev: bool,
     pub suid: bool,
@@ -90,6 +93,9 @@ pub struct ParsedOptions {
     pub checkpoint_interval_ms: Option<u64>,
     /// Writes of at least this many bytes go straight home (`None`: the library's default).
     pub direct_write_min_bytes: Option<u64>,
+    /// Direct writes of at least this many bytes overlap their checksums with their home
+    /// write (`None`: the library's default, off).
+    pub direct_write_overlap_min_bytes: Option<u64>,
     /// `backlog_image_logs=N` (`None`: the library's default).
     pub backlog_image_logs: Option<u64>,
     /// `compact_factor=F` (`None`: the library's default).
@@ -118,7 +124,7 @@ const URING_MOVE_MIN_BYTES_MAX: usize = 1 << 20;
 
 const KNOWN_OPTIONS: &str =
     "allow_other, default_permissions, ro, rw, remount, dev, suid, noexec, noatime, strictatime, \
-     threads=N, poll_us=N, transport=auto|uring|dev-fuse, uring_move_min_bytes=N, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, backlog_image_logs=N, compact_factor=F, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
+     threads=N, poll_us=N, read_ahead_kb=N, transport=auto|uring|dev-fuse, uring_move_min_bytes=N, backend_workers=N, checkpoint_interval_ms=N, mmp_interval_ms=N, direct_write_min_bytes=N, direct_write_overlap_min_bytes=N, backlog_image_logs=N, compact_factor=F, key_file=FILE, and mount(8)'s defaults, auto, noauto, user, users, nouser, owner, group, \
      _netdev, nofail, async, exec, atime, relatime, nodev, nosuid, x-*, comment=*, and on a remount the \
      kernel's user_id=, group_id=, rootmode=, fd=, max_read=, blksize=, subtype=, fsname=";
 
@@ -169,6 +175,13 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                             CliError::new(format!("-o poll_us={value}: expected microseconds from 0 to {most}"))
                         })?);
                 }
+                Some(("read_ahead_kb", value)) => {
+                    let most = crate::fuse_api::READ_AHEAD_KIB_MAX;
+                    parsed.read_ahead_kib =
+                        Some(value.parse().ok().filter(|value: &u32| *value <= most).ok_or_else(|| {
+                            CliError::new(format!("-o read_ahead_kb={value}: expected KiB from 0 to {most}"))
+                        })?);
+                }
                 Some(("uring_move_min_bytes", value)) => {
                     let most = URING_MOVE_MIN_BYTES_MAX;
                     parsed.uring_move_min_bytes =
@@ -205,6 +218,13 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                     parsed.direct_write_min_bytes = Some(value.parse().map_err(|_| {
                         CliError::new(format!(
                             "-o direct_write_min_bytes={value}: expected a whole number of bytes (0: every write through the log)"
+                        ))
+                    })?);
+                }
+                Some(("direct_write_overlap_min_bytes", value)) => {
+                    parsed.direct_write_overlap_min_bytes = Some(value.parse().map_err(|_| {
+                        CliError::new(format!(
+                            "-o direct_write_overlap_min_bytes={value}: expected a whole number of bytes (0: never)"
                         ))
                     })?);
                 }
@@ -379,6 +399,9 @@ pub fn open_volume_with(image_path: &Path, options: &ParsedOptions) -> CliResult
         direct_write_min_bytes: options
             .direct_write_min_bytes
             .unwrap_or(tandemfs::fs::types::DIRECT_WRITE_MIN_BYTES_DEFAULT),
+        direct_write_overlap_min_bytes: options
+            .direct_write_overlap_min_bytes
+            .unwrap_or(tandemfs::fs::types::DIRECT_WRITE_OVERLAP_MIN_BYTES_DEFAULT),
         backlog_image_logs: options.backlog_image_logs.unwrap_or(tandemfs::log::BACKLOG_CHECKPOINTS),
         background_compact_factor: options
             .compact_factor
@@ -441,6 +464,7 @@ pub fn mount_config(options: &ParsedOptions, image: &Path) -> MountConfig {
         uring_entries_per_queue: defaults.uring_entries_per_queue,
         uring_move_min_bytes: options.uring_move_min_bytes.unwrap_or(defaults.uring_move_min_bytes),
         poll_microseconds: options.poll_microseconds.unwrap_or(defaults.poll_microseconds),
+        read_ahead_kib: options.read_ahead_kib.unwrap_or(defaults.read_ahead_kib),
     }
 }
 
@@ -781,6 +805,11 @@ mod tests {
             Some(1 << 20)
         );
         assert!(parse_options(&["direct_write_min_bytes=-1".into()]).is_err());
+        assert_eq!(
+            parse_options(&["direct_write_overlap_min_bytes=0".into()]).unwrap().direct_write_overlap_min_bytes,
+            Some(0)
+        );
+        assert!(parse_options(&["direct_write_overlap_min_bytes=x".into()]).is_err());
         assert!(parse_options(&["nosuch".into()]).is_err());
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert!(parse_options(&["threads=x".into()]).is_err());
@@ -795,6 +824,18 @@ mod tests {
         for wrong in ["poll_us=10001", "poll_us=-1", "poll_us=x"] {
             let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
             assert!(error.contains("expected microseconds from 0 to 10000"), "{wrong}: {error}");
+        }
+        assert_eq!(
+            mount_config(&parse_options(&["read_ahead_kb=0".into()]).unwrap(), Path::new("i")).read_ahead_kib,
+            0
+        );
+        assert_eq!(
+            mount_config(&parse_options(&[]).unwrap(), Path::new("i")).read_ahead_kib,
+            MountConfig::default().read_ahead_kib
+        );
+        for wrong in ["read_ahead_kb=65537", "read_ahead_kb=-1", "read_ahead_kb=x"] {
+            let error = parse_options(&[wrong.into()]).unwrap_err().to_string();
+            assert!(error.contains("expected KiB from 0 to 65536"), "{wrong}: {error}");
         }
         assert_eq!(
             parse_options(&["transport=uring".into()]).unwrap().transport,

@@ -8,6 +8,7 @@ use super::*;
 use crate::backend::record::DIRECT_WRITE_RECORD_MAX_BYTES;
 use crate::block::meta::BLOCK_SIZE;
 use crate::block::volume::checksum_entry;
+use tandem_accel::runtime::Accelerator;
 
 /// Bytes of a direct-write record's payload besides its runs and checksums (attribute image,
 /// offset, length, run count), rounded up.
@@ -16,12 +17,23 @@ const DIRECT_RECORD_FIXED_BYTES: usize = 128;
 /// block is a run of its own) and a checksum entry (4 bytes).
 const DIRECT_RECORD_BYTES_PER_BLOCK: usize = 20;
 
+/// Stack of the thread that computes checksums and copies the data: it calls no deep code.
+const OVERLAP_STACK_BYTES: usize = 256 * 1024;
+
 /// Blocks claimed for a direct write: the runs, the device to write them through and the
-/// checksum entry of each block as it will hold the data.
+/// accelerator that computes their checksums.
 struct Claimed {
     runs: Vec<(u64, u64)>,
     device: Arc<dyn Device>,
+    accelerator: Arc<Accelerator>,
+}
+
+/// What a direct write keeps besides its blocks: the checksum entry of each block as it will
+/// hold the data, and the copy of the bytes its pending write serves reads from until the
+/// record is applied.
+struct Kept {
     checksums: Vec<u32>,
+    shared: Arc<[u8]>,
 }
 
 impl FileSystem {
@@ -97,12 +109,14 @@ impl FileSystem {
             _ => Err(Error::invalid("not a regular file")),
         })??;
         let blocks = (data.len() as u64).div_ceil(BLOCK_SIZE_U64);
-        let Claimed { runs, device, checksums } = self.claim_direct_blocks(blocks, data)?;
+        let Claimed { runs, device, accelerator } = self.claim_direct_blocks(blocks)?;
         let space = &self.inner.front.space;
-        let written = write_claimed_blocks(device.as_ref(), &runs, data).and_then(|()| {
+        let overlap_min_bytes = self.inner.options.direct_write_overlap_min_bytes;
+        let (home, kept) = write_home_keeping(device.as_ref(), &runs, data, &accelerator, overlap_min_bytes);
+        let written = home.and_then(|()| {
             // The log flushes the device before the group commit that writes the record.
             self.inner.log.note_ordered_data();
-            self.append_direct(inode, offset, data, &runs, checksums)
+            self.append_direct(inode, offset, data.len() as u64, &runs, kept)
         });
         if written.is_err() {
             // Nothing maps the blocks: they go back to the allocator, the blocks to the pool. A
@@ -116,9 +130,9 @@ impl FileSystem {
     }
 
     /// Reserves `blocks` new blocks and the tree reserve, then claims the blocks (waiting for
-    /// space as any write does), and computes the checksum entries of `data` as the blocks
-    /// will hold it. Returns the runs, the device to write them through and the entries.
-    fn claim_direct_blocks(&self, blocks: u64, data: &[u8]) -> Result<Claimed> {
+    /// space as any write does). Returns the runs, the device to write them through and the
+    /// accelerator for their checksums.
+    fn claim_direct_blocks(&self, blocks: u64) -> Result<Claimed> {
         let space = &self.inner.front.space;
         let (runs, device, accelerator) = self.with_space(|| {
             if !space.reserve(blocks, DATA_RESERVE_BLOCKS) {
@@ -141,17 +155,7 @@ impl FileSystem {
                 }
             }
         })?;
-        // Outside every lock: whole blocks, the last one padded with the zeros written there.
-        let whole = data.len() / BLOCK_SIZE * BLOCK_SIZE;
-        let mut crcs = match accelerator.crc32c_blocks(&data[..whole]) {
-            Ok(crcs) if crcs.len() == whole / BLOCK_SIZE => crcs,
-            _ => data[..whole].chunks_exact(BLOCK_SIZE).map(|block| tandem_accel::crc32c(0, block)).collect(),
-        };
-        if whole < data.len() {
-            crcs.push(tandem_accel::crc32c(0, &last_block_padded(data)));
-        }
-        let checksums = crcs.into_iter().map(checksum_entry).collect();
-        Ok(Claimed { runs, device, checksums })
+        Ok(Claimed { runs, device, accelerator })
     }
 
     /// Logs the record that maps the written (and durable) `runs` at `offset`, and lays the
@@ -160,16 +164,17 @@ impl FileSystem {
         &self,
         inode: InodeNumber,
         offset: u64,
-        data: &[u8],
+        length: u64,
         runs: &[(u64, u64)],
-        checksums: Vec<u32>,
+        kept: Kept,
     ) -> Result<()> {
+        let Kept { checksums, shared } = kept;
+        assert_eq!(shared.len() as u64, length, "the pending write holds the whole write");
         let blocks = checksums.len() as u64;
-        let shared: Arc<[u8]> = Arc::from(data);
         self.with_space(|| {
             let mut shard = self.lock_view(inode)?;
             let view = FileSystem::regular_view(shard.views.get_mut(&inode).expect("loaded by lock_view"))?;
-            let end = offset + data.len() as u64;
+            let end = offset + length;
             let mut image = view.attributes.clone();
             let now = now_ns();
             image.size_bytes = image.size_bytes.max(end);
@@ -180,7 +185,7 @@ impl FileSystem {
             let op = Op::DirectWrite {
                 inode: image.clone(),
                 offset,
-                length: data.len() as u64,
+                length,
                 runs: runs.to_vec(),
                 checksums: checksums.clone(),
             };
@@ -194,6 +199,49 @@ impl FileSystem {
             Ok(Some(()))
         })
     }
+}
+
+/// Writes `data` home to the blocks of `runs` and computes what the write keeps (checksums,
+/// the pending copy). Both read `data` only, so a write of `overlap_min_bytes` or more (not 0)
+/// overlaps them: the checksums and the copy on a second thread while this one writes home (on
+/// the 2-core VM the home write was about half of a 1 MiB WRITE request's server time, the
+/// checksums and the copy a quarter; docs/FUSE.md, "Sequential write and read"). Smaller
+/// writes, and any where no thread can be started, do both in turn on this thread.
+fn write_home_keeping(
+    device: &dyn Device,
+    runs: &[(u64, u64)],
+    data: &[u8],
+    accelerator: &Accelerator,
+    overlap_min_bytes: u64,
+) -> (Result<()>, Kept) {
+    let keep = || Kept { checksums: checksum_entries(accelerator, data), shared: Arc::from(data) };
+    if overlap_min_bytes == 0 || (data.len() as u64) < overlap_min_bytes {
+        return (write_claimed_blocks(device, runs, data), keep());
+    }
+    std::thread::scope(|scope| {
+        let keeper = std::thread::Builder::new().stack_size(OVERLAP_STACK_BYTES).spawn_scoped(scope, keep);
+        let home = write_claimed_blocks(device, runs, data);
+        let kept = match keeper {
+            // `keep` does not panic on any input; if it did, the write fails loudly.
+            Ok(keeper) => keeper.join().expect("the checksum thread does not panic"),
+            Err(_) => keep(),
+        };
+        (home, kept)
+    })
+}
+
+/// The checksum entry of each block of `data` as the blocks will hold it: whole blocks, the
+/// last one padded with the zeros written there.
+fn checksum_entries(accelerator: &Accelerator, data: &[u8]) -> Vec<u32> {
+    let whole = data.len() / BLOCK_SIZE * BLOCK_SIZE;
+    let mut crcs = match accelerator.crc32c_blocks(&data[..whole]) {
+        Ok(crcs) if crcs.len() == whole / BLOCK_SIZE => crcs,
+        _ => data[..whole].chunks_exact(BLOCK_SIZE).map(|block| tandem_accel::crc32c(0, block)).collect(),
+    };
+    if whole < data.len() {
+        crcs.push(tandem_accel::crc32c(0, &last_block_padded(data)));
+    }
+    crcs.into_iter().map(checksum_entry).collect()
 }
 
 /// The last, partial block of `data`, padded with zeros to a whole block.
