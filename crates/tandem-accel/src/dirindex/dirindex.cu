@@ -204,6 +204,22 @@ __device__ __forceinline__ u64 load_acquire_system_u64(const u64* address) {
     return value;
 #endif
 }
+// `done` of an express command: a release store at system scope. The host reads `done` with
+// acquire, and everything it then reads (the answers, the status, the stamps) was stored
+// before it: by this lane (program order), or by the warp's other lanes before the __syncwarp
+// that precedes this store (a barrier orders the participants' memory operations, and a
+// release is cumulative: it publishes what happens before it, not only this thread's own
+// stores, as thread 0's fence after __syncthreads does in a cooperative grid barrier). Nothing
+// after `done` needs ordering against the answers, and no later load of this warp must wait
+// for them, so the sequentially consistent system fence (fence.sc.sys, which also orders this
+// warp's later loads behind every earlier store) is more than the round trip needs.
+__device__ __forceinline__ void store_release_system_u64(u64* address, u64 value) {
+#ifdef DIRINDEX_HOST_EMULATION
+    __atomic_store_n(address, value, __ATOMIC_RELEASE);
+#else
+    asm volatile("st.release.sys.u64 [%0], %1;" : : "l"(address), "l"(value) : "memory");
+#endif
+}
 // The GPU's global timer in ns (its resolution varies: 32 ns to 1 µs), for the express stamps.
 __device__ __forceinline__ u64 clock_ns() {
 #ifdef DIRINDEX_HOST_EMULATION
@@ -553,6 +569,31 @@ __device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 sta
     }
 }
 
+// The express path's writer (at most 32 requests, one a lane): lane L stores request L's whole
+// answer itself, its record's 13 words loaded together first (one round trip; the walk
+// prefetched them into L2) and then 7 stores of 16 bytes (112 is a multiple of 16). No
+// shuffles and no lane waits for another: for one request, the warp writer ran all 7 of its
+// rounds (28 shuffles, 14 loads and 7 stores under divergence guards) in lanes that mostly had
+// nothing to do, and cost 4.6 us on the H100 host, a quarter of the round trip. For a large
+// batch the warp writer stays the better shape (each store instruction 512 consecutive bytes
+// of PCIe writes); an express command is at most 32 answers, 3.5 KiB.
+__device__ __forceinline__ void write_own_answer(u8* answers, u64 index, u32 status, const IndexAttributes* attributes) {
+    u64 words[ATTRIBUTES_WORDS];
+    if (attributes) {
+        const u64* source = (const u64*)attributes;
+#pragma unroll
+        for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) words[word] = load_table_u64(source + word);
+    } else {
+#pragma unroll
+        for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) words[word] = 0ull;
+    }
+    ulonglong2* target = (ulonglong2*)(answers + index * ANSWER_BYTES);
+    target[0] = make_ulonglong2((u64)status, words[0]);
+#pragma unroll
+    for (u32 part = 1; part < ANSWER_CHUNKS; ++part) target[part] = make_ulonglong2(words[2 * part - 1], words[2 * part]);
+}
+static_assert(ANSWER_BYTES == 16 * ANSWER_CHUNKS && ATTRIBUTES_WORDS == 2 * ANSWER_CHUNKS - 1, "an answer is 7 pieces of 16 bytes");
+
 __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volatile_u32(&t.control->overflowed) != 0; }
 
 // The lookup rule of the CPU twin (State::lookup_one), for query commands (stable reads).
@@ -721,45 +762,97 @@ struct PathCursor {
     const u64* source;
     u64 head0, head1, head2, head3;
     u32 length, position;
+    // Whether the last byte read is '/' (at the end of the walk: whether the path ends with one).
+    bool slash_last;
+    // The last word past the head loaded (index ~0u: none), which the next component's first
+    // bytes usually share with the slash that ended the last one.
+    u32 word_index;
     u64 word;
-    u32 last_byte;
 };
 
-__device__ __forceinline__ u64 path_word(const PathCursor& p, u32 index) {
-    return index == 0   ? p.head0
-           : index == 1 ? p.head1
-           : index == 2 ? p.head2
-           : index == 3 ? p.head3
-                        : load_volatile_u64(p.source + index);
+__device__ __forceinline__ u64 path_word(PathCursor* p, u32 index) {
+    if (index < PATH_HEAD_WORDS) {
+        return index == 0 ? p->head0 : index == 1 ? p->head1 : index == 2 ? p->head2 : p->head3;
+    }
+    if (index != p->word_index) {
+        p->word = load_volatile_u64(p->source + index);
+        p->word_index = index;
+    }
+    return p->word;
 }
 
+#define BYTE_TOPS 0x8080808080808080ull
+// The top bit of every byte of `word` that is '/', and no other bit. Exact for each byte (the
+// shorter zero-byte test borrows across bytes and can flag a byte after a match).
+__device__ __forceinline__ u64 slash_flags(u64 word) {
+    const u64 x = word ^ 0x2F2F2F2F2F2F2F2Full;
+    const u64 nonzero = ((x & 0x7F7F7F7F7F7F7F7Full) + 0x7F7F7F7F7F7F7F7Full) | x;
+    return ~nonzero & BYTE_TOPS;
+}
+// The low `bytes` (0..8) bytes of a word.
+__device__ __forceinline__ u64 low_bytes(u32 bytes) { return bytes >= 8 ? ~0ull : ((1ull << (8 * bytes)) - 1); }
+// The byte index of the lowest flag of `flags` (not zero).
+__device__ __forceinline__ u32 first_flagged_byte(u64 flags) {
+#ifdef DIRINDEX_HOST_EMULATION
+    return (u32)__builtin_ctzll(flags) / 8;
+#else
+    return (u32)(__ffsll((long long)flags) - 1) / 8;
+#endif
+}
+__device__ __forceinline__ u32 smaller(u32 a, u32 b) { return a < b ? a : b; }
+
 // The next non-empty component: its first 255 bytes into `words` (masked: bytes past it in its
-// last word are zero), its whole length into *length; false at the end of the path. Bytes
-// gather in a register and are stored a whole word at a time. Bounded by the path's length.
+// last word are zero), its whole length into *length; false at the end of the path. The path
+// is read 8 bytes at a time: the slashes before the component are skipped a word at a time,
+// and each pass of the gather takes the component's next 8 bytes (a funnel of the path word
+// at the cursor and the one after it) and finds a '/' among them with one word test, so a
+// component costs a pass per 8 bytes, not a loop pass (and its branches) per byte, which on
+// the single lane of the express walk was most of a round. Each path word is loaded once.
+// Bounded by the path's length (every pass moves the cursor or ends).
 __device__ bool next_component(PathCursor* p, u64* words, u32* length) {
-    u32 component = 0;
-    u64 name_word = 0;
-    for (; p->position < p->length; ++p->position) {
-        if ((p->position & 7) == 0) p->word = path_word(*p, p->position / 8);
-        const u32 byte = (u32)((p->word >> (8 * (p->position & 7))) & 0xFF);
-        p->last_byte = byte;
-        if (byte == '/') {
-            if (component != 0) break;
-            continue;
+    const u32 end = p->length;
+    u32 at = p->position;
+    u64 low = 0;
+    for (;;) {
+        if (at >= end) {
+            if (at != p->position) p->slash_last = true;
+            p->position = end;
+            return false;
         }
-        if (component < MAXIMUM_NAME_BYTES) {
-            name_word |= (u64)byte << (8 * (component & 7));
-            if ((component & 7) == 7) {
-                words[component / 8] = name_word;
-                name_word = 0;
-            }
+        const u32 offset = at & 7;
+        const u32 bytes = smaller(8 - offset, end - at);
+        low = path_word(p, at / 8);
+        const u64 others = ~slash_flags(low >> (8 * offset)) & BYTE_TOPS & low_bytes(bytes);
+        if (others) {
+            at += first_flagged_byte(others);
+            break;
         }
-        ++component;
+        at += bytes;
     }
-    if (component == 0) return false;
-    const u32 kept = component < MAXIMUM_NAME_BYTES ? component : MAXIMUM_NAME_BYTES;
-    if ((kept & 7) != 0) words[kept / 8] = name_word;
-    *length = component;
+    // `at` is the component's first byte, `low` the path word holding it. While the component
+    // goes on, the cursor moves 8 bytes a pass, so its offset in a word stays the same.
+    const u32 offset = at & 7;
+    u32 index = at / 8;
+    u32 count = 0;
+    for (;;) {
+        const bool high_needed = offset != 0 && (index + 1) * 8 < end;
+        const u64 high = high_needed ? path_word(p, index + 1) : 0ull;
+        const u64 chunk = offset == 0 ? low : ((low >> (8 * offset)) | (high << (64 - 8 * offset)));
+        const u32 chunk_bytes = smaller(8, end - at);
+        const u64 slashes = slash_flags(chunk) & low_bytes(chunk_bytes);
+        const u32 taken = slashes ? first_flagged_byte(slashes) : chunk_bytes;
+        if (count < MAXIMUM_NAME_BYTES) words[count / 8] = chunk & low_bytes(smaller(taken, MAXIMUM_NAME_BYTES - count));
+        count += taken;
+        at += taken;
+        if (taken < 8 || at >= end) {
+            p->slash_last = slashes != 0;
+            break;
+        }
+        ++index;
+        low = high_needed ? high : path_word(p, index);
+    }
+    p->position = at;
+    *length = count;
     return true;
 }
 
@@ -793,8 +886,9 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     path.head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
     path.length = length;
     path.position = 0;
+    path.slash_last = false;
+    path.word_index = ~0u;
     path.word = 0;
-    path.last_byte = 0;
     // This component's words and the next one's, swapped as the walk goes.
     u64 first_words[MAXIMUM_NAME_WORDS], second_words[MAXIMUM_NAME_WORDS];
     u64* words = first_words;
@@ -842,7 +936,7 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
         more = more_after;
     }
     if (!here.record) return STATUS_NEEDS_CPU;
-    if (path.last_byte == '/' && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (path.slash_last && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
     *result = here.record;
     return STATUS_FOUND;
 }
@@ -1238,10 +1332,9 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
                  : opcode == COMMAND_RESOLVE ? answer_resolve_stamped(t, c, lane, &attributes, step_ns)
                                              : answer_stat(t, c, lane, &attributes);
     }
-    // Lane 0's walk is over here (the status is decided); the other lanes wait for it in the
-    // writer's shuffles.
+    // Lane 0's walk is over here (the status is decided); each lane writes its own answer.
     const u64 walked_ns = clock_ns();
-    if (valid) write_answers_of_warp((u8*)c.answers, 0, c.count, status, attributes);
+    if (valid && lane < c.count) write_own_answer((u8*)c.answers, lane, status, attributes);
     // Every answer function returns a status of 1..7 unless the request was bad.
     const bool bad = !valid || __any_sync(FULL_WARP, lane < c.count && status == 0);
     if (lane == 0) {
@@ -1261,13 +1354,13 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
         store_volatile_u64(&completion->result0, 0);
         store_volatile_u64(&completion->result1, 0);
     }
-    // Each lane orders its own stores (answers; lane 0 also the stamps and the status) before
-    // the barrier, and `done` is stored after it: one system fence on the round trip (the warp
-    // executes it once), where the batch path pays two in turn.
-    __threadfence_system();
+    // The lanes' answers, then lane 0's stamps and status, are published by lane 0's release
+    // of `done` after the barrier (store_release_system_u64 says why that is enough): no
+    // system fence of its own on the round trip. `completed` (device memory, read by this
+    // warp's lane 0 only before the next command) needs no order of its own.
     __syncwarp();
     if (lane == 0) {
-        store_volatile_u64(&t.ring[slot].completion.done, host.sequence);
+        store_release_system_u64(&t.ring[slot].completion.done, host.sequence);
         store_volatile_u64(&t.control->completed, host.sequence);
         atomicAdd(&t.control->express_commands, 1ull);
     }
