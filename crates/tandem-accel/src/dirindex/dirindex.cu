@@ -272,6 +272,17 @@ __device__ u64 entry_hash_of(u64 parent, const u64* words, u32 length) {
     return mix(hash ^ length);
 }
 
+// entry_hash_of for a name of at least one byte whose first word the caller holds in a register
+// (the walk's names live in a local-memory array; a name of up to 8 bytes is then hashed
+// without reading it back). Equal to entry_hash_of(parent, words, length) when first == words[0].
+__device__ __forceinline__ u64 entry_hash_first(u64 parent, u64 first, const u64* words, u32 length) {
+    u64 hash = mix(mix(parent ^ 0x243F6A8885A308D3ull) ^ first);
+    const u32 count = (length + 7) / 8;
+#pragma unroll 1
+    for (u32 index = 1; index < count; ++index) hash = mix(hash ^ words[index]);
+    return mix(hash ^ length);
+}
+
 __device__ __forceinline__ u64 inode_hash_of(u64 inode) { return mix(inode ^ 0x13198A2E03707344ull); }
 
 // ---------------------------------------------------------------- inode table
@@ -355,12 +366,13 @@ __device__ __forceinline__ u64 stored_name_word(const Tables& t, u64 packed, u32
     return name_is_inline(length) ? (packed >> 8) : load_table_u64(&t.arena[(packed >> 8) / 8 + index]);
 }
 
-// Whether slot word `packed` names `words` (masked, `length` bytes). A long name's arena words
+// Whether slot word `packed` names `words` (masked, `length` bytes, at least one; `first` is
+// words[0], which a short name is compared by, from a register). A long name's arena words
 // are loaded NAME_WORDS_AT_ONCE at a time before any is compared, so a name of up to 32 bytes
 // costs one round trip, not one per word.
-__device__ bool arena_name_equals(const Tables& t, u64 packed, const u64* words, u32 length) {
+__device__ bool arena_name_equals(const Tables& t, u64 packed, u64 first_word, const u64* words, u32 length) {
     if ((u32)(packed & 0xFF) != length) return false;
-    if (name_is_inline(length)) return (packed >> 8) == words[0];
+    if (name_is_inline(length)) return (packed >> 8) == first_word;
     const u64* stored = &t.arena[(packed >> 8) / 8];
     const u32 count = (length + 7) / 8;
     for (u32 first = 0; first < count; first += NAME_WORDS_AT_ONCE) {
@@ -387,7 +399,7 @@ __device__ int entry_find(const Tables& t, u64 parent, const u64* words, u32 len
         if (state == SLOT_EMPTY) return PROBE_MISS;
         if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
             load_table_u64(&t.entry_parent[slot]) == parent &&
-            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words, length)) {
+            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words[0], words, length)) {
             *found = slot;
             return PROBE_HIT;
         }
@@ -502,9 +514,9 @@ __device__ __forceinline__ EntrySlotFields load_entry_slot(const Tables& t, u64 
 
 // What one probed slot says: PROBE_HIT (*child set), PROBE_MISS, or PROBE_GO_ON to the next.
 __device__ __forceinline__ int entry_slot_says(const Tables& t, const EntrySlotFields& f, u32 tag, u64 parent,
-                                               const u64* words, u32 length, u64* child) {
+                                               u64 first, const u64* words, u32 length, u64* child) {
     if (f.state == SLOT_EMPTY) return PROBE_MISS;
-    if (f.state == SLOT_FULL && f.tag == tag && f.parent == parent && arena_name_equals(t, f.packed, words, length)) {
+    if (f.state == SLOT_FULL && f.tag == tag && f.parent == parent && arena_name_equals(t, f.packed, first, words, length)) {
         *child = f.child;
         return PROBE_HIT;
     }
@@ -513,10 +525,10 @@ __device__ __forceinline__ int entry_slot_says(const Tables& t, const EntrySlotF
 
 // entry_find for queries from probe number `first_probe` at `slot` on: PROBE_HIT with *child
 // set, PROBE_MISS or PROBE_LIMIT.
-__device__ int entry_find_stable_from(const Tables& t, u64 parent, const u64* words, u32 length, u32 tag, u64 slot,
-                                      u32 first_probe, u64* child) {
+__device__ int entry_find_stable_from(const Tables& t, u64 parent, u64 first, const u64* words, u32 length, u32 tag,
+                                      u64 slot, u32 first_probe, u64* child) {
     for (u32 probe = first_probe; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
-        const int says = entry_slot_says(t, load_entry_slot(t, slot), tag, parent, words, length, child);
+        const int says = entry_slot_says(t, load_entry_slot(t, slot), tag, parent, first, words, length, child);
         if (says != PROBE_GO_ON) return says;
         slot = (slot + 1) & t.entry_mask;
     }
@@ -524,8 +536,9 @@ __device__ int entry_find_stable_from(const Tables& t, u64 parent, const u64* wo
 }
 
 // entry_find for queries: PROBE_HIT with *child set, PROBE_MISS or PROBE_LIMIT.
-__device__ int entry_find_stable(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* child) {
-    return entry_find_stable_from(t, parent, words, length, (u32)(hash >> 32), hash & t.entry_mask, 0, child);
+__device__ int entry_find_stable(const Tables& t, u64 parent, u64 first, const u64* words, u32 length, u64 hash,
+                                 u64* child) {
+    return entry_find_stable_from(t, parent, first, words, length, (u32)(hash >> 32), hash & t.entry_mask, 0, child);
 }
 
 // ---------------------------------------------------------------- answers
@@ -601,7 +614,7 @@ __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volati
 __device__ u32 lookup_one(const Tables& t, u64 parent, const u64* words, u32 length, const IndexAttributes** attributes) {
     const u64 hash = entry_hash_of(parent, words, length);
     u64 child = 0;
-    const int probe_result = entry_find_stable(t, parent, words, length, hash, &child);
+    const int probe_result = entry_find_stable(t, parent, words[0], words, length, hash, &child);
     if (probe_result == PROBE_HIT) {
         *attributes = attributes_stable(t, child);
         return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
@@ -670,27 +683,41 @@ struct WalkRecord {
     bool complete;
 };
 
-// The record of `inode` for the walk. Each probe loads the slot's state, key and flags and the
-// record's kind, uid, gid, permissions and parent at once (the record of a slot that turns out
-// not to be the inode's is read and dropped): one dependent round trip when the inode sits in
-// its home slot, where finding the slot and then reading the fields took two.
-__device__ WalkRecord walk_record_stable(const Tables& t, u64 inode) {
+// The fields of one inode slot the walk reads, and its record's, loaded together.
+struct InodeSlotFields {
+    u32 state, flags, kind, owner, group, permissions;
+    u64 key, parent;
+};
+
+__device__ __forceinline__ InodeSlotFields load_inode_slot(const Tables& t, u64 slot) {
+    const IndexAttributes* record = &t.inode_attributes[slot];
+    InodeSlotFields f;
+    f.state = load_table_u32(&t.inode_state[slot]);
+    f.key = load_table_u64(&t.inode_key[slot]);
+    f.flags = load_table_u32(&t.inode_flags[slot]);
+    f.kind = load_table_u32(&record->kind);
+    f.owner = load_table_u32(&record->uid);
+    f.group = load_table_u32(&record->gid);
+    f.permissions = load_table_u32(&record->permissions);
+    f.parent = load_table_u64(&record->parent);
+    return f;
+}
+
+// The record of `inode` for the walk, from the fields of its home slot `slot` (loaded by the
+// caller, who may do other work while they arrive) and of the slots after it as needed. Each
+// probe has the slot's state, key and flags and the record's kind, uid, gid, permissions and
+// parent at once (the record of a slot that turns out not to be the inode's is read and
+// dropped): one dependent round trip when the inode sits in its home slot, where finding the
+// slot and then reading the fields took two.
+__device__ WalkRecord settle_walk_record(const Tables& t, u64 inode, u64 slot, InodeSlotFields f) {
     WalkRecord found = {nullptr, 0, 0, 0, 0, 0, false};
-    u64 slot = inode_hash_of(inode) & t.inode_mask;
     for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.inode_mask; ++probe) {
-        const IndexAttributes* record = &t.inode_attributes[slot];
-        const u32 state = load_table_u32(&t.inode_state[slot]);
-        const u64 key = load_table_u64(&t.inode_key[slot]);
-        const u32 flags = load_table_u32(&t.inode_flags[slot]);
-        const u32 kind = load_table_u32(&record->kind);
-        const u32 owner = load_table_u32(&record->uid);
-        const u32 group = load_table_u32(&record->gid);
-        const u32 permissions = load_table_u32(&record->permissions);
-        const u64 parent = load_table_u64(&record->parent);
-        if (state == SLOT_EMPTY) break;
-        if (state == SLOT_FULL && key == inode) {
-            found.complete = (flags & FLAG_COMPLETE) != 0;
-            if (flags & FLAG_ATTRIBUTES) {
+        if (probe != 0) f = load_inode_slot(t, slot);
+        if (f.state == SLOT_EMPTY) break;
+        if (f.state == SLOT_FULL && f.key == inode) {
+            found.complete = (f.flags & FLAG_COMPLETE) != 0;
+            if (f.flags & FLAG_ATTRIBUTES) {
+                const IndexAttributes* record = &t.inode_attributes[slot];
                 // The sectors of the 104-byte record the fields above did not bring: if the
                 // walk ends here, the answer writer reads them from L2, not from memory.
                 prefetch_l2(record);
@@ -698,11 +725,11 @@ __device__ WalkRecord walk_record_stable(const Tables& t, u64 inode) {
                 prefetch_l2((const u8*)record + 64);
                 prefetch_l2((const u8*)record + sizeof(IndexAttributes) - 1);
                 found.record = record;
-                found.parent = parent;
-                found.kind = kind;
-                found.owner = owner;
-                found.group = group;
-                found.permissions = permissions;
+                found.parent = f.parent;
+                found.kind = f.kind;
+                found.owner = f.owner;
+                found.group = f.group;
+                found.permissions = f.permissions;
             }
             break;
         }
@@ -721,36 +748,65 @@ struct EntryProbe {
     EntrySlotFields home;
 };
 
+// A component of the path a walk reads: its first 255 bytes as words (a local-memory array,
+// masked), the first of them again in a register (so that a name of up to 8 bytes is hashed,
+// told from `.` and `..` and compared with a slot's short name without a local-memory load),
+// and its whole length.
+struct Component {
+    u64* words;
+    u64 first;
+    u32 length;
+};
+
 // Whether a component is looked up in its directory (not `.`, `..` or too long to name).
-__device__ __forceinline__ bool looked_up(const u64* words, u32 length) {
+__device__ __forceinline__ bool looked_up(u64 first, u32 length) {
     if (length > MAXIMUM_NAME_BYTES) return false;
-    if (length == 1 && (words[0] & 0xFF) == '.') return false;
-    return !(length == 2 && (words[0] & 0xFFFF) == 0x2E2E);
+    if (length == 1 && (first & 0xFF) == '.') return false;
+    return !(length == 2 && (first & 0xFFFF) == 0x2E2E);
 }
 
-// Where the walk stands next: the record of `inode` (walk_record_stable) and, when `words`
-// (the component after it, `length` bytes) is looked up there, that lookup's home slot, their
-// loads issued together. Nothing is decided from the entry's fields before the record's checks:
-// loading them early changes no answer.
-__device__ WalkRecord begin_step(const Tables& t, u64 inode, const u64* words, u32 length, EntryProbe* probe) {
-    probe->begun = words != nullptr && looked_up(words, length);
+// The loads of where the walk stands next, issued, not yet waited for: the home slot of
+// `inode` and its record's fields (settle_walk_record decides from them) and, when `name` (the
+// component after it; `named` says there is one) is looked up there, that lookup's home entry
+// slot. The walk parses the component after that one while they arrive. Nothing is decided
+// from the entry's fields before the record's checks: loading them early changes no answer.
+struct PendingStep {
+    u64 inode, slot;
+    InodeSlotFields home;
+};
+
+__device__ __forceinline__ PendingStep begin_step(const Tables& t, u64 inode, bool named, const Component& name,
+                                                  EntryProbe* probe) {
+    probe->begun = named && looked_up(name.first, name.length);
     if (probe->begun) {
-        const u64 hash = entry_hash_of(inode, words, length);
+        const u64 hash = entry_hash_first(inode, name.first, name.words, name.length);
         probe->tag = (u32)(hash >> 32);
         probe->parent = inode;
         probe->slot = hash & t.entry_mask;
         probe->home = load_entry_slot(t, probe->slot);
     }
-    return walk_record_stable(t, inode);
+    PendingStep step;
+    step.inode = inode;
+    step.slot = inode_hash_of(inode) & t.inode_mask;
+    step.home = load_inode_slot(t, step.slot);
+    return step;
 }
 
-// The lookup of `words` in `parent`: from the home slot begun with it, else from scratch.
-__device__ int finish_lookup(const Tables& t, const EntryProbe& probe, u64 parent, const u64* words, u32 length,
-                             u64* child) {
-    if (!probe.begun) return entry_find_stable(t, parent, words, length, entry_hash_of(parent, words, length), child);
-    const int says = entry_slot_says(t, probe.home, probe.tag, parent, words, length, child);
+__device__ __forceinline__ WalkRecord settle_step(const Tables& t, const PendingStep& step) {
+    return settle_walk_record(t, step.inode, step.slot, step.home);
+}
+
+// The lookup of `name` in `parent`: from the home slot begun with it, else from scratch.
+__device__ int finish_lookup(const Tables& t, const EntryProbe& probe, u64 parent, const Component& name, u64* child) {
+    const u64 first = name.first;
+    const u64* words = name.words;
+    const u32 length = name.length;
+    if (!probe.begun) {
+        return entry_find_stable(t, parent, first, words, length, entry_hash_first(parent, first, words, length), child);
+    }
+    const int says = entry_slot_says(t, probe.home, probe.tag, parent, first, words, length, child);
     if (says != PROBE_GO_ON) return says;
-    return entry_find_stable_from(t, parent, words, length, probe.tag, (probe.slot + 1) & t.entry_mask, 1, child);
+    return entry_find_stable_from(t, parent, first, words, length, probe.tag, (probe.slot + 1) & t.entry_mask, 1, child);
 }
 
 // Reads a path front to back: its first PATH_HEAD_WORDS words loaded together before the walk
@@ -801,15 +857,17 @@ __device__ __forceinline__ u32 first_flagged_byte(u64 flags) {
 }
 __device__ __forceinline__ u32 smaller(u32 a, u32 b) { return a < b ? a : b; }
 
-// The next non-empty component: its first 255 bytes into `words` (masked: bytes past it in its
-// last word are zero), its whole length into *length; false at the end of the path. The path
+// The next non-empty component into `name`: its first 255 bytes into its words (masked: bytes
+// past it in its last word are zero), the first word also into `first`, its whole length;
+// false at the end of the path. The path
 // is read 8 bytes at a time: the slashes before the component are skipped a word at a time,
 // and each pass of the gather takes the component's next 8 bytes (a funnel of the path word
 // at the cursor and the one after it) and finds a '/' among them with one word test, so a
 // component costs a pass per 8 bytes, not a loop pass (and its branches) per byte, which on
 // the single lane of the express walk was most of a round. Each path word is loaded once.
 // Bounded by the path's length (every pass moves the cursor or ends).
-__device__ bool next_component(PathCursor* p, u64* words, u32* length) {
+__device__ bool next_component(PathCursor* p, Component* name) {
+    u64* words = name->words;
     const u32 end = p->length;
     u32 at = p->position;
     u64 low = 0;
@@ -841,7 +899,9 @@ __device__ bool next_component(PathCursor* p, u64* words, u32* length) {
         const u32 chunk_bytes = smaller(8, end - at);
         const u64 slashes = slash_flags(chunk) & low_bytes(chunk_bytes);
         const u32 taken = slashes ? first_flagged_byte(slashes) : chunk_bytes;
-        if (count < MAXIMUM_NAME_BYTES) words[count / 8] = chunk & low_bytes(smaller(taken, MAXIMUM_NAME_BYTES - count));
+        const u64 kept = chunk & low_bytes(smaller(taken, MAXIMUM_NAME_BYTES - count));
+        if (count == 0) name->first = kept;
+        if (count < MAXIMUM_NAME_BYTES) words[count / 8] = kept;
         count += taken;
         at += taken;
         if (taken < 8 || at >= end) {
@@ -852,7 +912,7 @@ __device__ bool next_component(PathCursor* p, u64* words, u32* length) {
         low = high_needed ? high : path_word(p, index);
     }
     p->position = at;
-    *length = count;
+    name->length = count;
     return true;
 }
 
@@ -889,51 +949,62 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     path.slash_last = false;
     path.word_index = ~0u;
     path.word = 0;
-    // This component's words and the next one's, swapped as the walk goes.
+    // This component, the next one and the one after it; the words of two arrays, swapped as
+    // the walk goes (the one after the next is parsed into this one's once it is walked).
     u64 first_words[MAXIMUM_NAME_WORDS], second_words[MAXIMUM_NAME_WORDS];
-    u64* words = first_words;
-    u64* ahead = second_words;
-    u32 component = 0;
-    bool more = next_component(&path, words, &component);
+    Component name = {first_words, 0, 0};
+    Component next = {second_words, 0, 0};
+    bool more = next_component(&path, &name);
     u64 current = t.root;
     EntryProbe probe;
-    WalkRecord here = begin_step(t, current, more ? words : nullptr, component, &probe);
+    PendingStep pending = begin_step(t, current, more, name, &probe);
+    // The component after this one, parsed while the root's loads arrive.
+    bool more_after = more && next_component(&path, &next);
+    WalkRecord here = settle_step(t, pending);
     u32 steps = 0;
-    // Each pass walks one component of at least one byte: at most 4096.
+    // Each pass walks one component of at least one byte: at most 4096. Each pass parses the
+    // component after `next` into this one's words once they are done with (the same calls in
+    // the same order as parsing each at the top of its pass): where the pass loads a record,
+    // between its loads and their first use, so the parse runs while they arrive instead of on
+    // the walk's dependent chain.
     while (more) {
         if (!here.record) return STATUS_NEEDS_CPU;
         if (here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
         if (!may_search(here.owner, here.group, here.permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
-        if (component > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
+        if (name.length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
         if (step_ns && steps < WALK_STEP_STAMPS) step_ns[steps++] = clock_ns();
-        u32 next = 0;
-        const bool more_after = next_component(&path, ahead, &next);
-        const u64* next_words = more_after ? ahead : nullptr;
-        if (component == 1 && (words[0] & 0xFF) == '.') {
+        Component later = {name.words, 0, 0};
+        bool more_later = false;
+        if (name.length == 1 && (name.first & 0xFF) == '.') {
             // Stays: the next lookup is begun in the same directory when it is reached.
             probe.begun = false;
-        } else if (component == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
+            more_later = more_after && next_component(&path, &later);
+        } else if (name.length == 2 && (name.first & 0xFFFF) == 0x2E2E) {
             if (current != t.root) {
                 current = here.parent;
-                here = begin_step(t, current, next_words, next, &probe);
+                pending = begin_step(t, current, more_after, next, &probe);
+                more_later = more_after && next_component(&path, &later);
+                here = settle_step(t, pending);
             } else {
                 probe.begun = false;
+                more_later = more_after && next_component(&path, &later);
             }
         } else {
             u64 child = 0;
-            const int found = finish_lookup(t, probe, current, words, component, &child);
+            const int found = finish_lookup(t, probe, current, name, &child);
             if (found == PROBE_MISS) return (here.complete && !overflowed(t)) ? STATUS_NOT_FOUND : STATUS_NEEDS_CPU;
             if (found != PROBE_HIT) return STATUS_NEEDS_CPU;
-            const WalkRecord reached = begin_step(t, child, next_words, next, &probe);
+            pending = begin_step(t, child, more_after, next, &probe);
+            more_later = more_after && next_component(&path, &later);
+            const WalkRecord reached = settle_step(t, pending);
             if (!reached.record || reached.kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
             current = child;
             here = reached;
         }
-        u64* walked = words;
-        words = ahead;
-        ahead = walked;
-        component = next;
+        name = next;
+        next = later;
         more = more_after;
+        more_after = more_later;
     }
     if (!here.record) return STATUS_NEEDS_CPU;
     if (path.slash_last && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
@@ -1081,7 +1152,7 @@ __device__ int entry_claim(const Tables& t, u64 parent, const u64* words, u32 le
         }
         if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
             load_table_u64(&t.entry_parent[slot]) == parent &&
-            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words, length)) {
+            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words[0], words, length)) {
             *result = load_table_u64(&t.entry_child[slot]);
             return CLAIM_EXISTS;
         }
