@@ -82,6 +82,7 @@ typedef unsigned char u8;
 #define EXPRESS_STAMP_WORDS 8u
 #define WALK_STEP_STAMPS 2u
 static_assert(EXPRESS_STAMPS_OFFSET + 8 * EXPRESS_STAMP_WORDS <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
+static_assert(EXPRESS_STAMPS_OFFSET % 16 == 0 && EXPRESS_SLOT_BYTES % 16 == 0, "express stamps are stored 16 bytes at a time");
 
 // Slot states of both hash tables.
 #define SLOT_EMPTY 0u
@@ -134,6 +135,10 @@ struct RingSlot {
 };
 static_assert(sizeof(Command) == 128, "Command is 128 bytes");
 static_assert(sizeof(RingSlot) == 256, "RingSlot is 256 bytes");
+// The express path stores status with its zero word as one word, and both results as 16 bytes.
+static_assert(__builtin_offsetof(RingSlot, completion) == 128, "the completion is the slot's second half");
+static_assert(__builtin_offsetof(Completion, status) == 8 && __builtin_offsetof(Completion, result0) == 16,
+              "status and zero share a word; the results are 16-byte aligned");
 
 // Device-memory state of the serving grid (zeroed before launch).
 struct Control {
@@ -1411,19 +1416,17 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
     if (lane == 0) {
         const u64 answered_ns = clock_ns();
         const u64 answered_cycles = clock_cycles();
-        u64* stamps = (u64*)(area + EXPRESS_STAMPS_OFFSET);
-        store_volatile_u64(stamps, seen_ns);
-        store_volatile_u64(stamps + 1, staged_ns);
-        store_volatile_u64(stamps + 2, answered_ns);
-        store_volatile_u64(stamps + 3, walked_ns);
-        store_volatile_u64(stamps + 4, step_ns[0]);
-        store_volatile_u64(stamps + 5, step_ns[1]);
-        store_volatile_u64(stamps + 6, staged_cycles);
-        store_volatile_u64(stamps + 7, answered_cycles);
+        // Four 16-byte stores of stamps and two of the completion's words (status with its zero
+        // word, the two results) instead of eleven of 8 bytes: fewer writes over PCIe for the
+        // release of `done` to wait for. Plain stores: that release publishes them.
+        ulonglong2* stamps = (ulonglong2*)(area + EXPRESS_STAMPS_OFFSET);
+        stamps[0] = make_ulonglong2(seen_ns, staged_ns);
+        stamps[1] = make_ulonglong2(answered_ns, walked_ns);
+        stamps[2] = make_ulonglong2(step_ns[0], step_ns[1]);
+        stamps[3] = make_ulonglong2(staged_cycles, answered_cycles);
         Completion* completion = &t.ring[slot].completion;
-        store_volatile_u32(&completion->status, bad ? ERROR_BAD_REQUEST : ERROR_NONE);
-        store_volatile_u64(&completion->result0, 0);
-        store_volatile_u64(&completion->result1, 0);
+        *(u64*)&completion->status = (u64)(bad ? ERROR_BAD_REQUEST : ERROR_NONE);
+        *(ulonglong2*)&completion->result0 = make_ulonglong2(0ull, 0ull);
     }
     // The lanes' answers, then lane 0's stamps and status, are published by lane 0's release
     // of `done` after the barrier (store_release_system_u64 says why that is enough): no
