@@ -82,7 +82,8 @@ typedef unsigned char u8;
 #define EXPRESS_STAMP_WORDS 8u
 #define WALK_STEP_STAMPS 2u
 static_assert(EXPRESS_STAMPS_OFFSET + 8 * EXPRESS_STAMP_WORDS <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
-static_assert(EXPRESS_STAMPS_OFFSET % 16 == 0 && EXPRESS_SLOT_BYTES % 16 == 0, "express stamps are stored 16 bytes at a time");
+static_assert(EXPRESS_STAMPS_OFFSET % 16 == 0 && EXPRESS_SLOT_BYTES % 16 == 0,
+              "express stamps are stored 16 bytes at a time");
 
 // Slot states of both hash tables.
 #define SLOT_EMPTY 0u
@@ -521,7 +522,8 @@ __device__ __forceinline__ EntrySlotFields load_entry_slot(const Tables& t, u64 
 __device__ __forceinline__ int entry_slot_says(const Tables& t, const EntrySlotFields& f, u32 tag, u64 parent,
                                                u64 first, const u64* words, u32 length, u64* child) {
     if (f.state == SLOT_EMPTY) return PROBE_MISS;
-    if (f.state == SLOT_FULL && f.tag == tag && f.parent == parent && arena_name_equals(t, f.packed, first, words, length)) {
+    if (f.state == SLOT_FULL && f.tag == tag && f.parent == parent &&
+        arena_name_equals(t, f.packed, first, words, length)) {
         *child = f.child;
         return PROBE_HIT;
     }
@@ -592,7 +594,7 @@ __device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 sta
 // prefetched them into L2) and then 7 stores of 16 bytes (112 is a multiple of 16). No
 // shuffles and no lane waits for another: for one request, the warp writer ran all 7 of its
 // rounds (28 shuffles, 14 loads and 7 stores under divergence guards) in lanes that mostly had
-// nothing to do, and cost 4.6 us on the H100 host, a quarter of the round trip. For a large
+// nothing to do, and cost 4.6 µs on the H100 host, a quarter of the round trip. For a large
 // batch the warp writer stays the better shape (each store instruction 512 consecutive bytes
 // of PCIe writes); an express command is at most 32 answers, 3.5 KiB.
 __device__ __forceinline__ void write_own_answer(u8* answers, u64 index, u32 status, const IndexAttributes* attributes) {
@@ -610,7 +612,8 @@ __device__ __forceinline__ void write_own_answer(u8* answers, u64 index, u32 sta
 #pragma unroll
     for (u32 part = 1; part < ANSWER_CHUNKS; ++part) target[part] = make_ulonglong2(words[2 * part - 1], words[2 * part]);
 }
-static_assert(ANSWER_BYTES == 16 * ANSWER_CHUNKS && ATTRIBUTES_WORDS == 2 * ANSWER_CHUNKS - 1, "an answer is 7 pieces of 16 bytes");
+static_assert(ANSWER_BYTES == 16 * ANSWER_CHUNKS && ATTRIBUTES_WORDS == 2 * ANSWER_CHUNKS - 1,
+              "an answer is 7 pieces of 16 bytes");
 
 __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volatile_u32(&t.control->overflowed) != 0; }
 
@@ -864,13 +867,13 @@ __device__ __forceinline__ u32 smaller(u32 a, u32 b) { return a < b ? a : b; }
 
 // The next non-empty component into `name`: its first 255 bytes into its words (masked: bytes
 // past it in its last word are zero), the first word also into `first`, its whole length;
-// false at the end of the path. The path
-// is read 8 bytes at a time: the slashes before the component are skipped a word at a time,
-// and each pass of the gather takes the component's next 8 bytes (a funnel of the path word
-// at the cursor and the one after it) and finds a '/' among them with one word test, so a
-// component costs a pass per 8 bytes, not a loop pass (and its branches) per byte, which on
-// the single lane of the express walk was most of a round. Each path word is loaded once.
-// Bounded by the path's length (every pass moves the cursor or ends).
+// false at the end of the path. The path is read 8 bytes at a time: the slashes before the
+// component are skipped a word at a time, and each pass of the gather takes the component's
+// next 8 bytes (a funnel of the path word at the cursor and the one after it) and finds a '/'
+// among them with one word test, so a component costs a pass per 8 bytes, not a loop pass
+// (and its branches) per byte, which on the single lane of the express walk was most of a
+// round. Each path word is loaded once. Bounded by the path's length (every pass moves the
+// cursor or ends).
 __device__ bool next_component(PathCursor* p, Component* name) {
     u64* words = name->words;
     const u32 end = p->length;
