@@ -981,32 +981,35 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
         if (!may_search(here.owner, here.group, here.permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
         if (name.length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
         if (step_ns && steps < WALK_STEP_STAMPS) step_ns[steps++] = clock_ns();
-        Component later = {name.words, 0, 0};
-        bool more_later = false;
+        // Where the pass goes: stays (`.`, or `..` at the root), to the parent (`..`), or to the
+        // child the lookup finds. One begin, one parse and one settle below serve both moves, so
+        // the walk's code holds one copy of each (a lone lane pays for its code's size too).
+        bool moves = true;
+        bool looked_up_child = false;
+        u64 target = 0;
         if (name.length == 1 && (name.first & 0xFF) == '.') {
             // Stays: the next lookup is begun in the same directory when it is reached.
-            probe.begun = false;
-            more_later = more_after && next_component(&path, &later);
+            moves = false;
         } else if (name.length == 2 && (name.first & 0xFFFF) == 0x2E2E) {
-            if (current != t.root) {
-                current = here.parent;
-                pending = begin_step(t, current, more_after, next, &probe);
-                more_later = more_after && next_component(&path, &later);
-                here = settle_step(t, pending);
-            } else {
-                probe.begun = false;
-                more_later = more_after && next_component(&path, &later);
-            }
+            moves = current != t.root;
+            target = here.parent;
         } else {
-            u64 child = 0;
-            const int found = finish_lookup(t, probe, current, name, &child);
+            const int found = finish_lookup(t, probe, current, name, &target);
             if (found == PROBE_MISS) return (here.complete && !overflowed(t)) ? STATUS_NOT_FOUND : STATUS_NEEDS_CPU;
             if (found != PROBE_HIT) return STATUS_NEEDS_CPU;
-            pending = begin_step(t, child, more_after, next, &probe);
-            more_later = more_after && next_component(&path, &later);
+            looked_up_child = true;
+        }
+        if (moves) {
+            pending = begin_step(t, target, more_after, next, &probe);
+        } else {
+            probe.begun = false;
+        }
+        Component later = {name.words, 0, 0};
+        const bool more_later = more_after && next_component(&path, &later);
+        if (moves) {
             const WalkRecord reached = settle_step(t, pending);
-            if (!reached.record || reached.kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
-            current = child;
+            if (looked_up_child && (!reached.record || reached.kind == KIND_SYMLINK)) return STATUS_NEEDS_CPU;
+            current = target;
             here = reached;
         }
         name = next;
