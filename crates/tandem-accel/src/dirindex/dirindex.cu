@@ -271,9 +271,12 @@ __device__ __forceinline__ u64 masked_word(u64 word, u32 index, u32 length) {
     return valid >= 8 ? word : (word & ((1ull << (8 * valid)) - 1));
 }
 
+// Not unrolled: each word's mix waits for the last, so copies of the loop body would only make
+// the code longer (and the one lane of an express lookup pays for code size).
 __device__ u64 entry_hash_of(u64 parent, const u64* words, u32 length) {
     u64 hash = mix(parent ^ 0x243F6A8885A308D3ull);
     const u32 count = (length + 7) / 8;
+#pragma unroll 1
     for (u32 index = 0; index < count; ++index) hash = mix(hash ^ words[index]);
     return mix(hash ^ length);
 }
