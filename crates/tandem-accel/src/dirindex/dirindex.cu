@@ -271,25 +271,28 @@ __device__ __forceinline__ u64 masked_word(u64 word, u32 index, u32 length) {
     return valid >= 8 ? word : (word & ((1ull << (8 * valid)) - 1));
 }
 
-// Not unrolled: each word's mix waits for the last, so copies of the loop body would only make
-// the code longer (and the one lane of an express lookup pays for code size).
-__device__ u64 entry_hash_of(u64 parent, const u64* words, u32 length) {
-    u64 hash = mix(parent ^ 0x243F6A8885A308D3ull);
-    const u32 count = (length + 7) / 8;
-#pragma unroll 1
-    for (u32 index = 0; index < count; ++index) hash = mix(hash ^ words[index]);
-    return mix(hash ^ length);
-}
-
-// entry_hash_of for a name of at least one byte whose first word the caller holds in a register
-// (the walk's names live in a local-memory array; a name of up to 8 bytes is then hashed
-// without reading it back). Equal to entry_hash_of(parent, words, length) when first == words[0].
-__device__ __forceinline__ u64 entry_hash_first(u64 parent, u64 first, const u64* words, u32 length) {
-    u64 hash = mix(mix(parent ^ 0x243F6A8885A308D3ull) ^ first);
+// The hash of an entry key (parent, name) comes in two parts: the name's own (its words and
+// length), which the walk computes as it parses a component, off the chain of its dependent
+// loads, and the parent's, mixed in once the parent is known: two mixes after a directory's
+// inode arrives, where a chain over the parent first and then the name's words took one mix
+// more a word. The tables are the GPU's own (nothing on disk or on the CPU hashes this way).
+// The loop is not unrolled: each word's mix waits for the last, so copies would only make the
+// code longer (and the one lane of an express command pays for code size).
+__device__ u64 name_hash_of(u64 first_word, const u64* words, u32 length) {
+    u64 hash = mix(mix(length ^ 0xA4093822299F31D0ull) ^ first_word);
     const u32 count = (length + 7) / 8;
 #pragma unroll 1
     for (u32 index = 1; index < count; ++index) hash = mix(hash ^ words[index]);
-    return mix(hash ^ length);
+    return hash;
+}
+
+__device__ __forceinline__ u64 entry_hash_from(u64 parent, u64 name_hash) {
+    return mix(mix(parent ^ 0x243F6A8885A308D3ull) ^ name_hash);
+}
+
+// The hash of (parent, name) for a name of at least one byte (`words` masked).
+__device__ u64 entry_hash_of(u64 parent, const u64* words, u32 length) {
+    return entry_hash_from(parent, name_hash_of(words[0], words, length));
 }
 
 __device__ __forceinline__ u64 inode_hash_of(u64 inode) { return mix(inode ^ 0x13198A2E03707344ull); }
@@ -760,12 +763,14 @@ struct EntryProbe {
 };
 
 // A component of the path a walk reads: its first 255 bytes as words (a local-memory array,
-// masked), the first of them again in a register (so that a name of up to 8 bytes is hashed,
-// told from `.` and `..` and compared with a slot's short name without a local-memory load),
-// and its whole length.
+// masked), the first of them again in a register (so that a name of up to 8 bytes is told
+// from `.` and `..` and compared with a slot's short name without a local-memory load), its
+// name hash (name_hash_of, computed as it is parsed; 0 for a name over 255 bytes, which is
+// never looked up), and its whole length.
 struct Component {
     u64* words;
     u64 first;
+    u64 hash;
     u32 length;
 };
 
@@ -790,7 +795,7 @@ __device__ __forceinline__ PendingStep begin_step(const Tables& t, u64 inode, bo
                                                   EntryProbe* probe) {
     probe->begun = named && looked_up(name.first, name.length);
     if (probe->begun) {
-        const u64 hash = entry_hash_first(inode, name.first, name.words, name.length);
+        const u64 hash = entry_hash_from(inode, name.hash);
         probe->tag = (u32)(hash >> 32);
         probe->parent = inode;
         probe->slot = hash & t.entry_mask;
@@ -813,7 +818,7 @@ __device__ int finish_lookup(const Tables& t, const EntryProbe& probe, u64 paren
     const u64* words = name.words;
     const u32 length = name.length;
     if (!probe.begun) {
-        return entry_find_stable(t, parent, first, words, length, entry_hash_first(parent, first, words, length), child);
+        return entry_find_stable(t, parent, first, words, length, entry_hash_from(parent, name.hash), child);
     }
     const int says = entry_slot_says(t, probe.home, probe.tag, parent, first, words, length, child);
     if (says != PROBE_GO_ON) return says;
@@ -869,14 +874,15 @@ __device__ __forceinline__ u32 first_flagged_byte(u64 flags) {
 __device__ __forceinline__ u32 smaller(u32 a, u32 b) { return a < b ? a : b; }
 
 // The next non-empty component into `name`: its first 255 bytes into its words (masked: bytes
-// past it in its last word are zero), the first word also into `first`, its whole length;
-// false at the end of the path. The path is read 8 bytes at a time: the slashes before the
-// component are skipped a word at a time, and each pass of the gather takes the component's
-// next 8 bytes (a funnel of the path word at the cursor and the one after it) and finds a '/'
-// among them with one word test, so a component costs a pass per 8 bytes, not a loop pass
-// (and its branches) per byte, which on the single lane of the express walk was most of a
-// round. Each path word is loaded once. Bounded by the path's length (every pass moves the
-// cursor or ends).
+// past it in its last word are zero), the first word also into `first`, its name hash, its
+// whole length; false at the end of the path. The walk calls it between a step's loads and
+// their first use, so the parse and the name's hash run while the loads arrive. The path is
+// read 8 bytes at a time: the slashes before the component are skipped a word at a time, and
+// each pass of the gather takes the component's next 8 bytes (a funnel of the path word at the
+// cursor and the one after it) and finds a '/' among them with one word test, so a component
+// costs a pass per 8 bytes, not a loop pass (and its branches) per byte, which on the single
+// lane of the express walk was most of a round. Each path word is loaded once. Bounded by the
+// path's length (every pass moves the cursor or ends).
 __device__ bool next_component(PathCursor* p, Component* name) {
     u64* words = name->words;
     const u32 end = p->length;
@@ -924,6 +930,7 @@ __device__ bool next_component(PathCursor* p, Component* name) {
     }
     p->position = at;
     name->length = count;
+    name->hash = count <= MAXIMUM_NAME_BYTES ? name_hash_of(name->first, words, count) : 0ull;
     return true;
 }
 
@@ -963,8 +970,8 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     // This component, the next one and the one after it; the words of two arrays, swapped as
     // the walk goes (the one after the next is parsed into this one's once it is walked).
     u64 first_words[MAXIMUM_NAME_WORDS], second_words[MAXIMUM_NAME_WORDS];
-    Component name = {first_words, 0, 0};
-    Component next = {second_words, 0, 0};
+    Component name = {first_words, 0, 0, 0};
+    Component next = {second_words, 0, 0, 0};
     bool more = next_component(&path, &name);
     u64 current = t.root;
     EntryProbe probe;
@@ -1007,7 +1014,7 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
         } else {
             probe.begun = false;
         }
-        Component later = {name.words, 0, 0};
+        Component later = {name.words, 0, 0, 0};
         const bool more_later = more_after && next_component(&path, &later);
         if (moves) {
             const WalkRecord reached = settle_step(t, pending);
