@@ -136,10 +136,11 @@ struct RingSlot {
 };
 static_assert(sizeof(Command) == 128, "Command is 128 bytes");
 static_assert(sizeof(RingSlot) == 256, "RingSlot is 256 bytes");
-// The express path stores status with its zero word as one word, and both results as 16 bytes.
-static_assert(__builtin_offsetof(RingSlot, completion) == 128, "the completion is the slot's second half");
-static_assert(__builtin_offsetof(Completion, status) == 8 && __builtin_offsetof(Completion, result0) == 16,
-              "status and zero share a word; the results are 16-byte aligned");
+// The express path stores status with its zero word as one word, and both results as 16 bytes:
+// the completion is the slot's second half (offset 128), status at 8 and result0 at 16 of it,
+// where ring.rs reads them (COMPLETION_OFFSET + 8, + 16, + 24; the status word whole). No
+// offsetof assertion: NVRTC has no <cstddef>, and the H100 host's NVRTC (CUDA 13) refuses
+// __builtin_offsetof, which NVRTC 13.5 on the VM accepted.
 
 // Device-memory state of the serving grid (zeroed before launch).
 struct Control {
