@@ -626,6 +626,10 @@ fn gpu_with_copies_equals_the_cpu_twin() {
     let entries = entries_wanted().min(50_000);
     let mut config = gpu_config(entries);
     config.copy_above_bytes = Some(64 << 10);
+    // Each staging buffer gets a copy stream of its own: 8, as this test has always run (the
+    // default of 16 buffers would be 16 streams beside the kernel's, over the driver's 8
+    // hardware queues unless CUDA_DEVICE_MAX_CONNECTIONS says more).
+    config.staging_buffers = 8;
     let gpu = match GpuDirectoryIndex::open(ROOT, config) {
         Ok(gpu) => gpu,
         Err(reason) => {

@@ -368,7 +368,7 @@ fn express_phase_rows(gpu: &GpuDirectoryIndex, paths: &[Vec<u8>], calls: usize) 
         ("    GPU: round 1", "GPU clock, staged → the root's record checked (with the first entry's home slot)"),
         ("    GPU: round 2", "GPU clock, → the first directory's record checked (with the next entry's slot)"),
         ("    GPU: walk's end", "GPU clock, → the last record found and the answer decided"),
-        ("    GPU: answer stored", "GPU clock, → the answer writer's loads, shuffles and stores issued"),
+        ("    GPU: answer stored", "GPU clock, → each lane's answer: its loads and stores issued"),
         ("  wait less the GPU's span", "doorbell's way in, fence, completion's way out"),
         ("host: decode", "host clock, done seen → answer decoded"),
         ("host: return", "host clock, decoded → call returned (slot released)"),

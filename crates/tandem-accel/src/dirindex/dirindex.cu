@@ -82,6 +82,8 @@ typedef unsigned char u8;
 #define EXPRESS_STAMP_WORDS 8u
 #define WALK_STEP_STAMPS 2u
 static_assert(EXPRESS_STAMPS_OFFSET + 8 * EXPRESS_STAMP_WORDS <= EXPRESS_SLOT_BYTES, "express stamps fit the area");
+static_assert(EXPRESS_STAMPS_OFFSET % 16 == 0 && EXPRESS_SLOT_BYTES % 16 == 0,
+              "express stamps are stored 16 bytes at a time");
 
 // Slot states of both hash tables.
 #define SLOT_EMPTY 0u
@@ -134,6 +136,11 @@ struct RingSlot {
 };
 static_assert(sizeof(Command) == 128, "Command is 128 bytes");
 static_assert(sizeof(RingSlot) == 256, "RingSlot is 256 bytes");
+// The express path stores status with its zero word as one word, and both results as 16 bytes:
+// the completion is the slot's second half (offset 128), status at 8 and result0 at 16 of it,
+// where ring.rs reads them (COMPLETION_OFFSET + 8, + 16, + 24; the status word whole). No
+// offsetof assertion: NVRTC has no <cstddef>, and the H100 host's NVRTC (CUDA 13) refuses
+// __builtin_offsetof, which NVRTC 13.5 on the VM accepted.
 
 // Device-memory state of the serving grid (zeroed before launch).
 struct Control {
@@ -204,6 +211,22 @@ __device__ __forceinline__ u64 load_acquire_system_u64(const u64* address) {
     return value;
 #endif
 }
+// `done` of an express command: a release store at system scope. The host reads `done` with
+// acquire, and everything it then reads (the answers, the status, the stamps) was stored
+// before it: by this lane (program order), or by the warp's other lanes before the __syncwarp
+// that precedes this store (a barrier orders the participants' memory operations, and a
+// release is cumulative: it publishes what happens before it, not only this thread's own
+// stores, as thread 0's fence after __syncthreads does in a cooperative grid barrier). Nothing
+// after `done` needs ordering against the answers, and no later load of this warp must wait
+// for them, so the sequentially consistent system fence (fence.sc.sys, which also orders this
+// warp's later loads behind every earlier store) is more than the round trip needs.
+__device__ __forceinline__ void store_release_system_u64(u64* address, u64 value) {
+#ifdef DIRINDEX_HOST_EMULATION
+    __atomic_store_n(address, value, __ATOMIC_RELEASE);
+#else
+    asm volatile("st.release.sys.u64 [%0], %1;" : : "l"(address), "l"(value) : "memory");
+#endif
+}
 // The GPU's global timer in ns (its resolution varies: 32 ns to 1 µs), for the express stamps.
 __device__ __forceinline__ u64 clock_ns() {
 #ifdef DIRINDEX_HOST_EMULATION
@@ -249,11 +272,28 @@ __device__ __forceinline__ u64 masked_word(u64 word, u32 index, u32 length) {
     return valid >= 8 ? word : (word & ((1ull << (8 * valid)) - 1));
 }
 
-__device__ u64 entry_hash_of(u64 parent, const u64* words, u32 length) {
-    u64 hash = mix(parent ^ 0x243F6A8885A308D3ull);
+// The hash of an entry key (parent, name) comes in two parts: the name's own (its words and
+// length), which the walk computes as it parses a component, off the chain of its dependent
+// loads, and the parent's, mixed in once the parent is known: two mixes after a directory's
+// inode arrives, where a chain over the parent first and then the name's words took one mix
+// more a word. The tables are the GPU's own (nothing on disk or on the CPU hashes this way).
+// The loop is not unrolled: each word's mix waits for the last, so copies would only make the
+// code longer (and the one lane of an express command pays for code size).
+__device__ u64 name_hash_of(u64 first_word, const u64* words, u32 length) {
+    u64 hash = mix(mix(length ^ 0xA4093822299F31D0ull) ^ first_word);
     const u32 count = (length + 7) / 8;
-    for (u32 index = 0; index < count; ++index) hash = mix(hash ^ words[index]);
-    return mix(hash ^ length);
+#pragma unroll 1
+    for (u32 index = 1; index < count; ++index) hash = mix(hash ^ words[index]);
+    return hash;
+}
+
+__device__ __forceinline__ u64 entry_hash_from(u64 parent, u64 name_hash) {
+    return mix(mix(parent ^ 0x243F6A8885A308D3ull) ^ name_hash);
+}
+
+// The hash of (parent, name) for a name of at least one byte (`words` masked).
+__device__ u64 entry_hash_of(u64 parent, const u64* words, u32 length) {
+    return entry_hash_from(parent, name_hash_of(words[0], words, length));
 }
 
 __device__ __forceinline__ u64 inode_hash_of(u64 inode) { return mix(inode ^ 0x13198A2E03707344ull); }
@@ -339,12 +379,13 @@ __device__ __forceinline__ u64 stored_name_word(const Tables& t, u64 packed, u32
     return name_is_inline(length) ? (packed >> 8) : load_table_u64(&t.arena[(packed >> 8) / 8 + index]);
 }
 
-// Whether slot word `packed` names `words` (masked, `length` bytes). A long name's arena words
+// Whether slot word `packed` names `words` (masked, `length` bytes, at least one; `first` is
+// words[0], which a short name is compared by, from a register). A long name's arena words
 // are loaded NAME_WORDS_AT_ONCE at a time before any is compared, so a name of up to 32 bytes
 // costs one round trip, not one per word.
-__device__ bool arena_name_equals(const Tables& t, u64 packed, const u64* words, u32 length) {
+__device__ bool arena_name_equals(const Tables& t, u64 packed, u64 first_word, const u64* words, u32 length) {
     if ((u32)(packed & 0xFF) != length) return false;
-    if (name_is_inline(length)) return (packed >> 8) == words[0];
+    if (name_is_inline(length)) return (packed >> 8) == first_word;
     const u64* stored = &t.arena[(packed >> 8) / 8];
     const u32 count = (length + 7) / 8;
     for (u32 first = 0; first < count; first += NAME_WORDS_AT_ONCE) {
@@ -371,7 +412,7 @@ __device__ int entry_find(const Tables& t, u64 parent, const u64* words, u32 len
         if (state == SLOT_EMPTY) return PROBE_MISS;
         if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
             load_table_u64(&t.entry_parent[slot]) == parent &&
-            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words, length)) {
+            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words[0], words, length)) {
             *found = slot;
             return PROBE_HIT;
         }
@@ -486,9 +527,10 @@ __device__ __forceinline__ EntrySlotFields load_entry_slot(const Tables& t, u64 
 
 // What one probed slot says: PROBE_HIT (*child set), PROBE_MISS, or PROBE_GO_ON to the next.
 __device__ __forceinline__ int entry_slot_says(const Tables& t, const EntrySlotFields& f, u32 tag, u64 parent,
-                                               const u64* words, u32 length, u64* child) {
+                                               u64 first, const u64* words, u32 length, u64* child) {
     if (f.state == SLOT_EMPTY) return PROBE_MISS;
-    if (f.state == SLOT_FULL && f.tag == tag && f.parent == parent && arena_name_equals(t, f.packed, words, length)) {
+    if (f.state == SLOT_FULL && f.tag == tag && f.parent == parent &&
+        arena_name_equals(t, f.packed, first, words, length)) {
         *child = f.child;
         return PROBE_HIT;
     }
@@ -497,10 +539,10 @@ __device__ __forceinline__ int entry_slot_says(const Tables& t, const EntrySlotF
 
 // entry_find for queries from probe number `first_probe` at `slot` on: PROBE_HIT with *child
 // set, PROBE_MISS or PROBE_LIMIT.
-__device__ int entry_find_stable_from(const Tables& t, u64 parent, const u64* words, u32 length, u32 tag, u64 slot,
-                                      u32 first_probe, u64* child) {
+__device__ int entry_find_stable_from(const Tables& t, u64 parent, u64 first, const u64* words, u32 length, u32 tag,
+                                      u64 slot, u32 first_probe, u64* child) {
     for (u32 probe = first_probe; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
-        const int says = entry_slot_says(t, load_entry_slot(t, slot), tag, parent, words, length, child);
+        const int says = entry_slot_says(t, load_entry_slot(t, slot), tag, parent, first, words, length, child);
         if (says != PROBE_GO_ON) return says;
         slot = (slot + 1) & t.entry_mask;
     }
@@ -508,8 +550,9 @@ __device__ int entry_find_stable_from(const Tables& t, u64 parent, const u64* wo
 }
 
 // entry_find for queries: PROBE_HIT with *child set, PROBE_MISS or PROBE_LIMIT.
-__device__ int entry_find_stable(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* child) {
-    return entry_find_stable_from(t, parent, words, length, (u32)(hash >> 32), hash & t.entry_mask, 0, child);
+__device__ int entry_find_stable(const Tables& t, u64 parent, u64 first, const u64* words, u32 length, u64 hash,
+                                 u64* child) {
+    return entry_find_stable_from(t, parent, first, words, length, (u32)(hash >> 32), hash & t.entry_mask, 0, child);
 }
 
 // ---------------------------------------------------------------- answers
@@ -553,6 +596,32 @@ __device__ void write_answers_of_warp(u8* answers, u64 first, u64 count, u32 sta
     }
 }
 
+// The express path's writer (at most 32 requests, one a lane): lane L stores request L's whole
+// answer itself, its record's 13 words loaded together first (one round trip; the walk
+// prefetched them into L2) and then 7 stores of 16 bytes (112 is a multiple of 16). No
+// shuffles and no lane waits for another: for one request, the warp writer ran all 7 of its
+// rounds (28 shuffles, 14 loads and 7 stores under divergence guards) in lanes that mostly had
+// nothing to do, and cost 4.6 µs on the H100 host, a quarter of the round trip. For a large
+// batch the warp writer stays the better shape (each store instruction 512 consecutive bytes
+// of PCIe writes); an express command is at most 32 answers, 3.5 KiB.
+__device__ __forceinline__ void write_own_answer(u8* answers, u64 index, u32 status, const IndexAttributes* attributes) {
+    u64 words[ATTRIBUTES_WORDS];
+    if (attributes) {
+        const u64* source = (const u64*)attributes;
+#pragma unroll
+        for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) words[word] = load_table_u64(source + word);
+    } else {
+#pragma unroll
+        for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) words[word] = 0ull;
+    }
+    ulonglong2* target = (ulonglong2*)(answers + index * ANSWER_BYTES);
+    target[0] = make_ulonglong2((u64)status, words[0]);
+#pragma unroll
+    for (u32 part = 1; part < ANSWER_CHUNKS; ++part) target[part] = make_ulonglong2(words[2 * part - 1], words[2 * part]);
+}
+static_assert(ANSWER_BYTES == 16 * ANSWER_CHUNKS && ATTRIBUTES_WORDS == 2 * ANSWER_CHUNKS - 1,
+              "an answer is 7 pieces of 16 bytes");
+
 __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volatile_u32(&t.control->overflowed) != 0; }
 
 // The lookup rule of the CPU twin (State::lookup_one), for query commands (stable reads).
@@ -560,7 +629,7 @@ __device__ __forceinline__ bool overflowed(const Tables& t) { return load_volati
 __device__ u32 lookup_one(const Tables& t, u64 parent, const u64* words, u32 length, const IndexAttributes** attributes) {
     const u64 hash = entry_hash_of(parent, words, length);
     u64 child = 0;
-    const int probe_result = entry_find_stable(t, parent, words, length, hash, &child);
+    const int probe_result = entry_find_stable(t, parent, words[0], words, length, hash, &child);
     if (probe_result == PROBE_HIT) {
         *attributes = attributes_stable(t, child);
         return *attributes ? STATUS_FOUND : STATUS_UNKNOWN;
@@ -629,27 +698,41 @@ struct WalkRecord {
     bool complete;
 };
 
-// The record of `inode` for the walk. Each probe loads the slot's state, key and flags and the
-// record's kind, uid, gid, permissions and parent at once (the record of a slot that turns out
-// not to be the inode's is read and dropped): one dependent round trip when the inode sits in
-// its home slot, where finding the slot and then reading the fields took two.
-__device__ WalkRecord walk_record_stable(const Tables& t, u64 inode) {
+// The fields of one inode slot the walk reads, and its record's, loaded together.
+struct InodeSlotFields {
+    u32 state, flags, kind, owner, group, permissions;
+    u64 key, parent;
+};
+
+__device__ __forceinline__ InodeSlotFields load_inode_slot(const Tables& t, u64 slot) {
+    const IndexAttributes* record = &t.inode_attributes[slot];
+    InodeSlotFields f;
+    f.state = load_table_u32(&t.inode_state[slot]);
+    f.key = load_table_u64(&t.inode_key[slot]);
+    f.flags = load_table_u32(&t.inode_flags[slot]);
+    f.kind = load_table_u32(&record->kind);
+    f.owner = load_table_u32(&record->uid);
+    f.group = load_table_u32(&record->gid);
+    f.permissions = load_table_u32(&record->permissions);
+    f.parent = load_table_u64(&record->parent);
+    return f;
+}
+
+// The record of `inode` for the walk, from the fields of its home slot `slot` (loaded by the
+// caller, who may do other work while they arrive) and of the slots after it as needed. Each
+// probe has the slot's state, key and flags and the record's kind, uid, gid, permissions and
+// parent at once (the record of a slot that turns out not to be the inode's is read and
+// dropped): one dependent round trip when the inode sits in its home slot, where finding the
+// slot and then reading the fields took two.
+__device__ WalkRecord settle_walk_record(const Tables& t, u64 inode, u64 slot, InodeSlotFields f) {
     WalkRecord found = {nullptr, 0, 0, 0, 0, 0, false};
-    u64 slot = inode_hash_of(inode) & t.inode_mask;
     for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.inode_mask; ++probe) {
-        const IndexAttributes* record = &t.inode_attributes[slot];
-        const u32 state = load_table_u32(&t.inode_state[slot]);
-        const u64 key = load_table_u64(&t.inode_key[slot]);
-        const u32 flags = load_table_u32(&t.inode_flags[slot]);
-        const u32 kind = load_table_u32(&record->kind);
-        const u32 owner = load_table_u32(&record->uid);
-        const u32 group = load_table_u32(&record->gid);
-        const u32 permissions = load_table_u32(&record->permissions);
-        const u64 parent = load_table_u64(&record->parent);
-        if (state == SLOT_EMPTY) break;
-        if (state == SLOT_FULL && key == inode) {
-            found.complete = (flags & FLAG_COMPLETE) != 0;
-            if (flags & FLAG_ATTRIBUTES) {
+        if (probe != 0) f = load_inode_slot(t, slot);
+        if (f.state == SLOT_EMPTY) break;
+        if (f.state == SLOT_FULL && f.key == inode) {
+            found.complete = (f.flags & FLAG_COMPLETE) != 0;
+            if (f.flags & FLAG_ATTRIBUTES) {
+                const IndexAttributes* record = &t.inode_attributes[slot];
                 // The sectors of the 104-byte record the fields above did not bring: if the
                 // walk ends here, the answer writer reads them from L2, not from memory.
                 prefetch_l2(record);
@@ -657,11 +740,11 @@ __device__ WalkRecord walk_record_stable(const Tables& t, u64 inode) {
                 prefetch_l2((const u8*)record + 64);
                 prefetch_l2((const u8*)record + sizeof(IndexAttributes) - 1);
                 found.record = record;
-                found.parent = parent;
-                found.kind = kind;
-                found.owner = owner;
-                found.group = group;
-                found.permissions = permissions;
+                found.parent = f.parent;
+                found.kind = f.kind;
+                found.owner = f.owner;
+                found.group = f.group;
+                found.permissions = f.permissions;
             }
             break;
         }
@@ -680,36 +763,67 @@ struct EntryProbe {
     EntrySlotFields home;
 };
 
+// A component of the path a walk reads: its first 255 bytes as words (a local-memory array,
+// masked), the first of them again in a register (so that a name of up to 8 bytes is told
+// from `.` and `..` and compared with a slot's short name without a local-memory load), its
+// name hash (name_hash_of, computed as it is parsed; 0 for a name over 255 bytes, which is
+// never looked up), and its whole length.
+struct Component {
+    u64* words;
+    u64 first;
+    u64 hash;
+    u32 length;
+};
+
 // Whether a component is looked up in its directory (not `.`, `..` or too long to name).
-__device__ __forceinline__ bool looked_up(const u64* words, u32 length) {
+__device__ __forceinline__ bool looked_up(u64 first, u32 length) {
     if (length > MAXIMUM_NAME_BYTES) return false;
-    if (length == 1 && (words[0] & 0xFF) == '.') return false;
-    return !(length == 2 && (words[0] & 0xFFFF) == 0x2E2E);
+    if (length == 1 && (first & 0xFF) == '.') return false;
+    return !(length == 2 && (first & 0xFFFF) == 0x2E2E);
 }
 
-// Where the walk stands next: the record of `inode` (walk_record_stable) and, when `words`
-// (the component after it, `length` bytes) is looked up there, that lookup's home slot, their
-// loads issued together. Nothing is decided from the entry's fields before the record's checks:
-// loading them early changes no answer.
-__device__ WalkRecord begin_step(const Tables& t, u64 inode, const u64* words, u32 length, EntryProbe* probe) {
-    probe->begun = words != nullptr && looked_up(words, length);
+// The loads of where the walk stands next, issued, not yet waited for: the home slot of
+// `inode` and its record's fields (settle_walk_record decides from them) and, when `name` (the
+// component after it; `named` says there is one) is looked up there, that lookup's home entry
+// slot. The walk parses the component after that one while they arrive. Nothing is decided
+// from the entry's fields before the record's checks: loading them early changes no answer.
+struct PendingStep {
+    u64 inode, slot;
+    InodeSlotFields home;
+};
+
+__device__ __forceinline__ PendingStep begin_step(const Tables& t, u64 inode, bool named, const Component& name,
+                                                  EntryProbe* probe) {
+    probe->begun = named && looked_up(name.first, name.length);
     if (probe->begun) {
-        const u64 hash = entry_hash_of(inode, words, length);
+        const u64 hash = entry_hash_from(inode, name.hash);
         probe->tag = (u32)(hash >> 32);
         probe->parent = inode;
         probe->slot = hash & t.entry_mask;
         probe->home = load_entry_slot(t, probe->slot);
     }
-    return walk_record_stable(t, inode);
+    PendingStep step;
+    step.inode = inode;
+    step.slot = inode_hash_of(inode) & t.inode_mask;
+    step.home = load_inode_slot(t, step.slot);
+    return step;
 }
 
-// The lookup of `words` in `parent`: from the home slot begun with it, else from scratch.
-__device__ int finish_lookup(const Tables& t, const EntryProbe& probe, u64 parent, const u64* words, u32 length,
-                             u64* child) {
-    if (!probe.begun) return entry_find_stable(t, parent, words, length, entry_hash_of(parent, words, length), child);
-    const int says = entry_slot_says(t, probe.home, probe.tag, parent, words, length, child);
+__device__ __forceinline__ WalkRecord settle_step(const Tables& t, const PendingStep& step) {
+    return settle_walk_record(t, step.inode, step.slot, step.home);
+}
+
+// The lookup of `name` in `parent`: from the home slot begun with it, else from scratch.
+__device__ int finish_lookup(const Tables& t, const EntryProbe& probe, u64 parent, const Component& name, u64* child) {
+    const u64 first = name.first;
+    const u64* words = name.words;
+    const u32 length = name.length;
+    if (!probe.begun) {
+        return entry_find_stable(t, parent, first, words, length, entry_hash_from(parent, name.hash), child);
+    }
+    const int says = entry_slot_says(t, probe.home, probe.tag, parent, first, words, length, child);
     if (says != PROBE_GO_ON) return says;
-    return entry_find_stable_from(t, parent, words, length, probe.tag, (probe.slot + 1) & t.entry_mask, 1, child);
+    return entry_find_stable_from(t, parent, first, words, length, probe.tag, (probe.slot + 1) & t.entry_mask, 1, child);
 }
 
 // Reads a path front to back: its first PATH_HEAD_WORDS words loaded together before the walk
@@ -721,45 +835,103 @@ struct PathCursor {
     const u64* source;
     u64 head0, head1, head2, head3;
     u32 length, position;
+    // Whether the last byte read is '/' (at the end of the walk: whether the path ends with one).
+    bool slash_last;
+    // The last word past the head loaded (index ~0u: none), which the next component's first
+    // bytes usually share with the slash that ended the last one.
+    u32 word_index;
     u64 word;
-    u32 last_byte;
 };
 
-__device__ __forceinline__ u64 path_word(const PathCursor& p, u32 index) {
-    return index == 0   ? p.head0
-           : index == 1 ? p.head1
-           : index == 2 ? p.head2
-           : index == 3 ? p.head3
-                        : load_volatile_u64(p.source + index);
+__device__ __forceinline__ u64 path_word(PathCursor* p, u32 index) {
+    if (index < PATH_HEAD_WORDS) {
+        return index == 0 ? p->head0 : index == 1 ? p->head1 : index == 2 ? p->head2 : p->head3;
+    }
+    if (index != p->word_index) {
+        p->word = load_volatile_u64(p->source + index);
+        p->word_index = index;
+    }
+    return p->word;
 }
 
-// The next non-empty component: its first 255 bytes into `words` (masked: bytes past it in its
-// last word are zero), its whole length into *length; false at the end of the path. Bytes
-// gather in a register and are stored a whole word at a time. Bounded by the path's length.
-__device__ bool next_component(PathCursor* p, u64* words, u32* length) {
-    u32 component = 0;
-    u64 name_word = 0;
-    for (; p->position < p->length; ++p->position) {
-        if ((p->position & 7) == 0) p->word = path_word(*p, p->position / 8);
-        const u32 byte = (u32)((p->word >> (8 * (p->position & 7))) & 0xFF);
-        p->last_byte = byte;
-        if (byte == '/') {
-            if (component != 0) break;
-            continue;
+#define BYTE_TOPS 0x8080808080808080ull
+// The top bit of every byte of `word` that is '/', and no other bit. Exact for each byte (the
+// shorter zero-byte test borrows across bytes and can flag a byte after a match).
+__device__ __forceinline__ u64 slash_flags(u64 word) {
+    const u64 x = word ^ 0x2F2F2F2F2F2F2F2Full;
+    const u64 nonzero = ((x & 0x7F7F7F7F7F7F7F7Full) + 0x7F7F7F7F7F7F7F7Full) | x;
+    return ~nonzero & BYTE_TOPS;
+}
+// The low `bytes` (0..8) bytes of a word.
+__device__ __forceinline__ u64 low_bytes(u32 bytes) { return bytes >= 8 ? ~0ull : ((1ull << (8 * bytes)) - 1); }
+// The byte index of the lowest flag of `flags` (not zero).
+__device__ __forceinline__ u32 first_flagged_byte(u64 flags) {
+#ifdef DIRINDEX_HOST_EMULATION
+    return (u32)__builtin_ctzll(flags) / 8;
+#else
+    return (u32)(__ffsll((long long)flags) - 1) / 8;
+#endif
+}
+__device__ __forceinline__ u32 smaller(u32 a, u32 b) { return a < b ? a : b; }
+
+// The next non-empty component into `name`: its first 255 bytes into its words (masked: bytes
+// past it in its last word are zero), the first word also into `first`, its name hash, its
+// whole length; false at the end of the path. The walk calls it between a step's loads and
+// their first use, so the parse and the name's hash run while the loads arrive. The path is
+// read 8 bytes at a time: the slashes before the component are skipped a word at a time, and
+// each pass of the gather takes the component's next 8 bytes (a funnel of the path word at the
+// cursor and the one after it) and finds a '/' among them with one word test, so a component
+// costs a pass per 8 bytes, not a loop pass (and its branches) per byte, which on the single
+// lane of the express walk was most of a round. Each path word is loaded once. Bounded by the
+// path's length (every pass moves the cursor or ends).
+__device__ bool next_component(PathCursor* p, Component* name) {
+    u64* words = name->words;
+    const u32 end = p->length;
+    u32 at = p->position;
+    u64 low = 0;
+    for (;;) {
+        if (at >= end) {
+            if (at != p->position) p->slash_last = true;
+            p->position = end;
+            return false;
         }
-        if (component < MAXIMUM_NAME_BYTES) {
-            name_word |= (u64)byte << (8 * (component & 7));
-            if ((component & 7) == 7) {
-                words[component / 8] = name_word;
-                name_word = 0;
-            }
+        const u32 offset = at & 7;
+        const u32 bytes = smaller(8 - offset, end - at);
+        low = path_word(p, at / 8);
+        const u64 others = ~slash_flags(low >> (8 * offset)) & BYTE_TOPS & low_bytes(bytes);
+        if (others) {
+            at += first_flagged_byte(others);
+            break;
         }
-        ++component;
+        at += bytes;
     }
-    if (component == 0) return false;
-    const u32 kept = component < MAXIMUM_NAME_BYTES ? component : MAXIMUM_NAME_BYTES;
-    if ((kept & 7) != 0) words[kept / 8] = name_word;
-    *length = component;
+    // `at` is the component's first byte, `low` the path word holding it. While the component
+    // goes on, the cursor moves 8 bytes a pass, so its offset in a word stays the same.
+    const u32 offset = at & 7;
+    u32 index = at / 8;
+    u32 count = 0;
+    for (;;) {
+        const bool high_needed = offset != 0 && (index + 1) * 8 < end;
+        const u64 high = high_needed ? path_word(p, index + 1) : 0ull;
+        const u64 chunk = offset == 0 ? low : ((low >> (8 * offset)) | (high << (64 - 8 * offset)));
+        const u32 chunk_bytes = smaller(8, end - at);
+        const u64 slashes = slash_flags(chunk) & low_bytes(chunk_bytes);
+        const u32 taken = slashes ? first_flagged_byte(slashes) : chunk_bytes;
+        const u64 kept = chunk & low_bytes(smaller(taken, MAXIMUM_NAME_BYTES - count));
+        if (count == 0) name->first = kept;
+        if (count < MAXIMUM_NAME_BYTES) words[count / 8] = kept;
+        count += taken;
+        at += taken;
+        if (taken < 8 || at >= end) {
+            p->slash_last = slashes != 0;
+            break;
+        }
+        ++index;
+        low = high_needed ? high : path_word(p, index);
+    }
+    p->position = at;
+    name->length = count;
+    name->hash = count <= MAXIMUM_NAME_BYTES ? name_hash_of(name->first, words, count) : 0ull;
     return true;
 }
 
@@ -793,56 +965,71 @@ __device__ u32 resolve_one(const Tables& t, const u64* source, u32 length, u32 u
     path.head3 = path_words > 3 ? load_volatile_u64(source + 3) : 0ull;
     path.length = length;
     path.position = 0;
+    path.slash_last = false;
+    path.word_index = ~0u;
     path.word = 0;
-    path.last_byte = 0;
-    // This component's words and the next one's, swapped as the walk goes.
+    // This component, the next one and the one after it; the words of two arrays, swapped as
+    // the walk goes (the one after the next is parsed into this one's once it is walked).
     u64 first_words[MAXIMUM_NAME_WORDS], second_words[MAXIMUM_NAME_WORDS];
-    u64* words = first_words;
-    u64* ahead = second_words;
-    u32 component = 0;
-    bool more = next_component(&path, words, &component);
+    Component name = {first_words, 0, 0, 0};
+    Component next = {second_words, 0, 0, 0};
+    bool more = next_component(&path, &name);
     u64 current = t.root;
     EntryProbe probe;
-    WalkRecord here = begin_step(t, current, more ? words : nullptr, component, &probe);
+    PendingStep pending = begin_step(t, current, more, name, &probe);
+    // The component after this one, parsed while the root's loads arrive.
+    bool more_after = more && next_component(&path, &next);
+    WalkRecord here = settle_step(t, pending);
     u32 steps = 0;
-    // Each pass walks one component of at least one byte: at most 4096.
+    // Each pass walks one component of at least one byte: at most 4096. Each pass parses the
+    // component after `next` into this one's words once they are done with (the same calls in
+    // the same order as parsing each at the top of its pass): where the pass loads a record,
+    // between its loads and their first use, so the parse runs while they arrive instead of on
+    // the walk's dependent chain.
     while (more) {
         if (!here.record) return STATUS_NEEDS_CPU;
         if (here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
         if (!may_search(here.owner, here.group, here.permissions, uid, gid)) return STATUS_PERMISSION_DENIED;
-        if (component > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
+        if (name.length > MAXIMUM_NAME_BYTES) return STATUS_NAME_TOO_LONG;
         if (step_ns && steps < WALK_STEP_STAMPS) step_ns[steps++] = clock_ns();
-        u32 next = 0;
-        const bool more_after = next_component(&path, ahead, &next);
-        const u64* next_words = more_after ? ahead : nullptr;
-        if (component == 1 && (words[0] & 0xFF) == '.') {
+        // Where the pass goes: stays (`.`, or `..` at the root), to the parent (`..`), or to the
+        // child the lookup finds. One begin, one parse and one settle below serve both moves, so
+        // the walk's code holds one copy of each (a lone lane pays for its code's size too).
+        bool moves = true;
+        bool looked_up_child = false;
+        u64 target = 0;
+        if (name.length == 1 && (name.first & 0xFF) == '.') {
             // Stays: the next lookup is begun in the same directory when it is reached.
-            probe.begun = false;
-        } else if (component == 2 && (words[0] & 0xFFFF) == 0x2E2E) {
-            if (current != t.root) {
-                current = here.parent;
-                here = begin_step(t, current, next_words, next, &probe);
-            } else {
-                probe.begun = false;
-            }
+            moves = false;
+        } else if (name.length == 2 && (name.first & 0xFFFF) == 0x2E2E) {
+            moves = current != t.root;
+            target = here.parent;
         } else {
-            u64 child = 0;
-            const int found = finish_lookup(t, probe, current, words, component, &child);
+            const int found = finish_lookup(t, probe, current, name, &target);
             if (found == PROBE_MISS) return (here.complete && !overflowed(t)) ? STATUS_NOT_FOUND : STATUS_NEEDS_CPU;
             if (found != PROBE_HIT) return STATUS_NEEDS_CPU;
-            const WalkRecord reached = begin_step(t, child, next_words, next, &probe);
-            if (!reached.record || reached.kind == KIND_SYMLINK) return STATUS_NEEDS_CPU;
-            current = child;
+            looked_up_child = true;
+        }
+        if (moves) {
+            pending = begin_step(t, target, more_after, next, &probe);
+        } else {
+            probe.begun = false;
+        }
+        Component later = {name.words, 0, 0, 0};
+        const bool more_later = more_after && next_component(&path, &later);
+        if (moves) {
+            const WalkRecord reached = settle_step(t, pending);
+            if (looked_up_child && (!reached.record || reached.kind == KIND_SYMLINK)) return STATUS_NEEDS_CPU;
+            current = target;
             here = reached;
         }
-        u64* walked = words;
-        words = ahead;
-        ahead = walked;
-        component = next;
+        name = next;
+        next = later;
         more = more_after;
+        more_after = more_later;
     }
     if (!here.record) return STATUS_NEEDS_CPU;
-    if (path.last_byte == '/' && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
+    if (path.slash_last && here.kind != KIND_DIRECTORY) return STATUS_NOT_DIRECTORY;
     *result = here.record;
     return STATUS_FOUND;
 }
@@ -987,7 +1174,7 @@ __device__ int entry_claim(const Tables& t, u64 parent, const u64* words, u32 le
         }
         if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
             load_table_u64(&t.entry_parent[slot]) == parent &&
-            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words, length)) {
+            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words[0], words, length)) {
             *result = load_table_u64(&t.entry_child[slot]);
             return CLAIM_EXISTS;
         }
@@ -1238,36 +1425,33 @@ __device__ void serve_express(const Tables& t, const Command& host, u64 slot, u6
                  : opcode == COMMAND_RESOLVE ? answer_resolve_stamped(t, c, lane, &attributes, step_ns)
                                              : answer_stat(t, c, lane, &attributes);
     }
-    // Lane 0's walk is over here (the status is decided); the other lanes wait for it in the
-    // writer's shuffles.
+    // Lane 0's walk is over here (the status is decided); each lane writes its own answer.
     const u64 walked_ns = clock_ns();
-    if (valid) write_answers_of_warp((u8*)c.answers, 0, c.count, status, attributes);
+    if (valid && lane < c.count) write_own_answer((u8*)c.answers, lane, status, attributes);
     // Every answer function returns a status of 1..7 unless the request was bad.
     const bool bad = !valid || __any_sync(FULL_WARP, lane < c.count && status == 0);
     if (lane == 0) {
         const u64 answered_ns = clock_ns();
         const u64 answered_cycles = clock_cycles();
-        u64* stamps = (u64*)(area + EXPRESS_STAMPS_OFFSET);
-        store_volatile_u64(stamps, seen_ns);
-        store_volatile_u64(stamps + 1, staged_ns);
-        store_volatile_u64(stamps + 2, answered_ns);
-        store_volatile_u64(stamps + 3, walked_ns);
-        store_volatile_u64(stamps + 4, step_ns[0]);
-        store_volatile_u64(stamps + 5, step_ns[1]);
-        store_volatile_u64(stamps + 6, staged_cycles);
-        store_volatile_u64(stamps + 7, answered_cycles);
+        // Four 16-byte stores of stamps and two of the completion's words (status with its zero
+        // word, the two results) instead of eleven of 8 bytes: fewer writes over PCIe for the
+        // release of `done` to wait for. Plain stores: that release publishes them.
+        ulonglong2* stamps = (ulonglong2*)(area + EXPRESS_STAMPS_OFFSET);
+        stamps[0] = make_ulonglong2(seen_ns, staged_ns);
+        stamps[1] = make_ulonglong2(answered_ns, walked_ns);
+        stamps[2] = make_ulonglong2(step_ns[0], step_ns[1]);
+        stamps[3] = make_ulonglong2(staged_cycles, answered_cycles);
         Completion* completion = &t.ring[slot].completion;
-        store_volatile_u32(&completion->status, bad ? ERROR_BAD_REQUEST : ERROR_NONE);
-        store_volatile_u64(&completion->result0, 0);
-        store_volatile_u64(&completion->result1, 0);
+        *(u64*)&completion->status = (u64)(bad ? ERROR_BAD_REQUEST : ERROR_NONE);
+        *(ulonglong2*)&completion->result0 = make_ulonglong2(0ull, 0ull);
     }
-    // Each lane orders its own stores (answers; lane 0 also the stamps and the status) before
-    // the barrier, and `done` is stored after it: one system fence on the round trip (the warp
-    // executes it once), where the batch path pays two in turn.
-    __threadfence_system();
+    // The lanes' answers, then lane 0's stamps and status, are published by lane 0's release
+    // of `done` after the barrier (store_release_system_u64 says why that is enough): no
+    // system fence of its own on the round trip. `completed` (device memory, read by this
+    // warp's lane 0 only before the next command) needs no order of its own.
     __syncwarp();
     if (lane == 0) {
-        store_volatile_u64(&t.ring[slot].completion.done, host.sequence);
+        store_release_system_u64(&t.ring[slot].completion.done, host.sequence);
         store_volatile_u64(&t.control->completed, host.sequence);
         atomicAdd(&t.control->express_commands, 1ull);
     }
