@@ -793,6 +793,14 @@ impl<'s> Tree<'s> {
 
     /// Inserts a hole of `length` bytes at entry boundary `position`, shifting later bytes up.
     pub fn insert_hole(&mut self, position: u64, length: u64) -> Result<()> {
+        self.put_hole(position, length)?;
+        self.coalesce(position + length)?;
+        self.coalesce(position)
+    }
+
+    /// Cuts the tree at `position` and puts a hole of `length` bytes there, shifting later
+    /// bytes up; neighbours are left unmerged (the callers merge what they need).
+    fn put_hole(&mut self, position: u64, length: u64) -> Result<()> {
         assert!(length > 0);
         if !matches!(self.length.checked_add(length), Some(total) if total <= MAX_FILE_BYTES) {
             return Err(Error::FileTooLarge);
@@ -800,9 +808,7 @@ impl<'s> Tree<'s> {
         self.split_at(position)?;
         let location = self.locate(position)?;
         assert_eq!(location.offset_in_entry, 0);
-        self.splice(&location.path, location.index(), 0, &[Entry::hole(length)])?;
-        self.coalesce(position + length)?;
-        self.coalesce(position)
+        self.splice(&location.path, location.index(), 0, &[Entry::hole(length)])
     }
 
     /// Inserts `data` at entry boundary or inside-entry `position`, shifting later bytes up:
@@ -814,13 +820,7 @@ impl<'s> Tree<'s> {
     pub fn insert_data(&mut self, position: u64, data: &[u8]) -> Result<()> {
         let length = data.len() as u64;
         assert!(length > 0 && position <= self.length);
-        if !matches!(self.length.checked_add(length), Some(total) if total <= MAX_FILE_BYTES) {
-            return Err(Error::FileTooLarge);
-        }
-        self.split_at(position)?;
-        let location = self.locate(position)?;
-        assert_eq!(location.offset_in_entry, 0);
-        self.splice(&location.path, location.index(), 0, &[Entry::hole(length)])?;
+        self.put_hole(position, length)?;
         let end = position + length;
         self.fill_hole(position, end, Some((data, position)))?;
         self.coalesce(end)
