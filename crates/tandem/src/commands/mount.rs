@@ -169,25 +169,16 @@ pub fn parse_options(lists: &[String]) -> CliResult<ParsedOptions> {
                         })?;
                 }
                 Some(("poll_us", value)) => {
-                    let most = crate::fuse_api::POLL_MICROSECONDS_MAX;
                     parsed.poll_microseconds =
-                        Some(value.parse().ok().filter(|value: &u64| *value <= most).ok_or_else(|| {
-                            CliError::new(format!("-o poll_us={value}: expected microseconds from 0 to {most}"))
-                        })?);
+                        Some(at_most("poll_us", value, crate::fuse_api::POLL_MICROSECONDS_MAX, "microseconds")?);
                 }
                 Some(("read_ahead_kb", value)) => {
-                    let most = crate::fuse_api::READ_AHEAD_KIB_MAX;
                     parsed.read_ahead_kib =
-                        Some(value.parse().ok().filter(|value: &u32| *value <= most).ok_or_else(|| {
-                            CliError::new(format!("-o read_ahead_kb={value}: expected KiB from 0 to {most}"))
-                        })?);
+                        Some(at_most("read_ahead_kb", value, crate::fuse_api::READ_AHEAD_KIB_MAX, "KiB")?);
                 }
                 Some(("uring_move_min_bytes", value)) => {
-                    let most = URING_MOVE_MIN_BYTES_MAX;
                     parsed.uring_move_min_bytes =
-                        Some(value.parse().ok().filter(|value: &usize| *value <= most).ok_or_else(|| {
-                            CliError::new(format!("-o uring_move_min_bytes={value}: expected bytes from 0 to {most}"))
-                        })?);
+                        Some(at_most("uring_move_min_bytes", value, URING_MOVE_MIN_BYTES_MAX, "bytes")?);
                 }
                 Some(("transport", name)) => {
                     parsed.transport =
@@ -759,6 +750,19 @@ pub fn run_umount(arguments: UmountArguments) -> CliResult<i32> {
         .map_err(|error| CliError::new(format!("cannot unmount {}: {error}", mountpoint.display())))?;
     println!("unmounted {}", mountpoint.display());
     Ok(EXIT_SUCCESS)
+}
+
+/// The value of `-o NAME=VALUE` as a whole number from 0 to `most` (`unit` names it in the
+/// one-line error).
+fn at_most<T>(name: &str, value: &str, most: T, unit: &str) -> Result<T, CliError>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    value
+        .parse()
+        .ok()
+        .filter(|parsed: &T| *parsed <= most)
+        .ok_or_else(|| CliError::new(format!("-o {name}={value}: expected {unit} from 0 to {most}")))
 }
 
 #[cfg(test)]

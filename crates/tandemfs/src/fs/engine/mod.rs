@@ -711,19 +711,14 @@ impl FrontSink for FileSystem {
                 _ => {}
             }
             match queued.op.as_ref() {
-                Op::Write { inode, insert, .. } => {
+                Op::Write { inode, .. } | Op::DirectWrite { inode, .. } => {
                     let update = updates.entry(inode.inode_number).or_default();
                     update.writes_through = queued.lsn;
                     update.blocks_through = queued.lsn;
                     // An insert of data cuts inside blocks, as an insert of a range does.
-                    if *insert {
+                    if matches!(queued.op.as_ref(), Op::Write { insert: true, .. }) {
                         self.inner.compactor.note_changed(inode.inode_number);
                     }
-                }
-                Op::DirectWrite { inode, .. } => {
-                    let update = updates.entry(inode.inode_number).or_default();
-                    update.writes_through = queued.lsn;
-                    update.blocks_through = queued.lsn;
                 }
                 Op::Range { inode, kind, .. } => {
                     updates.entry(inode.inode_number).or_default().blocks_through = queued.lsn;
