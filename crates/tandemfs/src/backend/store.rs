@@ -27,7 +27,7 @@ use crate::block::meta::{BlockKind, DataStore, Decoded, MetaStore, SharedBlock};
 use crate::block::volume::Volume;
 use crate::error::{Error, Result};
 use crate::extent;
-use crate::FastHashMap;
+use crate::{FastHashMap, FastHashSet};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -132,6 +132,10 @@ const MEMO_INODES_PER_SHARD: usize = 1024;
 /// Decoded extent nodes kept per shard: 1,024 in all, each with its 4 KiB block and up to
 /// 253 entries (about 12 MiB at worst).
 const MEMO_NODES_PER_SHARD: usize = 16;
+/// Unchanged blocks one store keeps from its own reads: a group of `COMMIT_RECORDS_MAX`
+/// creates in one directory walks a few dozen leaves; 1,024 blocks share their buffers with the
+/// memo and the block cache, so they cost a map entry each.
+const SEEN_BLOCKS_MAX: usize = 1024;
 
 /// Blocks and inodes as the apply workers last read or committed them (see the module
 /// comment). Sharded by number, so that workers on different files do not meet.
@@ -345,7 +349,17 @@ pub struct RecordStore<'a> {
     lsn: u64,
     /// Metadata blocks written, by number: read back by this record, never yet by others.
     blocks: BTreeMap<u64, (BlockKind, SharedBlock)>,
+    /// Held blocks handed to a change without a copy (`release_for_change`): each comes back
+    /// by `write_meta`, or the store's work fails and is never committed.
+    lent: FastHashSet<u64>,
+    /// Unchanged blocks this store has read (or committed), as it read them: only this store's
+    /// group changes the blocks of its inodes while it runs (the module comment), so a second
+    /// read needs neither the memo's shard lock nor its map. At most `SEEN_BLOCKS_MAX`.
+    seen: FastHashMap<u64, (BlockKind, SharedBlock)>,
     inodes: Vec<InodeChange>,
+    /// Place in `inodes` of each inode's last change: a directory's inode is read by every
+    /// record of its group, and `inodes` grows to `COMMIT_RECORDS_MAX` records' changes.
+    last_change: FastHashMap<u64, usize>,
     freed_meta: Vec<u64>,
     freed_data: Vec<(u64, u64)>,
     next_generation: u64,
@@ -359,7 +373,10 @@ impl<'a> RecordStore<'a> {
             lock_times: LockTimes::default(),
             lsn: 0,
             blocks: BTreeMap::new(),
+            lent: FastHashSet::default(),
+            seen: FastHashMap::default(),
             inodes: Vec::new(),
+            last_change: FastHashMap::default(),
             freed_meta: Vec::new(),
             freed_data: Vec::new(),
             next_generation: 0,
@@ -417,7 +434,13 @@ impl<'a> RecordStore<'a> {
     /// freed here is not reused before a checkpoint, which waits for the batch).
     pub fn commit(&mut self) -> Result<()> {
         assert!(self.lsn != 0, "commit without a record");
+        if let Some(block_number) = self.lent.iter().next() {
+            // A change that failed after the store let go of its held copy: that copy is gone,
+            // and committing the rest would lose it.
+            return Err(Error::invalid(format!("block {block_number} lent to a change that never came back")));
+        }
         let blocks = std::mem::take(&mut self.blocks);
+        self.last_change.clear();
         let inodes = superseded_writes_dropped(std::mem::take(&mut self.inodes));
         let freed_meta = std::mem::take(&mut self.freed_meta);
         let freed_data = std::mem::take(&mut self.freed_data);
@@ -455,6 +478,7 @@ impl<'a> RecordStore<'a> {
             volume.publish_image_estimate();
         }
         for (block_number, (kind, block)) in blocks {
+            self.note_seen(block_number, kind, &block);
             self.memo.put_block(block_number, kind, block);
         }
         for change in inodes {
@@ -464,6 +488,7 @@ impl<'a> RecordStore<'a> {
             }
         }
         for block_number in freed_meta {
+            self.seen.remove(&block_number);
             self.memo.forget_block(block_number);
         }
         Ok(())
@@ -471,13 +496,35 @@ impl<'a> RecordStore<'a> {
 
     /// The last change of `inode_number` held back, if any.
     fn held_inode(&self, inode_number: u64) -> Option<Result<Inode>> {
-        self.inodes.iter().rev().find_map(|change| match change {
-            InodeChange::Create(inode) | InodeChange::Write(inode) if inode.inode_number == inode_number => {
+        let place = *self.last_change.get(&inode_number)?;
+        match &self.inodes[place] {
+            InodeChange::Create(inode) | InodeChange::Write(inode) => {
+                assert_eq!(inode.inode_number, inode_number);
                 Some(Ok(inode.clone()))
             }
-            InodeChange::Delete(number) if *number == inode_number => Some(Err(Error::NotFound)),
-            _ => None,
-        })
+            InodeChange::Delete(number) => {
+                assert_eq!(*number, inode_number);
+                Some(Err(Error::NotFound))
+            }
+        }
+    }
+
+    /// Holds `change` back until commit, in record order.
+    fn hold_inode_change(&mut self, change: InodeChange) {
+        let inode_number = match &change {
+            InodeChange::Create(inode) | InodeChange::Write(inode) => inode.inode_number,
+            InodeChange::Delete(inode_number) => *inode_number,
+        };
+        self.last_change.insert(inode_number, self.inodes.len());
+        self.inodes.push(change);
+    }
+
+    /// Remembers an unchanged block as read (see `seen`); forgets them all past the bound.
+    fn note_seen(&mut self, block_number: u64, kind: BlockKind, block: &SharedBlock) {
+        if self.seen.len() >= SEEN_BLOCKS_MAX {
+            self.seen.clear();
+        }
+        self.seen.insert(block_number, (kind, block.clone()));
     }
 }
 
@@ -491,19 +538,44 @@ impl MetaStore for RecordStore<'_> {
             }
             return Ok(block.clone());
         }
-        assert!(!self.freed_meta.contains(&block_number), "block {block_number} read after its free");
-        if let Some(block) = self.memo.block(block_number, kind) {
-            return Ok(block);
+        if self.lent.contains(&block_number) {
+            return Err(Error::invalid(format!("block {block_number} read while lent to a change")));
         }
-        let block = self.lock_volume()?.read_meta(block_number, kind)?;
-        self.memo.put_block(block_number, kind, block.clone());
+        if let Some((seen_kind, block)) = self.seen.get(&block_number) {
+            if *seen_kind == kind {
+                return Ok(block.clone());
+            }
+        }
+        assert!(!self.freed_meta.contains(&block_number), "block {block_number} read after its free");
+        let block = match self.memo.block(block_number, kind) {
+            Some(block) => block,
+            None => {
+                let block = self.lock_volume()?.read_meta(block_number, kind)?;
+                self.memo.put_block(block_number, kind, block.clone());
+                block
+            }
+        };
+        self.note_seen(block_number, kind, &block);
         Ok(block)
     }
 
     fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> Result<()> {
         assert!(!self.freed_meta.contains(&block_number), "block {block_number} written after its free");
+        self.lent.remove(&block_number);
+        self.seen.remove(&block_number);
         self.blocks.insert(block_number, (kind, block));
         Ok(())
+    }
+
+    /// Lets go of the held copy of `block_number` when it is `block` itself: the caller then
+    /// owns the only reference and changes it without a copy. It comes back by `write_meta`; a
+    /// change that fails instead fails the record and so the store, which then never commits
+    /// (`commit` refuses while a block is out).
+    fn release_for_change(&mut self, block_number: u64, block: &SharedBlock) {
+        if matches!(self.blocks.get(&block_number), Some((_, held)) if Arc::ptr_eq(held, block)) {
+            self.blocks.remove(&block_number);
+            self.lent.insert(block_number);
+        }
     }
 
     fn decoded(&mut self, block_number: u64, block: &SharedBlock) -> Option<Decoded> {
@@ -522,6 +594,8 @@ impl MetaStore for RecordStore<'_> {
 
     fn free_meta(&mut self, block_number: u64) -> Result<()> {
         self.blocks.remove(&block_number);
+        self.lent.remove(&block_number);
+        self.seen.remove(&block_number);
         self.freed_meta.push(block_number);
         Ok(())
     }
@@ -608,15 +682,15 @@ impl ApplyStore for RecordStore<'_> {
         Ok(inode)
     }
     fn write_inode(&mut self, inode: &Inode) -> Result<()> {
-        self.inodes.push(InodeChange::Write(inode.clone()));
+        self.hold_inode_change(InodeChange::Write(inode.clone()));
         Ok(())
     }
     fn create_inode(&mut self, inode: &Inode) -> Result<()> {
-        self.inodes.push(InodeChange::Create(inode.clone()));
+        self.hold_inode_change(InodeChange::Create(inode.clone()));
         Ok(())
     }
     fn delete_inode(&mut self, inode_number: u64) -> Result<()> {
-        self.inodes.push(InodeChange::Delete(inode_number));
+        self.hold_inode_change(InodeChange::Delete(inode_number));
         Ok(())
     }
     fn read_xattrs(&mut self, _block_number: u64) -> Result<Xattrs> {
@@ -807,6 +881,65 @@ mod tests {
         assert_eq!(kept, vec![('c', 5, 1), ('w', 7, 2), ('d', 9, 0), ('w', 5, 3)]);
     }
 
+    /// A block this store changed and still holds is handed to the next change without a
+    /// copy; one that never comes back stops the commit instead of losing the change.
+    #[test]
+    fn a_held_block_is_changed_without_a_copy_and_must_come_back() {
+        let shared = volume();
+        let block_number = shared.lock().allocate_meta(0).unwrap();
+        let memo = Memo::default();
+        let mut store = RecordStore::new(&shared, &memo);
+        store.begin_record(1);
+        store.write_meta(block_number, BlockKind::Xattr, block_of(1)).unwrap();
+        let mut block = store.read_meta(block_number, BlockKind::Xattr).unwrap();
+        assert!(Arc::get_mut(&mut block).is_none(), "the store holds it too");
+        store.release_for_change(block_number, &block);
+        Arc::get_mut(&mut block).expect("the only reference after the release")[0] = 2;
+        store.write_meta(block_number, BlockKind::Xattr, block).unwrap();
+        store.commit().unwrap();
+        assert_eq!(shared.lock().read_meta(block_number, BlockKind::Xattr).unwrap()[0], 2);
+        // A committed block is shared with the memo and the volume: nothing to let go of.
+        store.begin_record(2);
+        let mut block = store.read_meta(block_number, BlockKind::Xattr).unwrap();
+        store.release_for_change(block_number, &block);
+        assert!(Arc::get_mut(&mut block).is_none());
+        // Lent and never written back: the store refuses to read it or to commit.
+        store.write_meta(block_number, BlockKind::Xattr, block_of(3)).unwrap();
+        let block = store.read_meta(block_number, BlockKind::Xattr).unwrap();
+        store.release_for_change(block_number, &block);
+        drop(block);
+        assert!(store.read_meta(block_number, BlockKind::Xattr).is_err());
+        assert!(store.commit().is_err());
+        assert_eq!(shared.lock().read_meta(block_number, BlockKind::Xattr).unwrap()[0], 2, "nothing reached the volume");
+    }
+
+    /// A block read once is read again from the store itself (no memo shard, no volume lock),
+    /// and what the store commits replaces what it had read.
+    #[test]
+    fn a_store_reads_each_block_from_the_shared_state_once() {
+        let shared = volume();
+        let block_number = shared.lock().allocate_meta(0).unwrap();
+        shared.lock().write_meta(block_number, BlockKind::Xattr, block_of(1)).unwrap();
+        let memo = Memo::default();
+        let mut store = RecordStore::new(&shared, &memo);
+        store.begin_record(1);
+        assert_eq!(store.read_meta(block_number, BlockKind::Xattr).unwrap()[0], 1);
+        assert_eq!(store.lock_count(), 1);
+        memo.clear();
+        assert_eq!(store.read_meta(block_number, BlockKind::Xattr).unwrap()[0], 1);
+        assert_eq!(store.lock_count(), 1, "the second read came from the store");
+        store.write_meta(block_number, BlockKind::Xattr, block_of(2)).unwrap();
+        store.commit().unwrap();
+        memo.clear();
+        store.begin_record(2);
+        assert_eq!(store.read_meta(block_number, BlockKind::Xattr).unwrap()[0], 2, "the committed block, not the old read");
+        assert_eq!(store.lock_count(), 2, "only the commit took the lock");
+        store.free_meta(block_number).unwrap();
+        store.commit().unwrap();
+        store.begin_record(3);
+        assert!(store.read_meta(block_number, BlockKind::Xattr).is_err(), "a freed block is read from the volume, which refuses it");
+    }
+
     #[test]
     fn a_record_reads_back_the_inodes_it_changed() {
         let shared = volume();
@@ -822,5 +955,9 @@ mod tests {
         assert!(matches!(shared.lock().read_inode(5), Err(Error::NotFound)), "not on the volume before the commit");
         store.delete_inode(5).unwrap();
         assert!(matches!(store.read_inode(5), Err(Error::NotFound)));
+        store.create_inode(&inode).unwrap();
+        store.commit().unwrap();
+        store.begin_record(2);
+        assert_eq!(store.read_inode(5).unwrap().link_count, 2, "after the commit, from the memo");
     }
 }

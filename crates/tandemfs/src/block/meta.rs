@@ -181,6 +181,11 @@ pub trait MetaStore {
     /// change the node and takes the entries over instead of copying them. By default nothing
     /// (the tree then copies).
     fn forget_decoded(&mut self, _block_number: u64) {}
+    /// The caller is about to change `block`, which `read_meta(block_number)` returned, and
+    /// will give it back by `write_meta` or fail the store's whole work. A store that holds this
+    /// very buffer (`Arc::ptr_eq`) only for itself may let go of it, so that the change copies
+    /// nothing. By default nothing (the change copies).
+    fn release_for_change(&mut self, _block_number: u64, _block: &SharedBlock) {}
 }
 
 /// A decoded metadata block as a store keeps it (`MetaStore::decoded`); its owner downcasts.

@@ -139,7 +139,13 @@ impl<'a> Session<'a> {
     }
 
     pub fn leaf_mut(&mut self, block_number: u64) -> Result<&mut BlockBuf> {
-        let cached = self.load(block_number, BlockKind::DirLeaf)?;
+        self.load(block_number, BlockKind::DirLeaf)?;
+        let cached = &mut self.blocks[self.last_used];
+        if !cached.dirty {
+            // A store holding the buffer only for itself (the last operation's change, not yet
+            // handed on) lets go of it, and the change below copies nothing.
+            self.store.release_for_change(block_number, &cached.block);
+        }
         cached.dirty = true;
         Ok(Arc::make_mut(&mut cached.block))
     }
