@@ -33,13 +33,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 pub const RING_SLOTS_MAX: u64 = 1 << 20;
 /// The overflow's shards, by lsn: depositors beyond the ring's window spread over them.
 const OVERFLOW_SHARDS: usize = 64;
+/// Slots (of 8 bytes) in a cache line: the ring's stride between neighbouring lsns (`slot`).
+const RING_SPREAD: u64 = 8;
 
 /// The depositors' side: shared, no lock on the common path.
 pub struct Deposits {
     ring: Box<[AtomicCell<Option<Box<Queued>>>]>,
     /// The consumer's consumed lsn as last published: every lsn at or below it was taken or
     /// is not a logical record. Depositors read it to choose the ring or the overflow.
-    consumed_lsn: AtomicU64,
+    /// Read by every deposit, moved by the consumer: on a line of its own.
+    consumed_lsn: crossbeam_utils::CachePadded<AtomicU64>,
     overflow: Box<[OverflowShard]>,
 }
 
@@ -83,7 +86,7 @@ impl Deposits {
         let slots = header_slots.max(2).next_power_of_two().min(RING_SLOTS_MAX);
         let deposits = Deposits {
             ring: (0..slots).map(|_| AtomicCell::new(None)).collect(),
-            consumed_lsn: AtomicU64::new(applied_lsn),
+            consumed_lsn: crossbeam_utils::CachePadded::new(AtomicU64::new(applied_lsn)),
             overflow: (0..OVERFLOW_SHARDS)
                 .map(|_| OverflowShard { records: Mutex::new(BTreeMap::new()), len: AtomicUsize::new(0) })
                 .collect(),
@@ -91,8 +94,18 @@ impl Deposits {
         (deposits, Consumer { consumed_lsn: applied_lsn })
     }
 
+    /// Record `lsn`'s slot. Neighbouring lsns go to slots `RING_SPREAD`ths of the ring apart,
+    /// not side by side: appenders on different cores deposit neighbouring lsns at the same
+    /// moment, and eight slots share a cache line.
     fn slot(&self, lsn: u64) -> &AtomicCell<Option<Box<Queued>>> {
-        &self.ring[(lsn % self.ring.len() as u64) as usize]
+        let slots = self.ring.len() as u64;
+        let index = lsn % slots;
+        let spread = if slots >= RING_SPREAD * RING_SPREAD {
+            (index % RING_SPREAD) * (slots / RING_SPREAD) + index / RING_SPREAD
+        } else {
+            index
+        };
+        &self.ring[spread as usize]
     }
 
     fn overflow_shard(&self, lsn: u64) -> &OverflowShard {
@@ -202,6 +215,28 @@ impl Consumer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Spreading neighbouring lsns over the ring still gives every lsn of a window a slot of
+    /// its own, for every ring size a volume can have.
+    #[test]
+    fn spread_slots_are_a_permutation_of_the_ring() {
+        for header_slots in [1u64, 7, 63, 64, 65, 1000, 4096, 1 << 16] {
+            let (deposits, _) = Deposits::new(0, header_slots);
+            let slots = deposits.ring.len();
+            let base = deposits.ring.as_ptr() as usize;
+            let slot_bytes = std::mem::size_of::<AtomicCell<Option<Box<Queued>>>>();
+            let mut taken = vec![false; slots];
+            for lsn in 1000..1000 + slots as u64 {
+                let place = (deposits.slot(lsn) as *const _ as usize - base) / slot_bytes;
+                assert!(!std::mem::replace(&mut taken[place], true), "slot {place} given twice");
+            }
+            if slots >= 64 {
+                let first = deposits.slot(1000) as *const _ as usize;
+                let next = deposits.slot(1001) as *const _ as usize;
+                assert!(first.abs_diff(next) >= 64, "neighbouring lsns share a cache line");
+            }
+        }
+    }
     use crate::backend::record::Op;
     use crate::backend::AttributeImage;
     use crate::block::inode::Inode;

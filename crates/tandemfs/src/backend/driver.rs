@@ -228,15 +228,15 @@ pub struct Backend {
     queue_signal: Condvar,
     applied_lsn: Mutex<u64>,
     /// Mirrors `applied_lsn` for readers that need no wait.
-    applied_lsn_fast: AtomicU64,
+    applied_lsn_fast: crossbeam_utils::CachePadded<AtomicU64>,
     /// The highest record deposited: a drain is done when the applied lsn reaches it (an empty
     /// queue is not enough: the thread may hold a batch it has taken but not yet applied).
     /// Records apply in lsn order, so every record deposited before it is applied then too.
-    last_queued_lsn: AtomicU64,
+    last_queued_lsn: crossbeam_utils::CachePadded<AtomicU64>,
     applied_signal: Condvar,
     /// One pass or checkpoint at a time, from the thread or from a waiting caller.
     policy: Mutex<CheckpointPolicy>,
-    state: AtomicU8,
+    state: crossbeam_utils::CachePadded<AtomicU8>,
     failure: Mutex<Option<String>>,
     stop: AtomicBool,
     /// Records are applied by the back-end thread; otherwise by callers that need a result.
@@ -298,8 +298,8 @@ impl Backend {
             queue: Mutex::new(consumer),
             queue_signal: Condvar::new(),
             applied_lsn: Mutex::new(applied_lsn),
-            applied_lsn_fast: AtomicU64::new(applied_lsn),
-            last_queued_lsn: AtomicU64::new(applied_lsn),
+            applied_lsn_fast: crossbeam_utils::CachePadded::new(AtomicU64::new(applied_lsn)),
+            last_queued_lsn: crossbeam_utils::CachePadded::new(AtomicU64::new(applied_lsn)),
             applied_signal: Condvar::new(),
             policy: Mutex::new(CheckpointPolicy {
                 jobs: VecDeque::new(),
@@ -309,7 +309,7 @@ impl Backend {
                 applied_bytes_since_checkpoint: 0,
                 in_flight: None,
             }),
-            state: AtomicU8::new(STATE_RUNNING),
+            state: crossbeam_utils::CachePadded::new(AtomicU8::new(STATE_RUNNING)),
             failure: Mutex::new(None),
             stop: AtomicBool::new(false),
             background,

@@ -910,7 +910,11 @@ mod tests {
         drop(block);
         assert!(store.read_meta(block_number, BlockKind::Xattr).is_err());
         assert!(store.commit().is_err());
-        assert_eq!(shared.lock().read_meta(block_number, BlockKind::Xattr).unwrap()[0], 2, "nothing reached the volume");
+        assert_eq!(
+            shared.lock().read_meta(block_number, BlockKind::Xattr).unwrap()[0],
+            2,
+            "nothing reached the volume"
+        );
     }
 
     /// A block read once is read again from the store itself (no memo shard, no volume lock),
@@ -932,12 +936,19 @@ mod tests {
         store.commit().unwrap();
         memo.clear();
         store.begin_record(2);
-        assert_eq!(store.read_meta(block_number, BlockKind::Xattr).unwrap()[0], 2, "the committed block, not the old read");
+        assert_eq!(
+            store.read_meta(block_number, BlockKind::Xattr).unwrap()[0],
+            2,
+            "the committed block, not the old read"
+        );
         assert_eq!(store.lock_count(), 2, "only the commit took the lock");
         store.free_meta(block_number).unwrap();
         store.commit().unwrap();
         store.begin_record(3);
-        assert!(store.read_meta(block_number, BlockKind::Xattr).is_err(), "a freed block is read from the volume, which refuses it");
+        assert!(
+            store.read_meta(block_number, BlockKind::Xattr).is_err(),
+            "a freed block is read from the volume, which refuses it"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::backend::record::AttributeImage;
 use crate::fs::types::{Attributes, FileType};
 use crate::FastHashMap;
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -456,13 +457,13 @@ pub struct Space {
     /// Blocks free in the volume as of the last applied batch, less those promised to records
     /// not yet applied. Signed: the back end may take blocks that nobody reserved (extent-tree
     /// nodes beyond the reserve) and so report fewer free blocks than were promised.
-    available: AtomicI64,
+    available: CachePadded<AtomicI64>,
     /// Blocks promised to records not yet applied (for `statfs`).
-    reserved: AtomicU64,
+    reserved: CachePadded<AtomicU64>,
     /// Blocks free in the volume as of the last applied batch.
-    free: AtomicU64,
+    free: CachePadded<AtomicU64>,
     /// Blocks freed but not reusable before the next checkpoint.
-    pending_free: AtomicU64,
+    pending_free: CachePadded<AtomicU64>,
     /// Blocks of `free` that only extent-tree reserves may promise (see
     /// `engine::tree_pool_blocks`).
     pub tree_pool_blocks: u64,
@@ -471,10 +472,10 @@ pub struct Space {
 impl Space {
     pub fn new(free_blocks: u64, tree_pool_blocks: u64) -> Space {
         Space {
-            available: AtomicI64::new(free_blocks as i64),
-            reserved: AtomicU64::new(0),
-            free: AtomicU64::new(free_blocks),
-            pending_free: AtomicU64::new(0),
+            available: CachePadded::new(AtomicI64::new(free_blocks as i64)),
+            reserved: CachePadded::new(AtomicU64::new(0)),
+            free: CachePadded::new(AtomicU64::new(free_blocks)),
+            pending_free: CachePadded::new(AtomicU64::new(0)),
             tree_pool_blocks,
         }
     }
@@ -927,15 +928,15 @@ pub struct Front {
     /// and read without it by a create that marks a new directory complete.
     name_epochs: Box<[AtomicU64]>,
     /// Entries in all name shards, as last counted by each (see `make_room_for_name`).
-    names_total: AtomicI64,
+    names_total: CachePadded<AtomicI64>,
     /// Cross-directory renames, one at a time (as Linux's `s_vfs_rename_mutex`): while one
     /// checks that a directory is not moved into itself, no other moves a directory.
     pub rename_lock: Mutex<()>,
     pub inode_numbers: InodeGroups,
-    pub next_generation: AtomicU64,
+    pub next_generation: CachePadded<AtomicU64>,
     pub space: Space,
     /// The recency clock: moves on when a view is loaded; uses store its value in the view.
-    use_clock: AtomicU64,
+    use_clock: CachePadded<AtomicU64>,
 }
 
 /// Bytes a hash table with room for `capacity` entries of type `T` has allocated: hashbrown
@@ -978,12 +979,12 @@ impl Front {
             view_shards: (0..SHARD_COUNT).map(|_| Padded(RwLock::new(ViewShard::new()))).collect(),
             name_shards: (0..SHARD_COUNT).map(|_| NameShardLock::new()).collect(),
             name_epochs: (0..SHARD_COUNT).map(|_| AtomicU64::new(1)).collect(),
-            names_total: AtomicI64::new(0),
+            names_total: CachePadded::new(AtomicI64::new(0)),
             rename_lock: Mutex::new(()),
             inode_numbers,
-            next_generation: AtomicU64::new(next_generation),
+            next_generation: CachePadded::new(AtomicU64::new(next_generation)),
             space,
-            use_clock: AtomicU64::new(1),
+            use_clock: CachePadded::new(AtomicU64::new(1)),
         }
     }
 

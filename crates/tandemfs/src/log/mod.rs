@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use portable_atomic::AtomicU128;
 
@@ -265,39 +266,39 @@ struct Inner {
     pledges: Arc<Pledges>,
     /// Set by `Log::attach_images`: checkpoint images go elsewhere, so no append pledges room
     /// in this log; the backlog is only kept under `backlog_limit_blocks`.
-    images_elsewhere: AtomicBool,
+    images_elsewhere: CachePadded<AtomicBool>,
     /// With images elsewhere: the most image blocks the records not yet applied may stand for
     /// (`BACKLOG_CHECKPOINTS` image logs' worth), which bounds what replay after a crash must
     /// redo and what the front end holds pending.
-    backlog_limit_blocks: AtomicU64,
-    state: Mutex<State>,
+    backlog_limit_blocks: CachePadded<AtomicU64>,
+    state: CachePadded<Mutex<State>>,
     /// The next reservation's lsn and data position (`Head`), moved only by compare-and-swap.
-    head: AtomicU128,
+    head: CachePadded<AtomicU128>,
     /// Mirrors of the state's tail and durable point, stored with the state lock held and read
     /// by reservations without it. Each only moves forward, so a reservation that reads an
     /// older value sees less room and more pending records than there are: it refuses or
     /// flushes early, never overwrites a live record or a stage slot in use.
-    tail_lsn: AtomicU64,
-    tail_position: AtomicU64,
-    durable_lsn: AtomicU64,
-    durable_position: AtomicU64,
+    tail_lsn: CachePadded<AtomicU64>,
+    tail_position: CachePadded<AtomicU64>,
+    durable_lsn: CachePadded<AtomicU64>,
+    durable_position: CachePadded<AtomicU64>,
     /// The state's `closed || failed`, for reservations.
-    stopped: AtomicBool,
+    stopped: CachePadded<AtomicBool>,
     /// When the oldest record not yet taken by a leader was reserved (about): nanoseconds since
     /// `epoch` plus one, 0 for none. Set by the appender that finds it 0, cleared by leaders.
-    pending_since_ns: AtomicU64,
+    pending_since_ns: CachePadded<AtomicU64>,
     /// The background flusher sleeps until woken (nothing pending when it looked).
-    flusher_idle: AtomicBool,
+    flusher_idle: CachePadded<AtomicBool>,
     epoch: Instant,
     /// The stage: `STAGE_SLOTS` slots, record `lsn` in slot `lsn % STAGE_SLOTS`. A reservation
     /// is refused (flush first) while `STAGE_SLOTS` records are not durable, so a slot is
     /// reused only after its previous record was written.
-    slots: Box<[Slot]>,
+    slots: Box<[CachePadded<Slot>]>,
     /// The highest published lsn: `flush` makes everything up to it durable (every append
     /// that returned before `flush` was called is at or below it).
-    published_max: AtomicU64,
+    published_max: CachePadded<AtomicU64>,
     /// Flushers waiting for the record after the durable lsn to be published.
-    stall_waiters: AtomicU32,
+    stall_waiters: CachePadded<AtomicU32>,
     /// Signalled when `durable_lsn` advances, a flush ends, a record a flusher waits for is
     /// published, or the log stops.
     durable_changed: Condvar,
@@ -306,7 +307,7 @@ struct Inner {
     /// Bytes were written to the device outside the log for a record appended after them (a
     /// direct write's data, `Log::note_ordered_data`): the next group commit flushes the device
     /// before it writes its batch, so that no record reaches the medium before what it maps.
-    ordered_data: AtomicBool,
+    ordered_data: CachePadded<AtomicBool>,
     /// Test hook: runs in `append` after the reservation, before the copy.
     #[cfg(test)]
     copy_hook: Mutex<Option<CopyHook>>,
@@ -386,32 +387,36 @@ impl Log {
             normal_slots,
             normal_data,
             pledges: Arc::new(Pledges::default()),
-            images_elsewhere: AtomicBool::new(false),
-            backlog_limit_blocks: AtomicU64::new(u64::MAX),
-            state: Mutex::new(state),
-            head: AtomicU128::new(Head { lsn: scan.end.lsn, position: scan.end.data_position }.pack()),
-            tail_lsn: AtomicU64::new(tail.lsn),
-            tail_position: AtomicU64::new(tail.data_position),
-            durable_lsn: AtomicU64::new(scan.end.lsn - 1),
-            durable_position: AtomicU64::new(scan.end.data_position),
-            stopped: AtomicBool::new(false),
-            pending_since_ns: AtomicU64::new(0),
-            flusher_idle: AtomicBool::new(false),
+            images_elsewhere: CachePadded::new(AtomicBool::new(false)),
+            backlog_limit_blocks: CachePadded::new(AtomicU64::new(u64::MAX)),
+            state: CachePadded::new(Mutex::new(state)),
+            head: CachePadded::new(AtomicU128::new(
+                Head { lsn: scan.end.lsn, position: scan.end.data_position }.pack(),
+            )),
+            tail_lsn: CachePadded::new(AtomicU64::new(tail.lsn)),
+            tail_position: CachePadded::new(AtomicU64::new(tail.data_position)),
+            durable_lsn: CachePadded::new(AtomicU64::new(scan.end.lsn - 1)),
+            durable_position: CachePadded::new(AtomicU64::new(scan.end.data_position)),
+            stopped: CachePadded::new(AtomicBool::new(false)),
+            pending_since_ns: CachePadded::new(AtomicU64::new(0)),
+            flusher_idle: CachePadded::new(AtomicBool::new(false)),
             epoch: Instant::now(),
             slots: (0..STAGE_SLOTS)
-                .map(|_| Slot {
-                    filled_lsn: AtomicU64::new(0),
-                    reserved_lsn: AtomicU64::new(0),
-                    position: AtomicU64::new(0),
-                    reserve: AtomicBool::new(false),
-                    bytes: Mutex::new(SlotBytes { header: [0; HEADER_SIZE], payload: Vec::new() }),
+                .map(|_| {
+                    CachePadded::new(Slot {
+                        filled_lsn: AtomicU64::new(0),
+                        reserved_lsn: AtomicU64::new(0),
+                        position: AtomicU64::new(0),
+                        reserve: AtomicBool::new(false),
+                        bytes: Mutex::new(SlotBytes { header: [0; HEADER_SIZE], payload: Vec::new() }),
+                    })
                 })
                 .collect(),
-            published_max: AtomicU64::new(scan.end.lsn - 1),
-            stall_waiters: AtomicU32::new(0),
+            published_max: CachePadded::new(AtomicU64::new(scan.end.lsn - 1)),
+            stall_waiters: CachePadded::new(AtomicU32::new(0)),
             durable_changed: Condvar::new(),
             flusher_wake: Condvar::new(),
-            ordered_data: AtomicBool::new(false),
+            ordered_data: CachePadded::new(AtomicBool::new(false)),
             #[cfg(test)]
             copy_hook: Mutex::new(None),
         });

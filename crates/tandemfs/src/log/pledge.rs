@@ -40,13 +40,13 @@ pub const CHECKPOINT_OVERHEAD_BYTES: u64 = 4096;
 pub const CHECKPOINT_OVERHEAD_SLOTS: u64 = 2;
 
 pub struct Pledges {
-    unapplied_blocks: AtomicU64,
+    unapplied_blocks: crossbeam_utils::CachePadded<AtomicU64>,
     /// Written by the volume (with it held) through `dirty_gauge`.
     dirty_blocks: Arc<AtomicU64>,
-    checkpoint_blocks: AtomicU64,
+    checkpoint_blocks: crossbeam_utils::CachePadded<AtomicU64>,
     /// Counts releases, so that a waiter knows whether room came free since it looked. Read
     /// without the lock; moved on with `wake` held, so that no wake-up is lost.
-    releases: AtomicU64,
+    releases: crossbeam_utils::CachePadded<AtomicU64>,
     wake: Mutex<()>,
     released: Condvar,
 }
@@ -54,10 +54,10 @@ pub struct Pledges {
 impl Default for Pledges {
     fn default() -> Self {
         Pledges {
-            unapplied_blocks: AtomicU64::new(0),
+            unapplied_blocks: crossbeam_utils::CachePadded::new(AtomicU64::new(0)),
             dirty_blocks: Arc::new(AtomicU64::new(0)),
-            checkpoint_blocks: AtomicU64::new(0),
-            releases: AtomicU64::new(0),
+            checkpoint_blocks: crossbeam_utils::CachePadded::new(AtomicU64::new(0)),
+            releases: crossbeam_utils::CachePadded::new(AtomicU64::new(0)),
             wake: Mutex::new(()),
             released: Condvar::new(),
         }
