@@ -13,6 +13,7 @@ mod check;
 mod format;
 mod hash;
 mod index;
+mod members;
 mod session;
 mod summary;
 #[cfg(test)]
@@ -23,11 +24,13 @@ pub use format::{
     DirRoot, DIR_ROOT_BYTES, MAX_INDEX_DEPTH, MAX_NAME_BYTES, REGION_MERGE_ENTRIES, REGION_SPLIT_ENTRIES,
 };
 pub use hash::{half_md4, hash_seed_from_uuid, HashSeed};
+pub use members::{writer_cache, WriterCache, WriterCacheCounts, CACHED_REGIONS_MAX};
 pub use summary::{lookup_summarised, RegionCache, VersionedStore};
 
 use crate::block::meta::{BlockKind, MetaStore};
 use crate::error::{Error, Result};
 use format::*;
+use members::Regions;
 use session::Session;
 
 /// One entry as readdir reports it. `cookie` resumes a listing right after this entry.
@@ -72,6 +75,49 @@ fn run<T>(
             Err(error)
         }
     }
+}
+
+/// As `run`, with the regions of the directory kept by `cache` (`members`): taken out for the
+/// operation, brought to what it commits, and put back only if the commit succeeds.
+fn run_cached<T>(
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    cache: Option<&WriterCache>,
+    operation: impl FnOnce(&mut Session, &mut DirRoot, &mut Regions) -> Result<T>,
+) -> Result<T> {
+    root.validate()?;
+    let first_leaf = root.first_leaf;
+    let mut regions = match cache {
+        Some(cache) => cache.take(first_leaf),
+        None => Regions::disabled(),
+    };
+    let mut session = Session::new(store);
+    let mut working = *root;
+    let mut unchanged = false;
+    let result = operation(&mut session, &mut working, &mut regions).and_then(|value| {
+        // A root that would not pass its own checks means the walk met damage it could not see.
+        working.validate().map_err(|error| Error::corruption(format!("directory root after an update: {error}")))?;
+        Ok(value)
+    });
+    let committed = match result {
+        Ok(value) => {
+            regions.finish(&session);
+            session.commit().map(|()| value)
+        }
+        Err(error) => {
+            // An operation that fails before it changes anything (a name that exists, or is
+            // missing) leaves the kept regions as true as they were.
+            unchanged = session.is_unchanged();
+            session.abandon();
+            Err(error)
+        }
+    };
+    if let Some(cache) = cache {
+        cache.put(first_leaf, regions, committed.is_ok() || unchanged);
+    }
+    let value = committed?;
+    *root = working;
+    Ok(value)
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -138,6 +184,10 @@ struct Found {
     /// The leaves of the dummy and of the region's entries among them (the walk may end on the
     /// next region's dummy, whose leaf need not hold anything of this region).
     member_leaves: Vec<u64>,
+    /// Found from a region's kept pairs (`members`) rather than a walk: the two lists above are
+    /// empty until `Regions::walked_leaves` fills them in; the number of entries with a hash
+    /// not above the name's.
+    pairs_walked: Option<usize>,
 }
 
 fn note_leaf(leaves: &mut Vec<u64>, position: u64) {
@@ -164,6 +214,7 @@ fn find(session: &mut Session, root: &DirRoot, hash: u32, name: &[u8]) -> Result
         before_same_hash: dummy_position,
         visited_leaves: Vec::with_capacity(8),
         member_leaves: Vec::with_capacity(8),
+        pairs_walked: None,
     };
     found.visited_leaves.push(block_of(dummy_position));
     found.member_leaves.push(block_of(dummy_position));
@@ -317,19 +368,21 @@ fn mark(block: &mut crate::block::meta::BlockBuf, slot: usize, slots: usize, use
     write_u16(&mut block[..], LEAF_USED_SLOTS_OFFSET, count as u16);
 }
 
-/// Frees a record's slots; frees its leaf too once nothing is left in it.
-fn release(session: &mut Session, root: &mut DirRoot, position: u64, slots: usize) -> Result<()> {
+/// Frees the slots of a record (of `key`); frees its leaf too once nothing is left in it.
+fn release(session: &mut Session, root: &mut DirRoot, position: u64, key: u64, slots: usize) -> Result<()> {
     let (block_number, slot) = split_position(position, &|| "record to free".into())?;
     let block = session.leaf_mut(block_number)?;
     if let Some(free) = (slot..slot + slots).find(|each| !leaf_bit(block, *each)) {
         return Err(Error::corruption(format!("directory leaf {block_number}: slot {free} of a live record is free")));
     }
     mark(block, slot, slots, false);
-    if read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) != 0 || block_number == root.first_leaf {
-        return Ok(());
-    }
+    let emptied = read_u16(&block[..], LEAF_USED_SLOTS_OFFSET) == 0;
     let previous = read_u64(&block[..], LEAF_PREVIOUS_OFFSET);
     let next = read_u64(&block[..], LEAF_NEXT_OFFSET);
+    session.note_released(position, key);
+    if !emptied || block_number == root.first_leaf {
+        return Ok(());
+    }
     if previous == 0 {
         return Err(Error::corruption(format!(
             "directory leaf {block_number} has no previous leaf but is not the first"
@@ -376,13 +429,26 @@ pub fn insert(
     inode: u64,
     file_type: u8,
 ) -> Result<()> {
+    insert_in(Some(writer_cache()), store, root, seed, name, inode, file_type)
+}
+
+/// `insert` with the regions kept by `cache` (None: walk every time).
+fn insert_in(
+    cache: Option<&WriterCache>,
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+    inode: u64,
+    file_type: u8,
+) -> Result<()> {
     check_name(name)?;
     if name == b"." || name == b".." {
         return Err(Error::Exists);
     }
     let hash = name_order_hash(seed, name);
-    run(store, root, |session, root| {
-        let found = find(session, root, hash, name)?;
+    run_cached(store, root, cache, |session, root, regions| {
+        let mut found = regions.find(session, root, hash, name)?;
         if found.entry.is_some() {
             return Err(Error::Exists);
         }
@@ -416,24 +482,45 @@ pub fn insert(
         if successor != 0 {
             note_leaf(&mut candidates, successor);
         }
-        for leaf in &found.visited_leaves {
-            note_leaf(&mut candidates, *leaf << POSITION_SLOT_BITS);
+        // Then the leaves the walk passed through (listed only when these two are full).
+        let mut position = try_place(session, &candidates, record.slots())?;
+        if position.is_none() {
+            regions.walked_leaves(&mut found);
+            let known = candidates.len();
+            for leaf in &found.visited_leaves {
+                note_leaf(&mut candidates, *leaf << POSITION_SLOT_BITS);
+            }
+            position = try_place(session, &candidates[known..], record.slots())?;
         }
         // Then every leaf of the region, so that a region fills its own leaves before it takes
         // a new one: its records then sit in few blocks and a lookup reads few leaves. The rest
         // of the region is walked only when the leaves seen so far are full.
-        let mut position = try_place(session, &candidates, record.slots())?;
         if position.is_none() {
-            let (_, members, _) = region_members(session, found.dummy_position)?;
             let known = candidates.len();
-            for member in &members {
-                note_leaf(&mut candidates, member.position);
+            match regions.entries(found.dummy_position) {
+                // The kept pairs are the region as `find` just checked it.
+                Some(entries) => {
+                    for (_, member) in entries {
+                        note_leaf(&mut candidates, *member);
+                    }
+                }
+                None => {
+                    for member in &region_members(session, found.dummy_position)?.1 {
+                        note_leaf(&mut candidates, member.position);
+                    }
+                }
             }
             position = try_place(session, &candidates[known..], record.slots())?;
         }
         let took_new_leaf = position.is_none();
-        let widened =
-            took_new_leaf || position.is_some_and(|position| !found.member_leaves.contains(&block_of(position)));
+        // The predecessor's leaf is always one of the region's (it holds the dummy or an entry).
+        let widened = took_new_leaf
+            || position.is_some_and(|position| {
+                block_of(position) != block_of(predecessor) && {
+                    regions.walked_leaves(&mut found);
+                    !found.member_leaves.contains(&block_of(position))
+                }
+            });
         let position = match position {
             Some(position) => position,
             None => place(session, root, &candidates, record.slots())?,
@@ -443,11 +530,15 @@ pub fn insert(
         let count = add_to_count(session, found.dummy_position, 1)?;
         root.entry_count += 1;
         if count >= REGION_SPLIT_ENTRIES {
+            // The region's pairs are dropped at the end (its records changed, and it is not
+            // marked as kept current).
             split_region(session, root, found.dummy_position)?;
-        } else if widened {
-            // The entry may have widened the region's set of leaves (a new leaf, or the leaf of
-            // the next region's dummy): gather the region again if it spread too far.
-            compact_region(session, root, found.dummy_position)?;
+            return Ok(());
+        }
+        // The entry may have widened the region's set of leaves (a new leaf, or the leaf of the
+        // next region's dummy): gather the region again if it spread too far.
+        if !(widened && compact_region(session, root, found.dummy_position)?) {
+            regions.inserted(found.dummy_position, record.key, position);
         }
         Ok(())
     })
@@ -502,14 +593,14 @@ fn region_members(session: &mut Session, dummy_position: u64) -> Result<Region> 
 }
 
 /// Gathers a region's records back into few leaves once they have spread over more than
-/// `REGION_LEAF_SLACK` leaves beyond what they need.
+/// `REGION_LEAF_SLACK` leaves beyond what they need; whether any record moved.
 ///
 /// Splits never move entries, so without this the records of a region would sit in one more
 /// shared leaf for every generation of splits it descends from, and a lookup walking the region
 /// would read them all. Here the leaves holding most of the region's slots are kept and the
 /// records elsewhere move into their free space (or into new leaves). Only positions change;
 /// keys, and so readdir cookies, do not. The dummy stays where the index points.
-fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
+fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<bool> {
     let (_, members, _) = region_members(session, dummy_position)?;
     let mut slots_by_leaf: Vec<(u64, usize)> = Vec::new();
     let mut total_slots = 0;
@@ -522,17 +613,19 @@ fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64
     }
     let needed_leaves = total_slots.div_ceil(ENTRY_SLOTS_PER_LEAF);
     if slots_by_leaf.len() <= needed_leaves + REGION_LEAF_SLACK {
-        return Ok(());
+        return Ok(false);
     }
     // Keep the leaves with most of the region, as many as it needs plus one for fragmentation.
     slots_by_leaf.sort_by(|left, right| right.1.cmp(&left.1).then(left.0.cmp(&right.0)));
     let mut kept: Vec<u64> = slots_by_leaf.iter().take(needed_leaves + 1).map(|(leaf, _)| *leaf).collect();
     let mut predecessor = dummy_position;
+    let mut moved = false;
     for member in &members {
         if kept.contains(&block_of(member.position)) {
             predecessor = member.position;
             continue;
         }
+        moved = true;
         // Only records that move are copied out whole.
         let record = session.record(member.position, &|| "region member".into())?;
         let new_position = place(session, root, &kept, record.slots())?;
@@ -541,10 +634,10 @@ fn compact_region(session: &mut Session, root: &mut DirRoot, dummy_position: u64
         }
         session.put_record(new_position, &record)?;
         set_next(session, predecessor, new_position)?;
-        release(session, root, member.position, record.slots())?;
+        release(session, root, member.position, record.key, record.slots())?;
         predecessor = new_position;
     }
-    Ok(())
+    Ok(moved)
 }
 
 /// Splits a full region at the hash boundary nearest its middle by linking a new dummy in
@@ -595,34 +688,45 @@ fn merge_into(
     let victim = session.header(victim_position, &|| "merged dummy".into())?;
     add_to_count(session, survivor_position, victim.inode_or_count as i64)?;
     set_next(session, predecessor, victim.next)?;
-    release(session, root, victim_position, victim.slots())?;
+    release(session, root, victim_position, victim.key, victim.slots())?;
     index::decrement(&mut root.region_count, "region count")?;
     index::remove(session, root, victim.region_hash())
 }
 
 pub fn remove(store: &mut dyn MetaStore, root: &mut DirRoot, seed: &HashSeed, name: &[u8]) -> Result<(u64, u8)> {
+    remove_in(Some(writer_cache()), store, root, seed, name)
+}
+
+/// `remove` with the regions kept by `cache` (None: walk every time).
+fn remove_in(
+    cache: Option<&WriterCache>,
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+) -> Result<(u64, u8)> {
     check_name(name)?;
     let hash = name_order_hash(seed, name);
-    run(store, root, |session, root| {
-        let found = find(session, root, hash, name)?;
+    run_cached(store, root, cache, |session, root, regions| {
+        let found = regions.find(session, root, hash, name)?;
         let Some((position, record)) = found.entry else {
             return Err(Error::NotFound);
         };
         set_next(session, found.predecessor, record.next)?;
-        release(session, root, position, record.slots())?;
+        release(session, root, position, record.key, record.slots())?;
         let count = add_to_count(session, found.dummy_position, -1)?;
         index::decrement(&mut root.entry_count, "entry count")?;
         // A region above the merge size cannot merge with anything: skip the walk.
-        if count < REGION_MERGE_ENTRIES {
-            merge_after_remove(session, root, found.dummy_position)?;
+        if !(count < REGION_MERGE_ENTRIES && merge_after_remove(session, root, found.dummy_position)?) {
+            regions.removed(found.dummy_position, record.key, position);
         }
         Ok((record.inode_or_count, record.file_type))
     })
 }
 
 /// Merges the region that just lost an entry with a small neighbour: the next region folds
-/// into it, or it folds into the previous one.
-fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<()> {
+/// into it, or it folds into the previous one. Whether it merged.
+fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position: u64) -> Result<bool> {
     let dummy = session.header(dummy_position, &|| "region dummy".into())?;
     if !dummy.is_dummy {
         return Err(Error::corruption(format!("directory: position {dummy_position:#x} should hold a dummy")));
@@ -645,13 +749,14 @@ fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position:
             if dummy.inode_or_count.saturating_add(next.inode_or_count) <= REGION_MERGE_ENTRIES {
                 let predecessor = members.last().map(|member| member.position).unwrap_or(dummy_position);
                 merge_into(session, root, dummy_position, predecessor, next_dummy)?;
-                return compact_region(session, root, dummy_position);
+                compact_region(session, root, dummy_position)?;
+                return Ok(true);
             }
         }
     }
     let region_hash = dummy.region_hash();
     if region_hash == 0 {
-        return Ok(()); // the head region has no predecessor and is never removed
+        return Ok(false); // the head region has no predecessor and is never removed
     }
     let (_, previous_dummy) = index::find_region(session, root, region_hash - 1)?;
     // Read the count first: the walk to the end of the previous region is needed only to merge.
@@ -665,9 +770,10 @@ fn merge_after_remove(session: &mut Session, root: &mut DirRoot, dummy_position:
         }
         let predecessor = previous_members.last().map(|member| member.position).unwrap_or(previous_dummy);
         merge_into(session, root, previous_dummy, predecessor, dummy_position)?;
-        return compact_region(session, root, previous_dummy);
+        compact_region(session, root, previous_dummy)?;
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 pub fn replace(
@@ -678,10 +784,23 @@ pub fn replace(
     inode: u64,
     file_type: u8,
 ) -> Result<(u64, u8)> {
+    replace_in(Some(writer_cache()), store, root, seed, name, inode, file_type)
+}
+
+/// `replace` with the regions kept by `cache` (None: walk every time).
+fn replace_in(
+    cache: Option<&WriterCache>,
+    store: &mut dyn MetaStore,
+    root: &mut DirRoot,
+    seed: &HashSeed,
+    name: &[u8],
+    inode: u64,
+    file_type: u8,
+) -> Result<(u64, u8)> {
     check_name(name)?;
     let hash = name_order_hash(seed, name);
-    run(store, root, |session, root| {
-        let found = find(session, root, hash, name)?;
+    run_cached(store, root, cache, |session, root, regions| {
+        let found = regions.find(session, root, hash, name)?;
         let Some((position, mut record)) = found.entry else {
             return Err(Error::NotFound);
         };
@@ -689,6 +808,7 @@ pub fn replace(
         record.inode_or_count = inode;
         record.file_type = file_type;
         session.put_record(position, &record)?;
+        regions.rewritten(found.dummy_position);
         Ok(old)
     })
 }
@@ -776,6 +896,7 @@ fn check_listed_entry(seed: &HashSeed, record: &format::Record) -> Result<()> {
 /// can reach even when some of it is damaged, and then reports the damage.
 pub fn destroy(store: &mut dyn MetaStore, root: DirRoot) -> Result<()> {
     root.validate()?;
+    writer_cache().forget(root.first_leaf);
     let mut blocks = std::collections::BTreeSet::new();
     let mut first_error = None;
     {

@@ -19,6 +19,10 @@ struct Cached {
     block: SharedBlock,
     kind: BlockKind,
     dirty: bool,
+    /// The address of the buffer the store gave (0 for a block made here): the writers' cache
+    /// (`members`) knows a block it read by that buffer, and keeps it alive, so an equal
+    /// address is the very same bytes.
+    loaded: usize,
 }
 
 pub struct Session<'a> {
@@ -34,6 +38,19 @@ pub struct Session<'a> {
     freed: FastHashSet<u64>,
     /// For read-only walks over big directories: clean blocks are dropped past this many.
     clean_limit: usize,
+    /// The records this operation wrote or released (`members` keeps the regions whose
+    /// records it did not change).
+    changed: Vec<Changed>,
+}
+
+/// A record an operation wrote or released.
+#[derive(Clone, Copy, Debug)]
+pub struct Changed {
+    pub position: u64,
+    /// The record's key (the same before and after: keys never change in place).
+    pub key: u64,
+    /// Only a dummy's member count changed.
+    pub count_only: bool,
 }
 
 impl<'a> Session<'a> {
@@ -46,6 +63,7 @@ impl<'a> Session<'a> {
             allocated: Vec::new(),
             freed: FastHashSet::default(),
             clean_limit: usize::MAX,
+            changed: Vec::new(),
         }
     }
 
@@ -102,7 +120,8 @@ impl<'a> Session<'a> {
                     BlockKind::DirIndex => {} // checked by decode_index, which needs the expected level
                     _ => unreachable!("directories use only leaf and index blocks"),
                 }
-                self.push(Cached { block_number, block, kind, dirty: false })
+                let loaded = Arc::as_ptr(&block) as usize;
+                self.push(Cached { block_number, block, kind, dirty: false, loaded })
             }
         };
         self.last_used = place;
@@ -185,7 +204,7 @@ impl<'a> Session<'a> {
             )));
         }
         let block = if kind == BlockKind::DirLeaf { new_leaf() } else { zeroed_block() };
-        self.push(Cached { block_number, block: Arc::new(block), kind, dirty: true });
+        self.push(Cached { block_number, block: Arc::new(block), kind, dirty: true, loaded: 0 });
         Ok(block_number)
     }
 
@@ -225,27 +244,67 @@ impl<'a> Session<'a> {
         let (block_number, slot) = split_position(position, &|| "record to write".into())?;
         let block = self.leaf_mut(block_number)?;
         encode_record(block, slot, record);
+        self.changed.push(Changed { position, key: record.key, count_only: false });
         Ok(())
     }
 
     /// Rewrites one 8-byte field of the checked record at `position` in place.
-    fn put_field(&mut self, position: u64, offset: usize, value: u64) -> Result<()> {
+    fn put_field(&mut self, position: u64, offset: usize, value: u64, key: u64, count_only: bool) -> Result<()> {
         let (block_number, slot) = split_position(position, &|| "record to change".into())?;
         let block = self.leaf_mut(block_number)?;
         write_u64(&mut block[..], slot * SLOT_BYTES + offset, value);
+        self.changed.push(Changed { position, key, count_only });
         Ok(())
     }
 
     /// Points the record at `position` at `next` (the record is checked first).
     pub fn set_next(&mut self, position: u64, next: u64) -> Result<()> {
-        self.header(position, &|| "record to relink".into())?;
-        self.put_field(position, ENTRY_NEXT_OFFSET, next)
+        let key = self.header(position, &|| "record to relink".into())?.key;
+        self.put_field(position, ENTRY_NEXT_OFFSET, next, key, false)
     }
 
     /// Sets the member count of the dummy at `position`, whose checked header is `header`.
     pub fn set_count(&mut self, position: u64, header: &RecordHeader, count: u64) -> Result<()> {
         assert!(header.is_dummy);
-        self.put_field(position, ENTRY_INODE_OFFSET, count)
+        self.put_field(position, ENTRY_INODE_OFFSET, count, header.key, true)
+    }
+
+    /// Notes that the record of `key` at `position` was released (its slots are free now).
+    pub fn note_released(&mut self, position: u64, key: u64) {
+        self.changed.push(Changed { position, key, count_only: false });
+    }
+
+    /// The records written or released so far.
+    pub fn changed_records(&self) -> &[Changed] {
+        &self.changed
+    }
+
+    /// The leaf `block_number` as this session holds it now, without reading the store.
+    pub fn held_leaf(&self, block_number: u64) -> Option<SharedBlock> {
+        let place = self.place_of(block_number)?;
+        let cached = &self.blocks[place];
+        (cached.kind == BlockKind::DirLeaf).then(|| cached.block.clone())
+    }
+
+    /// The leaves this operation changed: (block, address of the buffer it read or 0 for a
+    /// new one, the buffer it will write).
+    pub fn changed_leaves(&self) -> Vec<(u64, usize, SharedBlock)> {
+        let changed = |cached: &&Cached| cached.dirty && cached.kind == BlockKind::DirLeaf;
+        self.blocks
+            .iter()
+            .filter(changed)
+            .map(|cached| (cached.block_number, cached.loaded, cached.block.clone()))
+            .collect()
+    }
+
+    /// Whether this operation changed nothing: no block written, made or freed.
+    pub fn is_unchanged(&self) -> bool {
+        self.allocated.is_empty() && self.freed.is_empty() && self.blocks.iter().all(|cached| !cached.dirty)
+    }
+
+    /// The blocks this operation freed.
+    pub fn freed_blocks(&self) -> Vec<u64> {
+        self.freed.iter().copied().collect()
     }
 
     /// Writes the changes and frees the blocks that became unused.

@@ -636,3 +636,284 @@ fn summarised_lookups_equal_walks() {
     assert!(root.region_count > 10 && built >= root.region_count, "{built} summaries built");
     assert!(summarised > 4 * built, "{summarised} lookups through {built} summaries");
 }
+
+/// A store that hands out the same buffer for a block until it changes, as the volume's block
+/// cache and the back end's memo do (the writers' cache knows a leaf by its buffer), and that
+/// can be told to fail its writes.
+struct SharingStore {
+    inner: MemoryStore,
+    held: HashMap<u64, SharedBlock>,
+    fail_writes: bool,
+}
+
+impl SharingStore {
+    fn new() -> SharingStore {
+        SharingStore { inner: MemoryStore::new(), held: HashMap::new(), fail_writes: false }
+    }
+
+    /// The blocks as the store holds them (sealed), for comparing two stores.
+    fn image(&self) -> BTreeMap<u64, Vec<u8>> {
+        self.inner.meta.iter().map(|(number, block)| (*number, block.to_vec())).collect()
+    }
+}
+
+impl MetaStore for SharingStore {
+    fn read_meta(&mut self, block_number: u64, kind: BlockKind) -> Result<SharedBlock> {
+        if let Some(block) = self.held.get(&block_number) {
+            return Ok(block.clone());
+        }
+        let block = self.inner.read_meta(block_number, kind)?;
+        self.held.insert(block_number, block.clone());
+        Ok(block)
+    }
+    fn write_meta(&mut self, block_number: u64, kind: BlockKind, block: SharedBlock) -> Result<()> {
+        if self.fail_writes {
+            return Err(Error::corruption("injected write failure"));
+        }
+        self.inner.write_meta(block_number, kind, block.clone())?;
+        self.held.insert(block_number, block);
+        Ok(())
+    }
+    fn allocate_meta(&mut self, near: u64) -> Result<u64> {
+        self.inner.allocate_meta(near)
+    }
+    fn free_meta(&mut self, block_number: u64) -> Result<()> {
+        self.held.remove(&block_number);
+        self.inner.free_meta(block_number)
+    }
+}
+
+fn check_sharing(store: &mut SharingStore, root: &DirRoot) {
+    let report = check(&mut store.inner, root, &SEED);
+    assert!(report.problems.is_empty(), "check found: {:?}", &report.problems[..report.problems.len().min(10)]);
+}
+
+/// Random inserts, removes, replaces and lookups (growing to 20,000 names, through splits,
+/// merges and compactions, and back) with the writers' cache on, against a model, and beside
+/// the same operations with the cache off: every answer equals the model's, every block equals
+/// the uncached directory's byte for byte (the pairs give `find`'s very answer, leaves
+/// included), the cache answered most operations and never had to fall back, and the
+/// directory checks clean.
+#[test]
+fn writer_cache_equals_walks_and_model() {
+    let mut rng = SmallRng::seed_from_u64(0xd1a1);
+    let cache = WriterCache::new(CACHED_REGIONS_MAX);
+    let mut cached = SharingStore::new();
+    let mut plain = SharingStore::new();
+    let mut cached_root = create(&mut cached).unwrap();
+    let mut plain_root = create(&mut plain).unwrap();
+    let mut model: BTreeMap<Vec<u8>, (u64, u8)> = BTreeMap::new();
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    let mut growing = true;
+    let mut operations = 0u64;
+    while growing || !model.is_empty() {
+        operations += 1;
+        assert!(operations < 1_000_000, "model test does not converge");
+        growing &= model.len() < 20_000;
+        let choice = rng.gen_range(0..100);
+        let (insert_share, remove_share) = if growing { (80, 92) } else { (4, 90) };
+        if choice < insert_share {
+            let name = random_name(&mut rng);
+            let value = (rng.gen::<u64>() >> 1, rng.gen_range(1..8));
+            let got = insert_in(Some(&cache), &mut cached, &mut cached_root, &SEED, &name, value.0, value.1);
+            let walked = insert_in(None, &mut plain, &mut plain_root, &SEED, &name, value.0, value.1);
+            if model.contains_key(&name) {
+                assert!(matches!(got, Err(Error::Exists)) && matches!(walked, Err(Error::Exists)));
+            } else {
+                got.unwrap();
+                walked.unwrap();
+                model.insert(name.clone(), value);
+                names.push(name);
+            }
+        } else if choice < remove_share {
+            let name = if names.is_empty() || rng.gen_ratio(1, 10) {
+                let name = random_name(&mut rng);
+                names.retain(|kept| *kept != name);
+                name
+            } else {
+                names.swap_remove(rng.gen_range(0..names.len()))
+            };
+            let expected = model.remove(&name).ok_or(Error::NotFound);
+            let got = remove_in(Some(&cache), &mut cached, &mut cached_root, &SEED, &name);
+            let walked = remove_in(None, &mut plain, &mut plain_root, &SEED, &name);
+            assert_eq!(format!("{got:?}"), format!("{expected:?}"));
+            assert_eq!(format!("{walked:?}"), format!("{expected:?}"));
+        } else if !names.is_empty() {
+            let name = names[rng.gen_range(0..names.len())].clone();
+            let value = (rng.gen::<u64>() >> 1, rng.gen_range(1..8));
+            let old = model.insert(name.clone(), value).unwrap();
+            assert_eq!(
+                replace_in(Some(&cache), &mut cached, &mut cached_root, &SEED, &name, value.0, value.1).unwrap(),
+                old
+            );
+            assert_eq!(replace_in(None, &mut plain, &mut plain_root, &SEED, &name, value.0, value.1).unwrap(), old);
+        }
+        assert_eq!(cached_root, plain_root);
+        if operations.is_multiple_of(5_000) {
+            assert!(cached.image() == plain.image(), "the cache changed a decision after {operations} operations");
+            check_sharing(&mut cached, &cached_root);
+            let mut listed = BTreeMap::new();
+            readdir(&mut cached.inner, &cached_root, &SEED, 0, &mut |entry| {
+                listed.insert(entry.name.clone(), (entry.inode, entry.file_type));
+                true
+            })
+            .unwrap();
+            assert_eq!(listed, model);
+        }
+    }
+    assert!(cached.image() == plain.image());
+    check_sharing(&mut cached, &cached_root);
+    let counts = cache.counts();
+    eprintln!("writer cache: {operations} operations, {counts:?}");
+    assert_eq!(counts.mismatched, 0, "kept pairs disagreed with the records: {counts:?}");
+    assert!(counts.hits > 4 * counts.built, "the cache answered too few operations: {counts:?}");
+    assert!(counts.kept > 0, "no region kept its pairs through a neighbour's change: {counts:?}");
+}
+
+/// An operation that fails after it brought the kept regions up to date (its commit fails)
+/// puts nothing back: the cache holds nothing of the directory, the next operations walk
+/// again, and what they answer is what the blocks hold.
+#[test]
+fn writer_cache_drops_regions_of_a_failed_operation() {
+    let cache = WriterCache::new(CACHED_REGIONS_MAX);
+    let mut store = SharingStore::new();
+    let mut root = create(&mut store).unwrap();
+    for index in 0..3000u64 {
+        insert_in(Some(&cache), &mut store, &mut root, &SEED, format!("name-{index}").as_bytes(), index + 1, 1)
+            .unwrap();
+    }
+    assert!(!cache.is_empty());
+    let image = store.image();
+    let root_before = root;
+    store.fail_writes = true;
+    for index in 0..50u64 {
+        let name = format!("late-{index}");
+        let outcome = insert_in(Some(&cache), &mut store, &mut root, &SEED, name.as_bytes(), 7, 1);
+        assert!(outcome.unwrap_err().is_corruption());
+        assert_eq!(cache.len(), 0, "a failed operation put its regions back");
+        let outcome = remove_in(Some(&cache), &mut store, &mut root, &SEED, format!("name-{index}").as_bytes());
+        assert!(outcome.unwrap_err().is_corruption());
+        assert_eq!(cache.len(), 0, "a failed operation put its regions back");
+    }
+    assert!(store.image() == image, "a failed operation wrote blocks");
+    assert_eq!(root, root_before);
+    store.fail_writes = false;
+    let built = cache.counts().built;
+    for index in 0..50u64 {
+        let late = format!("late-{index}");
+        assert_eq!(lookup(&mut store, &root, &SEED, late.as_bytes()).unwrap(), None);
+        insert_in(Some(&cache), &mut store, &mut root, &SEED, late.as_bytes(), 9, 2).unwrap();
+        let name = format!("name-{index}");
+        assert_eq!(remove_in(Some(&cache), &mut store, &mut root, &SEED, name.as_bytes()).unwrap(), (index + 1, 1));
+    }
+    assert!(cache.counts().built > built, "nothing was walked again");
+    assert_eq!(cache.counts().mismatched, 0);
+    check_sharing(&mut store, &root);
+    assert_eq!(root.entry_count(), 3000);
+}
+
+/// Blocks changed behind the cache's back (another writer: here the same operations without
+/// the cache, as fsck or a volume mounted anew would make them) give new buffers, and the
+/// kept regions they invalidate are walked again, never used.
+#[test]
+fn writer_cache_ignores_regions_changed_elsewhere() {
+    let mut rng = SmallRng::seed_from_u64(7);
+    let cache = WriterCache::new(CACHED_REGIONS_MAX);
+    let mut store = SharingStore::new();
+    let mut root = create(&mut store).unwrap();
+    let mut model: BTreeMap<Vec<u8>, (u64, u8)> = BTreeMap::new();
+    for round in 0..40u64 {
+        // The cache learns the directory, then another writer changes it.
+        for index in 0..200u64 {
+            let name = format!("r{round}-{index}-{}", rng.gen::<u16>()).into_bytes();
+            let through_cache = index % 2 == 0;
+            let cache_used = through_cache.then_some(&cache);
+            if insert_in(cache_used, &mut store, &mut root, &SEED, &name, index + 1, 1).is_ok() {
+                model.insert(name, (index + 1, 1));
+            }
+        }
+        let victims: Vec<Vec<u8>> = model.keys().filter(|_| rng.gen_ratio(1, 4)).cloned().collect();
+        for (number, name) in victims.iter().enumerate() {
+            let cache_used = (number % 2 == 0).then_some(&cache);
+            assert_eq!(remove_in(cache_used, &mut store, &mut root, &SEED, name).unwrap(), model.remove(name).unwrap());
+        }
+    }
+    for (name, value) in &model {
+        assert_eq!(replace_in(Some(&cache), &mut store, &mut root, &SEED, name, value.0, value.1).unwrap(), *value);
+    }
+    let counts = cache.counts();
+    eprintln!("writer cache beside another writer: {counts:?}");
+    assert_eq!(counts.mismatched, 0, "a region changed elsewhere was used: {counts:?}");
+    assert!(counts.hits > 0 && counts.built > 0);
+    check_sharing(&mut store, &root);
+}
+
+/// Kept pairs that lie while their leaves are current (here every entry's position moved to
+/// its neighbour's) are caught by the records they name: every answer is still right.
+#[test]
+fn writer_cache_checks_records_against_pairs() {
+    let cache = WriterCache::new(CACHED_REGIONS_MAX);
+    let mut store = SharingStore::new();
+    let mut root = create(&mut store).unwrap();
+    for index in 0..5000u64 {
+        insert_in(Some(&cache), &mut store, &mut root, &SEED, format!("f{index}").as_bytes(), index + 1, 1).unwrap();
+    }
+    let mut caught = 0;
+    for index in 0..5000u64 {
+        if index % 10 == 0 {
+            assert!(cache.rotate_positions_for_test(root.first_leaf), "no region kept");
+        }
+        let before = cache.counts().mismatched;
+        let name = format!("f{index}");
+        if index % 3 == 0 {
+            let result = insert_in(Some(&cache), &mut store, &mut root, &SEED, name.as_bytes(), 1, 1);
+            assert!(matches!(result, Err(Error::Exists)), "{result:?}");
+            insert_in(Some(&cache), &mut store, &mut root, &SEED, format!("g{index}").as_bytes(), 3, 1).unwrap();
+        } else if index % 3 == 1 {
+            assert_eq!(remove_in(Some(&cache), &mut store, &mut root, &SEED, name.as_bytes()).unwrap(), (index + 1, 1));
+        } else {
+            assert_eq!(
+                replace_in(Some(&cache), &mut store, &mut root, &SEED, name.as_bytes(), 4, 2).unwrap(),
+                (index + 1, 1)
+            );
+        }
+        caught += (cache.counts().mismatched > before) as u64;
+    }
+    assert!(caught >= 400, "lying pairs were caught only {caught} times");
+    check_sharing(&mut store, &root);
+    for index in 0..5000u64 {
+        let expected = match index % 3 {
+            0 => Some((index + 1, 1)),
+            1 => None,
+            _ => Some((4, 2)),
+        };
+        assert_eq!(lookup(&mut store, &root, &SEED, format!("f{index}").as_bytes()).unwrap(), expected);
+    }
+}
+
+/// Many directories through a small cache: directories are forgotten whole to stay within the
+/// bound, and every answer stays right.
+#[test]
+fn writer_cache_stays_within_its_bound() {
+    let cache = WriterCache::new(64);
+    let mut store = SharingStore::new();
+    let mut roots: Vec<DirRoot> = (0..12).map(|_| create(&mut store).unwrap()).collect();
+    for index in 0..24_000u64 {
+        let root = &mut roots[(index % 12) as usize];
+        insert_in(Some(&cache), &mut store, root, &SEED, format!("n{index}").as_bytes(), index + 1, 1).unwrap();
+        assert!(cache.len() <= 64, "{} regions kept", cache.len());
+    }
+    for index in (0..24_000u64).filter(|index| (index / 12) % 3 == 0) {
+        let root = &mut roots[(index % 12) as usize];
+        assert_eq!(
+            remove_in(Some(&cache), &mut store, root, &SEED, format!("n{index}").as_bytes()).unwrap(),
+            (index + 1, 1)
+        );
+    }
+    assert!(cache.counts().hits > 0);
+    assert_eq!(cache.counts().mismatched, 0);
+    for root in &roots {
+        check_sharing(&mut store, root);
+        assert_eq!(root.entry_count(), 1_333);
+    }
+}
