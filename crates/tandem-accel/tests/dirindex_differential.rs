@@ -1,8 +1,9 @@
 //! Issue 9: the GPU directory index against its CPU twin. Random trees (size from
 //! `TANDEM_DIRINDEX_ENTRIES`, default 200000, up to 10M), the same random updates applied to
 //! both, then random lookups, resolves, stats and lists compared answer for answer, including
-//! batches from several host threads at once. Without a GPU it prints "no GPU: skipped" and
-//! passes; the same generator also runs twin against twin (1 thread against all) so CI checks
+//! batches from several host threads at once. Without a GPU (no driver, no device, no NVRTC)
+//! it prints "no GPU: skipped" and passes; a GPU that is there and whose index does not open
+//! (NVRTC or ptxas refusing the kernel, memory, a launch) fails the test with the reason; the same generator also runs twin against twin (1 thread against all) so CI checks
 //! the harness itself. Seeded: each seed is printed; `TANDEM_SEED=N` runs that seed alone.
 
 use rand::rngs::StdRng;
@@ -27,6 +28,20 @@ const CREDENTIALS: [Credentials; 4] = [
     Credentials { uid: 1001, gid: 100 },
     Credentials { uid: 1002, gid: 200 },
 ];
+
+/// The GPU index, or None (after printing why) when the machine has no GPU to use. Any other
+/// failure to open fails the test: a kernel that does not compile or launch on a GPU that is
+/// there must never read as "no GPU" (it once hid a kernel the host's NVRTC refused).
+fn open_gpu_or_skip(config: GpuIndexConfig) -> Option<GpuDirectoryIndex> {
+    match GpuDirectoryIndex::open(ROOT, config) {
+        Ok(gpu) => Some(gpu),
+        Err(tandem_accel::AccelError::NoGpu(reason)) => {
+            println!("no GPU: skipped ({reason})");
+            None
+        }
+        Err(error) => panic!("a GPU is present but the directory index did not open: {error}"),
+    }
+}
 
 fn seeds(default: impl IntoIterator<Item = u64>) -> Vec<u64> {
     match std::env::var("TANDEM_SEED") {
@@ -604,13 +619,7 @@ fn gpu_answers_equal_the_cpu_twin() {
     let entries = entries_wanted();
     let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for seed in seeds(0..2) {
-        let gpu = match GpuDirectoryIndex::open(ROOT, gpu_config(entries)) {
-            Ok(gpu) => gpu,
-            Err(reason) => {
-                println!("no GPU: skipped ({reason})");
-                return;
-            }
-        };
+        let Some(gpu) = open_gpu_or_skip(gpu_config(entries)) else { return };
         println!("{}", gpu.describe());
         let cpu = CpuDirectoryIndex::new(ROOT, 0).unwrap();
         run_seed(seed, entries, &cpu, &gpu);
@@ -630,13 +639,7 @@ fn gpu_with_copies_equals_the_cpu_twin() {
     // default of 16 buffers would be 16 streams beside the kernel's, over the driver's 8
     // hardware queues unless CUDA_DEVICE_MAX_CONNECTIONS says more).
     config.staging_buffers = 8;
-    let gpu = match GpuDirectoryIndex::open(ROOT, config) {
-        Ok(gpu) => gpu,
-        Err(reason) => {
-            println!("no GPU: skipped ({reason})");
-            return;
-        }
-    };
+    let Some(gpu) = open_gpu_or_skip(config) else { return };
     let cpu = CpuDirectoryIndex::new(ROOT, 0).unwrap();
     run_seed(7, entries, &cpu, &gpu);
     println!("  {}", gpu.describe());
@@ -1319,13 +1322,7 @@ fn kernel_source_creates_of_one_name_race_to_one_entry() {
 #[test]
 fn gpu_creates_from_many_sms_equal_the_twin() {
     let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let gpu = match GpuDirectoryIndex::open(ROOT, gpu_config(1_500_000)) {
-        Ok(gpu) => gpu,
-        Err(reason) => {
-            println!("no GPU: skipped ({reason})");
-            return;
-        }
-    };
+    let Some(gpu) = open_gpu_or_skip(gpu_config(1_500_000)) else { return };
     creates_from_many_threads(&gpu, 8, 3, 2_000);
     println!("  many threads: one entry a name; {}", gpu.describe());
     drop(gpu);
@@ -1738,18 +1735,29 @@ fn twin_on_one_thread_equals_twin_on_all() {
 fn gpu_index_opens_and_stops_twice() {
     let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for _ in 0..2 {
-        match GpuDirectoryIndex::open(ROOT, GpuIndexConfig::for_entries(1024)) {
-            Ok(gpu) => {
-                for _ in 0..100 {
-                    gpu.ping().expect("ping");
-                }
-                println!("{}", gpu.describe());
-            }
-            Err(reason) => {
-                println!("no GPU: skipped ({reason})");
-                return;
-            }
+        let Some(gpu) = open_gpu_or_skip(GpuIndexConfig::for_entries(1024)) else { return };
+        for _ in 0..100 {
+            gpu.ping().expect("ping");
         }
+        println!("{}", gpu.describe());
+    }
+}
+
+/// Without a driver, a device or NVRTC, opening the index says NoGpu (what the tests above skip
+/// on); with all three, it opens or fails as Device. On this VM (no libcuda) the first.
+#[test]
+fn gpu_open_says_no_gpu_only_when_the_machine_has_none() {
+    let _one_index_at_a_time = GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let probed = tandem_accel::cuda::probe();
+    match GpuDirectoryIndex::open(ROOT, GpuIndexConfig::for_entries(1024)) {
+        Ok(gpu) => println!("a GPU index opened: {}", gpu.describe()),
+        Err(error) if error.is_no_gpu() => println!("no GPU: skipped ({error}); the driver probe says {probed:?}"),
+        Err(error) => panic!("a GPU is present but the directory index did not open: {error}"),
+    }
+    if let Err(reason) = probed {
+        let error =
+            GpuDirectoryIndex::open(ROOT, GpuIndexConfig::for_entries(1024)).err().expect("no driver, no index");
+        assert_eq!(error, tandem_accel::AccelError::NoGpu(reason));
     }
 }
 

@@ -252,15 +252,17 @@ impl GpuDirectoryIndex {
         if config.staging_buffers == 0 || config.staging_bytes < (64 << 10) || config.arena_bytes < 8 {
             return Err(AccelError::InvalidArgument(format!("unusable GPU index configuration {config:?}")));
         }
-        let system = CudaSystem::open().map_err(AccelError::Device)?;
-        let device =
-            system.devices.get(config.device).cloned().ok_or_else(|| {
-                AccelError::Device(format!("no GPU {} ({} found)", config.device, system.devices.len()))
-            })?;
+        // No driver, no device or no NVRTC: NoGpu. Everything after this point failing on a
+        // GPU that is there is Device (tests fail on it rather than skip).
+        let system = CudaSystem::open()?;
+        let device = system.devices.get(config.device).cloned().ok_or_else(|| {
+            AccelError::InvalidArgument(format!("no GPU {} ({} found)", config.device, system.devices.len()))
+        })?;
         device.bind_context()?;
         let (major, minor) = device.compute_capability;
         if major < 7 {
-            return Err(AccelError::Device(format!("sm_{major}{minor}: the directory kernel needs sm_70 or later")));
+            // The hardware's, not the code's: no device this kernel can run on.
+            return Err(AccelError::NoGpu(format!("sm_{major}{minor}: the directory kernel needs sm_70 or later")));
         }
         let (function, blocks) = Self::kernel_function(&device, config.blocks)?;
         let mut kernel_stream = std::ptr::null_mut();
