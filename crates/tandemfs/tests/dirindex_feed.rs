@@ -1040,7 +1040,7 @@ fn create_batches_decided_by_the_index_equal_single_creates() {
     let statistics = with_index.directory_index_statistics().unwrap();
     println!("{statistics:?}");
     assert!(statistics.create_groups_claimed > 0, "the index decided no group: {statistics:?}");
-    assert!(statistics.names_claimed > 1000 && statistics.names_found_taken > 500, "{statistics:?}");
+    assert!(statistics.names_claimed > 300 && statistics.names_found_taken > 500, "{statistics:?}");
     // The index's answers about the made names equal the single calls.
     let lookups: Vec<(u64, Vec<u8>)> =
         (0..600).map(|serial| (parents[serial % 6].0, format!("n{serial}").into_bytes())).collect();

@@ -100,6 +100,12 @@ pub trait BatchIndex: Send + Sync {
         Ok(None)
     }
 
+    /// Whether `claim_creates` would take part now (a hint, so that a group takes inode
+    /// numbers for the claims only then: the answer may change before the claim).
+    fn may_claim(&self) -> bool {
+        false
+    }
+
     /// Ends the claims of `requests` (those answered `Claimed`): `made[i]` `Some` commits the
     /// create with the attributes it was made with (its record is in the log), `None` aborts
     /// it. `record`: the lsn of the group's record when every create in it was claimed and is

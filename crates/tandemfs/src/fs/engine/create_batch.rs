@@ -219,6 +219,11 @@ impl FileSystem {
         answers: &mut [Option<Result<Attributes>>],
     ) -> Option<GroupClaims> {
         let front = &self.inner.front;
+        if !index.may_claim() {
+            // The index is behind (the adapter counts the group declined): numbers are taken
+            // only for claims that may happen.
+            return None;
+        }
         let mut numbers: Vec<Option<InodeNumber>> = vec![None; group.len()];
         let mut asked: Vec<IndexCreate<'_>> = Vec::with_capacity(group.len());
         let mut places: Vec<usize> = Vec::with_capacity(group.len());

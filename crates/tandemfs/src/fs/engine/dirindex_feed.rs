@@ -975,6 +975,16 @@ impl BatchIndex for IndexAdapter {
         self.min_batch
     }
 
+    /// Counts a group it will not take part in as declined (as `claim_creates` does).
+    fn may_claim(&self) -> bool {
+        let Ok(fs) = self.file_system() else { return false };
+        let current = !self.feed.is_failed() && self.feed.names_current(fs.inner.backend.last_queued_lsn());
+        if !current {
+            self.feed.counters.create_groups_declined.fetch_add(1, Ordering::Relaxed);
+        }
+        current
+    }
+
     /// Claims through the index when it reflects every change acknowledged so far: the caller
     /// holds the name shards of the group's parents, so no change to those names is
     /// acknowledged meanwhile, and none before is missing from the index. No wait here (the
