@@ -40,6 +40,21 @@ pub(crate) fn check(result: sys::CUresult, what: &str) -> Result<()> {
     result.result().map_err(|error| device_error(what, error))
 }
 
+/// The result of a call that starts the driver (`cuInit`, `cuDeviceGetCount`): the codes that
+/// say the machine has no GPU to use — no device, or a stub `libcuda` (a container or a build
+/// machine without the real driver) — are `NoGpu`; every other failure is `Device`, a driver
+/// that is there and failed. Every call after the driver started goes through [`check`], so
+/// an error there (a kernel that does not load, memory, a launch) is always `Device`.
+pub fn start_failure(result: sys::CUresult, what: &str) -> Result<()> {
+    match result {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        sys::CUresult::CUDA_ERROR_NO_DEVICE | sys::CUresult::CUDA_ERROR_STUB_LIBRARY => {
+            Err(AccelError::NoGpu(format!("{what}: {result:?}")))
+        }
+        _ => Err(device_error(what, result)),
+    }
+}
+
 /// Whether a shared library can be loaded (it stays loaded; cudarc will load it again).
 fn library_present(names: &[&CStr]) -> Option<String> {
     for name in names {
@@ -839,23 +854,26 @@ pub struct CudaSystem {
 
 impl CudaSystem {
     /// Opens every GPU, or says why there is none. Never panics for a missing driver.
-    pub fn open() -> std::result::Result<Self, String> {
-        static SYSTEM: OnceLock<std::result::Result<Vec<Arc<CudaDevice>>, String>> = OnceLock::new();
+    /// `Err(AccelError::NoGpu)` when the machine has no GPU to use (no driver, no device, no
+    /// NVRTC: [`start_failure`]); `Err(AccelError::Device)` when GPUs are there and opening
+    /// them failed (the services' kernels did not compile or load, an allocation failed).
+    pub fn open() -> Result<Self> {
+        static SYSTEM: OnceLock<Result<Vec<Arc<CudaDevice>>>> = OnceLock::new();
         let devices = SYSTEM.get_or_init(|| {
-            probe()?;
+            probe().map_err(AccelError::NoGpu)?;
             let opened = std::panic::catch_unwind(|| -> Result<Vec<Arc<CudaDevice>>> {
-                check(unsafe { sys::cuInit(0) }, "cuInit")?;
+                start_failure(unsafe { sys::cuInit(0) }, "cuInit")?;
                 let mut count = 0;
-                check(unsafe { sys::cuDeviceGetCount(&mut count) }, "cuDeviceGetCount")?;
+                start_failure(unsafe { sys::cuDeviceGetCount(&mut count) }, "cuDeviceGetCount")?;
                 if count == 0 {
-                    return Err(AccelError::Device("no CUDA device".into()));
+                    return Err(AccelError::NoGpu("no CUDA device".into()));
                 }
                 (0..count as usize).map(|ordinal| CudaDevice::open(ordinal).map(Arc::new)).collect()
             });
             match opened {
-                Ok(Ok(devices)) => Ok(devices),
-                Ok(Err(error)) => Err(error.to_string()),
-                Err(_) => Err("the CUDA bindings panicked while loading the driver".into()),
+                Ok(result) => result,
+                // libcuda was found, so a panic here is a driver that is there and unusable.
+                Err(_) => Err(AccelError::Device("the CUDA bindings panicked while loading the driver".into())),
             }
         });
         devices.clone().map(|devices| CudaSystem { devices })
@@ -1236,7 +1254,48 @@ mod tests {
         // On machines without libcuda this must say why; with a GPU it must open.
         match CudaSystem::open() {
             Ok(system) => assert!(!system.devices.is_empty()),
-            Err(reason) => assert!(!reason.is_empty()),
+            Err(reason) => assert!(!reason.to_string().is_empty()),
+        }
+    }
+
+    /// Which failures of starting the GPU mean "no GPU here" (a test skips) and which mean a
+    /// GPU that is there and failed (a test fails): only no driver, no device and no NVRTC.
+    #[test]
+    fn only_an_absent_driver_device_or_nvrtc_reads_as_no_gpu() {
+        use sys::CUresult::*;
+        for absent in [CUDA_ERROR_NO_DEVICE, CUDA_ERROR_STUB_LIBRARY] {
+            let error = start_failure(absent, "cuInit").unwrap_err();
+            assert!(error.is_no_gpu(), "{absent:?} reads as {error}");
+        }
+        let present_and_failing = [
+            CUDA_ERROR_INVALID_PTX,
+            CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+            CUDA_ERROR_INVALID_IMAGE,
+            CUDA_ERROR_NO_BINARY_FOR_GPU,
+            CUDA_ERROR_OUT_OF_MEMORY,
+            CUDA_ERROR_LAUNCH_FAILED,
+            CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+            CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+            CUDA_ERROR_NOT_INITIALIZED,
+            CUDA_ERROR_UNKNOWN,
+        ];
+        for failing in present_and_failing {
+            let error = start_failure(failing, "cuInit").unwrap_err();
+            assert!(matches!(error, AccelError::Device(_)), "{failing:?} reads as {error}");
+        }
+        assert!(start_failure(CUDA_SUCCESS, "cuInit").is_ok());
+        // After the driver started, every call goes through `check`, whose errors are Device
+        // (it is not called here: its message asks the driver, which this VM lacks); so is a
+        // kernel NVRTC refuses, whatever the compiler says.
+        assert!(matches!(device_error("cuModuleLoadData", CUDA_ERROR_NO_DEVICE), AccelError::Device(_)));
+        if probe_nvrtc().is_ok() {
+            let refused = compile_cached_in(&std::env::temp_dir(), "refused", "not C++ at all", &[], 9, 0);
+            assert!(matches!(refused, Err(AccelError::Device(_))), "{refused:?}");
+        }
+        // The probe's reasons (no libcuda, no libnvrtc) are NoGpu through `CudaSystem::open`.
+        if let Err(reason) = probe() {
+            assert_eq!(CudaSystem::open().err(), Some(AccelError::NoGpu(reason)));
         }
     }
 }

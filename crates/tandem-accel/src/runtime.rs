@@ -338,7 +338,7 @@ impl Accelerator {
         } else {
             match CudaSystem::open() {
                 Ok(system) => (Some(Arc::new(system)), None),
-                Err(reason) => (None, Some(reason)),
+                Err(reason) => (None, Some(reason.to_string())),
             }
         };
         let gpu = system.as_ref().map(|system| Arc::new(CudaEngine::new(system)));

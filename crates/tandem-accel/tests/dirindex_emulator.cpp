@@ -162,6 +162,7 @@ void serve(const Tables& t, const Command& c, u64 thread, u64 threads) {
         case COMMAND_DROP: serve_drop(t, c, thread, threads); break;
         case COMMAND_LIST: serve_list(t, c, thread, threads); break;
         case COMMAND_CREATE: serve_create(t, c, thread, threads); break;
+        case COMMAND_SETTLE: serve_settle(t, c, thread, threads); break;
         case COMMAND_LOOKUP:
         case COMMAND_RESOLVE:
         case COMMAND_STAT: serve_query_as_warps(t, c, thread, threads); break;

@@ -7,8 +7,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
 use tandem_accel::dirindex::{
-    CpuDirectoryIndex, Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, ListResult, LookupResult,
-    ResolveResult, StatResult,
+    CpuDirectoryIndex, CreateEntry, CreateResult, Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate,
+    ListResult, LookupResult, ResolveResult, Settle, SettleResult, StatResult,
 };
 
 const ROOT: u64 = 1;
@@ -22,15 +22,20 @@ struct Model {
     entries: BTreeMap<(u64, Vec<u8>), u64>,
     attributes: BTreeMap<u64, IndexAttributes>,
     complete: BTreeSet<u64>,
+    /// Claims of tentative creates: (parent, name) → the inode claimed for.
+    pending: BTreeMap<(u64, Vec<u8>), u64>,
 }
 
 impl Model {
     fn apply(&mut self, update: &IndexUpdate) {
         match update {
             IndexUpdate::InsertEntry { parent, name, child } => {
+                // An insert of a claimed key takes the claim over.
+                self.pending.remove(&(*parent, name.clone()));
                 self.entries.insert((*parent, name.clone()), *child);
             }
             IndexUpdate::RemoveEntry { parent, name } => {
+                self.pending.remove(&(*parent, name.clone()));
                 self.entries.remove(&(*parent, name.clone()));
             }
             IndexUpdate::SetAttributes(attributes) => {
@@ -123,6 +128,47 @@ impl Model {
         }
     }
 
+    /// The create rule; `tentative` claims instead of placing (docs/GPUDIR.md, "Creates",
+    /// "Tentative creates").
+    fn create(&mut self, parent: u64, name: &[u8], attributes: &IndexAttributes, tentative: bool) -> CreateResult {
+        let key = (parent, name.to_vec());
+        if let Some(child) = self.entries.get(&key).or(self.pending.get(&key)) {
+            return CreateResult::Exists(*child);
+        }
+        if self.attributes.get(&parent).is_some_and(|a| a.kind != IndexKind::Directory) {
+            return CreateResult::NotDirectory;
+        }
+        if !self.complete.contains(&parent) {
+            return CreateResult::Unknown;
+        }
+        if tentative {
+            self.pending.insert(key, attributes.inode);
+        } else {
+            self.place(key, attributes);
+        }
+        CreateResult::Created
+    }
+
+    fn place(&mut self, key: (u64, Vec<u8>), attributes: &IndexAttributes) {
+        self.entries.insert(key, attributes.inode);
+        self.attributes.insert(attributes.inode, *attributes);
+        if attributes.kind == IndexKind::Directory {
+            self.complete.insert(attributes.inode);
+        }
+    }
+
+    fn settle(&mut self, parent: u64, name: &[u8], attributes: &IndexAttributes, settle: Settle) -> SettleResult {
+        let key = (parent, name.to_vec());
+        if self.pending.get(&key) != Some(&attributes.inode) {
+            return SettleResult::NotPending;
+        }
+        self.pending.remove(&key);
+        if settle == Settle::Commit {
+            self.place(key, attributes);
+        }
+        SettleResult::Settled
+    }
+
     fn list(&self, directory: u64) -> ListResult {
         if !self.complete.contains(&directory) {
             return ListResult::Unknown;
@@ -200,6 +246,76 @@ fn random_path(rng: &mut StdRng) -> Vec<u8> {
     path
 }
 
+/// A create batch of up to 6 requests: new inodes distinct within the batch and from their
+/// parents, a fifth of them directories.
+fn random_creates(rng: &mut StdRng) -> Vec<(u64, Vec<u8>, IndexAttributes)> {
+    let mut used = BTreeSet::new();
+    let mut creates = Vec::new();
+    for _ in 0..rng.gen_range(1..=6) {
+        let parent = random_inode(rng);
+        let child = rng.gen_range(ROOT..=INODES + 20);
+        if child == parent || !used.insert(child) {
+            continue;
+        }
+        let kind = if rng.gen_range(0..5) == 0 { IndexKind::Directory } else { IndexKind::File };
+        let mut attributes = IndexAttributes::new(child, kind, rng.gen_range(0..=0o7777));
+        attributes.parent = parent;
+        attributes.size_bytes = rng.gen();
+        creates.push((parent, random_name(rng), attributes));
+    }
+    creates
+}
+
+fn entries_of(creates: &[(u64, Vec<u8>, IndexAttributes)]) -> Vec<CreateEntry<'_>> {
+    creates
+        .iter()
+        .map(|(parent, name, attributes)| CreateEntry { parent: *parent, name, attributes: *attributes })
+        .collect()
+}
+
+/// Creates, claims and settles of the twin against the model, interleaved with the updates of
+/// a step (claims outstanding across steps, so that applies and drops meet them).
+fn creates_follow_the_model(
+    rng: &mut StdRng,
+    twin: &CpuDirectoryIndex,
+    model: &mut Model,
+    outstanding: &mut Vec<(u64, Vec<u8>, IndexAttributes)>,
+    context: &str,
+) {
+    let creates = random_creates(rng);
+    let tentative = rng.gen_bool(0.5);
+    let answers = match tentative {
+        true => twin.claim_entries(&entries_of(&creates)).unwrap(),
+        false => twin.create_entries(&entries_of(&creates)).unwrap(),
+    };
+    for ((parent, name, attributes), answer) in creates.iter().zip(answers) {
+        let expected = model.create(*parent, name, attributes, tentative);
+        assert_eq!(answer, expected, "{context}: create {parent} {name:?} tentative {tentative}");
+        if tentative && answer == CreateResult::Created {
+            outstanding.push((*parent, name.clone(), *attributes));
+        }
+    }
+    if outstanding.is_empty() || rng.gen_bool(0.5) {
+        return;
+    }
+    // Settle some outstanding claims (some of them taken over or settled already), with
+    // attributes that may differ from the claim's, committed or aborted.
+    let count = rng.gen_range(1..=outstanding.len());
+    let mut settles: Vec<(u64, Vec<u8>, IndexAttributes)> = outstanding.drain(..count).collect();
+    // A settle batch names each inode once (claims of different batches may share one; the
+    // others stay pending on both sides).
+    let mut inodes = BTreeSet::new();
+    settles.retain(|(_, _, attributes)| inodes.insert(attributes.inode));
+    for (_, _, attributes) in settles.iter_mut() {
+        attributes.size_bytes = rng.gen();
+    }
+    let settle = if rng.gen_bool(0.6) { Settle::Commit } else { Settle::Abort };
+    let answers = twin.settle_claims(&entries_of(&settles), settle).unwrap();
+    for ((parent, name, attributes), answer) in settles.iter().zip(answers) {
+        assert_eq!(answer, model.settle(*parent, name, attributes, settle), "{context}: settle {parent} {name:?}");
+    }
+}
+
 #[test]
 fn the_twin_follows_the_written_rules() {
     let seeds: Vec<u64> = match std::env::var("TANDEM_SEED") {
@@ -210,10 +326,13 @@ fn the_twin_follows_the_written_rules() {
         let mut rng = StdRng::seed_from_u64(seed);
         let twin = CpuDirectoryIndex::new(ROOT, 2).unwrap();
         let mut model = Model::default();
+        let mut outstanding = Vec::new();
         for step in 0..60 {
             let updates: Vec<IndexUpdate> = (0..rng.gen_range(1..30)).map(|_| random_update(&mut rng)).collect();
             twin.apply(&updates).unwrap();
             updates.iter().for_each(|update| model.apply(update));
+            let context = format!("seed {seed} step {step}");
+            creates_follow_the_model(&mut rng, &twin, &mut model, &mut outstanding, &context);
             let who = Credentials { uid: rng.gen_range(0..3), gid: rng.gen_range(0..3) };
             let lookups: Vec<(u64, Vec<u8>)> =
                 (0..40).map(|_| (random_inode(&mut rng), random_name(&mut rng))).collect();

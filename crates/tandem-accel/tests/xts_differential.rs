@@ -175,7 +175,8 @@ fn engines_match_reference() {
     let mut engines: Vec<Box<dyn Engine>> = vec![Box::new(CpuEngine::new(1)), Box::new(CpuEngine::new(0))];
     match CudaSystem::open() {
         Ok(system) => engines.push(Box::new(CudaEngine::new(&system))),
-        Err(reason) => println!("no GPU engine to check ({reason})"),
+        Err(reason) if reason.is_no_gpu() => println!("no GPU engine to check ({reason})"),
+        Err(error) => panic!("a GPU is present but the GPU engine did not open: {error}"),
     }
     for seed in seeds(0..4) {
         println!("seed {seed} (TANDEM_SEED={seed} repeats it)");
@@ -238,7 +239,11 @@ fn runtime_requests_match_reference() {
 /// must still match the reference under its own sector numbers, both directions.
 #[test]
 fn scattered_requests_match_reference() {
-    let mode = if CudaSystem::open().is_ok() { Mode::Gpu } else { Mode::Cpu };
+    let mode = match CudaSystem::open() {
+        Ok(_) => Mode::Gpu,
+        Err(reason) if reason.is_no_gpu() => Mode::Cpu,
+        Err(error) => panic!("a GPU is present but the GPU engine did not open: {error}"),
+    };
     let accelerator = Accelerator::new(RuntimeConfig { mode, ..RuntimeConfig::default() });
     println!("scattered requests on {}", accelerator.describe());
     for seed in seeds(0..4) {

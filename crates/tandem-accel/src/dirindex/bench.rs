@@ -7,7 +7,7 @@
 use super::{ring, wire, CpuDirectoryIndex, GpuDirectoryIndex, GpuIndexConfig};
 use super::{CreateEntry, CreateResult};
 use super::{Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, LookupResult, ResolveResult};
-use crate::error::Result;
+use crate::error::{AccelError, Result};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -680,7 +680,14 @@ pub fn run(config: &DirectoryBenchConfig) -> Result<(Vec<DirectoryBenchRow>, Vec
     }
     gpu_config.blocks = config.blocks;
     match GpuDirectoryIndex::open(ROOT, gpu_config) {
-        Err(reason) => notes.push(format!("no GPU found ({reason}): CPU twin only")),
+        Err(AccelError::NoGpu(reason)) => notes.push(format!("no GPU found ({reason}): CPU twin only")),
+        // A GPU that is there and an index that does not start (a kernel NVRTC refuses, memory)
+        // is a failure of the run, never a quiet "CPU twin only".
+        Err(error) => {
+            return Err(AccelError::Device(format!(
+                "a GPU is present but the GPU directory index did not start, so no GPU rows: {error}"
+            )))
+        }
         Ok(gpu) => {
             let built = build(&gpu, &shape)?;
             rows.push(DirectoryBenchRow {

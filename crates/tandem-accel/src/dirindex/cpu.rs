@@ -7,7 +7,7 @@
 use super::{
     check_creates, check_inodes, check_lookups, check_updates, resolve_walk, ApplyReport, CreateEntry, CreateResult,
     Credentials, DirectoryIndex, IndexAttributes, IndexKind, IndexUpdate, ListResult, LookupResult, ResolveResult,
-    StatResult, WalkSource,
+    Settle, SettleResult, StatResult, WalkSource,
 };
 use crate::error::Result;
 use std::collections::HashMap;
@@ -26,6 +26,10 @@ struct Directory {
 struct State {
     directories: HashMap<u64, Directory>,
     inodes: HashMap<u64, IndexAttributes>,
+    /// Pending claims of tentative creates: parent → name → the inode claimed for. Apart from
+    /// `directories`, so that dropping a directory keeps them, as the GPU's pending slots stay
+    /// when a drop turns the directory's full slots into tombstones.
+    pending: HashMap<u64, HashMap<Box<[u8]>, u64>>,
 }
 
 impl WalkSource for State {
@@ -58,9 +62,13 @@ impl State {
     fn apply_one(&mut self, update: &IndexUpdate) {
         match update {
             IndexUpdate::InsertEntry { parent, name, child } => {
+                // An insert of a claimed key makes the claim that entry (the kernel fills the
+                // pending slot and makes it full).
+                self.forget_claim(*parent, name);
                 self.directories.entry(*parent).or_default().entries.insert(name.clone().into_boxed_slice(), *child);
             }
             IndexUpdate::RemoveEntry { parent, name } => {
+                self.forget_claim(*parent, name);
                 if let Some(directory) = self.directories.get_mut(parent) {
                     directory.entries.remove(&name[..]);
                     self.forget_if_empty(*parent);
@@ -85,10 +93,28 @@ impl State {
         }
     }
 
-    /// The create rule (docs/GPUDIR.md, "Creates"), one request.
-    fn create_one(&mut self, request: &CreateEntry<'_>) -> CreateResult {
+    /// The claimed inode of (parent, name), if a claim is pending.
+    fn claim_of(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.pending.get(&parent).and_then(|names| names.get(name)).copied()
+    }
+
+    fn forget_claim(&mut self, parent: u64, name: &[u8]) -> Option<u64> {
+        let names = self.pending.get_mut(&parent)?;
+        let child = names.remove(name);
+        if names.is_empty() {
+            self.pending.remove(&parent);
+        }
+        child
+    }
+
+    /// The create rule (docs/GPUDIR.md, "Creates"), one request; `tentative` places a pending
+    /// claim instead of the entry and its attributes ("Tentative creates").
+    fn create_one(&mut self, request: &CreateEntry<'_>, tentative: bool) -> CreateResult {
         let directory = self.directories.get(&request.parent);
         if let Some(&child) = directory.and_then(|directory| directory.entries.get(request.name)) {
+            return CreateResult::Exists(child);
+        }
+        if let Some(child) = self.claim_of(request.parent, request.name) {
             return CreateResult::Exists(child);
         }
         if self.inodes.get(&request.parent).is_some_and(|parent| parent.kind != IndexKind::Directory) {
@@ -98,6 +124,11 @@ impl State {
             return CreateResult::Unknown;
         }
         let child = request.attributes.inode;
+        if tentative {
+            let names = self.pending.entry(request.parent).or_default();
+            names.insert(request.name.to_vec().into_boxed_slice(), child);
+            return CreateResult::Created;
+        }
         let entries = &mut self.directories.get_mut(&request.parent).expect("complete, so present").entries;
         entries.insert(request.name.to_vec().into_boxed_slice(), child);
         self.inodes.insert(child, request.attributes);
@@ -105,6 +136,25 @@ impl State {
             self.directories.entry(child).or_default().complete = true;
         }
         CreateResult::Created
+    }
+
+    /// The settle rule ("Tentative creates"), one request: the claim of (parent, name) for the
+    /// request's inode is committed (entry, attributes, a new directory complete) or forgotten.
+    fn settle_one(&mut self, request: &CreateEntry<'_>, settle: Settle) -> SettleResult {
+        let child = request.attributes.inode;
+        if self.claim_of(request.parent, request.name) != Some(child) {
+            return SettleResult::NotPending;
+        }
+        self.forget_claim(request.parent, request.name);
+        if settle == Settle::Commit {
+            let directory = self.directories.entry(request.parent).or_default();
+            directory.entries.insert(request.name.to_vec().into_boxed_slice(), child);
+            self.inodes.insert(child, request.attributes);
+            if request.attributes.kind == IndexKind::Directory {
+                self.directories.entry(child).or_default().complete = true;
+            }
+        }
+        SettleResult::Settled
     }
 
     /// An incomplete directory without entries says nothing; keep the map small.
@@ -220,7 +270,19 @@ impl DirectoryIndex for CpuDirectoryIndex {
     fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
         check_creates(requests)?;
         let mut state = self.state.write().expect("index lock poisoned");
-        Ok(requests.iter().map(|request| state.create_one(request)).collect())
+        Ok(requests.iter().map(|request| state.create_one(request, false)).collect())
+    }
+
+    fn claim_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+        check_creates(requests)?;
+        let mut state = self.state.write().expect("index lock poisoned");
+        Ok(requests.iter().map(|request| state.create_one(request, true)).collect())
+    }
+
+    fn settle_claims(&self, requests: &[CreateEntry<'_>], settle: Settle) -> Result<Vec<SettleResult>> {
+        check_creates(requests)?;
+        let mut state = self.state.write().expect("index lock poisoned");
+        Ok(requests.iter().map(|request| state.settle_one(request, settle)).collect())
     }
 
     fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {
@@ -509,6 +571,68 @@ mod tests {
         ];
         assert!(index.create_entries(&twice).is_err());
         assert_eq!(index.lookup(&[(2, b"a")]).unwrap()[0], LookupResult::NotFound);
+    }
+
+    /// Tentative creates: a claim answers as a create does but shows nothing until it is
+    /// committed; a claim of the same name answers Exists of it; an abort forgets it; an apply
+    /// of the key takes it over; a drop of the directory keeps it.
+    #[test]
+    fn claims_are_invisible_until_settled_and_an_apply_takes_them_over() {
+        let index = sample();
+        let made =
+            |inode: u64, kind: IndexKind| IndexAttributes { parent: 2, ..IndexAttributes::new(inode, kind, 0o755) };
+        let claims = [
+            CreateEntry { parent: 2, name: b"new-dir", attributes: made(100, IndexKind::Directory) },
+            CreateEntry { parent: 2, name: b"new-dir", attributes: made(101, IndexKind::File) },
+            CreateEntry { parent: 100, name: b"inside", attributes: made(102, IndexKind::File) },
+            CreateEntry { parent: 2, name: b"f", attributes: made(103, IndexKind::File) },
+            CreateEntry { parent: 2, name: b"gone", attributes: made(104, IndexKind::File) },
+            CreateEntry { parent: 2, name: b"taken", attributes: made(105, IndexKind::File) },
+            CreateEntry { parent: 5, name: b"kept", attributes: made(106, IndexKind::File) },
+        ];
+        let answers = index.claim_entries(&claims).unwrap();
+        // The directory claimed first is not complete yet, so a name in it is Unknown.
+        assert_eq!(
+            answers,
+            [
+                CreateResult::Created,
+                CreateResult::Exists(100),
+                CreateResult::Unknown,
+                CreateResult::Exists(3),
+                CreateResult::Created,
+                CreateResult::Created,
+                CreateResult::Created
+            ]
+        );
+        let lookups: [(u64, &[u8]); 4] = [(2, b"new-dir"), (2, b"gone"), (2, b"taken"), (5, b"kept")];
+        assert_eq!(index.lookup(&lookups).unwrap(), [LookupResult::NotFound; 4]);
+        assert_eq!(index.stat(&[100, 104]).unwrap(), [StatResult::Unknown; 2]);
+        assert!(matches!(index.list(2).unwrap(), ListResult::Listed(entries) if entries.len() == 3));
+        // A plain create of a claimed name answers the claim too.
+        let again = [CreateEntry { parent: 2, name: b"gone", attributes: made(107, IndexKind::File) }];
+        assert_eq!(index.create_entries(&again).unwrap(), [CreateResult::Exists(104)]);
+        // The feed gets to "taken" first (another child); the directory of "kept" is dropped.
+        let updates = [insert(2, "taken", 108), IndexUpdate::SetAttributes(file(108)), IndexUpdate::DropDirectory(5)];
+        index.apply(&updates).unwrap();
+        let commit = [claims[0], claims[5], claims[6]];
+        assert_eq!(
+            index.settle_claims(&commit, Settle::Commit).unwrap(),
+            [SettleResult::Settled, SettleResult::NotPending, SettleResult::Settled]
+        );
+        assert_eq!(index.settle_claims(&[claims[4]], Settle::Abort).unwrap(), [SettleResult::Settled]);
+        // A claim is settled once; one of another inode is not this claim.
+        assert_eq!(index.settle_claims(&[claims[4]], Settle::Commit).unwrap(), [SettleResult::NotPending]);
+        assert_eq!(index.settle_claims(&[claims[1]], Settle::Commit).unwrap(), [SettleResult::NotPending]);
+        let found = index.lookup(&lookups).unwrap();
+        assert!(matches!(found[0], LookupResult::Found(attributes) if attributes.inode == 100));
+        assert_eq!(found[1], LookupResult::NotFound);
+        assert!(matches!(found[2], LookupResult::Found(attributes) if attributes.inode == 108));
+        // Committed into a dropped (incomplete) directory: there, and the directory unknown.
+        assert!(matches!(found[3], LookupResult::Found(attributes) if attributes.inode == 106));
+        assert_eq!(index.list(5).unwrap(), ListResult::Unknown);
+        // The committed directory is complete (empty): a create in it is placed now.
+        assert_eq!(index.list(100).unwrap(), ListResult::Listed(Vec::new()));
+        assert_eq!(index.create_entries(&[claims[2]]).unwrap(), [CreateResult::Created]);
     }
 
     #[test]

@@ -30,6 +30,13 @@ typedef unsigned char u8;
 // With COMMAND_EXPRESS: the polling warp times a chain of dependent table loads (twice) and of
 // dependent multiplies on both clocks, for the benchmark (see serve_probe).
 #define COMMAND_PROBE 10u
+// Settles the pending claims of a create batch (argument0: SETTLE_COMMIT or SETTLE_ABORT); its
+// requests are create records (docs/GPUDIR.md, "Tentative creates").
+#define COMMAND_SETTLE 11u
+// argument0 of a create: 0 places entries (full), CREATE_PENDING claims them (pending).
+#define CREATE_PENDING 1u
+#define SETTLE_COMMIT 1u
+#define SETTLE_ABORT 2u
 // Flag on a lookup, resolve or stat: the requests are in the slot's express area and block 0's
 // warp 0 answers them there (see "the express path" below). Must equal ring.rs.
 #define COMMAND_EXPRESS 0x100u
@@ -55,6 +62,9 @@ typedef unsigned char u8;
 #define STATUS_NEEDS_CPU 7u
 #define STATUS_CREATED 8u
 #define STATUS_EXISTS 9u
+// Settle answers: the claim was pending and is settled now; no such claim was pending.
+#define STATUS_SETTLED 10u
+#define STATUS_NOT_PENDING 11u
 
 // Command errors (`Completion.status`), reported to the host, which fails the index.
 #define ERROR_NONE 0u
@@ -90,6 +100,12 @@ static_assert(EXPRESS_STAMPS_OFFSET % 16 == 0 && EXPRESS_SLOT_BYTES % 16 == 0,
 #define SLOT_BUSY 1u
 #define SLOT_TOMBSTONE 2u
 #define SLOT_FULL 3u
+// Entry slots only: a tentative create's claim (fields filled, name in place). Queries and
+// creates of other keys pass over it as over a busy slot; a create of its key answers Exists
+// (the claim is the first create of that name, as an earlier request of a batch is); an apply
+// of its key makes it full (insert) or a tombstone (remove); a settle command makes it full
+// with its child's attributes (commit) or a tombstone (abort).
+#define SLOT_PENDING 4u
 // Inode slot flags.
 #define FLAG_ATTRIBUTES 1u
 #define FLAG_COMPLETE 2u
@@ -404,16 +420,18 @@ __device__ bool arena_name_equals(const Tables& t, u64 packed, u64 first_word, c
     return true;
 }
 
-__device__ int entry_find(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* found) {
+// The slot holding (parent, name), full or pending (*held says which), for an apply.
+__device__ int entry_find(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64* found, u32* held) {
     const u32 tag = (u32)(hash >> 32);
     u64 slot = hash & t.entry_mask;
     for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
         const u32 state = load_state(&t.entry_state[slot]);
         if (state == SLOT_EMPTY) return PROBE_MISS;
-        if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
+        if ((state == SLOT_FULL || state == SLOT_PENDING) && load_table_u32(&t.entry_hash[slot]) == tag &&
             load_table_u64(&t.entry_parent[slot]) == parent &&
             arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words[0], words, length)) {
             *found = slot;
+            *held = state;
             return PROBE_HIT;
         }
         slot = (slot + 1) & t.entry_mask;
@@ -421,10 +439,11 @@ __device__ int entry_find(const Tables& t, u64 parent, const u64* words, u32 len
     return PROBE_LIMIT;
 }
 
-// Writes a claimed entry slot and publishes it. false when the arena is full. A short name
-// goes into the slot's name word (`words` is masked, so its top byte is zero), a long one
-// into the arena.
-__device__ bool entry_fill(const Tables& t, u64 slot, u64 parent, const u64* words, u32 length, u64 hash, u64 child) {
+// Writes a claimed entry slot and publishes it as `published` (full, or pending for a tentative
+// create). false when the arena is full. A short name goes into the slot's name word (`words`
+// is masked, so its top byte is zero), a long one into the arena.
+__device__ bool entry_fill(const Tables& t, u64 slot, u64 parent, const u64* words, u32 length, u64 hash, u64 child,
+                           u32 published) {
     u64 packed = (words[0] << 8) | length;
     if (!name_is_inline(length)) {
         const u32 count = (length + 7) / 8;
@@ -441,7 +460,7 @@ __device__ bool entry_fill(const Tables& t, u64 slot, u64 parent, const u64* wor
     t.entry_child[slot] = child;
     t.entry_name[slot] = packed;
     __threadfence();
-    atomicExch(&t.entry_state[slot], SLOT_FULL);
+    atomicExch(&t.entry_state[slot], published);
     return true;
 }
 
@@ -449,10 +468,15 @@ __device__ bool entry_fill(const Tables& t, u64 slot, u64 parent, const u64* wor
 __device__ bool entry_upsert(const Tables& t, u64 parent, const u64* words, u32 length, u64 child) {
     const u64 hash = entry_hash_of(parent, words, length);
     u64 found = 0;
-    const int probe_result = entry_find(t, parent, words, length, hash, &found);
+    u32 held = SLOT_FULL;
+    const int probe_result = entry_find(t, parent, words, length, hash, &found, &held);
     if (probe_result == PROBE_HIT) {
         t.entry_child[found] = child;
         __threadfence();
+        // A pending claim of this key: a create batch whose record was applied (and fed here)
+        // before the batch settled its claims. The applied record is the authority: the entry
+        // is full now, and the settle finds nothing pending.
+        if (held == SLOT_PENDING) atomicExch(&t.entry_state[found], SLOT_FULL);
         return true;
     }
     // Absent (no other thread of this command inserts the same key): claim the first
@@ -461,7 +485,7 @@ __device__ bool entry_upsert(const Tables& t, u64 parent, const u64* words, u32 
     for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
         const u32 state = load_state(&t.entry_state[slot]);
         if ((state == SLOT_TOMBSTONE || state == SLOT_EMPTY) && atomicCAS(&t.entry_state[slot], state, SLOT_BUSY) == state) {
-            return entry_fill(t, slot, parent, words, length, hash, child);
+            return entry_fill(t, slot, parent, words, length, hash, child, SLOT_FULL);
         }
         slot = (slot + 1) & t.entry_mask;
     }
@@ -471,7 +495,11 @@ __device__ bool entry_upsert(const Tables& t, u64 parent, const u64* words, u32 
 __device__ void entry_remove(const Tables& t, u64 parent, const u64* words, u32 length) {
     const u64 hash = entry_hash_of(parent, words, length);
     u64 found = 0;
-    if (entry_find(t, parent, words, length, hash, &found) == PROBE_HIT) atomicExch(&t.entry_state[found], SLOT_TOMBSTONE);
+    u32 held = SLOT_FULL;
+    // A pending claim of the key goes too (its settle then finds nothing pending).
+    if (entry_find(t, parent, words, length, hash, &found, &held) == PROBE_HIT) {
+        atomicExch(&t.entry_state[found], SLOT_TOMBSTONE);
+    }
 }
 
 // ---------------------------------------------------------------- reads of query commands
@@ -1172,7 +1200,9 @@ __device__ int entry_claim(const Tables& t, u64 parent, const u64* words, u32 le
             __nanosleep(64);
             continue;
         }
-        if (state == SLOT_FULL && load_table_u32(&t.entry_hash[slot]) == tag &&
+        // A pending claim of the key is the first create of the name: Exists, as for a full
+        // entry (waiting would never end: its settle is a later command of the same ring).
+        if ((state == SLOT_FULL || state == SLOT_PENDING) && load_table_u32(&t.entry_hash[slot]) == tag &&
             load_table_u64(&t.entry_parent[slot]) == parent &&
             arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words[0], words, length)) {
             *result = load_table_u64(&t.entry_child[slot]);
@@ -1184,25 +1214,43 @@ __device__ int entry_claim(const Tables& t, u64 parent, const u64* words, u32 le
     return CLAIM_LIMIT;
 }
 
+// Reads create record `index` (of a create or a settle command): its parent, its name into
+// `words`, and where its attribute record lies. false when the record points outside the
+// requests.
+__device__ bool read_create_record(const Command& c, u64 index, u64* words, u64* parent, u32* length,
+                                   const u64** attributes) {
+    const u64* record = (const u64*)(c.requests + index * CREATE_RECORD_BYTES);
+    *parent = load_volatile_u64(record);
+    const u64 packed = load_volatile_u64(record + 1);
+    const u64 attributes_offset = load_volatile_u64(record + 2);
+    *length = (u32)(packed >> 32);
+    if (!read_name(c, packed & 0xFFFFFFFFull, *length, words) || (attributes_offset & 7) != 0 ||
+        attributes_offset + sizeof(IndexAttributes) > c.request_bytes) {
+        return false;
+    }
+    *attributes = (const u64*)(c.requests + attributes_offset);
+    return true;
+}
+
 // Request `index` of a create command (the create rule of the twin, State::create_one):
 // the entry exists → EXISTS; the parent is known and not a directory → NOT_DIRECTORY; the
 // parent is complete → the entry's slot claimed, the child's attributes stored (complete if a
 // directory: it is empty), then the entry published → CREATED; else UNKNOWN. The host cuts
 // batches so that no request of a command creates another's parent or shares its key or its
 // new inode; the claim is safe without that all the same (see entry_claim).
+// With argument0 CREATE_PENDING (a tentative create) a free name's slot is claimed pending
+// instead: the entry's fields are placed, the child's attributes are not (they come with the
+// settle's commit), so nothing of the create is visible to any query until it is committed.
 __device__ void create_request(const Tables& t, const Command& c, u64 index) {
     u64 words[MAXIMUM_NAME_WORDS];
-    const u64* record = (const u64*)(c.requests + index * CREATE_RECORD_BYTES);
-    const u64 parent = load_volatile_u64(record);
-    const u64 packed = load_volatile_u64(record + 1);
-    const u64 attributes_offset = load_volatile_u64(record + 2);
-    const u32 length = (u32)(packed >> 32);
-    if (!read_name(c, packed & 0xFFFFFFFFull, length, words) || (attributes_offset & 7) != 0 ||
-        attributes_offset + sizeof(IndexAttributes) > c.request_bytes) {
+    const u64* source = nullptr;
+    u64 parent = 0;
+    u32 length = 0;
+    if (!read_create_record(c, index, words, &parent, &length, &source) || c.argument0 > CREATE_PENDING) {
         fail(t, ERROR_BAD_REQUEST);
         return;
     }
-    const u64* source = (const u64*)(c.requests + attributes_offset);
+    const bool tentative = c.argument0 == CREATE_PENDING;
     const u64 child = load_volatile_u64(source);
     const u32 child_kind = (u32)load_volatile_u64(source + 10);  // kind: bytes 80..84
     const long long parent_slot = inode_find(t, parent);
@@ -1224,6 +1272,12 @@ __device__ void create_request(const Tables& t, const Command& c, u64 index) {
         fail(t, ERROR_STUCK);
     } else if (claimed == CLAIM_LIMIT && complete) {
         count_overflow(t);
+    } else if (claimed == CLAIM_CLAIMED && tentative) {
+        if (entry_fill(t, found, parent, words, length, hash, child, SLOT_PENDING)) {
+            status = STATUS_CREATED;
+        } else {
+            count_overflow(t);
+        }
     } else if (claimed == CLAIM_CLAIMED) {
         // The attributes first, so that the entry is never seen without them.
         const long long slot = inode_claim(t, child);
@@ -1235,7 +1289,7 @@ __device__ void create_request(const Tables& t, const Command& c, u64 index) {
             for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) target[word] = load_volatile_u64(source + word);
             __threadfence();
             atomicOr(&t.inode_flags[slot], FLAG_ATTRIBUTES | (child_kind == KIND_DIRECTORY ? FLAG_COMPLETE : 0u));
-            if (entry_fill(t, found, parent, words, length, hash, child)) {
+            if (entry_fill(t, found, parent, words, length, hash, child, SLOT_FULL)) {
                 status = STATUS_CREATED;
             } else {
                 count_overflow(t);
@@ -1249,6 +1303,73 @@ __device__ void create_request(const Tables& t, const Command& c, u64 index) {
 
 __device__ void serve_create(const Tables& t, const Command& c, u64 thread, u64 threads) {
     for (u64 index = thread; index < c.count; index += threads) create_request(t, c, index);
+}
+
+// The slot of the pending claim (parent, name) for `child`, or -1 (an apply may have made it
+// full or removed it since, or it was never claimed). Pending slots sit before the first empty
+// slot of their chain, like full ones.
+__device__ long long pending_slot(const Tables& t, u64 parent, const u64* words, u32 length, u64 hash, u64 child) {
+    const u32 tag = (u32)(hash >> 32);
+    u64 slot = hash & t.entry_mask;
+    for (u32 probe = 0; probe < MAXIMUM_PROBES && probe <= t.entry_mask; ++probe) {
+        const u32 state = load_state(&t.entry_state[slot]);
+        if (state == SLOT_EMPTY) return -1;
+        if (state == SLOT_PENDING && load_table_u32(&t.entry_hash[slot]) == tag &&
+            load_table_u64(&t.entry_parent[slot]) == parent && load_table_u64(&t.entry_child[slot]) == child &&
+            arena_name_equals(t, load_table_u64(&t.entry_name[slot]), words[0], words, length)) {
+            return (long long)slot;
+        }
+        slot = (slot + 1) & t.entry_mask;
+    }
+    return -1;
+}
+
+// Request `index` of a settle command (the twin's State::settle_one): the pending claim of
+// (parent, name) for the record's inode → committed (the child's attributes stored, complete
+// if a directory, then the entry made full: nobody sees the entry without them) or aborted
+// (the slot a tombstone) → SETTLED; no such claim → NOT_PENDING, nothing changes. The host
+// cuts batches as for creates, so no two requests of a command share a key or a child.
+__device__ void settle_request(const Tables& t, const Command& c, u64 index) {
+    u64 words[MAXIMUM_NAME_WORDS];
+    const u64* source = nullptr;
+    u64 parent = 0;
+    u32 length = 0;
+    if (!read_create_record(c, index, words, &parent, &length, &source) ||
+        (c.argument0 != SETTLE_COMMIT && c.argument0 != SETTLE_ABORT)) {
+        fail(t, ERROR_BAD_REQUEST);
+        return;
+    }
+    const u64 child = load_volatile_u64(source);
+    const u32 child_kind = (u32)load_volatile_u64(source + 10);  // kind: bytes 80..84
+    const long long slot = pending_slot(t, parent, words, length, entry_hash_of(parent, words, length), child);
+    u32 status = STATUS_NOT_PENDING;
+    if (slot >= 0 && c.argument0 == SETTLE_ABORT) {
+        atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
+        status = STATUS_SETTLED;
+    } else if (slot >= 0) {
+        const long long inode_slot = inode_claim(t, child);
+        if (inode_slot < 0) {
+            // No room for the attributes: the claim goes, and the index gives no negative
+            // answer any more (as for a create that finds no room).
+            atomicExch(&t.entry_state[slot], SLOT_TOMBSTONE);
+            count_overflow(t);
+        } else {
+            u64* target = (u64*)&t.inode_attributes[inode_slot];
+            for (u32 word = 0; word < ATTRIBUTES_WORDS; ++word) target[word] = load_volatile_u64(source + word);
+            __threadfence();
+            atomicOr(&t.inode_flags[inode_slot], FLAG_ATTRIBUTES | (child_kind == KIND_DIRECTORY ? FLAG_COMPLETE : 0u));
+            __threadfence();
+            atomicExch(&t.entry_state[slot], SLOT_FULL);
+        }
+        status = STATUS_SETTLED;
+    }
+    u64* answer = (u64*)(c.answers + index * CREATE_ANSWER_BYTES);
+    answer[0] = (u64)status;
+    answer[1] = 0;
+}
+
+__device__ void serve_settle(const Tables& t, const Command& c, u64 thread, u64 threads) {
+    for (u64 index = thread; index < c.count; index += threads) settle_request(t, c, index);
 }
 
 __device__ void serve_apply(const Tables& t, const Command& c, u64 thread, u64 threads) {
@@ -1298,7 +1419,7 @@ __device__ void serve_list(const Tables& t, const Command& c, u64 thread, u64 th
 __device__ void command_results(const Tables& t, const Command& c, u64* result0, u64* result1) {
     *result0 = 0;
     *result1 = 0;
-    if (c.opcode == COMMAND_APPLY || c.opcode == COMMAND_CREATE) {
+    if (c.opcode == COMMAND_APPLY || c.opcode == COMMAND_CREATE || c.opcode == COMMAND_SETTLE) {
         *result0 = load_volatile_u64(&t.control->overflows);
     } else if (c.opcode == COMMAND_LIST) {
         *result0 = load_volatile_u64(&t.control->list_bytes);
@@ -1338,7 +1459,7 @@ __device__ void copy_command(Command* target, const Command* source) {
 __device__ __forceinline__ bool served_alone(const Command& c) {
     const bool small = c.count <= blockDim.x;
     return small && (c.opcode == COMMAND_LOOKUP || c.opcode == COMMAND_RESOLVE || c.opcode == COMMAND_STAT ||
-                     c.opcode == COMMAND_APPLY || c.opcode == COMMAND_CREATE);
+                     c.opcode == COMMAND_APPLY || c.opcode == COMMAND_CREATE || c.opcode == COMMAND_SETTLE);
 }
 
 // Block 0, lane 0 of warp 0, once a command that is not express is in `command`: resets the
@@ -1630,7 +1751,8 @@ __device__ __forceinline__ bool wrote_answers(const Command& c, u64 thread) {
         case COMMAND_LOOKUP:
         case COMMAND_RESOLVE:
         case COMMAND_STAT: return (thread & ~31ull) < c.count;
-        case COMMAND_CREATE: return thread < c.count;
+        case COMMAND_CREATE:
+        case COMMAND_SETTLE: return thread < c.count;
         case COMMAND_LIST: return true;
         default: return false;
     }
@@ -1681,6 +1803,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) dirindex_serve_kernel(Table
             case COMMAND_STAT: serve_query(t, c, thread, threads, answer_stat); break;
             case COMMAND_LIST: serve_list(t, c, thread, threads); break;
             case COMMAND_CREATE: serve_create(t, c, thread, threads); break;
+            case COMMAND_SETTLE: serve_settle(t, c, thread, threads); break;
             default:
                 if (thread == 0) fail(t, ERROR_BAD_OPCODE);
                 break;

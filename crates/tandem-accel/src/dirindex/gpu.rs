@@ -18,7 +18,8 @@ use super::ring::{self, ExpressStamps, ProbeStamps, Ring, RingCommand, RingCompl
 use super::wire::{self, Layout, Segment};
 use super::{
     check_creates, check_inode, check_inodes, check_lookups, check_updates, ApplyReport, CreateEntry, CreateResult,
-    Credentials, DirectoryIndex, IndexUpdate, ListResult, LookupResult, ResolveResult, StatResult, ATTRIBUTES_BYTES,
+    Credentials, DirectoryIndex, IndexUpdate, ListResult, LookupResult, ResolveResult, Settle, SettleResult,
+    StatResult, ATTRIBUTES_BYTES,
 };
 use crate::cuda::{check, compile_cached, CudaDevice, CudaSystem};
 use crate::error::{AccelError, Result};
@@ -252,15 +253,17 @@ impl GpuDirectoryIndex {
         if config.staging_buffers == 0 || config.staging_bytes < (64 << 10) || config.arena_bytes < 8 {
             return Err(AccelError::InvalidArgument(format!("unusable GPU index configuration {config:?}")));
         }
-        let system = CudaSystem::open().map_err(AccelError::Device)?;
-        let device =
-            system.devices.get(config.device).cloned().ok_or_else(|| {
-                AccelError::Device(format!("no GPU {} ({} found)", config.device, system.devices.len()))
-            })?;
+        // No driver, no device or no NVRTC: NoGpu. Everything after this point failing on a
+        // GPU that is there is Device (tests fail on it rather than skip).
+        let system = CudaSystem::open()?;
+        let device = system.devices.get(config.device).cloned().ok_or_else(|| {
+            AccelError::InvalidArgument(format!("no GPU {} ({} found)", config.device, system.devices.len()))
+        })?;
         device.bind_context()?;
         let (major, minor) = device.compute_capability;
         if major < 7 {
-            return Err(AccelError::Device(format!("sm_{major}{minor}: the directory kernel needs sm_70 or later")));
+            // The hardware's, not the code's: no device this kernel can run on.
+            return Err(AccelError::NoGpu(format!("sm_{major}{minor}: the directory kernel needs sm_70 or later")));
         }
         let (function, blocks) = Self::kernel_function(&device, config.blocks)?;
         let mut kernel_stream = std::ptr::null_mut();
@@ -560,6 +563,42 @@ impl GpuDirectoryIndex {
             )));
         }
         Ok(())
+    }
+
+    /// Creates, claims or settles: `requests` cut by `wire::create_segments`, each command's
+    /// create records served by the grid (or block 0 for a small one), holding the ring for all
+    /// of them so that no query runs between them, as `apply` does.
+    fn create_commands<T>(
+        &self,
+        requests: &[CreateEntry<'_>],
+        (opcode, argument0): (u32, u64),
+        decode: fn(&[u8], &mut [MaybeUninit<T>]) -> Result<()>,
+    ) -> Result<Vec<T>> {
+        check_creates(requests)?;
+        self.check_failed()?;
+        self.device.bind_context()?;
+        let mut answers: Vec<T> = Vec::with_capacity(requests.len());
+        let mut staging = self.take_staging()?;
+        let result = (|| -> Result<()> {
+            let mut next = self.ring.lock();
+            for (start, end) in wire::create_segments(requests, self.config.staging_bytes) {
+                let part = &requests[start..end];
+                let layout = wire::encode_creates(part, staging.bytes());
+                let base = self.stage_in(&mut staging, &layout)?;
+                let fields = Self::fields(opcode, part.len(), base, &layout, [argument0, 0, 0]);
+                let (slot, sequence) = self.submit(&mut next, &fields)?;
+                self.wait(slot, sequence)?;
+                self.stage_out(&mut staging, base, layout.answers_offset, layout.answers_bytes)?;
+                let bytes = &staging.bytes()[layout.answers_offset..layout.answers_offset + layout.answers_bytes];
+                let spare = &mut answers.spare_capacity_mut()[..part.len()];
+                decode(bytes, spare)?;
+                // SAFETY: the decoder returned Ok, so it wrote each of these part.len() elements.
+                unsafe { answers.set_len(answers.len() + part.len()) };
+            }
+            Ok(())
+        })();
+        self.return_staging(staging);
+        result.map(|()| answers)
     }
 
     /// Latches the index failed; every later call returns this reason.
@@ -862,31 +901,19 @@ impl DirectoryIndex for GpuDirectoryIndex {
     /// another, so each command's creates run on every thread of the grid at once), holding the
     /// ring so that no query runs between them, as `apply` does.
     fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
-        check_creates(requests)?;
-        self.check_failed()?;
-        self.device.bind_context()?;
-        let mut answers: Vec<CreateResult> = Vec::with_capacity(requests.len());
-        let mut staging = self.take_staging()?;
-        let result = (|| -> Result<()> {
-            let mut next = self.ring.lock();
-            for (start, end) in wire::create_segments(requests, self.config.staging_bytes) {
-                let part = &requests[start..end];
-                let layout = wire::encode_creates(part, staging.bytes());
-                let base = self.stage_in(&mut staging, &layout)?;
-                let fields = Self::fields(wire::COMMAND_CREATE, part.len(), base, &layout, [0; 3]);
-                let (slot, sequence) = self.submit(&mut next, &fields)?;
-                self.wait(slot, sequence)?;
-                self.stage_out(&mut staging, base, layout.answers_offset, layout.answers_bytes)?;
-                let bytes = &staging.bytes()[layout.answers_offset..layout.answers_offset + layout.answers_bytes];
-                let spare = &mut answers.spare_capacity_mut()[..part.len()];
-                wire::decode_creates_into(bytes, spare)?;
-                // SAFETY: the decoder returned Ok, so it wrote each of these part.len() elements.
-                unsafe { answers.set_len(answers.len() + part.len()) };
-            }
-            Ok(())
-        })();
-        self.return_staging(staging);
-        result.map(|()| answers)
+        self.create_commands(requests, (wire::COMMAND_CREATE, 0), wire::decode_creates_into)
+    }
+
+    /// `create_entries` with argument0 `CREATE_PENDING`: the kernel claims free names pending.
+    fn claim_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+        self.create_commands(requests, (wire::COMMAND_CREATE, wire::CREATE_PENDING), wire::decode_creates_into)
+    }
+
+    /// Settle commands, cut as creates are (no two requests of one command share a key or an
+    /// inode, so the grid settles a command's claims at once in the twin's request order).
+    fn settle_claims(&self, requests: &[CreateEntry<'_>], settle: Settle) -> Result<Vec<SettleResult>> {
+        let command = (wire::COMMAND_SETTLE, wire::settle_argument(settle));
+        self.create_commands(requests, command, wire::decode_settles_into)
     }
 
     fn lookup(&self, requests: &[(u64, &[u8])]) -> Result<Vec<LookupResult>> {

@@ -171,6 +171,27 @@ pub enum CreateResult {
     Unknown,
 }
 
+/// How `DirectoryIndex::settle_claims` ends the pending claims of a tentative create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// The creates happened (their record is in the log): each claim becomes its entry, with
+    /// the request's attributes for the new inode (a new directory complete: it is empty).
+    Commit,
+    /// The creates did not happen: each claim is forgotten.
+    Abort,
+}
+
+/// What settling one claim did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SettleResult {
+    /// The claim was pending and is committed or aborted now.
+    Settled,
+    /// No claim of this (parent, name) for this inode was pending: never claimed, settled
+    /// already, or an `apply` of the same key (the back end applying the batch's record before
+    /// it was settled) made it an entry or removed it. Nothing changed.
+    NotPending,
+}
+
 /// What `apply` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ApplyReport {
@@ -232,6 +253,33 @@ pub trait DirectoryIndex: Send + Sync {
     /// what earlier ones created. Every `attributes.inode` is new to the batch (refused
     /// otherwise). The GPU engine serves a batch from all its SMs at once.
     fn create_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>>;
+
+    /// A tentative `create_entries` (docs/GPUDIR.md, "Tentative creates"): the same rule and
+    /// answers, but where that places an entry (`Created`) it places a *pending claim* of the
+    /// name for `attributes.inode` instead, which no query sees (lookups, resolves, lists and
+    /// stats answer as if it were not there) and the new inode's attributes are not stored. A
+    /// create or claim of the same (parent, name) — a later request of the batch included —
+    /// answers `Exists(inode of the claim)`; other keys pass over it. An `apply` that inserts
+    /// the key turns the claim into that entry, one that removes it forgets the claim.
+    /// `settle_claims` ends claims. The default answers `Unknown` to every request (an index
+    /// that cannot claim leaves the decision to its owner); both engines implement it.
+    fn claim_entries(&self, requests: &[CreateEntry<'_>]) -> Result<Vec<CreateResult>> {
+        check_creates(requests)?;
+        Ok(vec![CreateResult::Unknown; requests.len()])
+    }
+
+    /// Ends the pending claims of `requests` (the requests of a `claim_entries` call that were
+    /// answered `Created`, or any part of them), in request order as if alone: a claim of
+    /// (parent, name) for `attributes.inode` is committed (`Settle::Commit`: the entry and
+    /// the inode's attributes, from this request, become visible together; a new directory is
+    /// complete) or forgotten (`Settle::Abort`) → `Settled`; otherwise `NotPending` and
+    /// nothing changes. The default finds nothing pending, as an index whose claims are never
+    /// made.
+    fn settle_claims(&self, requests: &[CreateEntry<'_>], settle: Settle) -> Result<Vec<SettleResult>> {
+        let _ = settle;
+        check_creates(requests)?;
+        Ok(vec![SettleResult::NotPending; requests.len()])
+    }
 
     /// `lookup` into `answers` (cleared first, one answer per request on `Ok`). An engine may
     /// write the answers in place and reuse the vector's allocation: for a batch of a million

@@ -8,7 +8,7 @@
 
 use super::{
     ApplyReport, CreateEntry, CreateResult, IndexAttributes, IndexKind, IndexUpdate, ListResult, LookupResult,
-    ResolveResult, StatResult, ATTRIBUTES_BYTES, MAXIMUM_NAME_BYTES,
+    ResolveResult, Settle, SettleResult, StatResult, ATTRIBUTES_BYTES, MAXIMUM_NAME_BYTES,
 };
 use crate::error::{AccelError, Result};
 use std::collections::HashSet;
@@ -30,6 +30,14 @@ pub const COMMAND_CREATE: u32 = 9;
 /// Sent the express way only: the polling warp times chains of dependent table loads and of
 /// multiplies on both of the GPU's clocks (`ring::latency_probe`), for the benchmark.
 pub const COMMAND_PROBE: u32 = 10;
+/// Settles the pending claims of a tentative create (argument0: `SETTLE_COMMIT` or
+/// `SETTLE_ABORT`); requests are create records (`encode_creates`), answers create answers
+/// with `STATUS_SETTLED` or `STATUS_NOT_PENDING` (docs/GPUDIR.md, "Tentative creates").
+pub const COMMAND_SETTLE: u32 = 11;
+/// argument0 of a `COMMAND_CREATE`: 0 places entries, this claims them pending.
+pub const CREATE_PENDING: u64 = 1;
+pub const SETTLE_COMMIT: u64 = 1;
+pub const SETTLE_ABORT: u64 = 2;
 
 // Update codes inside an apply command.
 pub const UPDATE_INSERT: u32 = 1;
@@ -50,6 +58,9 @@ pub const STATUS_NEEDS_CPU: u32 = 7;
 /// Create answers (with STATUS_NOT_DIRECTORY and STATUS_UNKNOWN).
 pub const STATUS_CREATED: u32 = 8;
 pub const STATUS_EXISTS: u32 = 9;
+/// Settle answers.
+pub const STATUS_SETTLED: u32 = 10;
+pub const STATUS_NOT_PENDING: u32 = 11;
 
 /// Lookup request: parent u64, name offset u32 (from the start of the requests), length u32.
 pub const LOOKUP_RECORD_BYTES: usize = 16;
@@ -587,6 +598,31 @@ pub fn decode_creates_into(answers: &[u8], out: &mut [MaybeUninit<CreateResult>]
             (STATUS_NOT_DIRECTORY, 0) if child == 0 => CreateResult::NotDirectory,
             (STATUS_UNKNOWN, 0) if child == 0 => CreateResult::Unknown,
             _ => return Err(bad(format!("create answer status {status}, word {zero}, child {child}"))),
+        };
+        slot.write(result);
+    }
+    Ok(())
+}
+
+/// argument0 of a settle command.
+pub fn settle_argument(settle: Settle) -> u64 {
+    match settle {
+        Settle::Commit => SETTLE_COMMIT,
+        Settle::Abort => SETTLE_ABORT,
+    }
+}
+
+/// Settle answers (create answers' layout: status u32, zero u32, zero u64).
+pub fn decode_settles_into(answers: &[u8], out: &mut [MaybeUninit<SettleResult>]) -> Result<()> {
+    if answers.len() < out.len() * CREATE_ANSWER_BYTES {
+        return Err(bad(format!("{} settle answer bytes for {} answers", answers.len(), out.len())));
+    }
+    for (answer, slot) in answers.chunks_exact(CREATE_ANSWER_BYTES).zip(out.iter_mut()) {
+        let (status, zero, word) = (get_u32(answer, 0), get_u32(answer, 4), get_u64(answer, 8));
+        let result = match (status, zero, word) {
+            (STATUS_SETTLED, 0, 0) => SettleResult::Settled,
+            (STATUS_NOT_PENDING, 0, 0) => SettleResult::NotPending,
+            _ => return Err(bad(format!("settle answer status {status}, word {zero}, {word}"))),
         };
         slot.write(result);
     }

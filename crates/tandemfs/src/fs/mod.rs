@@ -6,7 +6,7 @@ mod engine;
 pub mod front;
 pub mod types;
 
-pub use engine::batch::{BatchAnswer, BatchIndex, BatchStatistics, CreateRequest};
+pub use engine::batch::{BatchAnswer, BatchIndex, BatchStatistics, ClaimAnswer, CreateRequest, IndexCreate};
 pub use engine::compactor::{CompactionPass, CompactionStatistics};
 pub use engine::dirindex_feed::{
     DirectoryIndexOptions, DirectoryIndexStatistics, IndexEngine, CATCH_UP_WAIT_MS_DEFAULT, MIN_BATCH_CPU_DEFAULT,

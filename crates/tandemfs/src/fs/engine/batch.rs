@@ -6,8 +6,10 @@
 //! batch in turn, so the answers are exactly those of the single calls, made concurrently. A
 //! `BatchIndex` (the seam for the GPU directory index of issue 9) may answer lookups, resolves
 //! and stats of batches at least its `min_batch` long; what it leaves, the CPU twin answers.
-//! Creates never go to the index: a batch of them is made in groups, each logged as one
-//! `CreateBatch` record (`create_batch.rs`), and the CPU stays the authority for durability.
+//! A batch of creates is made in groups, each logged as one `CreateBatch` record
+//! (`create_batch.rs`); the index may decide which names of a group are free (a tentative
+//! claim, settled once the record is in the log: `BatchIndex::claim_creates`), and the CPU
+//! stays the authority for durability.
 //! See docs/BATCH.md.
 
 use super::*;
@@ -38,6 +40,27 @@ pub struct CreateRequest<'a> {
     pub rdev: u64,
 }
 
+/// One create of a group as the index sees it: the new entry and the inode it is for.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexCreate<'a> {
+    pub parent: InodeNumber,
+    pub name: &'a [u8],
+    pub inode: InodeNumber,
+    pub file_type: FileType,
+}
+
+/// What the index says of one create's name (`BatchIndex::claim_creates`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimAnswer {
+    /// The name is taken, by this inode (an entry, or an earlier request's claim).
+    Taken(InodeNumber),
+    /// The name was free and is claimed for the request's inode now: invisible to every query
+    /// until it is settled.
+    Claimed,
+    /// The index cannot tell: the caller decides (its own lookup).
+    Unknown,
+}
+
 /// One answer of a batch: `None` until someone answered it.
 pub type BatchAnswer = Option<Result<Attributes>>;
 
@@ -65,6 +88,39 @@ pub trait BatchIndex: Send + Sync {
     fn resolve(&self, paths: &[&[u8]], answers: &mut [BatchAnswer]) -> Result<()>;
     /// Fills `answers[i]` for `inodes[i]` where it can.
     fn stat(&self, inodes: &[InodeNumber], answers: &mut [BatchAnswer]) -> Result<()>;
+
+    /// Tentative creates of one group (docs/BATCH.md, "Creates through the index"): for each
+    /// request in order whether its name is taken, claiming the free ones for the request's
+    /// inode. The caller holds the name shards of every parent from this call to
+    /// `settle_creates`, so nothing else changes those names meanwhile. `Ok(None)`: the index
+    /// takes no part (not caught up with every change acknowledged before, or it cannot
+    /// claim) and nothing was claimed. The default takes no part.
+    fn claim_creates(&self, requests: &[IndexCreate<'_>]) -> Result<Option<Vec<ClaimAnswer>>> {
+        let _ = requests;
+        Ok(None)
+    }
+
+    /// Whether `claim_creates` would take part now (a hint, so that a group takes inode
+    /// numbers for the claims only then: the answer may change before the claim).
+    fn may_claim(&self) -> bool {
+        false
+    }
+
+    /// Ends the claims of `requests` (those answered `Claimed`): `made[i]` `Some` commits the
+    /// create with the attributes it was made with (its record is in the log), `None` aborts
+    /// it. `record`: the lsn of the group's record when every create in it was claimed and is
+    /// committed here, so that the index holds every name change of that record (it may then
+    /// decide later groups before the feed applied it). An `Err` means the claims may be left
+    /// pending: the index must then answer nothing any more (the adapter fails its feed).
+    fn settle_creates(
+        &self,
+        requests: &[IndexCreate<'_>],
+        made: &[Option<Attributes>],
+        record: Option<u64>,
+    ) -> Result<()> {
+        let _ = (requests, made, record);
+        Ok(())
+    }
 }
 
 /// Statistics of the batch API since the mount.
@@ -90,7 +146,7 @@ pub(super) struct BatchState {
     batches: AtomicU64,
     index_answers: AtomicU64,
     cpu_answers: AtomicU64,
-    index_failures: AtomicU64,
+    pub(super) index_failures: AtomicU64,
 }
 
 /// The kinds of request an index may answer, with their requests.

@@ -9,6 +9,7 @@
 //! ONE record appended, then the views and names committed. Each create's answer is the one the
 //! single `create` would have given at that moment; the record replays as that many creates.
 
+use super::batch::{BatchIndex, ClaimAnswer, IndexCreate};
 use super::*;
 use crate::backend::record::{BatchCreate, CREATE_BATCH_RECORD_MAX};
 use crate::block::inode::INODE_BYTES;
@@ -24,6 +25,21 @@ const LEAF_NAME_BYTES_MIN: u64 = BLOCK_SIZE_U64 / 2;
 const DIRECTORIES_PER_RECORD_MAX: usize = 32;
 /// Bytes a name takes in a leaf besides its own (the entry header and padding, at most).
 const ENTRY_OVERHEAD_BYTES: u64 = 16;
+
+/// What the directory index said of a group's names (`BatchIndex::claim_creates`): per place
+/// in the group, the inode number taken for the request and the index's answer.
+struct GroupClaims {
+    numbers: Vec<Option<InodeNumber>>,
+    answers: Vec<Option<ClaimAnswer>>,
+}
+
+impl GroupClaims {
+    /// Whether `inode` is one this group took (the index names it for a later request of a
+    /// name an earlier request claimed: the group's own rules decide that request).
+    fn is_own(&self, inode: InodeNumber) -> bool {
+        self.numbers.contains(&Some(inode))
+    }
+}
 
 /// One request of a group, planned: where it is in the batch, its new inode number and its
 /// parent's place in the group's parents.
@@ -113,22 +129,46 @@ impl FileSystem {
         let mut made_names: crate::FastHashSet<(InodeNumber, &[u8])> = Default::default();
         let mut planned: Vec<Planned> = Vec::with_capacity(group.len());
         let give_back = |planned: &[Planned]| planned.iter().for_each(|plan| front.inode_numbers.free_now(plan.number));
+        // The directory index decides the group's names when it is installed, the batch is as
+        // long as it serves, and it reflects every change acknowledged before these shards were
+        // taken (docs/BATCH.md, "Creates through the index").
+        let index = self.batch_index().filter(|index| requests.len() >= index.min_batch().max(1));
+        let mut claims = match &index {
+            Some(index) => self.claim_group(index.as_ref(), requests, group, &parents, &infos, answers),
+            None => None,
+        };
         for (place_in_group, &position) in group.iter().enumerate() {
             if answers[place_in_group].is_some() {
                 continue;
             }
             let request = &requests[position];
             let parent_place = parents.binary_search(&request.parent).expect("every parent is listed");
-            let decided = match &infos[parent_place] {
-                Err(error) => Some(Err(copy_error(error))),
-                Ok(info) => self.decide_create(&mut names, info, request, &made_names, link_counts[parent_place]),
+            let claim = claims.as_ref().and_then(|claims| claims.answers[place_in_group]);
+            let decided = match (&infos[parent_place], claim) {
+                (Err(error), _) => Some(Err(copy_error(error))),
+                (Ok(_), Some(ClaimAnswer::Taken(child))) if !claims.as_ref().is_some_and(|c| c.is_own(child)) => {
+                    Some(Err(Error::Exists))
+                }
+                (Ok(_), Some(ClaimAnswer::Claimed)) => {
+                    too_many_links(request, link_counts[parent_place]).then_some(Err(Error::TooManyLinks))
+                }
+                (Ok(info), _) => self.decide_create(&mut names, info, request, &made_names, link_counts[parent_place]),
             };
+            let claimed_number = claims.as_mut().and_then(|claims| claims.numbers[place_in_group]);
             if let Some(answer) = decided {
                 answers[place_in_group] = Some(answer);
+                // Its number goes back now; a claim of it is aborted by the settle below.
+                if let Some(number) = claimed_number {
+                    front.inode_numbers.free_now(number);
+                }
                 continue;
             }
             let directory = request.file_type == FileType::Directory;
-            match self.allocate_inode(request.parent, directory) {
+            let number = match claimed_number {
+                Some(number) => Ok(number),
+                None => self.allocate_inode(request.parent, directory),
+            };
+            match number {
                 Ok(number) => {
                     made_names.insert((request.parent, request.name));
                     link_counts[parent_place] += directory as u32;
@@ -137,14 +177,135 @@ impl FileSystem {
                 Err(error) => answers[place_in_group] = Some(Err(error)),
             }
         }
-        if planned.is_empty() {
-            return Ok(Some(()));
-        }
-        let made = self.create_planned(requests, group, &parents, &infos, &mut planned, &mut names, answers);
+        let mut record_lsn = None;
+        let made = match planned.is_empty() {
+            true => Ok(Some(())),
+            false => self.create_planned(
+                requests,
+                group,
+                (&parents, &infos),
+                &mut planned,
+                &mut names,
+                answers,
+                &mut record_lsn,
+            ),
+        };
         if !matches!(made, Ok(Some(()))) {
             give_back(&planned);
         }
+        if let (Some(index), Some(claims)) = (&index, &claims) {
+            // Still under the name shards: the made creates' claims become their entries
+            // (their record is in the log), every other claim goes. A failed settle has failed
+            // the index's feed (it answers nothing any more); the creates stand either way.
+            let logged = matches!(made, Ok(Some(()))).then_some(record_lsn).flatten();
+            let every_create_claimed =
+                planned.iter().all(|plan| claims.answers[plan.position] == Some(ClaimAnswer::Claimed));
+            let record = logged.filter(|_| every_create_claimed);
+            let _ = self.settle_group(index.as_ref(), requests, group, claims, answers, (logged.is_some(), record));
+        }
         made
+    }
+
+    /// Takes inode numbers for the group's undecided requests in good parents and asks the
+    /// index to claim their names. `None` (every number given back) when the index takes no
+    /// part or fails (counted as an index failure; the front end decides then).
+    fn claim_group(
+        &self,
+        index: &dyn BatchIndex,
+        requests: &[batch::CreateRequest<'_>],
+        group: &[usize],
+        parents: &[InodeNumber],
+        infos: &[Result<DirectoryInfo>],
+        answers: &mut [Option<Result<Attributes>>],
+    ) -> Option<GroupClaims> {
+        let front = &self.inner.front;
+        if !index.may_claim() {
+            // The index is behind (the adapter counts the group declined): numbers are taken
+            // only for claims that may happen.
+            return None;
+        }
+        let mut numbers: Vec<Option<InodeNumber>> = vec![None; group.len()];
+        let mut asked: Vec<IndexCreate<'_>> = Vec::with_capacity(group.len());
+        let mut places: Vec<usize> = Vec::with_capacity(group.len());
+        for (place_in_group, &position) in group.iter().enumerate() {
+            let request = &requests[position];
+            let parent_place = parents.binary_search(&request.parent).expect("every parent is listed");
+            if answers[place_in_group].is_some() || infos[parent_place].is_err() {
+                continue;
+            }
+            match self.allocate_inode(request.parent, request.file_type == FileType::Directory) {
+                Ok(number) => {
+                    numbers[place_in_group] = Some(number);
+                    places.push(place_in_group);
+                    asked.push(IndexCreate {
+                        parent: request.parent,
+                        name: request.name,
+                        inode: number,
+                        file_type: request.file_type,
+                    });
+                }
+                Err(error) => answers[place_in_group] = Some(Err(error)),
+            }
+        }
+        let give_back =
+            |numbers: &[Option<InodeNumber>]| numbers.iter().flatten().for_each(|n| front.inode_numbers.free_now(*n));
+        if asked.is_empty() {
+            return None;
+        }
+        let said = match index.claim_creates(&asked) {
+            Ok(Some(said)) if said.len() == asked.len() => said,
+            Ok(None) => {
+                give_back(&numbers);
+                return None;
+            }
+            Ok(Some(_)) | Err(_) => {
+                self.inner.batch.index_failures.fetch_add(1, Ordering::Relaxed);
+                give_back(&numbers);
+                return None;
+            }
+        };
+        let mut claim_answers = vec![None; group.len()];
+        for (place_in_group, answer) in places.into_iter().zip(said) {
+            claim_answers[place_in_group] = Some(answer);
+        }
+        Some(GroupClaims { numbers, answers: claim_answers })
+    }
+
+    /// Commits the group's claims of creates it made (`logged`: their record is in the log;
+    /// the answer holds the inode the claim is for) and aborts the others.
+    fn settle_group(
+        &self,
+        index: &dyn BatchIndex,
+        requests: &[batch::CreateRequest<'_>],
+        group: &[usize],
+        claims: &GroupClaims,
+        answers: &[Option<Result<Attributes>>],
+        (logged, record): (bool, Option<u64>),
+    ) -> Result<()> {
+        let mut settled: Vec<IndexCreate<'_>> = Vec::new();
+        let mut made: Vec<Option<Attributes>> = Vec::new();
+        for (place_in_group, &position) in group.iter().enumerate() {
+            let (Some(ClaimAnswer::Claimed), Some(number)) =
+                (claims.answers[place_in_group], claims.numbers[place_in_group])
+            else {
+                continue;
+            };
+            let request = &requests[position];
+            settled.push(IndexCreate {
+                parent: request.parent,
+                name: request.name,
+                inode: number,
+                file_type: request.file_type,
+            });
+            made.push(match &answers[place_in_group] {
+                Some(Ok(attributes)) if logged && attributes.inode == number => Some(attributes.clone()),
+                _ => None,
+            });
+        }
+        match settled.is_empty() {
+            true => Ok(()),
+            false => index.settle_creates(&settled, &made, record),
+        }
     }
 
     /// Whether `request` is answered before anything is made: `Some(Err(Exists))` when its name
@@ -166,10 +327,7 @@ impl FileSystem {
             Ok(None) => {}
             Err(error) => return Some(Err(error)),
         }
-        if request.file_type == FileType::Directory && link_count >= LINK_MAX {
-            return Some(Err(Error::TooManyLinks));
-        }
-        None
+        too_many_links(request, link_count).then_some(Err(Error::TooManyLinks))
     }
 
     /// Logs the planned creates of a group as one record and commits them to the front end,
@@ -179,11 +337,11 @@ impl FileSystem {
         &self,
         requests: &[batch::CreateRequest<'_>],
         group: &[usize],
-        parents: &[InodeNumber],
-        infos: &[Result<DirectoryInfo>],
+        (parents, infos): (&[InodeNumber], &[Result<DirectoryInfo>]),
         planned: &mut Vec<Planned>,
         names: &mut crate::fs::front::NameLocks<'_>,
         answers: &mut [Option<Result<Attributes>>],
+        record_lsn: &mut Option<u64>,
     ) -> Result<Option<()>> {
         let front = &self.inner.front;
         let mut used_parents: Vec<InodeNumber> = planned.iter().map(|plan| parents[plan.parent_place]).collect();
@@ -251,6 +409,7 @@ impl FileSystem {
         let Some(lsn) = self.append_pledging(op.clone(), new_blocks, image_blocks)? else {
             return Ok(None);
         };
+        *record_lsn = Some(lsn);
         let Op::CreateBatch { parents: parent_images, creates } = op else { unreachable!("built above") };
         for (parent, image) in used_parents.iter().zip(parent_images) {
             let made_here = creates.iter().filter(|create| used_parents[create.parent as usize] == *parent).count();
@@ -288,6 +447,12 @@ impl FileSystem {
         }
         Ok(Some(()))
     }
+}
+
+/// Whether `request` makes a directory in a parent of `link_count` links that has room for
+/// no more.
+fn too_many_links(request: &batch::CreateRequest<'_>, link_count: u32) -> bool {
+    request.file_type == FileType::Directory && link_count >= LINK_MAX
 }
 
 impl FileSystem {

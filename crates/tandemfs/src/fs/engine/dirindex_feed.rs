@@ -7,15 +7,15 @@
 //! rules (freshness, completeness, what is left to the CPU) are in docs/BATCH.md, "The directory
 //! index".
 
-use super::batch::{BatchAnswer, BatchIndex};
+use super::batch::{BatchAnswer, BatchIndex, ClaimAnswer, IndexCreate};
 use super::*;
 use crate::backend::record::{AttributeImage, RenameKind};
 use std::collections::VecDeque;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 use tandem_accel::dirindex::{
-    CpuDirectoryIndex, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig, IndexAttributes, IndexKind, IndexUpdate,
-    LookupResult, ResolveResult, StatResult, MAXIMUM_PATH_BYTES,
+    CpuDirectoryIndex, CreateEntry, CreateResult, DirectoryIndex, GpuDirectoryIndex, GpuIndexConfig, IndexAttributes,
+    IndexKind, IndexUpdate, LookupResult, ResolveResult, Settle, StatResult, MAXIMUM_PATH_BYTES,
 };
 
 /// Records waiting for the feeder at most. Past it the back end waits for room, up to
@@ -41,6 +41,9 @@ const LEARN_DIRECTORY_ENTRIES_MAX: u64 = 1 << 16;
 /// The feeder's wait for work when the queue is empty (bounds each wait; it also looks for a
 /// quiet volume to learn directories on then).
 const FEEDER_IDLE_WAIT: Duration = Duration::from_millis(10);
+/// Create-batch records above `fed_lsn` the feed counts as reflected through their claims at
+/// most (`IndexFeed::names_current`); past that a group waits for the feed's own pace.
+const REFLECTED_RECORDS_MAX: usize = 4096;
 /// Longest `detach` waits for the feeder thread to finish its apply.
 const FEEDER_STOP_WAIT: Duration = Duration::from_secs(30);
 
@@ -110,6 +113,14 @@ pub struct DirectoryIndexStatistics {
     pub batches_current: u64,
     pub batches_waited: u64,
     pub batches_declined: u64,
+    /// Create groups whose names the index decided (claims), and groups it took no part in
+    /// because it had not caught up with every change acknowledged before (the front end
+    /// decided them).
+    pub create_groups_claimed: u64,
+    pub create_groups_declined: u64,
+    /// Names the index claimed (free) and found taken, in the groups it decided.
+    pub names_claimed: u64,
+    pub names_found_taken: u64,
     /// Why the feed stopped, if it did (the index then answers nothing).
     pub failure: Option<String>,
 }
@@ -159,6 +170,10 @@ struct FeedCounters {
     batches_current: AtomicU64,
     batches_waited: AtomicU64,
     batches_declined: AtomicU64,
+    create_groups_claimed: AtomicU64,
+    create_groups_declined: AtomicU64,
+    names_claimed: AtomicU64,
+    names_found_taken: AtomicU64,
 }
 
 /// The feed: shared by the back end's `batch_applied` (producer), the feeder thread (consumer)
@@ -178,6 +193,11 @@ pub(super) struct IndexFeed {
     stop: AtomicBool,
     feeder: Mutex<Option<std::thread::JoinHandle<()>>>,
     counters: FeedCounters,
+    /// Lsns above `fed_lsn` of create-batch records whose every name the index holds already
+    /// (each create of the record was claimed and committed): for claims, the index reflects
+    /// them as if fed (`names_current`). Pruned as `fed_lsn` passes them; at most
+    /// `REFLECTED_RECORDS_MAX`.
+    reflected: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl IndexFeed {
@@ -194,6 +214,30 @@ impl IndexFeed {
             stop: AtomicBool::new(false),
             feeder: Mutex::new(None),
             counters: FeedCounters::default(),
+            reflected: Mutex::new(std::collections::BTreeSet::new()),
+        }
+    }
+
+    /// Whether the index holds every name change of every record up to `acknowledged`: fed,
+    /// or (above `fed_lsn`) a create-batch record whose creates were all committed as claims.
+    /// Lsns are consecutive (one a record), so every one in between is looked for.
+    fn names_current(&self, acknowledged: u64) -> bool {
+        let fed = self.fed_lsn();
+        if fed >= acknowledged {
+            return true;
+        }
+        let mut reflected = self.reflected.lock();
+        reflected.retain(|lsn| *lsn > fed);
+        acknowledged - fed <= REFLECTED_RECORDS_MAX as u64
+            && (fed + 1..=acknowledged).all(|lsn| reflected.contains(&lsn))
+    }
+
+    /// Notes that the index holds every name of record `lsn` (see `names_current`).
+    fn note_reflected(&self, lsn: u64) {
+        let fed = self.fed_lsn();
+        let mut reflected = self.reflected.lock();
+        if lsn > fed && reflected.len() < REFLECTED_RECORDS_MAX {
+            reflected.insert(lsn);
         }
     }
 
@@ -529,6 +573,10 @@ impl IndexFeed {
             batches_current: load(&counters.batches_current),
             batches_waited: load(&counters.batches_waited),
             batches_declined: load(&counters.batches_declined),
+            create_groups_claimed: load(&counters.create_groups_claimed),
+            create_groups_declined: load(&counters.create_groups_declined),
+            names_claimed: load(&counters.names_claimed),
+            names_found_taken: load(&counters.names_found_taken),
             failure: self.failure.lock().clone(),
         }
     }
@@ -653,6 +701,29 @@ fn index_attributes(image: &AttributeImage, blocks_owned: u64) -> IndexAttribute
         uid: image.uid,
         gid: image.gid,
         link_count: image.link_count,
+        reserved: 0,
+    }
+}
+
+/// The index's record of an inode a create made with `attributes` in `parent` (a new view:
+/// the same record `index_attributes` makes of its image, which the feed applies later).
+fn created_record(attributes: &Attributes, parent: InodeNumber) -> IndexAttributes {
+    IndexAttributes {
+        inode: attributes.inode,
+        generation: attributes.generation,
+        size_bytes: attributes.size_bytes,
+        blocks_512: attributes.blocks_512,
+        atime_ns: attributes.access_time_ns,
+        mtime_ns: attributes.modify_time_ns,
+        ctime_ns: attributes.change_time_ns,
+        btime_ns: attributes.birth_time_ns,
+        rdev: attributes.rdev,
+        parent: if attributes.file_type == FileType::Directory { parent } else { 0 },
+        kind: index_kind(attributes.file_type),
+        permissions: attributes.permissions,
+        uid: attributes.uid,
+        gid: attributes.gid,
+        link_count: attributes.link_count,
         reserved: 0,
     }
 }
@@ -904,6 +975,101 @@ impl BatchIndex for IndexAdapter {
         self.min_batch
     }
 
+    /// Counts a group it will not take part in as declined (as `claim_creates` does).
+    fn may_claim(&self) -> bool {
+        let Ok(fs) = self.file_system() else { return false };
+        let current = !self.feed.is_failed() && self.feed.names_current(fs.inner.backend.last_queued_lsn());
+        if !current {
+            self.feed.counters.create_groups_declined.fetch_add(1, Ordering::Relaxed);
+        }
+        current
+    }
+
+    /// Claims through the index when it reflects every change acknowledged so far: the caller
+    /// holds the name shards of the group's parents, so no change to those names is
+    /// acknowledged meanwhile, and none before is missing from the index. No wait here (the
+    /// caller holds locks): an index behind declines the group and the front end decides it.
+    fn claim_creates(&self, requests: &[IndexCreate<'_>]) -> Result<Option<Vec<ClaimAnswer>>> {
+        let fs = self.file_system()?;
+        let feed = &self.feed;
+        feed.check()?;
+        if !feed.names_current(fs.inner.backend.last_queued_lsn()) {
+            feed.counters.create_groups_declined.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        let asked: Vec<usize> = (0..requests.len())
+            .filter(|&position| {
+                let request = &requests[position];
+                indexable_name(request.name) && request.parent >= 1 && request.parent <= fs.inner.inode_count
+            })
+            .collect();
+        let entries: Vec<CreateEntry<'_>> = asked.iter().map(|&position| claim_entry(&requests[position])).collect();
+        let results = match feed.index.claim_entries(&entries) {
+            Ok(results) => results,
+            Err(error) => {
+                // Some claims may be pending: nothing may trust the index any more.
+                feed.fail(format!("claiming {} names failed: {error}", entries.len()));
+                return Err(index_error(error));
+            }
+        };
+        if results.len() != entries.len() {
+            return Err(Error::invalid(format!("index answered {} of {} claims", results.len(), entries.len())));
+        }
+        let mut answers = vec![ClaimAnswer::Unknown; requests.len()];
+        for (position, result) in asked.into_iter().zip(results) {
+            answers[position] = match result {
+                CreateResult::Created => ClaimAnswer::Claimed,
+                CreateResult::Exists(child) => ClaimAnswer::Taken(child),
+                CreateResult::NotDirectory | CreateResult::Unknown => {
+                    feed.ask_to_learn(requests[position].parent);
+                    ClaimAnswer::Unknown
+                }
+            };
+        }
+        let counters = &feed.counters;
+        counters.create_groups_claimed.fetch_add(1, Ordering::Relaxed);
+        let claimed = answers.iter().filter(|answer| **answer == ClaimAnswer::Claimed).count();
+        let taken = answers.iter().filter(|answer| matches!(answer, ClaimAnswer::Taken(_))).count();
+        counters.names_claimed.fetch_add(claimed as u64, Ordering::Relaxed);
+        counters.names_found_taken.fetch_add(taken as u64, Ordering::Relaxed);
+        Ok(Some(answers))
+    }
+
+    /// Commits the made creates with their attributes and aborts the rest. A claim left
+    /// pending would answer its name taken to every later create, so a settle that fails
+    /// fails the feed: the index answers nothing any more.
+    fn settle_creates(
+        &self,
+        requests: &[IndexCreate<'_>],
+        made: &[Option<Attributes>],
+        record: Option<u64>,
+    ) -> Result<()> {
+        assert_eq!(requests.len(), made.len(), "one outcome per claim");
+        let (mut commits, mut aborts) = (Vec::new(), Vec::new());
+        for (request, outcome) in requests.iter().zip(made) {
+            match outcome {
+                Some(attributes) => commits.push(CreateEntry {
+                    attributes: created_record(attributes, request.parent),
+                    ..claim_entry(request)
+                }),
+                None => aborts.push(claim_entry(request)),
+            }
+        }
+        for (settle, part) in [(Settle::Commit, &commits), (Settle::Abort, &aborts)] {
+            if part.is_empty() {
+                continue;
+            }
+            if let Err(error) = self.feed.index.settle_claims(part, settle) {
+                self.feed.fail(format!("settling {} claims failed: {error}", part.len()));
+                return Err(index_error(error));
+            }
+        }
+        if let Some(lsn) = record {
+            self.feed.note_reflected(lsn);
+        }
+        Ok(())
+    }
+
     fn lookup(&self, requests: &[(InodeNumber, &[u8])], answers: &mut [BatchAnswer]) -> Result<()> {
         assert_eq!(requests.len(), answers.len(), "one answer per request");
         let Some(fs) = self.begin()? else { return Ok(()) };
@@ -995,6 +1161,13 @@ impl BatchIndex for IndexAdapter {
         }
         Ok(())
     }
+}
+
+/// The index's request for a claim: the new entry, for an inode of the request's kind (the
+/// rest of its record comes with the commit).
+fn claim_entry<'a>(request: &IndexCreate<'a>) -> CreateEntry<'a> {
+    let attributes = IndexAttributes::new(request.inode, index_kind(request.file_type), 0);
+    CreateEntry { parent: request.parent, name: request.name, attributes }
 }
 
 /// Opens the index the options ask for.
