@@ -3,9 +3,7 @@
 
 use super::format::*;
 use super::*;
-use crate::block::meta::{
-    seal_block, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64, META_PAYLOAD_BYTES,
-};
+use crate::block::meta::{seal_block, BlockKind, MemoryStore, SharedBlock, BLOCK_SIZE, BLOCK_SIZE_U64};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -254,24 +252,36 @@ fn model_many_small_extents_seed_12() {
     many_small_extents(12);
 }
 
-/// `encode_node` writes every byte of the payload: over a block full of ones, the bytes after
-/// the entries and the reserved header bytes come out zero, and the node decodes as encoded.
+/// `encode_node` writes every byte of the block: the header's fields at their offsets, the
+/// entries, and zeros after them to the end of the block (the trailer's bytes included, which
+/// the store seals); the node decodes as encoded. Its buffer is not zeroed first, so a byte
+/// it failed to write would hold whatever the allocator last left there: each block is
+/// checked against the fields written one by one into a zeroed block, after blocks of ones
+/// were made and dropped (the allocator hands their memory out again).
 #[test]
-fn encoded_nodes_write_every_payload_byte() {
-    for count in [1usize, 2, 100, NODE_CAPACITY] {
-        let entries: Vec<Entry> = (0..count as u64)
-            .map(|index| Entry::data((index + 1) * BLOCK_SIZE_U64, 100 + index, index % 3 == 0))
-            .collect();
-        let mut block = vec![0xffu8; BLOCK_SIZE];
-        let length = encode_node(0, &entries, &mut block);
-        assert_eq!(Some(length), sum_lengths(&entries));
-        let end = NODE_HEADER_BYTES + count * ENTRY_BYTES;
-        assert!(
-            block[end..META_PAYLOAD_BYTES].iter().all(|byte| *byte == 0),
-            "{count} entries: stale bytes after them"
-        );
-        assert!(block[NODE_RESERVED_OFFSET..NODE_RESERVED_OFFSET + 4].iter().all(|byte| *byte == 0));
-        assert_eq!(decode_node(&block, 9, 0, length).unwrap(), entries);
+fn encoded_nodes_write_every_block_byte() {
+    for count in [0usize, 1, 2, 100, NODE_CAPACITY] {
+        for level in [0usize, 1] {
+            let stale: Vec<Box<[u8; BLOCK_SIZE]>> = (0..8).map(|_| Box::new([0xffu8; BLOCK_SIZE])).collect();
+            drop(stale);
+            let entries: Vec<Entry> = (0..count as u64)
+                .map(|index| Entry::data((index + 1) * BLOCK_SIZE_U64, 100 + index, level == 0 && index % 3 == 0))
+                .collect();
+            let (block, length) = encode_node(level, &entries);
+            assert_eq!(Some(length), sum_lengths(&entries));
+            let mut expected = vec![0u8; BLOCK_SIZE];
+            expected[NODE_COUNT_OFFSET..NODE_COUNT_OFFSET + 2].copy_from_slice(&(count as u16).to_le_bytes());
+            expected[NODE_LEVEL_OFFSET..NODE_LEVEL_OFFSET + 2].copy_from_slice(&(level as u16).to_le_bytes());
+            expected[NODE_LENGTH_OFFSET..NODE_LENGTH_OFFSET + 8].copy_from_slice(&length.to_le_bytes());
+            for (index, entry) in entries.iter().enumerate() {
+                let start = NODE_HEADER_BYTES + index * ENTRY_BYTES;
+                entry.encode(level == 0, &mut expected[start..start + ENTRY_BYTES]);
+            }
+            assert!(block[..] == expected[..], "{count} entries at level {level}: the block differs");
+            if count > 0 {
+                assert_eq!(decode_node(&block[..], 9, level, length).unwrap(), entries);
+            }
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::format::*;
 use super::Store;
-use crate::block::meta::{zeroed_block, BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64};
+use crate::block::meta::{BlockKind, BLOCK_SIZE, BLOCK_SIZE_U64};
 use crate::error::{Error, Result};
 use crate::FastHashMap;
 
@@ -251,8 +251,7 @@ impl<'s> Tree<'s> {
         dirty.sort_unstable();
         for id in dirty {
             let node = self.nodes.remove(&id).expect("listed above");
-            let mut block = zeroed_block();
-            let length = encode_node(node.level, &node.entries, &mut block[..]);
+            let (block, length) = encode_node(node.level, &node.entries);
             let block = Arc::new(block);
             self.store.write_meta(id, kind_of_level(node.level), block.clone())?;
             // The next operation on this node finds it decoded (the entries are what was
