@@ -591,6 +591,46 @@ fn striped_file(store: &mut dyn Store, blocks: u64) -> ExtentRoot {
     root
 }
 
+/// A change descends from the root once and finds its later places from where the last search
+/// left off (`Tree::locate`'s hint): an insert of data (its cut, hole, fill and merge) and a
+/// collapse of up to 100 bytes (its removal and merge), at random bytes of a file of 4,000
+/// extents (depth 2), where they descended four and two times each. Debug builds check every
+/// hinted search against a descent, and the file is checked against the model at the end.
+#[test]
+fn a_change_descends_from_the_root_about_once() {
+    let mut store = MemoryStore::new();
+    let mut root = striped_file(&mut store, 2_000);
+    assert!(root.depth() >= 2, "depth {}", root.depth());
+    let mut model = vec![0u8; root.length_bytes() as usize];
+    let mut random = SmallRng::seed_from_u64(11);
+    let rounds = 400;
+    let mut descents = 0;
+    for round in 0..rounds {
+        let length = root.length_bytes();
+        let position = random.gen_range(0..length);
+        let mut tree = tree::Tree::open(&mut store, &root);
+        if round % 2 == 0 {
+            let data = vec![(round % 251) as u8 + 1; random.gen_range(1..=3_000)];
+            tree.insert_data(position, &data).unwrap();
+            model.splice(position as usize..position as usize, data);
+        } else {
+            let end = (position + random.gen_range(1..=100)).min(length);
+            tree.remove_range(position, end).unwrap();
+            model.drain(position as usize..end as usize);
+        }
+        descents += tree.descents();
+        root = tree.commit().unwrap();
+    }
+    // A change whose leaf splits or merges, or whose range crosses into the next leaf, descends
+    // again; without the hint every change descended 2-4 times (1,200 here).
+    assert!(descents <= rounds + rounds / 8, "{descents} descents for {rounds} changes");
+    let report = check(&mut store, &root);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    let mut read_back = vec![0u8; model.len()];
+    assert_eq!(read(&mut store, &root, 0, &mut read_back).unwrap(), model.len());
+    assert!(read_back == model, "the file's bytes differ from the model's");
+}
+
 #[test]
 fn insert_and_collapse_touch_logarithmic_nodes() {
     let mut store = CountingStore { inner: MemoryStore::new(), reads: 0, writes: 0, fresh_writes: 0 };
