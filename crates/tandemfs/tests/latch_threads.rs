@@ -114,7 +114,7 @@ fn worker(fs: FileSystem, thread: u64, directories: Vec<u64>, faulted: Arc<Atomi
             // The latch holds: the next change fails too.
             let late =
                 fs.create(directories[0], format!("late-{thread}").as_bytes(), FileType::Regular, 0o644, 0, 0, 0);
-            assert!(late.is_err(), "thread {thread}: a change after the failure succeeded");
+            assert!(late.is_err(), "thread {thread}: a change after the failure ({error}) succeeded");
             return (error, after_fault);
         }
         if was_faulted {

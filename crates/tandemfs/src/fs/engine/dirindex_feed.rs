@@ -54,7 +54,9 @@ pub enum IndexEngine {
     Cpu,
     /// `GpuDirectoryIndex`; installing fails when no GPU can be opened.
     Gpu,
-    /// The GPU when one opens, else the CPU twin.
+    /// The GPU when the machine has one, else the CPU twin. A GPU that is there but does not
+    /// start (its kernel refused, its memory short) is an error, not a quiet fall back: the
+    /// caller asked for the GPU where there is one and must learn why it did not get it.
     GpuOrCpu,
 }
 
@@ -1176,15 +1178,16 @@ fn open_index(options: &DirectoryIndexOptions) -> Result<(Arc<dyn DirectoryIndex
         let index = CpuDirectoryIndex::new(ROOT_INODE, options.cpu_threads).map_err(index_error)?;
         Ok((Arc::new(index), false))
     };
-    let gpu = || -> Result<(Arc<dyn DirectoryIndex>, bool)> {
-        let index = GpuDirectoryIndex::open(ROOT_INODE, GpuIndexConfig::for_entries(options.gpu_entries))
-            .map_err(index_error)?;
-        Ok((Arc::new(index), true))
-    };
+    let open_gpu = || GpuDirectoryIndex::open(ROOT_INODE, GpuIndexConfig::for_entries(options.gpu_entries));
+    let gpu = |index: GpuDirectoryIndex| -> Result<(Arc<dyn DirectoryIndex>, bool)> { Ok((Arc::new(index), true)) };
     match options.engine {
         IndexEngine::Cpu => cpu(),
-        IndexEngine::Gpu => gpu(),
-        IndexEngine::GpuOrCpu => gpu().or_else(|_| cpu()),
+        IndexEngine::Gpu => gpu(open_gpu().map_err(index_error)?),
+        IndexEngine::GpuOrCpu => match open_gpu() {
+            Ok(index) => gpu(index),
+            Err(error) if error.is_no_gpu() => cpu(),
+            Err(error) => Err(index_error(error)),
+        },
     }
 }
 
