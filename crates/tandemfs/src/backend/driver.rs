@@ -255,6 +255,10 @@ pub struct Backend {
     /// The volume's mirror of the blocks lookups read (`block::mirror`), for readers that do
     /// not take the volume lock.
     mirror: Arc<HomeMirror>,
+    /// `Volume::half_changed_flag`: a change failed half way under the volume lock, and this
+    /// back end is about to latch failed (a worker's failed commit latches only when its batch
+    /// is collected); changes are refused from the moment it is set.
+    half_changed: Arc<AtomicBool>,
     checkpoint_ns: AtomicU64,
     checkpoints_beside: AtomicU64,
     /// A checkpoint is due at least this often while records are applied
@@ -285,9 +289,11 @@ impl Backend {
         let mut volume = volume;
         volume.set_image_gauge(log.pledges().dirty_gauge());
         let mirror = volume.home_mirror();
+        let half_changed = volume.half_changed_flag();
         let (deposits, consumer) = Deposits::new(applied_lsn, log.geometry().header_slots);
         Ok(Arc::new(Backend {
             mirror,
+            half_changed,
             pledges: log.pledges().clone(),
             log,
             volume: Arc::new(Mutex::new(volume)),
@@ -488,7 +494,7 @@ impl Backend {
     /// Ok while running; `Shutdown` once stopped or failed.
     pub fn check_running(&self) -> Result<()> {
         match self.state.load(Ordering::Acquire) {
-            STATE_RUNNING => Ok(()),
+            STATE_RUNNING if !self.half_changed.load(Ordering::Acquire) => Ok(()),
             _ => Err(Error::Shutdown),
         }
     }
@@ -1159,6 +1165,18 @@ mod tests {
         let head = op.encode_head();
         let log = backend.log().clone();
         backend.enqueue(op, 0, 0, |op| log.append(op.kind(), &[&head, op.tail()])).unwrap().unwrap()
+    }
+
+    /// A change that failed half way under the volume lock (a worker's commit) refuses every
+    /// later change at once, before the back end collects the failed batch and latches: a
+    /// reader refused by the half-changed volume must never see a later change acknowledged.
+    #[test]
+    fn a_half_changed_volume_refuses_changes_before_the_failure_is_latched() {
+        let backend = backend_on_fresh_volume(false);
+        backend.check_running().unwrap();
+        backend.volume.lock().mark_half_changed(&Error::corruption("a commit failed half way"));
+        assert!(!backend.is_failed(), "the failure is not latched yet");
+        assert!(matches!(backend.check_running(), Err(Error::Shutdown)));
     }
 
     struct QuietSink;

@@ -77,6 +77,10 @@ pub struct Volume {
     /// and inodes may then hold part of a record, so nothing may read them again
     /// (`check_whole`). Set before the lock is let go, so no reader sees the half.
     half_changed: Option<String>,
+    /// `half_changed` as a flag others read without the lock: the back end refuses every
+    /// change from the moment a half change is marked, not only once it latches the failure
+    /// (a reader refused by `check_whole` must never see a later change acknowledged).
+    half_changed_flag: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// `Volume::check_inode_contents` for a volume of this geometry: for readers without the
@@ -169,6 +173,7 @@ impl Volume {
             pack_rooms: PackRooms::default(),
             decoded: crate::FastHashMap::default(),
             half_changed: None,
+            half_changed_flag: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 
@@ -178,9 +183,15 @@ impl Volume {
         if self.half_changed.is_none() {
             self.half_changed = Some(error.to_string());
         }
+        self.half_changed_flag.store(true, std::sync::atomic::Ordering::Release);
         // Readers of the mirror check it after their reads, so none keeps an answer read
         // after this point (blocks the change did not touch included).
         self.cache.mirror().poison();
+    }
+
+    /// Set once a change failed half way (`mark_half_changed`), read without the volume lock.
+    pub fn half_changed_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.half_changed_flag.clone()
     }
 
     /// The blocks lookups read without the volume lock (`block::mirror`).
