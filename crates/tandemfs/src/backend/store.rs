@@ -104,13 +104,19 @@ enum InodeChange {
     Delete(u64),
 }
 
+impl InodeChange {
+    fn inode_number(&self) -> u64 {
+        match self {
+            InodeChange::Create(inode) | InodeChange::Write(inode) => inode.inode_number,
+            InodeChange::Delete(inode_number) => *inode_number,
+        }
+    }
+}
+
 /// `changes` without the inode writes that a later change of the same inode supersedes; the
 /// rest keep their order. A create or delete always stays (they move the inode bitmap).
 fn superseded_writes_dropped(changes: Vec<InodeChange>) -> Vec<InodeChange> {
-    let number_of = |change: &InodeChange| match change {
-        InodeChange::Create(inode) | InodeChange::Write(inode) => inode.inode_number,
-        InodeChange::Delete(inode_number) => *inode_number,
-    };
+    let number_of = InodeChange::inode_number;
     let mut changed_later: crate::FastHashSet<u64> = Default::default();
     let mut kept: Vec<InodeChange> = Vec::with_capacity(changes.len());
     for change in changes.into_iter().rev() {
@@ -496,26 +502,17 @@ impl<'a> RecordStore<'a> {
 
     /// The last change of `inode_number` held back, if any.
     fn held_inode(&self, inode_number: u64) -> Option<Result<Inode>> {
-        let place = *self.last_change.get(&inode_number)?;
-        match &self.inodes[place] {
-            InodeChange::Create(inode) | InodeChange::Write(inode) => {
-                assert_eq!(inode.inode_number, inode_number);
-                Some(Ok(inode.clone()))
-            }
-            InodeChange::Delete(number) => {
-                assert_eq!(*number, inode_number);
-                Some(Err(Error::NotFound))
-            }
+        let change = &self.inodes[*self.last_change.get(&inode_number)?];
+        assert_eq!(change.inode_number(), inode_number, "the map points at the inode's own change");
+        match change {
+            InodeChange::Create(inode) | InodeChange::Write(inode) => Some(Ok(inode.clone())),
+            InodeChange::Delete(_) => Some(Err(Error::NotFound)),
         }
     }
 
     /// Holds `change` back until commit, in record order.
     fn hold_inode_change(&mut self, change: InodeChange) {
-        let inode_number = match &change {
-            InodeChange::Create(inode) | InodeChange::Write(inode) => inode.inode_number,
-            InodeChange::Delete(inode_number) => *inode_number,
-        };
-        self.last_change.insert(inode_number, self.inodes.len());
+        self.last_change.insert(change.inode_number(), self.inodes.len());
         self.inodes.push(change);
     }
 
